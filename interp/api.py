@@ -1,0 +1,39 @@
+"""Top-level entry points: ``interp.load``."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Union
+
+import torch
+
+from .hooks import HookedViT
+from .models.loading import create_timm_vit
+
+
+def load(
+    name: str,
+    *,
+    pretrained: bool = True,
+    weights: Union[str, Path, None] = None,
+    device: Union[str, torch.device] = "cpu",
+    dtype=None,
+    **timm_kwargs,
+) -> HookedViT:
+    """Build a timm ViT and instrument it.
+
+    Args:
+        name: timm model name (``vit_small_patch14_reg4_dinov2``, ``vit_base_patch16_clip_quickgelu_224``...).
+        pretrained: hub weights (local HF cache when offline). Offline without cached weights this fails
+            at once, saying to pass ``weights=`` or ``pretrained=False``.
+        weights: a local ``.safetensors``/``.pth``/``.bin`` state dict; timm's checkpoint conversions
+            apply, so original DINOv2 and OpenAI CLIP files load too.
+        device, dtype: placement and float type (``"float16"``, ``torch.bfloat16``...).
+        **timm_kwargs: forwarded to ``timm.create_model`` (``img_size=224``, ``dynamic_img_size=True``,
+            ``depth=2`` for quick experiments...).
+
+    Returns:
+        HookedViT in eval mode.
+    """
+    timm_model = create_timm_vit(name, pretrained=pretrained, weights=weights, device=device, dtype=dtype,
+                                 **timm_kwargs)
+    return HookedViT.from_timm(timm_model, name=name)

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``interp`` CLI; each module has ``register(subparsers)``."""

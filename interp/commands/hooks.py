@@ -1,0 +1,24 @@
+"""``interp hooks MODEL``: print every hook name with its shape."""
+from __future__ import annotations
+
+from .common import add_model_args, model_from_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("hooks", help="list every hook name with its shape",
+                       description="Print every hook point of MODEL with its activation shape for one image.")
+    add_model_args(p)
+    p.add_argument("--pattern", default=None, help="only hooks matching this glob, e.g. 'blocks.*.mlp.*'")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    model = model_from_args(args)
+    shapes = model.hook_shapes()
+    names = model.resolve_hooks(args.pattern) if args.pattern else model.hook_names()
+    print(f"# {model!r}")
+    print(f"# layout: {model.layout.to_dict()}")
+    width = max(len(n) for n in names)
+    for n in names:
+        print(f"{n:<{width}}  {list(shapes[n])}")
+    return 0

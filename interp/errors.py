@@ -1,0 +1,46 @@
+"""Exceptions raised by interp. Each message says what went wrong and how to fix it."""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class InterpError(Exception):
+    """Base class of every error interp raises on bad input."""
+
+
+class ModelLoadError(InterpError):
+    """A model could not be built or its weights could not be loaded."""
+
+
+class UnsupportedModelError(InterpError):
+    """The model is not a timm ViT family that interp instruments."""
+
+
+class HookNameError(InterpError, KeyError):
+    """A hook name (or pattern) matches no hook point."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ImageError(InterpError):
+    """An image could not be read, or has a size the model cannot take."""
+
+
+class CacheError(InterpError):
+    """An activation cache file is missing, from another model/version, or in use."""
+
+
+class PatchError(InterpError):
+    """A patch file is corrupt or was made for another model."""
+
+
+def close_matches(word: str, candidates: Iterable[str], n: int = 5) -> list[str]:
+    """Up to ``n`` candidates that look like ``word`` (best first)."""
+    candidates = list(candidates)
+    found = difflib.get_close_matches(word, candidates, n=n, cutoff=0.6)
+    if not found:
+        tail = word.split(".")[-1]
+        found = [c for c in candidates if c.endswith(tail)][:n]
+    return found

@@ -1,0 +1,51 @@
+"""Shared fixtures: small random-init timm ViTs of every supported family (never downloaded weights)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interp
+
+# name -> timm kwargs for a small but structurally faithful config (fewer blocks, 224 px).
+FAMILIES = {
+    "vit": ("vit_small_patch16_224", dict(depth=2)),
+    "deit3": ("deit3_small_patch16_224", dict(depth=2)),
+    "dinov2": ("vit_small_patch14_dinov2", dict(depth=2, img_size=224)),
+    "dinov2_reg": ("vit_small_patch14_reg4_dinov2", dict(depth=2, img_size=224)),
+    "clip": ("vit_base_patch16_clip_224", dict(depth=2)),
+    "clip_quickgelu": ("vit_base_patch16_clip_quickgelu_224", dict(depth=2)),
+}
+
+
+def make_model(family: str = "vit", seed: int = 0, **overrides) -> "interp.HookedViT":
+    """A random-init HookedViT of ``family`` with a fixed seed (float32, eval mode)."""
+    name, kwargs = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = interp.load(name, pretrained=False, **{**kwargs, **overrides})
+    # LayerScale in DINOv2/DeiT-III starts at 1e-5/1e-6; make blocks matter so tests can see edits.
+    with torch.no_grad():
+        for block in model.timm_model.blocks:
+            for ls in (block.ls1, block.ls2):
+                if hasattr(ls, "gamma"):
+                    ls.gamma.fill_(0.5)
+    return model
+
+
+def images(n: int = 2, size: int = 224, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, size, size, generator=g)
+
+
+@pytest.fixture(params=list(FAMILIES))
+def family(request):
+    return request.param
+
+
+@pytest.fixture
+def vit():
+    return make_model("vit")
+
+
+@pytest.fixture
+def reg_vit():
+    return make_model("dinov2_reg")
