@@ -61,6 +61,7 @@ class HookedViT(HookedRootModule):
         for key in ROOT_HOOKS_BEFORE + ROOT_HOOKS_AFTER:
             self.add_module(key, HookPoint())
 
+        self.planted = getattr(timm_model, "planted", None)  # ground truth of interp.models.planted_vit
         self.n_extra_tokens = 0  # test-time registers inserted after the prefix tokens
         self.extra_kv: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # block -> (k', v') [h, m, dh]
         self.force_patterns = False  # compute attention patterns even when unhooked (e.g. for nnsight)

@@ -161,6 +161,13 @@ def create_timm_vit(
     import timm
     from timm.models import model_entrypoint
 
+    from .planted import PLANTED_NAME, planted_vit
+
+    if name == PLANTED_NAME:  # the synthetic ground-truth model: its weights are its construction
+        if weights is not None:
+            raise ModelLoadError(f"{PLANTED_NAME} is built by construction; it takes no weight file")
+        model = planted_vit(**timm_kwargs)
+        return model.to(device=device, dtype=_resolve_dtype(dtype))
     check_model_name(name)
     try:
         model = timm.create_model(name, pretrained=False, **timm_kwargs)

@@ -1,0 +1,193 @@
+"""A small ViT with register neurons planted by construction: the ground truth for tests and the demo.
+
+Construction (all other weights are timm's random init with a fixed seed; ``d`` = embed dim):
+
+* Reserved residual dimensions: ``0..F-1`` hold F zero-mean high-pass filter responses of the patch
+  (patch embedding rows), ``F`` is the *texture* channel, ``F+1`` the *artifact* channel, ``F+2`` and
+  ``F+3`` two anchor channels fixed at ``+A`` and ``-A`` in every token (through ``pos_embed``). The anchors
+  make every LayerNorm scale nearly token-independent, so the planted circuit is close to linear.
+  Every attention ``proj`` and MLP ``fc2`` has zero rows on the reserved dims, except the planted writes.
+* Block 0 MLP computes texture energy ``E = sum_f softabs(filter_f . patch)`` (pairs of GELU neurons
+  reading ``+-`` each filter channel; ``softabs`` is about ``|.|``) into the texture channel. A flat patch has ``E = 0``. CLS starts with a large
+  texture value so it never triggers.
+* Block ``layer`` MLP: the ``neurons`` (register neurons) fire as ``GELU(b * (1 - E / tau))``: about ``b`` on
+  flat patches, about 0 on textured ones, and write ``w_out`` each into the artifact channel. From the
+  output of that MLP on, flat-patch tokens have a norm several times the others: high-norm tokens that
+  emerge in the MLP of ``layer`` (attention there changes nothing).
+* Blocks after ``layer``: every head gets a constant query component that meets a key component reading
+  the artifact channel, so attention (CLS's included) sinks onto the high-norm tokens from ``layer + 1`` on.
+
+Ground truth (:class:`PlantedTruth`): the register neurons are ``neurons`` in block ``layer``; the high-norm
+tokens are the patches with texture energy below ``tau / 2`` (``truth.artifact_mask(model, images)``);
+perfectly flat patches (``E = 0``) always are, strongly textured ones never.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Sequence, Tuple
+
+import torch
+from torch import nn
+
+PLANTED_NAME = "planted_vit"
+
+
+@dataclass(frozen=True)
+class PlantedTruth:
+    """What :func:`planted_vit` planted, in the terms the studies report."""
+
+    layer: int
+    neurons: Tuple[int, ...]
+    tau: float
+    n_filters: int
+    texture_dim: int
+    artifact_dim: int
+    anchor_dims: Tuple[int, int]
+    patch_size: int
+    gelu_gain: float = 4.0
+    description: str = "synthetic ViT with planted register neurons (random weights; not a trained model)"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def texture_energy(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """Per-patch texture energy E [b, h, w] the planted circuit computes from the pixels.
+
+        ``E = sum_f softabs(r_f)``, r_f the patch's response to filter f, ``softabs(r) = (GELU(g r) +
+        GELU(-g r)) / g`` with g = ``gelu_gain`` (about |r| for large responses, 0 for flat patches).
+        """
+        pe = model.patch_embed.proj
+        g = self.gelu_gain
+        with torch.no_grad():
+            resp = nn.functional.conv2d(images.to(pe.weight.dtype), pe.weight[: self.n_filters],
+                                        stride=pe.stride)  # [b, F, h, w]
+            soft = (nn.functional.gelu(g * resp) + nn.functional.gelu(-g * resp)) / g
+        return soft.sum(1)
+
+    def artifact_mask(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """Bool [b, h, w]: patches that become high-norm tokens.
+
+        These are the patches with texture energy below ``tau / 2``, where the register neurons fire at
+        more than half their full activation (the token norm is then past the middle of the gap between
+        ordinary and high-norm tokens).
+        """
+        return self.texture_energy(model, images) < self.tau / 2
+
+
+def _zero_mean_filters(n: int, patch: int, generator: torch.Generator) -> torch.Tensor:
+    """n random filters [n, 3, p, p], zero mean per channel (blind to flat colour), unit L2 norm."""
+    f = torch.randn(n, 3, patch, patch, generator=generator)
+    f = f - f.mean(dim=(2, 3), keepdim=True)
+    return f / f.flatten(1).norm(dim=1).view(n, 1, 1, 1)
+
+
+def planted_vit(
+    *,
+    layer: int = 2,
+    neurons: Sequence[int] = (17, 101, 402, 655),
+    depth: int = 6,
+    embed_dim: int = 192,
+    num_heads: int = 3,
+    img_size: int = 224,
+    patch_size: int = 16,
+    num_classes: int = 10,
+    tau: float = 0.03,
+    seed: int = 0,
+) -> nn.Module:
+    """Build the planted ViT (a plain timm ``VisionTransformer`` in eval mode) with ``.planted`` ground truth.
+
+    Args:
+        layer: block whose MLP holds the register neurons (0-indexed); high norms appear after its MLP.
+        neurons: indices of the planted register neurons in that MLP (hidden size ``4 * embed_dim``).
+        tau: texture energy under which a patch counts as flat (becomes a high-norm token).
+        seed: seed of the random weights; the same arguments always give the same weights.
+
+    Returns:
+        ``timm.models.vision_transformer.VisionTransformer`` with attribute ``planted`` (:class:`PlantedTruth`).
+        Wrap it with ``interp.HookedViT.from_timm`` (``interp.load("planted_vit")`` does both).
+    """
+    from timm.models.vision_transformer import VisionTransformer
+
+    if not 0 <= layer < depth - 1:
+        raise ValueError(f"layer must be in [0, {depth - 2}] so that later blocks can sink attention")
+    d_mlp = 4 * embed_dim
+    neurons = tuple(int(n) for n in neurons)
+    n_filters = 8
+    if any(not (2 * n_filters <= n < d_mlp) for n in neurons) or len(set(neurons)) != len(neurons):
+        raise ValueError(f"neurons must be distinct indices in [{2 * n_filters}, {d_mlp})")
+
+    torch.manual_seed(seed)
+    model = VisionTransformer(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
+                              num_heads=num_heads, mlp_ratio=4.0, qkv_bias=True, num_classes=num_classes,
+                              class_token=True, global_pool="token")
+    model.pretrained_cfg = {"architecture": PLANTED_NAME, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5),
+                            "input_size": (3, img_size, img_size), "interpolation": "bicubic",
+                            "crop_pct": 0.875, "crop_mode": "center", "num_classes": num_classes}
+    model.default_cfg = model.pretrained_cfg
+    g = torch.Generator().manual_seed(seed + 1)
+
+    F = n_filters
+    tex, art, pos_anchor, neg_anchor = F, F + 1, F + 2, F + 3
+    reserved = slice(0, F + 4)
+    anchor = 100.0
+    # LayerNorm scale of an ordinary token: the anchors dominate its spread.
+    sigma = anchor * math.sqrt(2.0 / embed_dim)
+    gelu_gain = 4.0  # block-0 texture neurons read +-gain*sigma*x so GELU pairs approximate |x|
+    fire = 6.0  # register-neuron activation on a flat patch
+    w_out = 25.0  # how much each register neuron writes into the artifact channel
+    sink_q = 8.0  # constant query component of every head after `layer`
+
+    with torch.no_grad():
+        pe = model.patch_embed.proj
+        pe.weight[reserved] = 0.0
+        pe.bias[reserved] = 0.0
+        pe.weight[:F] = _zero_mean_filters(F, patch_size, g)
+        model.pos_embed[..., reserved] = 0.0
+        model.pos_embed[..., pos_anchor] = anchor
+        model.pos_embed[..., neg_anchor] = -anchor
+        model.cls_token[..., reserved] = 0.0
+        model.cls_token[..., tex] = 10.0 * tau  # CLS never looks flat
+
+        for i, block in enumerate(model.blocks):
+            block.attn.proj.weight[reserved] = 0.0
+            block.attn.proj.bias[reserved] = 0.0
+            block.mlp.fc2.weight[reserved] = 0.0
+            block.mlp.fc2.bias[reserved] = 0.0
+
+        # Block 0: texture energy into the texture channel.
+        mlp0 = model.blocks[0].mlp
+        for f in range(F):
+            for sign, n in ((1.0, 2 * f), (-1.0, 2 * f + 1)):
+                mlp0.fc1.weight[n] = 0.0
+                mlp0.fc1.weight[n, f] = sign * gelu_gain * sigma
+                mlp0.fc1.bias[n] = 0.0
+                mlp0.fc2.weight[:, n] = 0.0
+                mlp0.fc2.weight[tex, n] = 1.0 / gelu_gain
+
+        # Block `layer`: the register neurons.
+        mlp = model.blocks[layer].mlp
+        for n in neurons:
+            mlp.fc1.weight[n] = 0.0
+            mlp.fc1.weight[n, tex] = -fire * sigma / tau
+            mlp.fc1.bias[n] = fire
+            mlp.fc2.weight[:, n] = 0.0
+            mlp.fc2.weight[art, n] = w_out
+
+        # Blocks after `layer`: attention sinks onto high-norm tokens.
+        head_dim = embed_dim // num_heads
+        for block in model.blocks[layer + 1:]:
+            qkv = block.attn.qkv
+            for h in range(num_heads):
+                q_row, k_row = h * head_dim, embed_dim + h * head_dim
+                qkv.weight[q_row] = 0.0
+                qkv.bias[q_row] = sink_q
+                qkv.weight[k_row] = 0.0
+                qkv.weight[k_row, art] = 1.0
+                qkv.bias[k_row] = 0.0
+            qkv.weight[2 * embed_dim:, art] = 0.0  # values ignore the artifact channel
+
+    model.planted = PlantedTruth(layer=layer, neurons=neurons, tau=tau, n_filters=F, texture_dim=tex,
+                                 artifact_dim=art, anchor_dims=(pos_anchor, neg_anchor), patch_size=patch_size,
+                                 gelu_gain=gelu_gain)
+    return model.eval()
