@@ -26,7 +26,7 @@ from . import names as hook_names_mod
 from .points import BLOCK_HOOK_ORDER, block_forward, install
 
 ROOT_HOOKS_BEFORE = ("hook_embed",)
-ROOT_HOOKS_AFTER = ("hook_norm_final", "hook_pooled", "hook_logits")
+ROOT_HOOKS_AFTER = ("hook_norm_final", "hook_selective_votes", "hook_pooled", "hook_logits")
 
 
 class HookedViT(HookedRootModule):
@@ -39,6 +39,7 @@ class HookedViT(HookedRootModule):
     ``blocks.{i}.hook_attn_out`` / ``hook_resid_mid`` / ``hook_mlp_out`` / ``hook_resid_post`` [b, t, d],
     ``blocks.{i}.mlp.hook_pre`` / ``hook_post`` [b, t, d_mlp]; then ``hook_norm_final`` [b, t, d],
     ``hook_pooled`` [b, d'] (the vector the head sees) and ``hook_logits`` [b, n_classes].
+    ``hook_selective_votes`` [b, n_patches] fires only while a pooling override (``SelectiveCLS``) is active.
     """
 
     def __init__(self, timm_model: nn.Module, name: Optional[str] = None):
@@ -65,6 +66,8 @@ class HookedViT(HookedRootModule):
         self.n_extra_tokens = 0  # test-time registers inserted after the prefix tokens
         self.extra_kv: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # block -> (k', v') [h, m, dh]
         self.force_patterns = False  # compute attention patterns even when unhooked (e.g. for nnsight)
+        # Replaces timm's pooling: patch tokens [b, n, d] -> (pooled [b, d], votes [b, n] or None).
+        self.pool_override: Optional[Callable[[torch.Tensor], Tuple[torch.Tensor, Optional[torch.Tensor]]]] = None
         self._input_hw: Optional[Tuple[int, int]] = None
         self.setup()
         self.eval()
@@ -207,6 +210,11 @@ class HookedViT(HookedRootModule):
 
         m = self.timm_model
         n_prefix = self.layout.n_prefix
+        if self.pool_override is not None:
+            pooled, votes = self.pool_override(x[:, n_prefix:])
+            if votes is not None:
+                self.hook_selective_votes(votes)
+            return pooled
         if m.attn_pool is not None:
             if not m.pool_include_prefix:
                 x = x[:, n_prefix:]
