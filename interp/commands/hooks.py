@@ -20,5 +20,6 @@ def run(args) -> int:
     print(f"# layout: {model.layout.to_dict()}")
     width = max(len(n) for n in names)
     for n in names:
-        print(f"{n:<{width}}  {list(shapes[n])}")
+        shape = list(shapes[n]) if n in shapes else "(fires only while SelectiveCLS is active)"
+        print(f"{n:<{width}}  {shape}")
     return 0

@@ -82,15 +82,18 @@ def load_weights_file(model: nn.Module, path: Union[str, Path], entry_module: Op
             sd = filter_fn(sd, model)
         except Exception as e:
             raise ModelLoadError(f"timm could not convert {str(path)!r} for this architecture: {e}") from e
-    result = model.load_state_dict(sd, strict=False)
-    missing = [k for k in result.missing_keys]
-    unexpected = [k for k in result.unexpected_keys]
+    hint = ("Pass the timm name of the architecture these weights were trained with, and timm kwargs "
+            "such as num_classes=0 or img_size=... if the head or resolution differs.")
+    try:
+        result = model.load_state_dict(sd, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        first = str(e).splitlines()[1:3]
+        raise ModelLoadError(f"{str(path)!r} does not match this architecture: {' '.join(first)}. {hint}") from e
+    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
     if missing or unexpected:
         raise ModelLoadError(
             f"{str(path)!r} does not match this architecture: {len(missing)} missing keys "
-            f"(e.g. {missing[:3]}), {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}). "
-            "Pass the timm name of the architecture these weights were trained with, "
-            "and timm kwargs such as num_classes=0 or img_size=... if the head or resolution differs."
+            f"(e.g. {missing[:3]}), {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}). {hint}"
         )
 
 

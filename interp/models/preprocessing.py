@@ -21,7 +21,13 @@ def data_config(model) -> dict:
     """timm's data config (input_size, interpolation, mean, std, crop_pct, crop_mode) for ``model``."""
     from timm.data import resolve_data_config
 
-    return resolve_data_config({}, model=_timm_module(model))
+    timm_model = _timm_module(model)
+    cfg = resolve_data_config({}, model=timm_model)
+    # The pretrained config may describe another resolution (DINOv2: 518) than the model was built for.
+    img_size = getattr(getattr(timm_model, "patch_embed", None), "img_size", None)
+    if img_size is not None:
+        cfg["input_size"] = (cfg["input_size"][0], int(img_size[0]), int(img_size[1]))
+    return cfg
 
 
 def preprocessing(model):

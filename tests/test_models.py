@@ -1,0 +1,159 @@
+"""Model loading (names, local weight files, offline errors), preprocessing and image errors."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+
+import interp
+from interp.errors import ImageError, ModelLoadError, UnsupportedModelError
+from interp.models import load_images, sample_image_paths
+
+from conftest import images, make_model
+
+
+def test_pretrained_offline_fails_fast_with_actionable_message(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"), raising=False)
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError) as err:
+        interp.load("vit_small_patch16_224", depth=1)
+    assert time.monotonic() - start < 30
+    msg = str(err.value)
+    assert "weights=" in msg and "pretrained=False" in msg and "--no-pretrained" in msg
+
+
+def test_non_vit_and_unknown_names():
+    with pytest.raises(UnsupportedModelError, match="not a ViT"):
+        interp.load("resnet18", pretrained=False)
+    with pytest.raises(ModelLoadError, match="vit_small_patch16_224"):
+        interp.load("vit_small_patch16_22", pretrained=False)
+    with pytest.raises(UnsupportedModelError, match="overrides"):
+        interp.HookedViT.from_timm(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False))
+    with pytest.raises(UnsupportedModelError, match="not a timm VisionTransformer"):
+        interp.HookedViT.from_timm(torch.nn.Linear(3, 3))
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth", ".bin"])
+def test_local_weight_files_load(tmp_path, suffix):
+    src = make_model("vit", seed=3)
+    path = tmp_path / f"w{suffix}"
+    if suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(path))
+    else:
+        torch.save({"state_dict": src.state_dict()}, path)
+    loaded = interp.load("vit_small_patch16_224", weights=path, depth=2)
+    x = images(1)
+    torch.testing.assert_close(loaded(x), src(x))
+
+
+def test_original_dinov2_checkpoint_is_converted(tmp_path):
+    """A DINOv2-repo style file (mask_token, register_tokens, pos_embed with a CLS row) loads via timm's filter."""
+    src = make_model("dinov2_reg", seed=5)
+    sd = {k: v.clone() for k, v in src.state_dict().items()}
+    cls_pos = torch.randn(1, 1, sd["cls_token"].shape[-1])
+    original = {k: v for k, v in sd.items() if k not in ("cls_token", "reg_token", "pos_embed")}
+    original["mask_token"] = torch.zeros(1, sd["cls_token"].shape[-1])
+    original["register_tokens"] = sd["reg_token"]
+    original["cls_token"] = sd["cls_token"] - cls_pos
+    original["pos_embed"] = torch.cat([cls_pos, sd["pos_embed"]], dim=1)
+    path = tmp_path / "dinov2_vits14_reg4_pretrain.pth"
+    torch.save(original, path)
+    loaded = interp.load("vit_small_patch14_reg4_dinov2", weights=path, depth=2, img_size=224)
+    x = images(1)
+    # (cls - pos) + pos is not bit-exact in float32
+    torch.testing.assert_close(loaded(x), src(x), atol=1e-4, rtol=1e-4)
+
+
+def test_weight_file_for_another_architecture_is_clear(tmp_path):
+    src = make_model("vit")
+    path = tmp_path / "w.pth"
+    torch.save(src.state_dict(), path)
+    with pytest.raises(ModelLoadError, match="does not match this architecture"):
+        interp.load("vit_base_patch16_224", weights=path, depth=2)
+    bad = tmp_path / "garbage.safetensors"
+    bad.write_bytes(b"not a tensor file")
+    with pytest.raises(ModelLoadError, match="could not read"):
+        interp.load("vit_small_patch16_224", weights=bad, depth=2)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        interp.load("vit_small_patch16_224", weights=tmp_path / "missing.pth")
+
+
+def test_wrong_image_size_is_clear():
+    model = make_model("vit")
+    with pytest.raises(ImageError, match="224x224.*dynamic_img_size"):
+        model(images(1, size=160))
+    with pytest.raises(ImageError, match="3-channel"):
+        model(torch.zeros(1, 1, 224, 224))
+    with pytest.raises(ImageError, match="Tensor"):
+        model(torch.zeros(3, 224, 224))
+
+
+def test_load_images_any_mode_and_model_preprocessing(tmp_path):
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 255, (300, 400, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "a_rgb.png")
+    Image.fromarray(rgb[..., 0]).save(tmp_path / "b_gray.png")
+    rgba = np.concatenate([rgb, np.full((300, 400, 1), 128, np.uint8)], axis=-1)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "c_rgba.png")
+    Image.fromarray(rgb).convert("P").save(tmp_path / "d_palette.gif")
+    model = make_model("dinov2_reg")
+    batch = load_images(tmp_path, model)
+    assert batch.shape == (4, 3, 224, 224) and batch.dtype == torch.float32
+    # grayscale -> three equal channels before normalisation
+    cfg = model.timm_model.pretrained_cfg
+    gray = batch[1] * torch.tensor(cfg["std"]).view(3, 1, 1) + torch.tensor(cfg["mean"]).view(3, 1, 1)
+    torch.testing.assert_close(gray[0], gray[1], atol=1e-5, rtol=0)
+    assert model(batch).shape[0] == 4
+
+
+def test_unreadable_image_names_the_file(tmp_path):
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff garbage")
+    model = make_model("vit")
+    with pytest.raises(ImageError, match="broken.jpg"):
+        load_images([bad], model)
+    with pytest.raises(ImageError, match="does not exist"):
+        load_images([tmp_path / "nope.png"], model)
+
+
+def test_bundled_samples_and_planted_model():
+    paths = sample_image_paths()
+    assert [p.stem for p in paths] == ["astronaut", "chelsea", "coffee", "rocket"]
+    model = interp.load("planted_vit")
+    assert model.planted is not None and model.planted.layer == 2
+    x = load_images(paths, model)
+    assert x.shape == (4, 3, 224, 224)
+
+
+def test_planted_ground_truth_on_constructed_images():
+    """Flat patches become high-norm tokens from the planted layer's MLP on; textured ones never do."""
+    model = interp.load("planted_vit")
+    truth = model.planted
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 224, 224, generator=g)
+    x[0, :, :64, :64] = 0.4  # 4x4 flat patches
+    x[1, :, 96:160, 32:224] = -0.3
+    mask = truth.artifact_mask(model.timm_model, x).flatten(1)
+    assert mask[0].sum() == 16 and mask[1].sum() == 48
+    _, cache = model.run_with_cache(x, names_filter="blocks.*.hook_resid_*")
+    patches = model.layout.patch_slice
+    for layer in range(model.n_layers):
+        post = cache[f"blocks.{layer}.hook_resid_post"][:, patches].norm(dim=-1)
+        mid = cache[f"blocks.{layer}.hook_resid_mid"][:, patches].norm(dim=-1)
+        if layer < truth.layer:
+            assert post.max() < 1.1 * post.min()
+        else:
+            assert (post[mask].min() > 3 * post[~mask].max()), layer
+        if layer == truth.layer:
+            assert mid.max() < 1.1 * mid.min()  # the jump is in the MLP, not the attention
