@@ -31,3 +31,35 @@ def model_from_args(args: argparse.Namespace, dtype=None):
         kwargs["depth"] = args.depth
     return load(args.model, pretrained=args.pretrained, weights=args.weights, device=args.device, dtype=dtype,
                 **kwargs)
+
+
+def add_study_args(parser: argparse.ArgumentParser, cache_ok: bool = True) -> None:
+    """Arguments of every ``interp study NAME``: model args, --images/--cache, --out, --batch-size, --seed."""
+    add_model_args(parser)
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--images", help="image directory (DIR/<class>/img gives labels), list file or image")
+    if cache_ok:
+        src.add_argument("--cache", help="an interp cache file (.h5) to read activations from")
+    parser.add_argument("--out", required=True, help="output directory for result.json and PNGs")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def source_from_args(args: argparse.Namespace, model):
+    """The activation source the study arguments describe (live images or a cache checked against model)."""
+    from ..studies.source import open_source
+
+    return open_source(model=model, images=args.images, cache=getattr(args, "cache", None),
+                       batch_size=args.batch_size)
+
+
+def write_outputs(result, out_dir, figures=()) -> None:
+    """Write ``<study>.json`` and the given (name, matplotlib figure) pairs as PNGs into ``out_dir``."""
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result.to_json(out / f"{result.study}.json")
+    for name, fig in figures:
+        fig.savefig(out / f"{name}.png", dpi=110, bbox_inches="tight")
+    print(f"wrote {out / (result.study + '.json')}" + (f" and {len(figures)} figure(s)" if figures else ""))

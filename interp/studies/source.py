@@ -1,0 +1,201 @@
+"""One small interface for studies to read activations: a live HookedViT over images, or a cache file.
+
+>>> src = open_source(model=model, images="photos/")          # runs the model batch by batch
+>>> src = open_source(cache="acts.h5", model=model)           # reads a cache lazily (fingerprint checked)
+>>> for batch in src.batches(["blocks.11.hook_resid_post"], batch_size=32):
+...     norms = batch.norms("blocks.11.hook_resid_post")       # [b, t]
+
+Memory stays bounded: one batch of activations at a time, whatever the number of images.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+
+import torch
+
+from ..errors import CacheError, InterpError
+from ..models.fingerprint import weights_fingerprint
+from ..models.layout import TokenLayout
+from ..models.preprocessing import list_images, load_images
+
+ImagesSpec = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
+
+
+@dataclass
+class Batch:
+    """Activations of ``len(ids)`` consecutive images, starting at image ``start`` of the source.
+
+    Attributes:
+        acts: hook name -> float32 CPU tensor [b, ...] (norm-only cache hooks hold [b, t] norms).
+        layout: token layout of the rows on the token axis.
+    """
+
+    ids: List[str]
+    start: int
+    acts: Dict[str, torch.Tensor]
+    layout: TokenLayout
+    norms_only: Set[str] = field(default_factory=set)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def norms(self, hook: str) -> torch.Tensor:
+        """Per-token L2 norms [b, t] of a [b, t, d] hook (as stored for norm-only caches)."""
+        a = self.acts[hook]
+        return a if hook in self.norms_only else a.norm(dim=-1)
+
+
+def folder_labels(paths: Sequence[Path], root: Optional[Path]) -> Tuple[Optional[List[int]], List[str]]:
+    """Class labels from an image-folder layout ``root/<class>/img``; (None, []) when not that layout."""
+    if root is None or not paths:
+        return None, []
+    try:
+        classes = [p.relative_to(root).parts for p in paths]
+    except ValueError:
+        return None, []
+    if any(len(parts) != 2 for parts in classes):
+        return None, []
+    names = sorted({parts[0] for parts in classes})
+    if len(names) < 2:
+        return None, []
+    index = {n: i for i, n in enumerate(names)}
+    return [index[parts[0]] for parts in classes], names
+
+
+def _block_of(hook: str) -> Optional[int]:
+    m = re.match(r"blocks\.(\d+)\.", hook)
+    return int(m.group(1)) if m else None
+
+
+class ActivationSource:
+    """Base of :class:`LiveSource` and :class:`CacheSource`."""
+
+    model_name: str
+    fingerprint: str
+    layout: TokenLayout
+    hook_names: List[str]
+    ids: List[str]
+    model = None  # a HookedViT for live sources
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def n_layers(self) -> int:
+        blocks = [b for b in (_block_of(h) for h in self.hook_names) if b is not None]
+        return max(blocks) + 1 if blocks else 0
+
+    def has(self, hook: str) -> bool:
+        return hook in self.hook_names
+
+    def require(self, hooks: Sequence[str]) -> None:
+        missing = [h for h in hooks if not self.has(h)]
+        if missing:
+            raise InterpError(
+                f"this study needs hooks {missing} that the source does not provide; "
+                f"write a cache with --hooks {' '.join(missing)} or run on a live model with --images"
+            )
+
+    def batches(self, hooks: Sequence[str], batch_size: int = 16) -> Iterator[Batch]:
+        raise NotImplementedError
+
+
+class LiveSource(ActivationSource):
+    """Runs a HookedViT over images batch by batch (no gradients) and yields the requested hooks.
+
+    Args:
+        model: the HookedViT (with any interventions the caller has active).
+        images: a directory (an image-folder layout ``DIR/<class>/img`` gives labels), a list file,
+            paths, or a Tensor[N, 3, H, W] already preprocessed.
+    """
+
+    def __init__(self, model, images: ImagesSpec, batch_size: int = 16):
+        self.model = model
+        self.batch_size = batch_size
+        self.model_name = model.model_name
+        self.fingerprint = weights_fingerprint(model)
+        self.hook_names = model.hook_names()
+        self.labels: Optional[List[int]] = None
+        self.class_names: List[str] = []
+        if isinstance(images, torch.Tensor):
+            self._tensor, self._paths = images, None
+            self.ids = [f"image_{i}" for i in range(images.shape[0])]
+        else:
+            self._tensor = None
+            self._paths = list_images(images)
+            self.ids = [str(p) for p in self._paths]
+            root = Path(images) if isinstance(images, (str, Path)) and Path(images).is_dir() else None
+            self.labels, self.class_names = folder_labels(self._paths, root)
+        self.layout = model.layout_for(self._image_size())
+
+    def _image_size(self) -> Tuple[int, int]:
+        if self._tensor is not None:
+            return tuple(self._tensor.shape[-2:])
+        from ..models.preprocessing import data_config
+
+        return tuple(data_config(self.model)["input_size"][1:])
+
+    def image_batches(self, batch_size: Optional[int] = None) -> Iterator[Tuple[int, torch.Tensor]]:
+        """(start index, preprocessed images [b, 3, H, W] on the model's device)."""
+        bs = batch_size or self.batch_size
+        device = next(self.model.parameters()).device
+        dtype = next(self.model.parameters()).dtype
+        for start in range(0, len(self.ids), bs):
+            if self._tensor is not None:
+                x = self._tensor[start:start + bs]
+            else:
+                x = load_images(self._paths[start:start + bs], self.model)
+            yield start, x.to(device=device, dtype=dtype)
+
+    @torch.no_grad()
+    def batches(self, hooks: Sequence[str], batch_size: Optional[int] = None) -> Iterator[Batch]:
+        hooks = self.model.resolve_hooks(list(hooks))
+        blocks = [_block_of(h) for h in hooks]
+        # Stop after the last block needed, unless a hook after the blocks is asked for.
+        stop = None if any(b is None and h != "hook_embed" for h, b in zip(hooks, blocks)) else (
+            max([b for b in blocks if b is not None], default=-1) + 1)
+        for start, x in self.image_batches(batch_size):
+            _, cache = self.model.run_with_cache(x, names_filter=hooks, stop_at_layer=stop)
+            acts = {h: cache[h].float().cpu() for h in hooks}
+            yield Batch(self.ids[start:start + len(x)], start, acts, self.model.layout)
+
+
+class CacheSource(ActivationSource):
+    """Reads an HDF5 activation cache written by ``interp cache`` lazily, one batch at a time."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        meta = reader.meta
+        self.model_name = meta.get("model_name", "?")
+        self.fingerprint = meta.get("weights_fingerprint", "?")
+        self.hook_names = list(reader.hooks)
+        self.ids = list(reader.ids)
+        self.layout = reader.layout
+        self.norms_only = bool(meta.get("norms_only", False))
+
+    def batches(self, hooks: Sequence[str], batch_size: int = 16) -> Iterator[Batch]:
+        self.require(hooks)
+        hooks = list(hooks)
+        for start in range(0, len(self.ids), batch_size):
+            stop = min(start + batch_size, len(self.ids))
+            acts = {h: torch.as_tensor(self.reader[h][start:stop]).float() for h in hooks}
+            yield Batch(self.ids[start:stop], start, acts, self.layout,
+                        set(hooks) if self.norms_only else set())
+
+
+def open_source(model=None, images: Optional[ImagesSpec] = None, cache: Union[str, Path, None] = None,
+                batch_size: int = 16) -> ActivationSource:
+    """A live source (``model`` + ``images``) or a cache source (``cache``, checked against ``model`` if given)."""
+    if (images is None) == (cache is None):
+        raise InterpError("give exactly one of images= (live run) or cache= (an interp cache file)")
+    if cache is not None:
+        from .. import cache as cache_mod
+
+        reader = cache_mod.open(cache, model=model)
+        return CacheSource(reader)
+    if model is None:
+        raise InterpError("a live run needs model=")
+    return LiveSource(model, images, batch_size=batch_size)
