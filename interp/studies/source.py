@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -22,6 +22,12 @@ from ..models.layout import TokenLayout
 from ..models.preprocessing import list_images, load_images
 
 ImagesSpec = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
+Reducer = Callable[[torch.Tensor], torch.Tensor]
+
+
+def token_norms(acts: torch.Tensor) -> torch.Tensor:
+    """Reducer: per-token L2 norms [b, t] of [b, t, d] activations (what norm-only caches store)."""
+    return acts.float().norm(dim=-1)
 
 
 @dataclass
@@ -99,7 +105,14 @@ class ActivationSource:
                 f"write a cache with --hooks {' '.join(missing)} or run on a live model with --images"
             )
 
-    def batches(self, hooks: Sequence[str], batch_size: int = 16) -> Iterator[Batch]:
+    def batches(self, hooks: Sequence[str], batch_size: int = 16,
+                reduce: Optional[Dict[str, Reducer]] = None) -> Iterator[Batch]:
+        """Yield the hooks' activations for consecutive images.
+
+        Args:
+            reduce: hook -> function applied to each batch's activation before it is kept (e.g. a norm
+                or one attention row), so a live run never holds the full tensor longer than the hook call.
+        """
         raise NotImplementedError
 
 
@@ -151,16 +164,23 @@ class LiveSource(ActivationSource):
             yield start, x.to(device=device, dtype=dtype)
 
     @torch.no_grad()
-    def batches(self, hooks: Sequence[str], batch_size: Optional[int] = None) -> Iterator[Batch]:
+    def batches(self, hooks: Sequence[str], batch_size: Optional[int] = None,
+                reduce: Optional[Dict[str, Reducer]] = None) -> Iterator[Batch]:
         hooks = self.model.resolve_hooks(list(hooks))
+        reduce = reduce or {}
         blocks = [_block_of(h) for h in hooks]
         # Stop after the last block needed, unless a hook after the blocks is asked for.
         stop = None if any(b is None and h != "hook_embed" for h, b in zip(hooks, blocks)) else (
             max([b for b in blocks if b is not None], default=-1) + 1)
         for start, x in self.image_batches(batch_size):
-            _, cache = self.model.run_with_cache(x, names_filter=hooks, stop_at_layer=stop)
-            acts = {h: cache[h].float().cpu() for h in hooks}
-            yield Batch(self.ids[start:start + len(x)], start, acts, self.model.layout)
+            acts: Dict[str, torch.Tensor] = {}
+
+            def keep(tensor, hook):
+                fn = reduce.get(hook.name)
+                acts[hook.name] = (fn(tensor) if fn else tensor).detach().float().cpu()
+
+            self.model.run_with_hooks(x, fwd_hooks=[(h, keep) for h in hooks], stop_at_layer=stop)
+            yield Batch(self.ids[start:start + len(x)], start, {h: acts[h] for h in hooks}, self.model.layout)
 
 
 class CacheSource(ActivationSource):
@@ -176,12 +196,21 @@ class CacheSource(ActivationSource):
         self.layout = reader.layout
         self.norms_only = bool(meta.get("norms_only", False))
 
-    def batches(self, hooks: Sequence[str], batch_size: int = 16) -> Iterator[Batch]:
+    def batches(self, hooks: Sequence[str], batch_size: int = 16,
+                reduce: Optional[Dict[str, Reducer]] = None) -> Iterator[Batch]:
         self.require(hooks)
         hooks = list(hooks)
+        reduce = reduce or {}
         for start in range(0, len(self.ids), batch_size):
             stop = min(start + batch_size, len(self.ids))
-            acts = {h: torch.as_tensor(self.reader[h][start:stop]).float() for h in hooks}
+            acts = {}
+            for h in hooks:
+                a = torch.as_tensor(self.reader[h][start:stop]).float()
+                fn = reduce.get(h)
+                if fn is not None and self.norms_only and fn is not token_norms:
+                    raise InterpError(f"this cache stores token norms only; {h} is needed in full: "
+                                      "write the cache without --norms-only")
+                acts[h] = a if fn is None or (self.norms_only and fn is token_norms) else fn(a)
             yield Batch(self.ids[start:stop], start, acts, self.layout,
                         set(hooks) if self.norms_only else set())
 
