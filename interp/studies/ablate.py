@@ -1,0 +1,140 @@
+"""Causal ablation of register neurons against random controls (SCIENCE.md section 2).
+
+The target neuron set is ablated (zero or mean); each control ablates as many random neurons drawn from
+the same layers (excluding the targets), one draw per seed. Effects per condition: outlier count and max
+patch norm at the detection layer, top-1 agreement with the unablated model, and accuracy when the images
+come in an image-folder layout (``DIR/<class>/img``) whose class order matches the model's classes.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import InterpError
+from ..interventions import NeuronAblation
+from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold
+from .probe import probe
+from .result import StudyResult
+from .source import LiveSource
+
+Neurons = Dict[int, List[int]]
+
+
+def random_controls(neurons: Neurons, d_mlp: int, n_controls: int, seed: int) -> List[Neurons]:
+    """``n_controls`` neuron sets with as many neurons per layer as ``neurons``, drawn from the same layers
+    without the targets; control i uses ``random.Random(seed + i)``."""
+    controls = []
+    for i in range(n_controls):
+        rng = random.Random(seed + i)
+        draw = {}
+        for layer, idx in sorted(neurons.items()):
+            pool = sorted(set(range(d_mlp)) - set(idx))
+            draw[layer] = sorted(rng.sample(pool, len(idx)))
+        controls.append(draw)
+    return controls
+
+
+@dataclass
+class AblationResult(StudyResult):
+    """Result of :func:`ablation_study`.
+
+    Attributes:
+        conditions: name -> {"outlier_count", "max_norm", "top1_agreement", "accuracy"}; names are
+            "baseline", "target" and "control_<i>".
+        controls: the neuron sets of the controls, as {layer: [neuron, ...]}.
+        summary: metric -> {"baseline", "target", "control_mean", "control_std"}.
+    """
+
+    study = "ablate"
+    neurons: Dict = field(default_factory=dict)
+    mode: str = "zero"
+    detect_layer: int = -1
+    threshold: Optional[float] = None
+    n_images: int = 0
+    controls: List[Dict] = field(default_factory=list)
+    conditions: Dict[str, Dict] = field(default_factory=dict)
+    summary: Dict[str, Dict] = field(default_factory=dict)
+
+
+def ablation_study(
+    source: LiveSource,
+    neurons: Neurons,
+    *,
+    mode: str = "zero",
+    n_controls: int = 5,
+    seed: int = 0,
+    threshold: ThresholdSpec = "auto",
+    detect_layer: Optional[int] = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> AblationResult:
+    """Ablate ``neurons`` and ``n_controls`` random same-size sets; compare to the unablated model.
+
+    Args:
+        source: a live source (ablation re-runs the model); labels come from an image-folder layout.
+        neurons: ``{layer: [neuron, ...]}`` (e.g. ``NeuronsResult.neuron_dict()``).
+        mode: "zero", or "mean" (per-neuron means over these images' tokens).
+        threshold: outlier threshold, resolved on the unablated model's detection-layer norms; under
+            "auto" with no bimodal split the 99th percentile of the unablated norms is used, so counts
+            stay comparable.
+    """
+    model = source.model
+    if model is None:
+        raise InterpError("the ablation study re-runs the model: pass images (a live source), not a cache")
+    neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
+    detect = resolve_layer(detect_layer, model.n_layers)
+    thr = resolve_threshold(detection_norms(source, detect, batch_size, progress).numpy().ravel(), threshold)
+    thr_value = thr.value
+    if not np.isfinite(thr_value):
+        thr_value = resolve_threshold(detection_norms(source, detect, batch_size, False).numpy().ravel(),
+                                      "p99").value
+    controls = random_controls(neurons, model.d_mlp, n_controls, seed)
+
+    def ablation(ns: Neurons) -> NeuronAblation:
+        if mode == "mean":
+            return NeuronAblation.calibrate_means(model, (x for _, x in source.image_batches()), ns)
+        return NeuronAblation(ns, mode=mode)
+
+    conditions = {"baseline": [], "target": [ablation(neurons)]}
+    for i, ctrl in enumerate(controls):
+        conditions[f"control_{i}"] = [ablation(ctrl)]
+    labels = source.labels
+    totals = {name: {"outliers": 0, "max_norm": 0.0, "agree": 0, "correct": 0} for name in conditions}
+    n = 0
+    for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="ablation",
+                         total=-(-len(source) // batch_size), unit="batch"):
+        outs = {name: probe(model, x, ivs, detect) for name, ivs in conditions.items()}
+        base_top1 = outs["baseline"].logits.argmax(-1)
+        y = torch.tensor(labels[start:start + len(x)]) if labels is not None else None
+        for name, out in outs.items():
+            t = totals[name]
+            t["outliers"] += int((out.patch_norms > thr_value).sum())
+            t["max_norm"] = max(t["max_norm"], float(out.patch_norms.max()))
+            top1 = out.logits.argmax(-1)
+            t["agree"] += int((top1 == base_top1).sum())
+            if y is not None:
+                t["correct"] += int((top1 == y).sum())
+        n += len(x)
+
+    table = {name: {"outlier_count": t["outliers"], "max_norm": t["max_norm"], "top1_agreement": t["agree"] / n,
+                    "accuracy": t["correct"] / n if labels is not None else None}
+             for name, t in totals.items()}
+    summary = {}
+    for metric in ("outlier_count", "max_norm", "top1_agreement", "accuracy"):
+        ctrl = [table[f"control_{i}"][metric] for i in range(n_controls)]
+        ctrl = [v for v in ctrl if v is not None]
+        summary[metric] = {"baseline": table["baseline"][metric], "target": table["target"][metric],
+                           "control_mean": float(np.mean(ctrl)) if ctrl else None,
+                           "control_std": float(np.std(ctrl)) if ctrl else None}
+    params = {"neurons": {str(k): v for k, v in neurons.items()}, "mode": mode, "n_controls": n_controls,
+              "threshold": threshold, "detect_layer": detect, "batch_size": batch_size}
+    return AblationResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
+                          neurons={str(k): v for k, v in neurons.items()}, mode=mode, detect_layer=detect,
+                          threshold=float(thr_value), n_images=n,
+                          controls=[{str(k): v for k, v in c.items()} for c in controls],
+                          conditions=table, summary=summary)

@@ -1,0 +1,109 @@
+"""Test-time registers (SCIENCE.md section 2): apply ``TestTimeRegister`` with the register neurons and
+measure whether the high norm leaves the patches for the new register token.
+
+Reports, with and without the register: patch outliers and max patch norm at the detection layer, the
+register token's norm, CLS attention share on the register token (last block), and top-1 agreement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import InterpError
+from ..interventions import TestTimeRegister
+from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold, resid_post
+from .result import StudyResult
+from .source import LiveSource
+
+
+@dataclass
+class RegisterResult(StudyResult):
+    """Result of :func:`register_study`.
+
+    Attributes:
+        baseline / with_register: {"outlier_count", "max_patch_norm", "top1_agreement"} over all images.
+        register_norm: per image, the test-time register token's norm at the detection layer.
+        cls_attention_on_register: per image, CLS attention (last block, head mean) on the register token.
+        outlier_maps_after: [N][h][w] 0/1 patch outliers with the register.
+    """
+
+    study = "registers"
+    neurons: Dict = field(default_factory=dict)
+    n_registers: int = 1
+    value: str = "layer_max"
+    detect_layer: int = -1
+    threshold: Optional[float] = None
+    ids: List[str] = field(default_factory=list)
+    baseline: Dict = field(default_factory=dict)
+    with_register: Dict = field(default_factory=dict)
+    register_norm: List[float] = field(default_factory=list)
+    cls_attention_on_register: List[float] = field(default_factory=list)
+    outlier_maps_after: List = field(default_factory=list)
+
+
+@torch.no_grad()
+def register_study(
+    source: LiveSource,
+    neurons: Dict[int, List[int]],
+    *,
+    n_registers: int = 1,
+    value: str = "layer_max",
+    threshold: ThresholdSpec = "auto",
+    detect_layer: Optional[int] = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> RegisterResult:
+    """Compare the model with and without ``TestTimeRegister(neurons)`` on the source's images.
+
+    The outlier threshold is resolved on the unedited model's detection-layer norms (99th percentile when
+    "auto" finds no bimodal split).
+    """
+    model = source.model
+    if model is None:
+        raise InterpError("the test-time register study re-runs the model: pass images, not a cache")
+    detect = resolve_layer(detect_layer, model.n_layers)
+    base_norms = detection_norms(source, detect, batch_size, progress).numpy().ravel()
+    thr = resolve_threshold(base_norms, threshold)
+    thr_value = thr.value if np.isfinite(thr.value) else resolve_threshold(base_norms, "p99").value
+    ttr = TestTimeRegister(neurons, n_registers=n_registers, value=value)
+    last = model.n_layers - 1
+    stats = {k: {"outliers": 0, "max": 0.0, "agree": 0} for k in ("baseline", "with_register")}
+    reg_norm, reg_attn, maps = [], [], []
+    grid = tuple(source.layout.grid)
+    for _, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="test-time register",
+                     total=-(-len(source) // batch_size), unit="batch"):
+        base_logits, base_cache = model.run_with_cache(x, names_filter=[resid_post(detect)])
+        base_patch = base_cache[resid_post(detect)][:, model.layout.patch_slice].float().norm(dim=-1)
+        with model.intervene(ttr):
+            lay = model.layout
+            names = [resid_post(detect)] + ([f"blocks.{last}.attn.hook_pattern"] if lay.cls_index is not None else [])
+            logits, cache = model.run_with_cache(x, names_filter=names)
+        resid = cache[resid_post(detect)].float()
+        patch = resid[:, lay.patch_slice].norm(dim=-1)
+        reg_rows = slice(lay.n_prefix - lay.n_extra, lay.n_prefix)
+        reg_norm += resid[:, reg_rows].norm(dim=-1).max(1).values.tolist()
+        if lay.cls_index is not None:
+            pattern = cache[f"blocks.{last}.attn.hook_pattern"].float().mean(1)  # [b, t, t]
+            reg_attn += pattern[:, lay.cls_index, reg_rows].sum(-1).tolist()
+        top1 = base_logits.argmax(-1)
+        for key, norms, lg in (("baseline", base_patch, base_logits), ("with_register", patch, logits)):
+            stats[key]["outliers"] += int((norms > thr_value).sum())
+            stats[key]["max"] = max(stats[key]["max"], float(norms.max()))
+            stats[key]["agree"] += int((lg.argmax(-1) == top1).sum())
+        maps.append((patch > thr_value).reshape(-1, *grid))
+    n = len(source)
+    table = {k: {"outlier_count": v["outliers"], "max_patch_norm": v["max"], "top1_agreement": v["agree"] / n}
+             for k, v in stats.items()}
+    params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "n_registers": n_registers,
+              "value": value, "threshold": threshold, "detect_layer": detect, "batch_size": batch_size}
+    return RegisterResult(
+        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
+        neurons=params["neurons"], n_registers=n_registers, value=value, detect_layer=detect,
+        threshold=float(thr_value), ids=list(source.ids), baseline=table["baseline"],
+        with_register=table["with_register"], register_norm=reg_norm, cls_attention_on_register=reg_attn,
+        outlier_maps_after=torch.cat(maps).int().tolist() if maps else [],
+    )
