@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from .errors import InterpError
 
-COMMANDS = ("hooks", "cache", "patch", "study", "report")
+COMMANDS = ("hooks", "cache", "patch", "study", "report", "compare")
 
 
 def build_parser() -> argparse.ArgumentParser:

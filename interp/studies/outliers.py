@@ -16,9 +16,11 @@ from .source import ActivationSource, token_norms
 ThresholdSpec = Union[float, int, str]
 
 # An automatic split counts as real artifacts only if the upper mode's typical norm is at least this
-# many times the lower mode's, and the split explains this share of the log-norm variance.
+# many times the lower mode's, the split explains this share of the log-norm variance, and the upper
+# mode is a minority of the tokens (artifacts are a few tokens: 2.4 % in DINOv2 ViT-g).
 MIN_MODE_RATIO = 2.0
 MIN_EXPLAINED = 0.6
+MAX_UPPER_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -60,14 +62,14 @@ def parse_threshold(spec: ThresholdSpec) -> Tuple[str, Optional[float]]:
         raise InterpError(f"threshold {spec!r} must be a number, pNN (e.g. p98) or auto") from None
 
 
-def bimodal_split(norms: np.ndarray) -> Tuple[float, float, float]:
-    """Otsu split of log-norms: (threshold, upper/lower mode ratio, explained variance share).
+def bimodal_split(norms: np.ndarray) -> Tuple[float, float, float, float]:
+    """Otsu split of log-norms: (threshold, upper/lower mode ratio, explained variance share, upper share).
 
     ``norms``: 1-D array of patch-token norms. The ratio compares the medians of the two sides.
     """
     x = np.log(np.clip(np.asarray(norms, dtype=np.float64).ravel(), 1e-12, None))
     if x.size < 4 or np.ptp(x) == 0:
-        return float(np.exp(x.max())) if x.size else math.inf, 1.0, 0.0
+        return (float(np.exp(x.max())) if x.size else math.inf), 1.0, 0.0, 0.0
     hist, edges = np.histogram(x, bins=512)
     centers = (edges[:-1] + edges[1:]) / 2
     w0 = np.cumsum(hist)
@@ -80,17 +82,17 @@ def bimodal_split(norms: np.ndarray) -> Tuple[float, float, float]:
     cut = edges[i + 1]
     low, high = x[x < cut], x[x >= cut]
     if low.size == 0 or high.size == 0:
-        return float(np.exp(cut)), 1.0, 0.0
+        return float(np.exp(cut)), 1.0, 0.0, 0.0
     explained = float(between[i] / (w0[-1] ** 2 * x.var())) if x.var() > 0 else 0.0
     ratio = float(np.exp(np.median(high) - np.median(low)))
-    return float(np.exp(cut)), ratio, explained
+    return float(np.exp(cut)), ratio, explained, high.size / x.size
 
 
 def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> Threshold:
     """Threshold for ``spec`` on the detection layer's patch norms (1-D array, all images)."""
     method, value = parse_threshold(spec)
-    split, ratio, explained = bimodal_split(patch_norms)
-    bimodal = ratio >= MIN_MODE_RATIO and explained >= MIN_EXPLAINED
+    split, ratio, explained, upper = bimodal_split(patch_norms)
+    bimodal = ratio >= MIN_MODE_RATIO and explained >= MIN_EXPLAINED and upper <= MAX_UPPER_SHARE
     if method == "fixed":
         thr = value
     elif method == "percentile":

@@ -1,0 +1,50 @@
+"""Cross-model comparison table, and the examples run as scripts."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import interp
+from interp.cli import main
+from interp.models import sample_image_paths
+from interp.studies.compare import COLUMNS, compare_models
+
+from conftest import make_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_compare_flags_planted_model_only(tmp_path):
+    result = compare_models([interp.load("planted_vit"), make_model("vit"), make_model("dinov2_reg")],
+                            sample_image_paths(), progress=False, names=["planted", "vit", "dinov2_reg"])
+    rows = {r["model"]: r for r in result.rows}
+    assert set(rows["planted"]) == set(COLUMNS)
+    assert rows["planted"]["artifacts"] and rows["planted"]["emergence"] == "2 (mlp)"
+    assert not rows["vit"]["artifacts"] and not rows["dinov2_reg"]["artifacts"]
+    assert result.table().splitlines()[0].split() == list(COLUMNS)
+
+
+def test_compare_cli(tmp_path, capsys):
+    assert main(["compare", "planted_vit", "vit_small_patch16_224", "--no-pretrained", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "planted_vit" in out and "vit_small_patch16_224" in out
+    assert (tmp_path / "compare.json").exists()
+
+
+def run_example(name: str) -> str:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / name)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_example_nnsight_edit():
+    out = run_example("nnsight_edit.py")
+    assert "nnsight edit vs hook edit, max |diff|: 0.00e+00" in out
+
+
+def test_example_artifact_tour():
+    out = run_example("artifact_tour.py")
+    assert "artifacts found: True" in out
+    assert "register neurons: [(2, 17" in out
