@@ -40,7 +40,7 @@ def add_study_args(parser: argparse.ArgumentParser, cache_ok: bool = True) -> No
     src.add_argument("--images", help="image directory (DIR/<class>/img gives labels), list file or image")
     if cache_ok:
         src.add_argument("--cache", help="an interp cache file (.h5) to read activations from")
-    parser.add_argument("--out", required=True, help="output directory for result.json and PNGs")
+    parser.add_argument("--out", required=True, help="output directory for <study>.json and PNGs")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
 

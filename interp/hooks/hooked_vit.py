@@ -23,13 +23,14 @@ from ..errors import ImageError
 from ..models.layout import TokenLayout, read_layout
 from ..models.support import check_supported
 from . import names as hook_names_mod
+from .intervene import InterventionMixin
 from .points import BLOCK_HOOK_ORDER, block_forward, install
 
 ROOT_HOOKS_BEFORE = ("hook_embed",)
 ROOT_HOOKS_AFTER = ("hook_norm_final", "hook_selective_votes", "hook_pooled", "hook_logits")
 
 
-class HookedViT(HookedRootModule):
+class HookedViT(InterventionMixin, HookedRootModule):
     """A timm ViT with hook points on every block.
 
     Hook names (shapes for batch b, tokens t = prefix + patches, width d, heads h):

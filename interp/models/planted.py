@@ -5,7 +5,9 @@ Construction (all other weights are timm's random init with a fixed seed; ``d`` 
 * Reserved residual dimensions: ``0..F-1`` hold F zero-mean high-pass filter responses of the patch
   (patch embedding rows), ``F`` is the *texture* channel, ``F+1`` the *artifact* channel, ``F+2`` and
   ``F+3`` two anchor channels fixed at ``+A`` and ``-A`` in every token (through ``pos_embed``). The anchors
-  make every LayerNorm scale nearly token-independent, so the planted circuit is close to linear.
+  make every LayerNorm scale nearly token-independent, and every planted weight row that reads a reserved
+  dim also reads the anchors with half its weight and opposite sign, which cancels LayerNorm's mean
+  subtraction exactly; so the planted circuit is close to linear.
   Every attention ``proj`` and MLP ``fc2`` has zero rows on the reserved dims, except the planted writes.
 * Block 0 MLP computes texture energy ``E = sum_f softabs(filter_f . patch)`` (pairs of GELU neurons
   reading ``+-`` each filter channel; ``softabs`` is about ``|.|``) into the texture channel. A flat patch has ``E = 0``. CLS starts with a large
@@ -138,6 +140,13 @@ def planted_vit(
     w_out = 25.0  # how much each register neuron writes into the artifact channel
     sink_q = 8.0  # constant query component of every head after `layer`
 
+    def read(row: torch.Tensor, dim: int, weight: float) -> None:
+        """Make a weight row read one reserved dim of a LayerNorm output without the token's mean:
+        -weight/2 on each anchor (+A and -A) adds back exactly the mean LayerNorm subtracted."""
+        row[dim] = weight
+        row[pos_anchor] = -weight / 2
+        row[neg_anchor] = -weight / 2
+
     with torch.no_grad():
         pe = model.patch_embed.proj
         pe.weight[reserved] = 0.0
@@ -160,7 +169,7 @@ def planted_vit(
         for f in range(F):
             for sign, n in ((1.0, 2 * f), (-1.0, 2 * f + 1)):
                 mlp0.fc1.weight[n] = 0.0
-                mlp0.fc1.weight[n, f] = sign * gelu_gain * sigma
+                read(mlp0.fc1.weight[n], f, sign * gelu_gain * sigma)
                 mlp0.fc1.bias[n] = 0.0
                 mlp0.fc2.weight[:, n] = 0.0
                 mlp0.fc2.weight[tex, n] = 1.0 / gelu_gain
@@ -169,7 +178,7 @@ def planted_vit(
         mlp = model.blocks[layer].mlp
         for n in neurons:
             mlp.fc1.weight[n] = 0.0
-            mlp.fc1.weight[n, tex] = -fire * sigma / tau
+            read(mlp.fc1.weight[n], tex, -fire * sigma / tau)
             mlp.fc1.bias[n] = fire
             mlp.fc2.weight[:, n] = 0.0
             mlp.fc2.weight[art, n] = w_out
@@ -183,7 +192,7 @@ def planted_vit(
                 qkv.weight[q_row] = 0.0
                 qkv.bias[q_row] = sink_q
                 qkv.weight[k_row] = 0.0
-                qkv.weight[k_row, art] = 1.0
+                read(qkv.weight[k_row], art, 1.0)
                 qkv.bias[k_row] = 0.0
             qkv.weight[2 * embed_dim:, art] = 0.0  # values ignore the artifact channel
 

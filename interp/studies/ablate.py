@@ -20,7 +20,7 @@ from ..interventions import NeuronAblation
 from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold
 from .probe import probe
 from .result import StudyResult
-from .source import LiveSource
+from .source import LiveSource, n_batches
 
 Neurons = Dict[int, List[int]]
 
@@ -88,11 +88,10 @@ def ablation_study(
         raise InterpError("the ablation study re-runs the model: pass images (a live source), not a cache")
     neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
     detect = resolve_layer(detect_layer, model.n_layers)
-    thr = resolve_threshold(detection_norms(source, detect, batch_size, progress).numpy().ravel(), threshold)
-    thr_value = thr.value
+    base_norms = detection_norms(source, detect, batch_size, progress).numpy().ravel()
+    thr_value = resolve_threshold(base_norms, threshold).value
     if not np.isfinite(thr_value):
-        thr_value = resolve_threshold(detection_norms(source, detect, batch_size, False).numpy().ravel(),
-                                      "p99").value
+        thr_value = resolve_threshold(base_norms, "p99").value
     controls = random_controls(neurons, model.d_mlp, n_controls, seed)
 
     def ablation(ns: Neurons) -> NeuronAblation:
@@ -107,7 +106,7 @@ def ablation_study(
     totals = {name: {"outliers": 0, "max_norm": 0.0, "agree": 0, "correct": 0} for name in conditions}
     n = 0
     for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="ablation",
-                         total=-(-len(source) // batch_size), unit="batch"):
+                         total=n_batches(source, batch_size), unit="batch"):
         outs = {name: probe(model, x, ivs, detect) for name, ivs in conditions.items()}
         base_top1 = outs["baseline"].logits.argmax(-1)
         y = torch.tensor(labels[start:start + len(x)]) if labels is not None else None

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold
 from .result import StudyResult
-from .source import ActivationSource
+from .source import ActivationSource, n_batches
 
 
 def mlp_post(layer: int) -> str:
@@ -114,7 +114,7 @@ def neurons_study(
     below = None
     n_tokens = 0
     for batch in tqdm(source.batches(hooks, batch_size), disable=not progress, desc="neuron scores",
-                      unit="batch", leave=False):
+                      total=n_batches(source, batch_size), unit="batch", leave=False):
         keep = [j for j in range(len(batch)) if batch.start + j in chosen]
         if not keep:
             continue

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold, resid_post
 from .result import StudyResult
-from .source import ActivationSource, token_norms
+from .source import ActivationSource, n_batches, token_norms
 
 # Log-spaced norm histogram bins shared by every layer: ~0.5 % wide, from 1e-3 to 1e6.
 HIST_EDGES = np.logspace(-3, 6, 4001)
@@ -145,12 +145,11 @@ def norms_study(
     counts = {s: {k: np.zeros((n_layers, len(HIST_EDGES) - 1), np.int64) for k in KINDS} for s in STAGES}
     maxima = {s: {k: np.full(n_layers, -np.inf) for k in KINDS} for s in STAGES}
     above = np.zeros(n_layers, np.int64)
-    max_pre = np.zeros(n_layers)
     attn_max = np.zeros(n_layers)
     attn_share = np.zeros(n_layers)
     n_images = 0
     for batch in tqdm(source.batches(hooks, batch_size, reduce=reduce), disable=not progress,
-                      desc="norms per layer", unit="batch", leave=False):
+                      total=n_batches(source, batch_size), desc="norms per layer", unit="batch", leave=False):
         out_b = outliers[batch.start:batch.start + len(batch)]
         for i in range(n_layers):
             for s in STAGES:

@@ -11,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import InterpError
-from .source import ActivationSource, token_norms
+from .source import ActivationSource, n_batches, token_norms
 
 ThresholdSpec = Union[float, int, str]
 
@@ -126,6 +126,6 @@ def detection_norms(source: ActivationSource, layer: int, batch_size: int = 16,
     patches = source.layout.patch_slice
     out: List[torch.Tensor] = []
     for batch in tqdm(source.batches([hook], batch_size, reduce={hook: token_norms}), disable=not progress,
-                      desc=f"norms @ block {layer}", unit="batch", leave=False):
+                      total=n_batches(source, batch_size), desc=f"norms @ block {layer}", unit="batch", leave=False):
         out.append(batch.acts[hook][:, patches])
     return torch.cat(out) if out else torch.zeros(0, source.layout.n_patches)

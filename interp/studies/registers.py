@@ -17,7 +17,7 @@ from ..errors import InterpError
 from ..interventions import TestTimeRegister
 from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold, resid_post
 from .result import StudyResult
-from .source import LiveSource
+from .source import LiveSource, n_batches
 
 
 @dataclass
@@ -75,7 +75,7 @@ def register_study(
     reg_norm, reg_attn, maps = [], [], []
     grid = tuple(source.layout.grid)
     for _, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="test-time register",
-                     total=-(-len(source) // batch_size), unit="batch"):
+                     total=n_batches(source, batch_size), unit="batch"):
         base_logits, base_cache = model.run_with_cache(x, names_filter=[resid_post(detect)])
         base_patch = base_cache[resid_post(detect)][:, model.layout.patch_slice].float().norm(dim=-1)
         with model.intervene(ttr):

@@ -18,7 +18,7 @@ from ..interventions import Relocation, masks
 from .outliers import ThresholdSpec, resolve_layer, resolve_threshold
 from .probe import probe
 from .result import StudyResult
-from .source import LiveSource
+from .source import LiveSource, n_batches
 
 
 def iou(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -88,7 +88,7 @@ def relocation_study(
     reloc = Relocation(neurons, target=target, value=value)
     before, after, att_before, att_after = [], [], [], []
     for _, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="relocation",
-                     total=-(-len(source) // batch_size), unit="batch"):
+                     total=n_batches(source, batch_size), unit="batch"):
         b = probe(model, x, (), detect, attention_layers=[last])
         a = probe(model, x, [reloc], detect, attention_layers=[last])
         before.append(b.patch_norms)

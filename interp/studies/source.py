@@ -54,6 +54,12 @@ class Batch:
         return a if hook in self.norms_only else a.norm(dim=-1)
 
 
+def n_batches(source: "ActivationSource", batch_size: Optional[int]) -> int:
+    """Number of batches of ``batch_size`` (default: the source's) over the source, for progress bars."""
+    bs = batch_size or getattr(source, "batch_size", 16)
+    return -(-len(source) // bs)
+
+
 def folder_labels(paths: Sequence[Path], root: Optional[Path]) -> Tuple[Optional[List[int]], List[str]]:
     """Class labels from an image-folder layout ``root/<class>/img``; (None, []) when not that layout."""
     if root is None or not paths:

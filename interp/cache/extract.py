@@ -1,0 +1,100 @@
+"""Turn the activations ``run_with_cache`` returns into the arrays a cache stores.
+
+Per hook: keep the selected token rows, optionally reduce each token to its L2 norm (``select``, on the
+forward thread), then cast to the stored dtype as a contiguous numpy array (``to_stored``, meant for the
+writer thread: the cast then overlaps the next forward instead of delaying it).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import numpy as np
+import torch
+
+from ..errors import CacheError
+from ..models.layout import TokenLayout
+from .format import DTYPES, is_attention_map, token_axis, token_rows
+
+_TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+
+
+class Extractor:
+    """Selects, reduces and casts hook activations for storage.
+
+    Args:
+        hooks: hook names to store.
+        layout: token layout for the input size of the run.
+        tokens: ``all``, ``prefix`` (CLS + registers), ``patches`` or ``cls``.
+        norms_only: store the L2 norm of each token over its feature axes instead of the vector:
+            [b, t, d] -> [b, t], q/k/v/z [b, t, h, dh] -> [b, t], pooled/logits [b, d] -> [b].
+        dtype: ``float16`` or ``float32``.
+    """
+
+    def __init__(self, hooks: List[str], layout: TokenLayout, tokens: str = "all", norms_only: bool = False,
+                 dtype: str = "float16"):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+        if norms_only:
+            maps = [h for h in hooks if is_attention_map(h)]
+            if maps:
+                raise CacheError(f"norms_only stores per-token vector norms; attention maps have none ({maps[0]}). "
+                                 "Cache attention patterns/scores in a run without --norms-only.")
+        self.hooks = list(hooks)
+        self.layout = layout
+        self.tokens = tokens
+        self.rows = token_rows(layout, tokens)
+        self.norms_only = norms_only
+        self.dtype = dtype
+        self.torch_dtype = _TORCH_DTYPES[dtype]
+        self.np_dtype = np.dtype(DTYPES[dtype])
+
+    def _one(self, hook: str, act: torch.Tensor) -> torch.Tensor:
+        axis = token_axis(hook)  # per image; +1 for the batch axis
+        if axis is not None:
+            n = act.shape[axis + 1]
+            if n != self.layout.n_tokens:
+                raise CacheError(f"{hook} has {n} rows on its token axis but the token layout has "
+                                 f"{self.layout.n_tokens} tokens ({self.layout.to_dict()})")
+            if self.tokens != "all":
+                act = act.narrow(axis + 1, self.rows.start, self.rows.stop - self.rows.start)
+        if self.norms_only:
+            first_feature = 1 if axis is None else axis + 2
+            dims = tuple(range(first_feature, act.ndim))
+            act = torch.linalg.vector_norm(act.float(), dim=dims)
+        if act.device.type != "cpu" or act.dtype not in _NUMPY_FLOATS:
+            act = act.to(self.torch_dtype).cpu()  # GPU: cast before the copy, half the bytes; bfloat16: no numpy
+        return act
+
+    @torch.no_grad()
+    def select(self, cache: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """{hook: Tensor[b, ...]} -> {hook: CPU Tensor[b, ...]} with the stored rows/norms (any float dtype,
+        possibly a strided view of the activation)."""
+        missing = [h for h in self.hooks if h not in cache]
+        if missing:
+            raise CacheError(f"{missing[0]} did not fire during the forward pass; some hooks (e.g. "
+                             "hook_selective_votes) fire only while an intervention that uses them is active")
+        return {h: self._one(h, cache[h]) for h in self.hooks}
+
+    def to_stored(self, selected: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
+        """Contiguous ndarrays in the stored dtype (no copy when already so). numpy's single-threaded cast
+        (round to nearest even, like torch's) releases the GIL and leaves torch's threads to the forward."""
+        return {h: np.ascontiguousarray(t.numpy(), dtype=self.np_dtype) for h, t in selected.items()}
+
+    def __call__(self, cache: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
+        """{hook: Tensor[b, ...]} -> {hook: ndarray[b, ...]} in the stored form: ``to_stored(select(cache))``."""
+        return self.to_stored(self.select(cache))
+
+    def per_image_shapes(self, model, input_size: Tuple[int, int]) -> Dict[str, Tuple[int, ...]]:
+        """Stored shape of one image's activation for each hook (one probe forward of a blank image)."""
+        p = next(model.parameters())
+        x = torch.zeros(1, model.timm_model.patch_embed.proj.in_channels, *input_size, device=p.device, dtype=p.dtype)
+        # One image is all small ops; on a busy CPU, thread barriers make it ~10x slower than one thread.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.inference_mode():
+                _, cache = model.run_with_cache(x, names_filter=self.hooks)
+        finally:
+            torch.set_num_threads(threads)
+        return {h: tuple(a.shape[1:]) for h, a in self(cache).items()}

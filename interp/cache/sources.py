@@ -1,0 +1,123 @@
+"""Where the images of a cache run come from: image files (decoded on demand) or an in-memory batch.
+
+A source has a fixed, ordered list of ids and loads any contiguous range ``[start, stop)`` into pixels,
+reporting the images it could not read instead of failing (unless strict).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Sequence, Tuple, Union
+
+import torch
+
+from ..errors import ImageError
+from .format import images_digest
+
+
+@dataclass
+class LoadedBatch:
+    """Images ``[start, stop)`` of a source.
+
+    Attributes:
+        pixels: Tensor[b, 3, H, W] of the readable images (None when none was readable).
+        positions: input position of each row of ``pixels`` (relative to the source).
+        skipped: (position, id, reason) for each image that could not be read.
+    """
+
+    start: int
+    stop: int
+    pixels: torch.Tensor = None
+    positions: List[int] = field(default_factory=list)
+    skipped: List[Tuple[int, str, str]] = field(default_factory=list)
+
+
+class ImageSource:
+    """An ordered list of images. Subclasses set ``ids`` and implement ``load`` and ``subset``."""
+
+    ids: List[str]
+    input_size: Tuple[int, int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def digest(self) -> str:
+        return images_digest(self.ids)
+
+    def load(self, start: int, stop: int) -> LoadedBatch:
+        raise NotImplementedError
+
+    def subset(self, start: int, stop: int) -> "ImageSource":
+        raise NotImplementedError
+
+
+class FileImages(ImageSource):
+    """Image files read with the model's timm preprocessing. Unreadable files are skipped (or raise if strict)."""
+
+    def __init__(self, paths: Sequence[Path], transform, input_size: Tuple[int, int], strict: bool = False):
+        self.paths = [Path(p) for p in paths]
+        self.ids = [str(p) for p in self.paths]
+        self.transform = transform
+        self.input_size = tuple(input_size)
+        self.strict = strict
+
+    def load(self, start: int, stop: int) -> LoadedBatch:
+        from ..models import open_image
+
+        batch = LoadedBatch(start, stop)
+        tensors = []
+        for pos in range(start, stop):
+            try:
+                tensors.append(self.transform(open_image(self.paths[pos])))
+            except ImageError as e:
+                if self.strict:
+                    raise ImageError(f"{e} (strict mode: drop --strict/strict=True to skip unreadable images)") from e
+                batch.skipped.append((pos, self.ids[pos], str(e)))
+                continue
+            batch.positions.append(pos)
+        if tensors:
+            batch.pixels = torch.stack(tensors)
+        return batch
+
+    def subset(self, start: int, stop: int) -> "FileImages":
+        return FileImages(self.paths[start:stop], self.transform, self.input_size, self.strict)
+
+
+class TensorImages(ImageSource):
+    """An already preprocessed Tensor[N, 3, H, W]; ids are ``tensor:<i>``."""
+
+    def __init__(self, pixels: torch.Tensor, offset: int = 0):
+        if pixels.ndim != 4:
+            raise ImageError(f"expected images as Tensor[N, C, H, W], got shape {tuple(pixels.shape)}")
+        self.pixels = pixels
+        self.ids = [f"tensor:{offset + i}" for i in range(pixels.shape[0])]
+        self.input_size = tuple(int(s) for s in pixels.shape[-2:])
+        self.offset = offset
+
+    def digest(self) -> str:
+        # Ids alone do not tell two tensors apart; add cheap per-image sums so resuming with other pixels fails.
+        flat = self.pixels.detach().reshape(self.pixels.shape[0], -1).float()
+        sums = torch.stack([flat.sum(1), flat.abs().sum(1)], 1).cpu().numpy().round(3)
+        return images_digest(self.ids, sums.tobytes())
+
+    def load(self, start: int, stop: int) -> LoadedBatch:
+        return LoadedBatch(start, stop, self.pixels[start:stop], list(range(start, stop)))
+
+    def subset(self, start: int, stop: int) -> "TensorImages":
+        return TensorImages(self.pixels[start:stop], self.offset + start)
+
+
+ImagesArg = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
+
+
+def image_source(images: ImagesArg, model, strict: bool = False) -> ImageSource:
+    """An :class:`ImageSource` for a directory, a ``.txt``/``.lst`` list file, a list of paths or a Tensor."""
+    if isinstance(images, torch.Tensor):
+        return TensorImages(images)
+    from ..models import data_config, list_images, preprocessing
+
+    paths = list_images(images)
+    if not paths:
+        raise ImageError("no image paths given")
+    input_size = tuple(int(s) for s in data_config(model)["input_size"][-2:])
+    return FileImages(paths, preprocessing(model), input_size, strict=strict)

@@ -1,0 +1,249 @@
+"""``interp.cache.write``: stream images through a HookedViT and store hook activations in HDF5.
+
+Batch by batch: decode images (prefetch thread), forward with ``run_with_cache`` on only the requested
+hooks (main thread), write and commit the batch (writer thread, overlapping the next forward).
+"""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from ..errors import CacheError
+from ..hooks.names import NamesSpec
+from .extract import Extractor
+from .format import COMPRESSIONS, DTYPES, FORMAT_VERSION, TOKEN_MODES, model_fingerprints, versions
+from .lock import WriterLock
+from .pipeline import BackgroundWriter, Prefetcher
+from .sources import ImageSource, ImagesArg, image_source
+from .store import BatchRows, CacheFile
+
+
+@dataclass
+class WriteSummary:
+    """What a cache run did. ``mbytes``/``seconds`` count this run only (not rows kept from a resumed file)."""
+
+    path: str
+    n_images: int
+    n_written: int
+    n_skipped: int
+    new_rows: int
+    mbytes: float
+    seconds: float
+    complete: bool
+
+    def line(self) -> str:
+        state = "complete" if self.complete else "INCOMPLETE (rerun with --resume)"
+        return (f"interp cache: {self.path}: {self.n_written}/{self.n_images} images written "
+                f"({self.new_rows} this run), {self.n_skipped} skipped, {self.mbytes:.1f} MB in "
+                f"{self.seconds:.1f} s, {state}")
+
+
+def write(
+    model,
+    images: ImagesArg,
+    *,
+    hooks: NamesSpec,
+    path: Union[str, Path],
+    batch_size: int = 32,
+    dtype: str = "float16",
+    tokens: str = "all",
+    norms_only: bool = False,
+    compression: str = "none",
+    resume: bool = False,
+    overwrite: bool = False,
+    strict: bool = False,
+    progress: bool = True,
+    distributed: Optional[bool] = None,
+) -> WriteSummary:
+    """Cache hook activations of ``model`` over ``images`` into the HDF5 file ``path``.
+
+    Args:
+        model: a ``HookedViT``.
+        images: a directory (searched recursively), a ``.txt``/``.lst`` list of paths, a list of paths,
+            or an already preprocessed Tensor[N, 3, H, W] (ids ``tensor:<i>``).
+        hooks: hook names or glob patterns (``"blocks.*.hook_resid_post"``), or a list of them.
+        path: the ``.h5`` file to write.
+        batch_size: images per forward pass and rows per HDF5 chunk.
+        dtype: stored float type, ``float16`` or ``float32`` (the forward runs in the model's dtype).
+        tokens: token rows to keep: ``all``, ``prefix`` (CLS + registers), ``patches`` or ``cls``.
+            For attention scores/patterns [h, t, t] the query axis is selected; all keys are kept.
+        norms_only: store the per-token L2 norm ([N, T]) instead of the vectors.
+        compression: ``none``, ``lzf`` or ``gzip`` (with byte shuffling).
+        resume: continue an existing file after its last committed batch (its settings must match;
+            its batch size is used). Without ``resume`` or ``overwrite`` an existing file is an error.
+        overwrite: replace an existing file.
+        strict: stop at the first unreadable image (``ImageError`` naming it) instead of skipping it.
+        progress: show a tqdm bar (images/s, MB/s) and print a summary line to stderr.
+        distributed: split the images over ``torch.distributed`` ranks (one shard file each, plus a
+            virtual top file written by rank 0). None: when ``WORLD_SIZE`` > 1 in the environment.
+
+    Returns:
+        WriteSummary (this rank's shard under ``torchrun``).
+
+    Raises:
+        CacheError: existing file without ``resume``/``overwrite``, a file another process is writing,
+            a resume with other settings. ImageError: an unreadable image with ``strict``.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+    if tokens not in TOKEN_MODES:
+        raise ValueError(f"tokens must be one of {TOKEN_MODES}, got {tokens!r}")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    hook_names = model.resolve_hooks(hooks)
+    source = image_source(images, model, strict=strict)
+    options = dict(batch_size=batch_size, dtype=dtype, tokens=tokens, norms_only=norms_only,
+                   compression=compression, resume=resume, overwrite=overwrite, progress=progress)
+
+    from . import distributed as dist_mod
+
+    context = dist_mod.detect() if distributed is None else (dist_mod.detect(required=True) if distributed else None)
+    if context is not None:
+        return dist_mod.write_sharded(model, source, hook_names, Path(path), context, **options)
+    return write_file(model, source, hook_names, Path(path), **options)
+
+
+def write_file(
+    model,
+    source: ImageSource,
+    hook_names,
+    path: Path,
+    *,
+    batch_size: int,
+    dtype: str,
+    tokens: str,
+    norms_only: bool,
+    compression: str,
+    resume: bool,
+    overwrite: bool,
+    progress: bool,
+    shard: Optional[dict] = None,
+) -> WriteSummary:
+    """Write one cache file for all images of ``source`` (one shard's under torchrun)."""
+    layout = model.layout_for(source.input_size)
+    extractor = Extractor(hook_names, layout, tokens, norms_only, dtype)
+    shapes = extractor.per_image_shapes(model, source.input_size)
+    meta = run_meta(model, source, extractor, compression, batch_size, shard)
+    with WriterLock(path):
+        if path.exists() and resume:
+            store = CacheFile.resume(path, meta, shapes)
+            file_batch = int(store.meta["batch_size"])
+            if file_batch != batch_size:
+                warnings.warn(f"resuming {str(path)!r} with its own batch size {file_batch} (not {batch_size}) "
+                              "so batches line up with the interrupted run")
+                batch_size = file_batch
+        elif path.exists() and not overwrite:
+            raise CacheError(f"{str(path)!r} already exists. Pass --resume (resume=True) to continue it, "
+                             "--overwrite (overwrite=True) to replace it, or delete it.")
+        else:
+            store = CacheFile.create(path, meta, shapes)
+        return _stream(model, source, extractor, store, batch_size, progress)
+
+
+def run_meta(model, source: ImageSource, extractor: Extractor, compression: str, batch_size: int,
+             shard: Optional[dict] = None) -> dict:
+    """The root attributes of a new cache file for this run."""
+    from ..models import data_config
+
+    rows = extractor.rows
+    return {
+        "format_version": FORMAT_VERSION,
+        **versions(),
+        **model_fingerprints(model),
+        "data_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in data_config(model).items()},
+        "input_size": list(source.input_size),
+        "layout": extractor.layout.to_dict(),
+        "hooks": list(extractor.hooks),
+        "dtype": extractor.dtype,
+        "tokens": extractor.tokens,
+        "token_rows": [rows.start, rows.stop],
+        "norms_only": bool(extractor.norms_only),
+        "compression": compression,
+        "batch_size": int(batch_size),
+        "n_images": len(source),
+        "images_sha256": source.digest(),
+        "n_written": 0,
+        "n_skipped": 0,
+        "complete": False,
+        "shard": shard,
+        "shards": [],
+    }
+
+
+def _blocks_needed(model, hook_names) -> Optional[int]:
+    """Blocks to run so every hook fires (``stop_at_layer``), or None when a hook needs the full forward."""
+    needed = 0
+    for name in hook_names:
+        if name == "hook_embed":
+            continue
+        if not name.startswith("blocks."):
+            return None
+        needed = max(needed, int(name.split(".")[1]) + 1)
+    return needed
+
+
+def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, batch_size: int,
+            progress: bool) -> WriteSummary:
+    """Forward every remaining batch and hand it to the writer thread; close the file at the end."""
+    from tqdm.auto import tqdm
+
+    n_images = len(source)
+    start_rows = store.n_written
+    param = next(model.parameters())
+    stop_at_layer = _blocks_needed(model, extractor.hooks)
+    t0 = time.perf_counter()
+    written_bytes = 0
+    bar = tqdm(total=n_images, initial=store.position, unit="img", desc=f"cache {store.path.name}",
+               disable=not progress, dynamic_ncols=True, file=sys.stderr)
+
+    def commit(rows: BatchRows) -> None:
+        nonlocal written_bytes
+        rows.arrays = extractor.to_stored(rows.arrays)
+        consumed = rows.stop - store.position
+        store.append(rows)
+        written_bytes += rows.nbytes
+        bar.update(consumed)
+        bar.set_postfix_str(f"{written_bytes / 1e6 / max(time.perf_counter() - t0, 1e-9):.1f} MB/s")
+
+    loader = Prefetcher(source, store.position, batch_size)
+    writer = BackgroundWriter(commit, depth=1)
+    finished = False
+    try:
+        for loaded in loader:
+            for _, _, reason in loaded.skipped:
+                warnings.warn(f"skipped unreadable image: {reason}")
+            rows = BatchRows({}, [], [], loaded.skipped, loaded.stop)
+            if loaded.pixels is not None:
+                x = loaded.pixels.to(device=param.device, dtype=param.dtype)
+                with torch.inference_mode():
+                    _, cache = model.run_with_cache(x, names_filter=extractor.hooks, stop_at_layer=stop_at_layer)
+                    rows.arrays = extractor.select(cache)  # cast to the stored dtype in the writer thread
+                del cache
+                rows.ids = [source.ids[p] for p in loaded.positions]
+                rows.positions = loaded.positions
+            writer.submit(rows)
+        writer.finish()
+        finished = True
+    finally:
+        loader.stop()
+        if not finished:
+            writer.finish(raise_errors=False)  # keep the batches already computed
+        complete = finished and store.position >= n_images
+        store.close(complete=complete)
+        bar.close()
+    summary = WriteSummary(
+        path=str(store.path), n_images=n_images, n_written=store.n_written, n_skipped=store.n_skipped,
+        new_rows=store.n_written - start_rows, mbytes=written_bytes / 1e6, seconds=time.perf_counter() - t0,
+        complete=complete,
+    )
+    if progress:
+        tqdm.write(summary.line(), file=sys.stderr)
+    return summary

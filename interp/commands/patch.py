@@ -1,0 +1,114 @@
+"""``interp patch export|apply|show``: write intervention patch files, check them on a plain model, print them."""
+from __future__ import annotations
+
+import copy
+
+from .common import add_model_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("patch", help="export / apply / show intervention patch files",
+                       description="Intervention patch files (.safetensors) for plain timm models.")
+    actions = p.add_subparsers(dest="patch_command", metavar="ACTION", required=True)
+
+    e = actions.add_parser("export", help="write a patch file from an intervention spec (JSON)",
+                           description="Build the interventions of SPEC.json for MODEL (calibrating those that "
+                                       "need it) and write them as one patch file.")
+    add_model_args(e)
+    e.add_argument("--interventions", required=True, metavar="SPEC.json",
+                   help="JSON list of {\"kind\": ..., params}; see interp.interventions.spec")
+    e.add_argument("--out", required=True, help="patch file to write (.safetensors)")
+    e.add_argument("--calibration-images", default=None, metavar="DIR",
+                   help="images for interventions that need calibration (mean ablation, AttentionBias)")
+    e.add_argument("--as-weights", action="store_true",
+                   help="write a plain state dict with the edits folded into the weights instead "
+                        "(only full-token NeuronAblation)")
+    _add_common(e)
+    e.set_defaults(func=run_export)
+
+    a = actions.add_parser("apply", help="apply a patch to a plain timm MODEL and compare with the hooked model",
+                           description="Load MODEL as a plain timm module, apply the patch, and report the max "
+                                       "absolute output difference to the hooked model with the same interventions.")
+    add_model_args(a)
+    a.add_argument("patch", help="patch file (.safetensors)")
+    a.add_argument("--check-images", default=None, metavar="DIR",
+                   help="images to compare on (default: the bundled sample photos)")
+    a.add_argument("--force", action="store_true", help="apply even if the patch was made for another model")
+    a.add_argument("--tol", type=float, default=1e-4, help="fail (exit 1) when the difference exceeds this")
+    _add_common(a)
+    a.set_defaults(func=run_apply)
+
+    s = actions.add_parser("show", help="print a patch file's spec")
+    s.add_argument("patch", help="patch file (.safetensors)")
+    s.set_defaults(func=run_show)
+
+
+def _add_common(parser) -> None:
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of random-init weights (--no-pretrained), so export and apply match")
+
+
+def _models(args):
+    """(plain timm model, HookedViT over an identical copy) for the model arguments."""
+    import torch
+
+    from ..hooks import HookedViT
+    from ..models.loading import create_timm_vit
+
+    kwargs = {}
+    if args.img_size:
+        kwargs["img_size"] = args.img_size
+    if args.depth:
+        kwargs["depth"] = args.depth
+    torch.manual_seed(args.seed)
+    plain = create_timm_vit(args.model, pretrained=args.pretrained, weights=args.weights, device=args.device,
+                            **kwargs)
+    hooked = HookedViT.from_timm(copy.deepcopy(plain), name=args.model)
+    return plain, hooked
+
+
+def run_export(args) -> int:
+    from .. import patch
+    from ..interventions import interventions_from_spec
+    from ..models import load_images
+
+    _, model = _models(args)
+    images = load_images(args.calibration_images, model) if args.calibration_images else None
+    interventions = interventions_from_spec(args.interventions, model=model, calibration_images=images,
+                                            batch_size=args.batch_size)
+    if args.as_weights:
+        out = patch.export_weights(interventions, model, args.out)
+        print(f"wrote edited weights {out} (load with timm.create_model({args.model!r}) + load_state_dict)")
+    else:
+        out = patch.save(interventions, args.out, model)
+        print(f"wrote patch {out} ({', '.join(iv.kind for iv in interventions)})")
+    return 0
+
+
+def run_apply(args) -> int:
+    import torch
+
+    from .. import patch
+    from ..models import load_images, sample_image_paths
+
+    plain, hooked = _models(args)
+    patched = patch.apply(plain, args.patch, force=args.force)
+    interventions = patch.load(args.patch)
+    images = load_images(args.check_images or sample_image_paths(), hooked)
+    worst = 0.0
+    with torch.no_grad():
+        for batch in images.split(args.batch_size):
+            batch = batch.to(args.device)
+            expected = hooked.run_with_interventions(batch, interventions)
+            worst = max(worst, float((patched(batch) - expected).abs().max()))
+    print(f"applied {args.patch} to plain {args.model}: {len(images)} images, "
+          f"max |plain - hooked| = {worst:.3e} (tolerance {args.tol:g})")
+    return 0 if worst <= args.tol else 1
+
+
+def run_show(args) -> int:
+    from .. import patch
+
+    print(patch.describe(args.patch))
+    return 0

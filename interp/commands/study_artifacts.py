@@ -1,0 +1,228 @@
+"""``interp study norms|neurons|ablate|relocate|registers MODEL ...``: the artifact studies (SCIENCE.md 1-2).
+
+norms and neurons read a live model (``--images``) or a cache (``--cache``); ablate, relocate and registers
+re-run the model with an edit, so they take ``--images`` and the neurons to edit (``--neurons``).
+
+    interp study neurons vit_small_patch14_dinov2 --images photos/ --out runs/dino --top-k 50
+    interp study ablate vit_small_patch14_dinov2 --images photos/ --out runs/dino --neurons runs/dino/neurons.json
+    interp study relocate planted_vit --images photos/ --out runs/p --neurons 2:17,2:101 --target box:2,2,3,3
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..errors import InterpError
+from .common import add_study_args, model_from_args, source_from_args, write_outputs
+
+NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
+
+
+def parse_neurons(text: str) -> Dict[int, List[int]]:
+    """``"2:17,2:101,5:40"`` -> ``{2: [17, 101], 5: [40]}``; a path to a neurons study's JSON -> its ranked
+    neurons. Raises InterpError on bad syntax."""
+    text = (text or "").strip()
+    if text.endswith(".json") and Path(text).is_file():
+        from ..studies.neurons import NeuronsResult
+
+        result = NeuronsResult.from_json(text)
+        if not result.neurons:
+            raise InterpError(f"{text} ranks no neurons ({result.message or 'empty list'}); nothing to edit")
+        return result.neuron_dict()
+    if not text:
+        raise InterpError(f"--neurons is empty: give {NEURONS_SYNTAX}")
+    out: Dict[int, List[int]] = {}
+    for item in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", item)
+        if not m:
+            raise InterpError(f"--neurons {text!r}: cannot read {item!r}; expected {NEURONS_SYNTAX}")
+        layer, neuron = int(m.group(1)), int(m.group(2))
+        if neuron in out.setdefault(layer, []):
+            raise InterpError(f"--neurons {text!r}: neuron {layer}:{neuron} is listed twice")
+        out[layer].append(neuron)
+    return out
+
+
+def parse_target(text: Optional[str], grid):
+    """``smiley`` (None) | ``box:top,left,height,width`` | ``indices:i,j,...`` (flat patch indices) -> a
+    Bool[h, w] mask on ``grid``, or None for the default smiley."""
+    from ..interventions import masks
+
+    if text is None or text.strip().lower() == "smiley":
+        return None
+    kind, _, args = text.partition(":")
+    kind = kind.strip().lower()
+    try:
+        values = [int(v) for v in args.split(",") if v.strip()]
+    except ValueError:
+        values = None
+    try:
+        if kind == "box" and values is not None and len(values) == 4:
+            return masks.box(grid, *values)
+        if kind == "indices" and values:
+            return masks.from_indices(grid, values)
+    except ValueError as e:
+        raise InterpError(f"--target {text!r}: {e}") from None
+    raise InterpError(f"--target {text!r}: expected smiley, box:TOP,LEFT,HEIGHT,WIDTH or indices:I,J,... "
+                      f"(flat patch indices on the {grid[0]}x{grid[1]} grid)")
+
+
+def threshold_value(text: str):
+    """The --threshold text as the studies take it: a float for a number, else the text ('auto', 'p98')."""
+    from ..studies.outliers import parse_threshold
+
+    method, value = parse_threshold(text)  # raises InterpError on a bad value
+    return value if method == "fixed" else text
+
+
+# ----------------------------------------------------------------------------------------- parsers
+def _detection_args(p) -> None:
+    p.add_argument("--threshold", default="auto",
+                   help="outlier norm threshold: VALUE, pNN (e.g. p98) or auto (default)")
+    p.add_argument("--detect-layer", type=int, default=None,
+                   help="block whose output decides outliers (default: last; negative counts from the end)")
+
+
+def _neurons_arg(p) -> None:
+    p.add_argument("--neurons", default=None, help=f"the register neurons to edit (required): {NEURONS_SYNTAX}")
+
+
+def register(studies) -> None:
+    p = studies.add_parser("norms", help="high-norm tokens: per-block norms, outliers, emergence layer",
+                           description="Per-block patch-token norms of the un-normalised residual stream, outlier "
+                                       "maps at the detection block, the emergence layer and CLS attention.")
+    add_study_args(p)
+    _detection_args(p)
+    p.set_defaults(func=run_norms)
+
+    p = studies.add_parser("neurons", help="rank register neurons (MLP neurons firing on high-norm tokens)",
+                           description="Score every MLP neuron of blocks <= --highest-layer by its mean |activation| "
+                                       "on the outlier patches and keep the --top-k best.")
+    add_study_args(p)
+    _detection_args(p)
+    p.add_argument("--highest-layer", type=int, default=None, help="last block scored (default: the detection block)")
+    p.add_argument("--top-k", type=int, default=10, help="neurons kept (default 10)")
+    p.add_argument("--sparsity-filter", action="store_true",
+                   help="drop neurons with activation >= 0.5 on more than half of all tokens")
+    p.add_argument("--max-images", type=int, default=None,
+                   help="score on a seeded random subset of the images with outliers")
+    p.set_defaults(func=run_neurons)
+
+    p = studies.add_parser("ablate", help="ablate register neurons vs random same-size controls",
+                           description="Zero (or mean-ablate) --neurons and --controls random neuron sets from the "
+                                       "same blocks; compare outliers, max norm and top-1 with the unablated model.")
+    add_study_args(p, cache_ok=False)
+    _detection_args(p)
+    _neurons_arg(p)
+    p.add_argument("--controls", type=int, default=5, help="random control sets (default 5)")
+    p.add_argument("--mode", choices=("zero", "mean"), default="zero")
+    p.set_defaults(func=run_ablate)
+
+    p = studies.add_parser("relocate", help="move the high-norm tokens onto a chosen mask",
+                           description="Write the register neurons' maximum on the --target patches and zero them "
+                                       "elsewhere; measure the IoU of the new outliers with the target.")
+    add_study_args(p, cache_ok=False)
+    _detection_args(p)
+    _neurons_arg(p)
+    p.add_argument("--target", default="smiley",
+                   help="smiley (default), box:TOP,LEFT,HEIGHT,WIDTH or indices:I,J,... (flat patch indices)")
+    p.add_argument("--value", choices=("neuron_max", "layer_max"), default="neuron_max",
+                   help="value written on the target (default neuron_max)")
+    p.set_defaults(func=run_relocate)
+
+    p = studies.add_parser("registers", help="test-time register: move the high norm into an extra token",
+                           description="Append test-time register token(s) fed by the register neurons; compare "
+                                       "patch outliers and norms with and without.")
+    add_study_args(p, cache_ok=False)
+    _detection_args(p)
+    _neurons_arg(p)
+    p.add_argument("--n-registers", type=int, default=1, help="test-time register tokens (default 1)")
+    p.add_argument("--value", choices=("layer_max", "neuron_max"), default="layer_max",
+                   help="value written into the register (default layer_max, as the reference code)")
+    p.set_defaults(func=run_registers)
+
+
+# ----------------------------------------------------------------------------------------- runs
+def _required_neurons(args) -> Dict[int, List[int]]:
+    if args.neurons is None:
+        raise InterpError(f"interp study {args.study} needs --neurons: {NEURONS_SYNTAX}; find them with "
+                          "`interp study neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json")
+    return parse_neurons(args.neurons)
+
+
+def _prepare(args):
+    """Validate the cheap arguments first, then build the model and its source."""
+    threshold = threshold_value(args.threshold)
+    neurons = _required_neurons(args) if hasattr(args, "neurons") else None
+    model = model_from_args(args)
+    source = source_from_args(args, model)
+    images = None
+    if getattr(args, "images", None):
+        from ..report import display_images
+
+        images = display_images(source)
+    return threshold, neurons, source, images
+
+
+def _finish(result, args, images) -> int:
+    from ..plots.artifacts import study_figures
+
+    write_outputs(result, args.out, study_figures(result, images))
+    return 0
+
+
+def run_norms(args) -> int:
+    from ..studies.norms import norms_study
+
+    threshold, _, source, images = _prepare(args)
+    result = norms_study(source, threshold=threshold, detect_layer=args.detect_layer, batch_size=args.batch_size)
+    state = "high-norm tokens found" if result.artifacts_found else "no high-norm tokens found"
+    print(f"{state}: {100 * result.outlier_fraction:.2f} % of patches at block {result.detect_layer}")
+    return _finish(result, args, images)
+
+
+def run_neurons(args) -> int:
+    from ..studies.neurons import neurons_study
+
+    threshold, _, source, images = _prepare(args)
+    result = neurons_study(source, threshold=threshold, detect_layer=args.detect_layer,
+                           highest_layer=args.highest_layer, top_k=args.top_k, sparsity_filter=args.sparsity_filter,
+                           max_images=args.max_images, seed=args.seed, batch_size=args.batch_size)
+    print(", ".join(f"{e['layer']}:{e['neuron']}" for e in result.neurons) or result.message)
+    return _finish(result, args, images)
+
+
+def run_ablate(args) -> int:
+    from ..studies.ablate import ablation_study
+
+    threshold, neurons, source, images = _prepare(args)
+    result = ablation_study(source, neurons, mode=args.mode, n_controls=args.controls, seed=args.seed,
+                            threshold=threshold, detect_layer=args.detect_layer, batch_size=args.batch_size)
+    oc = result.summary["outlier_count"]
+    print(f"outliers: baseline {oc['baseline']}, ablated {oc['target']}, controls {oc['control_mean']}")
+    return _finish(result, args, images)
+
+
+def run_relocate(args) -> int:
+    from ..studies.relocate import relocation_study
+
+    threshold, neurons, source, images = _prepare(args)
+    target = parse_target(args.target, source.layout.grid)
+    result = relocation_study(source, neurons, target=target, value=args.value, threshold=threshold,
+                              detect_layer=args.detect_layer, batch_size=args.batch_size)
+    print(f"mean IoU with the target: {result.mean_iou:.3f}")
+    return _finish(result, args, images)
+
+
+def run_registers(args) -> int:
+    from ..studies.registers import register_study
+
+    threshold, neurons, source, images = _prepare(args)
+    result = register_study(source, neurons, n_registers=args.n_registers, value=args.value, threshold=threshold,
+                            detect_layer=args.detect_layer, batch_size=args.batch_size)
+    print(f"patch outliers: {result.baseline['outlier_count']} -> {result.with_register['outlier_count']}")
+    return _finish(result, args, images)
+
+
+__all__ = ["register", "parse_neurons", "parse_target", "threshold_value"]

@@ -1,0 +1,59 @@
+"""``Relocation``: move register-neuron activity onto chosen patches (causal test of SCIENCE.md section 2).
+
+>>> from interp.interventions import Relocation, masks
+>>> reloc = Relocation({5: [12, 40]}, target=masks.smiley(model.layout.grid))
+>>> logits, cache = model.run_with_cache(images)  # inside `with model.intervene(reloc):`
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict
+
+import torch
+
+from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons
+from .edits import VALUE_MODES
+from .modules import RelocationEdit
+
+
+@dataclass(eq=False)
+class Relocation(Intervention):
+    """At each listed layer, write the neurons' per-image value on the ``target`` patches and 0 on the others.
+
+    Args:
+        neurons: ``{layer: [neuron, ...]}``.
+        target: bool mask [h, w] on the patch grid (:mod:`interp.interventions.masks`).
+        value: ``"neuron_max"``: each neuron's maximum over the image's tokens (all rows, prefix included);
+            ``"layer_max"``: one value per image and layer, the entry of largest |value| over all tokens and
+            listed neurons, sign kept.
+
+    Prefix tokens (CLS, registers) keep their values.
+    """
+
+    neurons: Neurons
+    target: torch.Tensor
+    value: str = "neuron_max"
+
+    kind = "Relocation"
+    stage = NEURON
+
+    def __post_init__(self):
+        self.neurons = normalize_neurons(self.neurons)
+        check_choice("value", self.value, VALUE_MODES)
+        self.target = torch.as_tensor(self.target).bool()
+        if self.target.dim() != 2:
+            raise ValueError(f"target must be a boolean patch grid [h, w], got shape {tuple(self.target.shape)}")
+
+    def mlp_edits(self, ctx: EditContext):
+        check_neurons(self.neurons, ctx.n_layers, ctx.d_mlp)
+        return {layer: RelocationEdit(idx, ctx.n_prefix, self.target, self.value) for layer, idx in self.neurons.items()}
+
+    def params(self) -> Dict[str, Any]:
+        return {"neurons": {str(l): idx for l, idx in self.neurons.items()}, "value": self.value}
+
+    def tensors(self) -> Dict[str, torch.Tensor]:
+        return {"target": self.target}
+
+    @classmethod
+    def from_params(cls, params, tensors):
+        return cls(**params, target=tensors["target"])

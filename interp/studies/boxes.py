@@ -1,0 +1,462 @@
+"""Object boxes (and masks) on the model's patch grid: box files, the preprocessing geometry, and regions.
+
+Box files (coordinates in pixels of the ORIGINAL image, pixel-edge convention: a box over the whole
+``W x H`` image is ``0, 0, W, H``):
+
+* CSV with a header: ``image,x0,y0,x1,y1`` and optional ``width,height`` (the original image size; read
+  from the image file when absent). One row per box; a row with empty coordinates lists an image with no box.
+* JSON: a list of records ``{"image": "cat/001.jpg", "x0": 10, "y0": 20, "x1": 110, "y1": 90}``
+  (optional ``"width"``, ``"height"``; a record without coordinates lists an image with no box), or
+  ``{"boxes": [...same records...]}``.
+* COCO instances JSON (``images`` + ``annotations``; ``bbox`` is ``[x, y, w, h]``): every annotation is a
+  box (crowd ones included); images without annotations are listed with no box.
+
+The ``image`` key matches an image path when its path components end the image's path: ``001.jpg`` matches
+``/data/val/cat/001.jpg``, and so does ``cat/001.jpg``. A key that matches two images is an error.
+
+Geometry: each box goes through the model's own eval transform (timm's ``Resize`` of the shorter side to
+``input / crop_pct`` then ``CenterCrop`` for ``crop_mode="center"``, ``squash`` and ``border`` modes too),
+read from the transform objects themselves, then is clipped to the input. A patch cell counts as inside
+when it overlaps the (clipped) box with a positive area ("touches" the box; a box edge lying exactly on a
+cell border does not pull in the neighbouring cell).
+
+>>> table = read_boxes("boxes.csv")
+>>> regions = regions_from_boxes(source.ids, table, data_config(model), model.layout.grid, single_object=True)
+>>> regions.inside.shape, regions.excluded_counts()     # [N, h, w], {"several_boxes": 3, ...}
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ..errors import InterpError
+
+BOX_REASONS = ("no_box", "several_boxes", "too_large", "cropped_away")
+MASK_REASONS = ("no_mask", "cropped_away")
+
+
+# ---------------------------------------------------------------------------------------------- boxes
+@dataclass(frozen=True)
+class Box:
+    """An axis-aligned box ``[x0, x1] x [y0, y1]`` in pixel-edge coordinates (x right, y down)."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+    @property
+    def area(self) -> float:
+        return max(0.0, self.x1 - self.x0) * max(0.0, self.y1 - self.y0)
+
+    def as_list(self) -> List[float]:
+        return [self.x0, self.y0, self.x1, self.y1]
+
+
+@dataclass
+class ImageBoxes:
+    """The boxes of one image and, when the file gives it, the original image size ``(width, height)``."""
+
+    boxes: List[Box] = field(default_factory=list)
+    size: Optional[Tuple[int, int]] = None
+
+
+BoxTable = Dict[str, ImageBoxes]  # image key (as written in the box file) -> boxes
+
+
+def _make_box(x0, y0, x1, y1, where: str) -> Box:
+    try:
+        box = Box(float(x0), float(y0), float(x1), float(y1))
+    except (TypeError, ValueError):
+        raise InterpError(f"{where}: box coordinates must be numbers, got {[x0, y0, x1, y1]}") from None
+    if not (box.x1 > box.x0 and box.y1 > box.y0):
+        raise InterpError(f"{where}: a box needs x1 > x0 and y1 > y0 (pixel corners), got {box.as_list()}")
+    return box
+
+
+def _normalise_key(key: str) -> str:
+    key = str(key).replace("\\", "/")
+    while key.startswith("./"):
+        key = key[2:]
+    return key
+
+
+def _add_record(table: BoxTable, rec: dict, where: str) -> None:
+    if "image" not in rec:
+        raise InterpError(f"{where}: every record needs an 'image' field (the image path or file name)")
+    key = _normalise_key(rec["image"])
+    entry = table.setdefault(key, ImageBoxes())
+    if rec.get("width") not in (None, "") and rec.get("height") not in (None, ""):
+        entry.size = (int(float(rec["width"])), int(float(rec["height"])))
+    coords = [rec.get(c) for c in ("x0", "y0", "x1", "y1")]
+    if all(c in (None, "") for c in coords):
+        return  # an image listed without a box
+    if any(c in (None, "") for c in coords):
+        raise InterpError(f"{where}: give all of x0, y0, x1, y1 (or none, for an image without a box)")
+    entry.boxes.append(_make_box(*coords, where=where))
+
+
+def _read_coco(data: dict, path: Path) -> BoxTable:
+    table: BoxTable = {}
+    by_id = {}
+    for img in data["images"]:
+        key = _normalise_key(img["file_name"])
+        size = (int(img["width"]), int(img["height"])) if "width" in img and "height" in img else None
+        table[key] = ImageBoxes(size=size)
+        by_id[img["id"]] = key
+    for i, ann in enumerate(data.get("annotations", [])):
+        if ann.get("image_id") not in by_id:
+            raise InterpError(f"{path}: annotation {i} refers to image_id {ann.get('image_id')!r}, not in 'images'")
+        x, y, w, h = ann["bbox"]
+        table[by_id[ann["image_id"]]].boxes.append(_make_box(x, y, x + w, y + h, f"{path}: annotation {i}"))
+    return table
+
+
+def read_boxes(path: Union[str, Path]) -> BoxTable:
+    """Read a box file (CSV, simple JSON or COCO instances JSON; formats in the module docstring).
+
+    Returns:
+        image key -> :class:`ImageBoxes` (boxes in original pixels).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InterpError(f"box file {str(path)!r} does not exist")
+    table: BoxTable = {}
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = {"image", "x0", "y0", "x1", "y1"} - set(reader.fieldnames or [])
+            if missing:
+                raise InterpError(f"{path}: the CSV header must have image,x0,y0,x1,y1 (missing {sorted(missing)})")
+            for line, rec in enumerate(reader, start=2):
+                _add_record(table, rec, f"{path} line {line}")
+        return table
+    if path.suffix.lower() != ".json":
+        raise InterpError(f"box file {str(path)!r}: use a .csv or .json file (formats: interp.studies.boxes)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InterpError(f"{path} is not valid JSON: {e}") from None
+    if isinstance(data, dict) and "images" in data and "annotations" in data:
+        return _read_coco(data, path)
+    records = data.get("boxes") if isinstance(data, dict) else data
+    if not isinstance(records, list):
+        raise InterpError(f"{path}: expected a list of box records, {{'boxes': [...]}} or COCO instances JSON")
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise InterpError(f"{path}: record {i} is not an object")
+        _add_record(table, rec, f"{path} record {i}")
+    return table
+
+
+def match_boxes(ids: Sequence[str], table: BoxTable) -> List[Optional[ImageBoxes]]:
+    """The table entry of each image id (None when the box file does not list it).
+
+    A key matches an id when its path components end the id's path; the longest matching key wins.
+
+    Raises:
+        InterpError: a key matches several images (use a longer relative path in the box file).
+    """
+    by_name: Dict[str, List[Tuple[str, ...]]] = {}
+    for key in table:
+        parts = PurePosixPath(key).parts
+        by_name.setdefault(parts[-1], []).append(parts)
+    out: List[Optional[ImageBoxes]] = []
+    used: Dict[Tuple[str, ...], str] = {}
+    for image_id in ids:
+        parts = PurePosixPath(_normalise_key(image_id)).parts
+        candidates = [k for k in by_name.get(parts[-1], []) if tuple(parts[-len(k):]) == k]
+        if not candidates:
+            out.append(None)
+            continue
+        best = max(candidates, key=len)
+        if best in used:
+            raise InterpError(f"box file key {'/'.join(best)!r} matches two images ({used[best]!r} and "
+                              f"{image_id!r}); write a longer relative path (e.g. class/file.jpg) in the box file")
+        used[best] = image_id
+        out.append(table["/".join(best)])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- geometry
+@dataclass(frozen=True)
+class InputGeometry:
+    """Where an original image lands in the model input: ``u = x * scale_x + offset_x``, same for y.
+
+    Attributes:
+        image_size: original ``(width, height)``.
+        input_size: model input ``(height, width)``.
+    """
+
+    scale_x: float
+    scale_y: float
+    offset_x: float
+    offset_y: float
+    image_size: Tuple[int, int]
+    input_size: Tuple[int, int]
+
+    def to_input(self, box: Box) -> Optional[Box]:
+        """The box in input pixels, clipped to the input; None when nothing of it is left."""
+        h, w = self.input_size
+        x0 = min(max(box.x0 * self.scale_x + self.offset_x, 0.0), w)
+        x1 = min(max(box.x1 * self.scale_x + self.offset_x, 0.0), w)
+        y0 = min(max(box.y0 * self.scale_y + self.offset_y, 0.0), h)
+        y1 = min(max(box.y1 * self.scale_y + self.offset_y, 0.0), h)
+        if x1 <= x0 or y1 <= y0:
+            return None
+        return Box(x0, y0, x1, y1)
+
+
+def eval_transform(data_cfg: dict):
+    """timm's eval transform for a data config (the same call as ``interp.models.preprocessing``)."""
+    from timm.data import create_transform
+
+    return create_transform(**data_cfg, is_training=False)
+
+
+def _pad_then_center_crop(w: int, h: int, crop_h: int, crop_w: int) -> Tuple[float, float]:
+    """Offsets (dx, dy) of torchvision's ``center_crop`` / timm's ``center_crop_or_pad`` (pad first if small)."""
+    dx = dy = 0.0
+    if crop_w > w or crop_h > h:
+        pad_l = (crop_w - w) // 2 if crop_w > w else 0
+        pad_t = (crop_h - h) // 2 if crop_h > h else 0
+        dx, dy = dx + pad_l, dy + pad_t
+        w = w + (crop_w - w if crop_w > w else 0)
+        h = h + (crop_h - h if crop_h > h else 0)
+        if (w, h) == (crop_w, crop_h):
+            return dx, dy
+    dx -= int(round((w - crop_w) / 2.0))
+    dy -= int(round((h - crop_h) / 2.0))
+    return dx, dy
+
+
+def _resized_size(size, max_size, w: int, h: int) -> Tuple[int, int]:
+    """Output (w, h) of torchvision ``Resize(size, max_size)`` (its ``_compute_resized_output_size``)."""
+    if isinstance(size, int) or (isinstance(size, (list, tuple)) and len(size) == 1):
+        requested = size if isinstance(size, int) else size[0]
+        short, long = (w, h) if w <= h else (h, w)
+        new_short, new_long = requested, int(requested * long / short)
+        if max_size is not None and new_long > max_size:
+            new_short, new_long = int(max_size * new_short / new_long), max_size
+        return (new_short, new_long) if w <= h else (new_long, new_short)
+    return int(size[1]), int(size[0])
+
+
+def input_geometry(transform, image_size: Tuple[int, int]) -> InputGeometry:
+    """Follow a timm eval transform's geometric steps for an image of ``image_size = (width, height)``.
+
+    Handles torchvision ``Resize`` / ``CenterCrop`` and timm ``ResizeKeepRatio`` / ``CenterCropOrPad`` /
+    ``TrimBorder``; tensor conversion and normalisation do not move pixels.
+
+    Raises:
+        InterpError: a geometric step this function does not know (e.g. a custom transform).
+    """
+    from timm.data.transforms import CenterCropOrPad, ResizeKeepRatio, TrimBorder
+    from torchvision import transforms as T
+
+    w, h = (int(v) for v in image_size)
+    sx = sy = 1.0
+    ox = oy = 0.0
+    for step in getattr(transform, "transforms", [transform]):
+        if isinstance(step, T.Resize):
+            new_w, new_h = _resized_size(step.size, step.max_size, w, h)
+            fx, fy = new_w / w, new_h / h
+        elif isinstance(step, ResizeKeepRatio):
+            if step.random_scale_prob > 0 or step.random_aspect_prob > 0:
+                raise InterpError("the transform resizes at random (a training transform); use the eval transform")
+            th, tw = step.size
+            ratio_h, ratio_w = h / th, w / tw
+            ratio = max(ratio_h, ratio_w) * step.longest + min(ratio_h, ratio_w) * (1.0 - step.longest)
+            new_h, new_w = round(h / ratio), round(w / ratio)
+            fx, fy = new_w / w, new_h / h
+        elif isinstance(step, (T.CenterCrop, CenterCropOrPad)):
+            crop_h, crop_w = step.size
+            dx, dy = _pad_then_center_crop(w, h, crop_h, crop_w)
+            ox, oy = ox + dx, oy + dy
+            w, h = crop_w, crop_h
+            continue
+        elif isinstance(step, TrimBorder):
+            top, left = min(step.border_size, h), min(step.border_size, h)  # timm clips left by h too
+            ox, oy = ox - left, oy - top
+            w, h = max(0, w - 2 * step.border_size), max(0, h - 2 * step.border_size)
+            continue
+        elif type(step).__name__ in ("ToTensor", "MaybeToTensor", "PILToTensor", "MaybePILToTensor",
+                                     "Normalize", "ConvertImageDtype"):
+            continue
+        else:
+            raise InterpError(f"cannot map boxes through the transform step {step!r}; "
+                              "interp.studies.boxes.input_geometry knows timm's eval transforms only")
+        sx, sy, ox, oy = sx * fx, sy * fy, ox * fx, oy * fy
+        w, h = new_w, new_h
+    return InputGeometry(sx, sy, ox, oy, tuple(int(v) for v in image_size), (h, w))
+
+
+def box_cells(box: Box, grid: Tuple[int, int], patch_size: Tuple[int, int]) -> torch.Tensor:
+    """Patch cells a box (in input pixels) overlaps with positive area. -> bool [h, w]."""
+    gh, gw = grid
+    ph, pw = patch_size
+    mask = torch.zeros(gh, gw, dtype=torch.bool)
+    c0, c1 = max(0, math.floor(box.x0 / pw)), min(gw, math.ceil(box.x1 / pw))
+    r0, r1 = max(0, math.floor(box.y0 / ph)), min(gh, math.ceil(box.y1 / ph))
+    mask[r0:r1, c0:c1] = True
+    return mask
+
+
+def patch_size_of(data_cfg: dict, grid: Tuple[int, int]) -> Tuple[int, int]:
+    """Patch size in input pixels: input size / grid (checked to divide exactly)."""
+    h, w = (int(v) for v in data_cfg["input_size"][-2:])
+    gh, gw = grid
+    if h % gh or w % gw:
+        raise InterpError(f"input size {h}x{w} is not a whole number of patches of the {gh}x{gw} grid")
+    return h // gh, w // gw
+
+
+def original_size(image_id: str, entry: Optional[ImageBoxes] = None) -> Tuple[int, int]:
+    """Original ``(width, height)``: from the box file when it gives it, else from the image file's header."""
+    if entry is not None and entry.size is not None:
+        return entry.size
+    path = Path(image_id)
+    if not path.is_file():
+        raise InterpError(f"cannot tell the size of image {image_id!r}: the box file gives no width/height "
+                          "and the file does not exist; add width,height to the box file")
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.size
+
+
+# ---------------------------------------------------------------------------------------------- regions
+@dataclass
+class Regions:
+    """Foreground patch cells of each image, and why an image has none.
+
+    Attributes:
+        inside: bool [N, h, w]; the cells covered by the image's (kept) boxes or mask.
+        reasons: per image None (usable) or the exclusion reason (one of ``reason_names``).
+        boxes_input: per image the kept boxes in input pixels (clipped), as [x0, y0, x1, y1] lists.
+        reason_names: the reasons this kind of region can give (``BOX_REASONS`` or ``MASK_REASONS``).
+    """
+
+    inside: torch.Tensor
+    reasons: List[Optional[str]]
+    boxes_input: List[List[List[float]]]
+    reason_names: Tuple[str, ...] = BOX_REASONS
+
+    @property
+    def usable(self) -> torch.Tensor:
+        """bool [N]: images with a foreground region."""
+        return torch.tensor([r is None for r in self.reasons], dtype=torch.bool)
+
+    def excluded_counts(self) -> Dict[str, int]:
+        """How many images each reason excluded (every reason listed, zeros included)."""
+        counts = {r: 0 for r in self.reason_names}
+        for r in self.reasons:
+            if r is not None:
+                counts[r] += 1
+        return counts
+
+
+def regions_from_boxes(ids: Sequence[str], table: BoxTable, data_cfg: dict, grid: Tuple[int, int], *,
+                       single_object: bool = False, max_box_fraction: Optional[float] = None) -> Regions:
+    """Map each image's boxes onto the patch grid through the model's preprocessing.
+
+    Filters, in this order: no box listed -> ``no_box``; with ``single_object``, more than one box ->
+    ``several_boxes`` (counted over all boxes, before the size filter); boxes larger than
+    ``max_box_fraction`` of the original image area are dropped, none left -> ``too_large``; every kept box
+    outside the center crop -> ``cropped_away``. The inside cells are the union over the kept boxes.
+
+    Args:
+        ids: image ids (paths) of the source, in order.
+        table: from :func:`read_boxes`.
+        data_cfg: the model's timm data config (``interp.models.data_config(model)`` or a cache's).
+        grid: patch grid ``(h, w)``.
+    """
+    transform = eval_transform(data_cfg)
+    patch = patch_size_of(data_cfg, grid)
+    entries = match_boxes(ids, table)
+    if table and ids and all(e is None for e in entries):
+        raise InterpError(f"no image matches a key of the box file (keys like {next(iter(table))!r}, images like "
+                          f"{ids[0]!r}); box keys must end the image paths, e.g. 'class/file.jpg' or 'file.jpg'")
+    inside = torch.zeros(len(ids), *grid, dtype=torch.bool)
+    reasons: List[Optional[str]] = []
+    boxes_input: List[List[List[float]]] = []
+    for i, (image_id, entry) in enumerate(zip(ids, entries)):
+        kept: List[List[float]] = []
+        reason = None
+        if entry is None or not entry.boxes:
+            reason = "no_box"
+        elif single_object and len(entry.boxes) > 1:
+            reason = "several_boxes"
+        else:
+            width, height = original_size(image_id, entry)
+            boxes = entry.boxes
+            if max_box_fraction is not None:
+                boxes = [b for b in boxes if b.area <= max_box_fraction * width * height]
+            if not boxes:
+                reason = "too_large"
+            else:
+                geometry = input_geometry(transform, (width, height))
+                mapped = [m for m in (geometry.to_input(b) for b in boxes) if m is not None]
+                if not mapped:
+                    reason = "cropped_away"
+                for m in mapped:
+                    inside[i] |= box_cells(m, grid, patch)
+                    kept.append(m.as_list())
+        reasons.append(reason)
+        boxes_input.append(kept)
+    return Regions(inside, reasons, boxes_input)
+
+
+def _mask_files(mask_dir: Path) -> Dict[str, Path]:
+    files: Dict[str, Path] = {}
+    for p in sorted(mask_dir.rglob("*")):
+        if p.is_file() and p.suffix.lower() in (".png", ".bmp", ".gif", ".tif", ".tiff", ".pgm", ".ppm"):
+            if p.stem in files:
+                raise InterpError(f"two mask files named {p.stem!r} under {mask_dir} ({files[p.stem]}, {p}); "
+                                  "mask files are matched to images by file stem, which must be unique")
+            files[p.stem] = p
+    return files
+
+
+def regions_from_masks(ids: Sequence[str], mask_dir: Union[str, Path], data_cfg: dict,
+                       grid: Tuple[int, int]) -> Regions:
+    """Foreground cells from mask images (``mask_dir/<image stem>.png``, nonzero = foreground, same size as
+    the image). The mask goes through the preprocessing geometry (nearest pixel); a cell is inside when any
+    of its input pixels is foreground. Images without a mask file -> ``no_mask``."""
+    from PIL import Image
+
+    mask_dir = Path(mask_dir)
+    if not mask_dir.is_dir():
+        raise InterpError(f"mask directory {str(mask_dir)!r} does not exist")
+    files = _mask_files(mask_dir)
+    transform = eval_transform(data_cfg)
+    ph, pw = patch_size_of(data_cfg, grid)
+    gh, gw = grid
+    inside = torch.zeros(len(ids), gh, gw, dtype=torch.bool)
+    reasons: List[Optional[str]] = []
+    for i, image_id in enumerate(ids):
+        path = files.get(Path(image_id).stem)
+        if path is None:
+            reasons.append("no_mask")
+            continue
+        with Image.open(path) as im:
+            mask = np.asarray(im.convert("L")) > 0  # [H0, W0]
+        geometry = input_geometry(transform, (mask.shape[1], mask.shape[0]))
+        # Nearest original pixel under each input pixel centre; pixels outside the image stay background.
+        u = (np.arange(gw * pw) + 0.5 - geometry.offset_x) / geometry.scale_x
+        v = (np.arange(gh * ph) + 0.5 - geometry.offset_y) / geometry.scale_y
+        cols, rows = np.floor(u).astype(int), np.floor(v).astype(int)
+        ok_c, ok_r = (cols >= 0) & (cols < mask.shape[1]), (rows >= 0) & (rows < mask.shape[0])
+        pixels = np.zeros((gh * ph, gw * pw), dtype=bool)
+        pixels[np.ix_(ok_r, ok_c)] = mask[np.ix_(rows[ok_r], cols[ok_c])]
+        cells = pixels.reshape(gh, ph, gw, pw).any(axis=(1, 3))
+        inside[i] = torch.from_numpy(cells)
+        reasons.append(None if cells.any() else "cropped_away")
+    return Regions(inside, reasons, [[] for _ in ids], MASK_REASONS)

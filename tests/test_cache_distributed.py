@@ -1,0 +1,75 @@
+"""interp cache under torchrun: 2 gloo processes on CPU, shards + a virtual top file in image order."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import interp.cache
+from conftest import make_model
+from interp.cache.distributed import block_bounds, shard_path
+from test_cache import write_images
+from test_cache_crash import assert_same_cache
+
+HOOKS = ["blocks.*.hook_resid_post", "blocks.1.attn.hook_pattern"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_block_bounds_are_contiguous_and_cover_everything():
+    for n in (0, 1, 7, 8, 9):
+        for world in (1, 2, 3):
+            bounds = [block_bounds(n, r, world) for r in range(world)]
+            assert bounds[0][0] == 0 and bounds[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+            assert max(b - a for a, b in bounds) - min(b - a for a, b in bounds) <= 1
+
+
+def test_torchrun_two_processes_write_shards_and_a_virtual_file(tmp_path):
+    model = make_model("vit")
+    weights = tmp_path / "w.pth"
+    torch.save(model.timm_model.state_dict(), weights)
+    folder = write_images(tmp_path / "imgs", 9, corrupt_at=(2,), size=(24, 24))
+    reference = tmp_path / "reference.h5"
+    with pytest.warns(UserWarning, match="img002"):
+        interp.cache.write(model, folder, hooks=HOOKS, path=reference, batch_size=2, progress=False)
+
+    out = tmp_path / "sharded" / "acts.h5"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "interp", "cache", "vit_small_patch16_224", "--weights", str(weights), "--depth", "2",
+           "--images", str(folder), "--hooks", *HOOKS, "--out", str(out), "--batch-size", "2", "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both workers
+        _, stderr = proc.communicate()
+        pytest.fail(f"torchrun did not finish in 240 s: {stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-3000:]
+
+    shards = [shard_path(out, r, 2) for r in range(2)]
+    assert all(s.is_file() for s in shards)
+    with h5py.File(shards[0], "r") as h5:  # rank 0 got images 0-3 (one unreadable), rank 1 images 4-8
+        assert h5.attrs["n_written"] == 3 and h5.attrs["n_skipped"] == 1
+    with h5py.File(shards[1], "r") as h5:
+        assert h5.attrs["n_written"] == 5
+    with h5py.File(out, "r") as h5:
+        assert all(h5[f"acts/{h}"].is_virtual for h in model.resolve_hooks(HOOKS))
+    assert_same_cache(reference, out)
+
+    # The virtual file finds its shards relative to itself: move the folder and read from elsewhere.
+    moved = tmp_path / "moved"
+    out.parent.rename(moved)
+    with interp.cache.open(moved / "acts.h5", model=model) as cache, interp.cache.open(reference) as ref:
+        assert cache.complete and cache.ids == ref.ids and cache.index.tolist() == [0, 1, 3, 4, 5, 6, 7, 8]
+        assert cache.skipped == ref.skipped and cache.meta["shards"] == [s.name for s in shards]
+        for hook in ref.hooks:
+            np.testing.assert_array_equal(cache[hook][[7, 0, 3]], ref[hook][[7, 0, 3]])

@@ -1,0 +1,216 @@
+"""``interp report`` end to end, the ``interp study`` artifact sub-commands, and the artifact figures."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+
+import interp
+import interp.cache
+from interp.cli import main
+from interp.commands.study_artifacts import parse_neurons, parse_target
+from interp.errors import InterpError
+from interp.models import sample_image_paths
+from interp.plots import artifacts as plots
+from interp.report import run_report
+from interp.studies import open_source
+from interp.studies.neurons import NeuronsResult, neurons_study
+from interp.studies.norms import NormsResult, norms_study
+
+from conftest import images, make_model
+
+STUDY_FILES = ["norms.json", "neurons.json", "ablate.json", "registers.json", "relocate.json"]
+
+
+def image_sources(index_html: Path):
+    return re.findall(r'<img\b[^>]*\bsrc="([^"]+)"', index_html.read_text(encoding="utf-8"))
+
+
+def figure_texts(fig: Figure) -> str:
+    """Every text of the figure, whitespace normalised (wrapped lines joined)."""
+    return " ".join(" ".join(t.get_text() for t in fig.findobj(Text)).split())
+
+
+def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, capsys):
+    start = time.monotonic()
+    assert main(["report", "--out", str(tmp_path)]) == 0
+    seconds = time.monotonic() - start
+    assert seconds < 180, f"interp report took {seconds:.0f} s"
+    out = capsys.readouterr()
+    index = tmp_path / "index.html"
+    assert str(index.resolve()) in out.out and "synthetic" in out.out
+    assert "[1/5] norms" in out.err and "[5/5] relocate" in out.err  # one line per stage
+
+    sources = image_sources(index)
+    assert len(sources) == 7
+    for src in sources:
+        assert not src.startswith(("/", "http:", "https:", "file:")), src  # relative links only
+        assert (tmp_path / src).is_file() and (tmp_path / src).stat().st_size > 10_000, src
+    page = index.read_text(encoding="utf-8")
+    assert "Synthetic model" in page and "not a trained network" in page
+
+    report = json.loads((tmp_path / "report.json").read_text())
+    model = interp.load("planted_vit")
+    assert report["synthetic"] is True and report["model"] == "planted_vit"
+    assert report["n_images"] == len(sample_image_paths()) and report["artifacts_found"] is True
+    assert report["emergence"] == {"layer": model.planted.layer, "component": "mlp"}
+    planted = report["planted"]
+    assert planted["layer_recovered"] is True and planted["all_neurons_recovered"] is True
+    assert planted["neurons_recovered"] == sorted(model.planted.neurons) and planted["extra_neurons"] == []
+    ranked = {(n["layer"], n["neuron"]) for n in report["neurons"]}
+    assert ranked == {(model.planted.layer, n) for n in model.planted.neurons}
+    effects = report["ablation"]["effects"]["outlier_count"]
+    assert effects["target"] == 0 < effects["baseline"] and effects["control_mean"] >= 0.9 * effects["baseline"]
+    assert report["test_time_register"]["outliers_after"] == 0
+    assert report["relocation"]["mean_iou_active"] >= 0.9
+    for name in STUDY_FILES:
+        assert json.loads((tmp_path / name).read_text())["study"] == name[:-5]
+
+
+def test_report_without_artifacts_skips_the_causal_studies(tmp_path):
+    summary = run_report(make_model("vit"), images=images(2), out_dir=tmp_path, progress=False)
+    assert summary["synthetic"] is False and summary["planted"] is None
+    assert summary["artifacts_found"] is False and summary["neurons"] == []
+    assert summary["ablation"] is None and summary["test_time_register"] is None and summary["relocation"] is None
+    assert "no register neurons" in summary["skipped"]
+    assert summary["top_k"] == 10 and summary["highest_layer"] == summary["detect_layer"] == 1
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["neurons.json", "norms.json", "report.json"]
+    page = (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert "Skipped" in page and "No high-norm tokens found" in page and "Synthetic" not in page
+    assert all((tmp_path / src).is_file() for src in image_sources(tmp_path / "index.html"))
+
+
+def test_report_escapes_text(tmp_path):
+    """Image ids and messages go into the page escaped."""
+    from interp.report import write_html
+
+    summary = json.loads(json.dumps({
+        "model": "<script>x</script>", "fingerprint": "f", "synthetic": False, "n_images": 1,
+        "artifacts_found": False, "threshold": None, "threshold_method": "auto", "detect_layer": 0,
+        "outlier_fraction": 0.0, "emergence": None, "neurons": [], "neurons_message": "a & b",
+        "highest_layer": 0, "top_k": 10, "skipped": "<b>why</b>", "ablation": None, "test_time_register": None,
+        "relocation": None, "planted": None, "seconds": 1.0}))
+    write_html(tmp_path / "index.html", summary, {"norms": ["a\"b.png"]})
+    page = (tmp_path / "index.html").read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page and "<b>why" not in page
+    assert 'src="a&quot;b.png"' in page and "a &amp; b" in page
+
+
+# ----------------------------------------------------------------------------------------- interp study
+@pytest.fixture(scope="module")
+def photo_dir(tmp_path_factory):
+    """Two bundled photos that have high-norm tokens in the planted model (flat sky, flat background)."""
+    folder = tmp_path_factory.mktemp("photos")
+    for path in sample_image_paths():
+        if path.stem in ("astronaut", "rocket"):
+            shutil.copy(path, folder / path.name)
+    return folder
+
+
+def read_study(out: Path, study: str, figures):
+    data = json.loads((out / f"{study}.json").read_text())
+    assert data["study"] == study
+    for name in figures:
+        assert (out / f"{name}.png").stat().st_size > 10_000, name
+    return data
+
+
+def test_study_norms_and_neurons_cli_live_and_cached(tmp_path, photo_dir):
+    planted = interp.load("planted_vit")
+    cache_file = tmp_path / "acts.h5"
+    interp.cache.write(planted, photo_dir, hooks=["blocks.*.hook_resid_mid", "blocks.*.hook_resid_post"],
+                       path=cache_file, dtype="float32", progress=False)
+    out = tmp_path / "out"
+    assert main(["study", "norms", "planted_vit", "--cache", str(cache_file), "--out", str(out),
+                 "--threshold", "p90"]) == 0
+    norms = read_study(out, "norms", ["norm_profile", "norm_histograms", "outlier_maps"])
+    assert norms["threshold_method"] == "percentile" and norms["params"]["threshold"] == "p90"
+    assert norms["cls_attention_max"] is None  # the cache holds no attention patterns
+
+    assert main(["study", "neurons", "planted_vit", "--images", str(photo_dir), "--out", str(out),
+                 "--top-k", "4", "--highest-layer", "2"]) == 0
+    neurons = read_study(out, "neurons", ["neuron_scores"])
+    assert {(n["layer"], n["neuron"]) for n in neurons["neurons"]} == {(2, n) for n in planted.planted.neurons}
+
+
+def test_study_causal_cli_commands(tmp_path, photo_dir):
+    out = tmp_path / "out"
+    neurons = "2:17,2:101,2:402,2:655"
+    common = ["planted_vit", "--images", str(photo_dir), "--out", str(out)]
+    assert main(["study", "ablate", *common, "--neurons", neurons, "--controls", "2", "--seed", "3"]) == 0
+    ablate = read_study(out, "ablate", ["ablation_bars"])
+    assert ablate["summary"]["outlier_count"]["target"] == 0 and len(ablate["controls"]) == 2 and ablate["seed"] == 3
+
+    assert main(["study", "relocate", *common, "--neurons", neurons, "--target", "box:2,3,2,4"]) == 0
+    relocate = read_study(out, "relocate", ["relocation_maps"])
+    assert sum(map(sum, relocate["target"])) == 8 and relocate["mean_iou"] >= 0.9
+
+    (out / "neurons.json").write_text(NeuronsResult(
+        model="planted_vit", fingerprint="-", params={}, seed=0,
+        neurons=[{"layer": 2, "neuron": n, "score": 1.0} for n in (17, 101, 402, 655)]).to_json())
+    assert main(["study", "registers", *common, "--neurons", str(out / "neurons.json"), "--n-registers", "2"]) == 0
+    registers = read_study(out, "registers", ["register_summary"])
+    assert registers["n_registers"] == 2 and registers["with_register"]["outlier_count"] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--neurons", "2:17,x"], "cannot read 'x'"),
+    (["--neurons", "2-17"], "LAYER:NEURON"),
+    (["--neurons", "2:17,2:17"], "listed twice"),
+    ([], "needs --neurons"),
+])
+def test_study_neurons_argument_errors(tmp_path, capsys, args, message):
+    for study in ("ablate", "relocate", "registers"):
+        rc = main(["study", study, "planted_vit", "--images", str(tmp_path), "--out", str(tmp_path / "o"), *args])
+        assert rc == 1
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_parse_neurons_and_targets():
+    assert parse_neurons("2:17, 2:101,5:40") == {2: [17, 101], 5: [40]}
+    assert parse_neurons(" 0:3 ") == {0: [3]}
+    for bad in ("", "2", "2:", ":3", "a:b", "2:17;3:4", "-1:3"):
+        with pytest.raises(InterpError, match="--neurons"):
+            parse_neurons(bad)
+    assert parse_target("smiley", (14, 14)) is None and parse_target(None, (14, 14)) is None
+    assert int(parse_target("box:0,0,2,3", (14, 14)).sum()) == 6
+    assert parse_target("indices:0,15,195", (14, 14)).nonzero().tolist() == [[0, 0], [1, 1], [13, 13]]
+    for bad in ("box:1,2", "box:13,13,3,3", "indices:", "indices:196", "star", "box:a,b,c,d"):
+        with pytest.raises(InterpError, match="--target"):
+            parse_target(bad, (14, 14))
+
+
+# ----------------------------------------------------------------------------------------- figures
+def test_figures_say_so_when_there_are_no_high_norm_tokens(tmp_path):
+    src = open_source(model=make_model("dinov2_reg"), images=images(2))
+    norms, neurons = norms_study(src, progress=False), neurons_study(src, progress=False)
+    texts = {name: figure_texts(fig) for name, fig in plots.study_figures(norms) + plots.study_figures(neurons)}
+    assert plots.NO_ARTIFACTS in texts["outlier_maps"] and plots.NO_ARTIFACTS in texts["norm_histograms"]
+    assert "no register neurons ranked" in texts["neuron_scores"] and neurons.message in texts["neuron_scores"]
+    for _, fig in plots.study_figures(norms):
+        fig.savefig(tmp_path / "f.png", dpi=110)
+
+
+def test_figures_draw_from_saved_results_only(tmp_path):
+    """Plots need nothing but the result (here read back from JSON), and overlay images when given."""
+    planted = interp.load("planted_vit")
+    x = images(2)
+    x[:, :, :64, :64] = 0.3
+    norms_study(open_source(model=planted, images=x), progress=False).to_json(tmp_path / "norms.json")
+    norms = NormsResult.from_json(tmp_path / "norms.json")
+    fig = plots.outlier_maps(norms, images=(x * 0.25 + 0.5).clamp(0, 1))
+    assert isinstance(fig, Figure) and "16 outlier patches" in figure_texts(fig)
+    assert len(fig.axes) == 2 and len(fig.axes[0].images) == 2  # the photo and the outlier overlay
+    for name, fig in plots.study_figures(norms):
+        fig.savefig(tmp_path / f"{name}.png", dpi=110)
+    with pytest.raises(ValueError, match="images given"):
+        plots.outlier_maps(norms, images=x[:1].clamp(0, 1))
+    with pytest.raises(ValueError, match="no artifact figures"):
+        plots.study_figures(object())
