@@ -6,6 +6,7 @@ from .errors import (CacheError, HookNameError, ImageError, InterpError, ModelLo
                      UnsupportedModelError)
 from .hooks import HookedViT
 from .models import TokenLayout, load_images
+from . import patch  # noqa: E402  (interp.patch.save / apply)
 
 __all__ = [
     "load", "load_images", "HookedViT", "TokenLayout", "InterpError", "ModelLoadError",
