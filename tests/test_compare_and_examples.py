@@ -48,3 +48,4 @@ def test_example_artifact_tour():
     out = run_example("artifact_tour.py")
     assert "artifacts found: True" in out
     assert "register neurons: [(2, 17" in out
+

@@ -189,6 +189,18 @@ class LiveSource(ActivationSource):
             yield Batch(self.ids[start:start + len(x)], start, {h: acts[h] for h in hooks}, self.model.layout)
 
 
+def stored_layout(layout: TokenLayout, rows: Optional[Sequence[int]]) -> TokenLayout:
+    """Layout of the token rows a cache kept (``--tokens``): all rows, patches only, or prefix rows only."""
+    if rows is None or tuple(rows) == (0, layout.n_tokens):
+        return layout
+    start, stop = int(rows[0]), int(rows[1])
+    if (start, stop) == (layout.n_prefix, layout.n_tokens):
+        return TokenLayout(n_prefix=0, n_registers=0, cls_index=None, grid=layout.grid)
+    has_cls = layout.cls_index is not None and start <= layout.cls_index < stop
+    return TokenLayout(n_prefix=stop - start, n_registers=max(0, stop - start - int(has_cls)),
+                       cls_index=0 if has_cls else None, grid=(0, 0))
+
+
 class CacheSource(ActivationSource):
     """Reads an HDF5 activation cache written by ``interp cache`` lazily, one batch at a time."""
 
@@ -199,7 +211,7 @@ class CacheSource(ActivationSource):
         self.fingerprint = meta.get("weights_fingerprint", "?")
         self.hook_names = list(reader.hooks)
         self.ids = list(reader.ids)
-        self.layout = reader.layout
+        self.layout = stored_layout(reader.layout, meta.get("token_rows"))
         self.norms_only = bool(meta.get("norms_only", False))
 
     def batches(self, hooks: Sequence[str], batch_size: int = 16,
