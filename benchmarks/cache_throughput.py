@@ -6,12 +6,12 @@ stored as float16, batch size 32.
 1. Throughput, 512 synthetic images (an in-memory Tensor), measured in one process, sequentially:
      cache    = wall time of ``interp.cache.write``
      baseline = plain timm forward of the same batches + raw h5py write of the same bytes
-   ratio = cache / baseline (target <= 1.0: streaming costs nothing beyond the work itself). Three rounds
-   in rotating order; the median is reported (the machine may be shared).
+   ratio = cache / baseline (target <= 1.0: streaming costs nothing beyond the work itself). Five rounds
+   in rotating order after one warm-up of each phase; the median is reported (the machine may be shared).
 2. Peak RSS of a cache run over 256 and 1024 PNG files, each in a fresh subprocess
    (``resource.getrusage(RUSAGE_SELF).ru_maxrss``); streaming means they should differ by < 10 %.
 
-Usage: python benchmarks/cache_throughput.py [--images 512] [--batch-size 32] [--rounds 3]
+Usage: python benchmarks/cache_throughput.py [--images 512] [--batch-size 32] [--rounds 5]
 Writes benchmarks/results/cache_throughput.json and prints a table.
 """
 from __future__ import annotations
@@ -78,7 +78,6 @@ def run_raw_write(data: dict, path: Path, batch_size: int) -> None:
         for i in range(0, n_rows, batch_size):
             for n, a in data.items():
                 sets[n][i:i + batch_size] = a[i:i + batch_size]
-    path.unlink()
 
 
 def throughput(n_images: int, batch_size: int, rounds: int, workdir: Path) -> dict:
@@ -92,6 +91,7 @@ def throughput(n_images: int, batch_size: int, rounds: int, workdir: Path) -> di
     run_cache(model, x, cache_path, batch_size)  # also produces the bytes the raw write stores
     data = read_cache_arrays(cache_path)  # in memory before any clock starts
     nbytes = sum(a.nbytes for a in data.values())
+    run_raw_write(data, raw_path, batch_size)  # warm-up of the raw write too
     phases = {
         "cache": lambda: run_cache(model, x, cache_path, batch_size),
         "forward": lambda: run_forward(model, x, batch_size),
@@ -102,6 +102,8 @@ def throughput(n_images: int, batch_size: int, rounds: int, workdir: Path) -> di
     for r in range(rounds):
         row = {}
         for name in order[r % 3:] + order[:r % 3]:
+            cache_path.unlink(missing_ok=True)  # deleting the previous output is not part of any phase
+            raw_path.unlink(missing_ok=True)
             row[f"{name}_s"], row[f"{name}_cpu_s"] = timed(phases[name])
         row["ratio"] = row["cache_s"] / (row["forward_s"] + row["raw_write_s"])
         row["cpu_ratio"] = row["cache_cpu_s"] / (row["forward_cpu_s"] + row["raw_write_cpu_s"])
@@ -157,7 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (the median is reported)")
+    parser.add_argument("--rounds", type=int, default=5, help="throughput rounds (the median is reported)")
     parser.add_argument("--rss-counts", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--rss-child", nargs=3, metavar=("LIST", "OUT", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()

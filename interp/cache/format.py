@@ -102,20 +102,10 @@ def model_fingerprints(model) -> Dict[str, str]:
     """Name, weights and architecture fingerprints of a HookedViT (or a timm ViT)."""
     from ..models import architecture_fingerprint, weights_fingerprint
 
-    import torch
-
     module = getattr(model, "timm_model", model)
-    # weights_fingerprint sums float32 tensors; the last kept digit can change with the number of CPU
-    # threads (torchrun sets OMP_NUM_THREADS=1), so fingerprint with one thread for a stable answer.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        weights = weights_fingerprint(module)
-    finally:
-        torch.set_num_threads(threads)
     return {
         "model_name": str(getattr(model, "model_name", type(module).__name__)),
-        "weights_fingerprint": weights,
+        "weights_fingerprint": weights_fingerprint(module),
         "architecture_fingerprint": architecture_fingerprint(module),
     }
 

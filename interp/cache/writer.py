@@ -206,7 +206,6 @@ def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, 
 
     def commit(rows: BatchRows) -> None:
         nonlocal written_bytes
-        rows.arrays = extractor.to_stored(rows.arrays)
         consumed = rows.stop - store.position
         store.append(rows)
         written_bytes += rows.nbytes
@@ -225,7 +224,7 @@ def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, 
                 x = loaded.pixels.to(device=param.device, dtype=param.dtype)
                 with torch.inference_mode():
                     _, cache = model.run_with_cache(x, names_filter=extractor.hooks, stop_at_layer=stop_at_layer)
-                    rows.arrays = extractor.select(cache)  # cast to the stored dtype in the writer thread
+                    rows.arrays = extractor(cache)
                 del cache
                 rows.ids = [source.ids[p] for p in loaded.positions]
                 rows.positions = loaded.positions
