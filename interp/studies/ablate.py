@@ -15,12 +15,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..errors import InterpError
 from ..interventions import NeuronAblation
 from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold
 from .probe import probe
 from .result import StudyResult
-from .source import LiveSource, n_batches
+from .source import LiveSource, live_model, n_batches
 
 Neurons = Dict[int, List[int]]
 
@@ -83,9 +82,7 @@ def ablation_study(
             "auto" with no bimodal split the 99th percentile of the unablated norms is used, so counts
             stay comparable.
     """
-    model = source.model
-    if model is None:
-        raise InterpError("the ablation study re-runs the model: pass images (a live source), not a cache")
+    model = live_model(source, "ablation study")
     neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
     detect = resolve_layer(detect_layer, model.n_layers)
     base_norms = detection_norms(source, detect, batch_size, progress).numpy().ravel()

@@ -39,7 +39,7 @@ from ..errors import InterpError
 from ..interventions.selective_cls import SelectiveCLS
 from .outliers import ThresholdSpec, resid_post, resolve_threshold
 from .patch_score import FINAL, forward_collect, needed_hooks, score_maps_from_acts
-from .source import n_batches
+from .source import live_model, n_batches
 from .result import StudyResult
 
 FILLS = ("zero", "mean", "blur")
@@ -201,10 +201,7 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
         outlier_threshold: a norm, ``"pNN"`` or ``"auto"`` at the last block's ``hook_resid_post``.
         batch_size: images per forward (default: the source's).
     """
-    model = getattr(source, "model", None)
-    if model is None or not hasattr(source, "image_batches"):
-        raise InterpError("the masking probe re-runs the model on masked images: give a live source "
-                          "(open_source(model=..., images=...)), not a cache")
+    model = live_model(source, "masking probe")
     if fill not in FILLS:
         raise InterpError(f"fill={fill!r} is not one of {list(FILLS)}")
     fractions = [float(f) for f in fractions]

@@ -13,11 +13,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..errors import InterpError
 from ..interventions import TestTimeRegister
 from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold, resid_post
 from .result import StudyResult
-from .source import LiveSource, n_batches
+from .source import LiveSource, live_model, n_batches
 
 
 @dataclass
@@ -62,9 +61,7 @@ def register_study(
     The outlier threshold is resolved on the unedited model's detection-layer norms (99th percentile when
     "auto" finds no bimodal split).
     """
-    model = source.model
-    if model is None:
-        raise InterpError("the test-time register study re-runs the model: pass images, not a cache")
+    model = live_model(source, "test-time register study")
     detect = resolve_layer(detect_layer, model.n_layers)
     base_norms = detection_norms(source, detect, batch_size, progress).numpy().ravel()
     thr = resolve_threshold(base_norms, threshold)

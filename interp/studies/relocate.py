@@ -18,7 +18,7 @@ from ..interventions import Relocation, masks
 from .outliers import ThresholdSpec, resolve_layer, resolve_threshold
 from .probe import probe
 from .result import StudyResult
-from .source import LiveSource, n_batches
+from .source import LiveSource, live_model, n_batches
 
 
 def iou(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -76,9 +76,7 @@ def relocation_study(
     The threshold is resolved on the detection-layer norms of the unedited and relocated runs together
     (so it exists even for a model without artifacts of its own).
     """
-    model = source.model
-    if model is None:
-        raise InterpError("the relocation study re-runs the model: pass images (a live source), not a cache")
+    model = live_model(source, "relocation study")
     grid = tuple(source.layout.grid)
     target = masks.smiley(grid) if target is None else torch.as_tensor(target).bool()
     if tuple(target.shape) != grid:

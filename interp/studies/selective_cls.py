@@ -33,7 +33,7 @@ from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, forward
                           score_maps_from_acts)
 from .pib import load_regions, pib_from_maps
 from .result import StudyResult
-from .source import n_batches
+from .source import live_model, n_batches
 
 COLUMNS = ("row", "k", "pib", "pib_ci_low", "pib_ci_high", "fg_score_mean", "bg_score_mean", "top1_agreement",
            "accuracy")
@@ -100,10 +100,7 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
         reference: the baseline's global vector, ``cls`` or ``pooled``.
         single_object, max_box_fraction, n_boot, level, seed: PiB protocol (:func:`interp.studies.pib.pib_study`).
     """
-    model = getattr(source, "model", None)
-    if model is None or not hasattr(source, "image_batches"):
-        raise InterpError("the selective-cls study runs the model with and without SelectiveCLS: give a live "
-                          "source (open_source(model=..., images=...)), not a cache")
+    model = live_model(source, "selective-cls study (with and without SelectiveCLS)")
     if reference not in BASELINE_REFERENCES:
         raise InterpError(f"the baseline reference must be one of {list(BASELINE_REFERENCES)}, got {reference!r}")
     n_patches = source.layout.n_patches

@@ -233,6 +233,15 @@ class CacheSource(ActivationSource):
                         set(hooks) if self.norms_only else set())
 
 
+def live_model(source: ActivationSource, study: str):
+    """The HookedViT of a live source; a clear error for a cache source (``study`` re-runs the model)."""
+    model = getattr(source, "model", None)
+    if model is None or not hasattr(source, "image_batches"):
+        raise InterpError(f"the {study} re-runs the model: give a live source "
+                          "(open_source(model=..., images=...); CLI --images), not a cache")
+    return model
+
+
 def open_source(model=None, images: Optional[ImagesSpec] = None, cache: Union[str, Path, None] = None,
                 batch_size: int = 16) -> ActivationSource:
     """A live source (``model`` + ``images``) or a cache source (``cache``, checked against ``model`` if given)."""
