@@ -1,12 +1,15 @@
-"""Turn the activations ``run_with_cache`` returns into the arrays a cache stores.
+"""Turn hook activations into the arrays a cache stores.
 
-Per hook: keep the selected token rows, optionally reduce each token to its L2 norm, cast to the
-stored dtype (on the forward side: torch's cast is ~2x cheaper than numpy's, and float16 halves the
-bytes queued for the writer thread), and hand back a contiguous numpy array with the batch first.
+Per hook: keep the selected token rows, optionally reduce each token to its L2 norm, and cast to the
+stored dtype. During a cache run this happens inside the forward pass: a hook copies each activation
+into a reused batch buffer as soon as it fires (``copy_hooks``), so the forward never keeps the full
+float32 activations alive and no new memory is touched per batch. The values are the ones
+``run_with_cache`` returns, selected and cast.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import queue
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -16,6 +19,8 @@ from ..models.layout import TokenLayout
 from .format import DTYPES, is_attention_map, token_axis, token_rows
 
 _TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+
+Buffers = Dict[str, np.ndarray]  # hook -> ndarray[b, *stored shape]
 
 
 class Extractor:
@@ -45,9 +50,11 @@ class Extractor:
         self.rows = token_rows(layout, tokens)
         self.norms_only = norms_only
         self.dtype = dtype
+        self.np_dtype = np.dtype(DTYPES[dtype])
         self.torch_dtype = _TORCH_DTYPES[dtype]
 
-    def _one(self, hook: str, act: torch.Tensor) -> torch.Tensor:
+    def select(self, hook: str, act: torch.Tensor) -> torch.Tensor:
+        """The stored part of one activation [b, ...]: token rows (a view) or per-token norms (float32)."""
         axis = token_axis(hook)  # per image; +1 for the batch axis
         if axis is not None:
             n = act.shape[axis + 1]
@@ -58,22 +65,32 @@ class Extractor:
                 act = act.narrow(axis + 1, self.rows.start, self.rows.stop - self.rows.start)
         if self.norms_only:
             first_feature = 1 if axis is None else axis + 2
-            dims = tuple(range(first_feature, act.ndim))
-            act = torch.linalg.vector_norm(act.float(), dim=dims)
-        # Cast where the tensor lives (on a GPU: before the copy, half the bytes); no copy when already so.
-        return act.to(self.torch_dtype).contiguous().cpu()
+            act = torch.linalg.vector_norm(act.float(), dim=tuple(range(first_feature, act.ndim)))
+        return act
+
+    def copy_hooks(self, buffers: Buffers) -> List[Tuple[str, Callable]]:
+        """Forward hooks (for ``run_with_hooks``) that write each hook's stored form into ``buffers``."""
+        targets = {h: torch.from_numpy(buffers[h]) for h in self.hooks}
+
+        def copy(tensor: torch.Tensor, hook) -> None:
+            value = self.select(hook.name, tensor)
+            if value.device != targets[hook.name].device:
+                value = value.to(self.torch_dtype)  # cast on the GPU: half the bytes to copy
+            targets[hook.name].copy_(value)  # casts on the CPU; no new memory
+
+        return [(h, copy) for h in self.hooks]
 
     @torch.no_grad()
-    def __call__(self, cache: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
-        """{hook: Tensor[b, ...]} -> {hook: ndarray[b, ...]} in the stored form (on the CPU)."""
-        missing = [h for h in self.hooks if h not in cache]
-        if missing:
-            raise CacheError(f"{missing[0]} did not fire during the forward pass; some hooks (e.g. "
-                             "hook_selective_votes) fire only while an intervention that uses them is active")
-        return {h: self._one(h, cache[h]).numpy() for h in self.hooks}
+    def __call__(self, cache: Dict[str, torch.Tensor]) -> Buffers:
+        """{hook: Tensor[b, ...]} (a ``run_with_cache`` cache) -> {hook: ndarray[b, ...]} in the stored form."""
+        return {h: self.select(h, cache[h]).to(self.torch_dtype).contiguous().cpu().numpy() for h in self.hooks}
 
     def per_image_shapes(self, model, input_size: Tuple[int, int]) -> Dict[str, Tuple[int, ...]]:
-        """Stored shape of one image's activation for each hook (one probe forward of a blank image)."""
+        """Stored shape of one image's activation for each hook (one probe forward of a blank image).
+
+        Raises:
+            CacheError: a hook did not fire (e.g. ``hook_selective_votes`` without its intervention).
+        """
         p = next(model.parameters())
         x = torch.zeros(1, model.timm_model.patch_embed.proj.in_channels, *input_size, device=p.device, dtype=p.dtype)
         # One image is all small ops; on a busy CPU, thread barriers make it ~10x slower than one thread.
@@ -84,4 +101,27 @@ class Extractor:
                 _, cache = model.run_with_cache(x, names_filter=self.hooks)
         finally:
             torch.set_num_threads(threads)
+        missing = [h for h in self.hooks if h not in cache]
+        if missing:
+            raise CacheError(f"{missing[0]} did not fire during the forward pass; some hooks (e.g. "
+                             "hook_selective_votes) fire only while an intervention that uses them is active")
         return {h: tuple(a.shape[1:]) for h, a in self(cache).items()}
+
+
+class BufferPool:
+    """Reused batch buffers {hook: ndarray[batch_size, *shape]}: a cache run touches the same memory for
+    every batch instead of allocating (and page-faulting) fresh arrays. ``acquire`` hands out a free set
+    (allocating one only when none is free); ``release`` returns it once its rows are written."""
+
+    def __init__(self, shapes: Dict[str, Tuple[int, ...]], dtype: np.dtype, batch_size: int):
+        self.shapes, self.dtype, self.batch_size = shapes, dtype, batch_size
+        self._free: "queue.SimpleQueue[Buffers]" = queue.SimpleQueue()
+
+    def acquire(self) -> Buffers:
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            return {h: np.empty((self.batch_size, *s), dtype=self.dtype) for h, s in self.shapes.items()}
+
+    def release(self, buffers: Buffers) -> None:
+        self._free.put(buffers)

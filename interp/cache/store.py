@@ -115,6 +115,7 @@ class CacheFile:
         self.position = position  # next input position to process
         self.n_skipped = int(h5[f"{SKIPPED}/index"].shape[0])
         self.acts = {hook: h5[acts_path(hook)] for hook in self.meta["hooks"]}
+        self.row_shapes = {hook: tuple(ds.shape[1:]) for hook, ds in self.acts.items()}
         self._direct_chunks = self.meta["compression"] == "none"
 
     # ------------------------------------------------------------------ opening

@@ -1,7 +1,8 @@
 """``interp.cache.write``: stream images through a HookedViT and store hook activations in HDF5.
 
-Batch by batch: decode images (prefetch thread), forward with ``run_with_cache`` on only the requested
-hooks (main thread), write and commit the batch (writer thread, overlapping the next forward).
+Batch by batch: decode images (prefetch thread), forward with hooks on only the requested hook points
+that copy each activation's stored form into a reused buffer (main thread), write and commit the batch
+(writer thread, overlapping the next forward).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 
 from ..errors import CacheError
 from ..hooks.names import NamesSpec
-from .extract import Extractor
+from .extract import BufferPool, Extractor
 from .format import COMPRESSIONS, DTYPES, FORMAT_VERSION, TOKEN_MODES, model_fingerprints, versions
 from .lock import WriterLock
 from .pipeline import BackgroundWriter, Prefetcher
@@ -204,14 +205,19 @@ def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, 
     bar = tqdm(total=n_images, initial=store.position, unit="img", desc=f"cache {store.path.name}",
                disable=not progress, dynamic_ncols=True, file=sys.stderr)
 
-    def commit(rows: BatchRows) -> None:
+    def commit(item) -> None:
         nonlocal written_bytes
+        rows, buffers = item
         consumed = rows.stop - store.position
         store.append(rows)
+        if buffers is not None:
+            pool.release(buffers)
         written_bytes += rows.nbytes
         bar.update(consumed)
         bar.set_postfix_str(f"{written_bytes / 1e6 / max(time.perf_counter() - t0, 1e-9):.1f} MB/s")
 
+    # At most 3 buffer sets live: one being filled, one queued, one being written.
+    pool = BufferPool(store.row_shapes, extractor.np_dtype, batch_size)
     loader = Prefetcher(source, store.position, batch_size)
     writer = BackgroundWriter(commit, depth=1)
     finished = False
@@ -219,16 +225,18 @@ def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, 
         for loaded in loader:
             for _, _, reason in loaded.skipped:
                 warnings.warn(f"skipped unreadable image: {reason}")
-            rows = BatchRows({}, [], [], loaded.skipped, loaded.stop)
+            rows, buffers = BatchRows({}, [], [], loaded.skipped, loaded.stop), None
             if loaded.pixels is not None:
                 x = loaded.pixels.to(device=param.device, dtype=param.dtype)
+                buffers = pool.acquire()
+                rows.arrays = {h: a[:len(x)] for h, a in buffers.items()}
+                # The hooks copy each activation's stored form into the buffers as it fires (run_with_cache's
+                # values, without keeping every float32 activation of the batch alive).
                 with torch.inference_mode():
-                    _, cache = model.run_with_cache(x, names_filter=extractor.hooks, stop_at_layer=stop_at_layer)
-                    rows.arrays = extractor(cache)
-                del cache
+                    model.run_with_hooks(x, fwd_hooks=extractor.copy_hooks(rows.arrays), stop_at_layer=stop_at_layer)
                 rows.ids = [source.ids[p] for p in loaded.positions]
                 rows.positions = loaded.positions
-            writer.submit(rows)
+            writer.submit((rows, buffers))
         writer.finish()
         finished = True
     finally:
