@@ -384,3 +384,9 @@ def test_bfloat16_model_is_cached_in_the_requested_dtype(tmp_path):
     with interp.cache.open(path) as cache:
         want = expected(model, x, "blocks.1.hook_resid_post").float().numpy()
         np.testing.assert_array_equal(cache["blocks.1.hook_resid_post"][:], want)
+
+
+def test_hook_that_does_not_fire_is_a_clear_error(vit, tmp_path):
+    with pytest.raises(CacheError, match="hook_selective_votes did not fire"):
+        interp.cache.write(vit, images(1), hooks="hook_selective_votes", path=tmp_path / "a.h5", progress=False)
+    assert not (tmp_path / "a.h5").exists()

@@ -9,7 +9,7 @@ float32 activations alive and no new memory is touched per batch. The values are
 from __future__ import annotations
 
 import queue
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Set, Tuple
 
 import numpy as np
 import torch
@@ -68,8 +68,9 @@ class Extractor:
             act = torch.linalg.vector_norm(act.float(), dim=tuple(range(first_feature, act.ndim)))
         return act
 
-    def copy_hooks(self, buffers: Buffers) -> List[Tuple[str, Callable]]:
-        """Forward hooks (for ``run_with_hooks``) that write each hook's stored form into ``buffers``."""
+    def copy_hooks(self, buffers: Buffers, fired: Set[str]) -> List[Tuple[str, Callable]]:
+        """Forward hooks (for ``run_with_hooks``) that write each hook's stored form into ``buffers``
+        and add its name to ``fired``."""
         targets = {h: torch.from_numpy(buffers[h]) for h in self.hooks}
 
         def copy(tensor: torch.Tensor, hook) -> None:
@@ -77,8 +78,16 @@ class Extractor:
             if value.device != targets[hook.name].device:
                 value = value.to(self.torch_dtype)  # cast on the GPU: half the bytes to copy
             targets[hook.name].copy_(value)  # casts on the CPU; no new memory
+            fired.add(hook.name)
 
         return [(h, copy) for h in self.hooks]
+
+    def check_fired(self, fired: Set[str]) -> None:
+        """Raise :class:`CacheError` naming the first hook that is not in ``fired``."""
+        missing = [h for h in self.hooks if h not in fired]
+        if missing:
+            raise CacheError(f"{missing[0]} did not fire during the forward pass; some hooks (e.g. "
+                             "hook_selective_votes) fire only while an intervention that uses them is active")
 
     @torch.no_grad()
     def __call__(self, cache: Dict[str, torch.Tensor]) -> Buffers:
@@ -101,10 +110,7 @@ class Extractor:
                 _, cache = model.run_with_cache(x, names_filter=self.hooks)
         finally:
             torch.set_num_threads(threads)
-        missing = [h for h in self.hooks if h not in cache]
-        if missing:
-            raise CacheError(f"{missing[0]} did not fire during the forward pass; some hooks (e.g. "
-                             "hook_selective_votes) fire only while an intervention that uses them is active")
+        self.check_fired(set(cache))
         return {h: tuple(a.shape[1:]) for h, a in self(cache).items()}
 
 

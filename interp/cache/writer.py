@@ -232,8 +232,11 @@ def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, 
                 rows.arrays = {h: a[:len(x)] for h, a in buffers.items()}
                 # The hooks copy each activation's stored form into the buffers as it fires (run_with_cache's
                 # values, without keeping every float32 activation of the batch alive).
+                fired = set()
                 with torch.inference_mode():
-                    model.run_with_hooks(x, fwd_hooks=extractor.copy_hooks(rows.arrays), stop_at_layer=stop_at_layer)
+                    model.run_with_hooks(x, fwd_hooks=extractor.copy_hooks(rows.arrays, fired),
+                                         stop_at_layer=stop_at_layer)
+                extractor.check_fired(fired)
                 rows.ids = [source.ids[p] for p in loaded.positions]
                 rows.positions = loaded.positions
             writer.submit((rows, buffers))
