@@ -1,11 +1,17 @@
 """The ``interp`` command line. Thin: each sub-command lives in ``interp/commands/<name>.py`` and
-exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``."""
+exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
+
+Building the parsers imports neither torch, timm nor nnsight (a command imports them when it runs), so
+``interp --help`` and argument errors answer at once; ``tests/test_cli_policies.py`` checks it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import io
 import sys
+import warnings
 from typing import List, Optional
 
 from .errors import InterpError
@@ -14,7 +20,7 @@ COMMANDS = ("hooks", "cache", "patch", "study", "report", "compare")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="interp",
@@ -35,7 +41,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from . import console
+
+    shown_format = warnings.formatwarning
+    console.configure(args)  # one-line warnings; args.progress: bars only on a terminal; --quiet
     try:
+        if args.quiet:  # no info lines: what a command prints on stdout is dropped (stderr still shows)
+            with contextlib.redirect_stdout(io.StringIO()):
+                return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except InterpError as e:
         print(f"interp: error: {e}", file=sys.stderr)
@@ -43,6 +56,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("interp: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = shown_format  # main() may run inside a program (tests, notebooks)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,13 @@ def test_compare_flags_planted_model_only(tmp_path):
     assert rows["planted"]["artifacts"] and rows["planted"]["emergence"] == "2 (mlp)"
     assert not rows["vit"]["artifacts"] and not rows["dinov2_reg"]["artifacts"]
     assert result.table().splitlines()[0].split() == list(COLUMNS)
+    # the probe columns: scores on the planted model's high-norm patches; empty groups are None ("-")
+    assert all(rows["planted"][c] is not None for c in ("pos_normal", "pos_high", "pix_normal", "pix_high",
+                                                        "pos_chance"))
+    assert rows["vit"]["pos_high"] is None and rows["vit"]["pos_normal"] is not None
+    assert rows["planted"]["glob_cls"] is None  # the sample photos carry no labels
+    vit_line = next(line for line in result.table().splitlines() if line.startswith("vit "))
+    assert vit_line.split()[list(COLUMNS).index("pos_high")] == "-"
 
 
 def test_compare_cli(tmp_path, capsys):

@@ -8,6 +8,7 @@ import torch
 
 from conftest import images, make_model
 from interp.errors import InterpError
+from interp.hooks.edit_state import EditState
 from interp.hooks.intervene import composition_order
 from interp.interventions import (AttentionBias, NeuronAblation, Relocation, SelectiveCLS, TestTimeRegister,
                                   masks)
@@ -199,9 +200,9 @@ def test_attention_bias_records_register_key_value_and_applies_them():
                                rtol=1e-5, atol=1e-5)
     # Applying: no extra token, neurons zero on patches, extra_kv set during and cleared after.
     with model.intervene(bias):
-        assert sorted(model.extra_kv) == [0, 1] and model.layout.n_extra == 0
+        assert sorted(model.edit_state.extra_kv) == [0, 1] and model.layout.n_extra == 0
         _, cache = model.run_with_cache(x, names_filter=["blocks.0.mlp.hook_post", "blocks.0.attn.hook_k"])
-    assert model.extra_kv == {}
+    assert model.edit_state.extra_kv == {}
     n_prefix = model.layout.n_prefix
     assert cache["blocks.0.attn.hook_k"].shape[1] == model.layout.n_tokens
     assert torch.all(cache["blocks.0.mlp.hook_post"][:, n_prefix:, [10, 20]] == 0)
@@ -224,7 +225,7 @@ def test_selective_cls_feeds_the_head_and_emits_votes(fam):
     model, x = make_model(fam), images(2)
     with model.intervene(SelectiveCLS(k=1)):
         out, cache = model.run_with_cache(x, names_filter=["hook_norm_final", "hook_selective_votes", "hook_pooled"])
-    assert model.pool_override is None
+    assert model.edit_state.pool_override is None
     patches = cache["hook_norm_final"][:, model.layout.n_prefix:]
     g, votes = selective_aggregate(patches, k=1)
     m = model.timm_model
@@ -313,19 +314,20 @@ def test_state_is_undone_after_exceptions_and_failed_setup():
     bias = AttentionBias({0: [1]}, keys={1: torch.ones(6, 1, 64)}, values={1: torch.ones(6, 1, 64)})
     with pytest.raises(RuntimeError, match="boom"):
         with model.intervene(TestTimeRegister({0: [1]}), bias, SelectiveCLS(), NeuronAblation({1: [2]})):
-            assert model.n_extra_tokens == 1 and model.extra_kv and model.pool_override is not None
+            state = model.edit_state
+            assert state.n_extra_tokens == 1 and state.extra_kv and state.pool_override is not None
             raise RuntimeError("boom")
-    assert model.n_extra_tokens == 0 and model.extra_kv == {} and model.pool_override is None
+    assert model.edit_state == EditState()  # the previous (empty) state object is back
     assert all(not hp._forward_hooks for hp in model.hook_dict.values())
     with pytest.raises(InterpError, match="one SelectiveCLS"):
         with model.intervene(TestTimeRegister({0: [1]}), SelectiveCLS(), SelectiveCLS(k=2)):
             pass
-    assert model.n_extra_tokens == 0 and model.pool_override is None
+    assert model.edit_state == EditState()
     with pytest.raises(InterpError, match="does not exist"):
         model.run_with_interventions(x, [NeuronAblation({5: [1]})])
     with pytest.raises(InterpError, match="1536 neurons"):
         model.run_with_interventions(x, [TestTimeRegister({0: [1536]})])
-    assert model.n_extra_tokens == 0 and all(not hp._forward_hooks for hp in model.hook_dict.values())
+    assert model.edit_state == EditState() and all(not hp._forward_hooks for hp in model.hook_dict.values())
     torch.testing.assert_close(model(x), reference, rtol=0, atol=0)
 
 

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-import interp.patch as patch
+from interp.interventions import export as patch
 from conftest import images, make_model
 from interp.interventions import AttentionBias, SelectiveCLS, TestTimeRegister, selective_aggregate
 

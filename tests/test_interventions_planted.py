@@ -15,7 +15,7 @@ import torch
 
 import interp
 from interp.interventions import AttentionBias, TestTimeRegister
-from interp.models import sample_image_paths
+from interp.models import planted_truth, sample_image_paths
 
 
 def flat_and_textured(n: int, seed: int) -> torch.Tensor:
@@ -35,7 +35,7 @@ def planted():
 
 def test_test_time_register_moves_the_high_norm_into_the_register(planted):
     model, _, x = planted
-    truth = model.planted
+    truth = planted_truth(model)  # the ground truth lives with the planted model
     layer, neurons = truth.layer, list(truth.neurons)
     name = f"blocks.{layer}.hook_resid_post"
     with torch.no_grad():
@@ -59,14 +59,15 @@ def test_test_time_register_moves_the_high_norm_into_the_register(planted):
 
 def test_attention_bias_reproduces_the_test_time_register(planted):
     model, calibration, x = planted
-    neurons = {model.planted.layer: list(model.planted.neurons)}
+    truth = planted_truth(model)
+    neurons = {truth.layer: list(truth.neurons)}
     names = ["hook_norm_final", "hook_pooled"]
     with torch.no_grad():
         base_logits, base = model.run_with_cache(x, names_filter=names)
         with model.intervene(TestTimeRegister(neurons)):
             ttr_logits, ttr = model.run_with_cache(x, names_filter=names)
         errors = {}
-        for label, layers in (("every block", None), ("from the register layer", range(model.planted.layer, 6))):
+        for label, layers in (("every block", None), ("from the register layer", range(truth.layer, 6))):
             bias = AttentionBias.calibrate(model, calibration, neurons, batch_size=8, layers=layers)
             with model.intervene(bias):
                 logits, cache = model.run_with_cache(x, names_filter=names)

@@ -63,6 +63,8 @@ def test_k0_reproduces_the_unmasked_model_one_forward_per_config(vit):
     source = open_source(model=vit, images=x, batch_size=2)
     with torch.no_grad():
         reference = vit(x).argmax(-1)
+    # The model's own top-1, computed here without the study, as the labels: accuracy at k = 0 must be 1.
+    source.labels, source.class_names = reference.tolist(), []
     calls = []
     with vit.hooks(fwd_hooks=[("hook_embed", lambda t, hook: calls.append(t.shape[0]))]):
         result = masking_study(source, fractions=[0.0, 0.5], fill="mean", progress=False)
@@ -70,11 +72,11 @@ def test_k0_reproduces_the_unmasked_model_one_forward_per_config(vit):
     assert calls == [2, 1] + [2] * 4 + [1] * 4
     assert result.curves["top"]["agreement"][0] == 1.0 and result.curves["bottom"]["agreement"][0] == 1.0
     assert result.curves["top"]["outliers_per_image"][0] == result.unmasked["outliers_per_image"]
-    assert result.n_masked == [0, 98] and result.metric == "agreement" and result.curves["top"]["accuracy"] is None
+    assert result.n_masked == [0, 98]
+    assert result.curves["top"]["accuracy"][0] == 1.0 and result.curves["bottom"]["accuracy"][0] == 1.0
     assert result.fill_value == pytest.approx(x.mean(dim=(0, 2, 3)).tolist(), abs=1e-5)
     # p98 of the unmasked patch norms: about 2 % of 196 patches are above it in the unmasked run.
     assert 2.0 <= result.unmasked["outliers_per_image"] <= 6.0
-    assert reference.shape == (3,)
 
 
 def test_monotone_on_a_constructed_case(vit):

@@ -9,7 +9,7 @@ from PIL import Image
 import interp.cache
 from conftest import images, make_model
 from interp.errors import InterpError
-from interp.interventions.selective import selective_aggregate
+from interp.interventions.selective_aggregation import selective_aggregate
 from interp.interventions.selective_cls import SelectiveCLS
 from interp.studies.boxes import read_boxes, regions_from_boxes
 from interp.studies.patch_score import (PatchScoreResult, compute_score_maps, patch_score_study,

@@ -12,7 +12,7 @@ import interp.cli
 from conftest import make_model
 from interp.errors import InterpError
 from interp.plots import lazy as plots
-from interp.studies.selective_cls import COLUMNS, SelectiveCLSResult, selective_cls_study
+from interp.studies.selective_pooling import COLUMNS, SelectiveCLSResult, selective_cls_study
 from interp.studies.source import open_source
 
 MODEL_ARGS = ["vit_small_patch16_224", "--no-pretrained", "--depth", "1"]

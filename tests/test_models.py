@@ -11,7 +11,7 @@ from PIL import Image
 
 import interp
 from interp.errors import ImageError, ModelLoadError, UnsupportedModelError
-from interp.models import load_images, sample_image_paths
+from interp.models import load_images, planted_truth, sample_image_paths
 
 from conftest import images, make_model
 
@@ -131,7 +131,11 @@ def test_bundled_samples_and_planted_model():
     paths = sample_image_paths()
     assert [p.stem for p in paths] == ["astronaut", "chelsea", "coffee", "rocket"]
     model = interp.load("planted_vit")
-    assert model.planted is not None and model.planted.layer == 2
+    truth = planted_truth(model)
+    assert truth is not None and truth.layer == 2 and truth.neurons == (17, 101, 402, 655)
+    assert planted_truth(model.timm_model) is truth  # the truth lives on the planted timm module
+    assert planted_truth(interp.load("vit_small_patch16_224", pretrained=False, depth=1)) is None
+    assert not hasattr(model, "planted")  # not on the hook layer
     x = load_images(paths, model)
     assert x.shape == (4, 3, 224, 224)
 
@@ -139,7 +143,7 @@ def test_bundled_samples_and_planted_model():
 def test_planted_ground_truth_on_constructed_images():
     """Flat patches become high-norm tokens from the planted layer's MLP on; textured ones never do."""
     model = interp.load("planted_vit")
-    truth = model.planted
+    truth = planted_truth(model)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 224, 224, generator=g)
     x[0, :, :64, :64] = 0.4  # 4x4 flat patches

@@ -9,7 +9,7 @@ import pytest
 import timm
 import torch
 
-import interp.patch as patch
+from interp.interventions import export as patch
 from conftest import FAMILIES, images, make_model
 from interp.errors import PatchError
 from interp.interventions import (AttentionBias, NeuronAblation, Relocation, SelectiveCLS, TestTimeRegister,
@@ -32,7 +32,8 @@ def interventions_for(label, model, calib):
         "relocation": lambda: [Relocation({0: [9, 10]}, target=masks.smiley(grid), value="layer_max")],
         "test_time_register": lambda: [TestTimeRegister({0: [2, 3], 1: [8]}, n_registers=2, patch_fill="outliers")],
         "attention_bias": lambda: [AttentionBias.calibrate(model, calib, {0: [2, 3]})],
-        "selective_cls": lambda: [SelectiveCLS(k=2, score="code", fft="shift")],
+        "selective_cls": lambda: [SelectiveCLS(k=2, score="paper", fft="shift")],
+        "selective_cls_reference": lambda: [SelectiveCLS()],
         "composition": lambda: [SelectiveCLS(k=1), Relocation({1: [4]}, target=masks.box(grid, 1, 1, 3, 3)),
                                 TestTimeRegister({0: [2, 3]}),
                                 NeuronAblation({1: [4]}, mode="mean", means={1: torch.tensor([0.3])}),
@@ -42,7 +43,7 @@ def interventions_for(label, model, calib):
 
 
 ALL_CASES = ("zero_ablation", "mean_ablation_patches", "relocation", "test_time_register", "attention_bias",
-             "selective_cls", "composition")
+             "selective_cls", "selective_cls_reference", "composition")
 
 
 # Every case on the plain ViT; the structural ones and the composition on a register model and CLIP
@@ -84,6 +85,27 @@ def test_patched_plain_model_layout_and_forward_features(tmp_path):
     with model.intervene(TestTimeRegister({0: [1]}, n_registers=3)):
         _, cache = model.run_with_cache(images(1), names_filter="hook_norm_final")
     torch.testing.assert_close(feats, cache["hook_norm_final"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["vit", "dinov2_reg"])
+def test_patched_plain_selective_cls_is_the_reference(family, tmp_path):
+    """A plain timm model patched with SelectiveCLS() pools its final patch tokens as the LaSt reference code."""
+    from reference.last_selective import reference_selective_cls
+
+    model, x = make_model(family), images(2, seed=6)
+    plain = patch.apply(fresh_plain(family, model), patch.save([SelectiveCLS()], tmp_path / "s.safetensors", model))
+    with torch.no_grad():
+        tokens = plain.forward_features(x)  # [b, t, d], final norm applied
+        g_ref, _ = reference_selective_cls(tokens[:, plain.num_prefix_tokens:])
+        torch.testing.assert_close(plain(x), plain.head(plain.fc_norm(g_ref)), rtol=0, atol=1e-5)
+
+
+def test_import_interp_patch_is_the_export_module():
+    import interp
+    import interp.interventions.export as export
+    import interp.patch
+
+    assert interp.patch is export and interp.patch.save is patch.save and interp.patch.apply is patch.apply
 
 
 def test_other_architecture_or_weights_is_a_clear_error(tmp_path):
@@ -199,5 +221,6 @@ def test_cli_export_show_apply(tmp_path, capsys):
     assert weights.is_file()
     bad_spec = tmp_path / "bad.json"
     bad_spec.write_text(json.dumps([{"kind": "Nope"}]))
-    assert main(["patch", "export", *model_args, "--interventions", str(bad_spec), "--out", str(out)]) == 1
+    assert main(["patch", "export", *model_args, "--interventions", str(bad_spec), "--out", str(out),
+                 "--overwrite"]) == 1
     assert "unknown intervention kind" in capsys.readouterr().err

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import interp.cache
 from interp.cli import main
 from interp.commands.study_artifacts import parse_neurons, parse_target
 from interp.errors import InterpError
-from interp.models import sample_image_paths
+from interp.models import planted_truth, sample_image_paths
 from interp.plots import artifacts as plots
 from interp.report import run_report
 from interp.studies import open_source
@@ -48,7 +50,8 @@ def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, ca
     assert "[1/5] norms" in out.err and "[5/5] relocate" in out.err  # one line per stage
 
     sources = image_sources(index)
-    assert len(sources) == 7
+    assert len(sources) == 9  # the five stages' 7 figures, the probes' bars and the LOST boxes
+    assert {"probes.png", "lost_boxes.png"} <= set(sources)
     for src in sources:
         assert not src.startswith(("/", "http:", "https:", "file:")), src  # relative links only
         assert (tmp_path / src).is_file() and (tmp_path / src).stat().st_size > 10_000, src
@@ -56,19 +59,21 @@ def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, ca
     assert "Synthetic model" in page and "not a trained network" in page
 
     report = json.loads((tmp_path / "report.json").read_text())
-    model = interp.load("planted_vit")
+    truth = planted_truth(interp.load("planted_vit"))
     assert report["synthetic"] is True and report["model"] == "planted_vit"
     assert report["n_images"] == len(sample_image_paths()) and report["artifacts_found"] is True
-    assert report["emergence"] == {"layer": model.planted.layer, "component": "mlp"}
+    assert report["emergence"] == {"layer": truth.layer, "component": "mlp"}
     planted = report["planted"]
     assert planted["layer_recovered"] is True and planted["all_neurons_recovered"] is True
-    assert planted["neurons_recovered"] == sorted(model.planted.neurons) and planted["extra_neurons"] == []
+    assert planted["neurons_recovered"] == sorted(truth.neurons) and planted["extra_neurons"] == []
     ranked = {(n["layer"], n["neuron"]) for n in report["neurons"]}
-    assert ranked == {(model.planted.layer, n) for n in model.planted.neurons}
+    assert ranked == {(truth.layer, n) for n in truth.neurons}
     effects = report["ablation"]["effects"]["outlier_count"]
     assert effects["target"] == 0 < effects["baseline"] and effects["control_mean"] >= 0.9 * effects["baseline"]
     assert report["test_time_register"]["outliers_after"] == 0
     assert report["relocation"]["mean_iou_active"] >= 0.9
+    assert report["probes"]["position"]["high_norm"]["n"] > 0 and report["lost"]["n_images"] == 4
+    assert "6. Linear probes per token group" in page and "7. LOST object discovery" in page
     for name in STUDY_FILES:
         assert json.loads((tmp_path / name).read_text())["study"] == name[:-5]
 
@@ -80,7 +85,9 @@ def test_report_without_artifacts_skips_the_causal_studies(tmp_path):
     assert summary["ablation"] is None and summary["test_time_register"] is None and summary["relocation"] is None
     assert "no register neurons" in summary["skipped"]
     assert summary["top_k"] == 10 and summary["highest_layer"] == summary["detect_layer"] == 1
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["neurons.json", "norms.json", "report.json"]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["lost.json", "neurons.json", "norms.json",
+                                                                "probes.json", "report.json"]
+    assert summary["probes"]["position"]["high_norm"]["score"] is None  # no artifacts: an empty group, no number
     page = (tmp_path / "index.html").read_text(encoding="utf-8")
     assert "Skipped" in page and "No high-norm tokens found" in page and "Synthetic" not in page
     assert all((tmp_path / src).is_file() for src in image_sources(tmp_path / "index.html"))
@@ -136,7 +143,7 @@ def test_study_norms_and_neurons_cli_live_and_cached(tmp_path, photo_dir):
     assert main(["study", "neurons", "planted_vit", "--images", str(photo_dir), "--out", str(out),
                  "--top-k", "4", "--highest-layer", "2"]) == 0
     neurons = read_study(out, "neurons", ["neuron_scores"])
-    assert {(n["layer"], n["neuron"]) for n in neurons["neurons"]} == {(2, n) for n in planted.planted.neurons}
+    assert {(n["layer"], n["neuron"]) for n in neurons["neurons"]} == {(2, n) for n in planted_truth(planted).neurons}
 
 
 def test_study_causal_cli_commands(tmp_path, photo_dir):
@@ -214,3 +221,51 @@ def test_figures_draw_from_saved_results_only(tmp_path):
         plots.outlier_maps(norms, images=x[:1].clamp(0, 1))
     with pytest.raises(ValueError, match="no artifact figures"):
         plots.study_figures(object())
+
+
+def test_report_decodes_each_image_once(tmp_path, monkeypatch):
+    """Every stage reads the one held source: the image files are decoded once, whatever the stage count."""
+    from PIL import Image
+
+    import interp.studies.source as source_mod
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(3):
+        Image.new("RGB", (80, 60), (30 * i, 100, 200)).save(folder / f"p{i}.png")
+    decoded = []
+    real = source_mod.load_images
+    monkeypatch.setattr(source_mod, "load_images", lambda paths, model, **kw: decoded.extend(paths) or real(paths, model, **kw))
+    summary = run_report(make_model("vit"), images=folder, out_dir=tmp_path / "out", progress=False, batch_size=2)
+    assert sorted(decoded) == sorted(folder.glob("*.png")) and summary["image_ids"] == [str(p) for p in decoded]
+    assert summary["files"]["figures"]  # the map figures drew the held images too
+
+
+def test_study_neurons_on_a_model_without_artifacts_says_so(tmp_path, photo_dir):
+    """A random-init ViT has no separated high-norm mode: under p98 the study still ranks neurons, but its JSON
+    says artifacts_found false with a warning, and the CLI prints that warning on one line (a fresh process:
+    pytest would capture the warning itself)."""
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "interp", "study", "neurons", "vit_small_patch16_224",
+                          "--no-pretrained", "--depth", "2", "--images", str(photo_dir), "--out", str(out),
+                          "--threshold", "p98", "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    data = read_study(out, "neurons", [])
+    assert data["artifacts_found"] is False and data["threshold_method"] == "percentile"
+    assert data["neurons"] and data["warning"].startswith("no artifacts: ")  # ranked, and said what they are
+    err = run.stderr
+    lines = [line for line in err.splitlines() if "no artifacts" in line]
+    assert len(lines) == 1 and lines[0].startswith("interp: warning: no artifacts") and "not register" in lines[0]
+
+
+def test_report_without_artifacts_under_a_percentile_threshold_says_no_artifacts(tmp_path):
+    with pytest.warns(UserWarning, match="shows no artifacts"):
+        summary = run_report(make_model("vit"), images=images(2), out_dir=tmp_path, progress=False,
+                             threshold="p98", n_controls=1)
+    assert summary["artifacts_found"] is False and summary["neurons"]  # ranked under p98 ...
+    assert "not register neurons" in summary["no_artifacts_note"]  # ... and said plainly what they are not
+    page = (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert "No artifacts." in page and "none: the model shows no artifacts" in page
+    for study in ("neurons", "ablate", "registers", "relocate"):
+        data = json.loads((tmp_path / f"{study}.json").read_text())
+        assert data["artifacts_found"] is False and data["warning"].startswith("no artifacts"), study

@@ -14,7 +14,7 @@ import torch
 
 import interp
 import interp.cache
-from interp.models import sample_image_paths
+from interp.models import planted_truth, sample_image_paths
 from interp.models.layout import TokenLayout
 from interp.studies import CacheSource, open_source
 from interp.studies.ablate import ablation_study
@@ -60,11 +60,12 @@ def norms(source):
 
 @pytest.fixture(scope="module")
 def planted_neurons(planted):
-    return {planted.planted.layer: list(planted.planted.neurons)}
+    truth = planted_truth(planted)
+    return {truth.layer: list(truth.neurons)}
 
 
 def test_norms_study_finds_the_planted_outliers_and_their_emergence(planted, pixels, norms):
-    truth = planted.planted
+    truth = planted_truth(planted)
     expected = truth.artifact_mask(planted.timm_model, pixels)
     assert int(expected.sum()) == 16 + 48 + 20 + 24  # the squares above, all patch-aligned
     found = norms.outlier_map_tensor()
@@ -84,7 +85,7 @@ def test_norms_study_finds_the_planted_outliers_and_their_emergence(planted, pix
 
 @pytest.mark.parametrize("highest", ["planted", "default"])
 def test_neurons_study_ranks_the_planted_neurons_first(planted, source, highest):
-    truth = planted.planted
+    truth = planted_truth(planted)
     k = len(truth.neurons)
     kwargs = {"highest_layer": truth.layer} if highest == "planted" else {}  # default: the detection block
     result = neurons_study(source, top_k=k + 2, progress=False, **kwargs)
@@ -258,3 +259,56 @@ def test_norms_study_memory_stays_bounded_over_a_1000_image_cache():
     # ... and the study, which reads every hook of all 1000 images, stays far below it.
     assert measured["artifacts_found"] and measured["outlier_counts"] == [reader.n_outliers] * 1000
     assert measured["study"] < one_hook_bytes / 4, f"norms_study grew the peak RSS by {measured['study'] / 1e6:.1f} MB"
+
+
+# ----------------------------------------------------------------------------------------- one detection
+def counting_source(source):
+    """``source`` with a counter of the images it feeds the model (``batches`` reads through ``image_batches``)."""
+    seen = {"images": 0}
+    image_batches = source.image_batches
+
+    def counted_image_batches(*args, **kwargs):
+        for start, x in image_batches(*args, **kwargs):
+            seen["images"] += len(x)
+            yield start, x
+
+    source.image_batches = counted_image_batches
+    return seen
+
+
+def test_a_shared_detection_gives_the_same_results_with_one_pass_less(planted, pixels, planted_neurons):
+    from interp.studies.outliers import detect
+
+    own = open_source(model=planted, images=pixels, batch_size=3)
+    shared = open_source(model=planted, images=pixels, batch_size=3)
+    found = detect(shared, "auto", progress=False)
+    assert found.outliers.shape == (4, 196) and found.artifacts_found and found.layer == planted.n_layers - 1
+    runs = [
+        lambda src, **kw: norms_study(src, progress=False, **kw),
+        lambda src, **kw: neurons_study(src, top_k=6, progress=False, **kw),
+        lambda src, **kw: ablation_study(src, planted_neurons, n_controls=1, progress=False, **kw),
+        lambda src, **kw: register_study(src, planted_neurons, progress=False, **kw),
+    ]
+    for run in runs:
+        seen_own, seen_shared = counting_source(own), counting_source(shared)
+        alone, given = run(own), run(shared, detection=found)
+        assert json.dumps(alone.to_dict(), sort_keys=True) == json.dumps(given.to_dict(), sort_keys=True)
+        assert seen_own["images"] - seen_shared["images"] == len(pixels)  # the detection pass, saved
+        del own.image_batches, shared.image_batches
+
+
+def test_a_detection_must_match_the_source_and_the_arguments(planted, pixels, source):
+    from interp.errors import InterpError
+    from interp.studies.outliers import detect
+
+    found = detect(source, "p90", layer=-1, progress=False)
+    with pytest.raises(InterpError, match="detect_layer=1 disagrees"):
+        norms_study(source, detection=found, detect_layer=1, progress=False)
+    with pytest.raises(InterpError, match="threshold='auto' disagrees"):
+        neurons_study(source, detection=found, threshold="auto", progress=False)
+    other = open_source(model=planted, images=pixels[:2])
+    with pytest.raises(InterpError, match="other images or weights"):
+        norms_study(other, detection=found, progress=False)
+    # the same spec and layer, spelled out, are accepted and recorded
+    assert norms_study(source, detection=found, threshold="p90", detect_layer=-1,
+                       progress=False).params["threshold"] == "p90"

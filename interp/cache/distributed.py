@@ -19,6 +19,7 @@ import torch
 from ..errors import CacheError
 from .format import (ACTS, IDS, INDEX, LIBVER, SKIPPED, SKIPPED_FIELDS, acts_path, check_version,
                      decode_strings, read_attrs, write_attrs)
+from .file_writer import write_file
 from .lock import WriterLock
 from .sources import ImageSource
 from .store import append_rows, create_index_datasets, tmp_path
@@ -75,8 +76,6 @@ def _all_ranks_ok(ok: bool) -> bool:
 def write_sharded(model, source: ImageSource, hook_names: List[str], path: Path, context: DistContext, *,
                   resume: bool, overwrite: bool, **options):
     """Write this rank's shard, wait for every rank, then (rank 0) the virtual top file ``path``."""
-    from .writer import write_file
-
     if path.exists() and not (resume or overwrite):
         raise CacheError(f"{str(path)!r} already exists. Pass --resume (resume=True) to continue it, "
                          "--overwrite (overwrite=True) to replace it, or delete it.")

@@ -21,6 +21,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import h5py
 import numpy as np
 
+from .._version import __version__
 from ..errors import CacheError
 from ..models.layout import TokenLayout
 
@@ -114,8 +115,6 @@ def versions() -> Dict[str, str]:
     import timm
     import torch
 
-    from .. import __version__
-
     return {"interp_version": __version__, "timm_version": timm.__version__, "torch_version": torch.__version__,
             "h5py_version": h5py.__version__}
 
@@ -153,8 +152,6 @@ def check_version(meta: dict, path) -> None:
     if "format_version" not in meta:
         raise CacheError(f"{str(path)!r} is not an interp activation cache (no 'format_version' attribute)")
     if int(meta["format_version"]) != FORMAT_VERSION:
-        from .. import __version__
-
         raise CacheError(
             f"{str(path)!r} uses cache format version {meta['format_version']} (written by interp "
             f"{meta.get('interp_version', '?')}); this interp ({__version__}) reads version {FORMAT_VERSION}. "

@@ -12,6 +12,7 @@ from typing import List, Sequence, Tuple, Union
 import torch
 
 from ..errors import ImageError
+from ..models.preprocessing import tensor_image_id
 from .format import images_digest
 
 
@@ -90,7 +91,7 @@ class TensorImages(ImageSource):
         if pixels.ndim != 4:
             raise ImageError(f"expected images as Tensor[N, C, H, W], got shape {tuple(pixels.shape)}")
         self.pixels = pixels
-        self.ids = [f"tensor:{offset + i}" for i in range(pixels.shape[0])]
+        self.ids = [tensor_image_id(offset + i) for i in range(pixels.shape[0])]
         self.input_size = tuple(int(s) for s in pixels.shape[-2:])
         self.offset = offset
 

@@ -1,7 +1,11 @@
-"""Arguments shared by several sub-commands (model selection), and building the model from them."""
+"""What several sub-commands share: model and study arguments, building the model and the activation source
+from them, reading --threshold, and writing a study's outputs. Commands import helpers from here, never
+from each other."""
 from __future__ import annotations
 
 import argparse
+
+from ..console import add_output_args
 
 
 def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False) -> None:
@@ -33,8 +37,17 @@ def model_from_args(args: argparse.Namespace, dtype=None):
                 **kwargs)
 
 
+def threshold_value(text: str):
+    """The --threshold text as the studies take it: a float for a number, else the text ('auto', 'p98')."""
+    from ..studies.outliers import parse_threshold
+
+    method, value = parse_threshold(text)  # raises InterpError on a bad value
+    return value if method == "fixed" else text
+
+
 def add_study_args(parser: argparse.ArgumentParser, cache_ok: bool = True) -> None:
-    """Arguments of every ``interp study NAME``: model args, --images/--cache, --out, --batch-size, --seed."""
+    """Arguments of every ``interp study NAME``: model args, --images/--cache, --out, --batch-size, --seed,
+    --strict, --overwrite, --no-progress, --quiet."""
     add_model_args(parser)
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--images", help="image directory (DIR/<class>/img gives labels), list file or image")
@@ -43,23 +56,137 @@ def add_study_args(parser: argparse.ArgumentParser, cache_ok: bool = True) -> No
     parser.add_argument("--out", required=True, help="output directory for <study>.json and PNGs")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    add_strict_arg(parser)
+    add_overwrite_arg(parser, "an existing <study>.json in --out (and the figures it lists)")
+    add_output_args(parser)
+
+
+def add_strict_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strict", action="store_true",
+                        help="stop at the first unreadable image (default: skip it, warn, list it under 'skipped')")
+
+
+def add_overwrite_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--overwrite", action="store_true", help=f"replace {what}")
 
 
 def source_from_args(args: argparse.Namespace, model):
-    """The activation source the study arguments describe (live images or a cache checked against model)."""
-    from ..studies.source import open_source
+    """The activation source the study arguments describe (live images or a cache checked against model).
 
-    return open_source(model=model, images=args.images, cache=getattr(args, "cache", None),
-                       batch_size=args.batch_size)
+    A cache is checked up front against the hooks the study reads (``registry.required_hooks``), so a cache
+    that cannot serve the study fails before any work. Unreadable images are skipped and kept in
+    ``args.skipped`` (written into the study's JSON), or stop the run with ``--strict``."""
+    from ..studies.source import open_source
+    from .registry import STUDIES, check_cache_serves
+
+    source = open_source(model=model, images=args.images, cache=getattr(args, "cache", None),
+                         batch_size=args.batch_size, strict=getattr(args, "strict", False))
+    study = getattr(args, "study", None)
+    if not source.is_live and study in STUDIES:
+        check_cache_serves(source, study, model.n_layers, vars(args))
+    args.skipped = [{"image": image, "reason": reason} for image, reason in source.skipped]
+    return source
 
 
 def write_outputs(result, out_dir, figures=()) -> None:
-    """Write ``<study>.json`` and the given (name, matplotlib figure) pairs as PNGs into ``out_dir``."""
+    """Write ``<study>.json`` (with the list of its figure files) and the given (name, matplotlib figure)
+    pairs as PNGs into ``out_dir``."""
+    import json
     from pathlib import Path
+
+    from ..console import info
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    result.to_json(out / f"{result.study}.json")
+    data = result.to_dict()
+    data[FIGURES_KEY] = [f"{name}.png" for name, _ in figures]
     for name, fig in figures:
         fig.savefig(out / f"{name}.png", dpi=110, bbox_inches="tight")
-    print(f"wrote {out / (result.study + '.json')}" + (f" and {len(figures)} figure(s)" if figures else ""))
+    (out / f"{result.study}.json").write_text(json.dumps(data, indent=1))
+    info(f"wrote {out / (result.study + '.json')}" + (f" and {len(figures)} figure(s)" if figures else ""))
+
+
+# ------------------------------------------------------------------------------------------ existing outputs
+FIGURES_KEY = "figure_files"  # in a study JSON the CLI wrote: the PNGs written with it
+
+
+def refuse_existing_file(path, overwrite: bool, flag: str = "--out") -> None:
+    """Before any work: an existing output file is an error unless ``overwrite``."""
+    from pathlib import Path
+
+    from ..errors import InterpError
+
+    if Path(path).exists() and not overwrite:
+        raise InterpError(f"{flag} {str(path)!r} already exists; pass --overwrite to replace it "
+                          "or choose another path")
+
+
+def prepare_study_output(args: argparse.Namespace, result_name: str) -> None:
+    """Before any work: refuse to replace ``--out/<result_name>.json`` without ``--overwrite``; with it,
+    remove that JSON and the figures it lists (so no stale figure survives next to the new result)."""
+    import json
+    from pathlib import Path
+
+    from ..errors import InterpError
+
+    path = Path(args.out) / f"{result_name}.json"
+    if not path.exists():
+        return
+    if not getattr(args, "overwrite", False):
+        raise InterpError(f"{str(path)!r} already exists (a {result_name} result); pass --overwrite to replace it "
+                          "and the figures it lists, or choose another --out")
+    if path.exists():
+        try:
+            stale = json.loads(path.read_text()).get(FIGURES_KEY, [])
+        except (OSError, ValueError):
+            stale = []
+        for name in stale:
+            (Path(args.out) / Path(name).name).unlink(missing_ok=True)
+        path.unlink()
+
+
+REPORT_MARKER = "report.json"  # written last by interp report: a folder holding it is a report
+
+
+def prepare_report_dir(out_dir, overwrite: bool) -> None:
+    """Before any work: ``out_dir`` must be new, empty, or a report written before (it holds ``report.json``)
+    with ``overwrite``; then the files that report lists (and report.json) are removed, nothing else.
+
+    A non-empty folder without ``report.json`` is refused even with ``overwrite``: it is not ours to clear."""
+    import json
+    from pathlib import Path
+
+    from ..errors import InterpError
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InterpError(f"--out {str(out)!r} is a file; give a folder for the report")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    marker = out / REPORT_MARKER
+    if not marker.is_file():
+        raise InterpError(f"--out {str(out)!r} is not empty and holds no {REPORT_MARKER}, so it is not a report "
+                          "folder; choose a new or empty folder")
+    if not overwrite:
+        raise InterpError(f"--out {str(out)!r} already holds a report; pass --overwrite to replace it "
+                          "or choose another folder")
+    try:
+        files = json.loads(marker.read_text()).get("files", {})
+    except (OSError, ValueError):
+        files = {}
+    names = [files.get("index", "index.html"), *files.get("results", []), *files.get("figures", [])]
+    for name in names:
+        (out / Path(str(name)).name).unlink(missing_ok=True)
+    marker.unlink()
+
+
+def record_skipped(args: argparse.Namespace, result_name: str) -> None:
+    """Add ``"skipped": [{"image", "reason"}]`` (unreadable images left out) to the study JSON just written."""
+    import json
+    from pathlib import Path
+
+    path = Path(args.out) / f"{result_name}.json"
+    if path.exists() and hasattr(args, "skipped"):
+        data = json.loads(path.read_text())
+        data["skipped"] = args.skipped
+        path.write_text(json.dumps(data, indent=1))

@@ -1,9 +1,10 @@
-"""``interp compare MODEL [MODEL ...] --images DIR``: the norms battery on several models, one table."""
+"""``interp compare MODEL [MODEL ...] --images DIR``: the norms battery and the linear probes on several
+models, one table (the reassessment's)."""
 from __future__ import annotations
 
 import argparse
 
-from .common import write_outputs
+from .common import add_output_args, add_overwrite_arg, refuse_existing_file, write_outputs
 
 
 def register(sub) -> None:
@@ -16,7 +17,12 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threshold", default="auto", help="auto | pNN | a norm value")
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--no-probes", dest="probes", action="store_false", default=True,
+                   help="skip the linear probes (position / pixels / global per token group)")
+    p.add_argument("--probe-tokens", type=int, default=2000, help="training tokens of each probe (seeded sample)")
     p.add_argument("--out", default=None, help="write compare.json here")
+    add_overwrite_arg(p, "an existing compare.json in --out")
+    add_output_args(p)
     p.set_defaults(func=run)
 
 
@@ -28,10 +34,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.weights and len(args.weights) != len(args.models):
         raise InterpError(f"--weights needs one file per model ({len(args.models)}), got {len(args.weights)}")
+    if args.out:
+        from pathlib import Path
+
+        refuse_existing_file(Path(args.out) / "compare.json", args.overwrite)
     models = [load(name, pretrained=args.pretrained, device=args.device,
                    weights=args.weights[i] if args.weights else None) for i, name in enumerate(args.models)]
     images = args.images or sample_image_paths()
-    result = compare_models(models, images, threshold=args.threshold, batch_size=args.batch_size)
+    result = compare_models(models, images, threshold=args.threshold, batch_size=args.batch_size,
+                            progress=args.progress, probes=args.probes, probe_tokens=args.probe_tokens)
     print(result.table())
     if args.out:
         write_outputs(result, args.out)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 
-from .common import add_model_args
+from .common import add_model_args, refuse_existing_file
 
 
 def register(sub) -> None:
@@ -18,6 +18,7 @@ def register(sub) -> None:
     e.add_argument("--interventions", required=True, metavar="SPEC.json",
                    help="JSON list of {\"kind\": ..., params}; see interp.interventions.spec")
     e.add_argument("--out", required=True, help="patch file to write (.safetensors)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     e.add_argument("--calibration-images", default=None, metavar="DIR",
                    help="images for interventions that need calibration (mean ablation, AttentionBias)")
     e.add_argument("--as-weights", action="store_true",
@@ -69,10 +70,11 @@ def _models(args):
 
 
 def run_export(args) -> int:
-    from .. import patch
+    from ..interventions import export as patch
     from ..interventions import interventions_from_spec
     from ..models import load_images
 
+    refuse_existing_file(args.out, args.overwrite)  # before the model is built
     _, model = _models(args)
     images = load_images(args.calibration_images, model) if args.calibration_images else None
     interventions = interventions_from_spec(args.interventions, model=model, calibration_images=images,
@@ -89,7 +91,7 @@ def run_export(args) -> int:
 def run_apply(args) -> int:
     import torch
 
-    from .. import patch
+    from ..interventions import export as patch
     from ..models import load_images, sample_image_paths
 
     plain, hooked = _models(args)
@@ -108,7 +110,7 @@ def run_apply(args) -> int:
 
 
 def run_show(args) -> int:
-    from .. import patch
+    from ..interventions import export as patch
 
     print(patch.describe(args.patch))
     return 0

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import add_model_args, model_from_args
+from .common import (add_model_args, add_output_args, add_overwrite_arg, add_strict_arg, model_from_args,
+                     prepare_report_dir, threshold_value)
 
 
 def register(sub) -> None:
@@ -21,7 +22,9 @@ def register(sub) -> None:
     add_model_args(p, model_optional=True)
     p.add_argument("--images", default=None, help="image directory, list file or image (default: bundled samples)")
     p.add_argument("--out", default="report", help="output directory (default: report/)")
-    p.add_argument("--threshold", default="auto", help="outlier threshold: a norm, pNN (e.g. p98) or auto (default)")
+    p.add_argument("--threshold", default=None,
+                   help="outlier threshold: a norm, pNN (e.g. p98) or auto (default, or the preset's)")
+    p.add_argument("--preset", default=None, help="published settings (jiang-*, darcet, reassessment); flags win")
     p.add_argument("--detect-layer", type=int, default=None, help="block whose output decides outliers (default: last)")
     p.add_argument("--highest-layer", type=int, default=None,
                    help="last block scored for register neurons (default: the detection block)")
@@ -30,32 +33,37 @@ def register(sub) -> None:
     p.add_argument("--controls", type=int, default=5, help="random control neuron sets in the ablation (default 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no stage lines or progress bars")
+    add_strict_arg(p)
+    add_overwrite_arg(p, "a report written before into --out (its own files are removed first; a non-empty "
+                         "folder that holds no report.json is never touched)")
+    add_output_args(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..errors import InterpError
-    from ..report import SYNTHETIC_NOTE, run_report
-    from .study_artifacts import threshold_value
+    from ..report import SYNTHETIC_NOTE, ReportOptions, run_report
 
-    threshold = threshold_value(args.threshold)  # a bad value fails before the model is built
+    threshold = None if args.threshold is None else threshold_value(args.threshold)  # fails before the model
     if args.model is None:
         if args.weights:
             raise InterpError("--weights needs a MODEL name (the default planted_vit is built by construction)")
         args.model = "planted_vit"
+    prepare_report_dir(args.out, args.overwrite)  # before the model is built
     model = model_from_args(args)
-    summary = run_report(model, images=args.images, out_dir=args.out, threshold=threshold,
-                         detect_layer=args.detect_layer, highest_layer=args.highest_layer, top_k=args.top_k,
-                         n_controls=args.controls, seed=args.seed, batch_size=args.batch_size,
-                         progress=args.progress)
+    options = ReportOptions(threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
+                            highest_layer=args.highest_layer,
+                            top_k=args.top_k, n_controls=args.controls, seed=args.seed, batch_size=args.batch_size)
+    # progress_requested, not the terminal check: run_report's progress also drives its stage lines
+    summary = run_report(model, images=args.images, out_dir=args.out, options=options,
+                         progress=args.progress_requested, strict=args.strict)
     index = Path(args.out) / "index.html"
     if summary["synthetic"]:
         print(f"note: {SYNTHETIC_NOTE}")
         p = summary["planted"]
         print(f"planted block {p['layer']} recovered: {'yes' if p['layer_recovered'] else 'no'}; planted neurons "
               f"recovered: {len(p['neurons_recovered'])} of {len(p['neurons'])}")
-    found = "high-norm tokens found" if summary["artifacts_found"] else "no high-norm tokens found"
+    found = "high-norm tokens found" if summary["artifacts_found"] else "no artifacts (no high-norm tokens) found"
     print(f"{summary['model']}: {found} ({summary['n_images']} images, {summary['seconds']:.1f} s)")
     print(f"report: {index.resolve()}")
     return 0

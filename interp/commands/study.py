@@ -1,19 +1,42 @@
 """``interp study NAME MODEL ...``: run one study and write its JSON result and figures.
 
-Each study's arguments live in ``interp/commands/study_<group>.py``, a module with ``register(subparsers)``.
+The studies come from one table, :data:`interp.commands.registry.STUDIES` (name -> module with
+``add_arguments(parser)`` and ``run(args)``, one-line help, hooks read from a cache). Before the study's own
+run, the output is checked (an existing ``<study>.json`` is not replaced without ``--overwrite``).
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 
-STUDY_GROUPS = ("study_artifacts", "study_lazy")
+from .registry import STUDIES, StudyCommand
+
+# Modules that still add their parsers themselves with ``register(subparsers)`` (not yet rows of the table).
+STUDY_GROUPS = ()
+
+
+def _run_study(command: StudyCommand):
+    def run(args) -> int:
+        from .common import prepare_study_output, record_skipped
+
+        prepare_study_output(args, command.result_name)
+        module = importlib.import_module(f"interp.commands.{command.module}")
+        code = getattr(module, command.run)(args)
+        record_skipped(args, command.result_name)
+        return code
+
+    return run
 
 
 def register(sub) -> None:
     p = sub.add_parser("study", help="run one study (norms, neurons, ablate, relocate, patch-score, pib, ...)",
                        description="Run one study on a model over images (or a cache) and write JSON + PNGs.")
     studies = p.add_subparsers(dest="study", metavar="NAME")
+    for command in STUDIES.values():
+        module = importlib.import_module(f"interp.commands.{command.module}")
+        parser = studies.add_parser(command.name, help=command.help)
+        getattr(module, command.add_arguments)(parser)
+        parser.set_defaults(func=_run_study(command))
     for group in STUDY_GROUPS:
         name = f"interp.commands.{group}"
         if importlib.util.find_spec(name) is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..errors import InterpError
-from .common import add_study_args, model_from_args, source_from_args, write_outputs
+from .common import add_study_args, model_from_args, source_from_args, threshold_value, write_outputs
 
 NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
 
@@ -68,18 +68,13 @@ def parse_target(text: Optional[str], grid):
                       f"(flat patch indices on the {grid[0]}x{grid[1]} grid)")
 
 
-def threshold_value(text: str):
-    """The --threshold text as the studies take it: a float for a number, else the text ('auto', 'p98')."""
-    from ..studies.outliers import parse_threshold
-
-    method, value = parse_threshold(text)  # raises InterpError on a bad value
-    return value if method == "fixed" else text
-
-
 # ----------------------------------------------------------------------------------------- parsers
 def _detection_args(p) -> None:
-    p.add_argument("--threshold", default="auto",
-                   help="outlier norm threshold: VALUE, pNN (e.g. p98) or auto (default)")
+    p.add_argument("--threshold", default=None,
+                   help="outlier norm threshold: VALUE, pNN (e.g. p98) or auto (default, or the preset's)")
+    p.add_argument("--preset", default=None,
+                   help="published settings: jiang-openclip-b16, jiang-openai-clip-b16, jiang-dinov2-l14, "
+                        "jiang-openclip-l14, darcet, reassessment (explicit flags win)")
     p.add_argument("--detect-layer", type=int, default=None,
                    help="block whose output decides outliers (default: last; negative counts from the end)")
 
@@ -88,40 +83,48 @@ def _neurons_arg(p) -> None:
     p.add_argument("--neurons", default=None, help=f"the register neurons to edit (required): {NEURONS_SYNTAX}")
 
 
-def register(studies) -> None:
-    p = studies.add_parser("norms", help="high-norm tokens: per-block norms, outliers, emergence layer",
-                           description="Per-block patch-token norms of the un-normalised residual stream, outlier "
-                                       "maps at the detection block, the emergence layer and CLS attention.")
+def add_norms_arguments(p) -> None:
+    """Arguments of ``interp study norms`` (the registry adds the parser)."""
+    p.description = ("Per-block patch-token norms of the un-normalised residual stream, outlier "
+                     "maps at the detection block, the emergence layer and CLS attention.")
     add_study_args(p)
     _detection_args(p)
-    p.set_defaults(func=run_norms)
 
-    p = studies.add_parser("neurons", help="rank register neurons (MLP neurons firing on high-norm tokens)",
-                           description="Score every MLP neuron of blocks <= --highest-layer by its mean |activation| "
-                                       "on the outlier patches and keep the --top-k best.")
+
+def add_neurons_arguments(p) -> None:
+    """Arguments of ``interp study neurons`` (the registry adds the parser)."""
+    p.description = ("Score every MLP neuron of blocks <= --highest-layer by its mean |activation| "
+                     "on the outlier patches and keep the --top-k best.")
     add_study_args(p)
     _detection_args(p)
     p.add_argument("--highest-layer", type=int, default=None, help="last block scored (default: the detection block)")
-    p.add_argument("--top-k", type=int, default=10, help="neurons kept (default 10)")
-    p.add_argument("--sparsity-filter", action="store_true",
-                   help="drop neurons with activation >= 0.5 on more than half of all tokens")
+    p.add_argument("--top-k", type=int, default=None, help="neurons kept (default 10, or the preset's)")
+    p.add_argument("--sparsity-filter", action="store_true", default=None,
+                   help="the reference's filter: per image, a neuron scores 0 unless its activation is below "
+                        "0.5 on at least half of the image's tokens (same as --sparsity per_image)")
+    p.add_argument("--sparsity", choices=("per_image", "pooled", "none"), default=None,
+                   help="sparsity filter: per_image (reference), pooled (over all images at once) or none")
+    p.add_argument("--positions", choices=("all", "patches"), default=None,
+                   help="outlier positions: all tokens above the threshold (default, reference) or patches only")
     p.add_argument("--max-images", type=int, default=None,
-                   help="score on a seeded random subset of the images with outliers")
-    p.set_defaults(func=run_neurons)
+                   help="score on a seeded random subset of this many images")
 
-    p = studies.add_parser("ablate", help="ablate register neurons vs random same-size controls",
-                           description="Zero (or mean-ablate) --neurons and --controls random neuron sets from the "
-                                       "same blocks; compare outliers, max norm and top-1 with the unablated model.")
+
+def add_ablate_arguments(p) -> None:
+    """Arguments of ``interp study ablate`` (the registry adds the parser)."""
+    p.description = ("Zero (or mean-ablate) --neurons and --controls random neuron sets from the "
+                     "same blocks; compare outliers, max norm and top-1 with the unablated model.")
     add_study_args(p, cache_ok=False)
     _detection_args(p)
     _neurons_arg(p)
     p.add_argument("--controls", type=int, default=5, help="random control sets (default 5)")
     p.add_argument("--mode", choices=("zero", "mean"), default="zero")
-    p.set_defaults(func=run_ablate)
 
-    p = studies.add_parser("relocate", help="move the high-norm tokens onto a chosen mask",
-                           description="Write the register neurons' maximum on the --target patches and zero them "
-                                       "elsewhere; measure the IoU of the new outliers with the target.")
+
+def add_relocate_arguments(p) -> None:
+    """Arguments of ``interp study relocate`` (the registry adds the parser)."""
+    p.description = ("Write the register neurons' maximum on the --target patches and zero them "
+                     "elsewhere; measure the IoU of the new outliers with the target.")
     add_study_args(p, cache_ok=False)
     _detection_args(p)
     _neurons_arg(p)
@@ -129,18 +132,18 @@ def register(studies) -> None:
                    help="smiley (default), box:TOP,LEFT,HEIGHT,WIDTH or indices:I,J,... (flat patch indices)")
     p.add_argument("--value", choices=("neuron_max", "layer_max"), default="neuron_max",
                    help="value written on the target (default neuron_max)")
-    p.set_defaults(func=run_relocate)
 
-    p = studies.add_parser("registers", help="test-time register: move the high norm into an extra token",
-                           description="Append test-time register token(s) fed by the register neurons; compare "
-                                       "patch outliers and norms with and without.")
+
+def add_registers_arguments(p) -> None:
+    """Arguments of ``interp study registers`` (the registry adds the parser)."""
+    p.description = ("Append test-time register token(s) fed by the register neurons; compare "
+                     "patch outliers and norms with and without.")
     add_study_args(p, cache_ok=False)
     _detection_args(p)
     _neurons_arg(p)
     p.add_argument("--n-registers", type=int, default=1, help="test-time register tokens (default 1)")
     p.add_argument("--value", choices=("layer_max", "neuron_max"), default="layer_max",
                    help="value written into the register (default layer_max, as the reference code)")
-    p.set_defaults(func=run_registers)
 
 
 # ----------------------------------------------------------------------------------------- runs
@@ -153,15 +156,11 @@ def _required_neurons(args) -> Dict[int, List[int]]:
 
 def _prepare(args):
     """Validate the cheap arguments first, then build the model and its source."""
-    threshold = threshold_value(args.threshold)
+    threshold = None if args.threshold is None else threshold_value(args.threshold)
     neurons = _required_neurons(args) if hasattr(args, "neurons") else None
     model = model_from_args(args)
     source = source_from_args(args, model)
-    images = None
-    if getattr(args, "images", None):
-        from ..report import display_images
-
-        images = display_images(source)
+    images = source.display_images() if source.is_live else None
     return threshold, neurons, source, images
 
 
@@ -176,7 +175,8 @@ def run_norms(args) -> int:
     from ..studies.norms import norms_study
 
     threshold, _, source, images = _prepare(args)
-    result = norms_study(source, threshold=threshold, detect_layer=args.detect_layer, batch_size=args.batch_size)
+    result = norms_study(source, threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
+                         batch_size=args.batch_size, progress=args.progress)
     state = "high-norm tokens found" if result.artifacts_found else "no high-norm tokens found"
     print(f"{state}: {100 * result.outlier_fraction:.2f} % of patches at block {result.detect_layer}")
     return _finish(result, args, images)
@@ -188,7 +188,9 @@ def run_neurons(args) -> int:
     threshold, _, source, images = _prepare(args)
     result = neurons_study(source, threshold=threshold, detect_layer=args.detect_layer,
                            highest_layer=args.highest_layer, top_k=args.top_k, sparsity_filter=args.sparsity_filter,
-                           max_images=args.max_images, seed=args.seed, batch_size=args.batch_size)
+                           sparsity=args.sparsity, positions=args.positions, preset=args.preset,
+                           max_images=args.max_images, seed=args.seed, batch_size=args.batch_size,
+                           progress=args.progress)
     print(", ".join(f"{e['layer']}:{e['neuron']}" for e in result.neurons) or result.message)
     return _finish(result, args, images)
 
@@ -198,7 +200,8 @@ def run_ablate(args) -> int:
 
     threshold, neurons, source, images = _prepare(args)
     result = ablation_study(source, neurons, mode=args.mode, n_controls=args.controls, seed=args.seed,
-                            threshold=threshold, detect_layer=args.detect_layer, batch_size=args.batch_size)
+                            threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
+                            batch_size=args.batch_size, progress=args.progress)
     oc = result.summary["outlier_count"]
     print(f"outliers: baseline {oc['baseline']}, ablated {oc['target']}, controls {oc['control_mean']}")
     return _finish(result, args, images)
@@ -210,7 +213,8 @@ def run_relocate(args) -> int:
     threshold, neurons, source, images = _prepare(args)
     target = parse_target(args.target, source.layout.grid)
     result = relocation_study(source, neurons, target=target, value=args.value, threshold=threshold,
-                              detect_layer=args.detect_layer, batch_size=args.batch_size)
+                              detect_layer=args.detect_layer, preset=args.preset, batch_size=args.batch_size,
+                              progress=args.progress)
     print(f"mean IoU with the target: {result.mean_iou:.3f}")
     return _finish(result, args, images)
 
@@ -220,9 +224,10 @@ def run_registers(args) -> int:
 
     threshold, neurons, source, images = _prepare(args)
     result = register_study(source, neurons, n_registers=args.n_registers, value=args.value, threshold=threshold,
-                            detect_layer=args.detect_layer, batch_size=args.batch_size)
+                            detect_layer=args.detect_layer, preset=args.preset, batch_size=args.batch_size,
+                            progress=args.progress)
     print(f"patch outliers: {result.baseline['outlier_count']} -> {result.with_register['outlier_count']}")
     return _finish(result, args, images)
 
 
-__all__ = ["register", "parse_neurons", "parse_target", "threshold_value"]
+__all__ = ["parse_neurons", "parse_target", "threshold_value"]

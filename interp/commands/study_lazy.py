@@ -75,7 +75,7 @@ def run_patch_score(args) -> int:
         regions = regions_from_masks(source.ids, args.masks, source_data_config(source), tuple(source.layout.grid))
     result = patch_score_study(source, hook=args.hook, reference=args.reference,
                                selective=_selective(args, args.selective_k), regions=regions,
-                               batch_size=args.batch_size)
+                               batch_size=args.batch_size, progress=args.progress)
     if result.fg is not None:
         print(f"Patch Score ({args.reference}): foreground mean {result.fg.mean}, background mean {result.bg.mean}; "
               f"excluded {result.excluded}")
@@ -94,7 +94,8 @@ def run_pib(args) -> int:
     result = pib_study(source, args.boxes, reference=args.reference, hook=args.hook,
                        selective=_selective(args, args.selective_k), single_object=args.single_object,
                        max_box_fraction=args.max_box_fraction, n_boot=args.n_boot, level=args.level,
-                       seed=args.seed, batch_size=args.batch_size)
+                       seed=args.seed, batch_size=args.batch_size, progress=args.progress,
+                       protocol=args.protocol)
     print(result.summary())
     figures = []
     if result.pib is not None:
@@ -112,7 +113,7 @@ def run_masking(args) -> int:
     threshold = args.outlier_threshold
     result = masking_study(source, fractions=args.fractions, fill=args.fill, blur_sigma=args.blur_sigma,
                            reference=args.reference, hook=args.hook, selective=_selective(args, args.selective_k),
-                           outlier_threshold=threshold, batch_size=args.batch_size)
+                           outlier_threshold=threshold, batch_size=args.batch_size, progress=args.progress)
     for order in ("top", "bottom"):
         values = " ".join(f"{v:.3f}" for v in result.curves[order][result.metric])
         print(f"{result.metric} masking {order}-k at {result.fractions}: {values}")
@@ -122,14 +123,15 @@ def run_masking(args) -> int:
 
 def run_selective_cls(args) -> int:
     from ..plots import lazy as plots
-    from ..studies.selective_cls import selective_cls_study
+    from ..studies.selective_pooling import selective_cls_study
 
     model = model_from_args(args)
     source = source_from_args(args, model)
     result = selective_cls_study(source, args.boxes, ks=args.k, sigma=args.sigma, score=args.score, fft=args.fft,
                                  eps=args.eps, reference=args.reference, single_object=args.single_object,
                                  max_box_fraction=args.max_box_fraction, n_boot=args.n_boot, level=args.level,
-                                 seed=args.seed, batch_size=args.batch_size)
+                                 seed=args.seed, batch_size=args.batch_size, progress=args.progress,
+                                 protocol=args.protocol)
     print(result.table())
     print(f"{result.n_used} of {result.n_images} images with a usable box; excluded: {result.excluded}")
     figures = []
@@ -140,30 +142,39 @@ def run_selective_cls(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- parsers
-def register(studies) -> None:
-    p = studies.add_parser("patch-score", help="Patch Score maps cos(patch, global vector), fg/bg distributions",
-                           description="Patch Score S_p = cos(x_p, g) per image (SCIENCE.md section 3).")
+def add_patch_score_arguments(p) -> None:
+    """Arguments of ``interp study patch-score`` (the registry adds the parser)."""
+    p.description = ("Patch Score S_p = cos(x_p, g) per image (SCIENCE.md section 3).")
     add_study_args(p, cache_ok=True)
     _add_score_args(p)
     p.add_argument("--boxes", default=None, help="box file (CSV/JSON/COCO) for foreground/background scores")
     p.add_argument("--masks", default=None, help="directory of masks <image stem>.png (nonzero = foreground)")
     _add_box_filters(p, single_default=False, max_fraction_default=None)
     p.add_argument("--n-maps", type=int, default=8, help="images drawn in score_maps.png")
-    p.set_defaults(func=run_patch_score)
 
-    p = studies.add_parser("pib", help="PiB: share of images whose top Patch Score patch is in the box",
-                           description="Point in box with a bootstrap interval (SCIENCE.md section 3).")
+
+def _add_protocol_arg(p) -> None:
+    p.add_argument("--protocol", choices=("model", "last"), default="model",
+                   help="model: the model's own transform (default); last: the LaSt reference's Resize 256 + "
+                        "CenterCrop 224, box cells and filters (overrides the box filters; needs a 224-px grid)")
+
+
+def add_pib_arguments(p) -> None:
+    """Arguments of ``interp study pib`` (the registry adds the parser)."""
+    p.description = ("Point in box with a bootstrap interval (SCIENCE.md section 3).")
     add_study_args(p, cache_ok=True)
     _add_score_args(p)
     p.add_argument("--boxes", required=True, help="box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON")
     _add_box_filters(p, single_default=True, max_fraction_default=0.25)
+    _add_protocol_arg(p)
     _add_bootstrap(p)
     p.add_argument("--n-maps", type=int, default=8, help="images drawn in score_maps.png")
-    p.set_defaults(func=run_pib)
 
-    p = studies.add_parser("masking", help="mask top-k / bottom-k patches by Patch Score and re-measure",
-                           description="Masking probe (SCIENCE.md section 3): accuracy or agreement and outlier "
-                                       "counts per masked fraction, for both orders.")
+
+def add_masking_arguments(p) -> None:
+    """Arguments of ``interp study masking`` (the registry adds the parser)."""
+    p.description = ("Masking probe (SCIENCE.md section 3): accuracy or agreement and outlier "
+                     "counts per masked fraction, for both orders.")
     add_study_args(p, cache_ok=False)
     _add_score_args(p)
     p.add_argument("--fractions", type=float, nargs="+", default=[round(0.1 * i, 1) for i in range(10)],
@@ -174,15 +185,16 @@ def register(studies) -> None:
     p.add_argument("--outlier-threshold", default="p98",
                    help="outlier token norm at the last block: a number, pNN (percentile of the unmasked run) "
                         "or auto")
-    p.set_defaults(func=run_masking)
 
-    p = studies.add_parser("selective-cls", help="PiB, score distributions and agreement with/without SelectiveCLS",
-                           description="The measured effect of SelectiveCLS(k) on a frozen model, one table.")
+
+def add_selective_cls_arguments(p) -> None:
+    """Arguments of ``interp study selective-cls`` (the registry adds the parser)."""
+    p.description = ("The measured effect of SelectiveCLS(k) on a frozen model, one table.")
     add_study_args(p, cache_ok=False)
     p.add_argument("--boxes", required=True, help="box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON")
     p.add_argument("--k", type=int, nargs="+", default=[1, 7, 98], help="SelectiveCLS k values (default 1 7 98)")
     _add_selective_params(p)
     p.add_argument("--reference", choices=("cls", "pooled"), default="cls", help="the baseline's global vector")
     _add_box_filters(p, single_default=True, max_fraction_default=0.25)
+    _add_protocol_arg(p)
     _add_bootstrap(p)
-    p.set_defaults(func=run_selective_cls)

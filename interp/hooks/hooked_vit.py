@@ -2,7 +2,8 @@
 
 The timm module is instrumented in place: its children and root parameters are adopted (shared, not
 copied) so ``HookedViT.state_dict()`` has exactly timm's keys, and ``HookPoint``s are added inside each
-block under TransformerLens-style names (``blocks.3.mlp.hook_post``; no wrapper prefix).
+block under TransformerLens-style names (``blocks.3.mlp.hook_post``; no wrapper prefix). The forward is
+split as timm's is: ``forward_features`` (images -> normed tokens) and ``forward_head`` (tokens -> logits).
 
 >>> import interp
 >>> model = interp.load("vit_small_patch16_224", pretrained=False)
@@ -11,18 +12,19 @@ block under TransformerLens-style names (``blocks.3.mlp.hook_post``; no wrapper 
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from ..errors import ImageError
 from ..models.layout import TokenLayout, read_layout
 from ..models.support import check_supported
-from . import names as hook_names_mod
+from .adoption import AdoptsTimmRoot
+from .edit_state import EditState
+from .hook_registry import HookRegistry
+from .inputs import check_image_batch, model_img_size
 from .intervene import InterventionMixin
 from .points import BLOCK_HOOK_ORDER, block_forward, install
 
@@ -30,7 +32,7 @@ ROOT_HOOKS_BEFORE = ("hook_embed",)
 ROOT_HOOKS_AFTER = ("hook_norm_final", "hook_selective_votes", "hook_pooled", "hook_logits")
 
 
-class HookedViT(InterventionMixin, HookedRootModule):
+class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModule):
     """A timm ViT with hook points on every block.
 
     Hook names (shapes for batch b, tokens t = prefix + patches, width d, heads h):
@@ -41,6 +43,11 @@ class HookedViT(InterventionMixin, HookedRootModule):
     ``blocks.{i}.mlp.hook_pre`` / ``hook_post`` [b, t, d_mlp]; then ``hook_norm_final`` [b, t, d],
     ``hook_pooled`` [b, d'] (the vector the head sees) and ``hook_logits`` [b, n_classes].
     ``hook_selective_votes`` [b, n_patches] fires only while a pooling override (``SelectiveCLS``) is active.
+
+    Attributes:
+        timm_model: the instrumented timm module (not a submodule, so state dict keys have no prefix).
+        edit_state: the structural edits in force (:class:`EditState`); only ``intervene`` changes it.
+        force_patterns: compute attention patterns even when unhooked (e.g. for nnsight observers).
     """
 
     def __init__(self, timm_model: nn.Module, name: Optional[str] = None):
@@ -49,28 +56,15 @@ class HookedViT(InterventionMixin, HookedRootModule):
         object.__setattr__(self, "timm_model", timm_model)  # not a submodule: no key prefix
         self.model_name = name or getattr(timm_model, "pretrained_cfg", {}).get("architecture") or type(
             timm_model).__name__
-        # Adopt the timm root's own parameters and children (same objects) so the state dict matches timm.
-        for key, param in timm_model._parameters.items():
-            if param is not None:
-                self.register_parameter(key, param)
-        for key, buf in timm_model._buffers.items():
-            if buf is not None:
-                self.register_buffer(key, buf, persistent=key not in timm_model._non_persistent_buffers_set)
-        for key, child in timm_model.named_children():
-            self.add_module(key, child)
+        self._adopt_timm_root()
         for block in timm_model.blocks:
             install(block)
         for key in ROOT_HOOKS_BEFORE + ROOT_HOOKS_AFTER:
             self.add_module(key, HookPoint())
-
-        self.planted = getattr(timm_model, "planted", None)  # ground truth of interp.models.planted_vit
-        self.n_extra_tokens = 0  # test-time registers inserted after the prefix tokens
-        self.extra_kv: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # block -> (k', v') [h, m, dh]
-        self.force_patterns = False  # compute attention patterns even when unhooked (e.g. for nnsight)
-        # Replaces timm's pooling: patch tokens [b, n, d] -> (pooled [b, d], votes [b, n] or None).
-        self.pool_override: Optional[Callable[[torch.Tensor], Tuple[torch.Tensor, Optional[torch.Tensor]]]] = None
+        self.edit_state = EditState()
+        self.force_patterns = False
         self._input_hw: Optional[Tuple[int, int]] = None
-        self.setup()
+        self._index_hook_points(self._firing_order())
         self.eval()
 
     @classmethod
@@ -78,64 +72,34 @@ class HookedViT(InterventionMixin, HookedRootModule):
         """Instrument an existing timm ViT in place (its parameters are shared, not copied)."""
         return cls(module, name=name)
 
-    # ------------------------------------------------------------------ hook registry
-    def setup(self) -> None:
-        """Name the hook points and register them in forward order (only hook points are in mod_dict)."""
-        ordered: List[Tuple[str, HookPoint]] = [(n, getattr(self, n)) for n in ROOT_HOOKS_BEFORE]
-        for i, block in enumerate(self.timm_model.blocks):
-            for rel in BLOCK_HOOK_ORDER:
-                ordered.append((f"blocks.{i}.{rel}", block.get_submodule(rel)))
-        ordered += [(n, getattr(self, n)) for n in ROOT_HOOKS_AFTER]
-        self.hook_dict = {}
-        for key, hp in ordered:
-            hp.name = key
-            self.hook_dict[key] = hp
-        self.mod_dict = dict(self.hook_dict)
+    def _firing_order(self) -> List[str]:
+        """Every hook name in the order the hooks fire."""
+        names = list(ROOT_HOOKS_BEFORE)
+        for i in range(len(self.timm_model.blocks)):
+            names += [f"blocks.{i}.{rel}" for rel in BLOCK_HOOK_ORDER]
+        return names + list(ROOT_HOOKS_AFTER)
 
-    def hook_names(self) -> List[str]:
-        """Every hook name, in the order the hooks fire."""
-        return list(self.hook_dict)
+    def _after_apply(self, fn) -> None:
+        """Device/dtype moves carry the extra key/values of an active attention-bias edit along."""
+        self.edit_state = self.edit_state.map_tensors(fn)
 
-    def resolve_hooks(self, spec: hook_names_mod.NamesSpec) -> List[str]:
-        """Hook names selected by an exact name, a glob pattern, a list of those, or a callable."""
-        return hook_names_mod.resolve(spec, self.hook_names())
-
-    def _enable_hook(self, name, hook, dir):
-        if isinstance(name, str):
-            for key in hook_names_mod.match(name, self.hook_names()):
-                self.hook_dict[key].add_hook(hook, dir=dir, level=self.context_level)
-        else:
-            super()._enable_hook(name, hook, dir)
-
-    def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
-        if isinstance(name, str):
-            for key in hook_names_mod.match(name, self.hook_names()):
-                self.check_and_add_hook(self.hook_dict[key], key, hook, dir=dir, is_permanent=is_permanent,
-                                        level=level, prepend=prepend)
-        else:
-            super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
-
-    def get_caching_hooks(self, names_filter=None, *args, **kwargs):
-        if names_filter is not None and not callable(names_filter):
-            names_filter = self.resolve_hooks(names_filter)
-        return super().get_caching_hooks(names_filter, *args, **kwargs)
-
-    # ------------------------------------------------------------------ layout
+    # ------------------------------------------------------------------ layout and sizes
     @property
     def base_layout(self) -> TokenLayout:
+        """The model's own token layout (no test-time registers) for the last input size."""
         return read_layout(self.timm_model, self._input_hw)
 
     @property
     def layout(self) -> TokenLayout:
         """Token layout for the last input size (the model's default size before any forward)."""
-        return self.base_layout.with_extra(self.n_extra_tokens)
+        return self.base_layout.with_extra(self.edit_state.n_extra_tokens)
 
     def layout_for(self, img_size: Tuple[int, int]) -> TokenLayout:
-        return read_layout(self.timm_model, tuple(img_size)).with_extra(self.n_extra_tokens)
+        return read_layout(self.timm_model, tuple(img_size)).with_extra(self.edit_state.n_extra_tokens)
 
     @property
     def img_size(self) -> Tuple[int, int]:
-        return tuple(int(s) for s in self.timm_model.patch_embed.img_size)
+        return model_img_size(self.timm_model)
 
     @property
     def n_layers(self) -> int:
@@ -153,94 +117,80 @@ class HookedViT(InterventionMixin, HookedRootModule):
     def n_heads(self) -> int:
         return int(self.timm_model.blocks[0].attn.num_heads)
 
-    def _apply(self, fn, recurse=True):
-        # Convert through the timm module (children are shared) and re-link the adopted root tensors.
-        self.timm_model._apply(fn, recurse)
-        for key in list(self._parameters):
-            self._parameters[key] = self.timm_model._parameters[key]
-        for key in list(self._buffers):
-            self._buffers[key] = self.timm_model._buffers[key]
-        for key, child in self._modules.items():
-            if key not in self.timm_model._modules and child is not None:
-                child._apply(fn, recurse)
-        self.extra_kv = {i: (fn(k), fn(v)) for i, (k, v) in self.extra_kv.items()}
-        return self
-
     # ------------------------------------------------------------------ forward
     def check_input(self, x: torch.Tensor) -> None:
-        """Raise :class:`ImageError` for a batch this model cannot take."""
-        if not isinstance(x, torch.Tensor) or x.ndim != 4:
-            raise ImageError(
-                f"expected an image batch Tensor[B, C, H, W], got {getattr(x, 'shape', type(x))}; "
-                "use interp.load_images(paths, model) to read files"
-            )
-        pe = self.timm_model.patch_embed
-        in_chans = pe.proj.in_channels
-        if x.shape[1] != in_chans:
-            raise ImageError(f"model takes {in_chans}-channel images, got {x.shape[1]} channels "
-                             "(interp.load_images converts grayscale/RGBA files to RGB)")
-        hw = tuple(x.shape[-2:])
-        if getattr(self.timm_model, "dynamic_img_size", False) or not getattr(pe, "strict_img_size", True):
-            ph, pw = pe.patch_size
-            if not getattr(pe, "dynamic_img_pad", False) and (hw[0] % ph or hw[1] % pw):
-                raise ImageError(f"image size {hw} is not a multiple of the patch size {(ph, pw)}")
-            return
-        if hw != self.img_size:
-            raise ImageError(
-                f"model {self.model_name} takes {self.img_size[0]}x{self.img_size[1]} images, got "
-                f"{hw[0]}x{hw[1]}. Resize with interp.load_images(paths, model) (the model's own "
-                "preprocessing), or load the model with dynamic_img_size=True to interpolate position embeddings."
-            )
+        """Raise :class:`~interp.errors.ImageError` for a batch this model cannot take."""
+        check_image_batch(x, self.timm_model, self.model_name)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Images [b, 3, H, W] -> token sequence [b, t, d] after pos-embed, extra tokens and norm_pre."""
+        """Images [b, 3, H, W] -> token sequence [b, t, d] after pos-embed, test-time registers and norm_pre."""
         m = self.timm_model
-        x = m.patch_embed(x)
-        x = m._pos_embed(x)
-        x = m.patch_drop(x)
-        if self.n_extra_tokens:
+        x = m.patch_drop(m._pos_embed(m.patch_embed(x)))
+        n_extra = self.edit_state.n_extra_tokens
+        if n_extra:
             n_prefix = m.num_prefix_tokens
-            zeros = x.new_zeros(x.shape[0], self.n_extra_tokens, x.shape[-1])
+            zeros = x.new_zeros(x.shape[0], n_extra, x.shape[-1])
             x = torch.cat([x[:, :n_prefix], zeros, x[:, n_prefix:]], dim=1)
-        x = m.norm_pre(x)
-        return self.hook_embed(x)
+        return self.hook_embed(m.norm_pre(x))
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """timm's pooling with the current prefix count (test-time registers stay out of averages)."""
+    def _residual_stream(self, x: torch.Tensor, n_blocks: Optional[int] = None) -> torch.Tensor:
+        """Images [b, 3, H, W] -> residual stream [b, t, d] after blocks ``[0, n_blocks)`` (all by default)."""
+        self.check_input(x)
+        self._input_hw = tuple(x.shape[-2:])
+        blocks = self.timm_model.blocks if n_blocks is None else self.timm_model.blocks[:n_blocks]
+        h = self.embed(x)
+        extra_kv, force = self.edit_state.extra_kv, self.force_patterns
+        for i, block in enumerate(blocks):
+            h = block_forward(block, h, extra_kv.get(i), force)
+        return h
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [b, 3, H, W] -> final normed tokens [b, t, d] (``hook_norm_final``), as timm's."""
+        return self.hook_norm_final(self.timm_model.norm(self._residual_stream(x)))
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Normed tokens [b, t, d] -> pooled [b, d']: timm's own ``pool`` unless an edit is active.
+
+        With a pooling override (``SelectiveCLS``) it gets the patch tokens and its votes go to
+        ``hook_selective_votes``; with test-time registers timm's pooling runs with them counted as prefix
+        tokens (so they stay out of patch averages).
+        """
         from timm.layers import global_pool_nlc
 
-        m = self.timm_model
+        m, state = self.timm_model, self.edit_state
+        if state.pool_override is None and not state.n_extra_tokens:
+            return m.pool(tokens)
         n_prefix = self.layout.n_prefix
-        if self.pool_override is not None:
-            pooled, votes = self.pool_override(x[:, n_prefix:])
+        if state.pool_override is not None:
+            pooled, votes = state.pool_override(tokens[:, n_prefix:])
             if votes is not None:
                 self.hook_selective_votes(votes)
             return pooled
         if m.attn_pool is not None:
-            if not m.pool_include_prefix:
-                x = x[:, n_prefix:]
-            return m.attn_pool(x)
-        return global_pool_nlc(x, pool_type=m.global_pool, num_prefix_tokens=n_prefix,
+            return m.attn_pool(tokens if m.pool_include_prefix else tokens[:, n_prefix:])
+        return global_pool_nlc(tokens, pool_type=m.global_pool, num_prefix_tokens=n_prefix,
                                reduce_include_prefix=m.pool_include_prefix)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Normed tokens [b, t, d] -> logits [b, n_classes], or the pooled vector [b, d'] with ``pre_logits``.
+
+        timm's ``forward_head`` order: pool, ``fc_norm`` (-> ``hook_pooled``), ``head_drop``, ``head``
+        (-> ``hook_logits``).
+        """
+        m = self.timm_model
+        pooled = m.head_drop(self.hook_pooled(m.fc_norm(self.pool(tokens))))
+        return pooled if pre_logits else self.hook_logits(m.head(pooled))
 
     def forward(self, x: torch.Tensor, stop_at_layer: Optional[int] = None) -> torch.Tensor:
         """Images [b, 3, H, W] -> logits [b, n_classes] (or pooled features when the head is Identity).
 
         Args:
-            stop_at_layer: run only blocks ``[0, stop_at_layer)`` and return the residual stream [b, t, d].
+            stop_at_layer: run only blocks ``[0, stop_at_layer)`` and return the residual stream [b, t, d]
+                (before the final norm).
         """
-        self.check_input(x)
-        self._input_hw = tuple(x.shape[-2:])
-        m = self.timm_model
-        h = self.embed(x)
-        blocks = m.blocks if stop_at_layer is None else m.blocks[:stop_at_layer]
-        for i, block in enumerate(blocks):
-            h = block_forward(block, h, self.extra_kv.get(i), self.force_patterns)
         if stop_at_layer is not None:
-            return h
-        h = self.hook_norm_final(m.norm(h))
-        pooled = self.hook_pooled(m.fc_norm(self.pool(h)))
-        return self.hook_logits(m.head(m.head_drop(pooled)))
+            return self._residual_stream(x, stop_at_layer)
+        return self.forward_head(self.forward_features(x))
 
     # ------------------------------------------------------------------ introspection
     @torch.no_grad()

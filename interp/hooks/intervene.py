@@ -4,22 +4,26 @@ This layer knows nothing about the intervention classes (``interp.interventions`
 only calls a small protocol on each object:
 
 * ``stage`` (int, class attribute): where it runs in a composition (see the rule below).
-* ``setup(model)`` (optional): set structural state the forward honours (``model.n_extra_tokens``,
-  ``model.extra_kv``, ``model.pool_override``).
-* ``attach(model) -> [(hook_name, fn), ...]``: forward hooks ``fn(tensor, hook) -> tensor``.
-* ``teardown(model)`` (optional): undo ``setup``.
+* ``setup(model, state) -> EditState`` (optional): return ``state`` (an :class:`~.edit_state.EditState`,
+  immutable) with this intervention's structural edits added (test-time registers, extra key/values, a
+  pooling override). It must not change the model: ``intervene`` installs the final state itself.
+* ``attach(model) -> [(hook_name, fn), ...]``: forward hooks ``fn(tensor, hook) -> tensor``; called once
+  ``model.edit_state`` holds every intervention's edits (so ``model.layout`` counts all test-time registers).
+* ``teardown(model)`` (optional): forget what ``setup`` recorded on the intervention itself.
 
 Composition rule (the order edits take effect):
 
 1. Interventions are sorted by ``stage``, a stable sort (ties keep the order given):
    0 = structural (``TestTimeRegister``, ``AttentionBias``), 1 = neuron edits (``NeuronAblation``,
    ``Relocation``), 2 = pooling (``SelectiveCLS``).
-2. ``setup`` runs in that order (so the test-time registers of two ``TestTimeRegister`` sit in that
-   order after the model's prefix tokens), then every ``attach``; hooks on one hook point run in that
-   order. Hooks on different layers run in layer order because the forward runs layer by layer.
+2. ``setup`` runs in that order, each on the state the previous one returned, starting from the model's
+   current ``edit_state`` (so the test-time registers of two ``TestTimeRegister`` sit in that order after
+   the model's prefix tokens); the result becomes ``model.edit_state``; then every ``attach`` runs; hooks on
+   one hook point run in that order. Hooks on different layers run in layer order because the forward runs layer by layer.
 3. Hooks added inside the context (``run_with_cache``, ``run_with_hooks``) run after the interventions'
    hooks, so caches see the edited values.
-4. On exit, also on an exception, all hooks are removed and ``teardown`` runs in reverse order.
+4. On exit, also on an exception, all hooks are removed, the previous ``edit_state`` object is put back
+   and ``teardown`` runs in reverse order.
 
 >>> with model.intervene(TestTimeRegister({5: [12, 40]}), SelectiveCLS(k=1)):
 ...     logits, cache = model.run_with_cache(images)
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, List, Sequence, Tuple
+
+from .edit_state import EditState
 
 
 def composition_order(interventions: Sequence[Any]) -> List[Any]:
@@ -55,6 +61,13 @@ def _flatten(interventions: Tuple[Any, ...]) -> List[Any]:
     return list(interventions)
 
 
+def _checked_state(item: Any, state: Any) -> EditState:
+    if not isinstance(state, EditState):
+        raise TypeError(f"{type(item).__name__}.setup(model, state) returned {type(state).__name__}; it must "
+                        "return the EditState it was given, with its own edits added")
+    return state
+
+
 class InterventionMixin:
     """Adds ``intervene`` and ``run_with_interventions`` to a ``HookedRootModule`` (HookedViT)."""
 
@@ -66,19 +79,23 @@ class InterventionMixin:
         ...     logits = model(images)
         """
         ordered = composition_order(_flatten(interventions))
+        previous: EditState = self.edit_state
         set_up: List[Any] = []
         try:
+            state = previous
             for item in ordered:
                 setup = getattr(item, "setup", None)
-                if setup is not None:
-                    setup(self)
+                new_state = setup(self, state) if setup is not None else state
                 set_up.append(item)
+                state = _checked_state(item, new_state)
+            self.edit_state = state
             fwd_hooks: List[Tuple[str, Callable]] = []
             for item in ordered:
                 fwd_hooks.extend(item.attach(self))
             with self.hooks(fwd_hooks=fwd_hooks):
                 yield self
         finally:
+            self.edit_state = previous
             errors = []
             for item in reversed(set_up):
                 teardown = getattr(item, "teardown", None)

@@ -1,7 +1,15 @@
-"""Resolve hook specifications (exact names, glob patterns, lists, callables) to hook names."""
+"""Hook names: builders for the per-block names (one spelling for the whole package) and resolution of hook
+specifications (exact names, glob patterns, lists, callables) to hook names.
+
+>>> resid_post(11), mlp_post(2), attn_pattern(0)
+('blocks.11.hook_resid_post', 'blocks.2.mlp.hook_post', 'blocks.0.attn.hook_pattern')
+>>> block_of("blocks.3.attn.hook_z"), block_of("hook_logits")
+(3, None)
+"""
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import Callable, Iterable, List, Optional, Sequence, Union
 
 from ..errors import HookNameError, close_matches
@@ -9,6 +17,84 @@ from ..errors import HookNameError, close_matches
 NamesSpec = Union[None, str, Sequence[str], Callable[[str], bool]]
 
 _GLOB_CHARS = set("*?[")
+EVERY_BLOCK = "*"  # pass as the layer to get a glob pattern over all blocks: resid_post(EVERY_BLOCK)
+_BLOCK_RE = re.compile(r"blocks\.(\d+)\.")
+
+
+def block_hook(layer, name: str) -> str:
+    """``blocks.{layer}.{name}``: the hook ``name`` (e.g. ``hook_resid_post``, ``attn.hook_q``) of one block."""
+    return f"blocks.{layer}.{name}"
+
+
+def resid_pre(layer) -> str:
+    """Residual stream entering block ``layer`` [b, t, d]."""
+    return block_hook(layer, "hook_resid_pre")
+
+
+def resid_mid(layer) -> str:
+    """Residual stream after the attention step of block ``layer`` [b, t, d]."""
+    return block_hook(layer, "hook_resid_mid")
+
+
+def resid_post(layer) -> str:
+    """Output of block ``layer`` (un-normalised residual stream) [b, t, d]."""
+    return block_hook(layer, "hook_resid_post")
+
+
+def attn_out(layer) -> str:
+    """Attention output of block ``layer`` after LayerScale [b, t, d]."""
+    return block_hook(layer, "hook_attn_out")
+
+
+def mlp_out(layer) -> str:
+    """MLP output of block ``layer`` after LayerScale [b, t, d]."""
+    return block_hook(layer, "hook_mlp_out")
+
+
+def mlp_pre(layer) -> str:
+    """fc1 output of block ``layer`` [b, t, d_mlp]."""
+    return block_hook(layer, "mlp.hook_pre")
+
+
+def mlp_post(layer) -> str:
+    """MLP hidden activation after the non-linearity (the fc2 input) of block ``layer`` [b, t, d_mlp]."""
+    return block_hook(layer, "mlp.hook_post")
+
+
+def attn_q(layer) -> str:
+    """Queries of block ``layer`` [b, t, h, dh]."""
+    return block_hook(layer, "attn.hook_q")
+
+
+def attn_k(layer) -> str:
+    """Keys of block ``layer`` [b, t, h, dh]."""
+    return block_hook(layer, "attn.hook_k")
+
+
+def attn_v(layer) -> str:
+    """Values of block ``layer`` [b, t, h, dh]."""
+    return block_hook(layer, "attn.hook_v")
+
+
+def attn_z(layer) -> str:
+    """Per-head attention outputs of block ``layer`` [b, t, h, dh]."""
+    return block_hook(layer, "attn.hook_z")
+
+
+def attn_scores(layer) -> str:
+    """Pre-softmax attention scores of block ``layer`` [b, h, t, t]."""
+    return block_hook(layer, "attn.hook_attn_scores")
+
+
+def attn_pattern(layer) -> str:
+    """Attention pattern (post-softmax) of block ``layer`` [b, h, t, t]."""
+    return block_hook(layer, "attn.hook_pattern")
+
+
+def block_of(name: str) -> Optional[int]:
+    """The block index of a per-block hook name, None for a root hook (``hook_embed``, ``hook_logits``...)."""
+    m = _BLOCK_RE.match(name)
+    return int(m.group(1)) if m else None
 
 
 def is_pattern(name: str) -> bool:

@@ -6,7 +6,7 @@ when a hook asks for them; otherwise timm's fused kernel (``scaled_dot_product_a
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F

@@ -10,10 +10,13 @@ structural first (``TestTimeRegister``, ``AttentionBias``), then neuron edits (`
 ``Relocation``), then pooling (``SelectiveCLS``); ties keep the order given. Set-up runs in that order
 (test-time registers of several ``TestTimeRegister`` sit in that order after the prefix tokens), and hooks
 on one hook point run in that order; edits on different layers run in layer order. Everything is undone
-on exit, also on exceptions. ``interp.patch.apply`` composes plain-module edits in the same order.
+on exit, also on exceptions. ``interp.patch.apply`` (:mod:`.export`) composes plain-module edits in the same
+order.
 
 Every edit works per image (a batch of b gives the same values as b batches of 1). The same edits can be
-saved to a patch file and applied to a plain timm model (:mod:`interp.patch`).
+saved to a patch file and applied to a plain timm model (:mod:`interp.interventions.export`, also
+reachable as ``interp.patch``). A new intervention is one module here (a dataclass subclassing
+``Intervention`` with a ``kind``: it registers itself), imported below.
 """
 from . import masks
 from .ablation import NeuronAblation
@@ -21,7 +24,7 @@ from .attention_bias import AttentionBias
 from .base import NEURON, POOLING, STRUCTURAL, EditContext, Intervention
 from .register import TestTimeRegister
 from .relocation import Relocation
-from .selective import selective_aggregate
+from .selective_aggregation import selective_aggregate
 from .selective_cls import SelectiveCLS, SelectivePool
 from .spec import interventions_from_spec
 

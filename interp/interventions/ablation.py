@@ -74,6 +74,23 @@ class NeuronAblation(Intervention):
         means = {int(name.split(".")[1]): t for name, t in tensors.items() if name.startswith("means.")} or None
         return cls(**params, means=means)
 
+    @classmethod
+    def from_spec(cls, spec, inputs):
+        """Spec forms: ``"means": {"layer": [...]}``; ``mode="mean"`` without means calibrates on ``inputs``."""
+        if "tensors" in spec:
+            return super().from_spec(spec, inputs)
+        if spec.get("mode") == "mean" and "means" not in spec:
+            return cls.calibrate_means(inputs.model, inputs.images(cls.kind), spec["neurons"],
+                                       tokens=spec.get("tokens", "all"), batch_size=inputs.batch_size)
+        return cls(**spec)
+
+    def weight_constants(self):
+        """Full-token ablations set each neuron to 0 or its mean on every token: a weight edit."""
+        if self.tokens != "all":
+            return None
+        return {layer: dict(zip(idx, [0.0] * len(idx) if self.mode == "zero" else self.means[layer].tolist()))
+                for layer, idx in self.neurons.items()}
+
     # ------------------------------------------------------------------ calibration
     @classmethod
     def calibrate_means(

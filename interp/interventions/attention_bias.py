@@ -87,6 +87,16 @@ class AttentionBias(Intervention):
         values = {int(n.split(".")[1]): t for n, t in tensors.items() if n.startswith("values.")}
         return cls(**params, keys=keys, values=values)
 
+    @classmethod
+    def from_spec(cls, spec, inputs):
+        """Spec forms: ``"keys"``/``"values"`` as ``{"block": [[[...]]]}``; without them, calibrated on ``inputs``
+        (the spec may give ``n_registers``/``value`` of the register to imitate)."""
+        if "tensors" in spec:
+            return super().from_spec(spec, inputs)
+        if "keys" not in spec:
+            return cls.calibrate(inputs.model, inputs.images(cls.kind), batch_size=inputs.batch_size, **spec)
+        return cls(**spec)
+
     # ------------------------------------------------------------------ calibration
     @classmethod
     @torch.no_grad()

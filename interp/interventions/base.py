@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import InterpError
+from ..hooks.edit_state import EditState, merge_extra_kv  # noqa: F401  (merge_extra_kv: re-exported)
 
 STRUCTURAL, NEURON, POOLING = 0, 1, 2  # composition stages (see interp.hooks.intervene)
 
@@ -128,22 +129,46 @@ class Intervention:
     def from_params(cls, params: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> "Intervention":
         return cls(**params)
 
+    def to_spec(self) -> Dict[str, Any]:
+        """A JSON-able spec entry (``interp.interventions.spec``): kind, params, tensors as nested lists."""
+        tensors = {name: t.tolist() for name, t in self.tensors().items()}
+        return {"kind": self.kind, **self.params(), **({"tensors": tensors} if tensors else {})}
+
+    @classmethod
+    def from_spec(cls, spec: Dict[str, Any], inputs) -> "Intervention":
+        """From a spec entry without ``kind``. ``inputs`` (``spec.SpecInputs``) gives the model's grid and
+        calibration images to kinds whose spec form asks for them (they override this)."""
+        spec = dict(spec)
+        tensors = {name: torch.as_tensor(value) for name, value in spec.pop("tensors", {}).items()}
+        return cls.from_params(spec, tensors)
+
+    def weight_constants(self) -> Optional[Dict[int, Dict[int, float]]]:
+        """``{block: {neuron: c}}`` if this edit sets MLP neurons to constants on every token (foldable into
+        ``fc2``, see ``export.export_weights``), else None."""
+        return None
+
     # ------------------------------------------------------------------ hooked path (InterventionMixin protocol)
-    def setup(self, model) -> None:
-        """Record where this intervention's test-time registers go; add its structural state."""
-        if getattr(self, "_saved", None) is not None:
+    def setup(self, model, state: EditState) -> EditState:
+        """``state`` with this intervention's structural edits added; records where its test-time registers go.
+
+        Args:
+            model: the ``HookedViT`` being edited (read only: sizes, layout, device).
+            state: the edit state built so far (the model's current one plus earlier interventions').
+
+        Raises:
+            InterpError: already applied (nested ``intervene`` with the same object), or a second pooling edit.
+        """
+        if getattr(self, "_applied", False):
             raise InterpError(f"this {self.kind} is already applied (nested intervene?); pass a copy instead")
+        device = model_device(model)
         pool = self.pool_module()
-        if pool is not None and model.pool_override is not None:
-            raise InterpError("a pooling intervention is already active; use one SelectiveCLS at a time")
-        kv = self.extra_kv()
-        self._saved = (model.n_extra_tokens, model.extra_kv, model.pool_override)
-        self._extra_start = model.layout.n_prefix if self.n_extra_tokens else None
-        model.n_extra_tokens += self.n_extra_tokens
-        if kv:
-            model.extra_kv = merge_extra_kv(model.extra_kv, kv, model_device(model))
+        new = state.add_tokens(self.n_extra_tokens).add_kv(self.extra_kv(), device)
         if pool is not None:
-            model.pool_override = pool.to(model_device(model)).pool_with_votes
+            new = new.set_pool(pool.to(device).pool_with_votes)
+        base_prefix = model.base_layout.n_prefix
+        self._extra_start = base_prefix + state.n_extra_tokens if self.n_extra_tokens else None
+        self._applied = True
+        return new
 
     def attach(self, model) -> List[Tuple[str, Any]]:
         """Forward hooks running this intervention's MLP edits on ``blocks.{layer}.mlp.hook_post``."""
@@ -158,20 +183,5 @@ class Intervention:
         return hooks
 
     def teardown(self, model) -> None:
-        """Restore the structural state ``setup`` found (teardowns run in reverse setup order)."""
-        model.n_extra_tokens, model.extra_kv, model.pool_override = self._saved
-        self._saved, self._extra_start = None, None
-
-
-def merge_extra_kv(existing: Dict[int, Tuple[torch.Tensor, torch.Tensor]],
-                   new: Dict[int, Tuple[torch.Tensor, torch.Tensor]],
-                   device: torch.device) -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
-    """A new dict with ``new``'s columns appended after ``existing``'s (along the column axis m)."""
-    merged = dict(existing)
-    for layer, (k, v) in new.items():
-        k, v = k.to(device), v.to(device)
-        if layer in merged:
-            k0, v0 = merged[layer]
-            k, v = torch.cat([k0, k.to(k0.dtype)], dim=1), torch.cat([v0, v.to(v0.dtype)], dim=1)
-        merged[layer] = (k, v)
-    return merged
+        """Forget what ``setup`` recorded (``intervene`` itself restores the model's previous edit state)."""
+        self._applied, self._extra_start = False, None

@@ -10,11 +10,16 @@ tensor(20)
 ... ###
 ... ''').shape
 torch.Size([2, 3])
+
+Relocation targets have one grammar, :func:`parse_target`, for the CLI text and the JSON spec alike:
+``NAME`` or ``NAME:ARGS`` as text equals ``{"NAME": [ARGS]}`` in JSON, NAME one of :data:`TARGET_FORMS`
+(``smiley``, ``box:TOP,LEFT,HEIGHT,WIDTH``, ``indices:I,J,...``); besides, ASCII rows (a string of several
+lines or a list of row strings) and a 0/1 grid (nested list or tensor).
 """
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -98,3 +103,63 @@ def smiley(grid: Sequence[int]) -> torch.Tensor:
 def to_string(mask: torch.Tensor, on: str = "#", off: str = ".") -> str:
     """Mask [h, w] -> ASCII art (inverse of :func:`from_string`)."""
     return "\n".join("".join(on if bool(v) else off for v in row) for row in mask)
+
+
+#: Named target forms: name -> fn(grid, args) -> Bool[h, w]; text ``name:a,b,c`` == JSON ``{"name": [a, b, c]}``.
+TARGET_FORMS: Dict[str, Callable[[Grid, Sequence[Any]], torch.Tensor]] = {
+    "smiley": lambda grid, args: smiley(grid),
+    "box": lambda grid, args: box(grid, *args),
+    "indices": lambda grid, args: from_indices(grid, args),
+}
+TARGET_SYNTAX = ("smiley, box:TOP,LEFT,HEIGHT,WIDTH, indices:I,J,... (flat patch indices), ASCII rows, or a "
+                 "0/1 grid (JSON: {\"box\": [...]}, {\"indices\": [...]} also take [row, col] pairs)")
+
+
+def parse_target(target: Any, grid: Optional[Sequence[int]]) -> torch.Tensor:
+    """A relocation target in any form of the one grammar (module docstring) -> Bool[h, w] on ``grid``.
+
+    ``None`` means ``smiley``. ``grid`` (``model.layout.grid``) is needed by the named forms; explicit masks
+    (ASCII rows, 0/1 grids) carry their own shape.
+
+    >>> parse_target("box:2,2,3,3", (14, 14)).sum()
+    tensor(9)
+    >>> bool((parse_target({"indices": [0, [1, 1]]}, (4, 4)) == parse_target("indices:0,5", (4, 4))).all())
+    True
+
+    Raises:
+        ValueError: an unknown form, bad arguments, a named form without ``grid``, or a cell off the grid.
+    """
+    if target is None:
+        target = "smiley"
+    if isinstance(target, str) and "\n" not in target.strip():
+        name, sep, args = target.strip().partition(":")
+        if name.strip().lower() in TARGET_FORMS:
+            try:
+                values = [int(v) for v in args.split(",") if v.strip()] if sep else []
+            except ValueError:
+                raise ValueError(f"target {target!r}: arguments must be integers; expected {TARGET_SYNTAX}") from None
+            return _named_target(name.strip().lower(), values, grid)
+        raise ValueError(f"unknown target {target!r}; expected {TARGET_SYNTAX}")
+    if isinstance(target, dict):
+        if len(target) != 1 or next(iter(target)) not in TARGET_FORMS:
+            raise ValueError(f"unknown target form {sorted(target)}; expected {TARGET_SYNTAX}")
+        (name, values), = target.items()
+        return _named_target(name, list(values or []), grid)
+    if isinstance(target, str):
+        return from_string(target)
+    if isinstance(target, (list, tuple)) and target and all(isinstance(r, str) for r in target):
+        return from_string("\n".join(target))
+    mask = torch.as_tensor(target).bool()
+    if mask.dim() != 2:
+        raise ValueError(f"target grid must be 2-D [h, w], got shape {tuple(mask.shape)}; expected {TARGET_SYNTAX}")
+    return mask
+
+
+def _named_target(name: str, values: Sequence[Any], grid: Optional[Sequence[int]]) -> torch.Tensor:
+    if grid is None:
+        raise ValueError(f"target {name!r} needs the model's patch grid (give the model)")
+    if name == "box" and len(values) != 4:
+        raise ValueError(f"target box needs TOP,LEFT,HEIGHT,WIDTH (4 integers), got {list(values)}")
+    if name == "indices" and not values:
+        raise ValueError(f"target indices needs at least one patch index on the {grid[0]}x{grid[1]} grid")
+    return TARGET_FORMS[name](_check_grid(grid), values)

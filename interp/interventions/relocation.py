@@ -11,6 +11,7 @@ from typing import Any, Dict
 
 import torch
 
+from . import masks
 from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons
 from .edits import VALUE_MODES
 from .modules import RelocationEdit
@@ -57,3 +58,12 @@ class Relocation(Intervention):
     @classmethod
     def from_params(cls, params, tensors):
         return cls(**params, target=tensors["target"])
+
+    @classmethod
+    def from_spec(cls, spec, inputs):
+        """Spec form: ``"target"`` in the one target grammar (:func:`interp.interventions.masks.parse_target`)."""
+        if "tensors" in spec:
+            return super().from_spec(spec, inputs)
+        spec = dict(spec)
+        spec["target"] = masks.parse_target(spec["target"], inputs.grid)
+        return cls(**spec)

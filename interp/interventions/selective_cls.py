@@ -1,6 +1,9 @@
-"""``SelectiveCLS``: the head sees the selective aggregation of the patch tokens instead of timm's pooling.
+"""``SelectiveCLS``: the intervention by which the head sees the selective aggregation of the patch tokens.
 
->>> with model.intervene(SelectiveCLS(k=1)):
+The arithmetic is :func:`~interp.interventions.selective_aggregation.selective_aggregate`; this module only
+puts it in place of timm's pooling (hooked model: ``pool_override``; plain model: ``attn_pool``).
+
+>>> with model.intervene(SelectiveCLS()):               # the LaSt reference: score "code", fft "shift", k = 1
 ...     logits, cache = model.run_with_cache(images, names_filter="hook_selective_votes")
 >>> cache["hook_selective_votes"].sum(-1)      # d per image for k=1
 """
@@ -13,13 +16,14 @@ import torch
 from torch import nn
 
 from .base import POOLING, Intervention, check_choice
-from .selective import FFT_VARIANTS, SCORES, selective_aggregate
+from .selective_aggregation import DEFAULT_SCORE, FFT_VARIANTS, SCORES, selective_aggregate
 
 
 class SelectivePool(nn.Module):
     """Pooling module: patch tokens [b, n, d] -> g [b, d] by :func:`selective_aggregate`.
 
-    Works as timm's ``attn_pool`` (``forward``) and as ``HookedViT.pool_override`` (``pool_with_votes``).
+    Works as timm's ``attn_pool`` (``forward``) and as the hooked model's ``edit_state.pool_override``
+    (``pool_with_votes``).
     ``skip`` drops leading rows first (for timm models with ``pool_include_prefix=True``).
     """
 
@@ -45,17 +49,21 @@ class SelectiveCLS(Intervention):
     the model's ``fc_norm``, ``head_drop`` and ``head``. Per-patch vote counts go through the hook point
     ``hook_selective_votes`` [b, n_patches].
 
+    ``SelectiveCLS()`` with no arguments is the LaSt reference code (``ChengShiest/LAST-ViT``
+    ``cls_pretrain/conf.py``, ``dense_vit``): score ``"code"``, fft ``"shift"``, k = 1, sigma = sqrt(d).
+
     Args:
         k: patches kept per channel (``k = n_patches`` equals average pooling).
         sigma: low-pass width in frequency bins (None = sqrt(d)).
-        score: ``"paper"``, ``"code"`` or ``"contrib"``.
-        fft: ``"shift"`` (reference) or ``"rfft"``.
+        score: ``"code"`` (reference code, default), ``"paper"`` (the paper's formula) or ``"contrib"``
+            (a contributed script); see :mod:`interp.interventions.selective_aggregation`.
+        fft: ``"shift"`` (reference) or ``"rfft"`` (symmetric window).
         eps: epsilon of the ``paper``/``contrib`` scores.
     """
 
     k: int = 1
     sigma: Optional[float] = None
-    score: str = "paper"
+    score: str = DEFAULT_SCORE
     fft: str = "shift"
     eps: float = 1e-6
 
@@ -68,7 +76,7 @@ class SelectiveCLS(Intervention):
             raise ValueError(f"k must be >= 1, got {self.k}")
         if self.sigma is not None and not self.sigma > 0:
             raise ValueError(f"sigma must be > 0 (or None for sqrt(d)), got {self.sigma}")
-        check_choice("score", self.score, SCORES)
+        check_choice("score", self.score, list(SCORES))
         check_choice("fft", self.fft, FFT_VARIANTS)
         self.eps = float(self.eps)
 

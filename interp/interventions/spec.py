@@ -7,51 +7,50 @@ A spec is a list of objects, each with ``"kind"`` and that class's parameters::
       {"kind": "Relocation", "neurons": {"5": [12, 40]}, "target": "smiley"},
       {"kind": "NeuronAblation", "neurons": {"3": [7]}, "mode": "mean", "tokens": "patches"},
       {"kind": "AttentionBias", "neurons": {"5": [12, 40]}},
-      {"kind": "SelectiveCLS", "k": 1, "score": "paper", "fft": "shift"}
+      {"kind": "SelectiveCLS", "k": 1, "score": "code", "fft": "shift"}
     ]
 
-``Relocation.target`` may be ``"smiley"``, ``{"box": [top, left, height, width]}``,
-``{"indices": [flat or [row, col], ...]}``, ASCII art (a string with newlines or a list of row strings),
-or a nested list of 0/1. ``NeuronAblation`` with ``mode="mean"`` and no ``means``, and ``AttentionBias``
-without ``keys``/``values`` (it may give ``n_registers``/``value`` of the register to imitate) are
-calibrated on ``calibration_images``.
+``Relocation.target`` is any form of the one target grammar (:func:`interp.interventions.masks.parse_target`):
+``"smiley"``, ``{"box": [top, left, height, width]}`` (or ``"box:T,L,H,W"``), ``{"indices": [flat or
+[row, col], ...]}`` (or ``"indices:I,J"``), ASCII art (a string with newlines or a list of row strings), or a
+nested list of 0/1. ``NeuronAblation`` with ``mode="mean"`` and no ``means``, and ``AttentionBias`` without
+``keys``/``values`` (it may give ``n_registers``/``value`` of the register to imitate) are calibrated on
+``calibration_images``. Every kind also reads back its own ``to_spec()`` (tensors under ``"tensors"``).
+
+Kinds come from the registry ``Intervention.registry`` (kind -> class; a subclass with a ``kind`` registers
+itself); each class reads its spec entry with ``from_spec(entry, inputs)``. A new intervention is a new module
+in this package, imported in ``interp/interventions/__init__.py``: nothing here changes.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ..errors import InterpError
-from . import masks
-from .ablation import NeuronAblation
-from .attention_bias import AttentionBias
 from .base import Intervention
 
 
-def parse_target(target: Any, grid: Optional[Sequence[int]]) -> torch.Tensor:
-    """A relocation mask [h, w] from its spec form (module docstring)."""
-    if isinstance(target, str) and target.strip() == "smiley":
-        if grid is None:
-            raise InterpError("target 'smiley' needs the model's patch grid (give the model)")
-        return masks.smiley(grid)
-    if isinstance(target, str):
-        return masks.from_string(target)
-    if isinstance(target, dict):
-        if "box" in target:
-            if grid is None:
-                raise InterpError("target {'box': ...} needs the model's patch grid (give the model)")
-            return masks.box(grid, *target["box"])
-        if "indices" in target:
-            if grid is None:
-                raise InterpError("target {'indices': ...} needs the model's patch grid (give the model)")
-            return masks.from_indices(grid, target["indices"])
-        raise InterpError(f"unknown target form {sorted(target)}; use 'smiley', box, indices or ASCII rows")
-    if isinstance(target, list) and target and all(isinstance(r, str) for r in target):
-        return masks.from_string("\n".join(target))
-    return torch.as_tensor(target).bool()
+@dataclass
+class SpecInputs:
+    """What spec entries may need besides their parameters: the model (grid, calibration) and images."""
+
+    model: Any = None
+    calibration_images: Optional[torch.Tensor] = None
+    batch_size: int = 32
+
+    @property
+    def grid(self) -> Optional[Tuple[int, int]]:
+        return None if self.model is None else tuple(self.model.layout.grid)
+
+    def images(self, kind: str) -> torch.Tensor:
+        if self.model is None or self.calibration_images is None:
+            raise InterpError(f"{kind} needs calibration: give the model and calibration images "
+                              "(CLI: --calibration-images DIR)")
+        return self.calibration_images
 
 
 def intervention_from_dict(spec: Dict[str, Any], model=None, calibration_images: Optional[torch.Tensor] = None,
@@ -63,26 +62,9 @@ def intervention_from_dict(spec: Dict[str, Any], model=None, calibration_images:
     if cls is None:
         raise InterpError(f"unknown intervention kind {kind!r}; known: {sorted(Intervention.registry)}")
     try:
-        if cls is NeuronAblation and spec.get("mode") == "mean" and "means" not in spec:
-            images = _need_images(kind, calibration_images)
-            return NeuronAblation.calibrate_means(model, images, spec["neurons"], tokens=spec.get("tokens", "all"),
-                                                  batch_size=batch_size)
-        if cls is AttentionBias and "keys" not in spec:
-            images = _need_images(kind, calibration_images)
-            return AttentionBias.calibrate(model, images, batch_size=batch_size, **spec)
-        if "target" in spec:
-            spec["target"] = parse_target(spec["target"], None if model is None else model.layout.grid)
-        if "means" in spec:
-            spec["means"] = {int(l): torch.tensor(m, dtype=torch.float32) for l, m in spec["means"].items()}
-        return cls(**spec)
+        return cls.from_spec(spec, SpecInputs(model, calibration_images, batch_size))
     except (TypeError, ValueError, KeyError) as e:
         raise InterpError(f"bad {kind} spec {spec}: {e}") from e
-
-
-def _need_images(kind: str, images):
-    if images is None:
-        raise InterpError(f"{kind} needs calibration: give calibration images (CLI: --calibration-images DIR)")
-    return images
 
 
 def interventions_from_spec(spec: Union[str, Path, List[Dict[str, Any]]], model=None,

@@ -5,11 +5,13 @@ there it fails at once with a message saying how to pass ``weights=`` or ``pretr
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
+import warnings
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -69,32 +71,86 @@ def read_state_dict(path: Union[str, Path]) -> dict:
     return sd
 
 
-def load_weights_file(model: nn.Module, path: Union[str, Path], entry_module: Optional[str] = None) -> None:
-    """Load a local state dict into ``model``, applying timm's ``checkpoint_filter_fn`` conversions
-    (original DINOv2, OpenAI/OpenCLIP checkpoints, resized position embeddings)."""
+def load_weights_file(model: nn.Module, path: Union[str, Path, dict], entry_module: Optional[str] = None,
+                      label: Optional[str] = None) -> None:
+    """Load a local state dict (a file path, or a dict already read from ``label``) into ``model``, applying
+    timm's ``checkpoint_filter_fn`` conversions (original DINOv2, OpenAI/OpenCLIP checkpoints, resized
+    position embeddings)."""
     import importlib
 
-    sd = read_state_dict(path)
+    sd = path if isinstance(path, dict) else read_state_dict(path)
+    where = label or (str(path) if not isinstance(path, dict) else "state dict")
     module = importlib.import_module(entry_module or "timm.models.vision_transformer")
     filter_fn = getattr(module, "checkpoint_filter_fn", None)
     if filter_fn is not None:
         try:
-            sd = filter_fn(sd, model)
+            sd = filter_fn(dict(sd), model)
         except Exception as e:
-            raise ModelLoadError(f"timm could not convert {str(path)!r} for this architecture: {e}") from e
+            raise ModelLoadError(f"timm could not convert {where!r} for this architecture: {e}") from e
     hint = ("Pass the timm name of the architecture these weights were trained with, and timm kwargs "
             "such as num_classes=0 or img_size=... if the head or resolution differs.")
     try:
         result = model.load_state_dict(sd, strict=False)
     except RuntimeError as e:  # shape mismatches
         first = str(e).splitlines()[1:3]
-        raise ModelLoadError(f"{str(path)!r} does not match this architecture: {' '.join(first)}. {hint}") from e
+        raise ModelLoadError(f"{where!r} does not match this architecture: {' '.join(first)}. {hint}") from e
     missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
     if missing or unexpected:
         raise ModelLoadError(
-            f"{str(path)!r} does not match this architecture: {len(missing)} missing keys "
+            f"{where!r} does not match this architecture: {len(missing)} missing keys "
             f"(e.g. {missing[:3]}), {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}). {hint}"
         )
+
+
+# Where each checkpoint format keeps its absolute position embedding, and how many prefix tokens
+# (CLS) carry a position in that format: None = as the timm model itself does.
+_POS_EMBED_KEYS = (
+    ("pos_embed", None),                              # timm, and original DINOv2 (see weights_grid)
+    ("visual.trunk.pos_embed", None),                 # OpenCLIP with a timm trunk
+    ("module.visual.trunk.pos_embed", None),
+    ("visual.positional_embedding", 1),               # OpenAI CLIP: [1 + h*w, d], CLS has a position
+    ("module.visual.positional_embedding", 1),
+)
+
+
+def weights_grid(state_dict: dict, model: nn.Module) -> Optional[Tuple[int, int]]:
+    """The square patch grid ``(h, w)`` a checkpoint's position embedding was trained for, or None.
+
+    The embedding is ``[1, n_pos_prefix + h*w, d]`` (OpenAI CLIP: ``[n_pos_prefix + h*w, d]``), where
+    ``n_pos_prefix`` is the number of prefix tokens that carry a position: timm models read it from
+    ``no_embed_class``/``num_prefix_tokens``; original DINOv2 files (``mask_token`` key) give one to CLS
+    only, registers included. None when there is no position embedding or no square grid fits.
+    """
+    timm_prefix = 0 if getattr(model, "no_embed_class", False) else int(getattr(model, "num_prefix_tokens", 1))
+    for key, fmt_prefix in _POS_EMBED_KEYS:
+        pos = state_dict.get(key)
+        if not isinstance(pos, torch.Tensor) or pos.dim() < 2:
+            continue
+        n_tokens = int(pos.shape[-2])
+        if fmt_prefix is None:
+            fmt_prefix = 1 if "mask_token" in state_dict else timm_prefix
+        side = math.isqrt(max(n_tokens - fmt_prefix, 0))
+        return (side, side) if side > 0 and side * side == n_tokens - fmt_prefix else None
+    return None
+
+
+def _fit_to_weights(model: nn.Module, state_dict: dict, name: str, label: str) -> None:
+    """Set ``model``'s input size to the grid ``state_dict`` was trained for (timm ``set_input_size``),
+    and say so in one warning line. Called only when the user asked for no ``img_size``."""
+    grid = weights_grid(state_dict, model)
+    current = tuple(int(g) for g in model.patch_embed.grid_size)
+    if grid is None or grid == current or not hasattr(model, "set_input_size"):
+        return
+    patch = tuple(int(p) for p in model.patch_embed.patch_size)
+    size = (grid[0] * patch[0], grid[1] * patch[1])
+    old = tuple(int(s) for s in model.patch_embed.img_size)
+    model.set_input_size(img_size=size)
+    shown = f"{size[0]}" if size[0] == size[1] else f"{size[0]}x{size[1]}"
+    warnings.warn(
+        f"{label} holds a {grid[0]}x{grid[1]} position grid: building {name} at {shown} px, not its default "
+        f"{old[0]}x{old[1]}; pass img_size={old[0]} (CLI --img-size {old[0]}) to resample instead",
+        stacklevel=4,
+    )
 
 
 def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
@@ -157,7 +213,9 @@ def create_timm_vit(
     Args:
         name: timm model name, optionally with a pretrained tag (``vit_small_patch14_dinov2.lvd142m``).
         pretrained: load hub weights (from the local HF cache when offline). Ignored when ``weights`` is given.
-        weights: local ``.safetensors``/``.pth``/``.bin`` state dict for this architecture.
+        weights: local ``.safetensors``/``.pth``/``.bin`` state dict for this architecture. Without an
+            ``img_size`` kwarg, the model takes the input size the file's position embedding was trained
+            for (one warning line says so), e.g. 224-px DINOv2 weights are not resampled to 518 px.
         device, dtype: where and in which float type the model lives.
         **timm_kwargs: passed to ``timm.create_model`` (``img_size``, ``dynamic_img_size``, ``num_classes``, ``depth``...).
     """
@@ -178,23 +236,26 @@ def create_timm_vit(
         raise ModelLoadError(f"timm could not build {name!r} with {timm_kwargs}: {e}") from e
     check_supported(model)
     entry_module = model_entrypoint(name.split(".")[0]).__module__
-    if weights is not None:
-        load_weights_file(model, weights, entry_module)
-    elif pretrained:
-        cached = _cached_hub_file(model)
-        if cached is not None and not _hub_reachable():
-            load_weights_file(model, cached, entry_module)
-        elif not _hub_reachable():
+    local, reachable = weights, None
+    if local is None and pretrained:
+        reachable = _hub_reachable()
+        local = _cached_hub_file(model) if not reachable else None
+        if local is None and not reachable:
             raise ModelLoadError(_offline_message(name))
-        else:
-            try:
-                from timm.models import load_pretrained
+    if local is not None:
+        state_dict = read_state_dict(local)
+        if "img_size" not in timm_kwargs:  # the file's resolution, unless the user asked for one
+            _fit_to_weights(model, state_dict, name, f"weight file {Path(local).name!r}")
+        load_weights_file(model, state_dict, entry_module, label=str(local))
+    elif reachable:
+        try:
+            from timm.models import load_pretrained
 
-                load_pretrained(model, pretrained_cfg=model.pretrained_cfg,
-                                num_classes=model.num_classes, filter_fn=getattr(
-                                    __import__(entry_module, fromlist=["x"]), "checkpoint_filter_fn", None))
-            except Exception as e:
-                raise ModelLoadError(_offline_message(name) + f" (hub error: {e})") from e
+            load_pretrained(model, pretrained_cfg=model.pretrained_cfg,
+                            num_classes=model.num_classes, filter_fn=getattr(
+                                __import__(entry_module, fromlist=["x"]), "checkpoint_filter_fn", None))
+        except Exception as e:
+            raise ModelLoadError(_offline_message(name) + f" (hub error: {e})") from e
     model.eval()
     model.to(device=device, dtype=_resolve_dtype(dtype))
     return model

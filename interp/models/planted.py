@@ -19,20 +19,21 @@ Construction (all other weights are timm's random init with a fixed seed; ``d`` 
 * Blocks after ``layer``: every head gets a constant query component that meets a key component reading
   the artifact channel, so attention (CLS's included) sinks onto the high-norm tokens from ``layer + 1`` on.
 
-Ground truth (:class:`PlantedTruth`): the register neurons are ``neurons`` in block ``layer``; the high-norm
+Ground truth (:class:`PlantedTruth`, read with :func:`planted_truth`): the register neurons are ``neurons`` in block ``layer``; the high-norm
 tokens are the patches with texture energy below ``tau / 2`` (``truth.artifact_mask(model, images)``);
 perfectly flat patches (``E = 0``) always are, strongly textured ones never.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Sequence, Tuple
+from dataclasses import asdict, dataclass
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 PLANTED_NAME = "planted_vit"
+_TRUTH_ATTR = "_interp_planted_truth"  # where planted_vit keeps the truth on the timm module
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,18 @@ class PlantedTruth:
         return self.texture_energy(model, images) < self.tau / 2
 
 
+def planted_truth(model: nn.Module) -> Optional[PlantedTruth]:
+    """What :func:`planted_vit` planted in ``model`` (a ``HookedViT`` or the timm module), or None for any
+    other model.
+
+    >>> truth = planted_truth(interp.load("planted_vit"))
+    >>> neurons = {truth.layer: list(truth.neurons)}
+    """
+    module = getattr(model, "timm_model", model)
+    truth = getattr(module, _TRUTH_ATTR, None)
+    return truth if isinstance(truth, PlantedTruth) else None
+
+
 def _zero_mean_filters(n: int, patch: int, generator: torch.Generator) -> torch.Tensor:
     """n random filters [n, 3, p, p], zero mean per channel (blind to flat colour), unit L2 norm."""
     f = torch.randn(n, 3, patch, patch, generator=generator)
@@ -97,7 +110,7 @@ def planted_vit(
     tau: float = 0.03,
     seed: int = 0,
 ) -> nn.Module:
-    """Build the planted ViT (a plain timm ``VisionTransformer`` in eval mode) with ``.planted`` ground truth.
+    """Build the planted ViT (a plain timm ``VisionTransformer`` in eval mode) with its ground truth.
 
     Args:
         layer: block whose MLP holds the register neurons (0-indexed); high norms appear after its MLP.
@@ -106,8 +119,8 @@ def planted_vit(
         seed: seed of the random weights; the same arguments always give the same weights.
 
     Returns:
-        ``timm.models.vision_transformer.VisionTransformer`` with attribute ``planted`` (:class:`PlantedTruth`).
-        Wrap it with ``interp.HookedViT.from_timm`` (``interp.load("planted_vit")`` does both).
+        ``timm.models.vision_transformer.VisionTransformer``; :func:`planted_truth` gives its
+        :class:`PlantedTruth`. Wrap it with ``interp.HookedViT.from_timm`` (``interp.load("planted_vit")`` does both).
     """
     from timm.models.vision_transformer import VisionTransformer
 
@@ -127,76 +140,113 @@ def planted_vit(
                             "input_size": (3, img_size, img_size), "interpolation": "bicubic",
                             "crop_pct": 0.875, "crop_mode": "center", "num_classes": num_classes}
     model.default_cfg = model.pretrained_cfg
-    g = torch.Generator().manual_seed(seed + 1)
+    plan = _Plan(n_filters=n_filters, tau=tau, sigma=_ANCHOR * math.sqrt(2.0 / embed_dim))
+    with torch.no_grad():
+        _plant_inputs(model, plan, patch_size, torch.Generator().manual_seed(seed + 1))
+        _plant_texture_neurons(model.blocks[0].mlp, plan)
+        _plant_register_neurons(model.blocks[layer].mlp, neurons, plan)
+        for block in model.blocks[layer + 1:]:
+            _plant_attention_sink(block.attn, plan)
+    truth = PlantedTruth(layer=layer, neurons=neurons, tau=tau, n_filters=n_filters, texture_dim=plan.tex,
+                         artifact_dim=plan.art, anchor_dims=(plan.pos_anchor, plan.neg_anchor),
+                         patch_size=patch_size, gelu_gain=plan.gelu_gain)
+    setattr(model, _TRUTH_ATTR, truth)
+    return model.eval()
 
-    F = n_filters
-    tex, art, pos_anchor, neg_anchor = F, F + 1, F + 2, F + 3
-    reserved = slice(0, F + 4)
-    anchor = 100.0
-    # LayerNorm scale of an ordinary token: the anchors dominate its spread.
-    sigma = anchor * math.sqrt(2.0 / embed_dim)
-    gelu_gain = 4.0  # block-0 texture neurons read +-gain*sigma*x so GELU pairs approximate |x|
-    fire = 6.0  # register-neuron activation on a flat patch
-    w_out = 25.0  # how much each register neuron writes into the artifact channel
-    sink_q = 8.0  # constant query component of every head after `layer`
 
-    def read(row: torch.Tensor, dim: int, weight: float) -> None:
+_ANCHOR = 100.0  # value of the two anchor channels (+A and -A) in every token
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The reserved residual dims and the constants of the planted circuit (see the module docstring)."""
+
+    n_filters: int
+    tau: float
+    sigma: float  # LayerNorm scale of an ordinary token: the anchors dominate its spread
+    gelu_gain: float = 4.0  # block-0 texture neurons read +-gain*sigma*x so GELU pairs approximate |x|
+    fire: float = 6.0  # register-neuron activation on a flat patch
+    w_out: float = 25.0  # how much each register neuron writes into the artifact channel
+    sink_q: float = 8.0  # constant query component of every head after `layer`
+
+    @property
+    def tex(self) -> int:
+        return self.n_filters
+
+    @property
+    def art(self) -> int:
+        return self.n_filters + 1
+
+    @property
+    def pos_anchor(self) -> int:
+        return self.n_filters + 2
+
+    @property
+    def neg_anchor(self) -> int:
+        return self.n_filters + 3
+
+    @property
+    def reserved(self) -> slice:
+        return slice(0, self.n_filters + 4)
+
+    def read(self, row: torch.Tensor, dim: int, weight: float) -> None:
         """Make a weight row read one reserved dim of a LayerNorm output without the token's mean:
         -weight/2 on each anchor (+A and -A) adds back exactly the mean LayerNorm subtracted."""
         row[dim] = weight
-        row[pos_anchor] = -weight / 2
-        row[neg_anchor] = -weight / 2
+        row[self.pos_anchor] = -weight / 2
+        row[self.neg_anchor] = -weight / 2
 
-    with torch.no_grad():
-        pe = model.patch_embed.proj
-        pe.weight[reserved] = 0.0
-        pe.bias[reserved] = 0.0
-        pe.weight[:F] = _zero_mean_filters(F, patch_size, g)
-        model.pos_embed[..., reserved] = 0.0
-        model.pos_embed[..., pos_anchor] = anchor
-        model.pos_embed[..., neg_anchor] = -anchor
-        model.cls_token[..., reserved] = 0.0
-        model.cls_token[..., tex] = 10.0 * tau  # CLS never looks flat
 
-        for i, block in enumerate(model.blocks):
-            block.attn.proj.weight[reserved] = 0.0
-            block.attn.proj.bias[reserved] = 0.0
-            block.mlp.fc2.weight[reserved] = 0.0
-            block.mlp.fc2.bias[reserved] = 0.0
+def _plant_inputs(model: nn.Module, plan: _Plan, patch_size: int, generator: torch.Generator) -> None:
+    """Filters into the patch embedding, anchors into ``pos_embed``, a textured CLS, and no writes into the
+    reserved dims from any attention ``proj`` or MLP ``fc2``."""
+    reserved = plan.reserved
+    pe = model.patch_embed.proj
+    pe.weight[reserved] = 0.0
+    pe.bias[reserved] = 0.0
+    pe.weight[:plan.n_filters] = _zero_mean_filters(plan.n_filters, patch_size, generator)
+    model.pos_embed[..., reserved] = 0.0
+    model.pos_embed[..., plan.pos_anchor] = _ANCHOR
+    model.pos_embed[..., plan.neg_anchor] = -_ANCHOR
+    model.cls_token[..., reserved] = 0.0
+    model.cls_token[..., plan.tex] = 10.0 * plan.tau  # CLS never looks flat
+    for block in model.blocks:
+        block.attn.proj.weight[reserved] = 0.0
+        block.attn.proj.bias[reserved] = 0.0
+        block.mlp.fc2.weight[reserved] = 0.0
+        block.mlp.fc2.bias[reserved] = 0.0
 
-        # Block 0: texture energy into the texture channel.
-        mlp0 = model.blocks[0].mlp
-        for f in range(F):
-            for sign, n in ((1.0, 2 * f), (-1.0, 2 * f + 1)):
-                mlp0.fc1.weight[n] = 0.0
-                read(mlp0.fc1.weight[n], f, sign * gelu_gain * sigma)
-                mlp0.fc1.bias[n] = 0.0
-                mlp0.fc2.weight[:, n] = 0.0
-                mlp0.fc2.weight[tex, n] = 1.0 / gelu_gain
 
-        # Block `layer`: the register neurons.
-        mlp = model.blocks[layer].mlp
-        for n in neurons:
+def _plant_texture_neurons(mlp: nn.Module, plan: _Plan) -> None:
+    """Block 0's MLP: texture energy (pairs of GELU neurons reading +-each filter) into the texture dim."""
+    for f in range(plan.n_filters):
+        for sign, n in ((1.0, 2 * f), (-1.0, 2 * f + 1)):
             mlp.fc1.weight[n] = 0.0
-            read(mlp.fc1.weight[n], tex, -fire * sigma / tau)
-            mlp.fc1.bias[n] = fire
+            plan.read(mlp.fc1.weight[n], f, sign * plan.gelu_gain * plan.sigma)
+            mlp.fc1.bias[n] = 0.0
             mlp.fc2.weight[:, n] = 0.0
-            mlp.fc2.weight[art, n] = w_out
+            mlp.fc2.weight[plan.tex, n] = 1.0 / plan.gelu_gain
 
-        # Blocks after `layer`: attention sinks onto high-norm tokens.
-        head_dim = embed_dim // num_heads
-        for block in model.blocks[layer + 1:]:
-            qkv = block.attn.qkv
-            for h in range(num_heads):
-                q_row, k_row = h * head_dim, embed_dim + h * head_dim
-                qkv.weight[q_row] = 0.0
-                qkv.bias[q_row] = sink_q
-                qkv.weight[k_row] = 0.0
-                read(qkv.weight[k_row], art, 1.0)
-                qkv.bias[k_row] = 0.0
-            qkv.weight[2 * embed_dim:, art] = 0.0  # values ignore the artifact channel
 
-    model.planted = PlantedTruth(layer=layer, neurons=neurons, tau=tau, n_filters=F, texture_dim=tex,
-                                 artifact_dim=art, anchor_dims=(pos_anchor, neg_anchor), patch_size=patch_size,
-                                 gelu_gain=gelu_gain)
-    return model.eval()
+def _plant_register_neurons(mlp: nn.Module, neurons: Sequence[int], plan: _Plan) -> None:
+    """The register neurons: fire on flat patches, write into the artifact dim."""
+    for n in neurons:
+        mlp.fc1.weight[n] = 0.0
+        plan.read(mlp.fc1.weight[n], plan.tex, -plan.fire * plan.sigma / plan.tau)
+        mlp.fc1.bias[n] = plan.fire
+        mlp.fc2.weight[:, n] = 0.0
+        mlp.fc2.weight[plan.art, n] = plan.w_out
+
+
+def _plant_attention_sink(attn: nn.Module, plan: _Plan) -> None:
+    """Every head: a constant query component meets a key reading the artifact dim (values ignore it)."""
+    qkv, embed_dim = attn.qkv, attn.qkv.in_features
+    head_dim = embed_dim // attn.num_heads
+    for h in range(attn.num_heads):
+        q_row, k_row = h * head_dim, embed_dim + h * head_dim
+        qkv.weight[q_row] = 0.0
+        qkv.bias[q_row] = plan.sink_q
+        qkv.weight[k_row] = 0.0
+        plan.read(qkv.weight[k_row], plan.art, 1.0)
+        qkv.bias[k_row] = 0.0
+    qkv.weight[2 * embed_dim:, plan.art] = 0.0

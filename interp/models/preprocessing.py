@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, List, Sequence, Union
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -11,6 +11,14 @@ from ..errors import ImageError
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 PathLike = Union[str, Path]
+
+
+def tensor_image_id(index: int) -> str:
+    """The id of image ``index`` of an in-memory Tensor[N, 3, H, W] (no path to name it): ``tensor:<index>``.
+
+    Used by the cache writer (stored in ``/ids``) and by live study sources alike.
+    """
+    return f"tensor:{index}"
 
 
 def _timm_module(model):
@@ -74,19 +82,75 @@ def open_image(path: PathLike):
                          "remove or replace the file") from e
 
 
-def load_images(paths: Union[PathLike, Iterable[PathLike]], model) -> torch.Tensor:
-    """Read image files into one batch with the model's preprocessing.
+def load_images(paths: Union[PathLike, Iterable[PathLike]], model, strict: bool = False,
+                skipped: Optional[List[Tuple[str, str]]] = None) -> torch.Tensor:
+    """Read image files into one batch with the model's preprocessing, skipping unreadable files.
 
     Args:
         paths: a directory, a list file, or image paths. Any PIL mode is accepted (converted to RGB,
             transparency composited on white).
         model: a ``HookedViT`` or timm ViT; its data config sets size, crop and normalisation.
+        strict: stop at the first unreadable file (``ImageError`` naming it) instead of skipping it.
+        skipped: a list to which ``(path, reason)`` is appended for each skipped file (each also warns once).
 
     Returns:
-        Tensor[B, 3, H, W] (float32, on the CPU).
+        Tensor[B, 3, H, W] (float32, on the CPU) of the readable images, in order (B = files - skipped).
+
+    Raises:
+        ImageError: no paths, every file unreadable, or (strict) an unreadable file.
     """
     transform = preprocessing(model)
     files = list_images(paths)
     if not files:
         raise ImageError("no image paths given")
-    return torch.stack([transform(open_image(p)) for p in files])
+    pixels, reasons = [], []
+    for p in files:
+        try:
+            pixels.append(transform(open_image(p)))
+        except ImageError as e:
+            if strict:
+                raise ImageError(f"{e} (strict: stopped at the first unreadable image)") from e
+            reasons.append(str(e))
+            skip_image(str(p), str(e), skipped)
+    if not pixels:
+        raise ImageError(f"none of the {len(files)} image file(s) could be read; first: {reasons[0]}")
+    return torch.stack(pixels)
+
+
+def readable_images(paths: Sequence[PathLike], strict: bool = False,
+                    skipped: Optional[List[Tuple[str, str]]] = None) -> List[Path]:
+    """The paths that open as images (header read and verified, pixels not decoded: cheap for any number).
+
+    Unreadable ones are skipped (one warning each, ``(path, reason)`` appended to ``skipped``), or with
+    ``strict`` the first raises ``ImageError`` naming it. Raises ImageError when none is readable."""
+    from PIL import Image
+
+    good, reasons = [], []
+    for p in (Path(p) for p in paths):
+        try:
+            if not p.is_file():
+                raise ImageError(f"image file {str(p)!r} does not exist")
+            try:
+                with Image.open(p) as im:
+                    im.verify()
+            except Exception as e:  # PIL raises many types for broken files
+                raise ImageError(f"cannot read image {str(p)!r} ({type(e).__name__}: {e})") from e
+        except ImageError as e:
+            if strict:
+                raise ImageError(f"{e} (strict: stopped at the first unreadable image)") from e
+            reasons.append(str(e))
+            skip_image(str(p), str(e), skipped)
+            continue
+        good.append(p)
+    if paths and not good:
+        raise ImageError(f"none of the {len(paths)} image file(s) could be read; first: {reasons[0]}")
+    return good
+
+
+def skip_image(image_id: str, reason: str, skipped: Optional[List[Tuple[str, str]]] = None) -> None:
+    """Record an unreadable image: one warning line and ``(id, reason)`` appended to ``skipped``."""
+    import warnings
+
+    warnings.warn(f"skipped unreadable image: {reason}", stacklevel=3)
+    if skipped is not None:
+        skipped.append((image_id, reason))

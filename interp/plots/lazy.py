@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+
+from .registry import register_figures
 
 
 def _density(dist) -> Tuple[np.ndarray, np.ndarray]:
@@ -139,3 +141,27 @@ def score_maps(result, n: int = 8, cols: int = 4, only_with_boxes: bool = True) 
         fig.colorbar(image, ax=list(axes[:len(chosen)]), shrink=0.8, label="Patch Score")
     fig.suptitle(f"{result.model}: Patch Score maps (x = top patch, red = box)")
     return fig
+
+
+# ------------------------------------------------------------------------------- the registry's figure table
+def _pib_or_none(result) -> Optional[Figure]:
+    """PiB bars, or None for a result without a PiB (no boxes) or a SelectiveCLS result without one."""
+    if hasattr(result, "rows"):
+        return pib_bars(result) if any(row.get("pib") is not None for row in result.rows) else None
+    return pib_bars(result) if getattr(result, "pib", None) is not None else None
+
+
+def _maps_of_pib(result) -> Optional[Figure]:
+    return score_maps(result) if getattr(result, "pib", None) is not None else None
+
+
+def _distributions_of_selective(result) -> Optional[Figure]:
+    return score_distributions(result) if any(row.get("pib") is not None for row in result.rows) else None
+
+
+register_figures("patch_score", ("score_distributions", score_distributions, False),
+                 ("score_maps", lambda r: score_maps(r, only_with_boxes=r.fg is not None), False))
+register_figures("pib", ("pib", _pib_or_none, False), ("score_maps", _maps_of_pib, False))
+register_figures("masking", ("masking_curves", masking_curves, False))
+register_figures("selective_cls", ("pib", _pib_or_none, False), ("score_distributions", _distributions_of_selective,
+                                                                  False))

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from ..interventions import NeuronAblation
-from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold
-from .probe import probe
+from .forward import forward_summary
+from .outliers import Detection, ThresholdSpec, artifact_status, detection_for
+from .presets import detection_settings
 from .result import StudyResult
 from .source import LiveSource, live_model, n_batches
 
@@ -54,6 +55,9 @@ class AblationResult(StudyResult):
     mode: str = "zero"
     detect_layer: int = -1
     threshold: Optional[float] = None
+    preset: Optional[str] = None
+    artifacts_found: bool = False
+    warning: Optional[str] = None
     n_images: int = 0
     controls: List[Dict] = field(default_factory=list)
     conditions: Dict[str, Dict] = field(default_factory=dict)
@@ -67,8 +71,10 @@ def ablation_study(
     mode: str = "zero",
     n_controls: int = 5,
     seed: int = 0,
-    threshold: ThresholdSpec = "auto",
+    threshold: Optional[ThresholdSpec] = None,
     detect_layer: Optional[int] = None,
+    detection: Optional[Detection] = None,
+    preset: Optional[str] = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> AblationResult:
@@ -80,15 +86,21 @@ def ablation_study(
         mode: "zero", or "mean" (per-neuron means over these images' tokens).
         threshold: outlier threshold, resolved on the unablated model's detection-layer norms; under
             "auto" with no bimodal split the 99th percentile of the unablated norms is used, so counts
-            stay comparable.
+            stay comparable (default "auto").
+        detection: the unablated model's detection on this source, when already computed (saves a pass).
+        preset: published detection settings (:mod:`interp.studies.presets`); explicit arguments win.
+
+    Without artifacts (no separated high-norm mode) the study still runs; its result then carries
+    ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
     """
     model = live_model(source, "ablation study")
     neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
-    detect = resolve_layer(detect_layer, model.n_layers)
-    base_norms = detection_norms(source, detect, batch_size, progress).numpy().ravel()
-    thr_value = resolve_threshold(base_norms, threshold).value
-    if not np.isfinite(thr_value):
-        thr_value = resolve_threshold(base_norms, "p99").value
+    if detection is None:
+        threshold, detect_layer, preset = detection_settings(preset, threshold, detect_layer)
+    found = detection_for(source, detection, threshold, detect_layer, batch_size, progress)
+    detect = found.layer
+    artifacts, warning = artifact_status(detect, found.threshold, found.artifacts_found, "ablate")
+    thr_value = found.counting_threshold()
     controls = random_controls(neurons, model.d_mlp, n_controls, seed)
 
     def ablation(ns: Neurons) -> NeuronAblation:
@@ -104,7 +116,7 @@ def ablation_study(
     n = 0
     for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="ablation",
                          total=n_batches(source, batch_size), unit="batch"):
-        outs = {name: probe(model, x, ivs, detect) for name, ivs in conditions.items()}
+        outs = {name: forward_summary(model, x, ivs, detect) for name, ivs in conditions.items()}
         base_top1 = outs["baseline"].logits.argmax(-1)
         y = torch.tensor(labels[start:start + len(x)]) if labels is not None else None
         for name, out in outs.items():
@@ -128,9 +140,10 @@ def ablation_study(
                            "control_mean": float(np.mean(ctrl)) if ctrl else None,
                            "control_std": float(np.std(ctrl)) if ctrl else None}
     params = {"neurons": {str(k): v for k, v in neurons.items()}, "mode": mode, "n_controls": n_controls,
-              "threshold": threshold, "detect_layer": detect, "batch_size": batch_size}
+              "threshold": found.spec, "detect_layer": detect, "preset": preset, "batch_size": batch_size}
     return AblationResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
                           neurons={str(k): v for k, v in neurons.items()}, mode=mode, detect_layer=detect,
-                          threshold=float(thr_value), n_images=n,
+                          threshold=float(thr_value), preset=preset, artifacts_found=artifacts,
+                          warning=warning, n_images=n,
                           controls=[{str(k): v for k, v in c.items()} for c in controls],
                           conditions=table, summary=summary)

@@ -1,8 +1,13 @@
-"""Cross-model comparison (SCIENCE.md section 4): the same norms battery on several models, one table.
+"""Cross-model comparison (SCIENCE.md section 4): the same norms battery and the same linear probes on
+several models, one table (the reassessment's table).
 
 Protocol (Baxevanakis et al.): token norms before the final LayerNorm; last-block CLS->patch attention
 averaged over heads; high-norm = above each model's own threshold (default: automatic bimodal split; pass
-"p98" for the per-model 98th percentile of the reassessment).
+"p98" for the per-model 98th percentile of the reassessment). The probes (:mod:`interp.studies.probes`) read
+the last block's residual stream with the same detection, on a capped number of tokens (``probe_tokens``) so
+the table stays quick on small models: position (top-1) and pixels (R^2) on normal / high-norm patches, and the
+image label from one CLS / normal / high-norm token when the images carry labels. ``-`` = empty group (e.g.
+no high-norm tokens) or a probe that could not run; the ``*_chance`` columns give the chance levels.
 """
 from __future__ import annotations
 
@@ -10,10 +15,23 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .norms import norms_study
+from .outliers import detect
+from .probes import probes_study
 from .result import StudyResult
 from .source import open_source
 
-COLUMNS = ("model", "artifacts", "threshold", "outlier_%", "max/median", "emergence", "cls_attn_on_outliers")
+NORM_COLUMNS = ("model", "artifacts", "threshold", "outlier_%", "max/median", "emergence", "cls_attn_on_outliers")
+# probe column -> (probe, token group) of a ProbesResult
+PROBE_COLUMNS = {"pos_normal": ("position", "normal"), "pos_high": ("position", "high_norm"),
+                 "pix_normal": ("pixels", "normal"), "pix_high": ("pixels", "high_norm"),
+                 "glob_cls": ("label", "cls"), "glob_normal": ("label", "normal"),
+                 "glob_high": ("label", "high_norm")}
+CHANCE_COLUMNS = {"pos_chance": ("position", "normal"), "glob_chance": ("label", "cls")}
+COLUMNS = NORM_COLUMNS + tuple(PROBE_COLUMNS) + tuple(CHANCE_COLUMNS)
+# the probes' budget in the table: fewer Adam steps than a probes study (100 instead of 300) keeps a small
+# model's row to seconds on a CPU; pass probe_options to change it
+PROBE_OPTIONS = {"min_steps": 100}
+HOLD_LIMIT = 256  # up to this many images are decoded once and held in memory per model
 
 
 @dataclass
@@ -24,9 +42,10 @@ class ComparisonResult(StudyResult):
     rows: List[Dict] = field(default_factory=list)
 
     def table(self) -> str:
-        """The rows as an aligned plain-text table."""
-        cells = [list(COLUMNS)] + [[_fmt(r[c]) for c in COLUMNS] for r in self.rows]
-        widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+        """The rows as an aligned plain-text table (the probe columns when the rows have them)."""
+        columns = [c for c in COLUMNS if c in NORM_COLUMNS or any(c in r for r in self.rows)]
+        cells = [list(columns)] + [[_fmt(r.get(c)) for c in columns] for r in self.rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
         return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells)
 
 
@@ -56,14 +75,37 @@ def summary_row(name: str, result) -> Dict:
     }
 
 
+def probe_columns(result) -> Dict:
+    """The probe columns of one comparison row from a ProbesResult (None for an empty group)."""
+    def score(probe: str, group: str, attr: str = "score"):
+        entry = getattr(result, probe).get(group)
+        return None if entry is None else getattr(entry, attr)
+
+    row = {col: score(*where) for col, where in PROBE_COLUMNS.items()}
+    row.update({col: score(*where, attr="chance") for col, where in CHANCE_COLUMNS.items()})
+    return row
+
+
 def compare_models(models: Sequence, images, *, threshold="auto", batch_size: int = 16, progress: bool = True,
-                   names: Optional[Sequence[str]] = None) -> ComparisonResult:
-    """Run the norms study on each HookedViT over the same images and collect one row per model."""
+                   names: Optional[Sequence[str]] = None, probes: bool = True, probe_tokens: int = 2000,
+                   probe_options: Optional[Dict] = None, seed: int = 0) -> ComparisonResult:
+    """Run the norms study (and, with ``probes``, the linear probes on at most ``probe_tokens`` training
+    tokens, fitted with ``probe_options`` (default :data:`PROBE_OPTIONS`)) on each HookedViT over the same
+    images and collect one row per model."""
+    probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
     rows = []
     for i, model in enumerate(models):
         name = names[i] if names else model.model_name
-        result = norms_study(open_source(model=model, images=images, batch_size=batch_size),
-                             threshold=threshold, batch_size=batch_size, progress=progress)
+        source = open_source(model=model, images=images, batch_size=batch_size)
+        source = source.held() if len(source) <= HOLD_LIMIT else source  # decoded once for the three passes
+        found = detect(source, threshold, batch_size=batch_size, progress=progress)
+        result = norms_study(source, detection=found, batch_size=batch_size, progress=progress)
         rows.append(summary_row(name, result))
-    params = {"models": [r["model"] for r in rows], "threshold": threshold, "batch_size": batch_size}
+        if probes:
+            probed = probes_study(source, detection=found, seed=seed, batch_size=batch_size, progress=progress,
+                                  max_train_tokens=probe_tokens, max_test_tokens=max(probe_tokens // 2, 1),
+                                  probe_options=probe_options)
+            rows[-1].update(probe_columns(probed))
+    params = {"models": [r["model"] for r in rows], "threshold": threshold, "batch_size": batch_size,
+              "probes": probes, "probe_tokens": probe_tokens, "probe_options": probe_options, "seed": seed}
     return ComparisonResult(model=",".join(params["models"]), fingerprint="", params=params, seed=None, rows=rows)

@@ -37,7 +37,8 @@ from tqdm.auto import tqdm
 
 from ..errors import InterpError
 from ..interventions.selective_cls import SelectiveCLS
-from .outliers import ThresholdSpec, resid_post, resolve_threshold
+from ..hooks.names import resid_post
+from .outliers import ThresholdSpec, resolve_threshold
 from .patch_score import FINAL, forward_collect, needed_hooks, score_maps_from_acts
 from .source import live_model, n_batches
 from .result import StudyResult
@@ -100,10 +101,10 @@ def gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
 
 def target_classes(source) -> Optional[torch.Tensor]:
     """Model class index of each image from the image-folder layout, or None without labels (module doc)."""
-    labels = getattr(source, "labels", None)
+    labels = source.labels
     if labels is None:
         return None
-    names = list(getattr(source, "class_names", []))
+    names = list(source.class_names)
     if names and all(n.isdigit() for n in names):
         return torch.tensor([int(names[label]) for label in labels])
     return torch.tensor(labels)
@@ -207,7 +208,7 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
     fractions = [float(f) for f in fractions]
     bs = batch_size or source.batch_size
     grid = tuple(source.layout.grid)
-    patch = tuple(int(p) for p in model.timm_model.patch_embed.patch_size)
+    patch = source.patch_size
     n_patches = grid[0] * grid[1]
     ks = [n_masked(f, n_patches) for f in fractions]
     sigma = float(blur_sigma) if blur_sigma is not None else patch[0] / 2.0

@@ -1,29 +1,38 @@
 """Register neurons (Jiang et al.; SCIENCE.md section 2): MLP neurons whose activation concentrates on
 the high-norm tokens.
 
-score[l, n] = mean over images with outliers of ( mean over outlier patches p of |a[l, n](p)| ),
-a = ``blocks.{l}.mlp.hook_post`` (after the non-linearity; for SwiGLU the fc2 input). Outliers are the
-patch tokens of ``detect_layer`` whose ``hook_resid_post`` norm exceeds the threshold; images without
-outliers are skipped. Layers above ``highest_layer`` are ignored; the optional sparsity filter keeps a
-neuron only if at least 50 % of all tokens (of the images used) have activation below 0.5.
+By default this is the reference code's ``find_register_neurons`` (``nickjiang2378/test-time-registers``,
+``shared/algorithms.py``), streamed through :class:`~interp.studies.register_scores.RegisterScoreAccumulator`:
+
+score[l, n] = mean over images with outliers of ( mean over outlier positions p of |a[l, n](p)| ),
+a = ``blocks.{l}.mlp.hook_post`` (after the non-linearity; for SwiGLU the fc2 input). Outlier positions are
+ALL tokens (CLS and registers included, ``positions="all"``) of ``detect_layer``'s ``hook_resid_post`` whose
+norm is strictly above the threshold; images without outliers are skipped. The optional sparsity filter
+(``sparsity="per_image"``, the reference notebook's) zeroes a neuron's score for an image unless at least
+half of that image's tokens have activation below 0.5. ``positions="patches"`` and ``sparsity="pooled"``
+keep this project's earlier behaviour as named options. Layers above ``highest_layer`` are not ranked.
+
+A ``preset`` (:mod:`interp.studies.presets`) fills the published settings; explicit arguments win.
+
+>>> r = neurons_study(source, preset="jiang-dinov2-l14")     # threshold 150, detect -2, highest 17, top 50
+>>> r.neurons[:3], r.artifacts_found, r.warning
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold
+from ..hooks.names import mlp_post, resid_post
+from .outliers import Detection, ThresholdSpec, artifact_status, detection_for, resolve_layer
+from .presets import resolve_preset
+from .register_scores import RegisterScoreAccumulator, rank_neurons
 from .result import StudyResult
-from .source import ActivationSource, n_batches
-
-
-def mlp_post(layer: int) -> str:
-    return f"blocks.{layer}.mlp.hook_post"
+from .source import ActivationSource, n_batches, token_norms
 
 
 @dataclass
@@ -33,6 +42,9 @@ class NeuronsResult(StudyResult):
     Attributes:
         neurons: ``[{"layer", "neuron", "score"}]``, best first (at most ``top_k``; empty when nothing to rank).
         layer_max_score: per scored layer, its best neuron's score (how register-like each layer gets).
+        positions, sparsity, preset: the resolved options (``sparsity`` None = no filter).
+        artifacts_found: whether the detection norms have a separated high-norm mode with tokens in it.
+        warning: why the ranking does not describe register artifacts (None when artifacts were found).
         message: why the list is empty, when it is.
     """
 
@@ -42,7 +54,12 @@ class NeuronsResult(StudyResult):
     threshold_method: str = "auto"
     highest_layer: int = -1
     top_k: int = 10
+    positions: str = "all"
+    sparsity: Optional[str] = None
     sparsity_filter: bool = False
+    preset: Optional[str] = None
+    artifacts_found: bool = False
+    warning: Optional[str] = None
     n_images: int = 0
     n_images_with_outliers: int = 0
     n_outlier_tokens: int = 0
@@ -59,14 +76,70 @@ class NeuronsResult(StudyResult):
         return out
 
 
+def resolve_neuron_options(preset: Optional[str], *, threshold=None, detect_layer=None, highest_layer=None,
+                           top_k=None, positions=None, sparsity=None,
+                           sparsity_filter: Optional[bool] = None) -> Dict[str, Any]:
+    """The neurons study's settings: explicit arguments, then the preset, then the defaults (threshold
+    "auto", positions "all", no sparsity filter, top_k 10). ``sparsity_filter=True`` means
+    ``sparsity="per_image"`` (False: no filter) unless ``sparsity`` is given."""
+    if sparsity is None and sparsity_filter is not None:
+        sparsity = "per_image" if sparsity_filter else "none"
+    opts = resolve_preset(preset, threshold=threshold, detect_layer=detect_layer, highest_layer=highest_layer,
+                          top_k=top_k, positions=positions, sparsity=sparsity)
+    opts.setdefault("threshold", "auto")
+    opts.setdefault("positions", "all")
+    opts.setdefault("top_k", 10)
+    opts["sparsity"] = None if opts.get("sparsity") in (None, "none") else opts["sparsity"]
+    return opts
+
+
+def _choose_images(n_images: int, max_images: Optional[int], seed: int) -> Optional[set]:
+    """A seeded random subset of image indices (the reference notebook samples images, then skips those
+    without outliers), or None for all images."""
+    if max_images is None or n_images <= max_images:
+        return None
+    return set(random.Random(seed).sample(range(n_images), max_images))
+
+
+def score_register_neurons(source: ActivationSource, detect: int, highest: int, threshold: float, *,
+                           positions: str = "all", sparsity: Optional[str] = None, chosen: Optional[set] = None,
+                           batch_size: int = 16, progress: bool = True):
+    """One pass: the register-neuron score table of blocks ``0..highest``.
+
+    Returns:
+        (accumulator, used image indices): ``accumulator.finalize()`` is the float64 [highest + 1, d_mlp] table.
+    """
+    hooks = [mlp_post(l) for l in range(highest + 1)]
+    det_hook = resid_post(detect)
+    acc: Optional[RegisterScoreAccumulator] = None
+    used: List[int] = []
+    for batch in tqdm(source.batches(hooks + [det_hook], batch_size, reduce={det_hook: token_norms}),
+                      disable=not progress, desc="neuron scores", total=n_batches(source, batch_size),
+                      unit="batch", leave=False):
+        rows = [j for j in range(len(batch)) if chosen is None or batch.start + j in chosen]
+        if not rows:
+            continue
+        if acc is None:
+            acc = RegisterScoreAccumulator(highest + 1, batch.acts[hooks[0]].shape[-1], positions=positions,
+                                           sparsity=sparsity, patch_slice=source.layout.patch_slice)
+        acts = {l: batch.acts[h][rows] for l, h in enumerate(hooks)}  # {l: [b, t, m]}
+        hit = acc.update(acts, batch.acts[det_hook][rows], threshold)  # [b]
+        used += [batch.start + j for j, h in zip(rows, hit.tolist()) if h]
+    return acc, used
+
+
 def neurons_study(
     source: ActivationSource,
     *,
-    threshold: ThresholdSpec = "auto",
+    threshold: Optional[ThresholdSpec] = None,
     detect_layer: Optional[int] = None,
+    detection: Optional[Detection] = None,
     highest_layer: Optional[int] = None,
-    top_k: int = 10,
-    sparsity_filter: bool = False,
+    top_k: Optional[int] = None,
+    positions: Optional[str] = None,
+    sparsity: Optional[str] = None,
+    sparsity_filter: Optional[bool] = None,
+    preset: Optional[str] = None,
     max_images: Optional[int] = None,
     seed: int = 0,
     batch_size: int = 16,
@@ -76,69 +149,49 @@ def neurons_study(
 
     Args:
         source: live model over images, or a cache holding ``blocks.*.mlp.hook_post`` (layers <= highest_layer)
-            and the detection layer's ``hook_resid_post`` (full or ``--norms-only``... the norms cache must then
-            be a separate file: pass the same images).
-        threshold, detect_layer: as in the norms study (default: last block, automatic bimodal split).
-        highest_layer: last layer whose neurons are scored (default: the detection layer).
-        top_k: how many neurons to return.
-        sparsity_filter: drop neurons active (>= 0.5) on more than half of all tokens.
-        max_images: score on a seeded random subset of the images with outliers (the reference code samples
-            without a seed; here the sample is deterministic for a seed).
+            and the detection layer's ``hook_resid_post`` (full vectors or ``--norms-only``).
+        threshold, detect_layer, detection: as in the norms study (default: last block, automatic bimodal
+            split); a given ``detection`` saves the threshold pass. Under "auto" without a separated high-norm
+            mode nothing is ranked; under a fixed or percentile threshold the ranking is made, with
+            ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
+        highest_layer: last layer whose neurons are scored (default: the detection layer; capped at the last).
+        top_k: how many neurons to return (default 10).
+        positions: ``"all"`` (default, reference) or ``"patches"`` (patch tokens only).
+        sparsity: ``"per_image"`` (reference notebook), ``"pooled"`` or ``"none"``; default none.
+        sparsity_filter: shorthand: True = ``"per_image"``, False = ``"none"`` (``sparsity`` wins).
+        preset: published settings (:func:`~interp.studies.presets.resolve_preset`); explicit arguments win.
+        max_images: score on a seeded random subset of this many images (deterministic for a seed).
     """
-    n_layers = source.n_layers
-    detect = resolve_layer(detect_layer, n_layers)
-    highest = resolve_layer(highest_layer if highest_layer is not None else detect, n_layers)
-    params = {"threshold": threshold, "detect_layer": detect, "highest_layer": highest, "top_k": top_k,
-              "sparsity_filter": sparsity_filter, "max_images": max_images, "batch_size": batch_size}
+    opts = resolve_neuron_options(preset, threshold=threshold, detect_layer=detect_layer,
+                                  highest_layer=highest_layer, top_k=top_k, positions=positions,
+                                  sparsity=sparsity, sparsity_filter=sparsity_filter)
+    if detection is not None:  # a given detection is checked against the explicit arguments only
+        found = detection.check(source, detect_layer, threshold)
+    else:
+        found = detection_for(source, None, opts["threshold"], opts.get("detect_layer"), batch_size, progress)
+    detect, thr = found.layer, found.threshold
+    highest = min(resolve_layer(opts.get("highest_layer", detect), source.n_layers), source.n_layers - 1)
+    artifacts, warning = artifact_status(detect, thr, found.artifacts_found, "neurons")
+    params = {"threshold": found.spec, "detect_layer": detect, "highest_layer": highest, "top_k": opts["top_k"],
+              "positions": opts["positions"], "sparsity": opts["sparsity"], "preset": opts["preset"],
+              "max_images": max_images, "batch_size": batch_size}
     base = dict(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
-                detect_layer=detect, highest_layer=highest, top_k=top_k, sparsity_filter=sparsity_filter,
-                n_images=len(source))
-
-    det = detection_norms(source, detect, batch_size, progress)  # [N, P]
-    thr = resolve_threshold(det.numpy().ravel(), threshold)
-    outliers = det > thr.value
-    with_outliers = torch.nonzero(outliers.any(1)).flatten().tolist()
-    thr_value = thr.value if np.isfinite(thr.value) else None
-    if thr.method == "auto" and not thr.bimodal or not with_outliers:
-        reason = ("the detection layer's norm distribution has no separated high-norm mode"
-                  if thr.method == "auto" and not thr.bimodal else "no patch token exceeds the threshold")
-        return NeuronsResult(**base, threshold=thr_value, threshold_method=thr.method,
-                             message=f"no outliers at block {detect}: {reason}; nothing to rank")
-    if max_images is not None and len(with_outliers) > max_images:
-        with_outliers = sorted(random.Random(seed).sample(with_outliers, max_images))
-    chosen = set(with_outliers)
-
-    hooks = [mlp_post(l) for l in range(highest + 1)]
-    patches = source.layout.patch_slice
-    score_sum: Optional[torch.Tensor] = None  # [L, d_mlp]
-    below = None
-    n_tokens = 0
-    for batch in tqdm(source.batches(hooks, batch_size), disable=not progress, desc="neuron scores",
-                      total=n_batches(source, batch_size), unit="batch", leave=False):
-        keep = [j for j in range(len(batch)) if batch.start + j in chosen]
-        if not keep:
-            continue
-        acts = torch.stack([batch.acts[h][keep] for h in hooks], dim=1)  # [b, L, t, d_mlp]
-        mask = outliers[[batch.start + j for j in keep]].to(acts.dtype)  # [b, P]
-        patch_acts = acts[:, :, patches].abs()  # [b, L, P, d_mlp]
-        per_image = torch.einsum("blpn,bp->bln", patch_acts, mask) / mask.sum(1).view(-1, 1, 1)
-        score_sum = per_image.sum(0) if score_sum is None else score_sum + per_image.sum(0)
-        if sparsity_filter:
-            b_below = (acts < 0.5).sum(dim=(0, 2))  # [L, d_mlp]
-            below = b_below if below is None else below + b_below
-            n_tokens += acts.shape[0] * acts.shape[2]
-    scores = score_sum / len(with_outliers)  # [L, d_mlp]
-    if sparsity_filter:
-        scores = torch.where(below >= 0.5 * n_tokens, scores, torch.full_like(scores, -1.0))
-    flat = scores.flatten()
-    k = min(top_k, int((flat >= 0).sum()))
-    values, idx = torch.sort(flat, descending=True, stable=True)  # ties: lower layer/index first
-    values, idx = values[:k], idx[:k]
-    d_mlp = scores.shape[1]
-    ranked = [{"layer": int(i // d_mlp), "neuron": int(i % d_mlp), "score": float(v)} for v, i in zip(values, idx)]
+                detect_layer=detect, highest_layer=highest, top_k=opts["top_k"], positions=opts["positions"],
+                sparsity=opts["sparsity"], sparsity_filter=opts["sparsity"] is not None, preset=opts["preset"],
+                artifacts_found=artifacts, warning=warning, n_images=len(source),
+                threshold=thr.value if np.isfinite(thr.value) else None, threshold_method=thr.method)
+    if not np.isfinite(thr.value):
+        return NeuronsResult(**base, message=f"no outliers at block {detect}: the detection layer's norm "
+                             "distribution has no separated high-norm mode; nothing to rank")
+    acc, used = score_register_neurons(source, detect, highest, thr.value, positions=opts["positions"],
+                                       sparsity=opts["sparsity"], chosen=_choose_images(len(source), max_images, seed),
+                                       batch_size=batch_size, progress=progress)
+    if not used:
+        return NeuronsResult(**base, message=f"no outliers at block {detect}: no token exceeds the threshold "
+                             f"{thr.value:.4g}; nothing to rank")
+    scores = acc.finalize()  # [highest + 1, d_mlp] float64
     return NeuronsResult(
-        **base, threshold=thr_value, threshold_method=thr.method,
-        n_images_with_outliers=len(with_outliers), n_outlier_tokens=int(outliers[with_outliers].sum()),
-        image_ids=[source.ids[i] for i in with_outliers], neurons=ranked,
+        **base, n_images_with_outliers=len(used), n_outlier_tokens=acc.n_outlier_tokens,
+        image_ids=[source.ids[i] for i in used], neurons=rank_neurons(scores, opts["top_k"], highest),
         layer_max_score=[float(v) for v in scores.clamp_min(0).max(1).values],
     )

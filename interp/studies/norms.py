@@ -3,17 +3,21 @@ un-normalised residual stream, outlier detection, outlier maps, the emergence la
 
 >>> result = norms_study(open_source(model=model, images="photos/"), threshold="auto")
 >>> result.artifacts_found, result.emergence["layer"]
+>>> norms_study(source, detection=detect(source, "p98"))   # reuse a detection other studies share
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold, resid_post
+from ..hooks.names import attn_pattern, block_hook, resid_post
+from .emergence import EmergenceAccumulator, find_emergence
+from .outliers import Detection, ThresholdSpec, artifact_status, detection_for
+from .presets import detection_settings
 from .result import StudyResult
 from .source import ActivationSource, n_batches, token_norms
 
@@ -52,8 +56,13 @@ class NormsResult(StudyResult):
         threshold: outlier threshold at ``detect_layer`` (None = no outliers: distribution not bimodal under "auto").
         outlier_maps: [N][h][w] 0/1 outliers at ``detect_layer`` (patch tokens).
         outlier_fraction_per_layer: share of patch tokens above ``threshold`` at each block output.
-        emergence: first layer whose attention or MLP raises the max patch norm by ``emergence_factor``:
-            {"layer", "component", "factor", "attn_ratio": [...], "mlp_ratio": [...]} or None.
+        emergence: the step (attention or MLP of one block) where the max patch norm jumps by at least
+            ``emergence_factor`` relative to the median patch norm, measured as Jiang et al. do
+            (:func:`interp.studies.emergence.find_emergence`): {"layer", "component", "jump", "factor",
+            "relative_max", "steps"}; None when no artifacts were found.
+        emergence_curves: the per-layer means over images (Jiang et al.'s notebook): "max_patch_norm" and
+            "median_patch_norm" (stage -> [L], each image's max / median patch norm) and "cls_attention_max"
+            ([L], each image's max over patches of the head-mean CLS->patch attention; None without patterns).
         cls_attention_max: per layer, max over images and patches of CLS->patch attention (head mean), or
             None when attention patterns were not available.
         cls_attention_on_outliers: per layer, mean share of CLS->patch attention on outlier patches.
@@ -79,6 +88,9 @@ class NormsResult(StudyResult):
     histograms: Dict = field(default_factory=dict)
     hist_edges: List[float] = field(default_factory=list)
     emergence: Optional[Dict] = None
+    emergence_curves: Dict = field(default_factory=dict)
+    preset: Optional[str] = None
+    warning: Optional[str] = None
     cls_attention_max: Optional[List[float]] = None
     cls_attention_on_outliers: Optional[List[float]] = None
 
@@ -87,24 +99,79 @@ class NormsResult(StudyResult):
         return torch.tensor(self.outlier_maps, dtype=torch.bool).reshape(len(self.ids), *self.grid)
 
 
-def find_emergence(max_pre: List[float], max_mid: List[float], max_post: List[float], factor: float) -> Optional[Dict]:
-    """First layer where the attention (pre->mid) or the MLP (mid->post) step multiplies the max patch norm
-    by at least ``factor``."""
-    attn_ratio = [m / max(p, 1e-12) for p, m in zip(max_pre, max_mid)]
-    mlp_ratio = [p / max(m, 1e-12) for m, p in zip(max_mid, max_post)]
-    for layer, (a, m) in enumerate(zip(attn_ratio, mlp_ratio)):
-        if a >= factor or m >= factor:
-            component = "attention" if a >= m else "mlp"
-            return {"layer": layer, "component": component, "factor": factor,
-                    "attn_ratio": attn_ratio, "mlp_ratio": mlp_ratio}
-    return None
+@dataclass
+class _LayerTally:
+    """Running per-layer statistics over the batches of :func:`norms_study` (numpy, one row per block)."""
+
+    n_layers: int
+    kinds: Dict[str, slice]
+    patch_slice: slice
+    use_attention: bool
+    counts: Dict = field(init=False)
+    maxima: Dict = field(init=False)
+    n_images: int = 0
+
+    def __post_init__(self):
+        bins = len(HIST_EDGES) - 1
+        self.counts = {s: {k: np.zeros((self.n_layers, bins), np.int64) for k in KINDS} for s in STAGES}
+        self.maxima = {s: {k: np.full(self.n_layers, -np.inf) for k in KINDS} for s in STAGES}
+        self.above = np.zeros(self.n_layers, np.int64)
+        self.attn_max = np.zeros(self.n_layers)
+        self.attn_share = np.zeros(self.n_layers)
+        self.emergence = EmergenceAccumulator(self.n_layers)
+
+    def add(self, batch, outliers: torch.Tensor, threshold: float) -> None:
+        """Fold one batch in; ``outliers`` Bool[b, P] are the batch's detection-layer outliers."""
+        for i in range(self.n_layers):
+            for s in STAGES:
+                norms = batch.acts[block_hook(i, f"hook_{s}")]  # [b, t]
+                self.emergence.update(s, i, norms[:, self.patch_slice])
+                for k, sl in self.kinds.items():
+                    vals = norms[:, sl].reshape(-1).numpy()
+                    if vals.size:
+                        self.counts[s][k][i] += np.histogram(np.clip(vals, HIST_EDGES[0], HIST_EDGES[-1]),
+                                                             HIST_EDGES)[0]
+                        self.maxima[s][k][i] = max(self.maxima[s][k][i], float(vals.max()))
+            self.above[i] += int((batch.acts[resid_post(i)][:, self.patch_slice] > threshold).sum())
+            if self.use_attention:
+                row = batch.acts[attn_pattern(i)]  # [b, P]
+                self.emergence.update_attention(i, row)
+                self.attn_max[i] = max(self.attn_max[i], float(row.max()))
+                share = (row * outliers).sum(1) / row.sum(1).clamp_min(1e-12)
+                self.attn_share[i] += float(share.sum())
+        self.n_images += len(batch)
+
+    def stat(self, s: str, k: str, i: int) -> Dict:
+        c = self.counts[s][k][i]
+        if c.sum() == 0:
+            return {"median": None, "p99": None, "max": None}
+        top = float(self.maxima[s][k][i])
+        return {"median": min(_hist_quantile(c, 0.5), top), "p99": min(_hist_quantile(c, 0.99), top), "max": top}
+
+
+def _layer_hooks(source: ActivationSource, attention: bool) -> Tuple[List[str], Dict, bool]:
+    """(hooks, reducers, whether CLS attention is measured) of the per-layer pass."""
+    lay, n_layers = source.layout, source.n_layers
+    hooks = [block_hook(i, f"hook_{s}") for i in range(n_layers) for s in STAGES]
+    reduce = {h: token_norms for h in hooks}
+    pattern_hooks = [attn_pattern(i) for i in range(n_layers)]
+    use_attention = attention and lay.cls_index is not None and all(source.has(h) for h in pattern_hooks) and (
+        source.is_live or not source.norms_only)
+    if use_attention:
+        cls, patches = lay.cls_index, lay.patch_slice
+        for h in pattern_hooks:
+            reduce[h] = lambda p, c=cls, s=patches: p[:, :, c, s].float().mean(1)  # [b, P] head mean
+        hooks += pattern_hooks
+    return hooks, reduce, use_attention
 
 
 def norms_study(
     source: ActivationSource,
     *,
-    threshold: ThresholdSpec = "auto",
+    threshold: Optional[ThresholdSpec] = None,
     detect_layer: Optional[int] = None,
+    detection: Optional[Detection] = None,
+    preset: Optional[str] = None,
     emergence_factor: float = 2.0,
     attention: bool = True,
     batch_size: int = 16,
@@ -116,88 +183,56 @@ def norms_study(
         source: a live model over images, or a cache with ``blocks.*.hook_resid_mid``/``hook_resid_post``
             (full activations or ``--norms-only``); attention needs ``blocks.*.attn.hook_pattern`` (live: always).
         threshold: a norm, ``"pNN"`` (per-model percentile of the detection layer's patch norms) or ``"auto"``
-            (bimodal split; no outliers when the distribution has no separated high-norm mode).
+            (default; bimodal split; no outliers when the distribution has no separated high-norm mode).
         detect_layer: block whose output decides outliers (default: the last; negative counts from the end).
+        detection: outliers already found on this source (:func:`~interp.studies.outliers.detect`); saves
+            the detection pass. ``threshold``/``detect_layer``, when also given, must agree with it.
+        preset: published detection settings (``darcet``, ``reassessment``, ``jiang-*``); explicit arguments win.
         emergence_factor: how much one step must raise the max patch norm to count as emergence.
         attention: measure CLS->patch attention per layer (skipped for caches without patterns).
     """
     lay = source.layout
     n_layers = source.n_layers
-    detect = resolve_layer(detect_layer, n_layers)
-
-    det = detection_norms(source, detect, batch_size, progress)  # [N, P]
-    thr = resolve_threshold(det.numpy().ravel(), threshold)
-    outliers = det > thr.value  # [N, P]
+    if detection is None:
+        threshold, detect_layer, preset = detection_settings(preset, threshold, detect_layer)
+    det = detection_for(source, detection, threshold, detect_layer, batch_size, progress)
+    outliers = det.outliers  # [N, P]
+    thr = det.threshold
 
     kinds = {"cls": slice(lay.cls_index, lay.cls_index + 1) if lay.cls_index is not None else slice(0, 0),
              "registers": lay.register_slice, "patches": lay.patch_slice}
-    hooks = [f"blocks.{i}.hook_{s}" for i in range(n_layers) for s in STAGES]
-    reduce = {h: token_norms for h in hooks}
-    pattern_hooks = [f"blocks.{i}.attn.hook_pattern" for i in range(n_layers)]
-    use_attention = attention and lay.cls_index is not None and all(source.has(h) for h in pattern_hooks) and (
-        source.model is not None or not getattr(source, "norms_only", False))
-    if use_attention:
-        cls, patches = lay.cls_index, lay.patch_slice
-        for h in pattern_hooks:
-            reduce[h] = lambda p, c=cls, s=patches: p[:, :, c, s].float().mean(1)  # [b, P] head mean
-        hooks += pattern_hooks
-
-    counts = {s: {k: np.zeros((n_layers, len(HIST_EDGES) - 1), np.int64) for k in KINDS} for s in STAGES}
-    maxima = {s: {k: np.full(n_layers, -np.inf) for k in KINDS} for s in STAGES}
-    above = np.zeros(n_layers, np.int64)
-    attn_max = np.zeros(n_layers)
-    attn_share = np.zeros(n_layers)
-    n_images = 0
+    hooks, reduce, use_attention = _layer_hooks(source, attention)
+    tally = _LayerTally(n_layers, kinds, lay.patch_slice, use_attention)
     for batch in tqdm(source.batches(hooks, batch_size, reduce=reduce), disable=not progress,
                       total=n_batches(source, batch_size), desc="norms per layer", unit="batch", leave=False):
-        out_b = outliers[batch.start:batch.start + len(batch)]
-        for i in range(n_layers):
-            for s in STAGES:
-                norms = batch.acts[f"blocks.{i}.hook_{s}"]  # [b, t]
-                for k, sl in kinds.items():
-                    vals = norms[:, sl].reshape(-1).numpy()
-                    if vals.size:
-                        counts[s][k][i] += np.histogram(np.clip(vals, HIST_EDGES[0], HIST_EDGES[-1]),
-                                                        HIST_EDGES)[0]
-                        maxima[s][k][i] = max(maxima[s][k][i], float(vals.max()))
-            above[i] += int((batch.acts[resid_post(i)][:, lay.patch_slice] > thr.value).sum())
-            if use_attention:
-                row = batch.acts[f"blocks.{i}.attn.hook_pattern"]  # [b, P]
-                attn_max[i] = max(attn_max[i], float(row.max()))
-                share = (row * out_b).sum(1) / row.sum(1).clamp_min(1e-12)
-                attn_share[i] += float(share.sum())
-        n_images += len(batch)
+        tally.add(batch, outliers[batch.start:batch.start + len(batch)], thr.value)
 
-    def stat(s, k, i):
-        c = counts[s][k][i]
-        if c.sum() == 0:
-            return {"median": None, "p99": None, "max": None}
-        top = float(maxima[s][k][i])
-        return {"median": min(_hist_quantile(c, 0.5), top), "p99": min(_hist_quantile(c, 0.99), top), "max": top}
-
-    stats = {s: {k: [stat(s, k, i) for i in range(n_layers)] for k in KINDS} for s in STAGES}
-    max_post = [float(v) for v in maxima["resid_post"]["patches"]]
-    max_mid = [float(v) for v in maxima["resid_mid"]["patches"]]
-    # The input of block i is the output of block i-1 (block 0: its own mid-stream is the first measurement).
-    max_pre = [max_mid[0]] + max_post[:-1]
-    emergence = find_emergence(max_pre, max_mid, max_post, emergence_factor)
+    stats = {s: {k: [tally.stat(s, k, i) for i in range(n_layers)] for k in KINDS} for s in STAGES}
+    max_post = [float(v) for v in tally.maxima["resid_post"]["patches"]]
+    max_mid = [float(v) for v in tally.maxima["resid_mid"]["patches"]]
+    curves = tally.emergence.finalize()
+    artifacts, warning = artifact_status(det.layer, thr, det.artifacts_found, "norms", warn=False)
+    emergence = find_emergence(curves, factor=emergence_factor, artifacts_found=artifacts) if n_layers else None
+    n_images = tally.n_images
     n_patch_tokens = max(n_images * lay.n_patches, 1)
-    artifacts = bool(thr.bimodal and outliers.any())
-    params = {"threshold": threshold, "detect_layer": detect, "emergence_factor": emergence_factor,
-              "attention": attention, "batch_size": batch_size}
+    params = {"threshold": det.spec, "detect_layer": det.layer, "preset": preset,
+              "emergence_factor": emergence_factor, "attention": attention, "batch_size": batch_size}
     return NormsResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
-        ids=list(source.ids), n_layers=n_layers, grid=list(lay.grid), detect_layer=detect,
+        ids=list(source.ids), n_layers=n_layers, grid=list(lay.grid), detect_layer=det.layer,
         threshold=thr.value if np.isfinite(thr.value) else None, threshold_method=thr.method,
         bimodal=thr.bimodal, mode_ratio=thr.mode_ratio, artifacts_found=artifacts,
         outlier_fraction=float(outliers.float().mean()) if outliers.numel() else 0.0,
         outlier_counts=outliers.sum(1).tolist(),
         outlier_maps=outliers.reshape(-1, *lay.grid).int().tolist(),
-        outlier_fraction_per_layer=(above / n_patch_tokens).tolist(),
+        outlier_fraction_per_layer=(tally.above / n_patch_tokens).tolist(),
         stats=stats, max_patch_norm={"resid_mid": max_mid, "resid_post": max_post},
         median_patch_norm={s: [stats[s]["patches"][i]["median"] for i in range(n_layers)] for s in STAGES},
-        histograms={s: [_trim(c) for c in counts[s]["patches"]] for s in STAGES}, hist_edges=HIST_EDGES.tolist(),
-        emergence=emergence if artifacts or thr.method != "auto" else None,
-        cls_attention_max=attn_max.tolist() if use_attention else None,
-        cls_attention_on_outliers=(attn_share / max(n_images, 1)).tolist() if use_attention else None,
+        histograms={s: [_trim(c) for c in tally.counts[s]["patches"]] for s in STAGES},
+        hist_edges=HIST_EDGES.tolist(),
+        emergence=emergence, preset=preset, warning=warning,
+        emergence_curves={"max_patch_norm": curves.max_patch_norm, "median_patch_norm": curves.median_patch_norm,
+                          "cls_attention_max": curves.cls_attention_max},
+        cls_attention_max=tally.attn_max.tolist() if use_attention else None,
+        cls_attention_on_outliers=(tally.attn_share / max(n_images, 1)).tolist() if use_attention else None,
     )

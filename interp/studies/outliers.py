@@ -1,8 +1,15 @@
-"""High-norm token detection: thresholds (fixed, per-model percentile, automatic bimodal split) and
-the streaming collection of detection-layer patch norms shared by the norms and neurons studies."""
+"""High-norm token detection: thresholds (fixed, per-model percentile, automatic bimodal split), the
+streaming collection of detection-layer patch norms, and :class:`Detection`, their result computed once per
+source and handed to every study that needs it (norms, neurons, ablation, test-time register).
+
+>>> det = detect(source, threshold="auto", layer=-1)      # one pass over the images
+>>> det.outliers.shape, det.artifacts_found                # [N, P] bool, bool
+>>> norms_study(source, detection=det); neurons_study(source, detection=det)   # no second detection pass
+"""
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import List, Optional, Tuple, Union
 
@@ -11,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import InterpError
+from ..hooks.names import resid_post
 from .source import ActivationSource, n_batches, token_norms
 
 ThresholdSpec = Union[float, int, str]
@@ -103,10 +111,6 @@ def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> 
                      explained=explained)
 
 
-def resid_post(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_post"
-
-
 def resolve_layer(layer: Optional[int], n_layers: int) -> int:
     """Negative indices count from the end; None is the last block."""
     if layer is None:
@@ -129,3 +133,106 @@ def detection_norms(source: ActivationSource, layer: int, batch_size: int = 16,
                       total=n_batches(source, batch_size), desc=f"norms @ block {layer}", unit="batch", leave=False):
         out.append(batch.acts[hook][:, patches])
     return torch.cat(out) if out else torch.zeros(0, source.layout.n_patches)
+
+
+@dataclass(frozen=True)
+class Detection:
+    """High-norm tokens of one source at one block, found once and shared by the studies.
+
+    Attributes:
+        layer: the detection block (its ``hook_resid_post`` decides outliers).
+        spec: the threshold as asked for (a norm, ``"pNN"`` or ``"auto"``).
+        threshold: the resolved :class:`Threshold` (value inf when "auto" finds no separated mode).
+        norms: per-image patch-token norms at ``layer``: Tensor[N, P] float32.
+        ids: the source's image ids, in order (checked when a study is handed this detection).
+        fingerprint: weights fingerprint of the source's model.
+    """
+
+    layer: int
+    spec: ThresholdSpec
+    threshold: Threshold
+    norms: torch.Tensor
+    ids: Tuple[str, ...]
+    fingerprint: str
+
+    @property
+    def method(self) -> str:
+        return self.threshold.method
+
+    @property
+    def outliers(self) -> torch.Tensor:
+        """Bool[N, P]: patch tokens above the threshold."""
+        return self.norms > self.threshold.value
+
+    @property
+    def artifacts_found(self) -> bool:
+        """A separated high-norm mode exists and some patch token is in it."""
+        return bool(self.threshold.bimodal and self.outliers.any())
+
+    def counting_threshold(self) -> float:
+        """The threshold the causal studies count outliers with: the resolved value, or the 99th percentile of
+        these norms when "auto" finds no bimodal split (so counts stay comparable)."""
+        if math.isfinite(self.threshold.value):
+            return self.threshold.value
+        return resolve_threshold(self.norms.numpy().ravel(), "p99").value
+
+    def check(self, source: ActivationSource, layer: Optional[int] = None,
+              threshold: Optional[ThresholdSpec] = None) -> "Detection":
+        """This detection, after checking it was made on ``source`` (same images and weights) and, when given,
+        at ``layer`` (resolved) with ``threshold``; raises InterpError naming the mismatch."""
+        if tuple(source.ids) != self.ids or source.fingerprint != self.fingerprint:
+            raise InterpError("this detection was computed on other images or weights than the source; "
+                              "compute it with detect(source, ...) on the same source")
+        if layer is not None and resolve_layer(layer, source.n_layers) != self.layer:
+            raise InterpError(f"detect_layer={layer} disagrees with the detection's block {self.layer}; "
+                              "pass one of them")
+        if threshold is not None and threshold != self.spec:
+            raise InterpError(f"threshold={threshold!r} disagrees with the detection's {self.spec!r}; "
+                              "pass one of them")
+        return self
+
+
+def detect(source: ActivationSource, threshold: ThresholdSpec = "auto", layer: Optional[int] = None,
+           batch_size: Optional[int] = None, progress: bool = True) -> Detection:
+    """One pass over ``source``: the detection block's patch norms and the resolved threshold.
+
+    Args:
+        threshold: a norm, ``"pNN"`` or ``"auto"`` (see :func:`resolve_threshold`).
+        layer: detection block (default: the last; negative counts from the end).
+    """
+    block = resolve_layer(layer, source.n_layers)
+    norms = detection_norms(source, block, batch_size or source.batch_size, progress)  # [N, P]
+    return Detection(layer=block, spec=threshold, threshold=resolve_threshold(norms.numpy().ravel(), threshold),
+                     norms=norms, ids=tuple(source.ids), fingerprint=source.fingerprint)
+
+
+def detection_for(source: ActivationSource, detection: Optional[Detection], threshold: Optional[ThresholdSpec],
+                  layer: Optional[int], batch_size: Optional[int], progress: bool) -> Detection:
+    """The detection a study works with: ``detection`` checked against the source and the study's own
+    arguments, or a fresh :func:`detect` (threshold default "auto") when none is given."""
+    if detection is not None:
+        return detection.check(source, layer, threshold)
+    return detect(source, "auto" if threshold is None else threshold, layer, batch_size, progress)
+
+
+def no_artifacts_warning(layer: int, threshold: Threshold, study: str) -> str:
+    """The one-line warning a study built on outliers carries when the model shows no artifacts."""
+    head = (f"no artifacts: the patch-token norms at block {layer} have no separated high-norm mode (automatic "
+            f"split rejected, mode ratio {threshold.mode_ratio:.2f}); ")
+    if not math.isfinite(threshold.value):
+        return head + (f"no token is an artifact under the automatic split; whatever the {study} study counts "
+                       "is ordinary tokens")
+    return head + (f"the {study} study ran under the {threshold.method} threshold {threshold.value:.4g}, so its "
+                   "'outliers' are ordinary high-norm tokens, not register artifacts")
+
+
+def artifact_status(layer: int, threshold: Threshold, artifacts_found: bool, study: str,
+                    warn: bool = True) -> Tuple[bool, Optional[str]]:
+    """``(artifacts_found, warning)`` for a study's JSON; the warning is also raised with ``warnings.warn``
+    (the CLI shows it as one line) when ``warn`` and no artifacts were found."""
+    if artifacts_found:
+        return True, None
+    text = no_artifacts_warning(layer, threshold, study)
+    if warn:
+        warnings.warn(text, stacklevel=3)
+    return False, text

@@ -5,7 +5,7 @@ The patch tokens come from ``hook`` (default ``hook_norm_final``, the final norm
 
 * ``"cls"``: the raw CLS output, i.e. the CLS row of ``hook_norm_final``;
 * ``"pooled"``: the vector the head sees (``hook_pooled``); it must have the tokens' width;
-* ``"selective"``: selective aggregation (``interp.interventions.selective.selective_aggregate``) of the
+* ``"selective"``: selective aggregation (``interp.interventions.selective_aggregation.selective_aggregate``) of the
   final normed patch tokens, with the parameters of a :class:`SelectiveCLS` object.
 
 >>> result = patch_score_study(open_source(model=model, images="photos/"), reference="cls",
@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import InterpError
-from ..interventions.selective import selective_aggregate
+from ..interventions.selective_aggregation import selective_aggregate
 from ..interventions.selective_cls import SelectiveCLS
 from ..models.layout import TokenLayout
 from .boxes import Regions
@@ -112,7 +112,7 @@ def forward_collect(model, x: torch.Tensor, hooks: Sequence[str]) -> Tuple[torch
 def check_source(source: ActivationSource, hooks: Sequence[str]) -> None:
     """Raise unless the source can give these hooks in full (a norm-only cache cannot)."""
     source.require(hooks)
-    if getattr(source, "norms_only", False):
+    if source.norms_only:
         raise InterpError("this cache stores token norms only; Patch Scores need the token vectors: "
                           "write the cache without --norms-only")
 
@@ -124,7 +124,7 @@ def compute_score_maps(source: ActivationSource, hook: str = FINAL, reference: s
     hooks = needed_hooks(hook, reference)
     check_source(source, hooks)
     maps: List[torch.Tensor] = []
-    bs = batch_size or getattr(source, "batch_size", 16)
+    bs = batch_size or source.batch_size
     for batch in tqdm(source.batches(hooks, bs), total=n_batches(source, bs), disable=not progress,
                       desc="patch scores", unit="batch", leave=False):
         maps.append(score_maps_from_acts(batch.acts, batch.layout, hook, reference, selective))
@@ -221,29 +221,13 @@ class PatchScoreResult(StudyResult):
 
 
 def patch_size_from_source(source: ActivationSource) -> Tuple[int, int]:
-    """Patch size in input pixels (from the live model, else input size / grid of the cache)."""
-    model = getattr(source, "model", None)
-    if model is not None:
-        return tuple(int(p) for p in model.timm_model.patch_embed.patch_size)
-    meta = getattr(getattr(source, "reader", None), "meta", {})
-    size = meta.get("input_size") or meta.get("data_config", {}).get("input_size")
-    if size is None:
-        raise InterpError("cannot tell the patch size of this source (no model, no input size in the cache)")
-    h, w = (int(v) for v in list(size)[-2:])
-    return h // source.layout.grid[0], w // source.layout.grid[1]
+    """Patch size in input pixels: ``source.patch_size`` (kept for callers of the old name)."""
+    return source.patch_size
 
 
 def source_data_config(source: ActivationSource) -> dict:
-    """The timm data config the source's images were preprocessed with (live model or cache metadata)."""
-    model = getattr(source, "model", None)
-    if model is not None:
-        from ..models.preprocessing import data_config
-
-        return data_config(model)
-    cfg = getattr(getattr(source, "reader", None), "meta", {}).get("data_config")
-    if cfg is None:
-        raise InterpError("this cache does not record its data config; run with --images and the model instead")
-    return dict(cfg)
+    """The timm data config the source's images were preprocessed with: ``source.data_config()``."""
+    return source.data_config()
 
 
 def patch_score_study(source: ActivationSource, *, hook: str = FINAL, reference: str = "cls",

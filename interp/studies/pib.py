@@ -19,10 +19,14 @@ import torch
 
 from ..errors import InterpError
 from ..interventions.selective_cls import SelectiveCLS
-from .boxes import BoxTable, Regions, read_boxes, regions_from_boxes
+from .box_files import match_boxes
+from .boxes import BoxTable, Regions, original_size, read_boxes, regions_from_boxes
 from .patch_score import FINAL, compute_score_maps, patch_size_from_source, source_data_config
+from .pib_protocol import last_grid, last_regions, last_transform
 from .result import StudyResult
-from .source import ActivationSource
+from .source import ActivationSource, LiveSource
+
+PROTOCOLS = ("model", "last")
 
 
 def pib_hits(maps: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
@@ -127,10 +131,58 @@ def load_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path], si
                               single_object=single_object, max_box_fraction=max_box_fraction)
 
 
+class LastProtocolSource(LiveSource):
+    """A live source over image files that feeds the model the LaSt reference's transform (``Resize(256)`` +
+    ``CenterCrop(224)``, the model's mean/std) instead of the model's own; ids, labels and skips as ``source``."""
+
+    def __init__(self, source: LiveSource):
+        if not isinstance(source, LiveSource) or source._paths is None:
+            raise InterpError("protocol='last' re-reads the image files with the reference transform: give a live "
+                              "source over image files (CLI --images DIR), not a cache or a tensor")
+        cfg = source.data_config()
+        self.__dict__.update(source.__dict__)
+        self._transform = last_transform(cfg["mean"], cfg["std"])
+        self.layout = self.model.layout_for((224, 224))
+
+    def _image_size(self):
+        return (224, 224)
+
+    def image_batches(self, batch_size: Optional[int] = None):
+        """(start index, images [b, 3, 224, 224] under the reference transform, on the model's device)."""
+        from PIL import Image
+
+        bs = batch_size or self.batch_size
+        param = next(self.model.parameters())
+        for start in range(0, len(self.ids), bs):
+            batch = []
+            for path in self._paths[start:start + bs]:
+                with Image.open(path) as im:
+                    batch.append(self._transform(im.convert("RGB")))
+            yield start, torch.stack(batch).to(device=param.device, dtype=param.dtype)
+
+
+def last_protocol_regions(source: ActivationSource, table: BoxTable) -> Regions:
+    """Regions of the source's images under the ``last`` protocol (:mod:`interp.studies.pib_protocol`): the
+    reference's filters (one box, area < 25 %) and cells; the grid is ``224 // patch size``."""
+    patch = int(patch_size_from_source(source)[0])
+    n = last_grid(patch)
+    if tuple(source.layout.grid) != (n, n):
+        raise InterpError(f"protocol='last' feeds 224 x 224 images; the model's grid is {tuple(source.layout.grid)}"
+                          f", not {n} x {n}: load the model with img_size=224 (CLI --img-size 224)")
+    entries = match_boxes(source.ids, table)
+    if table and source.ids and all(e is None for e in entries):
+        raise InterpError("no image matches a key of the box file; box keys must end the image paths")
+    boxes = [e.boxes if e is not None else None for e in entries]
+    sizes = [original_size(i, e) if e is not None and e.boxes else (1, 1) for i, e in zip(source.ids, entries)]
+    inside, reasons = last_regions(boxes, sizes, patch)
+    return Regions(inside, reasons, [[] for _ in source.ids])
+
+
 def pib_study(source: ActivationSource, boxes: Union[BoxTable, str, Path], *, reference: str = "cls",
               hook: str = FINAL, selective: Optional[SelectiveCLS] = None, single_object: bool = True,
               max_box_fraction: Optional[float] = 0.25, n_boot: int = 1000, level: float = 0.95, seed: int = 0,
-              store_maps: bool = True, batch_size: Optional[int] = None, progress: bool = True) -> PiBResult:
+              store_maps: bool = True, batch_size: Optional[int] = None, progress: bool = True,
+              protocol: str = "model") -> PiBResult:
     """PiB of a model (live or cached) on images with boxes.
 
     Args:
@@ -141,11 +193,24 @@ def pib_study(source: ActivationSource, boxes: Union[BoxTable, str, Path], *, re
         max_box_fraction: drop boxes larger than this share of the original image area (None: keep all).
         n_boot, level, seed: the bootstrap interval.
         store_maps: keep the [N, h, w] score maps in the result (for plots).
+        protocol: ``"model"`` (default): the model's own transform and the filters above. ``"last"``: the LaSt
+            reference exactly (``bbox_to_patch_set`` and its dataloader): Resize(256) + CenterCrop(224) whatever
+            the model's crop, its box-to-cell arithmetic, one box per image, area strictly below 25 %
+            (``single_object``/``max_box_fraction`` are then the reference's); needs a live source over files
+            and a model whose 224-px grid is ``224 // patch``; ``boxes_input`` is left empty.
     """
-    regions = load_regions(source, boxes, single_object, max_box_fraction)
+    if protocol not in PROTOCOLS:
+        raise InterpError(f"protocol={protocol!r}: use one of {PROTOCOLS}")
+    if protocol == "last":
+        source = LastProtocolSource(source)
+        table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
+        regions = last_protocol_regions(source, table)
+        single_object, max_box_fraction = True, 0.25
+    else:
+        regions = load_regions(source, boxes, single_object, max_box_fraction)
     maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)
     summary = pib_from_maps(maps, regions, n_boot, level, seed)
-    params = {"reference": reference, "hook": hook, "single_object": single_object,
+    params = {"protocol": protocol, "reference": reference, "hook": hook, "single_object": single_object,
               "max_box_fraction": max_box_fraction, "n_boot": n_boot, "level": level,
               "selective": (selective or SelectiveCLS()).params() if reference == "selective" else None}
     return PiBResult(

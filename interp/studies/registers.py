@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from ..interventions import TestTimeRegister
-from .outliers import ThresholdSpec, detection_norms, resolve_layer, resolve_threshold, resid_post
+from ..hooks.names import attn_pattern, resid_post
+from .outliers import Detection, ThresholdSpec, artifact_status, detection_for
+from .presets import detection_settings
 from .result import StudyResult
 from .source import LiveSource, live_model, n_batches
 
@@ -36,6 +37,9 @@ class RegisterResult(StudyResult):
     value: str = "layer_max"
     detect_layer: int = -1
     threshold: Optional[float] = None
+    preset: Optional[str] = None
+    artifacts_found: bool = False
+    warning: Optional[str] = None
     ids: List[str] = field(default_factory=list)
     baseline: Dict = field(default_factory=dict)
     with_register: Dict = field(default_factory=dict)
@@ -51,21 +55,27 @@ def register_study(
     *,
     n_registers: int = 1,
     value: str = "layer_max",
-    threshold: ThresholdSpec = "auto",
+    threshold: Optional[ThresholdSpec] = None,
     detect_layer: Optional[int] = None,
+    detection: Optional[Detection] = None,
+    preset: Optional[str] = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> RegisterResult:
     """Compare the model with and without ``TestTimeRegister(neurons)`` on the source's images.
 
     The outlier threshold is resolved on the unedited model's detection-layer norms (99th percentile when
-    "auto" finds no bimodal split).
+    "auto" finds no bimodal split); pass ``detection`` when it is already computed on this source. ``preset``:
+    published detection settings (explicit arguments win). Without artifacts the result carries
+    ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
     """
     model = live_model(source, "test-time register study")
-    detect = resolve_layer(detect_layer, model.n_layers)
-    base_norms = detection_norms(source, detect, batch_size, progress).numpy().ravel()
-    thr = resolve_threshold(base_norms, threshold)
-    thr_value = thr.value if np.isfinite(thr.value) else resolve_threshold(base_norms, "p99").value
+    if detection is None:
+        threshold, detect_layer, preset = detection_settings(preset, threshold, detect_layer)
+    found = detection_for(source, detection, threshold, detect_layer, batch_size, progress)
+    artifacts, warning = artifact_status(found.layer, found.threshold, found.artifacts_found, "registers")
+    detect = found.layer
+    thr_value = found.counting_threshold()
     ttr = TestTimeRegister(neurons, n_registers=n_registers, value=value)
     last = model.n_layers - 1
     stats = {k: {"outliers": 0, "max": 0.0, "agree": 0} for k in ("baseline", "with_register")}
@@ -77,14 +87,14 @@ def register_study(
         base_patch = base_cache[resid_post(detect)][:, model.layout.patch_slice].float().norm(dim=-1)
         with model.intervene(ttr):
             lay = model.layout
-            names = [resid_post(detect)] + ([f"blocks.{last}.attn.hook_pattern"] if lay.cls_index is not None else [])
+            names = [resid_post(detect)] + ([attn_pattern(last)] if lay.cls_index is not None else [])
             logits, cache = model.run_with_cache(x, names_filter=names)
         resid = cache[resid_post(detect)].float()
         patch = resid[:, lay.patch_slice].norm(dim=-1)
         reg_rows = slice(lay.n_prefix - lay.n_extra, lay.n_prefix)
         reg_norm += resid[:, reg_rows].norm(dim=-1).max(1).values.tolist()
         if lay.cls_index is not None:
-            pattern = cache[f"blocks.{last}.attn.hook_pattern"].float().mean(1)  # [b, t, t]
+            pattern = cache[attn_pattern(last)].float().mean(1)  # [b, t, t]
             reg_attn += pattern[:, lay.cls_index, reg_rows].sum(-1).tolist()
         top1 = base_logits.argmax(-1)
         for key, norms, lg in (("baseline", base_patch, base_logits), ("with_register", patch, logits)):
@@ -96,11 +106,12 @@ def register_study(
     table = {k: {"outlier_count": v["outliers"], "max_patch_norm": v["max"], "top1_agreement": v["agree"] / n}
              for k, v in stats.items()}
     params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "n_registers": n_registers,
-              "value": value, "threshold": threshold, "detect_layer": detect, "batch_size": batch_size}
+              "value": value, "threshold": found.spec, "detect_layer": detect, "preset": preset,
+              "batch_size": batch_size}
     return RegisterResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
         neurons=params["neurons"], n_registers=n_registers, value=value, detect_layer=detect,
-        threshold=float(thr_value), ids=list(source.ids), baseline=table["baseline"],
+        threshold=float(thr_value), preset=preset, artifacts_found=artifacts, warning=warning, ids=list(source.ids), baseline=table["baseline"],
         with_register=table["with_register"], register_norm=reg_norm, cls_attention_on_register=reg_attn,
         outlier_maps_after=torch.cat(maps).int().tolist() if maps else [],
     )

@@ -15,8 +15,9 @@ from tqdm.auto import tqdm
 
 from ..errors import InterpError
 from ..interventions import Relocation, masks
-from .outliers import ThresholdSpec, resolve_layer, resolve_threshold
-from .probe import probe
+from .outliers import ThresholdSpec, artifact_status, resolve_layer, resolve_threshold
+from .presets import detection_settings
+from .forward import forward_summary
 from .result import StudyResult
 from .source import LiveSource, live_model, n_batches
 
@@ -47,6 +48,9 @@ class RelocationResult(StudyResult):
     value: str = "neuron_max"
     detect_layer: int = -1
     threshold: Optional[float] = None
+    preset: Optional[str] = None
+    artifacts_found: bool = False
+    warning: Optional[str] = None
     ids: List[str] = field(default_factory=list)
     grid: List[int] = field(default_factory=list)
     target: List = field(default_factory=list)
@@ -66,16 +70,20 @@ def relocation_study(
     *,
     target: Optional[torch.Tensor] = None,
     value: str = "neuron_max",
-    threshold: ThresholdSpec = "auto",
+    threshold: Optional[ThresholdSpec] = None,
     detect_layer: Optional[int] = None,
+    preset: Optional[str] = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> RelocationResult:
     """Relocate ``neurons`` onto ``target`` (default: a smiley on the patch grid) and measure the outliers.
 
     The threshold is resolved on the detection-layer norms of the unedited and relocated runs together
-    (so it exists even for a model without artifacts of its own).
+    (so it exists even for a model without artifacts of its own; default "auto"). ``preset``: published
+    detection settings (explicit arguments win). Whether the unedited model has artifacts is judged on its own
+    norms: without them the result carries ``artifacts_found=False`` and a ``warning`` (also ``warnings.warn``).
     """
+    threshold, detect_layer, preset = detection_settings(preset, threshold, detect_layer)
     model = live_model(source, "relocation study")
     grid = tuple(source.layout.grid)
     target = masks.smiley(grid) if target is None else torch.as_tensor(target).bool()
@@ -87,8 +95,8 @@ def relocation_study(
     before, after, att_before, att_after = [], [], [], []
     for _, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="relocation",
                      total=n_batches(source, batch_size), unit="batch"):
-        b = probe(model, x, (), detect, attention_layers=[last])
-        a = probe(model, x, [reloc], detect, attention_layers=[last])
+        b = forward_summary(model, x, (), detect, attention_layers=[last])
+        a = forward_summary(model, x, [reloc], detect, attention_layers=[last])
         before.append(b.patch_norms)
         after.append(a.patch_norms)
         if last in b.cls_attention:
@@ -97,6 +105,8 @@ def relocation_study(
     before, after = torch.cat(before), torch.cat(after)  # [N, P]
     thr = resolve_threshold(torch.cat([before, after]).numpy().ravel(), threshold)
     thr_value = thr.value if np.isfinite(thr.value) else float("inf")
+    own = resolve_threshold(before.numpy().ravel(), threshold)  # the unedited model alone
+    artifacts, warning = artifact_status(detect, own, own.bimodal and bool((before > own.value).any()), "relocate")
     maps_before = (before > thr_value).reshape(-1, *grid)
     maps_after = (after > thr_value).reshape(-1, *grid)
     ious = [iou(m, target) for m in maps_after]
@@ -110,11 +120,12 @@ def relocation_study(
         share_after = ((aa * flat_target).sum(1) / aa.sum(1)).tolist()
         argmax_on = float(flat_target[aa.argmax(1)].float().mean())
     params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "value": value, "threshold": threshold,
-              "detect_layer": detect, "batch_size": batch_size}
+              "detect_layer": detect, "preset": preset, "batch_size": batch_size}
     return RelocationResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
         neurons=params["neurons"], value=value, detect_layer=detect,
-        threshold=thr_value if np.isfinite(thr_value) else None, ids=list(source.ids), grid=list(grid),
+        threshold=thr_value if np.isfinite(thr_value) else None, preset=preset, artifacts_found=artifacts,
+        warning=warning, ids=list(source.ids), grid=list(grid),
         target=target.int().tolist(), iou=ious, mean_iou=float(np.mean(ious)) if ious else 0.0,
         mean_iou_active=float(np.mean(active)) if active else None,
         outlier_maps_before=maps_before.int().tolist(), outlier_maps_after=maps_after.int().tolist(),

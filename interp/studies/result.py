@@ -6,7 +6,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Optional, Type, TypeVar, Union
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 import numpy as np
 import torch
@@ -72,3 +72,92 @@ class StudyResult:
     @classmethod
     def from_json(cls: Type[R], path: Union[str, Path]) -> R:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def _repr_html_(self) -> str:
+        """Jupyter display: summary table and figures (see :func:`result_html`)."""
+        return result_html(self)
+
+
+# ------------------------------------------------------------------------------ Jupyter rendering
+_HTML_LIST_ITEMS = 8   # lists/dicts up to this many scalar items are shown in full, longer ones summarised
+_HTML_TEXT_CHARS = 300
+
+
+def _html_scalar(value: Any) -> str:
+    if isinstance(value, (float, np.floating)):
+        return "nan" if not math.isfinite(float(value)) else f"{float(value):.4g}"
+    text = str(value)
+    return text if len(text) <= _HTML_TEXT_CHARS else text[:_HTML_TEXT_CHARS] + "..."
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, bool, int, float, np.generic))
+
+
+def _html_value(value: Any) -> str:
+    """One summary cell (plain text, not yet escaped) for a result field of any type."""
+    if _is_scalar(value):
+        return _html_scalar(value)
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return f"array {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value).__name__ + "(" + _html_value(jsonable(value)) + ")"
+    if isinstance(value, dict):
+        if len(value) <= _HTML_LIST_ITEMS and all(_is_scalar(v) for v in value.values()):
+            return ", ".join(f"{k}: {_html_scalar(v)}" for k, v in value.items()) or "{}"
+        keys = ", ".join(str(k) for k in list(value)[:_HTML_LIST_ITEMS])
+        return f"{len(value)} entries ({keys}{', ...' if len(value) > _HTML_LIST_ITEMS else ''})"
+    if isinstance(value, (list, tuple)):
+        if len(value) <= _HTML_LIST_ITEMS and all(_is_scalar(v) for v in value):
+            return "[" + ", ".join(_html_scalar(v) for v in value) + "]"
+        return f"list of {len(value)}"
+    return _html_scalar(value)
+
+
+def _result_figures(result: "StudyResult") -> List[Tuple[str, Any]]:
+    """(name, matplotlib Figure) pairs for ``result`` from the plots registry (imported here, only when a
+    notebook renders a result: studies never plot). A study without figures gives []."""
+    from ..plots.registry import has_figures, study_figures
+
+    return study_figures(result) if has_figures(result.study) else []
+
+
+def _figure_png_base64(fig: Any, dpi: int = 80) -> str:
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def result_html(result: "StudyResult") -> str:
+    """HTML for a notebook: a title, a table of every field (long ones summarised), the result's own text
+    summary/table when it has one, and its figures as inline base64 PNGs. A figure that cannot be drawn
+    (a result without the data it needs) becomes one line saying why; rendering itself never raises."""
+    from html import escape
+
+    rows = [f"<tr><th style='text-align:left'>{escape(f.name)}</th>"
+            f"<td style='text-align:left'>{escape(_html_value(getattr(result, f.name)))}</td></tr>"
+            for f in dataclasses.fields(result)]
+    parts = [f"<div class='interp-result'><h4>{escape(result.study)} study: {escape(str(result.model))}</h4>",
+             "<table>" + "".join(rows) + "</table>"]
+    for method in ("summary", "table"):
+        text_fn = getattr(result, method, None)
+        if callable(text_fn):
+            try:
+                parts.append(f"<pre>{escape(str(text_fn()))}</pre>")
+            except Exception as e:  # a partial result: show what is there
+                parts.append(f"<p>({method} unavailable: {escape(type(e).__name__)}: {escape(str(e))})</p>")
+    try:
+        figures = _result_figures(result)
+    except Exception as e:
+        figures = []
+        parts.append(f"<p>(figures unavailable: {escape(type(e).__name__)}: {escape(str(e))})</p>")
+    for name, fig in figures:
+        try:
+            parts.append(f"<figure><img alt='{escape(name)}' src='data:image/png;base64,"
+                         f"{_figure_png_base64(fig)}'/><figcaption>{escape(name)}</figcaption></figure>")
+        except Exception as e:
+            parts.append(f"<p>(figure {escape(name)} unavailable: {escape(type(e).__name__)}: {escape(str(e))})</p>")
+    return "\n".join(parts) + "</div>"

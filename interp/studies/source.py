@@ -5,21 +5,28 @@
 >>> for batch in src.batches(["blocks.11.hook_resid_post"], batch_size=32):
 ...     norms = batch.norms("blocks.11.hook_resid_post")       # [b, t]
 
-Memory stays bounded: one batch of activations at a time, whatever the number of images.
+A source also answers what studies ask about the images and the model (``is_live``, ``patch_size``,
+``image_size``, ``data_config()``, ``display_images()``), so no study reaches into the model itself.
+Memory stays bounded: one batch of activations at a time, whatever the number of images
+(``LiveSource.held()`` trades that for decoding each image once, for small image sets such as the report's).
+
+Not to be confused with ``interp/cache/sources.py``: those are the *image* sources the cache writer reads
+(files or a tensor); these are the *activation* sources studies read.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
-from ..errors import CacheError, InterpError
+from ..errors import InterpError
+from ..hooks.names import block_of
 from ..models.fingerprint import weights_fingerprint
 from ..models.layout import TokenLayout
-from ..models.preprocessing import list_images, load_images
+from ..models.preprocessing import data_config as model_data_config
+from ..models.preprocessing import list_images, load_images, readable_images, tensor_image_id
 
 ImagesSpec = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
 Reducer = Callable[[torch.Tensor], torch.Tensor]
@@ -56,7 +63,7 @@ class Batch:
 
 def n_batches(source: "ActivationSource", batch_size: Optional[int]) -> int:
     """Number of batches of ``batch_size`` (default: the source's) over the source, for progress bars."""
-    bs = batch_size or getattr(source, "batch_size", 16)
+    bs = batch_size or source.batch_size
     return -(-len(source) // bs)
 
 
@@ -77,11 +84,6 @@ def folder_labels(paths: Sequence[Path], root: Optional[Path]) -> Tuple[Optional
     return [index[parts[0]] for parts in classes], names
 
 
-def _block_of(hook: str) -> Optional[int]:
-    m = re.match(r"blocks\.(\d+)\.", hook)
-    return int(m.group(1)) if m else None
-
-
 class ActivationSource:
     """Base of :class:`LiveSource` and :class:`CacheSource`."""
 
@@ -91,13 +93,46 @@ class ActivationSource:
     hook_names: List[str]
     ids: List[str]
     model = None  # a HookedViT for live sources
+    batch_size: int = 16
+    labels: Optional[List[int]] = None  # class labels from an image-folder layout (live sources)
+    class_names: List[str] = []
+    norms_only: bool = False  # a cache that stores token norms [b, t] instead of [b, t, d] activations
+    skipped: List[Tuple[str, str]] = []  # (image id, reason) of unreadable images left out of ``ids``
 
     def __len__(self) -> int:
         return len(self.ids)
 
     @property
+    def is_live(self) -> bool:
+        """True when the source runs a model (studies that re-run it with an edit need this)."""
+        return False
+
+    def data_config(self) -> dict:
+        """timm's data config (input_size, mean, std, crop...) the images were preprocessed with."""
+        raise NotImplementedError
+
+    @property
+    def image_size(self) -> Tuple[int, int]:
+        """(H, W) of the model input in pixels."""
+        return tuple(int(v) for v in self.data_config()["input_size"][-2:])
+
+    @property
+    def patch_size(self) -> Tuple[int, int]:
+        """(ph, pw): patch size in input pixels."""
+        h, w = self.image_size
+        gh, gw = self.layout.grid
+        if not gh or not gw:
+            raise InterpError("cannot tell the patch size of this source: it holds no patch rows")
+        return h // gh, w // gw
+
+    def display_images(self, limit: int = 8) -> torch.Tensor:
+        """The first ``limit`` images as the model saw them (resized, cropped), normalisation undone, in 0..1:
+        Tensor[n, 3, H, W] for overlay figures. Live sources only."""
+        raise InterpError("this source has no images to show (a cache); give a live source for image overlays")
+
+    @property
     def n_layers(self) -> int:
-        blocks = [b for b in (_block_of(h) for h in self.hook_names) if b is not None]
+        blocks = [b for b in (block_of(h) for h in self.hook_names) if b is not None]
         return max(blocks) + 1 if blocks else 0
 
     def has(self, hook: str) -> bool:
@@ -129,9 +164,12 @@ class LiveSource(ActivationSource):
         model: the HookedViT (with any interventions the caller has active).
         images: a directory (an image-folder layout ``DIR/<class>/img`` gives labels), a list file,
             paths, or a Tensor[N, 3, H, W] already preprocessed.
+        strict: stop at the first unreadable file. Otherwise unreadable files are found up front (opened and
+            verified, not decoded), left out of ``ids`` and listed in ``skipped`` as (path, reason), one warning
+            each; a file that passes that check but fails to decode later still stops the run, naming it.
     """
 
-    def __init__(self, model, images: ImagesSpec, batch_size: int = 16):
+    def __init__(self, model, images: ImagesSpec, batch_size: int = 16, strict: bool = False):
         self.model = model
         self.batch_size = batch_size
         self.model_name = model.model_name
@@ -139,12 +177,14 @@ class LiveSource(ActivationSource):
         self.hook_names = model.hook_names()
         self.labels: Optional[List[int]] = None
         self.class_names: List[str] = []
+        self._config: Optional[dict] = None
         if isinstance(images, torch.Tensor):
             self._tensor, self._paths = images, None
-            self.ids = [f"image_{i}" for i in range(images.shape[0])]
+            self.ids = [tensor_image_id(i) for i in range(images.shape[0])]
         else:
             self._tensor = None
-            self._paths = list_images(images)
+            self.skipped = []
+            self._paths = readable_images(list_images(images), strict=strict, skipped=self.skipped)
             self.ids = [str(p) for p in self._paths]
             root = Path(images) if isinstance(images, (str, Path)) and Path(images).is_dir() else None
             self.labels, self.class_names = folder_labels(self._paths, root)
@@ -153,9 +193,44 @@ class LiveSource(ActivationSource):
     def _image_size(self) -> Tuple[int, int]:
         if self._tensor is not None:
             return tuple(self._tensor.shape[-2:])
-        from ..models.preprocessing import data_config
+        return tuple(self.data_config()["input_size"][1:])
 
-        return tuple(data_config(self.model)["input_size"][1:])
+    @property
+    def is_live(self) -> bool:
+        return True
+
+    def data_config(self) -> dict:
+        if self._config is None:
+            self._config = model_data_config(self.model)
+        return dict(self._config)
+
+    @property
+    def image_size(self) -> Tuple[int, int]:
+        return tuple(int(v) for v in self._image_size())
+
+    @property
+    def patch_size(self) -> Tuple[int, int]:
+        return tuple(int(p) for p in self.model.patch_embed.patch_size)
+
+    def display_images(self, limit: int = 8) -> torch.Tensor:
+        cfg = self.data_config()
+        mean = torch.tensor(cfg["mean"], dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.tensor(cfg["std"], dtype=torch.float32).view(1, 3, 1, 1)
+        _, x = next(self.image_batches(limit))
+        return (x.detach().float().cpu() * std + mean).clamp(0, 1)
+
+    def held(self) -> "LiveSource":
+        """This source with every image decoded once and kept in memory (CPU Tensor[N, 3, H, W]): the same ids,
+        labels and model, but no file is read again however many passes the studies make. For small image
+        sets (N * 3 * H * W floats are held); a source over a tensor is returned as it is."""
+        if self._tensor is not None:
+            return self
+        pixels = torch.cat([x.cpu() for _, x in self.image_batches()]) if self.ids else torch.zeros(0, 3, 1, 1)
+        copy = LiveSource(self.model, pixels, batch_size=self.batch_size)
+        copy.ids, copy.labels, copy.class_names = list(self.ids), self.labels, list(self.class_names)
+        copy.skipped = list(self.skipped)
+        copy._config = self._config
+        return copy
 
     def image_batches(self, batch_size: Optional[int] = None) -> Iterator[Tuple[int, torch.Tensor]]:
         """(start index, preprocessed images [b, 3, H, W] on the model's device)."""
@@ -166,7 +241,7 @@ class LiveSource(ActivationSource):
             if self._tensor is not None:
                 x = self._tensor[start:start + bs]
             else:
-                x = load_images(self._paths[start:start + bs], self.model)
+                x = load_images(self._paths[start:start + bs], self.model, strict=True)
             yield start, x.to(device=device, dtype=dtype)
 
     @torch.no_grad()
@@ -174,7 +249,7 @@ class LiveSource(ActivationSource):
                 reduce: Optional[Dict[str, Reducer]] = None) -> Iterator[Batch]:
         hooks = self.model.resolve_hooks(list(hooks))
         reduce = reduce or {}
-        blocks = [_block_of(h) for h in hooks]
+        blocks = [block_of(h) for h in hooks]
         # Stop after the last block needed, unless a hook after the blocks is asked for.
         stop = None if any(b is None and h != "hook_embed" for h, b in zip(hooks, blocks)) else (
             max([b for b in blocks if b is not None], default=-1) + 1)
@@ -213,6 +288,21 @@ class CacheSource(ActivationSource):
         self.ids = list(reader.ids)
         self.layout = stored_layout(reader.layout, meta.get("token_rows"))
         self.norms_only = bool(meta.get("norms_only", False))
+        self.skipped = [(path, reason) for _, path, reason in getattr(reader, "skipped", [])]
+
+    def data_config(self) -> dict:
+        cfg = self.reader.meta.get("data_config")
+        if cfg is None:
+            raise InterpError("this cache does not record its data config; run with --images and the model instead")
+        return dict(cfg)
+
+    @property
+    def image_size(self) -> Tuple[int, int]:
+        meta = self.reader.meta
+        size = meta.get("input_size") or meta.get("data_config", {}).get("input_size")
+        if size is None:
+            raise InterpError("cannot tell the image size of this source (no input size in the cache)")
+        return tuple(int(v) for v in list(size)[-2:])
 
     def batches(self, hooks: Sequence[str], batch_size: int = 16,
                 reduce: Optional[Dict[str, Reducer]] = None) -> Iterator[Batch]:
@@ -235,16 +325,17 @@ class CacheSource(ActivationSource):
 
 def live_model(source: ActivationSource, study: str):
     """The HookedViT of a live source; a clear error for a cache source (``study`` re-runs the model)."""
-    model = getattr(source, "model", None)
-    if model is None or not hasattr(source, "image_batches"):
+    if not getattr(source, "is_live", False):  # also refuses objects that are no ActivationSource
         raise InterpError(f"the {study} re-runs the model: give a live source "
                           "(open_source(model=..., images=...); CLI --images), not a cache")
-    return model
+    return source.model
 
 
 def open_source(model=None, images: Optional[ImagesSpec] = None, cache: Union[str, Path, None] = None,
-                batch_size: int = 16) -> ActivationSource:
-    """A live source (``model`` + ``images``) or a cache source (``cache``, checked against ``model`` if given)."""
+                batch_size: int = 16, strict: bool = False) -> ActivationSource:
+    """A live source (``model`` + ``images``) or a cache source (``cache``, checked against ``model`` if given).
+
+    ``strict``: a live source stops at the first unreadable image instead of skipping and recording it."""
     if (images is None) == (cache is None):
         raise InterpError("give exactly one of images= (live run) or cache= (an interp cache file)")
     if cache is not None:
@@ -254,4 +345,4 @@ def open_source(model=None, images: Optional[ImagesSpec] = None, cache: Union[st
         return CacheSource(reader)
     if model is None:
         raise InterpError("a live run needs model=")
-    return LiveSource(model, images, batch_size=batch_size)
+    return LiveSource(model, images, batch_size=batch_size, strict=strict)

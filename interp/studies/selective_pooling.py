@@ -27,11 +27,11 @@ from tqdm.auto import tqdm
 
 from ..errors import InterpError
 from ..interventions.selective_cls import SelectiveCLS
-from .boxes import BoxTable
+from .boxes import BoxTable, read_boxes
 from .masking import target_classes
 from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, forward_collect, needed_hooks,
                           score_maps_from_acts)
-from .pib import load_regions, pib_from_maps
+from .pib import LastProtocolSource, last_protocol_regions, load_regions, pib_from_maps
 from .result import StudyResult
 from .source import live_model, n_batches
 
@@ -89,7 +89,8 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
                         sigma: Optional[float] = None, score: str = "paper", fft: str = "shift", eps: float = 1e-6,
                         reference: str = "cls", single_object: bool = True, max_box_fraction: Optional[float] = 0.25,
                         n_boot: int = 1000, level: float = 0.95, seed: int = 0, bins: int = 40,
-                        batch_size: Optional[int] = None, progress: bool = True) -> SelectiveCLSResult:
+                        batch_size: Optional[int] = None, progress: bool = True,
+                        protocol: str = "model") -> SelectiveCLSResult:
     """PiB, Patch Score distributions and top-1 agreement with and without ``SelectiveCLS(k)`` (module doc).
 
     Args:
@@ -99,7 +100,12 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
         sigma, score, fft, eps: the other ``SelectiveCLS`` parameters (shared by every k).
         reference: the baseline's global vector, ``cls`` or ``pooled``.
         single_object, max_box_fraction, n_boot, level, seed: PiB protocol (:func:`interp.studies.pib.pib_study`).
+        protocol: ``"model"`` (the model's transform) or ``"last"`` (the LaSt reference's, as in ``pib_study``).
     """
+    if protocol == "last":
+        source = LastProtocolSource(source)
+    elif protocol != "model":
+        raise InterpError(f"protocol={protocol!r}: use 'model' or 'last'")
     model = live_model(source, "selective-cls study (with and without SelectiveCLS)")
     if reference not in BASELINE_REFERENCES:
         raise InterpError(f"the baseline reference must be one of {list(BASELINE_REFERENCES)}, got {reference!r}")
@@ -111,6 +117,8 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
                           f"[1, {n_patches}]")
     specs = [SelectiveCLS(k=k, sigma=sigma, score=score, fft=fft, eps=eps) for k in ks]
     regions = load_regions(source, boxes, single_object, max_box_fraction) if boxes is not None else None
+    if protocol == "last" and boxes is not None:
+        regions = last_protocol_regions(source, read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes)
 
     n_rows = 1 + len(specs)
     maps: List[List[torch.Tensor]] = [[] for _ in range(n_rows)]

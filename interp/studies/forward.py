@@ -1,17 +1,23 @@
 """One forward pass of a live model (with interventions) that keeps only what causal studies compare:
-logits, the detection layer's patch-token norms, and CLS->patch attention rows."""
+logits, the detection layer's patch-token norms, and CLS->patch attention rows.
+
+(Named ``forward``, not ``probe``: it is a forward helper; the linear-probe study is ``linear_probe.py``.)
+
+>>> out = forward_summary(model, x, [NeuronAblation({2: [17]})], detect_layer=2, attention_layers=[3])
+>>> out.logits, out.patch_norms, out.cls_attention[3]       # [b, c], [b, P], [b, P]
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence
+from typing import Dict, Sequence
 
 import torch
 
-from .outliers import resid_post
+from ..hooks.names import attn_pattern, resid_post
 
 
 @dataclass
-class ProbeOutput:
+class ForwardSummary:
     """logits [b, c]; patch_norms [b, P] at the detection layer; cls_attention {layer: [b, P]} (head mean)."""
 
     logits: torch.Tensor
@@ -20,8 +26,8 @@ class ProbeOutput:
 
 
 @torch.no_grad()
-def probe(model, x: torch.Tensor, interventions: Sequence = (), detect_layer: int = -1,
-          attention_layers: Sequence[int] = ()) -> ProbeOutput:
+def forward_summary(model, x: torch.Tensor, interventions: Sequence = (), detect_layer: int = -1,
+                    attention_layers: Sequence[int] = ()) -> ForwardSummary:
     """Run ``model`` on ``x`` with ``interventions`` applied; patch slices follow the edited layout."""
     kept: Dict[str, torch.Tensor] = {}
     with model.intervene(*interventions):
@@ -36,8 +42,7 @@ def probe(model, x: torch.Tensor, interventions: Sequence = (), detect_layer: in
 
         hooks = [(resid_post(detect_layer % model.n_layers), keep_norms)]
         if lay.cls_index is not None:
-            hooks += [(f"blocks.{l}.attn.hook_pattern", keep_cls_row) for l in attention_layers]
+            hooks += [(attn_pattern(l), keep_cls_row) for l in attention_layers]
         logits = model.run_with_hooks(x, fwd_hooks=hooks)
-    attn = {l: kept[f"blocks.{l}.attn.hook_pattern"] for l in attention_layers
-            if f"blocks.{l}.attn.hook_pattern" in kept}
-    return ProbeOutput(logits.float().cpu(), kept[resid_post(detect_layer % model.n_layers)], attn)
+    attn = {l: kept[attn_pattern(l)] for l in attention_layers if attn_pattern(l) in kept}
+    return ForwardSummary(logits.float().cpu(), kept[resid_post(detect_layer % model.n_layers)], attn)

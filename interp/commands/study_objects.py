@@ -1,0 +1,137 @@
+"""``interp study probes|lost|segment``: what the artifact tokens hold and what they break (issue 11).
+
+    interp study probes MODEL --images DIR|--cache FILE --out OUT [--hook H] [--layer N] [--position-loss ce+mse]
+    interp study lost MODEL --images DIR --out OUT [--boxes FILE] [--layer N] [--k 100] [--neurons 2:17,...]
+    interp study segment MODEL --images DIR --masks DIR|COCO.json --out OUT [--reference cls|pooled|selective]
+        [--neurons 2:17,...]
+
+Each writes ``<study>.json`` (``probes.json``, ``lost.json``, ``segmentation.json``) and its PNG figures
+(:mod:`interp.plots.registry`) into ``--out``. With ``--neurons`` (the register neurons of a test-time
+register), LOST and the segmentation run with and without the register and report both.
+"""
+from __future__ import annotations
+
+from .common import add_study_args, model_from_args, source_from_args, threshold_value, write_outputs
+
+OVERLAY_IMAGES = 8  # images drawn by the LOST and segmentation figures
+
+
+def _test_time_register(args):
+    """The ``TestTimeRegister`` of ``--neurons`` (None without the flag)."""
+    if not getattr(args, "neurons", None):
+        return None
+    from ..interventions import TestTimeRegister
+    from .study_artifacts import parse_neurons  # the one parser of the --neurons syntax
+
+    return TestTimeRegister(parse_neurons(args.neurons), n_registers=args.n_registers)
+
+
+def _figures(result, source):
+    """The registered figures of ``result``, drawn over the source's images when it has them (live)."""
+    from ..plots.registry import study_figures
+
+    images = source.display_images(OVERLAY_IMAGES) if source.is_live else None
+    return study_figures(result, images)
+
+
+def _neurons_args(p, what: str) -> None:
+    p.add_argument("--neurons", default=None,
+                   help=f"register neurons (LAYER:NEURON,... or a neurons.json): also run {what} with a test-time "
+                        "register fed by them, and report both")
+    p.add_argument("--n-registers", type=int, default=1, help="test-time register tokens (with --neurons)")
+
+
+# ---------------------------------------------------------------------------------------------- probes
+def add_probes_arguments(p) -> None:
+    """Arguments of ``interp study probes`` (the registry adds the parser)."""
+    p.description = ("Linear probes per token group (normal / high-norm patches, CLS, registers): position, "
+                     "pixels and the image label from one token (Darcet et al. Table 1b).")
+    add_study_args(p, cache_ok=True)
+    p.add_argument("--hook", default=None, help="probed tokens (default blocks.{layer}.hook_resid_post)")
+    p.add_argument("--layer", type=int, default=-1, help="block of the default hook (negative counts from the end)")
+    p.add_argument("--tasks", nargs="+", choices=("position", "pixels", "label"),
+                   default=["position", "pixels", "label"], help="probes to train (default all)")
+    p.add_argument("--position-loss", choices=("ce", "ce+mse"), default="ce",
+                   help="ce (Darcet) or ce+mse (the reassessment: + 0.5 x MSE of (row, col))")
+    p.add_argument("--threshold", default="auto",
+                   help="high-norm tokens: VALUE, pNN (the reassessment: p98) or auto (bimodal split; default)")
+    p.add_argument("--max-train-tokens", type=int, default=50_000, help="training tokens kept (seeded sample)")
+    p.add_argument("--max-test-tokens", type=int, default=20_000, help="test tokens kept per group")
+    p.add_argument("--test-fraction", type=float, default=0.25, help="share of images held out (split by image)")
+
+
+def run_probes(args) -> int:
+    from ..studies.probes import probes_study
+
+    model = model_from_args(args)
+    source = source_from_args(args, model)
+    result = probes_study(source, args.hook, layer=args.layer, tasks=args.tasks, position_loss=args.position_loss,
+                          threshold=threshold_value(args.threshold), test_fraction=args.test_fraction,
+                          max_train_tokens=args.max_train_tokens, max_test_tokens=args.max_test_tokens,
+                          seed=args.seed, batch_size=args.batch_size, progress=args.progress)
+    for probe in ("position", "pixels", "label"):
+        for group, entry in getattr(result, probe).items():
+            value = entry.note if entry.score is None else f"{entry.score:.3f} (chance {entry.chance:.3f})"
+            print(f"{probe:8s} {group:9s} n={entry.n:<6d} {value}")
+    for note in result.notes:
+        print(note)
+    write_outputs(result, args.out, _figures(result, source))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- lost
+def add_lost_arguments(p) -> None:
+    """Arguments of ``interp study lost`` (the registry adds the parser)."""
+    p.description = ("LOST object discovery (Simeoni et al.) on the keys of one block: seed, mask and box per "
+                     "image, CorLoc with --boxes (Darcet et al. Table 3).")
+    add_study_args(p, cache_ok=True)
+    p.add_argument("--boxes", default=None, help="ground-truth boxes (CSV/JSON/COCO, original pixels) for CorLoc")
+    p.add_argument("--layer", type=int, default=-1, help="block whose keys are used (default: the last)")
+    p.add_argument("--k", type=int, default=100, help="lowest-degree patches considered at seed expansion")
+    _neurons_args(p, "LOST")
+
+
+def run_lost(args) -> int:
+    from ..studies.lost import lost_study
+
+    model = model_from_args(args)
+    source = source_from_args(args, model)
+    result = lost_study(source, args.layer, args.k, args.boxes, intervention=_test_time_register(args),
+                        seed=args.seed, batch_size=args.batch_size, progress=args.progress)
+    print(result.summary())
+    write_outputs(result, args.out, _figures(result, source))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- segment
+def add_segment_arguments(p) -> None:
+    """Arguments of ``interp study segment`` (the registry adds the parser)."""
+    p.description = ("Coarse segmentation from Patch Score maps (score > mean + k std), Jaccard against "
+                     "ground-truth masks, with and without SelectiveCLS / a test-time register (LaSt Table 6).")
+    add_study_args(p, cache_ok=True)
+    p.add_argument("--masks", required=True,
+                   help="ground truth: a folder of masks <image stem>.png (nonzero = foreground) or COCO polygons")
+    p.add_argument("--reference", choices=("cls", "pooled", "selective"), default="cls",
+                   help="global vector of the Patch Score")
+    p.add_argument("--hook", default="hook_norm_final", help="patch tokens of the Patch Score")
+    p.add_argument("--k-std", type=float, default=1.0, help="foreground = score > mean + K x std of the map")
+    p.add_argument("--selective-k", type=int, default=1,
+                   help="k of the SelectiveCLS vector (the 'selective' reference and variant)")
+    p.add_argument("--no-selective", dest="with_selective", action="store_false", default=True,
+                   help="skip the SelectiveCLS variant")
+    _neurons_args(p, "the segmentation")
+
+
+def run_segment(args) -> int:
+    from ..interventions.selective_cls import SelectiveCLS
+    from ..studies.segmentation import segmentation_variants
+
+    model = model_from_args(args)
+    source = source_from_args(args, model)
+    selective = SelectiveCLS(k=args.selective_k) if args.with_selective or args.reference == "selective" else None
+    result = segmentation_variants(source, args.masks, reference=args.reference, selective=selective,
+                                   intervention=_test_time_register(args), hook=args.hook, k_std=args.k_std,
+                                   batch_size=args.batch_size, progress=args.progress)
+    print(result.summary())
+    write_outputs(result, args.out, _figures(result, source))
+    return 0

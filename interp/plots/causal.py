@@ -1,0 +1,191 @@
+"""Figures of the register-neuron and causal studies (SCIENCE.md section 2): neuron scores, ablation
+against random controls, relocation maps and the test-time register summary."""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .common import (MAX_PANELS, NO_ARTIFACTS, THRESHOLD_COLOR, message_figure, short_name, display_arrays, _map_panel,
+                     _outline, _fmt, _use_log)
+from .registry import register_figures
+
+
+def neuron_scores(neurons_result, max_bars: int = 30) -> Figure:
+    """Bar charts of the ranked register neurons' scores and of each layer's best score."""
+    r = neurons_result
+    title = (f"{r.model}: register-neuron scores (detection block {r.detect_layer}, "
+             f"{r.n_images_with_outliers} images with outliers)")
+    if not r.neurons:
+        return message_figure(title, "no register neurons ranked", r.message or NO_ARTIFACTS)
+    top = r.neurons[:max_bars]
+    fig = Figure(figsize=(11, max(3.6, 0.24 * len(top) + 1.6)), layout="constrained")
+    bars, layers = fig.subplots(1, 2, width_ratios=[1, 1.2])
+    labels = [f"L{e['layer']}:{e['neuron']}" for e in top]
+    bars.barh(range(len(top)), [e["score"] for e in top], color="tab:orange")
+    for y, e in enumerate(top):
+        bars.text(e["score"], y, f" {e['score']:.3g}", va="center", fontsize=8)
+    bars.set_xlim(0, max(e["score"] for e in top) * 1.15)
+    bars.set_yticks(range(len(top)), labels, fontsize=8)
+    bars.invert_yaxis()
+    bars.set_xlabel("score: mean |activation| on outlier patches")
+    shown = "" if len(top) == len(r.neurons) else f" (first {len(top)})"
+    bars.set_title(f"top {len(r.neurons)} neurons{shown} (block:neuron)", fontsize=10)
+
+    scores = r.layer_max_score
+    chosen = {e["layer"] for e in r.neurons}
+    layers.bar(range(len(scores)), scores, color=["tab:orange" if i in chosen else "0.6" for i in range(len(scores))])
+    layers.set_xticks(range(len(scores)))
+    layers.set_xlabel(f"block (scored up to {r.highest_layer})")
+    layers.set_ylabel("best neuron score (mean |activation|)")
+    if _use_log(scores):
+        layers.set_yscale("log")
+    layers.set_title("best score per block (orange: holds ranked neurons)", fontsize=10)
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------- ablation
+ABLATION_METRICS = {
+    "outlier_count": "patch tokens above threshold (all images)",
+    "max_norm": "max patch-token L2 norm",
+    "top1_agreement": "share of images with unchanged top-1 (0-1)",
+    "accuracy": "top-1 accuracy (0-1)",
+}
+
+
+def ablation_bars(ablation_result) -> Figure:
+    """Per metric: bars for the unablated baseline, the ablated target neurons, and the random controls
+    (mean with a std error bar, each control as a dot)."""
+    r = ablation_result
+    n_target = sum(len(v) for v in r.neurons.values())
+    n_controls = len(r.controls)
+    title = (f"{r.model}: {r.mode}-ablation of {n_target} register neurons vs {n_controls} random same-block "
+             f"controls ({r.n_images} images, block {r.detect_layer})")
+    metrics = [m for m in ABLATION_METRICS if r.summary.get(m, {}).get("baseline") is not None]
+    if not metrics:
+        return message_figure(title, "no ablation measurements in this result")
+    fig = Figure(figsize=(3.3 * len(metrics) + 0.5, 4.0), layout="constrained")
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    for ax, metric in zip(axes, metrics):
+        s = r.summary[metric]
+        heights = [s["baseline"], s["target"], s["control_mean"] if s["control_mean"] is not None else np.nan]
+        ax.bar(range(3), heights, color=["0.6", "tab:red", "tab:blue"], alpha=0.85)
+        if s["control_std"] is not None:
+            ax.errorbar(2, heights[2], yerr=s["control_std"], capsize=6, color="black", lw=1.2)
+        points = [r.conditions[f"control_{i}"][metric] for i in range(n_controls)
+                  if r.conditions.get(f"control_{i}", {}).get(metric) is not None]
+        if points:
+            jitter = np.linspace(-0.2, 0.2, len(points)) if len(points) > 1 else [0.0]
+            ax.plot(2 + np.asarray(jitter), points, "o", color="black", ms=3.5, label="one control")
+            ax.legend(fontsize=7, loc="best", framealpha=0.85)
+        for x, v in enumerate(heights):
+            if v is not None and np.isfinite(v):
+                top_of = max([v] + points) if x == 2 else v  # above the control dots
+                ax.text(x, top_of * 1.02, _fmt(v), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(3), ["baseline", "register\nneurons", f"controls\n(mean\u00b1std)"], fontsize=8)
+        ax.set_ylabel(ABLATION_METRICS[metric], fontsize=9)
+        top = max([v for v in heights + points if v is not None and np.isfinite(v)] + [1e-9])
+        ax.set_ylim(0, top * 1.18)
+        ax.set_title(metric.replace("_", " "), fontsize=10)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------- relocation
+def relocation_maps(relocation_result, images=None) -> Figure:
+    """Outlier maps before (top row) and after (bottom row) relocation, the target mask outlined.
+
+    Args:
+        images: optional Tensor[N, 3, H, W] in 0..1 or PIL images, as in :func:`outlier_maps`.
+    """
+    r = relocation_result
+    title = f"{r.model}: relocation of the register neurons onto a target (dashed cyan), block {r.detect_layer}"
+    if not r.ids:
+        return message_figure(title, "no images in this result")
+    n = min(len(r.ids), MAX_PANELS)
+    pictures = display_arrays(images, n)
+    target = np.asarray(r.target, dtype=bool)
+    before = np.asarray(r.outlier_maps_before, dtype=np.int64)
+    after = np.asarray(r.outlier_maps_after, dtype=np.int64)
+    fig = Figure(figsize=(2.5 * n + 0.8, 5.8), layout="constrained")
+    axes = fig.subplots(2, n, squeeze=False)
+    for i in range(n):
+        picture = None if pictures is None else pictures[i]
+        for row, maps in ((0, before), (1, after)):
+            ax = axes[row, i]
+            width, height = _map_panel(ax, maps[i], picture)
+            _outline(ax, target, width, height, halo=True, linestyle=(0, (2.5, 1.5)))
+        axes[0, i].set_title(f"{short_name(r.ids[i])}\n{int(before[i].sum())} outliers before", fontsize=9)
+        axes[1, i].set_title(f"after: {int(after[i].sum())} outliers, IoU {r.iou[i]:.2f}", fontsize=9)
+    axes[0, 0].set_ylabel("before", fontsize=10)
+    axes[1, 0].set_ylabel("after relocation", fontsize=10)
+    active = "" if r.mean_iou_active is None else f", {r.mean_iou_active:.2f} on images with outliers before"
+    shown = "" if n == len(r.ids) else f"; first {n} of {len(r.ids)} images"
+    thr = "" if r.threshold is None else f", outlined and tinted = norm > {r.threshold:.3g}"
+    fig.suptitle(f"{title}\nmean IoU with target {r.mean_iou:.2f}{active}{thr}{shown}", fontsize=10)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------- registers
+def register_summary(register_result) -> Figure:
+    """Patch outliers and max patch norm without vs with the test-time register, and the register token's
+    norm (per image), at the detection block; CLS attention on the register when measured."""
+    r = register_result
+    title = (f"{r.model}: test-time register ({r.n_registers} token, {sum(len(v) for v in r.neurons.values())} "
+             f"neurons, block {r.detect_layer}, {len(r.ids)} images)")
+    if not r.baseline or not r.with_register:
+        return message_figure(title, "no measurements in this result")
+    has_attention = bool(r.cls_attention_on_register)
+    fig = Figure(figsize=(11 if has_attention else 8, 4.0), layout="constrained")
+    axes = fig.subplots(1, 3 if has_attention else 2, width_ratios=[1, 1.5, 1][:3 if has_attention else 2])
+    counts = [r.baseline["outlier_count"], r.with_register["outlier_count"]]
+    ax = axes[0]
+    ax.bar([0, 1], counts, color=["0.6", "tab:green"])
+    for x, v in enumerate(counts):
+        ax.text(x, v, str(v), ha="center", va="bottom", fontsize=9)
+    ax.set_xticks([0, 1], ["without", "with register"])
+    ax.set_ylabel("patch tokens above threshold (all images)")
+    ax.set_ylim(0, max(counts + [1]) * 1.18)
+    ax.set_title("high-norm patches", fontsize=10)
+
+    ax = axes[1]
+    reg = [v for v in r.register_norm if v is not None]
+    heights = [r.baseline["max_patch_norm"], r.with_register["max_patch_norm"], max(reg) if reg else np.nan]
+    ax.bar([0, 1, 2], heights, color=["0.6", "tab:green", "tab:purple"], alpha=0.85)
+    if reg:
+        jitter = np.linspace(-0.2, 0.2, len(reg)) if len(reg) > 1 else [0.0]
+        ax.plot(2 + np.asarray(jitter), reg, "o", color="black", ms=3.5, label="register norm, one image")
+    if r.threshold is not None:
+        ax.axhline(r.threshold, color=THRESHOLD_COLOR, ls=":", label=f"threshold {r.threshold:.3g}")
+    ax.legend(fontsize=7, loc="best", framealpha=0.85)
+    for x, v in enumerate(heights):
+        if np.isfinite(v):
+            ax.text(x, v, _fmt(v), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks([0, 1, 2], ["max patch\nwithout", "max patch\nwith register",
+                              "register token\n(max, dots: per image)"], fontsize=8)
+    if _use_log(heights + reg):
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(0, max([v for v in heights + reg if np.isfinite(v)] + [1e-9]) * 1.2)
+    ax.set_ylabel(f"L2 norm at block {r.detect_layer}")
+    ax.set_title("where the high norm goes", fontsize=10)
+
+    if has_attention:
+        ax = axes[2]
+        att = r.cls_attention_on_register
+        ax.bar([0], [float(np.mean(att))], color="tab:purple", alpha=0.6)
+        jitter = np.linspace(-0.2, 0.2, len(att)) if len(att) > 1 else [0.0]
+        ax.plot(np.asarray(jitter), att, "o", color="black", ms=3.5)
+        ax.set_xticks([0], ["mean (dots: per image)"], fontsize=8)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("CLS attention on register, last block (0-1)")
+        ax.set_title("attention sink", fontsize=10)
+    agree = r.with_register.get("top1_agreement")
+    fig.suptitle(title + ("" if agree is None else f"\ntop-1 unchanged on {100 * agree:.0f} % of images"), fontsize=10)
+    return fig
+
+
+register_figures("neurons", ("neuron_scores", neuron_scores, False))
+register_figures("ablate", ("ablation_bars", ablation_bars, False))
+register_figures("relocate", ("relocation_maps", relocation_maps, True))
+register_figures("registers", ("register_summary", register_summary, False))

@@ -1,0 +1,109 @@
+"""Figures of the object studies: LOST (seed, mask and box on each image; the run under an intervention in a
+second row) and coarse segmentation (the foreground cells over each image, one row per variant).
+
+Images are the model-input frames the study saw (``source.display_images()``: Tensor[N, 3, H, W] in 0..1);
+without them the cells are drawn on a grey grid.
+
+>>> fig = lost_boxes(lost_study(source), source.display_images())
+>>> fig = segmentation_overlays(segmentation_variants(source, "masks/"), source.display_images())
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from .common import MAX_PANELS, display_arrays, message_figure, short_name
+from .registry import register_figures
+
+BOX_COLOR = "#00e5ff"
+SEED_COLOR = "yellow"
+
+
+def _rows_figure(n_rows: int, n_cols: int) -> Tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=(2.3 * n_cols, 2.5 * n_rows + 0.4), layout="constrained")
+    return fig, fig.subplots(n_rows, n_cols, squeeze=False)
+
+
+def _cells_panel(ax, cells: np.ndarray, image: Optional[np.ndarray]) -> Tuple[float, float]:
+    """``image`` (or a grey canvas) with the cells OFF a bool mask [h, w] dimmed, so the mask stays visible
+    even when it covers the whole image. -> (width, height) in display pixels."""
+    h, w = cells.shape
+    base = image if image is not None else np.full((h, w, 3), 0.93)
+    height, width = base.shape[:2]
+    ax.imshow(base, extent=(0, width, height, 0), interpolation="bilinear")
+    shade = np.zeros((h, w, 4), dtype=np.uint8)
+    shade[~cells] = (0, 0, 0, 150)
+    ax.imshow(shade, extent=(0, width, height, 0), interpolation="nearest")
+    ax.set_xlim(0, width)
+    ax.set_ylim(height, 0)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return width, height
+
+
+def _lost_panel(ax, run: Dict, i: int, grid: Sequence[int], image: Optional[np.ndarray]) -> None:
+    """Image i of one LOST run: cells off the mask dimmed, the box in cyan, the seed as a yellow star."""
+    h, w = grid
+    mask = np.asarray(run["masks"][i], dtype=bool) if run.get("masks") else np.ones((h, w), dtype=bool)
+    width, height = _cells_panel(ax, mask, image)
+    sx, sy = width / w, height / h
+    x0, y0, x1, y1 = run["box_cells"][i]
+    ax.add_patch(Rectangle((x0 * sx, y0 * sy), (x1 - x0) * sx, (y1 - y0) * sy, fill=False, edgecolor=BOX_COLOR,
+                           linewidth=2))
+    row, col = divmod(int(run["seeds"][i]), w)
+    ax.plot([(col + 0.5) * sx], [(row + 0.5) * sy], marker="*", markersize=12, color=SEED_COLOR,
+            markeredgecolor="black")
+
+
+def lost_boxes(result, images=None, n: int = MAX_PANELS) -> Figure:
+    """LOST per image (up to ``n``): seed (star), mask M > 0 (the cells off it dimmed) and the seed component's
+    box (cyan); a second row for the run under the intervention when the result has one. Titles flag tied
+    seeds and CorLoc hits."""
+    count = min(n, len(result.ids))
+    if count == 0:
+        return message_figure(f"{result.model}: LOST", "no image")
+    arrays = display_arrays(images, count)
+    runs: List[Tuple[str, Dict]] = [("", vars(result))]
+    if result.edited is not None:
+        runs.append(((result.intervention or {}).get("kind", "edited"), result.edited))
+    fig, axes = _rows_figure(len(runs), count)
+    for r, (label, run) in enumerate(runs):
+        for i in range(count):
+            ax = axes[r, i]
+            _lost_panel(ax, run, i, result.grid, None if arrays is None else arrays[i])
+            notes = ["tied seed"] if run["degenerate"][i] else []
+            if run["hits"] and run["hits"][i] is not None:
+                notes.append("hit" if run["hits"][i] else "miss")
+            title = short_name(result.ids[i]) + (f" [{label}]" if label else "")
+            ax.set_title(title + ("\n" + ", ".join(notes) if notes else ""), fontsize=8)
+    fig.suptitle(f"{result.model}: LOST ({result.hook}, k={result.k})", fontsize=10)
+    return fig
+
+
+def segmentation_overlays(result, images=None, n: int = MAX_PANELS) -> Figure:
+    """Foreground cells (score > mean + k std; the others dimmed) over each image (up to ``n``), one row per
+    variant (the
+    result's own reference first), with each image's Jaccard in the title."""
+    count = min(n, len(result.ids))
+    if count == 0 or not result.foreground:
+        return message_figure(f"{result.model}: coarse segmentation", "no foreground maps in this result")
+    arrays = display_arrays(images, count)
+    rows = [(result.reference, {"foreground": result.foreground, "jaccard": result.jaccard})]
+    rows += [(name, v) for name, v in result.variants.items() if v.get("foreground")]
+    fig, axes = _rows_figure(len(rows), count)
+    for r, (label, run) in enumerate(rows):
+        for i in range(count):
+            ax = axes[r, i]
+            _cells_panel(ax, np.asarray(run["foreground"][i], dtype=bool), None if arrays is None else arrays[i])
+            score = run["jaccard"][i]
+            ax.set_title(f"{short_name(result.ids[i])} [{label}]\nJaccard "
+                         f"{'n/a' if score is None else f'{score:.2f}'}", fontsize=8)
+    fig.suptitle(f"{result.model}: coarse segmentation (Patch Score > mean + {result.k_std:g} std)", fontsize=10)
+    return fig
+
+
+register_figures("lost", ("lost_boxes", lost_boxes, True))
+register_figures("segmentation", ("segmentation_overlays", segmentation_overlays, True))

@@ -1,0 +1,66 @@
+"""Figure of the linear-probe study (Darcet et al. Table 1b): one bar per token group and probe, with the
+chance level drawn over each bar and empty groups written out instead of a bar.
+
+>>> fig = probe_bars(probes_study(source))
+>>> fig.savefig("probes.png", dpi=110, bbox_inches="tight")
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+from matplotlib.figure import Figure
+
+from .common import message_figure
+from .registry import register_figures
+
+# probe attribute of a ProbesResult -> (panel title, y label)
+PANELS: Dict[str, Tuple[str, str]] = {
+    "position": ("position (patch index)", "top-1 accuracy"),
+    "pixels": ("pixels (own input patch)", "R\u00b2"),
+    "label": ("global (image label, one token)", "top-1 accuracy"),
+}
+GROUP_COLORS = {"normal": "#4c72b0", "high_norm": "#d62728", "cls": "#2ca02c", "register": "#9467bd"}
+CHANCE_COLOR = "black"
+
+
+def _panels(result) -> List[Tuple[str, str, str, Dict]]:
+    """(probe, title, y label, {group: GroupScore}) for the probes that ran."""
+    return [(probe, title, ylabel, getattr(result, probe)) for probe, (title, ylabel) in PANELS.items()
+            if getattr(result, probe)]
+
+
+def probe_bars(result) -> Figure:
+    """Bars of each probe's test score per token group, a black tick at the group's chance level, and
+    ``empty`` (with the count 0) for a group with no token; ``n`` under each bar."""
+    panels = _panels(result)
+    if not panels:
+        return message_figure(f"{result.model}: linear probes", "no probe ran",
+                              "; ".join(result.notes) or "no task was asked for")
+    fig = Figure(figsize=(3.4 * len(panels), 3.2), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (probe, title, ylabel, groups) in zip(axes, panels):
+        names, chance_label = list(groups), "chance"
+        for x, name in enumerate(names):
+            entry = groups[name]
+            if entry.score is None:
+                ax.text(x, 0.02, "empty", ha="center", va="bottom", rotation=90, fontsize=8, color="#555")
+                continue
+            ax.bar(x, entry.score, color=GROUP_COLORS.get(name, "#888"), width=0.7)
+            if entry.chance is not None:
+                ax.hlines(entry.chance, x - 0.38, x + 0.38, colors=CHANCE_COLOR, linewidths=1.5,
+                          linestyles="--", label=chance_label)
+                chance_label = None  # one legend entry per panel
+        ax.set_xticks(range(len(names)), [f"{n.replace('_', '-')}\nn={groups[n].n}" for n in names], fontsize=8)
+        values = [v for g in groups.values() for v in (g.score, g.chance) if v is not None]
+        ax.set_ylim(max(min(0.0, *values), -1.0) - 0.02, 1.02)  # R^2 may be negative; clipped at -1
+        ax.axhline(0, color="#999", linewidth=0.6)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel)
+        if any(g.chance is not None for g in groups.values()):
+            ax.legend(fontsize=7, loc="upper right")
+    share = 100 * result.high_norm_share
+    fig.suptitle(f"{result.model}: linear probes at {result.hook} (high-norm {share:.2f} % of patches)", fontsize=10)
+    return fig
+
+
+register_figures("probes", ("probes", probe_bars, False))

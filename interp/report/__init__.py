@@ -1,0 +1,20 @@
+"""``interp report``: the whole artifact battery on one model, written as JSON, PNGs and one HTML page.
+
+Stages (SCIENCE.md sections 1-2): high-norm tokens (norms) -> register neurons -> ablation against random
+controls -> test-time register -> relocation onto a smiley. The causal stages use the neurons the neuron
+study ranked; when it ranks none (no high-norm tokens), they are skipped with a note, never invented.
+
+Modules: ``battery`` (running the stages on one source), ``summary`` (report.json and the planted-truth
+comparison), ``html`` (the page).
+
+>>> summary = run_report()                      # the planted synthetic model on the bundled photos
+>>> summary["planted"]["all_neurons_recovered"]
+True
+"""
+from .battery import DISPLAY_LIMIT, N_STAGES, BatteryResults, ReportOptions, run_battery, run_report
+from .html import study_explanations, summary_rows, write_html
+from .summary import SYNTHETIC_NOTE, build_summary, planted_comparison
+
+__all__ = ["run_report", "run_battery", "ReportOptions", "BatteryResults", "write_html", "summary_rows",
+           "study_explanations", "build_summary", "planted_comparison", "SYNTHETIC_NOTE", "N_STAGES",
+           "DISPLAY_LIMIT"]

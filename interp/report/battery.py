@@ -1,0 +1,231 @@
+"""Running the artifact battery: norms -> register neurons -> ablation -> test-time register -> relocation
+on one model, then writing each study's JSON, the figures, ``report.json`` and ``index.html``.
+
+The images are decoded once (``LiveSource.held()``) and the high-norm tokens detected once
+(:func:`~interp.studies.outliers.detect`); every stage gets that one source and that one detection.
+
+>>> summary = run_report()                      # the planted synthetic model on the bundled photos
+>>> summary["planted"]["all_neurons_recovered"]
+True
+>>> run_report(interp.load("vit_small_patch14_reg4_dinov2"), images="photos/", out_dir="report_dinov2",
+...            threshold="p99", n_controls=10)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Union
+
+from ..models.planted import planted_truth
+from ..studies.outliers import Detection, ThresholdSpec, detect
+from ..studies.result import jsonable
+from ..studies.source import ImagesSpec, LiveSource, open_source
+from .html import write_html
+from .summary import SYNTHETIC_NOTE, build_summary, lost_summary, planted_comparison, probes_summary
+
+N_STAGES = 5
+DISPLAY_LIMIT = 8  # images un-normalised for the map figures (the figures draw at most this many)
+HOLD_LIMIT = 256  # up to this many images are decoded once and held in memory; more are streamed per stage
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What the battery is run with.
+
+    Attributes:
+        threshold, detect_layer: the outlier threshold and detection block for every stage (default "auto",
+            the last block, or the preset's).
+        preset: published settings (:mod:`interp.studies.presets`); explicit options win.
+        highest_layer: last block scored for register neurons (default: the detection block).
+        top_k: neurons kept (default: the number of planted neurons for the planted model, else 10).
+        n_controls, seed: random control neuron sets of the ablation.
+        batch_size: images per forward.
+    """
+
+    threshold: Optional[ThresholdSpec] = None
+    detect_layer: Optional[int] = None
+    preset: Optional[str] = None
+    highest_layer: Optional[int] = None
+    top_k: Optional[int] = None
+    n_controls: int = 5
+    seed: int = 0
+    batch_size: int = 16
+
+
+@dataclass
+class BatteryResults:
+    """The stage results (None for a stage that did not run) and why the causal stages were skipped."""
+
+    detection: Detection
+    norms: object
+    neurons: object
+    ablation: object = None
+    register: object = None
+    relocation: object = None
+    skipped: Optional[str] = None
+    probes: object = None
+    lost: object = None
+
+    def results(self) -> List:
+        return [r for r in (self.norms, self.neurons, self.ablation, self.register, self.relocation, self.probes,
+                            self.lost) if r is not None]
+
+
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        print(text, file=sys.stderr, flush=True)
+
+
+def report_source(model, images: Optional[ImagesSpec], batch_size: int, strict: bool = False) -> LiveSource:
+    """The one live source every stage reads: the images (default: the bundled samples) decoded once when
+    there are at most ``HOLD_LIMIT`` of them. Unreadable images are skipped and listed in ``source.skipped``
+    (``strict``: the first one stops the run)."""
+    from ..models import sample_image_paths
+
+    source = open_source(model=model, images=sample_image_paths() if images is None else images,
+                         batch_size=batch_size, strict=strict)
+    return source.held() if len(source) <= HOLD_LIMIT else source
+
+
+def run_battery(source: LiveSource, options: ReportOptions, progress: bool = True) -> BatteryResults:
+    """Run the five stages on ``source``; the causal ones only when the neuron study ranks neurons.
+
+    Without artifacts the stages still run (under a fixed or percentile threshold) and warn once, not per stage."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = _run_stages(source, options, progress)
+    for text in dict.fromkeys(str(w.message) for w in caught if not str(w.message).startswith("no artifacts")):
+        warnings.warn(text, stacklevel=2)
+    if not out.detection.artifacts_found:
+        warnings.warn(f"{source.model_name} shows no artifacts: the patch-token norms at block "
+                      f"{out.detection.layer} have no separated high-norm mode; any neurons the report ranks "
+                      "are not register neurons", stacklevel=2)
+    return out
+
+
+def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> BatteryResults:
+    """The five stages of :func:`run_battery`."""
+    from ..studies.neurons import resolve_neuron_options
+    from ..studies.ablate import ablation_study
+    from ..studies.neurons import neurons_study
+    from ..studies.norms import norms_study
+    from ..studies.registers import register_study
+    from ..studies.relocate import relocation_study
+
+    o = options
+    common = dict(batch_size=o.batch_size, progress=progress)
+    _say(progress, f"interp report [1/{N_STAGES}] norms: per-block patch norms of {source.model_name} "
+                   f"over {len(source)} images")
+    settings = resolve_neuron_options(o.preset, threshold=o.threshold, detect_layer=o.detect_layer,
+                                      highest_layer=o.highest_layer, top_k=o.top_k)
+    found = detect(source, settings["threshold"], settings.get("detect_layer"), **common)
+    out = BatteryResults(found, norms_study(source, detection=found, **common), None)
+    highest = min(settings.get("highest_layer", found.layer), source.n_layers - 1)
+    _say(progress, f"interp report [2/{N_STAGES}] neurons: ranking register neurons in blocks <= {highest}")
+    out.neurons = neurons_study(source, detection=found, highest_layer=highest, top_k=settings["top_k"],
+                                positions=settings["positions"], sparsity=settings["sparsity"] or "none",
+                                seed=o.seed, **common)
+    out.neurons.preset = out.neurons.params["preset"] = settings["preset"]
+    if not out.neurons.neurons:
+        out.skipped = (f"no register neurons to test ({out.neurons.message or 'nothing ranked'}); the ablation, "
+                       "test-time register and relocation studies need neurons and were not run")
+        _say(progress, f"interp report [3-5/{N_STAGES}] skipped: {out.skipped}")
+        return out
+    chosen = out.neurons.neuron_dict()
+    _say(progress, f"interp report [3/{N_STAGES}] ablate: {len(out.neurons.neurons)} neurons vs {o.n_controls} "
+                   "random controls")
+    out.ablation = ablation_study(source, chosen, n_controls=o.n_controls, seed=o.seed, detection=found, **common)
+    _say(progress, f"interp report [4/{N_STAGES}] registers: test-time register with these neurons")
+    out.register = register_study(source, chosen, detection=found, **common)
+    _say(progress, f"interp report [5/{N_STAGES}] relocate: moving the high norm onto a smiley")
+    out.relocation = relocation_study(source, chosen, threshold=found.spec, detect_layer=found.layer, **common)
+    return out
+
+
+REPORT_PROBE_TOKENS = 2000  # training tokens of the report's probes (a seeded sample; keeps them to seconds)
+
+
+def run_object_stages(source: LiveSource, results: BatteryResults, options: ReportOptions,
+                      progress: bool = True) -> None:
+    """The report's last two sections, on the same source and detection: the linear probes (position and
+    pixels per token group, the label too when the images carry one) on a capped token sample, and LOST's
+    seeds, masks and boxes (no CorLoc: the report has no ground-truth boxes)."""
+    from ..studies.compare import PROBE_OPTIONS
+    from ..studies.lost import lost_study
+    from ..studies.probes import probes_study
+
+    _say(progress, "interp report [+] probes: position / pixels / label per token group; LOST object discovery")
+    results.probes = probes_study(source, detection=results.detection, seed=options.seed,
+                                  batch_size=options.batch_size, progress=progress, probe_options=PROBE_OPTIONS,
+                                  max_train_tokens=REPORT_PROBE_TOKENS, max_test_tokens=REPORT_PROBE_TOKENS // 2)
+    results.lost = lost_study(source, batch_size=options.batch_size, seed=options.seed, progress=progress)
+
+
+def write_results(results: BatteryResults, source: LiveSource, out: Path) -> Dict[str, List[str]]:
+    """Each study's ``<study>.json`` and figures (PNG) into ``out``; returns study -> figure file names."""
+    from ..plots.artifacts import study_figures
+
+    pictures = source.display_images(DISPLAY_LIMIT)
+    figures: Dict[str, List[str]] = {}
+    for result in results.results():
+        result.to_json(out / f"{result.study}.json")
+        figures[result.study] = []
+        for name, fig in study_figures(result, pictures):
+            fig.savefig(out / f"{name}.png", dpi=110, bbox_inches="tight")
+            figures[result.study].append(f"{name}.png")
+    return figures
+
+
+def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[str, Path] = "report",
+               options: Optional[ReportOptions] = None, *, progress: bool = True, strict: bool = False,
+               **option_values) -> Dict:
+    """Run norms -> neurons -> ablation -> test-time register -> relocation and write the report.
+
+    Args:
+        model: a HookedViT or a model name for ``interp.load``; None: the synthetic ``planted_vit``.
+        images: what ``open_source`` takes (directory, list file, paths, or a preprocessed Tensor); None: the
+            bundled sample photos.
+        out_dir: directory for ``index.html``, ``report.json``, each study's JSON and the PNGs.
+        options: a :class:`ReportOptions`; ``option_values`` (``threshold=``, ``detect_layer=``,
+            ``highest_layer=``, ``top_k=``, ``n_controls=``, ``seed=``, ``batch_size=``) override its fields.
+        progress: one line per stage on stderr, and the studies' progress bars.
+        strict: stop at the first unreadable image (default: skip it with a warning; listed under "skipped_images").
+
+    Returns:
+        The report.json summary (a dict), with ``"planted"`` holding the ground-truth comparison for a
+        planted model and ``"files"`` the written files (relative to ``out_dir``).
+    """
+    from ..api import load
+
+    started = time.monotonic()
+    options = dataclasses.replace(options or ReportOptions(), **option_values)  # TypeError names a bad key
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if model is None or isinstance(model, str):
+        model = load(model or "planted_vit")
+    truth = planted_truth(model)
+    if truth is not None:
+        _say(progress, f"interp report: note: {SYNTHETIC_NOTE}")
+    if options.top_k is None and truth is not None:  # else 10, or the preset's
+        options = dataclasses.replace(options, top_k=len(truth.neurons))
+    source = report_source(model, images, options.batch_size, strict)
+    results = run_battery(source, options, progress)
+    run_object_stages(source, results, options, progress)
+    figures = write_results(results, source, out)
+
+    r = results
+    summary = build_summary(model, source, r.norms, r.neurons, r.ablation, r.register, r.relocation, r.skipped)
+    summary["planted"] = planted_comparison(model, source, r.norms, r.neurons) if truth is not None else None
+    summary["probes"], summary["lost"] = probes_summary(r.probes), lost_summary(r.lost)
+    summary["files"] = {"index": "index.html", "results": [f"{x.study}.json" for x in r.results()],
+                        "figures": [f for names in figures.values() for f in names]}
+    summary["skipped_images"] = [{"image": image, "reason": reason} for image, reason in source.skipped]
+    summary["seconds"] = round(time.monotonic() - started, 2)
+    (out / "report.json").write_text(json.dumps(jsonable(summary), indent=1))
+    write_html(out / "index.html", summary, figures)
+    return summary

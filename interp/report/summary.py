@@ -1,0 +1,134 @@
+"""The ``report.json`` summary of the artifact battery's results, and the comparison of a planted model's
+findings with its ground truth (``interp.models.planted_truth(model)``)."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+
+from ..models.planted import planted_truth
+
+SYNTHETIC_NOTE = ("planted_vit is a synthetic model: its register neurons were planted by construction in "
+                  "random weights; it is not a trained network. Its findings show that the studies recover a "
+                  "known ground truth, not how a real ViT behaves.")
+NO_ARTIFACTS_NOTE = ("This model shows no artifacts: the patch-token norms at block {block} have no separated "
+                     "high-norm mode. Neurons ranked under a fixed or percentile threshold describe ordinary "
+                     "high-norm tokens; they are not register neurons.")
+
+
+def planted_comparison(model, source, norms, neurons) -> Dict:
+    """What the studies found against the planted truth: layer, neurons and outlier positions recovered.
+
+    ``source`` is the live source the studies ran on (its images are compared with the planted mask).
+    """
+    from ..studies.relocate import iou
+
+    truth = planted_truth(model)
+    planted = {(truth.layer, int(n)) for n in truth.neurons}
+    found = [(int(e["layer"]), int(e["neuron"])) for e in neurons.neurons]
+    emergence = norms.emergence or {}
+    masks = [truth.artifact_mask(model, x).cpu() for _, x in source.image_batches()]
+    expected = torch.cat(masks) if masks else torch.zeros(0, *norms.grid, dtype=torch.bool)
+    ious = [iou(a, b) for a, b in zip(norms.outlier_map_tensor(), expected)]
+    return {
+        "layer": truth.layer,
+        "neurons": list(truth.neurons),
+        "emergence_layer": emergence.get("layer"),
+        "emergence_component": emergence.get("component"),
+        "layer_recovered": emergence.get("layer") == truth.layer and emergence.get("component") == "mlp",
+        "neurons_recovered": sorted(n for l, n in planted & set(found)),
+        "neurons_missed": sorted(n for l, n in planted - set(found)),
+        "extra_neurons": [{"layer": l, "neuron": n} for l, n in found if (l, n) not in planted],
+        "all_neurons_recovered": planted <= set(found),
+        "outlier_iou_mean": float(np.mean(ious)) if ious else None,
+        "outlier_iou_per_image": ious,
+    }
+
+
+def _condition_summary(ablation) -> Dict:
+    return {metric: values for metric, values in ablation.summary.items() if values.get("baseline") is not None}
+
+
+def input_geometry(source) -> Dict:
+    """What the model saw: input size [h, w] in pixels, patch size, patch grid [h, w] and prefix tokens."""
+    layout = source.layout
+    return {"input_size": [int(v) for v in source.image_size], "patch_size": [int(v) for v in source.patch_size],
+            "grid": [int(v) for v in layout.grid], "n_prefix": int(layout.n_prefix),
+            "n_registers": int(layout.n_registers)}
+
+
+def input_geometry(source) -> Dict:
+    """What the model saw: input size [h, w] in pixels, patch size [h, w], patch grid [h, w], prefix tokens."""
+    layout = source.layout
+    return {"input_size": [int(v) for v in source.image_size], "patch_size": [int(v) for v in source.patch_size],
+            "grid": [int(v) for v in layout.grid], "n_prefix": int(layout.n_prefix),
+            "n_registers": int(layout.n_registers)}
+
+
+def build_summary(model, source, norms, neurons, ablation, register, relocation, skipped: Optional[str]) -> Dict:
+    """The report.json summary of the stage results."""
+    emergence = norms.emergence
+    synthetic = planted_truth(model) is not None
+    summary = {
+        "model": norms.model,
+        "fingerprint": norms.fingerprint,
+        "synthetic": synthetic,
+        "synthetic_note": SYNTHETIC_NOTE if synthetic else None,
+        "n_images": len(source),
+        **input_geometry(source),
+        **input_geometry(source),
+        "image_ids": list(source.ids),
+        "artifacts_found": norms.artifacts_found,
+        "detect_layer": norms.detect_layer,
+        "threshold": norms.threshold,
+        "threshold_method": norms.threshold_method,
+        "outlier_fraction": norms.outlier_fraction,
+        "outlier_counts": norms.outlier_counts,
+        "emergence": None if not emergence else {"layer": emergence["layer"], "component": emergence["component"]},
+        "neurons": neurons.neurons,
+        "neurons_message": neurons.message or None,
+        "no_artifacts_note": None if norms.artifacts_found else NO_ARTIFACTS_NOTE.format(block=norms.detect_layer),
+        "preset": getattr(neurons, "preset", None),
+        "highest_layer": neurons.highest_layer,
+        "top_k": neurons.top_k,
+        "skipped": skipped,
+        "ablation": None,
+        "test_time_register": None,
+        "relocation": None,
+    }
+    if ablation is not None:
+        summary["ablation"] = {"mode": ablation.mode, "n_controls": len(ablation.controls),
+                               "effects": _condition_summary(ablation)}
+    if register is not None:
+        norms_reg = [v for v in register.register_norm if v is not None]
+        summary["test_time_register"] = {
+            "outliers_before": register.baseline["outlier_count"],
+            "outliers_after": register.with_register["outlier_count"],
+            "max_patch_norm_before": register.baseline["max_patch_norm"],
+            "max_patch_norm_after": register.with_register["max_patch_norm"],
+            "register_norm_mean": float(np.mean(norms_reg)) if norms_reg else None,
+            "register_norm_min": float(np.min(norms_reg)) if norms_reg else None,
+            "top1_agreement": register.with_register["top1_agreement"],
+        }
+    if relocation is not None:
+        summary["relocation"] = {"mean_iou": relocation.mean_iou, "mean_iou_active": relocation.mean_iou_active,
+                                 "cls_attention_argmax_on_target": relocation.cls_attention_argmax_on_target}
+    return summary
+
+
+def probes_summary(probes) -> Optional[Dict]:
+    """{probe: {group: {"n", "score", "chance", "note"}}} of a ProbesResult (None when it did not run)."""
+    if probes is None:
+        return None
+    return {probe: {group: {"n": g.n, "score": g.score, "chance": g.chance, "note": g.note}
+                    for group, g in getattr(probes, probe).items()}
+            for probe in ("position", "pixels", "label")} | {"hook": probes.hook, "notes": list(probes.notes)}
+
+
+def lost_summary(lost) -> Optional[Dict]:
+    """Images, tied seeds and CorLoc (None without ground truth) of a LostResult (None when it did not run)."""
+    if lost is None:
+        return None
+    return {"hook": lost.hook, "k": lost.k, "n_images": len(lost.ids), "tied_seeds": int(sum(lost.degenerate)),
+            "corloc": lost.corloc}

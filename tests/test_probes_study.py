@@ -1,0 +1,149 @@
+"""probes_study: known answers on constructed tokens, a live hooked model, and bounded memory on 1000 images."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import images, make_model
+
+from interp.errors import InterpError
+from interp.models.layout import TokenLayout
+from interp.studies import CacheSource, open_source
+from interp.studies.probes import ProbesResult, patch_pixels, probes_study
+
+GRID, PATCH, D = (4, 4), 2, 48
+HOOK = "blocks.0.hook_resid_post"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny probes run faster on one thread; the machine's 2 cores are shared (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class ConstructedReader:
+    """A cache reader over constructed tokens (CLS + 4x4 patches), so that on normal patches the position
+    and the pixels are linearly readable, on high-norm patches (3 per image) neither is, and only
+    the CLS token carries the image label. High-norm tokens look like real artifacts: a few massive
+    dimensions on top of noise."""
+
+    def __init__(self, n_images: int = 80, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.layout = TokenLayout(n_prefix=1, n_registers=0, cls_index=0, grid=GRID)
+        self.ids = [f"image_{i}" for i in range(n_images)]
+        self.hooks = [HOOK]
+        self.meta = {"model_name": "constructed", "weights_fingerprint": "0" * 16, "norms_only": False}
+        self.images = torch.randn(n_images, 3, GRID[0] * PATCH, GRID[1] * PATCH, generator=g)
+        self.labels = torch.arange(n_images) % 3
+        pix = patch_pixels(self.images, GRID)                              # [N, 16, 12]
+        pos_code = torch.randn(16, 24, generator=g)
+        mix = torch.randn(12, 24, generator=g)
+        patches = torch.cat([pix @ mix, pos_code.expand(n_images, -1, -1)], -1)   # [N, 16, 48]
+        self.high = torch.zeros(n_images, 16, dtype=torch.bool)
+        for i in range(n_images):
+            where = torch.randperm(16, generator=g)[:3]
+            self.high[i, where] = True
+            patches[i, where] = 2 * torch.randn(3, D, generator=g)   # no position, no pixels ...
+            patches[i, where, :3] += 60.0                                # ... and a few massive dimensions
+        cls = torch.randn(3, D, generator=g)[self.labels] + 0.3 * torch.randn(n_images, D, generator=g)
+        self.tokens = torch.cat([cls[:, None], patches], 1).numpy()
+
+    def __getitem__(self, hook):
+        return self.tokens
+
+
+def test_constructed_tokens_known_answers():
+    reader = ConstructedReader()
+    source = CacheSource(reader)
+    result = probes_study(source, tasks=("position", "pixels", "label"), images=reader.images,
+                          labels=reader.labels.tolist(), threshold="auto", progress=False)
+    assert result.threshold_method.startswith("auto") and result.high_norm_share == pytest.approx(3 / 16)
+    pos, pix, lab = result.position, result.pixels, result.label
+    assert pos["normal"].score > 0.97 and pos["normal"].mean_distance < 0.05
+    assert pos["high_norm"].score < 0.25 and pos["high_norm"].mean_distance > 1.0
+    assert pos["normal"].chance < 0.15 and pos["normal"].chance_distance == pytest.approx(2.0, abs=0.3)
+    assert pix["normal"].score > 0.95 and pix["high_norm"].score < 0.2 and abs(pix["normal"].chance) < 0.05
+    assert lab["cls"].score > 0.9 and lab["normal"].score < 0.7 and lab["cls"].n == result.n_test_images == 20
+    assert lab["register"].n == 0 and "no register token" in lab["register"].note
+    assert pos["high_norm"].n == 20 * 3 and result.notes == []
+    back = ProbesResult.from_dict(json.loads(result.to_json()))
+    assert back.position["normal"].score == pos["normal"].score
+
+
+def test_given_mask_empty_group_and_missing_inputs():
+    reader = ConstructedReader(n_images=24)
+    source = CacheSource(reader)
+    none_high = torch.zeros(24, 17, dtype=torch.bool)                 # [N, t] accepted; nothing is high-norm
+    result = probes_study(source, outliers=none_high, progress=False,
+                          probe_options={"epochs": 2, "min_steps": 30})
+    assert result.position["high_norm"].n == 0 and result.position["high_norm"].score is None
+    assert "empty" in result.position["high_norm"].note
+    assert any("pixels: skipped" in n for n in result.notes) and any("label: skipped" in n for n in result.notes)
+    with pytest.raises(InterpError, match="outliers must be"):
+        probes_study(source, outliers=torch.zeros(3, 16, dtype=torch.bool), progress=False)
+    with pytest.raises(InterpError, match="position_loss"):
+        probes_study(source, position_loss="mse", progress=False)
+
+
+def test_live_register_model_with_reassessment_loss():
+    model = make_model("dinov2_reg")
+    source = open_source(model=model, images=images(8, seed=4))
+    result = probes_study(source, threshold="p98", labels=[0, 1] * 4, position_loss="ce+mse", seed=1,
+                          probe_options={"epochs": 2, "min_steps": 30}, progress=False)
+    assert result.hook == f"blocks.{model.n_layers - 1}.hook_resid_post" and result.n_test_images == 2
+    assert result.high_norm_share == pytest.approx(0.02, abs=0.01)
+    assert set(result.pixels) == {"normal", "high_norm"} and result.pixels["normal"].n > 0   # live: pixels exist
+    assert result.label["register"].n == 2 and result.label["cls"].score is not None
+    again = probes_study(source, threshold="p98", labels=[0, 1] * 4, position_loss="ce+mse", seed=1,
+                         probe_options={"epochs": 2, "min_steps": 30}, progress=False)
+    assert again.to_dict() == result.to_dict()
+
+
+PEAK_RSS_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from test_studies import LazyReader
+from interp.studies import CacheSource
+from interp.studies.probes import probes_study
+import torch
+torch.set_num_threads(1)
+
+def peak_growth(fn):
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:")][0]
+    out = fn()
+    peak = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+    return (peak - base) * 1024, out
+
+kw = dict(tasks=("position",), max_train_tokens=8000, max_test_tokens=4000, progress=False,
+          probe_options={"epochs": 1, "min_steps": 10, "batch_size": 1024})
+probes_study(CacheSource(LazyReader(20)), **kw)  # warm-up
+reader = LazyReader(1000)
+whole, _ = peak_growth(lambda: reader["blocks.1.hook_resid_post"][0:1000].sum())
+quarter, _ = peak_growth(lambda: probes_study(CacheSource(LazyReader(250)), batch_size=16, **kw))
+study, result = peak_growth(lambda: probes_study(CacheSource(reader), batch_size=16, **kw))
+print(json.dumps({"whole_hook": whole, "study": study, "quarter": quarter, "n_train_tokens": result.n_train_tokens,
+                  "high": result.position["high_norm"].n}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
+def test_memory_stays_bounded_over_a_1000_image_cache():
+    one_hook_bytes = 1000 * 197 * 64 * 4                                 # LazyReader: 197 tokens x 64 dims
+    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(Path(__file__).parent)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    measured = json.loads(run.stdout.strip().splitlines()[-1])
+    assert measured["whole_hook"] >= 0.9 * one_hook_bytes
+    assert measured["n_train_tokens"] <= 8000 + 750 and measured["high"] == 250 * 3   # 3 outliers per image
+    # Far below one hook's size, and no larger with 4x the images (token caps, streaming).
+    assert measured["study"] < one_hook_bytes / 3, f"probes_study grew the peak RSS by {measured['study'] / 1e6:.1f} MB"
+    assert measured["study"] < measured["quarter"] + 4e6, measured

@@ -1,0 +1,146 @@
+"""The README's examples run as written (issue 12, point 1).
+
+Every fenced ```python and ```bash block of README.md runs, in the README's order, in one temporary working
+directory, on the bundled default. The conventions (also stated in README.md, "Examples in this README"):
+
+- ``<!-- readme-test: skip (why) -->`` on the line right before a fence skips that block (installs, real
+  weights, the full report). Use it sparingly: a skipped block is an untested block.
+- ``photos/`` in an example is the bundled sample photos: the working directory holds ``photos`` (and
+  ``interp/data/samples``, the path the shell examples use from a checkout) linked to the bundled samples.
+- Python blocks share one namespace (a later block builds on an earlier one's ``model``, ``x``, ...).
+- In bash blocks, ``interp ARGS`` runs in this process (``interp.cli.main(ARGS)``, no interpreter start-up)
+  and must exit 0; ``NAME=value`` lines set a variable that ``$NAME`` expands to; any other line runs in bash.
+  ``\\`` continues a line and ``#`` starts a comment, as in a shell.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+SAMPLES = REPO / "interp" / "data" / "samples"
+SKIP_MARK = re.compile(r"<!--\s*readme-test:\s*skip\b(.*?)-->")
+FENCE = re.compile(r"^```(\w*)\s*$")
+
+
+@dataclass
+class Block:
+    """One fenced code block of the README: its language, first code line (1-based) and text."""
+
+    lang: str
+    line: int
+    code: str
+    skip: Optional[str]  # the reason given in the skip marker, or None when the block runs
+
+
+def readme_blocks(text: str) -> List[Block]:
+    """The ```python and ```bash blocks of ``text`` in order, each with the skip marker right above it."""
+    lines = text.splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        opened = FENCE.match(lines[i])
+        if not opened or not opened.group(1):
+            i += 1
+            continue
+        start = i + 1
+        end = start
+        while end < len(lines) and lines[end].strip() != "```":
+            end += 1
+        before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        mark = SKIP_MARK.search(before)
+        if opened.group(1) in ("python", "bash"):
+            blocks.append(Block(opened.group(1), start + 1, "\n".join(lines[start:end]),
+                                mark.group(1).strip(" ()") if mark else None))
+        i = end + 1
+    return blocks
+
+
+def shell_commands(code: str) -> List[str]:
+    """The commands of a bash block: continuation lines joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", code)
+    commands = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        if words:
+            commands.append(line)
+    return commands
+
+
+def run_shell(code: str, cwd: Path, variables: Dict[str, str], where: str) -> None:
+    """Run one bash block: ``interp`` commands in process, variable assignments kept, other lines in bash."""
+    from interp.cli import main
+
+    env = {**os.environ, **variables}
+    for command in shell_commands(code):
+        assignment = re.fullmatch(r"([A-Za-z_]\w*)=(\S+)", command.strip())
+        if assignment:
+            variables[assignment.group(1)] = os.path.expandvars(assignment.group(2))
+            env[assignment.group(1)] = variables[assignment.group(1)]
+            continue
+        words = [_expand(w, variables) for w in shlex.split(command, comments=True)]
+        if words[0] == "interp":
+            assert main(words[1:]) == 0, f"{where}: `{command}` failed (see stderr above)"
+        else:
+            done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True)
+            assert done.returncode == 0, f"{where}: `{command}` failed:\n{done.stderr}"
+
+
+def _expand(word: str, variables: Dict[str, str]) -> str:
+    return re.sub(r"\$(\w+)|\$\{(\w+)\}", lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), word)
+
+
+# ----------------------------------------------------------------------------------------- the parser itself
+def test_blocks_and_skip_markers_are_found():
+    text = ("intro\n```python\na = 1\n```\n<!-- readme-test: skip (needs weights) -->\n\n```bash\ninterp x\n```\n"
+            "```text\nnot code\n```\n```\nplain\n```\n")
+    blocks = readme_blocks(text)
+    assert [(b.lang, b.line, b.code, b.skip) for b in blocks] == [
+        ("python", 3, "a = 1", None), ("bash", 8, "interp x", "needs weights")]
+
+
+def test_shell_commands_join_continuations_and_drop_comments():
+    code = "# a comment\nS=dir\ninterp cache m --hooks 'a b' \\\n    --out x.h5   # trailing\n\n"
+    commands = shell_commands(code)
+    assert [shlex.split(c, comments=True) for c in commands] == [
+        ["S=dir"], ["interp", "cache", "m", "--hooks", "a b", "--out", "x.h5"]]
+    assert _expand("$S/img", {"S": "photos"}) == "photos/img"
+
+
+# ----------------------------------------------------------------------------------------- the README
+@pytest.mark.slow
+def test_readme_examples_run(tmp_path, monkeypatch):
+    """Every python and bash block of README.md runs in order, in one directory, on the bundled default."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # the examples may plot; never open a window
+    blocks = readme_blocks(README.read_text(encoding="utf-8"))
+    assert any(b.lang == "python" and b.skip is None for b in blocks), "README.md has no runnable python block"
+    (tmp_path / "photos").symlink_to(SAMPLES, target_is_directory=True)
+    (tmp_path / "interp" / "data").mkdir(parents=True)  # the path the shell examples use from a checkout
+    (tmp_path / "interp" / "data" / "samples").symlink_to(SAMPLES, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("INTERP_NO_PROGRESS", "1")
+    namespace: Dict = {"__name__": "__readme__"}
+    variables: Dict[str, str] = {}
+    ran = 0
+    for block in blocks:
+        if block.skip is not None:
+            continue
+        where = f"README.md line {block.line} ({block.lang} block)"
+        if block.lang == "python":
+            source = block.code + "\n"  # kept in linecache: nnsight reads a `with` block's source back
+            linecache.cache[where] = (len(source), None, source.splitlines(keepends=True), where)
+            exec(compile(source, where, "exec"), namespace)
+        else:
+            run_shell(block.code, tmp_path, variables, where)
+        ran += 1
+    assert ran >= 5
