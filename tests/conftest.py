@@ -49,3 +49,12 @@ def vit():
 @pytest.fixture
 def reg_vit():
     return make_model("dinov2_reg")
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (tiny probes run faster so on 2 shared cores); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

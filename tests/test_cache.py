@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import h5py
@@ -221,6 +220,8 @@ def test_reader_api(reg_vit, tmp_path):
         with torch.no_grad():
             _, live = reg_vit.run_with_cache(x[[3, 1]], names_filter=HOOKS)
         assert set(acts) == set(live)
+        with pytest.raises(KeyError, match="blocks.1.hook_resid_post"):
+            acts["blocks.1.hook_resid_pots"]  # a typo names the close stored hook
         for name, value in live.items():
             assert acts[name].shape == value.shape and acts[name].dtype == value.dtype, name
             want_rows = expected(reg_vit, x, name, hooks=HOOKS, batch_size=2)[[3, 1]]

@@ -4,12 +4,11 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
-from timm.layers import set_fused_attn
 
 import interp
 from interp.errors import HookNameError
 
-from conftest import FAMILIES, images, make_model
+from conftest import images, make_model
 
 TOL = 1e-5
 

@@ -48,9 +48,11 @@ def test_selective_cls_study_table(folder):
     assert result.rows[0]["top1_agreement"] == 1.0
     assert result.n_used == 2 and result.excluded == {"no_box": 0, "several_boxes": 0, "too_large": 1,
                                                       "cropped_away": 1}
-    for row in result.rows:
+    for row, row_hits in zip(result.rows, result.hits):
         assert set(row) == set(COLUMNS)
-        assert row["pib"] in (0.0, 0.5, 1.0) and row["pib_ci_low"] <= row["pib"] <= row["pib_ci_high"]
+        used = [h for h in row_hits if h is not None]
+        assert len(used) == 2 and row["pib"] == pytest.approx(float(np.mean(used)))
+        assert row["pib_ci_low"] <= row["pib"] <= row["pib_ci_high"]
         assert row["accuracy"] is not None  # labels from the cat/dog folders
     # k = n_patches is average pooling: its row equals a direct computation with the mean patch token.
     with torch.no_grad():
@@ -69,6 +71,10 @@ def test_selective_cls_study_table(folder):
     inside[0, 2:7, 1:7] = True
     inside[1, 4:10, 4:10] = True
     top = scores[:2].argmax(1)
+    cls_scores = torch.nn.functional.cosine_similarity(patches, cache["hook_norm_final"][:, :1], dim=-1)
+    top_cls = cls_scores[:2].argmax(1)
+    assert result.hits[0] == [bool(inside[0].flatten()[top_cls[0]]), bool(inside[1].flatten()[top_cls[1]]), None,
+                              None]
     assert result.hits[2] == [bool(inside[0].flatten()[top[0]]), bool(inside[1].flatten()[top[1]]), None, None]
     fg = torch.cat([scores[0][inside[0].flatten()], scores[1][inside[1].flatten()]])
     assert result.rows[2]["fg_score_mean"] == pytest.approx(float(fg.mean()), abs=1e-5)

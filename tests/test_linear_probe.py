@@ -12,13 +12,7 @@ from interp.studies import ProbeResult, linear_probe
 from interp.studies.linear_probe import chance_score, fit_probe, r2_score, split_indices
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny probes run faster on one thread; the machine's 2 cores are shared (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny probes run faster on one thread
 
 
 def position_features(n_images=60, n_pos=16, d=32, readable=True, seed=0):

@@ -19,13 +19,7 @@ GRID, PATCH, D = (4, 4), 2, 48
 HOOK = "blocks.0.hook_resid_post"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny probes run faster on one thread; the machine's 2 cores are shared (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny probes run faster on one thread
 
 
 class ConstructedReader:

@@ -16,7 +16,8 @@ from matplotlib.text import Text
 import interp
 import interp.cache
 from interp.cli import main
-from interp.commands.study_artifacts import parse_neurons, parse_target
+from interp.commands.common import parse_neurons
+from interp.commands.study_artifacts import parse_target
 from interp.errors import InterpError
 from interp.models import planted_truth, sample_image_paths
 from interp.plots import artifacts as plots

@@ -20,12 +20,7 @@ from interp.studies.segmentation import SegmentationResult
 PLANTED_NEURON = "2:17"  # a planted register neuron (interp.models.planted)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny probes run faster on one thread
 
 
 @pytest.fixture(scope="module")

@@ -125,7 +125,10 @@ def _blocks_needed(model, hook_names) -> Optional[int]:
 
 def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, batch_size: int,
             progress: bool) -> WriteSummary:
-    """Forward every remaining batch and hand it to the writer thread; close the file at the end."""
+    """Forward every remaining batch and hand it to the writer thread; close the file at the end.
+
+    Kept in one piece on purpose: the order of its steps (fill buffers, submit, commit, mark complete,
+    join the writer even on an exception) is what makes a kill at any moment lose nothing committed."""
     from tqdm.auto import tqdm
 
     n_images = len(source)

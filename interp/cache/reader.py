@@ -207,7 +207,9 @@ class Reader:
         names = self.hooks if hooks is None else self._resolve(hooks)
         if isinstance(rows, (int, np.integer)):
             rows = [rows]
-        return {h: _to_torch(self[h][rows]) for h in names}
+        from ..hooks.activations import ActivationDict
+
+        return ActivationDict({h: _to_torch(self[h][rows]) for h in names}, hook_names=self.hooks)
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

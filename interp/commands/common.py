@@ -4,8 +4,12 @@ from each other."""
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
+from typing import Dict, List
 
 from ..console import add_output_args
+from ..errors import InterpError
 
 
 def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False) -> None:
@@ -190,3 +194,31 @@ def record_skipped(args: argparse.Namespace, result_name: str) -> None:
         data = json.loads(path.read_text())
         data["skipped"] = args.skipped
         path.write_text(json.dumps(data, indent=1))
+
+
+NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
+
+
+def parse_neurons(text: str) -> Dict[int, List[int]]:
+    """``"2:17,2:101,5:40"`` -> ``{2: [17, 101], 5: [40]}``; a path to a neurons study's JSON -> its ranked
+    neurons. Raises InterpError on bad syntax."""
+    text = (text or "").strip()
+    if text.endswith(".json") and Path(text).is_file():
+        from ..studies.neurons import NeuronsResult
+
+        result = NeuronsResult.from_json(text)
+        if not result.neurons:
+            raise InterpError(f"{text} ranks no neurons ({result.message or 'empty list'}); nothing to edit")
+        return result.neuron_dict()
+    if not text:
+        raise InterpError(f"--neurons is empty: give {NEURONS_SYNTAX}")
+    out: Dict[int, List[int]] = {}
+    for item in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", item)
+        if not m:
+            raise InterpError(f"--neurons {text!r}: cannot read {item!r}; expected {NEURONS_SYNTAX}")
+        layer, neuron = int(m.group(1)), int(m.group(2))
+        if neuron in out.setdefault(layer, []):
+            raise InterpError(f"--neurons {text!r}: neuron {layer}:{neuron} is listed twice")
+        out[layer].append(neuron)
+    return out

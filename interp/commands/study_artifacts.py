@@ -9,40 +9,11 @@ re-run the model with an edit, so they take ``--images`` and the neurons to edit
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..errors import InterpError
-from .common import add_study_args, model_from_args, source_from_args, threshold_value, write_outputs
-
-NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
-
-
-def parse_neurons(text: str) -> Dict[int, List[int]]:
-    """``"2:17,2:101,5:40"`` -> ``{2: [17, 101], 5: [40]}``; a path to a neurons study's JSON -> its ranked
-    neurons. Raises InterpError on bad syntax."""
-    text = (text or "").strip()
-    if text.endswith(".json") and Path(text).is_file():
-        from ..studies.neurons import NeuronsResult
-
-        result = NeuronsResult.from_json(text)
-        if not result.neurons:
-            raise InterpError(f"{text} ranks no neurons ({result.message or 'empty list'}); nothing to edit")
-        return result.neuron_dict()
-    if not text:
-        raise InterpError(f"--neurons is empty: give {NEURONS_SYNTAX}")
-    out: Dict[int, List[int]] = {}
-    for item in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", item)
-        if not m:
-            raise InterpError(f"--neurons {text!r}: cannot read {item!r}; expected {NEURONS_SYNTAX}")
-        layer, neuron = int(m.group(1)), int(m.group(2))
-        if neuron in out.setdefault(layer, []):
-            raise InterpError(f"--neurons {text!r}: neuron {layer}:{neuron} is listed twice")
-        out[layer].append(neuron)
-    return out
-
+from .common import (NEURONS_SYNTAX, add_study_args, model_from_args, parse_neurons, source_from_args,
+                     threshold_value, write_outputs)
 
 def parse_target(text: Optional[str], grid):
     """``smiley`` (None) | ``box:top,left,height,width`` | ``indices:i,j,...`` (flat patch indices) -> a
@@ -230,4 +201,4 @@ def run_registers(args) -> int:
     return _finish(result, args, images)
 
 
-__all__ = ["parse_neurons", "parse_target", "threshold_value"]
+__all__ = ["parse_target"]

@@ -16,8 +16,9 @@ from .common import add_study_args, model_from_args, source_from_args, write_out
 
 def _add_selective_params(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sigma", type=float, default=None, help="SelectiveCLS low-pass width (default sqrt(d))")
-    p.add_argument("--score", choices=("paper", "code", "contrib"), default="paper",
-                   help="SelectiveCLS stability score formula")
+    p.add_argument("--score", choices=("code", "paper", "contrib"), default="code",
+                   help="SelectiveCLS stability score: code = x/|x_low - x| (LaSt reference code, default), "
+                        "paper = x_low/(|x_low - x| + eps), contrib = x_low/(x_low - x + eps)")
     p.add_argument("--fft", choices=("shift", "rfft"), default="shift", help="SelectiveCLS FFT variant")
     p.add_argument("--eps", type=float, default=1e-6, help="SelectiveCLS epsilon")
 
@@ -127,8 +128,8 @@ def run_selective_cls(args) -> int:
 
     model = model_from_args(args)
     source = source_from_args(args, model)
-    result = selective_cls_study(source, args.boxes, ks=args.k, sigma=args.sigma, score=args.score, fft=args.fft,
-                                 eps=args.eps, reference=args.reference, single_object=args.single_object,
+    result = selective_cls_study(source, args.boxes, ks=args.k, selective=_selective(args, 1),
+                                 reference=args.reference, single_object=args.single_object,
                                  max_box_fraction=args.max_box_fraction, n_boot=args.n_boot, level=args.level,
                                  seed=args.seed, batch_size=args.batch_size, progress=args.progress,
                                  protocol=args.protocol)

@@ -21,7 +21,7 @@ def _test_time_register(args):
     if not getattr(args, "neurons", None):
         return None
     from ..interventions import TestTimeRegister
-    from .study_artifacts import parse_neurons  # the one parser of the --neurons syntax
+    from .common import parse_neurons  # the one parser of the --neurons syntax
 
     return TestTimeRegister(parse_neurons(args.neurons), n_registers=args.n_registers)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Callable, Iterable, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 from ..errors import HookNameError, close_matches
 

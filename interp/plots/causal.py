@@ -82,7 +82,7 @@ def ablation_bars(ablation_result) -> Figure:
             if v is not None and np.isfinite(v):
                 top_of = max([v] + points) if x == 2 else v  # above the control dots
                 ax.text(x, top_of * 1.02, _fmt(v), ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(range(3), ["baseline", "register\nneurons", f"controls\n(mean\u00b1std)"], fontsize=8)
+        ax.set_xticks(range(3), ["baseline", "register\nneurons", "controls\n(mean\u00b1std)"], fontsize=8)
         ax.set_ylabel(ABLATION_METRICS[metric], fontsize=9)
         top = max([v for v in heights + points if v is not None and np.isfinite(v)] + [1e-9])
         ax.set_ylim(0, top * 1.18)

@@ -52,7 +52,10 @@ def score_distributions(result) -> Figure:
         ax.set_title(title)
         ax.set_xlabel("Patch Score cos(x_p, g)")
         ax.set_ylabel("density")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best", framealpha=0.7)
+        else:
+            ax.text(0.5, 0.5, "no patches", ha="center", va="center", transform=ax.transAxes, color="0.4")
     fig.suptitle(f"{result.model}: Patch Score distributions")
     return fig
 
@@ -69,10 +72,9 @@ def masking_curves(result) -> Figure:
     ax_metric.set_xlabel("patches masked (%)")
     ax_metric.set_ylabel("top-1 accuracy" if result.metric == "accuracy" else "top-1 agreement with unmasked")
     ax_metric.set_ylim(-0.02, 1.02)
-    ax_metric.legend(fontsize=8)
+    ax_metric.legend(fontsize=8, loc="best", framealpha=0.7)  # one legend: both panels share the styles
     ax_out.set_xlabel("patches masked (%)")
     ax_out.set_ylabel(f"outlier tokens / image (norm > {result.outlier_rule})")
-    ax_out.legend(fontsize=8)
     fig.suptitle(f"{result.model}: masking probe (fill={result.fill}, reference={result.reference})")
     return fig
 

@@ -85,6 +85,7 @@ def _ridges(result, stage: str, span, n_points: int = 240):
 
 def norm_histograms(norms_result, stage: str = "resid_post") -> Figure:
     """Patch-token norm distributions in a form that reads the same for 4 and for 50,000 images.
+    (Long on purpose: one figure's layout, panel by panel; the arithmetic lives in the helpers.)
 
     Left: one ridge per block on a log norm axis (a smoothed density, see :func:`_ridges`; a line under it
     spans 1-99 % of the tokens, a tick marks the median; right-hand labels: share of patch tokens above the
@@ -158,7 +159,9 @@ def norm_histograms(norms_result, stage: str = "resid_post") -> Figure:
 
 def norm_profile(norms_result) -> Figure:
     """Max and median patch norm through every block, the attention step (-> resid_mid) and the MLP step
-    (-> resid_post) drawn apart, the emergence step shaded, CLS->patch attention on a twin axis."""
+    (-> resid_post) drawn apart, the emergence step shaded, CLS->patch attention on a twin axis.
+
+    Long on purpose: it is one figure's layout, axis by axis, with nothing that another figure shares."""
     r = norms_result
     title = f"{r.model}: patch-token norm through the network ({len(r.ids)} images)"
     mid = r.max_patch_norm.get("resid_mid") or []

@@ -51,14 +51,6 @@ def _condition_summary(ablation) -> Dict:
 
 
 def input_geometry(source) -> Dict:
-    """What the model saw: input size [h, w] in pixels, patch size, patch grid [h, w] and prefix tokens."""
-    layout = source.layout
-    return {"input_size": [int(v) for v in source.image_size], "patch_size": [int(v) for v in source.patch_size],
-            "grid": [int(v) for v in layout.grid], "n_prefix": int(layout.n_prefix),
-            "n_registers": int(layout.n_registers)}
-
-
-def input_geometry(source) -> Dict:
     """What the model saw: input size [h, w] in pixels, patch size [h, w], patch grid [h, w], prefix tokens."""
     layout = source.layout
     return {"input_size": [int(v) for v in source.image_size], "patch_size": [int(v) for v in source.patch_size],

@@ -1,19 +1,7 @@
 """Object boxes (and masks) on the model's patch grid: the preprocessing geometry and regions
 (box files are read by ``box_files.py``; its names are importable from here too).
 
-Box files (coordinates in pixels of the ORIGINAL image, pixel-edge convention: a box over the whole
-``W x H`` image is ``0, 0, W, H``):
-
-* CSV with a header: ``image,x0,y0,x1,y1`` and optional ``width,height`` (the original image size; read
-  from the image file when absent). One row per box; a row with empty coordinates lists an image with no box.
-* JSON: a list of records ``{"image": "cat/001.jpg", "x0": 10, "y0": 20, "x1": 110, "y1": 90}``
-  (optional ``"width"``, ``"height"``; a record without coordinates lists an image with no box), or
-  ``{"boxes": [...same records...]}``.
-* COCO instances JSON (``images`` + ``annotations``; ``bbox`` is ``[x, y, w, h]``): every annotation is a
-  box (crowd ones included); images without annotations are listed with no box.
-
-The ``image`` key matches an image path when its path components end the image's path: ``001.jpg`` matches
-``/data/val/cat/001.jpg``, and so does ``cat/001.jpg``. A key that matches two images is an error.
+Box files (CSV / JSON / COCO, original-image pixels) and how their image keys match: see ``box_files.py``.
 
 Geometry: each box goes through the model's own eval transform (timm's ``Resize`` of the shorter side to
 ``input / crop_pct`` then ``CenterCrop`` for ``crop_mode="center"``, ``squash`` and ``border`` modes too),

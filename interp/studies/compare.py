@@ -12,7 +12,7 @@ no high-norm tokens) or a probe that could not run; the ``*_chance`` columns giv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .norms import norms_study
 from .outliers import detect

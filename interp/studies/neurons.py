@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from ..hooks.names import mlp_post, resid_post

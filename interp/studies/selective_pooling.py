@@ -85,41 +85,18 @@ class SelectiveCLSResult(StudyResult):
         return "\n".join(lines)
 
 
-def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, ks: Sequence[int] = (1, 7, 98), *,
-                        sigma: Optional[float] = None, score: str = "paper", fft: str = "shift", eps: float = 1e-6,
-                        reference: str = "cls", single_object: bool = True, max_box_fraction: Optional[float] = 0.25,
-                        n_boot: int = 1000, level: float = 0.95, seed: int = 0, bins: int = 40,
-                        batch_size: Optional[int] = None, progress: bool = True,
-                        protocol: str = "model") -> SelectiveCLSResult:
-    """PiB, Patch Score distributions and top-1 agreement with and without ``SelectiveCLS(k)`` (module doc).
-
-    Args:
-        source: a live source over image files (labels from an image-folder layout give accuracy).
-        boxes: box file or table (:mod:`interp.studies.boxes`); None skips the PiB and fg/bg columns.
-        ks: the k values; each must be in [1, n_patches].
-        sigma, score, fft, eps: the other ``SelectiveCLS`` parameters (shared by every k).
-        reference: the baseline's global vector, ``cls`` or ``pooled``.
-        single_object, max_box_fraction, n_boot, level, seed: PiB protocol (:func:`interp.studies.pib.pib_study`).
-        protocol: ``"model"`` (the model's transform) or ``"last"`` (the LaSt reference's, as in ``pib_study``).
-    """
-    if protocol == "last":
-        source = LastProtocolSource(source)
-    elif protocol != "model":
-        raise InterpError(f"protocol={protocol!r}: use 'model' or 'last'")
-    model = live_model(source, "selective-cls study (with and without SelectiveCLS)")
-    if reference not in BASELINE_REFERENCES:
-        raise InterpError(f"the baseline reference must be one of {list(BASELINE_REFERENCES)}, got {reference!r}")
-    n_patches = source.layout.n_patches
+def _check_ks(ks: Sequence[int], n_patches: int) -> List[int]:
     ks = [int(k) for k in ks]
     bad = [k for k in ks if not 1 <= k <= n_patches]
     if bad:
         raise InterpError(f"k = {bad} out of range: this model has {n_patches} patches, so k must be in "
                           f"[1, {n_patches}]")
-    specs = [SelectiveCLS(k=k, sigma=sigma, score=score, fft=fft, eps=eps) for k in ks]
-    regions = load_regions(source, boxes, single_object, max_box_fraction) if boxes is not None else None
-    if protocol == "last" and boxes is not None:
-        regions = last_protocol_regions(source, read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes)
+    return ks
 
+
+def _forward_rows(source, model, specs: Sequence[SelectiveCLS], reference: str, batch_size: Optional[int],
+                  progress: bool):
+    """Patch Score maps [N, h, w] and top-1 predictions [N] per row: baseline, then one row per spec."""
     n_rows = 1 + len(specs)
     maps: List[List[torch.Tensor]] = [[] for _ in range(n_rows)]
     preds: List[List[torch.Tensor]] = [[] for _ in range(n_rows)]
@@ -134,36 +111,74 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
                 logits, acts = forward_collect(model, x, [FINAL])
             maps[row].append(score_maps_from_acts(acts, model.layout, FINAL, "selective", spec))
             preds[row].append(logits.argmax(-1).cpu())
+    return [torch.cat(m) for m in maps], [torch.cat(p) for p in preds]
 
+
+def _table_row(name: str, k: Optional[int], row_maps, row_preds, baseline_preds, labels, regions, pib: Dict):
+    """One table row (a dict keyed by COLUMNS), its fg/bg distributions and PiB summary (None without boxes)."""
+    entry = {"row": name, "k": k, "pib": None, "pib_ci_low": None, "pib_ci_high": None, "fg_score_mean": None,
+             "bg_score_mean": None, "top1_agreement": float((row_preds == baseline_preds).float().mean()),
+             "accuracy": None if labels is None else float((row_preds == labels).float().mean())}
+    if regions is None:
+        return entry, None, None
+    summary = pib_from_maps(row_maps, regions, pib["n_boot"], pib["level"], pib["seed"])
+    fg, bg = fg_bg_distributions(row_maps, regions, pib["bins"])
+    entry.update(pib=summary.pib, pib_ci_low=summary.ci_low, pib_ci_high=summary.ci_high,
+                 fg_score_mean=fg.mean, bg_score_mean=bg.mean)
+    return entry, {"fg": fg, "bg": bg}, summary
+
+
+def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, ks: Sequence[int] = (1, 7, 98), *,
+                        selective: Optional[SelectiveCLS] = None, reference: str = "cls",
+                        single_object: bool = True, max_box_fraction: Optional[float] = 0.25,
+                        n_boot: int = 1000, level: float = 0.95, seed: int = 0, bins: int = 40,
+                        batch_size: Optional[int] = None, progress: bool = True,
+                        protocol: str = "model") -> SelectiveCLSResult:
+    """PiB, Patch Score distributions and top-1 agreement with and without ``SelectiveCLS(k)`` (module doc).
+
+    Args:
+        source: a live source over image files (labels from an image-folder layout give accuracy).
+        boxes: box file or table (:mod:`interp.studies.boxes`); None skips the PiB and fg/bg columns.
+        ks: the k values; each must be in [1, n_patches].
+        selective: a ``SelectiveCLS`` whose sigma, score, fft and eps every row uses (its k is replaced by
+            each of ``ks``); default ``SelectiveCLS()``, the LaSt reference code's arithmetic.
+        reference: the baseline's global vector, ``cls`` or ``pooled``.
+        single_object, max_box_fraction, n_boot, level, seed: PiB protocol (:func:`interp.studies.pib.pib_study`).
+        protocol: ``"model"`` (the model's transform) or ``"last"`` (the LaSt reference's, as in ``pib_study``).
+    """
+    if protocol == "last":
+        source = LastProtocolSource(source)
+    elif protocol != "model":
+        raise InterpError(f"protocol={protocol!r}: use 'model' or 'last'")
+    model = live_model(source, "selective-cls study (with and without SelectiveCLS)")
+    if reference not in BASELINE_REFERENCES:
+        raise InterpError(f"the baseline reference must be one of {list(BASELINE_REFERENCES)}, got {reference!r}")
+    ks = _check_ks(ks, source.layout.n_patches)
+    template = (selective or SelectiveCLS()).params()
+    template.pop("k")
+    specs = [SelectiveCLS(k=k, **template) for k in ks]
+    regions = load_regions(source, boxes, single_object, max_box_fraction) if boxes is not None else None
+    if protocol == "last" and boxes is not None:
+        regions = last_protocol_regions(source, read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes)
+
+    maps, preds = _forward_rows(source, model, specs, reference, batch_size, progress)
     labels = target_classes(source)
-    baseline_preds = torch.cat(preds[0])
-    rows, distributions, hits = [], [], []
-    summary = None
-    for row in range(n_rows):
-        row_maps, row_preds = torch.cat(maps[row]), torch.cat(preds[row])
-        entry = {"row": "baseline" if row == 0 else f"k={ks[row - 1]}", "k": None if row == 0 else ks[row - 1],
-                 "pib": None, "pib_ci_low": None, "pib_ci_high": None, "fg_score_mean": None, "bg_score_mean": None,
-                 "top1_agreement": float((row_preds == baseline_preds).float().mean()),
-                 "accuracy": None if labels is None else float((row_preds == labels).float().mean())}
-        if regions is not None:
-            summary = pib_from_maps(row_maps, regions, n_boot, level, seed)
-            fg, bg = fg_bg_distributions(row_maps, regions, bins)
-            entry.update(pib=summary.pib, pib_ci_low=summary.ci_low, pib_ci_high=summary.ci_high,
-                         fg_score_mean=fg.mean, bg_score_mean=bg.mean)
-            distributions.append({"fg": fg, "bg": bg})
-            hits.append(summary.hits)
-        else:
-            distributions.append(None)
-            hits.append([])
+    pib = {"n_boot": n_boot, "level": level, "seed": seed, "bins": bins}
+    rows, distributions, hits, summary = [], [], [], None
+    for row, (row_maps, row_preds) in enumerate(zip(maps, preds)):
+        name, k = ("baseline", None) if row == 0 else (f"k={ks[row - 1]}", ks[row - 1])
+        entry, dist, row_summary = _table_row(name, k, row_maps, row_preds, preds[0], labels, regions, pib)
         rows.append(entry)
+        distributions.append(dist)
+        hits.append(row_summary.hits if row_summary is not None else [])
+        summary = row_summary or summary
 
-    selective_params = {"sigma": sigma, "score": score, "fft": fft, "eps": eps}
-    params = {"ks": ks, **selective_params, "reference": reference, "boxes": boxes is not None,
+    params = {"ks": ks, **template, "reference": reference, "boxes": boxes is not None, "protocol": protocol,
               "single_object": single_object, "max_box_fraction": max_box_fraction, "n_boot": n_boot,
               "level": level, "bins": bins}
     return SelectiveCLSResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
-        rows=rows, ks=ks, reference=reference, selective=selective_params, n_images=len(source),
+        rows=rows, ks=ks, reference=reference, selective=template, n_images=len(source),
         n_used=summary.n_used if summary is not None else 0,
         excluded=regions.excluded_counts() if regions is not None else {}, level=level, n_boot=n_boot,
         ids=list(source.ids), distributions=distributions, hits=hits,
