@@ -141,7 +141,7 @@ def test_live_source_leaves_unreadable_images_out_of_its_ids(photos_with_broken)
     assert [Path(p).name for p, _ in source.held().skipped] == ["broken.jpg"]
 
 
-def test_report_skips_records_and_refuses_or_replaces_existing_outputs(tmp_path, photos_with_broken):
+def test_report_skips_records_and_refuses_or_replaces_existing_outputs(tmp_path, photos_with_broken, capsys):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
@@ -158,7 +158,10 @@ def test_report_skips_records_and_refuses_or_replaces_existing_outputs(tmp_path,
     (out / "notes.txt").write_text("mine")
     assert main(["report", "--images", str(photos_with_broken), "--out", str(out)]) == 1  # no --overwrite
     assert (out / "stale_figure.png").exists()
+    capsys.readouterr()
     assert main(["report", "--images", str(photos_with_broken), "--out", str(out), "--overwrite"]) == 0
+    err = capsys.readouterr().err  # not a terminal: the stage lines, but no progress bar
+    assert "interp report [1/5] norms" in err and "batch/s" not in err and "it/s" not in err
     assert not (out / "stale_figure.png").exists() and (out / "notes.txt").read_text() == "mine"
     summary = json.loads((out / "report.json").read_text())
     assert [Path(s["image"]).name for s in summary["skipped_images"]] == ["broken.jpg"] and summary["n_images"] == 2

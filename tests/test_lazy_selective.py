@@ -45,7 +45,6 @@ def test_selective_cls_study_table(folder):
                                                "bg_score_mean", "top1_agreement", "accuracy"]
     assert [r["row"] for r in result.rows] == ["baseline", "k=1", f"k={n}"]
     assert [r["k"] for r in result.rows] == [None, 1, n]
-    assert result.rows[0]["top1_agreement"] == 1.0
     assert result.n_used == 2 and result.excluded == {"no_box": 0, "several_boxes": 0, "too_large": 1,
                                                       "cropped_away": 1}
     for row, row_hits in zip(result.rows, result.hits):
@@ -64,6 +63,9 @@ def test_selective_cls_study_table(folder):
         base_logits = model(x)
     agreement = float((avg_logits.argmax(-1) == base_logits.argmax(-1)).float().mean())
     assert result.rows[2]["top1_agreement"] == agreement
+    labels = torch.tensor([0, 0, 1, 1])  # cat, cat, dog, dog (sorted folder names)
+    assert result.rows[0]["accuracy"] == float((base_logits.argmax(-1) == labels).float().mean())
+    assert result.rows[2]["accuracy"] == float((avg_logits.argmax(-1) == labels).float().mean())
     # Box cells by hand (Resize 248 + CenterCrop 224 of 400x300: scale 0.825 / 0.8267, offsets 53 / 12):
     # cat0 (100, 60, 200, 150) -> rows 2..6, cols 1..6; cat1 (150, 100, 250, 200) -> x 70.75..153.25 -> cols
     # 4..9, y 70.67..153.33 -> rows 4..9.

@@ -53,8 +53,9 @@ def run(args) -> int:
     model = model_from_args(args)
     options = ReportOptions(threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
                             highest_layer=args.highest_layer,
-                            top_k=args.top_k, n_controls=args.controls, seed=args.seed, batch_size=args.batch_size)
-    # progress_requested, not the terminal check: run_report's progress also drives its stage lines
+                            top_k=args.top_k, n_controls=args.controls, seed=args.seed, batch_size=args.batch_size,
+                            progress_bars=args.progress)
+    # progress_requested drives the stage lines; the bars follow the terminal check (args.progress)
     summary = run_report(model, images=args.images, out_dir=args.out, options=options,
                          progress=args.progress_requested, strict=args.strict)
     index = Path(args.out) / "index.html"

@@ -56,8 +56,12 @@ def probe_bars(result) -> Figure:
         ax.axhline(0, color="#999", linewidth=0.6)
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
-        if any(g.chance is not None for g in groups.values()):
-            ax.legend(fontsize=7, loc="upper right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:
+        if not handles:
+            handles, labels = ax.get_legend_handles_labels()
+    if handles:  # one legend for every panel, below the axes: it covers no bar
+        fig.legend(handles, labels, loc="outside lower center", fontsize=7, frameon=False)
     share = 100 * result.high_norm_share
     fig.suptitle(f"{result.model}: linear probes at {result.hook} (high-norm {share:.2f} % of patches)", fontsize=10)
     return fig

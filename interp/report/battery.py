@@ -45,6 +45,8 @@ class ReportOptions:
         top_k: neurons kept (default: the number of planted neurons for the planted model, else 10).
         n_controls, seed: random control neuron sets of the ablation.
         batch_size: images per forward.
+        progress_bars: the studies' progress bars (None: follow ``run_report``'s ``progress``, which also
+            prints one line per stage; the CLI passes False when stderr is not a terminal).
     """
 
     threshold: Optional[ThresholdSpec] = None
@@ -55,6 +57,11 @@ class ReportOptions:
     n_controls: int = 5
     seed: int = 0
     batch_size: int = 16
+    progress_bars: Optional[bool] = None
+
+    def bars(self, progress: bool) -> bool:
+        """Whether the studies draw progress bars, given ``run_report``'s ``progress``."""
+        return progress if self.progress_bars is None else self.progress_bars
 
 
 @dataclass
@@ -118,7 +125,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> B
     from ..studies.relocate import relocation_study
 
     o = options
-    common = dict(batch_size=o.batch_size, progress=progress)
+    common = dict(batch_size=o.batch_size, progress=o.bars(progress))
     _say(progress, f"interp report [1/{N_STAGES}] norms: per-block patch norms of {source.model_name} "
                    f"over {len(source)} images")
     settings = resolve_neuron_options(o.preset, threshold=o.threshold, detect_layer=o.detect_layer,
@@ -161,9 +168,11 @@ def run_object_stages(source: LiveSource, results: BatteryResults, options: Repo
 
     _say(progress, "interp report [+] probes: position / pixels / label per token group; LOST object discovery")
     results.probes = probes_study(source, detection=results.detection, seed=options.seed,
-                                  batch_size=options.batch_size, progress=progress, probe_options=PROBE_OPTIONS,
+                                  batch_size=options.batch_size, progress=options.bars(progress),
+                                  probe_options=PROBE_OPTIONS,
                                   max_train_tokens=REPORT_PROBE_TOKENS, max_test_tokens=REPORT_PROBE_TOKENS // 2)
-    results.lost = lost_study(source, batch_size=options.batch_size, seed=options.seed, progress=progress)
+    results.lost = lost_study(source, batch_size=options.batch_size, seed=options.seed,
+                              progress=options.bars(progress))
 
 
 def write_results(results: BatteryResults, source: LiveSource, out: Path) -> Dict[str, List[str]]:
