@@ -203,6 +203,15 @@ def test_patch_export_and_compare_refuse_existing_files(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err and (tmp_path / "compare.json").read_text() == "{}"
 
 
+def test_compare_skips_records_or_stops_when_strict(tmp_path, photos_with_broken, capsys):
+    run = ["compare", "planted_vit", "--images", str(photos_with_broken), "--no-probes"]
+    assert main([*run, "--out", str(tmp_path / "a")]) == 0
+    data = json.loads((tmp_path / "a" / "compare.json").read_text())
+    assert [Path(s["image"]).name for s in data["skipped"]] == ["broken.jpg"]
+    assert main([*run, "--strict", "--out", str(tmp_path / "b")]) == 1
+    assert "broken.jpg" in capsys.readouterr().err and not (tmp_path / "b" / "compare.json").exists()
+
+
 # ------------------------------------------------------------------------------------------ output
 class _Stream:
     def __init__(self, tty: bool):

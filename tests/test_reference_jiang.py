@@ -144,8 +144,7 @@ def planted_cache():
 
 def planted_truth(model):
     """The planted ground truth (layer, neurons) of a ``planted_vit`` model."""
-    read = getattr(interp.models, "planted_truth", None)
-    truth = read(model) if read is not None else model.planted
+    truth = interp.models.planted_truth(model)
     return truth.layer, tuple(truth.neurons)
 
 

@@ -20,6 +20,7 @@ def register(sub) -> None:
     p.add_argument("--no-probes", dest="probes", action="store_false", default=True,
                    help="skip the linear probes (position / pixels / global per token group)")
     p.add_argument("--probe-tokens", type=int, default=2000, help="training tokens of each probe (seeded sample)")
+    p.add_argument("--strict", action="store_true", help="stop at the first unreadable image (default: skip it)")
     p.add_argument("--out", default=None, help="write compare.json here")
     add_overwrite_arg(p, "an existing compare.json in --out")
     add_output_args(p)
@@ -42,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
                    weights=args.weights[i] if args.weights else None) for i, name in enumerate(args.models)]
     images = args.images or sample_image_paths()
     result = compare_models(models, images, threshold=args.threshold, batch_size=args.batch_size,
-                            progress=args.progress, probes=args.probes, probe_tokens=args.probe_tokens)
+                            progress=args.progress, probes=args.probes, probe_tokens=args.probe_tokens,
+                            strict=args.strict)
     print(result.table())
     if args.out:
         write_outputs(result, args.out)

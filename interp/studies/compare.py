@@ -40,6 +40,7 @@ class ComparisonResult(StudyResult):
 
     study = "compare"
     rows: List[Dict] = field(default_factory=list)
+    skipped: List[Dict] = field(default_factory=list)  # unreadable images left out: {"image", "reason"}
 
     def table(self) -> str:
         """The rows as an aligned plain-text table (the probe columns when the rows have them)."""
@@ -88,15 +89,17 @@ def probe_columns(result) -> Dict:
 
 def compare_models(models: Sequence, images, *, threshold="auto", batch_size: int = 16, progress: bool = True,
                    names: Optional[Sequence[str]] = None, probes: bool = True, probe_tokens: int = 2000,
-                   probe_options: Optional[Dict] = None, seed: int = 0) -> ComparisonResult:
+                   probe_options: Optional[Dict] = None, seed: int = 0, strict: bool = False) -> ComparisonResult:
     """Run the norms study (and, with ``probes``, the linear probes on at most ``probe_tokens`` training
     tokens, fitted with ``probe_options`` (default :data:`PROBE_OPTIONS`)) on each HookedViT over the same
-    images and collect one row per model."""
+    images and collect one row per model. Unreadable images are left out and listed in ``skipped``
+    (``strict``: stop at the first one instead)."""
     probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
-    rows = []
+    rows, skipped = [], []
     for i, model in enumerate(models):
         name = names[i] if names else model.model_name
-        source = open_source(model=model, images=images, batch_size=batch_size)
+        source = open_source(model=model, images=images, batch_size=batch_size, strict=strict)
+        skipped = skipped or [{"image": str(image), "reason": reason} for image, reason in source.skipped]
         source = source.held() if len(source) <= HOLD_LIMIT else source  # decoded once for the three passes
         found = detect(source, threshold, batch_size=batch_size, progress=progress)
         result = norms_study(source, detection=found, batch_size=batch_size, progress=progress)
@@ -108,4 +111,5 @@ def compare_models(models: Sequence, images, *, threshold="auto", batch_size: in
             rows[-1].update(probe_columns(probed))
     params = {"models": [r["model"] for r in rows], "threshold": threshold, "batch_size": batch_size,
               "probes": probes, "probe_tokens": probe_tokens, "probe_options": probe_options, "seed": seed}
-    return ComparisonResult(model=",".join(params["models"]), fingerprint="", params=params, seed=None, rows=rows)
+    return ComparisonResult(model=",".join(params["models"]), fingerprint="", params=params, seed=None, rows=rows,
+                            skipped=skipped)
