@@ -125,6 +125,8 @@ def test_unreadable_image_names_the_file(tmp_path):
         load_images([bad], model)
     with pytest.raises(ImageError, match="does not exist"):
         load_images([tmp_path / "nope.png"], model)
+    with pytest.raises(ImageError, match="folder or image file .*missing_dir' does not exist"):
+        load_images(tmp_path / "missing_dir", model)  # a mistyped folder is named as such, not "unreadable"
 
 
 def test_bundled_samples_and_planted_model():

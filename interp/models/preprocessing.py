@@ -58,6 +58,10 @@ def list_images(source: Union[PathLike, Sequence[PathLike]]) -> List[Path]:
             base = source.parent
             lines = [l.strip() for l in source.read_text().splitlines() if l.strip() and not l.startswith("#")]
             return [Path(l) if Path(l).is_absolute() else base / l for l in lines]
+        if not source.exists():
+            kind = "image file" if source.suffix.lower() in IMAGE_SUFFIXES else "folder or image file"
+            raise ImageError(f"{kind} {str(source)!r} does not exist (current folder: {Path.cwd()}); give "
+                             "an image folder, a list file (.txt) or image paths")
         return [source]
     return [Path(p) for p in source]
 
