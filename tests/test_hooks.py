@@ -277,3 +277,11 @@ def test_hooked_model_moves_with_to():
     assert model.timm_model.cls_token is model.cls_token
     out = model(images(1).double())
     assert out.dtype == torch.float64
+
+
+def test_blocks_needed_is_the_stop_layer_every_hook_fires_by():
+    from interp.hooks.names import blocks_needed
+
+    assert blocks_needed(["hook_embed"]) == 0
+    assert blocks_needed(["blocks.3.hook_resid_post", "blocks.0.mlp.hook_post"]) == 4
+    assert blocks_needed(["blocks.3.hook_resid_post", "hook_norm_final"]) is None  # needs the whole forward

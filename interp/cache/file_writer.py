@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from ..errors import CacheError
+from ..hooks.names import blocks_needed
 from .extract import BufferPool, Extractor
 from .format import FORMAT_VERSION, model_fingerprints, versions
 from .lock import WriterLock
@@ -111,18 +112,6 @@ def run_meta(model, source: ImageSource, extractor: Extractor, compression: str,
     }
 
 
-def _blocks_needed(model, hook_names) -> Optional[int]:
-    """Blocks to run so every hook fires (``stop_at_layer``), or None when a hook needs the full forward."""
-    needed = 0
-    for name in hook_names:
-        if name == "hook_embed":
-            continue
-        if not name.startswith("blocks."):
-            return None
-        needed = max(needed, int(name.split(".")[1]) + 1)
-    return needed
-
-
 def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, batch_size: int,
             progress: bool) -> WriteSummary:
     """Forward every remaining batch and hand it to the writer thread; close the file at the end.
@@ -134,7 +123,7 @@ def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, 
     n_images = len(source)
     start_rows = store.n_written
     param = next(model.parameters())
-    stop_at_layer = _blocks_needed(model, extractor.hooks)
+    stop_at_layer = blocks_needed(extractor.hooks)
     t0 = time.perf_counter()
     written_bytes = 0
     bar = tqdm(total=n_images, initial=store.position, unit="img", desc=f"cache {store.path.name}",

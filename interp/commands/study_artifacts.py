@@ -16,27 +16,17 @@ from .common import (NEURONS_SYNTAX, add_study_args, model_from_args, parse_neur
                      threshold_value, write_outputs)
 
 def parse_target(text: Optional[str], grid):
-    """``smiley`` (None) | ``box:top,left,height,width`` | ``indices:i,j,...`` (flat patch indices) -> a
-    Bool[h, w] mask on ``grid``, or None for the default smiley."""
+    """``--target`` in the one target grammar (:func:`interp.interventions.masks.parse_target`: ``smiley``,
+    ``box:TOP,LEFT,HEIGHT,WIDTH``, ``indices:I,J,...``, ...) -> Bool[h, w] on ``grid``; None for the default
+    smiley (the relocation study draws its own on the grid it runs at)."""
     from ..interventions import masks
 
     if text is None or text.strip().lower() == "smiley":
         return None
-    kind, _, args = text.partition(":")
-    kind = kind.strip().lower()
     try:
-        values = [int(v) for v in args.split(",") if v.strip()]
-    except ValueError:
-        values = None
-    try:
-        if kind == "box" and values is not None and len(values) == 4:
-            return masks.box(grid, *values)
-        if kind == "indices" and values:
-            return masks.from_indices(grid, values)
+        return masks.parse_target(text, grid)
     except ValueError as e:
         raise InterpError(f"--target {text!r}: {e}") from None
-    raise InterpError(f"--target {text!r}: expected smiley, box:TOP,LEFT,HEIGHT,WIDTH or indices:I,J,... "
-                      f"(flat patch indices on the {grid[0]}x{grid[1]} grid)")
 
 
 # ----------------------------------------------------------------------------------------- parsers

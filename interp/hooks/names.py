@@ -97,6 +97,19 @@ def block_of(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def blocks_needed(hook_names: Sequence[str]) -> Optional[int]:
+    """How many blocks a forward must run so every hook in ``hook_names`` fires (``stop_at_layer``), or
+    None when one of them needs the full forward (``hook_norm_final``, ``hook_pooled``, ``hook_logits``...)."""
+    needed = 0
+    for name in hook_names:
+        block = block_of(name)
+        if block is not None:
+            needed = max(needed, block + 1)
+        elif name != "hook_embed":
+            return None
+    return needed
+
+
 def is_pattern(name: str) -> bool:
     return any(c in _GLOB_CHARS for c in name)
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import InterpError
-from ..hooks.edit_state import EditState, merge_extra_kv  # noqa: F401  (merge_extra_kv: re-exported)
+from ..hooks.edit_state import EditState
 
 STRUCTURAL, NEURON, POOLING = 0, 1, 2  # composition stages (see interp.hooks.intervene)
 

@@ -31,9 +31,10 @@ from torch import nn
 
 from .._version import __version__
 from ..errors import InterpError, PatchError
+from ..hooks.edit_state import merge_extra_kv
 from ..hooks.intervene import composition_order
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
-from .base import EditContext, Intervention, merge_extra_kv, model_device
+from .base import EditContext, Intervention, model_device
 from .modules import AttentionWithExtraKV, InsertExtraTokens, MlpActivationEdits
 
 FORMAT = "interp-patch"

@@ -22,7 +22,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tupl
 import torch
 
 from ..errors import InterpError
-from ..hooks.names import block_of
+from ..hooks.names import block_of, blocks_needed
 from ..models.fingerprint import weights_fingerprint
 from ..models.layout import TokenLayout
 from ..models.preprocessing import data_config as model_data_config
@@ -249,10 +249,7 @@ class LiveSource(ActivationSource):
                 reduce: Optional[Dict[str, Reducer]] = None) -> Iterator[Batch]:
         hooks = self.model.resolve_hooks(list(hooks))
         reduce = reduce or {}
-        blocks = [block_of(h) for h in hooks]
-        # Stop after the last block needed, unless a hook after the blocks is asked for.
-        stop = None if any(b is None and h != "hook_embed" for h, b in zip(hooks, blocks)) else (
-            max([b for b in blocks if b is not None], default=-1) + 1)
+        stop = blocks_needed(hooks)  # stop after the last block needed (None: a hook after the blocks)
         for start, x in self.image_batches(batch_size):
             acts: Dict[str, torch.Tensor] = {}
 
