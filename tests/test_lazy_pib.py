@@ -13,7 +13,7 @@ from interp.interventions.selective_aggregation import selective_aggregate
 from interp.interventions.selective_cls import SelectiveCLS
 from interp.studies.boxes import read_boxes, regions_from_boxes
 from interp.studies.patch_score import (PatchScoreResult, compute_score_maps, patch_score_study,
-                                        score_maps_from_acts, source_data_config)
+                                        score_maps_from_acts)
 from interp.studies.pib import PiBResult, bootstrap_ci, pib_study
 from interp.studies.source import open_source
 
@@ -151,7 +151,7 @@ def test_patch_score_study_fg_bg_and_cache_source(dino, tmp_path):
     chosen = [0, 5 * 16 + 5, 200]
     live = open_source(model=dino, images=str(folder))
     table = read_boxes(tmp_path / "boxes.csv")
-    regions = regions_from_boxes(live.ids, table, source_data_config(live), (16, 16))
+    regions = regions_from_boxes(live.ids, table, live.data_config(), (16, 16))
     with dino.hooks(fwd_hooks=[("hook_norm_final", plant_cls_copy(dino, chosen))]):
         result = patch_score_study(live, regions=regions, progress=False)
         interp.cache.write(dino, str(folder), hooks=["hook_norm_final"], path=tmp_path / "acts.h5", dtype="float32",

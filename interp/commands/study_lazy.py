@@ -61,7 +61,7 @@ def run_patch_score(args) -> int:
     from ..errors import InterpError
     from ..plots import lazy as plots
     from ..studies.boxes import read_boxes, regions_from_boxes, regions_from_masks
-    from ..studies.patch_score import patch_score_study, source_data_config
+    from ..studies.patch_score import patch_score_study
 
     if args.boxes and args.masks:
         raise InterpError("give --boxes or --masks, not both")
@@ -69,11 +69,11 @@ def run_patch_score(args) -> int:
     source = source_from_args(args, model)
     regions = None
     if args.boxes:
-        regions = regions_from_boxes(source.ids, read_boxes(args.boxes), source_data_config(source),
+        regions = regions_from_boxes(source.ids, read_boxes(args.boxes), source.data_config(),
                                      tuple(source.layout.grid), single_object=args.single_object,
                                      max_box_fraction=args.max_box_fraction)
     elif args.masks:
-        regions = regions_from_masks(source.ids, args.masks, source_data_config(source), tuple(source.layout.grid))
+        regions = regions_from_masks(source.ids, args.masks, source.data_config(), tuple(source.layout.grid))
     result = patch_score_study(source, hook=args.hook, reference=args.reference,
                                selective=_selective(args, args.selective_k), regions=regions,
                                batch_size=args.batch_size, progress=args.progress)

@@ -35,7 +35,7 @@ from ..errors import InterpError
 from ..hooks.names import attn_k
 from .boxes import BoxTable, InputGeometry, eval_transform, input_geometry, match_boxes, original_size, read_boxes
 from .outliers import resolve_layer
-from .patch_score import patch_size_from_source, source_data_config, split_tokens
+from .patch_score import split_tokens
 from .pib import bootstrap_ci
 from .result import StudyResult
 from .source import ActivationSource, live_model, n_batches
@@ -207,7 +207,7 @@ def _original_boxes(source: ActivationSource, box_inputs: List[List[float]],
     original size is unknown and there is no ground truth asking for it)."""
     entries = match_boxes(source.ids, table) if table else [None] * len(source.ids)
     try:
-        transform = eval_transform(source_data_config(source))
+        transform = eval_transform(source.data_config())
     except InterpError:
         if table:
             raise
@@ -235,7 +235,7 @@ def _lost_outputs(source: ActivationSource, hook: str, k: int, batch_size: int, 
 def _score_run(source: ActivationSource, outputs: List[LostOutput], table: Optional[BoxTable], iou: float,
                n_boot: int, level: float, seed: int) -> Dict[str, Any]:
     """The :data:`RUN_FIELDS` of one run: boxes in input and original pixels, masks, CorLoc with ground truth."""
-    boxes_input = [cells_to_input(o.box_cells, tuple(patch_size_from_source(source))) for o in outputs]
+    boxes_input = [cells_to_input(o.box_cells, tuple(source.patch_size)) for o in outputs]
     boxes_original = _original_boxes(source, boxes_input, table)
     hits: List[Optional[bool]] = [None] * len(outputs)
     corloc = low = high = None
@@ -288,5 +288,5 @@ def lost_study(source: ActivationSource, layer: int = -1, k: int = 100,
               "intervention": spec}
     return LostResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed, hook=hook, k=k,
-        grid=list(source.layout.grid), patch_size=list(patch_size_from_source(source)), ids=list(source.ids),
+        grid=list(source.layout.grid), patch_size=list(source.patch_size), ids=list(source.ids),
         level=level, n_registers=int(source.layout.n_registers), intervention=spec, edited=edited, **base)

@@ -257,7 +257,7 @@ def patch_score_study(source: ActivationSource, *, hook: str = FINAL, reference:
     return PatchScoreResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
         ids=list(source.ids), hook=hook, reference=reference, selective=selective_params,
-        grid=list(source.layout.grid), patch_size=list(patch_size_from_source(source)),
+        grid=list(source.layout.grid), patch_size=list(source.patch_size),
         maps=maps.tolist(), top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [],
         scores=ScoreDistribution.of(maps, bins), fg=fg, bg=bg,
         boxes_input=regions.boxes_input if regions is not None else [],

@@ -17,12 +17,12 @@ from typing import Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..errors import InterpError
+from ..errors import ImageError, InterpError
 from ..interventions.selective_cls import SelectiveCLS
 from .box_files import match_boxes
 from .boxes import BoxTable, Regions, original_size, read_boxes, regions_from_boxes
-from .patch_score import FINAL, compute_score_maps, patch_size_from_source, source_data_config
-from .pib_protocol import last_grid, last_regions, last_transform
+from .patch_score import FINAL, compute_score_maps
+from .pib_protocol import LAST_CROP, LAST_MAX_BOX_FRACTION, last_grid, last_regions, last_transform
 from .result import StudyResult
 from .source import ActivationSource, LiveSource
 
@@ -127,7 +127,7 @@ def load_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path], si
                  max_box_fraction: Optional[float]) -> Regions:
     """Regions of the source's images from a box table or box file, through the source's preprocessing."""
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
-    return regions_from_boxes(source.ids, table, source_data_config(source), tuple(source.layout.grid),
+    return regions_from_boxes(source.ids, table, source.data_config(), tuple(source.layout.grid),
                               single_object=single_object, max_box_fraction=max_box_fraction)
 
 
@@ -142,10 +142,10 @@ class LastProtocolSource(LiveSource):
         cfg = source.data_config()
         self.__dict__.update(source.__dict__)
         self._transform = last_transform(cfg["mean"], cfg["std"])
-        self.layout = self.model.layout_for((224, 224))
+        self.layout = self.model.layout_for((LAST_CROP, LAST_CROP))
 
     def _image_size(self):
-        return (224, 224)
+        return (LAST_CROP, LAST_CROP)
 
     def image_batches(self, batch_size: Optional[int] = None):
         """(start index, images [b, 3, 224, 224] under the reference transform, on the model's device)."""
@@ -156,15 +156,18 @@ class LastProtocolSource(LiveSource):
         for start in range(0, len(self.ids), bs):
             batch = []
             for path in self._paths[start:start + bs]:
-                with Image.open(path) as im:
-                    batch.append(self._transform(im.convert("RGB")))
+                try:
+                    with Image.open(path) as im:  # the reference's loader: PIL convert("RGB"), alpha dropped
+                        batch.append(self._transform(im.convert("RGB")))
+                except Exception as e:  # PIL raises many types for broken files
+                    raise ImageError(f"cannot read image {str(path)!r} ({type(e).__name__}: {e})") from e
             yield start, torch.stack(batch).to(device=param.device, dtype=param.dtype)
 
 
 def last_protocol_regions(source: ActivationSource, table: BoxTable) -> Regions:
     """Regions of the source's images under the ``last`` protocol (:mod:`interp.studies.pib_protocol`): the
     reference's filters (one box, area < 25 %) and cells; the grid is ``224 // patch size``."""
-    patch = int(patch_size_from_source(source)[0])
+    patch = int(source.patch_size[0])
     n = last_grid(patch)
     if tuple(source.layout.grid) != (n, n):
         raise InterpError(f"protocol='last' feeds 224 x 224 images; the model's grid is {tuple(source.layout.grid)}"
@@ -176,6 +179,20 @@ def last_protocol_regions(source: ActivationSource, table: BoxTable) -> Regions:
     sizes = [original_size(i, e) if e is not None and e.boxes else (1, 1) for i, e in zip(source.ids, entries)]
     inside, reasons = last_regions(boxes, sizes, patch)
     return Regions(inside, reasons, [[] for _ in source.ids])
+
+
+def protocol_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path], protocol: str,
+                     single_object: bool, max_box_fraction: Optional[float]):
+    """(source, regions, single_object, max_box_fraction) as a PiB protocol uses them: ``"model"`` keeps the
+    source and the filters given; ``"last"`` wraps the source in :class:`LastProtocolSource` and applies the
+    reference's filters (one box, area < 25 %)."""
+    if protocol not in PROTOCOLS:
+        raise InterpError(f"protocol={protocol!r}: use one of {PROTOCOLS}")
+    if protocol == "model":
+        return source, load_regions(source, boxes, single_object, max_box_fraction), single_object, max_box_fraction
+    source = LastProtocolSource(source)
+    table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
+    return source, last_protocol_regions(source, table), True, LAST_MAX_BOX_FRACTION
 
 
 def pib_study(source: ActivationSource, boxes: Union[BoxTable, str, Path], *, reference: str = "cls",
@@ -199,15 +216,8 @@ def pib_study(source: ActivationSource, boxes: Union[BoxTable, str, Path], *, re
             (``single_object``/``max_box_fraction`` are then the reference's); needs a live source over files
             and a model whose 224-px grid is ``224 // patch``; ``boxes_input`` is left empty.
     """
-    if protocol not in PROTOCOLS:
-        raise InterpError(f"protocol={protocol!r}: use one of {PROTOCOLS}")
-    if protocol == "last":
-        source = LastProtocolSource(source)
-        table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
-        regions = last_protocol_regions(source, table)
-        single_object, max_box_fraction = True, 0.25
-    else:
-        regions = load_regions(source, boxes, single_object, max_box_fraction)
+    source, regions, single_object, max_box_fraction = protocol_regions(source, boxes, protocol, single_object,
+                                                                         max_box_fraction)
     maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)
     summary = pib_from_maps(maps, regions, n_boot, level, seed)
     params = {"protocol": protocol, "reference": reference, "hook": hook, "single_object": single_object,
@@ -219,6 +229,6 @@ def pib_study(source: ActivationSource, boxes: Union[BoxTable, str, Path], *, re
         n_images=len(source), n_used=summary.n_used, excluded=regions.excluded_counts(), hook=hook,
         reference=reference, ids=list(source.ids), hits=summary.hits,
         top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [], boxes_input=regions.boxes_input,
-        grid=list(source.layout.grid), patch_size=list(patch_size_from_source(source)),
+        grid=list(source.layout.grid), patch_size=list(source.patch_size),
         maps=maps.tolist() if store_maps else [],
     )

@@ -27,11 +27,11 @@ from tqdm.auto import tqdm
 
 from ..errors import InterpError
 from ..interventions.selective_cls import SelectiveCLS
-from .boxes import BoxTable, read_boxes
+from .boxes import BoxTable
 from .masking import target_classes
 from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, forward_collect, needed_hooks,
                           score_maps_from_acts)
-from .pib import LastProtocolSource, last_protocol_regions, load_regions, pib_from_maps
+from .pib import LastProtocolSource, pib_from_maps, protocol_regions
 from .result import StudyResult
 from .source import live_model, n_batches
 
@@ -146,7 +146,11 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
         single_object, max_box_fraction, n_boot, level, seed: PiB protocol (:func:`interp.studies.pib.pib_study`).
         protocol: ``"model"`` (the model's transform) or ``"last"`` (the LaSt reference's, as in ``pib_study``).
     """
-    if protocol == "last":
+    regions = None
+    if boxes is not None:
+        source, regions, single_object, max_box_fraction = protocol_regions(source, boxes, protocol, single_object,
+                                                                             max_box_fraction)
+    elif protocol == "last":
         source = LastProtocolSource(source)
     elif protocol != "model":
         raise InterpError(f"protocol={protocol!r}: use 'model' or 'last'")
@@ -157,9 +161,6 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
     template = (selective or SelectiveCLS()).params()
     template.pop("k")
     specs = [SelectiveCLS(k=k, **template) for k in ks]
-    regions = load_regions(source, boxes, single_object, max_box_fraction) if boxes is not None else None
-    if protocol == "last" and boxes is not None:
-        regions = last_protocol_regions(source, read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes)
 
     maps, preds = _forward_rows(source, model, specs, reference, batch_size, progress)
     labels = target_classes(source)
