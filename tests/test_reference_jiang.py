@@ -201,7 +201,7 @@ def test_resolve_preset_explicit_wins_and_none_does_not():
 # ---------------------------------------------------------------------------------------------- emergence
 def stream_curves(max_mid, max_post, med_mid, med_post):
     return EmergenceCurves({"resid_mid": max_mid, "resid_post": max_post},
-                           {"resid_mid": med_mid, "resid_post": med_post}, None, 1)
+                           {"resid_mid": med_mid, "resid_post": med_post}, None)
 
 
 def test_emergence_uniform_growth_is_none_and_jump_is_found():

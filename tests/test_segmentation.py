@@ -12,8 +12,8 @@ from PIL import Image
 from interp.errors import InterpError
 from interp.models import sample_image_paths
 from interp.studies import open_source
-from interp.studies.segmentation import (foreground_cells, jaccard, rasterise_polygons, segmentation_study,
-                                         upsample_nearest)
+from interp.studies.segmentation import (foreground_cells, ground_truth_masks, jaccard, rasterise_polygons,
+                                         read_coco_polygons, segmentation_study, upsample_nearest)
 
 
 def test_threshold_upsample_and_jaccard_on_a_constructed_map():
@@ -74,3 +74,14 @@ def test_study_coco_polygons_and_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InterpError, match="no image of the source has a ground-truth mask"):
         segmentation_study(source, tmp_path / "empty", progress=False)
+
+
+def test_coco_file_names_are_normalised_like_box_files(tmp_path):
+    coco = {"images": [{"id": 1, "file_name": "./x.jpg", "width": 4, "height": 3},
+                       {"id": 2, "file_name": "sub\\y.jpg", "width": 4, "height": 3}],
+            "annotations": [{"image_id": 1, "segmentation": [[0, 0, 2, 0, 2, 2, 0, 2]]}]}
+    (tmp_path / "coco.json").write_text(json.dumps(coco))
+    table = read_coco_polygons(tmp_path / "coco.json")
+    assert set(table) == {"x.jpg", "sub/y.jpg"}
+    masks = ground_truth_masks(["x.jpg", "sub/y.jpg"], tmp_path / "coco.json")
+    assert masks[0].shape == (3, 4) and masks[0].any() and not masks[1].any()

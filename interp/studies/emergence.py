@@ -32,7 +32,7 @@ STAGES = ("resid_mid", "resid_post")
 
 @dataclass
 class EmergenceCurves:
-    """Per-layer curves (means over ``n_images``); lists have one entry per layer (None: never measured).
+    """Per-layer curves (means over the images); lists have one entry per layer (None: never measured).
 
     Attributes:
         max_patch_norm, median_patch_norm: stage (``resid_mid``/``resid_post``) -> [L].
@@ -42,7 +42,6 @@ class EmergenceCurves:
     max_patch_norm: Dict[str, List[Optional[float]]]
     median_patch_norm: Dict[str, List[Optional[float]]]
     cls_attention_max: Optional[List[Optional[float]]]
-    n_images: int
 
 
 class EmergenceAccumulator:
@@ -92,18 +91,15 @@ class EmergenceAccumulator:
             max_patch_norm={s: mean(self._max[s], self._count[s]) for s in STAGES},
             median_patch_norm={s: mean(self._median[s], self._count[s]) for s in STAGES},
             cls_attention_max=mean(self._attn, self._attn_count) if measured else None,
-            n_images=int(max(int(self._count[s].max()) for s in STAGES)) if self.n_layers else 0,
         )
 
 
-def find_emergence(curves: EmergenceCurves, *, factor: float = 2.0, artifacts_found: bool = True,
-                   pre_max: Optional[float] = None, pre_median: Optional[float] = None) -> Optional[Dict]:
+def find_emergence(curves: EmergenceCurves, *, factor: float = 2.0, artifacts_found: bool = True) -> Optional[Dict]:
     """The step where the max patch norm jumps relative to the median patch norm.
 
     The relative max ``r = max_patch_norm / median_patch_norm`` is followed along the stream: block 0 after
-    attention, after MLP, block 1 after attention, ... (and, when ``pre_max``/``pre_median`` are given, the
-    input of block 0 first). A step's jump is ``r_after / r_before``; the emergence is the step with the
-    largest jump (earliest on ties), provided it reaches ``factor``.
+    attention, after MLP, block 1 after attention, ... A step's jump is ``r_after / r_before``; the emergence
+    is the step with the largest jump (earliest on ties), provided it reaches ``factor``.
 
     Args:
         curves: from :meth:`EmergenceAccumulator.finalize` (both stages measured on every layer).
@@ -117,8 +113,6 @@ def find_emergence(curves: EmergenceCurves, *, factor: float = 2.0, artifacts_fo
         return None
     points: List[float] = []
     labels: List[tuple] = []
-    if pre_max is not None and pre_median is not None:
-        points.append(pre_max / max(pre_median, 1e-12))
     for layer in range(len(curves.max_patch_norm["resid_post"])):
         for stage, component in (("resid_mid", "attention"), ("resid_post", "mlp")):
             top, mid = curves.max_patch_norm[stage][layer], curves.median_patch_norm[stage][layer]
@@ -127,10 +121,7 @@ def find_emergence(curves: EmergenceCurves, *, factor: float = 2.0, artifacts_fo
                                   "on every layer")
             points.append(top / max(mid, 1e-12))
             labels.append((layer, component))
-    if len(points) > len(labels):
-        steps = [(lab, points[i + 1] / max(points[i], 1e-12)) for i, lab in enumerate(labels)]
-    else:
-        steps = [(lab, points[i] / max(points[i - 1], 1e-12)) for i, lab in enumerate(labels) if i > 0]
+    steps = [(lab, points[i] / max(points[i - 1], 1e-12)) for i, lab in enumerate(labels) if i > 0]
     if not steps:
         return None
     best = max(range(len(steps)), key=lambda i: (steps[i][1], -i))

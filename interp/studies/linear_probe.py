@@ -290,12 +290,13 @@ def linear_probe(features: ArrayLike, targets: ArrayLike, *, task: str = "classi
                           f"and {tuple(y.shape)}")
     train, test = split_indices(x.shape[0], test_fraction=test_fraction, seed=seed, groups=groups)
     n_classes = int(y.max()) + 1 if task == "classify" else None
-    probe = fit_probe(x[train], y[train], task, n_classes=n_classes, epochs=epochs, min_steps=min_steps,
+    x_train, y_train, x_test, y_test = x[train], y[train], x[test], y[test]
+    probe = fit_probe(x_train, y_train, task, n_classes=n_classes, epochs=epochs, min_steps=min_steps,
                       batch_size=batch_size, lr=lr, weight_decay=weight_decay, ridge=ridge, seed=seed, device=device)
     params = {"test_fraction": test_fraction, "grouped": groups is not None, "epochs": epochs,
               "min_steps": min_steps, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay,
               "ridge": ridge}
-    return ProbeResult(task=task, test_score=probe.score(x[test], y[test]), train_score=probe.score(x[train], y[train]),
-                       chance=chance_score(task, y[train], y[test]), n_train=len(train), n_test=len(test),
+    return ProbeResult(task=task, test_score=probe.score(x_test, y_test), train_score=probe.score(x_train, y_train),
+                       chance=chance_score(task, y_train, y_test), n_train=len(train), n_test=len(test),
                        n_features=x.shape[1], n_outputs=n_classes if task == "classify" else
                        int(np.prod(y.shape[1:])) if y.ndim > 1 else 1, seed=seed, params=params)

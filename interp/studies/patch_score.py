@@ -220,16 +220,6 @@ class PatchScoreResult(StudyResult):
         return torch.as_tensor(np.asarray(self.maps, dtype=np.float32)).reshape(-1, *self.grid)
 
 
-def patch_size_from_source(source: ActivationSource) -> Tuple[int, int]:
-    """Patch size in input pixels: ``source.patch_size`` (kept for callers of the old name)."""
-    return source.patch_size
-
-
-def source_data_config(source: ActivationSource) -> dict:
-    """The timm data config the source's images were preprocessed with: ``source.data_config()``."""
-    return source.data_config()
-
-
 def patch_score_study(source: ActivationSource, *, hook: str = FINAL, reference: str = "cls",
                       selective: Optional[SelectiveCLS] = None, regions: Optional[Regions] = None,
                       bins: int = 40, batch_size: Optional[int] = None, progress: bool = True) -> PatchScoreResult:

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from ..errors import InterpError
-from .linear_probe import chance_score, fit_probe, split_indices
+from ..hooks.names import blocks_needed
+from .linear_probe import accuracy, chance_score, fit_probe, split_indices
 from .outliers import Detection, ThresholdSpec, resid_post, resolve_layer, resolve_threshold
 from .patch_score import split_tokens
 from .result import StudyResult
@@ -125,11 +126,12 @@ def high_norm_mask(source: ActivationSource, hook: str, outliers: Optional[torch
     return norms > thr.value, thr.value, f"{thr.method} ({threshold}) at {hook}"
 
 
-def _token_batches(source: ActivationSource, hook: str, images: Optional[torch.Tensor],
-                   batch_size: int) -> Iterator[Tuple[int, torch.Tensor, Optional[torch.Tensor]]]:
-    """(start, tokens [b, t, d], preprocessed images [b, 3, H, W] or None) over the source."""
-    live = getattr(source, "model", None) is not None and hasattr(source, "image_batches")
-    if images is None and live:
+def _token_batches(source: ActivationSource, hook: str, images: Optional[torch.Tensor], batch_size: int,
+                   want_pixels: bool = True) -> Iterator[Tuple[int, torch.Tensor, Optional[torch.Tensor]]]:
+    """(start, tokens [b, t, d], preprocessed images [b, 3, H, W] or None) over the source; the images are
+    only read (and copied to the CPU) when ``want_pixels``."""
+    if want_pixels and images is None and source.is_live:
+        stop = blocks_needed([hook])
         for start, x in source.image_batches(batch_size):
             kept: Dict[str, torch.Tensor] = {}
 
@@ -137,11 +139,11 @@ def _token_batches(source: ActivationSource, hook: str, images: Optional[torch.T
                 kept["tokens"] = tensor.detach().float().cpu()
 
             with torch.no_grad():
-                source.model.run_with_hooks(x, fwd_hooks=[(hook, keep)])
+                source.model.run_with_hooks(x, fwd_hooks=[(hook, keep)], stop_at_layer=stop)
             yield start, kept["tokens"], x.detach().float().cpu()
         return
     for batch in source.batches([hook], batch_size):
-        imgs = None if images is None else images[batch.start:batch.start + len(batch)].float()
+        imgs = None if images is None or not want_pixels else images[batch.start:batch.start + len(batch)].float()
         yield batch.start, batch.acts[hook], imgs
 
 
@@ -207,7 +209,7 @@ def _score_position(train: _Tokens, test: _Tokens, grid, position_loss, note_emp
             out[group] = GroupScore(0, note=note_empty(group))
             continue
         pred, truth = probe.predict(x_test[sel]), y_test[sel]
-        out[group] = GroupScore(int(sel.sum()), probe.score(x_test[sel], truth), chance_score("classify", y, truth),
+        out[group] = GroupScore(int(sel.sum()), accuracy(pred, truth), chance_score("classify", y, truth),
                                 float((cells[pred] - cells[truth]).norm(dim=1).mean()),
                                 float(to_random_cell[truth].mean()))
     return out
@@ -247,14 +249,16 @@ def _score_labels(label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]], label
 
 def _collect(source: ActivationSource, hook: str, images: Optional[torch.Tensor], batch_size: int,
              high_mask: torch.Tensor, is_test: torch.Tensor, labels: Optional[torch.Tensor], cap_train: int,
-             cap_test: int, seed: int) -> Tuple[_Tokens, _Tokens, Dict[str, List[Tuple[int, torch.Tensor]]], bool]:
+             cap_test: int, seed: int, want_pixels: bool = True
+             ) -> Tuple[_Tokens, _Tokens, Dict[str, List[Tuple[int, torch.Tensor]]], bool]:
     """One streaming pass: sampled training tokens, test tokens per group, one token per kind per image
-    (when labels exist), and whether pixels were available. The sample of image g uses rng([seed, g])."""
+    (when labels exist), and whether pixels were available (False when not ``want_pixels``: no pixel work).
+    The sample of image g uses rng([seed, g])."""
     layout = source.layout
     train, test = _Tokens(), _Tokens()
     label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
     has_pixels = True
-    for start, tokens, imgs in _token_batches(source, hook, images, batch_size):
+    for start, tokens, imgs in _token_batches(source, hook, images, batch_size, want_pixels):
         patches = split_tokens(tokens, layout)[1]
         pixels = patch_pixels(imgs, layout.grid) if imgs is not None else None
         has_pixels &= pixels is not None
@@ -314,7 +318,7 @@ def probes_study(source: ActivationSource, hook: Optional[str] = None, *, layer:
     if images is not None and tuple(images.shape[:1]) != (n,):
         raise InterpError(f"images must be Tensor[N={n}, 3, H, W], got {tuple(images.shape)}")
     train, test, label_tokens, has_pixels = _collect(source, hook, images, bs, high_mask, is_test, labels,
-                                                     cap_train, cap_test, seed)
+                                                     cap_train, cap_test, seed, want_pixels="pixels" in tasks)
 
     def note_empty(group: str) -> str:
         return f"empty: no {group.replace('_', '-')} patch token in the test images ({thr_method})"

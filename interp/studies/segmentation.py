@@ -26,10 +26,11 @@ import numpy as np
 import torch
 
 from ..errors import InterpError
+from .box_files import _normalise_key
 from .boxes import InputGeometry, eval_transform, input_geometry, match_boxes
-from .patch_score import FINAL, compute_score_maps, source_data_config
+from .patch_score import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
 from .result import StudyResult
-from .source import ActivationSource, live_model
+from .source import ActivationSource, live_model, n_batches
 
 Polygons = List[List[float]]  # COCO polygons: flat [x0, y0, x1, y1, ...] in original pixels
 
@@ -80,12 +81,13 @@ def mask_to_input(mask: np.ndarray, geometry: InputGeometry) -> torch.Tensor:
 
 
 def read_coco_polygons(path: Union[str, Path]) -> Dict[str, Tuple[Tuple[int, int], Polygons]]:
-    """COCO instances JSON -> {file_name: ((width, height), polygons of all its annotations)}."""
+    """COCO instances JSON -> {file_name: ((width, height), polygons of all its annotations)}; file names are
+    normalised as box files' keys are (``./`` prefixes dropped, ``/`` separators), so they match the same way."""
     data = json.loads(Path(path).read_text())
     if not (isinstance(data, dict) and "images" in data and "annotations" in data):
         raise InterpError(f"{path}: expected COCO instances JSON with 'images' and 'annotations'")
-    table = {img["file_name"]: ((int(img["width"]), int(img["height"])), []) for img in data["images"]}
-    names = {img["id"]: img["file_name"] for img in data["images"]}
+    table = {_normalise_key(img["file_name"]): ((int(img["width"]), int(img["height"])), []) for img in data["images"]}
+    names = {img["id"]: _normalise_key(img["file_name"]) for img in data["images"]}
     for i, ann in enumerate(data["annotations"]):
         seg = ann.get("segmentation")
         if not isinstance(seg, list):
@@ -165,9 +167,18 @@ VARIANT_FIELDS = ("reference", "intervention", "jaccard", "mean_jaccard", "n_eva
                   "foreground")
 
 
+def _read_ground_truth(source: ActivationSource, masks: Union[str, Path]) -> List[Optional[np.ndarray]]:
+    gt = ground_truth_masks(source.ids, masks)
+    if not any(m is not None for m in gt):
+        raise InterpError(f"no image of the source has a ground-truth mask in {str(masks)!r} (images like "
+                          f"{source.ids[0]!r}); masks match by file stem (folders) or file_name (COCO)")
+    return gt
+
+
 def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, reference: str = "cls",
                        hook: str = FINAL, selective=None, k_std: float = 1.0, intervention=None,
-                       batch_size: Optional[int] = None, progress: bool = True) -> SegmentationResult:
+                       batch_size: Optional[int] = None, progress: bool = True, _gt=None,
+                       _maps: Optional[torch.Tensor] = None) -> SegmentationResult:
     """Jaccard of the thresholded Patch Score map against ground-truth masks, per image and mean.
 
     Args:
@@ -176,18 +187,18 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
         reference, hook, selective: the Patch Score (:func:`~interp.studies.patch_score.patch_score_study`).
         k_std: foreground = score > mean + k_std x std of the image's map.
         intervention: an edit (e.g. a ``TestTimeRegister``; live source only) active while the maps are computed.
+        _gt, _maps: private (:func:`segmentation_variants`): the ground-truth masks and score maps, already read.
     """
-    gt = ground_truth_masks(source.ids, masks)
-    if not any(m is not None for m in gt):
-        raise InterpError(f"no image of the source has a ground-truth mask in {str(masks)!r} (images like "
-                          f"{source.ids[0]!r}); masks match by file stem (folders) or file_name (COCO)")
-    if intervention is None:
+    gt = _read_ground_truth(source, masks) if _gt is None else _gt
+    if _maps is not None:
+        maps = _maps
+    elif intervention is None:
         maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)  # [N, h, w]
     else:
         with live_model(source, "segmentation with an intervention").intervene(intervention):
             maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)
     cell_masks = [foreground_cells(m, k_std) for m in maps]
-    transform = eval_transform(source_data_config(source))
+    transform = eval_transform(source.data_config())
     scores: List[Optional[float]] = []
     shares: List[float] = []
     input_size: Tuple[int, int] = (0, 0)
@@ -211,6 +222,23 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
     )
 
 
+def _score_maps_together(source: ActivationSource, hook: str, references: Sequence[str], selective,
+                         batch_size: Optional[int], progress: bool) -> Dict[str, torch.Tensor]:
+    """Score maps [N, h, w] for several references from one pass over the source (as
+    :func:`~interp.studies.patch_score.compute_score_maps` gives them one by one)."""
+    from tqdm.auto import tqdm
+
+    hooks = list(dict.fromkeys(h for ref in references for h in needed_hooks(hook, ref)))
+    check_source(source, hooks)
+    bs = batch_size or source.batch_size
+    maps: Dict[str, List[torch.Tensor]] = {ref: [] for ref in references}
+    for batch in tqdm(source.batches(hooks, bs), total=n_batches(source, bs), disable=not progress,
+                      desc="patch scores", unit="batch", leave=False):
+        for ref in references:
+            maps[ref].append(score_maps_from_acts(batch.acts, batch.layout, hook, ref, selective))
+    return {ref: torch.cat(m) if m else torch.zeros(0, *source.layout.grid) for ref, m in maps.items()}
+
+
 def segmentation_variants(source: ActivationSource, masks: Union[str, Path], *, reference: str = "cls",
                           selective=None, intervention=None, **options) -> SegmentationResult:
     """The segmentation with ``reference`` (the result) and, under ``result.variants``, the same with the
@@ -219,15 +247,23 @@ def segmentation_variants(source: ActivationSource, masks: Union[str, Path], *, 
 
     ``options`` go to :func:`segmentation_study` (hook, k_std, batch_size, progress). Each variant holds the
     :data:`VARIANT_FIELDS`."""
-    result = segmentation_study(source, masks, reference=reference, selective=selective, **options)
+    gt = _read_ground_truth(source, masks)  # read once for every variant
+    with_selective = selective is not None and reference != "selective"
+    maps = None
+    if with_selective:  # both maps from one pass over the source
+        maps = _score_maps_together(source, options.get("hook", FINAL), (reference, "selective"), selective,
+                                    options.get("batch_size"), options.get("progress", True))
+    result = segmentation_study(source, masks, reference=reference, selective=selective, _gt=gt,
+                                _maps=None if maps is None else maps[reference], **options)
     runs = {}
-    if selective is not None and reference != "selective":
+    if with_selective:
         runs[f"selective (k={selective.k})"] = segmentation_study(source, masks, reference="selective",
-                                                                   selective=selective, **options)
+                                                                   selective=selective, _gt=gt,
+                                                                   _maps=maps["selective"], **options)
     if intervention is not None:
         kind = getattr(intervention, "kind", type(intervention).__name__)
         runs[f"{reference} + {kind}"] = segmentation_study(source, masks, reference=reference, selective=selective,
-                                                           intervention=intervention, **options)
+                                                           intervention=intervention, _gt=gt, **options)
     result.variants = {name: {f: getattr(r, f) for f in VARIANT_FIELDS} for name, r in runs.items()}
     result.params["variants"] = list(result.variants)
     return result
