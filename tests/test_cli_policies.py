@@ -61,6 +61,11 @@ def test_required_hooks_follow_the_options():
                                           "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post"]
     assert required_hooks("neurons", 4, {"detect_layer": -2, "highest_layer": 1}) == [
         "blocks.2.hook_resid_post", "blocks.0.mlp.hook_post", "blocks.1.mlp.hook_post"]
+    dinov2 = required_hooks("neurons", 24, {"preset": "jiang-dinov2-l14"})  # detect -2, highest 17
+    assert dinov2[0] == "blocks.22.hook_resid_post" and dinov2[1:] == [f"blocks.{i}.mlp.hook_post" for i in range(18)]
+    assert required_hooks("neurons", 24, {"preset": "jiang-dinov2-l14", "detect_layer": -1})[0] == \
+        "blocks.23.hook_resid_post"  # an explicit option wins over the preset
+    assert required_hooks("neurons", 12, {"preset": "jiang-dinov2-l14"})[-1] == "blocks.11.mlp.hook_post"  # capped
     assert required_hooks("patch-score", 4, {"reference": "pooled"}) == ["hook_norm_final", "hook_pooled"]
     with pytest.raises(InterpError, match="re-runs the model"):
         required_hooks("ablate", 4)
@@ -181,6 +186,9 @@ def test_study_refuses_to_replace_its_json_unless_overwrite(tmp_path, capsys):
     capsys.readouterr()
     assert main(args) == 1 and "--overwrite" in capsys.readouterr().err
     assert stale.exists()
+    kept = (tmp_path / "norms.json").read_text()
+    assert main([*args, "--overwrite", "--threshold", "p200"]) == 1  # fails: the old result stays whole
+    assert (tmp_path / "norms.json").read_text() == kept and stale.exists()
     assert main([*args, "--overwrite"]) == 0
     assert not stale.exists() and all((tmp_path / name).exists() for name in written)
 

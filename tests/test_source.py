@@ -103,3 +103,23 @@ def test_hook_name_builders_spell_the_model_names():
         assert names.block_of(build(1)) == 1
     assert names.block_of("hook_embed") is None
     assert model.resolve_hooks(names.resid_post(names.EVERY_BLOCK)) == [names.resid_post(0), names.resid_post(1)]
+
+
+def test_truncated_image_stops_with_a_message_that_names_it_not_strict(tmp_path):
+    import shutil
+
+    import pytest
+
+    import interp
+    from interp.errors import ImageError
+    from interp.models import sample_image_paths
+    from interp.studies import open_source
+
+    for path in sample_image_paths()[:2]:
+        shutil.copy(path, tmp_path / path.name)
+    data = (tmp_path / "astronaut.jpg").read_bytes()
+    (tmp_path / "truncated.jpg").write_bytes(data[: len(data) // 3])  # a valid header, missing pixels
+    source = open_source(model=interp.load("planted_vit"), images=tmp_path)
+    with pytest.raises(ImageError, match=r"truncated\.jpg.*header was readable") as err:
+        list(source.image_batches())
+    assert "strict" not in str(err.value)

@@ -125,9 +125,10 @@ def refuse_existing_file(path, overwrite: bool, flag: str = "--out") -> None:
                           "or choose another path")
 
 
-def prepare_study_output(args: argparse.Namespace, result_name: str) -> None:
-    """Before any work: refuse to replace ``--out/<result_name>.json`` without ``--overwrite``; with it,
-    remove that JSON and the figures it lists (so no stale figure survives next to the new result)."""
+def prepare_study_output(args: argparse.Namespace, result_name: str) -> list:
+    """Before any work: refuse to replace ``--out/<result_name>.json`` without ``--overwrite``. Returns the
+    figure files the existing result lists (empty when there is none): :func:`remove_stale_figures` removes
+    those the new result does not write again, once it is written (a failed run leaves the old result whole)."""
     import json
     from pathlib import Path
 
@@ -135,18 +136,29 @@ def prepare_study_output(args: argparse.Namespace, result_name: str) -> None:
 
     path = Path(args.out) / f"{result_name}.json"
     if not path.exists():
-        return
+        return []
     if not getattr(args, "overwrite", False):
         raise InterpError(f"{str(path)!r} already exists (a {result_name} result); pass --overwrite to replace it "
                           "and the figures it lists, or choose another --out")
-    if path.exists():
-        try:
-            stale = json.loads(path.read_text()).get(FIGURES_KEY, [])
-        except (OSError, ValueError):
-            stale = []
-        for name in stale:
-            (Path(args.out) / Path(name).name).unlink(missing_ok=True)
-        path.unlink()
+    try:
+        return list(json.loads(path.read_text()).get(FIGURES_KEY, []))
+    except (OSError, ValueError):
+        return []
+
+
+def remove_stale_figures(out_dir, result_name: str, old_figures: list) -> None:
+    """Remove the figures of a replaced result that the new ``<result_name>.json`` no longer lists."""
+    import json
+    from pathlib import Path
+
+    path = Path(out_dir) / f"{result_name}.json"
+    try:
+        kept = set(json.loads(path.read_text()).get(FIGURES_KEY, []))
+    except (OSError, ValueError):
+        return
+    for name in old_figures:
+        if name not in kept:
+            (Path(out_dir) / Path(name).name).unlink(missing_ok=True)
 
 
 REPORT_MARKER = "report.json"  # written last by interp report: a folder holding it is a report

@@ -36,9 +36,15 @@ def norms_hooks(n_layers: int, options: Mapping) -> List[str]:
 def neurons_hooks(n_layers: int, options: Mapping) -> List[str]:
     """The detection block's output plus the MLP activations of every block up to ``highest_layer``."""
     from ..hooks.names import mlp_post, resid_post
+    from ..studies.presets import resolve_preset
 
-    detect = _layer(options.get("detect_layer"), n_layers, -1)
-    highest = _layer(options.get("highest_layer"), n_layers, detect)
+    # a preset decides the detection and highest blocks unless the options name them
+    opts = resolve_preset(options.get("preset"), detect_layer=options.get("detect_layer"),
+                          highest_layer=options.get("highest_layer"))
+    detect = _layer(opts.get("detect_layer"), n_layers, -1)
+    highest = opts.get("highest_layer")
+    highest = detect if highest is None else _layer(min(int(highest), n_layers - 1), n_layers, detect)  # capped
+
     return [resid_post(detect)] + [mlp_post(i) for i in range(highest + 1)]
 
 

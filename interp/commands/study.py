@@ -7,22 +7,19 @@ run, the output is checked (an existing ``<study>.json`` is not replaced without
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 from .registry import STUDIES, StudyCommand
-
-# Modules that still add their parsers themselves with ``register(subparsers)`` (not yet rows of the table).
-STUDY_GROUPS = ()
 
 
 def _run_study(command: StudyCommand):
     def run(args) -> int:
-        from .common import prepare_study_output, record_skipped
+        from .common import prepare_study_output, record_skipped, remove_stale_figures
 
-        prepare_study_output(args, command.result_name)
+        old_figures = prepare_study_output(args, command.result_name)
         module = importlib.import_module(f"interp.commands.{command.module}")
         code = getattr(module, command.run)(args)
         record_skipped(args, command.result_name)
+        remove_stale_figures(args.out, command.result_name, old_figures)
         return code
 
     return run
@@ -37,8 +34,4 @@ def register(sub) -> None:
         parser = studies.add_parser(command.name, help=command.help)
         getattr(module, command.add_arguments)(parser)
         parser.set_defaults(func=_run_study(command))
-    for group in STUDY_GROUPS:
-        name = f"interp.commands.{group}"
-        if importlib.util.find_spec(name) is not None:
-            importlib.import_module(name).register(studies)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

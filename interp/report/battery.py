@@ -106,8 +106,9 @@ def run_battery(source: LiveSource, options: ReportOptions, progress: bool = Tru
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = _run_stages(source, options, progress)
-    for text in dict.fromkeys(str(w.message) for w in caught if not str(w.message).startswith("no artifacts")):
-        warnings.warn(text, stacklevel=2)
+    once = {(str(w.message), w.category): None for w in caught if not str(w.message).startswith("no artifacts")}
+    for text, category in once:  # each distinct warning once, with its own category
+        warnings.warn(text, category, stacklevel=2)
     if not out.detection.artifacts_found:
         warnings.warn(f"{source.model_name} shows no artifacts: the patch-token norms at block "
                       f"{out.detection.layer} have no separated high-norm mode; any neurons the report ranks "

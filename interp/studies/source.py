@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tupl
 
 import torch
 
-from ..errors import InterpError
+from ..errors import ImageError, InterpError
 from ..hooks.names import block_of, blocks_needed
 from ..models.fingerprint import weights_fingerprint
 from ..models.layout import TokenLayout
@@ -241,8 +241,17 @@ class LiveSource(ActivationSource):
             if self._tensor is not None:
                 x = self._tensor[start:start + bs]
             else:
-                x = load_images(self._paths[start:start + bs], self.model, strict=True)
+                x = self._decode(self._paths[start:start + bs])
             yield start, x.to(device=device, dtype=dtype)
+
+    def _decode(self, paths: Sequence[Path]) -> torch.Tensor:
+        """Decode files that passed the up-front header check. One that fails now (e.g. a truncated JPEG)
+        stops the run: dropping it here would shift every later image against the source's ids."""
+        try:
+            return load_images(paths, self.model, strict=True)
+        except ImageError as e:
+            raise ImageError(f"{e.__cause__ or e} (its header was readable, so the up-front check kept it, but "
+                             "its pixels cannot be decoded: truncated?)") from e
 
     @torch.no_grad()
     def batches(self, hooks: Sequence[str], batch_size: Optional[int] = None,
