@@ -89,10 +89,11 @@ def test_test_time_register_rows_are_excluded():
     with model.intervene(TestTimeRegister({0: [1, 2]})):
         source = open_source(model=model, images=x)
         assert source.layout.n_extra == 1
+        n_prefix = source.layout.n_prefix  # the layout while the edit is in force
         edited = lost_study(source, progress=False)
         hook = f"blocks.{model.n_layers - 1}.attn.hook_k"
         _, cache = model.run_with_cache(x, names_filter=hook)
-    feats = keys_as_reference(cache[hook], source.layout.n_prefix)   # prefix = CLS + the test-time register
+    feats = keys_as_reference(cache[hook], n_prefix)   # prefix = CLS + the test-time register
     assert feats.shape[1] == 196
     box, seed, _ = reference_lost(feats[:1].double(), (14, 14))
     assert (edited.seeds[0], edited.box_cells[0]) == (seed, box)

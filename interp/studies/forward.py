@@ -1,19 +1,91 @@
-"""One forward pass of a live model (with interventions) that keeps only what causal studies compare:
-logits, the detection layer's patch-token norms, and CLS->patch attention rows.
+"""The one forward primitive of the studies: run a live model on a batch under given interventions and keep
+only what was asked for (reduced hook values, logits), with the layout of that very forward.
 
-(Named ``forward``, not ``probe``: it is a forward helper; the linear-probe study is ``linear_probe.py``.)
+Everything a study, a live source or the report needs from a forward goes through :func:`run_hooks`, so
+the device/dtype move, the stop layer and the token layout are decided in one place:
 
+* the layout comes from the input size and the edits in force (``run_layout``), never from a model
+  attribute remembered from an earlier forward;
+* the forward stops after the last block a hook needs, unless logits are asked for;
+* interventions are explicit: they are applied for this forward only (``model.intervene``) and undone.
+
+>>> run = run_hooks(model, x, ["blocks.3.hook_resid_post"], interventions=[TestTimeRegister({2: [17]})])
+>>> run.acts["blocks.3.hook_resid_post"][:, run.layout.patch_slice]     # [b, P, d]: patches of this run
 >>> out = forward_summary(model, x, [NeuronAblation({2: [17]})], detect_layer=2, attention_layers=[3])
 >>> out.logits, out.patch_norms, out.cls_attention[3]       # [b, c], [b, P], [b, P]
+
+(Named ``forward``, not ``probe``: the linear-probe study is ``linear_probe.py``.)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..hooks.names import attn_pattern, resid_post
+from ..hooks.names import attn_pattern, blocks_needed, resid_post
+from ..models.layout import TokenLayout
+
+Reducer = Callable[[torch.Tensor], torch.Tensor]
+# hook -> reducer, or a function of the run's layout giving them (for reducers that slice the token axis)
+Reducers = Union[Mapping[str, Reducer], Callable[[TokenLayout], Mapping[str, Reducer]], None]
+
+
+def run_layout(model, img_size: Tuple[int, int], interventions: Sequence = ()) -> TokenLayout:
+    """Token layout of a forward of ``model`` on ``img_size`` inputs under ``interventions`` (and whatever
+    the model has active already): read from the input size and the edit state, no forward is run."""
+    if not interventions:
+        return model.layout_for(tuple(img_size))
+    with model.intervene(*interventions):
+        return model.layout_for(tuple(img_size))
+
+
+@dataclass
+class Run:
+    """What one forward kept.
+
+    Attributes:
+        acts: hook -> float32 CPU tensor [b, ...] (reduced when a reducer was given).
+        layout: token layout of this forward (its input size and edits).
+        logits: [b, n_classes] float32 CPU when asked for, else None.
+    """
+
+    acts: Dict[str, torch.Tensor]
+    layout: TokenLayout
+    logits: Optional[torch.Tensor] = None
+
+
+def model_input(model, x: torch.Tensor) -> torch.Tensor:
+    """``x`` on the model's device and in its dtype."""
+    p = next(model.parameters())
+    return x.to(device=p.device, dtype=p.dtype)
+
+
+@torch.no_grad()
+def run_hooks(model, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducers = None,
+              interventions: Sequence = (), logits: bool = False) -> Run:
+    """One forward of ``model`` on images ``x`` [b, 3, H, W] under ``interventions``.
+
+    Args:
+        hooks: exact hook names to keep.
+        reduce: hook -> function applied to the activation inside the hook (so the full tensor is never
+            held), or a function ``layout -> {hook: fn}`` for reducers that slice tokens with this run's layout.
+        logits: also return the logits (runs the whole model; otherwise it stops after the last needed block).
+    """
+    hooks = list(dict.fromkeys(hooks))
+    x = model_input(model, x)
+    kept: Dict[str, torch.Tensor] = {}
+    with model.intervene(*interventions):
+        layout = model.layout_for(tuple(x.shape[-2:]))
+        fns = (reduce(layout) if callable(reduce) else reduce) or {}
+
+        def keep(tensor, hook):
+            fn = fns.get(hook.name)
+            kept[hook.name] = (fn(tensor) if fn else tensor).detach().float().cpu()
+
+        stop = None if logits else blocks_needed(hooks)
+        out = model.run_with_hooks(x, fwd_hooks=[(h, keep) for h in hooks], stop_at_layer=stop)
+    return Run({h: kept[h] for h in hooks}, layout, out.float().cpu() if logits else None)
 
 
 @dataclass
@@ -25,24 +97,20 @@ class ForwardSummary:
     cls_attention: Dict[int, torch.Tensor] = field(default_factory=dict)
 
 
-@torch.no_grad()
 def forward_summary(model, x: torch.Tensor, interventions: Sequence = (), detect_layer: int = -1,
                     attention_layers: Sequence[int] = ()) -> ForwardSummary:
-    """Run ``model`` on ``x`` with ``interventions`` applied; patch slices follow the edited layout."""
-    kept: Dict[str, torch.Tensor] = {}
-    with model.intervene(*interventions):
-        lay = model.layout_for(tuple(x.shape[-2:]))
-        patches = lay.patch_slice
+    """Logits, detection-layer patch norms and CLS->patch attention rows of one forward of ``model`` on ``x``
+    with ``interventions`` applied; patch slices follow the edited layout."""
+    norm_hook = resid_post(detect_layer % model.n_layers)
+    lay = run_layout(model, tuple(x.shape[-2:]), interventions)
+    layers = list(attention_layers) if lay.cls_index is not None else []
 
-        def keep_norms(t, hook):
-            kept[hook.name] = t[:, patches].float().norm(dim=-1).cpu()
+    def reducers(layout: TokenLayout) -> Dict[str, Reducer]:
+        patches, cls = layout.patch_slice, layout.cls_index
+        fns = {norm_hook: lambda t: t[:, patches].float().norm(dim=-1)}
+        fns.update({attn_pattern(l): lambda t: t[:, :, cls, patches].float().mean(1) for l in layers})
+        return fns
 
-        def keep_cls_row(t, hook):
-            kept[hook.name] = t[:, :, lay.cls_index, patches].float().mean(1).cpu()
-
-        hooks = [(resid_post(detect_layer % model.n_layers), keep_norms)]
-        if lay.cls_index is not None:
-            hooks += [(attn_pattern(l), keep_cls_row) for l in attention_layers]
-        logits = model.run_with_hooks(x, fwd_hooks=hooks)
-    attn = {l: kept[attn_pattern(l)] for l in attention_layers if attn_pattern(l) in kept}
-    return ForwardSummary(logits.float().cpu(), kept[resid_post(detect_layer % model.n_layers)], attn)
+    run = run_hooks(model, x, [norm_hook] + [attn_pattern(l) for l in layers], reducers, interventions,
+                    logits=True)
+    return ForwardSummary(run.logits, run.acts[norm_hook], {l: run.acts[attn_pattern(l)] for l in layers})

@@ -281,8 +281,8 @@ def lost_study(source: ActivationSource, layer: int = -1, k: int = 100,
     base = _score_run(source, _lost_outputs(source, hook, k, bs, "LOST", progress), **score)
     edited = spec = None
     if model is not None:
-        with model.intervene(intervention):
-            edited = _score_run(source, _lost_outputs(source, hook, k, bs, "LOST (edited)", progress), **score)
+        edited_source = source.with_interventions(intervention)
+        edited = _score_run(source, _lost_outputs(edited_source, hook, k, bs, "LOST (edited)", progress), **score)
         spec = {"kind": getattr(intervention, "kind", type(intervention).__name__), **intervention.params()}
     params = {"layer": layer, "k": k, "iou": iou, "n_boot": n_boot, "level": level, "boxes": table is not None,
               "intervention": spec}

@@ -38,8 +38,9 @@ from tqdm.auto import tqdm
 from ..errors import InterpError
 from ..interventions.selective_cls import SelectiveCLS
 from ..hooks.names import resid_post
+from .forward import run_hooks
 from .outliers import ThresholdSpec, resolve_threshold
-from .patch_score import FINAL, forward_collect, needed_hooks, score_maps_from_acts
+from .patch_score import FINAL, needed_hooks, score_maps_from_acts
 from .source import live_model, n_batches
 from .result import StudyResult
 
@@ -163,10 +164,10 @@ def _unmasked_pass(source, hook: str, reference: str, selective: Optional[Select
     channel_sum, n_pixels = None, 0
     for _, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size), disable=not progress,
                      desc="masking: unmasked pass", unit="batch", leave=False):
-        logits, acts = forward_collect(model, x, score_hooks + [last])
-        scores.append(score_maps_from_acts(acts, model.layout, hook, reference, selective))
-        preds.append(logits.argmax(-1).cpu())
-        norms.append(acts[last][:, model.layout.patch_slice].norm(dim=-1))
+        run = run_hooks(model, x, score_hooks + [last], logits=True)
+        scores.append(score_maps_from_acts(run.acts, run.layout, hook, reference, selective))
+        preds.append(run.logits.argmax(-1))
+        norms.append(run.acts[last][:, run.layout.patch_slice].norm(dim=-1))
         s = x.double().sum(dim=(0, 2, 3)).cpu()
         channel_sum = s if channel_sum is None else channel_sum + s
         n_pixels += x.shape[0] * x.shape[2] * x.shape[3]
@@ -177,14 +178,11 @@ def _unmasked_pass(source, hook: str, reference: str, selective: Optional[Select
 def _forward_counting_outliers(model, x: torch.Tensor, hook: str, threshold: float) -> Tuple[torch.Tensor,
                                                                                            torch.Tensor]:
     """One forward: (top-1 class [b], number of patch tokens whose norm at ``hook`` exceeds threshold [b])."""
-    counts: List[torch.Tensor] = []
+    def count(layout):
+        return {hook: lambda t: (t[:, layout.patch_slice].float().norm(dim=-1) > threshold).sum(1)}
 
-    def count(tensor, hook):
-        norms = tensor[:, model.layout.patch_slice].float().norm(dim=-1)
-        counts.append((norms > threshold).sum(1).cpu())
-
-    logits = model.run_with_hooks(x, fwd_hooks=[(hook, count)])
-    return logits.argmax(-1).cpu(), counts[0]
+    run = run_hooks(model, x, [hook], count, logits=True)
+    return run.logits.argmax(-1), run.acts[hook].long()
 
 
 def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fill: str = "zero",

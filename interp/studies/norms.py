@@ -99,13 +99,17 @@ class NormsResult(StudyResult):
         return torch.tensor(self.outlier_maps, dtype=torch.bool).reshape(len(self.ids), *self.grid)
 
 
+def token_kinds(lay) -> Dict[str, slice]:
+    """Rows of each token kind ("cls", "registers", "patches") in a layout."""
+    cls = slice(lay.cls_index, lay.cls_index + 1) if lay.cls_index is not None else slice(0, 0)
+    return {"cls": cls, "registers": lay.register_slice, "patches": lay.patch_slice}
+
+
 @dataclass
 class _LayerTally:
     """Running per-layer statistics over the batches of :func:`norms_study` (numpy, one row per block)."""
 
     n_layers: int
-    kinds: Dict[str, slice]
-    patch_slice: slice
     use_attention: bool
     counts: Dict = field(init=False)
     maxima: Dict = field(init=False)
@@ -121,20 +125,22 @@ class _LayerTally:
         self.emergence = EmergenceAccumulator(self.n_layers)
 
     def add(self, batch, outliers: torch.Tensor, threshold: float) -> None:
-        """Fold one batch in; ``outliers`` Bool[b, P] are the batch's detection-layer outliers."""
+        """Fold one batch in; ``outliers`` Bool[b, P] are the batch's detection-layer outliers. Token rows are
+        told apart with the batch's own layout (the forward that produced it)."""
+        patches = batch.layout.patch_slice
         for i in range(self.n_layers):
             for s in STAGES:
                 norms = batch.acts[block_hook(i, f"hook_{s}")]  # [b, t]
-                self.emergence.update(s, i, norms[:, self.patch_slice])
-                for k, sl in self.kinds.items():
+                self.emergence.update(s, i, norms[:, patches])
+                for k, sl in token_kinds(batch.layout).items():
                     vals = norms[:, sl].reshape(-1).numpy()
                     if vals.size:
                         self.counts[s][k][i] += np.histogram(np.clip(vals, HIST_EDGES[0], HIST_EDGES[-1]),
                                                              HIST_EDGES)[0]
                         self.maxima[s][k][i] = max(self.maxima[s][k][i], float(vals.max()))
-            self.above[i] += int((batch.acts[resid_post(i)][:, self.patch_slice] > threshold).sum())
+            self.above[i] += int((batch.acts[resid_post(i)][:, patches] > threshold).sum())
             if self.use_attention:
-                row = batch.acts[attn_pattern(i)]  # [b, P]
+                row = batch.acts[attn_pattern(i)][:, patches]  # [b, P]
                 self.emergence.update_attention(i, row)
                 self.attn_max[i] = max(self.attn_max[i], float(row.max()))
                 share = (row * outliers).sum(1) / row.sum(1).clamp_min(1e-12)
@@ -158,9 +164,9 @@ def _layer_hooks(source: ActivationSource, attention: bool) -> Tuple[List[str], 
     use_attention = attention and lay.cls_index is not None and all(source.has(h) for h in pattern_hooks) and (
         source.is_live or not source.norms_only)
     if use_attention:
-        cls, patches = lay.cls_index, lay.patch_slice
+        cls = lay.cls_index  # row 0 whatever the edits (test-time registers go after it)
         for h in pattern_hooks:
-            reduce[h] = lambda p, c=cls, s=patches: p[:, :, c, s].float().mean(1)  # [b, P] head mean
+            reduce[h] = lambda p, c=cls: p[:, :, c].float().mean(1)  # [b, t] head-mean CLS row
         hooks += pattern_hooks
     return hooks, reduce, use_attention
 
@@ -199,10 +205,8 @@ def norms_study(
     outliers = det.outliers  # [N, P]
     thr = det.threshold
 
-    kinds = {"cls": slice(lay.cls_index, lay.cls_index + 1) if lay.cls_index is not None else slice(0, 0),
-             "registers": lay.register_slice, "patches": lay.patch_slice}
     hooks, reduce, use_attention = _layer_hooks(source, attention)
-    tally = _LayerTally(n_layers, kinds, lay.patch_slice, use_attention)
+    tally = _LayerTally(n_layers, use_attention)
     for batch in tqdm(source.batches(hooks, batch_size, reduce=reduce), disable=not progress,
                       total=n_batches(source, batch_size), desc="norms per layer", unit="batch", leave=False):
         tally.add(batch, outliers[batch.start:batch.start + len(batch)], thr.value)

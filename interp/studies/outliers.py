@@ -127,11 +127,10 @@ def detection_norms(source: ActivationSource, layer: int, batch_size: int = 16,
     """Patch-token norms of ``blocks.{layer}.hook_resid_post`` for every image: [N, n_patches] float32."""
     hook = resid_post(layer)
     source.require([hook])
-    patches = source.layout.patch_slice
     out: List[torch.Tensor] = []
     for batch in tqdm(source.batches([hook], batch_size, reduce={hook: token_norms}), disable=not progress,
                       total=n_batches(source, batch_size), desc=f"norms @ block {layer}", unit="batch", leave=False):
-        out.append(batch.acts[hook][:, patches])
+        out.append(batch.acts[hook][:, batch.layout.patch_slice])
     return torch.cat(out) if out else torch.zeros(0, source.layout.n_patches)
 
 

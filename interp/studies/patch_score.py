@@ -98,17 +98,6 @@ def score_maps_from_acts(acts: Dict[str, torch.Tensor], layout: TokenLayout, hoo
 
 
 @torch.no_grad()
-def forward_collect(model, x: torch.Tensor, hooks: Sequence[str]) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """One forward of a HookedViT keeping some hooks: (logits [b, ...], {hook: float32 CPU tensor})."""
-    acts: Dict[str, torch.Tensor] = {}
-
-    def keep(tensor, hook):
-        acts[hook.name] = tensor.detach().float().cpu()
-
-    logits = model.run_with_hooks(x, fwd_hooks=[(h, keep) for h in dict.fromkeys(hooks)])
-    return logits, acts
-
-
 def check_source(source: ActivationSource, hooks: Sequence[str]) -> None:
     """Raise unless the source can give these hooks in full (a norm-only cache cannot)."""
     source.require(hooks)

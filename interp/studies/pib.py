@@ -141,8 +141,7 @@ class LastProtocolSource(LiveSource):
                               "source over image files (CLI --images DIR), not a cache or a tensor")
         cfg = source.data_config()
         self.__dict__.update(source.__dict__)
-        self._transform = last_transform(cfg["mean"], cfg["std"])
-        self.layout = self.model.layout_for((LAST_CROP, LAST_CROP))
+        self._transform = last_transform(cfg["mean"], cfg["std"])  # layout: from _image_size (224 x 224)
 
     def _image_size(self):
         return (LAST_CROP, LAST_CROP)

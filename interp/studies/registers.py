@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from ..interventions import TestTimeRegister
 from ..hooks.names import attn_pattern, resid_post
+from .forward import run_hooks
 from .outliers import Detection, ThresholdSpec, artifact_status, detection_for
 from .presets import detection_settings
 from .result import StudyResult
@@ -83,13 +84,14 @@ def register_study(
     grid = tuple(source.layout.grid)
     for _, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="test-time register",
                      total=n_batches(source, batch_size), unit="batch"):
-        base_logits, base_cache = model.run_with_cache(x, names_filter=[resid_post(detect)])
-        base_patch = base_cache[resid_post(detect)][:, model.layout.patch_slice].float().norm(dim=-1)
-        with model.intervene(ttr):
-            lay = model.layout
-            names = [resid_post(detect)] + ([attn_pattern(last)] if lay.cls_index is not None else [])
-            logits, cache = model.run_with_cache(x, names_filter=names)
-        resid = cache[resid_post(detect)].float()
+        base = run_hooks(model, x, [resid_post(detect)], logits=True)
+        base_logits = base.logits
+        base_patch = base.acts[resid_post(detect)][:, base.layout.patch_slice].norm(dim=-1)
+        has_cls = base.layout.cls_index is not None
+        names = [resid_post(detect)] + ([attn_pattern(last)] if has_cls else [])
+        run = run_hooks(model, x, names, interventions=[ttr], logits=True)
+        lay, logits, cache = run.layout, run.logits, run.acts
+        resid = cache[resid_post(detect)]
         patch = resid[:, lay.patch_slice].norm(dim=-1)
         reg_rows = slice(lay.n_prefix - lay.n_extra, lay.n_prefix)
         reg_norm += resid[:, reg_rows].norm(dim=-1).max(1).values.tolist()

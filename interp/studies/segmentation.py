@@ -195,8 +195,9 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
     elif intervention is None:
         maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)  # [N, h, w]
     else:
-        with live_model(source, "segmentation with an intervention").intervene(intervention):
-            maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)
+        live_model(source, "segmentation with an intervention")
+        maps = compute_score_maps(source.with_interventions(intervention), hook, reference, selective, batch_size,
+                                  progress)
     cell_masks = [foreground_cells(m, k_std) for m in maps]
     transform = eval_transform(source.data_config())
     scores: List[Optional[float]] = []

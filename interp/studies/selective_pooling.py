@@ -28,8 +28,9 @@ from tqdm.auto import tqdm
 from ..errors import InterpError
 from ..interventions.selective_cls import SelectiveCLS
 from .boxes import BoxTable
+from .forward import run_hooks
 from .masking import target_classes
-from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, forward_collect, needed_hooks,
+from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, needed_hooks,
                           score_maps_from_acts)
 from .pib import LastProtocolSource, pib_from_maps, protocol_regions
 from .result import StudyResult
@@ -103,14 +104,13 @@ def _forward_rows(source, model, specs: Sequence[SelectiveCLS], reference: str, 
     baseline_hooks = needed_hooks(FINAL, reference)
     for _, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size), disable=not progress,
                      desc="selective-cls", unit="batch", leave=False):
-        logits, acts = forward_collect(model, x, baseline_hooks)
-        maps[0].append(score_maps_from_acts(acts, model.layout, FINAL, reference))
-        preds[0].append(logits.argmax(-1).cpu())
+        run = run_hooks(model, x, baseline_hooks, logits=True)
+        maps[0].append(score_maps_from_acts(run.acts, run.layout, FINAL, reference))
+        preds[0].append(run.logits.argmax(-1))
         for row, spec in enumerate(specs, start=1):
-            with model.intervene(spec):
-                logits, acts = forward_collect(model, x, [FINAL])
-            maps[row].append(score_maps_from_acts(acts, model.layout, FINAL, "selective", spec))
-            preds[row].append(logits.argmax(-1).cpu())
+            run = run_hooks(model, x, [FINAL], interventions=[spec], logits=True)
+            maps[row].append(score_maps_from_acts(run.acts, run.layout, FINAL, "selective", spec))
+            preds[row].append(run.logits.argmax(-1))
     return [torch.cat(m) for m in maps], [torch.cat(p) for p in preds]
 
 

@@ -3,7 +3,12 @@
 >>> src = open_source(model=model, images="photos/")          # runs the model batch by batch
 >>> src = open_source(cache="acts.h5", model=model)           # reads a cache lazily (fingerprint checked)
 >>> for batch in src.batches(["blocks.11.hook_resid_post"], batch_size=32):
-...     norms = batch.norms("blocks.11.hook_resid_post")       # [b, t]
+...     norms = batch.norms("blocks.11.hook_resid_post")       # [b, t]; batch.layout: the rows' layout
+>>> edited = open_source(model=model, images="photos/", interventions=[TestTimeRegister({5: [12]})])
+
+Interventions are explicit: a live source runs the model under the interventions it was given (and those
+passed to one ``batches`` call); each batch carries the layout of the forward that produced it (input size
+and the edits in force), which is what every study slices tokens with.
 
 A source also answers what studies ask about the images and the model (``is_live``, ``patch_size``,
 ``image_size``, ``data_config()``, ``display_images()``), so no study reaches into the model itself.
@@ -22,14 +27,14 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tupl
 import torch
 
 from ..errors import ImageError, InterpError
-from ..hooks.names import block_of, blocks_needed
+from ..hooks.names import block_of
 from ..models.fingerprint import weights_fingerprint
 from ..models.layout import TokenLayout
+from .forward import Reducer, Reducers, run_hooks, run_layout
 from ..models.preprocessing import data_config as model_data_config
 from ..models.preprocessing import list_images, load_images, readable_images, tensor_image_id
 
 ImagesSpec = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
-Reducer = Callable[[torch.Tensor], torch.Tensor]
 
 
 def token_norms(acts: torch.Tensor) -> torch.Tensor:
@@ -132,6 +137,7 @@ class ActivationSource:
 
     @property
     def n_layers(self) -> int:
+        """Blocks of the source's model (so ``-1`` is its last block for a cache as for a live model)."""
         blocks = [b for b in (block_of(h) for h in self.hook_names) if b is not None]
         return max(blocks) + 1 if blocks else 0
 
@@ -147,12 +153,15 @@ class ActivationSource:
             )
 
     def batches(self, hooks: Sequence[str], batch_size: int = 16,
-                reduce: Optional[Dict[str, Reducer]] = None) -> Iterator[Batch]:
+                reduce: Reducers = None, interventions: Sequence = ()) -> Iterator[Batch]:
         """Yield the hooks' activations for consecutive images.
 
         Args:
             reduce: hook -> function applied to each batch's activation before it is kept (e.g. a norm
                 or one attention row), so a live run never holds the full tensor longer than the hook call.
+                A reducer that slices the token axis must use the layout of the batch it reduces: pass a
+                function ``layout -> {hook: fn}`` instead of the dict (see :func:`~.forward.run_hooks`).
+            interventions: applied (after the source's own) to this call's forwards; live sources only.
         """
         raise NotImplementedError
 
@@ -161,7 +170,9 @@ class LiveSource(ActivationSource):
     """Runs a HookedViT over images batch by batch (no gradients) and yields the requested hooks.
 
     Args:
-        model: the HookedViT (with any interventions the caller has active).
+        model: the HookedViT.
+        interventions: run every forward under these (``model.intervene``); ``layout`` and each batch's
+            layout count their test-time registers.
         images: a directory (an image-folder layout ``DIR/<class>/img`` gives labels), a list file,
             paths, or a Tensor[N, 3, H, W] already preprocessed.
         strict: stop at the first unreadable file. Otherwise unreadable files are found up front (opened and
@@ -169,8 +180,10 @@ class LiveSource(ActivationSource):
             each; a file that passes that check but fails to decode later still stops the run, naming it.
     """
 
-    def __init__(self, model, images: ImagesSpec, batch_size: int = 16, strict: bool = False):
+    def __init__(self, model, images: ImagesSpec, batch_size: int = 16, strict: bool = False,
+                 interventions: Sequence = ()):
         self.model = model
+        self.interventions = tuple(interventions)
         self.batch_size = batch_size
         self.model_name = model.model_name
         self.fingerprint = weights_fingerprint(model)
@@ -188,7 +201,16 @@ class LiveSource(ActivationSource):
             self.ids = [str(p) for p in self._paths]
             root = Path(images) if isinstance(images, (str, Path)) and Path(images).is_dir() else None
             self.labels, self.class_names = folder_labels(self._paths, root)
-        self.layout = model.layout_for(self._image_size())
+
+    @property
+    def layout(self) -> TokenLayout:
+        """Token layout of this source's forwards: its input size under its interventions (and any the model
+        has active right now), computed when asked, never remembered from an earlier forward."""
+        return run_layout(self.model, self._image_size(), self.interventions)
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.n_layers
 
     def _image_size(self) -> Tuple[int, int]:
         if self._tensor is not None:
@@ -219,6 +241,13 @@ class LiveSource(ActivationSource):
         _, x = next(self.image_batches(limit))
         return (x.detach().float().cpu() * std + mean).clamp(0, 1)
 
+    def with_interventions(self, *interventions) -> "LiveSource":
+        """This source (same images, ids and labels) running its forwards under ``interventions`` too."""
+        copy = object.__new__(LiveSource)
+        copy.__dict__.update(self.__dict__)
+        copy.interventions = self.interventions + tuple(interventions)
+        return copy
+
     def held(self) -> "LiveSource":
         """This source with every image decoded once and kept in memory (CPU Tensor[N, 3, H, W]): the same ids,
         labels and model, but no file is read again however many passes the studies make. For small image
@@ -226,7 +255,7 @@ class LiveSource(ActivationSource):
         if self._tensor is not None:
             return self
         pixels = torch.cat([x.cpu() for _, x in self.image_batches()]) if self.ids else torch.zeros(0, 3, 1, 1)
-        copy = LiveSource(self.model, pixels, batch_size=self.batch_size)
+        copy = LiveSource(self.model, pixels, batch_size=self.batch_size, interventions=self.interventions)
         copy.ids, copy.labels, copy.class_names = list(self.ids), self.labels, list(self.class_names)
         copy.skipped = list(self.skipped)
         copy._config = self._config
@@ -253,21 +282,13 @@ class LiveSource(ActivationSource):
             raise ImageError(f"{e.__cause__ or e} (its header was readable, so the up-front check kept it, but "
                              "its pixels cannot be decoded: truncated?)") from e
 
-    @torch.no_grad()
     def batches(self, hooks: Sequence[str], batch_size: Optional[int] = None,
-                reduce: Optional[Dict[str, Reducer]] = None) -> Iterator[Batch]:
+                reduce: Reducers = None, interventions: Sequence = ()) -> Iterator[Batch]:
         hooks = self.model.resolve_hooks(list(hooks))
-        reduce = reduce or {}
-        stop = blocks_needed(hooks)  # stop after the last block needed (None: a hook after the blocks)
+        edits = self.interventions + tuple(interventions)
         for start, x in self.image_batches(batch_size):
-            acts: Dict[str, torch.Tensor] = {}
-
-            def keep(tensor, hook):
-                fn = reduce.get(hook.name)
-                acts[hook.name] = (fn(tensor) if fn else tensor).detach().float().cpu()
-
-            self.model.run_with_hooks(x, fwd_hooks=[(h, keep) for h in hooks], stop_at_layer=stop)
-            yield Batch(self.ids[start:start + len(x)], start, {h: acts[h] for h in hooks}, self.model.layout)
+            run = run_hooks(self.model, x, hooks, reduce, edits)
+            yield Batch(self.ids[start:start + len(x)], start, run.acts, run.layout)
 
 
 def stored_layout(layout: TokenLayout, rows: Optional[Sequence[int]]) -> TokenLayout:
@@ -295,6 +316,13 @@ class CacheSource(ActivationSource):
         self.layout = stored_layout(reader.layout, meta.get("token_rows"))
         self.norms_only = bool(meta.get("norms_only", False))
         self.skipped = [(path, reason) for _, path, reason in getattr(reader, "skipped", [])]
+        # The model's depth as the cache records it, so detect_layer=-1 is the model's last block (not the
+        # last cached one); caches written before the depth was recorded fall back to the hook names.
+        self._model_depth: Optional[int] = getattr(reader, "model_depth", None)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self._model_depth) if self._model_depth else super().n_layers
 
     def data_config(self) -> dict:
         cfg = self.reader.meta.get("data_config")
@@ -311,10 +339,13 @@ class CacheSource(ActivationSource):
         return tuple(int(v) for v in list(size)[-2:])
 
     def batches(self, hooks: Sequence[str], batch_size: int = 16,
-                reduce: Optional[Dict[str, Reducer]] = None) -> Iterator[Batch]:
+                reduce: Reducers = None, interventions: Sequence = ()) -> Iterator[Batch]:
+        if interventions:
+            raise InterpError("a cache holds the activations of one run; interventions need a live source "
+                              "(open_source(model=..., images=...); CLI --images)")
         self.require(hooks)
         hooks = list(hooks)
-        reduce = reduce or {}
+        reduce = (reduce(self.layout) if callable(reduce) else reduce) or {}
         for start in range(0, len(self.ids), batch_size):
             stop = min(start + batch_size, len(self.ids))
             acts = {}
@@ -338,17 +369,20 @@ def live_model(source: ActivationSource, study: str):
 
 
 def open_source(model=None, images: Optional[ImagesSpec] = None, cache: Union[str, Path, None] = None,
-                batch_size: int = 16, strict: bool = False) -> ActivationSource:
+                batch_size: int = 16, strict: bool = False, interventions: Sequence = ()) -> ActivationSource:
     """A live source (``model`` + ``images``) or a cache source (``cache``, checked against ``model`` if given).
 
-    ``strict``: a live source stops at the first unreadable image instead of skipping and recording it."""
+    ``strict``: a live source stops at the first unreadable image instead of skipping and recording it.
+    ``interventions``: a live source runs every forward under them (a cache cannot)."""
     if (images is None) == (cache is None):
         raise InterpError("give exactly one of images= (live run) or cache= (an interp cache file)")
     if cache is not None:
+        if interventions:
+            raise InterpError("a cache holds the activations of one run; interventions need images= and model=")
         from .. import cache as cache_mod
 
         reader = cache_mod.open(cache, model=model)
         return CacheSource(reader)
     if model is None:
         raise InterpError("a live run needs model=")
-    return LiveSource(model, images, batch_size=batch_size, strict=strict)
+    return LiveSource(model, images, batch_size=batch_size, strict=strict, interventions=interventions)
