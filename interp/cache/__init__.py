@@ -1,10 +1,11 @@
 """HDF5 activation cache: stream hook activations of a HookedViT to disk, read them back lazily.
 
->>> import interp, interp.cache
->>> model = interp.load("vit_small_patch14_reg4_dinov2")
->>> interp.cache.write(model, "images/", hooks="blocks.*.hook_resid_post", path="acts.h5")
+>>> import interp.cache
+>>> summary = interp.cache.write(model, photos, hooks="blocks.*.hook_resid_post", path="acts.h5", progress=False)
 >>> with interp.cache.open("acts.h5", model=model) as cache:
-...     x = cache["blocks.11.hook_resid_post"][:8]   # ndarray [8, T, D]
+...     x = cache["blocks.5.hook_resid_post"][:2]   # ndarray [2, T, D], read from the file
+>>> x.shape
+(2, 197, 192)
 
 File format: docs/cache-format.md (``FORMAT_VERSION``).
 """

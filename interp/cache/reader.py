@@ -1,11 +1,14 @@
 """``interp.cache.open``: lazy, read-only access to a cache file.
 
+>>> summary = interp.cache.write(model, photos, hooks="blocks.0.hook_resid_post", path="acts.h5", progress=False)
 >>> with interp.cache.open("acts.h5") as cache:
-...     cache.hooks                                   # ['blocks.0.hook_resid_post', ...]
-...     x = cache["blocks.0.hook_resid_post"][10:20]  # ndarray [10, T, D]; reads only those rows
-...     for rows, x in cache.batches("blocks.0.hook_resid_post", batch_size=256):
-...         ...                                       # rows: ndarray of row numbers, x: ndarray
-...     acts = cache.activation_cache([0, 5, 7])      # {hook: Tensor[3, ...]}, like run_with_cache
+...     names = cache.hooks                           # ['blocks.0.hook_resid_post']
+...     x = cache["blocks.0.hook_resid_post"][1:3]    # ndarray [2, T, D]; reads only those rows
+...     for rows, x in cache.batches("blocks.0.hook_resid_post", batch_size=2):
+...         pass                                      # rows: ndarray of row numbers, x: ndarray
+...     acts = cache.activation_cache([0, 2, 3])      # {hook: Tensor[3, ...]}, like run_with_cache
+>>> names, acts["blocks.0.hook_resid_post"].shape
+(['blocks.0.hook_resid_post'], torch.Size([3, 197, 192]))
 """
 from __future__ import annotations
 

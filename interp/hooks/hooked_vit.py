@@ -5,10 +5,10 @@ copied) so ``HookedViT.state_dict()`` has exactly timm's keys, and ``HookPoint``
 block under TransformerLens-style names (``blocks.3.mlp.hook_post``; no wrapper prefix). The forward is
 split as timm's is: ``forward_features`` (images -> normed tokens) and ``forward_head`` (tokens -> logits).
 
->>> import interp
->>> model = interp.load("vit_small_patch16_224", pretrained=False)
->>> logits, cache = model.run_with_cache(images, names_filter="blocks.*.hook_resid_post")
->>> cache["blocks.11.hook_resid_post"].shape   # [b, t, d]
+>>> model = interp.load("vit_small_patch16_224", pretrained=False, depth=2)
+>>> logits, cache = model.run_with_cache(torch.randn(2, 3, 224, 224), names_filter="blocks.*.hook_resid_post")
+>>> cache["blocks.1.hook_resid_post"].shape   # [b, t, d]: CLS + 14 x 14 patches, width 384
+torch.Size([2, 197, 384])
 """
 from __future__ import annotations
 

@@ -25,8 +25,11 @@ Composition rule (the order edits take effect):
 4. On exit, also on an exception, all hooks are removed, the previous ``edit_state`` object is put back
    and ``teardown`` runs in reverse order.
 
->>> with model.intervene(TestTimeRegister({5: [12, 40]}), SelectiveCLS(k=1)):
-...     logits, cache = model.run_with_cache(images)
+>>> from interp.interventions import SelectiveCLS, TestTimeRegister
+>>> with model.intervene(TestTimeRegister({2: [17, 101]}), SelectiveCLS(k=1)):
+...     logits, cache = model.run_with_cache(images, names_filter="blocks.5.hook_resid_post")
+>>> cache["blocks.5.hook_resid_post"].shape    # [b, t, d]: CLS + the test-time register + 196 patches
+torch.Size([4, 198, 192])
 """
 from __future__ import annotations
 
@@ -75,8 +78,11 @@ class InterventionMixin:
     def intervene(self, *interventions: Any) -> Iterator["InterventionMixin"]:
         """Context manager: the model with ``interventions`` applied (composition rule in the module doc).
 
+        >>> from interp.interventions import NeuronAblation, SelectiveCLS
         >>> with model.intervene(NeuronAblation({3: [7]}), SelectiveCLS()):
         ...     logits = model(images)
+        >>> logits.shape
+        torch.Size([4, 10])
         """
         ordered = composition_order(_flatten(interventions))
         previous: EditState = self.edit_state

@@ -1,9 +1,11 @@
 """Interventions: small serialisable edits applied to a ``HookedViT`` through hooks and structural state.
 
->>> from interp.interventions import TestTimeRegister, SelectiveCLS
->>> with model.intervene(TestTimeRegister({5: [12, 40]}), SelectiveCLS(k=1)):
+>>> from interp.interventions import NeuronAblation, SelectiveCLS, TestTimeRegister
+>>> with model.intervene(TestTimeRegister({2: [17, 101]}), SelectiveCLS(k=1)):
 ...     logits = model(images)
 >>> logits = model.run_with_interventions(images, [NeuronAblation({3: [7]})])
+>>> logits.shape
+torch.Size([4, 10])
 
 Composition order (``interp.hooks.intervene``): interventions are stably sorted by stage,
 structural first (``TestTimeRegister``, ``AttentionBias``), then neuron edits (``NeuronAblation``,

@@ -1,8 +1,10 @@
 """``NeuronAblation``: set chosen MLP neurons to zero or to their mean activation.
 
->>> ablation = NeuronAblation({5: [12, 40]})                       # zero, every token
->>> mean_ablation = NeuronAblation.calibrate_means(model, images, {5: [12, 40]})
+>>> ablation = NeuronAblation({2: [17, 101]})                      # zero, every token
+>>> mean_ablation = NeuronAblation.calibrate_means(model, images, {2: [17, 101]})
 >>> logits = model.run_with_interventions(images, [mean_ablation])
+>>> mean_ablation.mode, logits.shape
+('mean', torch.Size([4, 10]))
 """
 from __future__ import annotations
 

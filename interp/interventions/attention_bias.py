@@ -5,8 +5,10 @@ key (after ``k_norm``, as attention sees it) and value at every block, averaged 
 zeroing the register neurons on the patches and appending (k', v') to every block's attention, with no
 extra token.
 
->>> bias = AttentionBias.calibrate(model, calibration_images, neurons={5: [12, 40]})
->>> logits = model.run_with_interventions(images, [bias])
+>>> bias = AttentionBias.calibrate(model, images[:2], neurons={2: [17, 101, 402, 655]})   # calibration set
+>>> logits = model.run_with_interventions(images[2:], [bias])                               # held-out images
+>>> logits.shape
+torch.Size([2, 10])
 """
 from __future__ import annotations
 

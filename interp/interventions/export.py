@@ -7,9 +7,12 @@ version, the interventions' kinds and parameters, the target model's name, archi
 fingerprints, and a SHA-256 of the tensors); the tensors (means, masks, keys/values) are the body,
 named ``"{position}.{name}"``.
 
->>> interp.patch.save([TestTimeRegister({5: [12, 40]})], "ttr.safetensors", model)
->>> plain = interp.patch.apply(timm.create_model(name, pretrained=True), "ttr.safetensors")
->>> plain(images)          # equals model.run_with_interventions(images, interp.patch.load("ttr.safetensors"))
+>>> from interp.interventions import TestTimeRegister
+>>> path = interp.patch.save([TestTimeRegister({2: [17, 101]})], "ttr.safetensors", model)
+>>> plain = interp.patch.apply(interp.models.planted_vit(), "ttr.safetensors")   # a plain timm module
+>>> edited = model.run_with_interventions(images, interp.patch.load("ttr.safetensors"))
+>>> torch.allclose(plain(images), edited, atol=1e-4)
+True
 
 ``apply`` swaps submodules of the timm model in place (no hook machinery, ``state_dict`` keys unchanged):
 MLP edits replace ``blocks[l].mlp.drop1``; test-time registers replace ``patch_drop`` (inserting zero tokens

@@ -1,9 +1,11 @@
 """``TestTimeRegister``: a training-free register token that takes over the register neurons (SCIENCE.md 2).
 
->>> ttr = TestTimeRegister({5: [12, 40, 77]})
+>>> ttr = TestTimeRegister({2: [17, 101, 402, 655]})
 >>> with model.intervene(ttr):
 ...     logits, cache = model.run_with_cache(images, names_filter="blocks.*.hook_resid_post")
->>> model.layout.n_prefix        # inside the context: one more prefix token
+...     n_prefix = model.layout.n_prefix      # inside the context: one more prefix token
+>>> n_prefix, model.layout.n_prefix
+(2, 1)
 """
 from __future__ import annotations
 

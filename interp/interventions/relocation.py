@@ -1,8 +1,11 @@
 """``Relocation``: move register-neuron activity onto chosen patches (causal test of SCIENCE.md section 2).
 
 >>> from interp.interventions import Relocation, masks
->>> reloc = Relocation({5: [12, 40]}, target=masks.smiley(model.layout.grid))
->>> logits, cache = model.run_with_cache(images)  # inside `with model.intervene(reloc):`
+>>> reloc = Relocation({2: [17, 101, 402, 655]}, target=masks.smiley(model.layout.grid))
+>>> with model.intervene(reloc):
+...     logits, cache = model.run_with_cache(images, names_filter="blocks.5.hook_resid_post")
+>>> cache["blocks.5.hook_resid_post"].shape
+torch.Size([4, 197, 192])
 """
 from __future__ import annotations
 

@@ -3,8 +3,13 @@
 Pure arithmetic on patch tokens, so studies run it on cached tokens as well as on a live model (the
 intervention that puts it in front of a model's head is :class:`~interp.interventions.SelectiveCLS`):
 
+>>> patch_tokens = torch.randn(2, 196, 64)
 >>> g, votes = selective_aggregate(patch_tokens)            # [b, n, d] -> [b, d], [b, n]; the reference
+>>> g.shape, votes.shape
+(torch.Size([2, 64]), torch.Size([2, 196]))
 >>> g, votes = selective_aggregate(patch_tokens, k=7, score="paper")
+>>> torch.allclose(selective_aggregate(patch_tokens, k=196)[0], patch_tokens.mean(1), atol=1e-5)   # k = n: mean
+True
 
 Steps, for X = patch tokens [b, n, d] (CLS excluded, final norm applied):
 

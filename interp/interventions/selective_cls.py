@@ -5,7 +5,8 @@ puts it in place of timm's pooling (hooked model: ``pool_override``; plain model
 
 >>> with model.intervene(SelectiveCLS()):               # the LaSt reference: score "code", fft "shift", k = 1
 ...     logits, cache = model.run_with_cache(images, names_filter="hook_selective_votes")
->>> cache["hook_selective_votes"].sum(-1)      # d per image for k=1
+>>> cache["hook_selective_votes"].sum(-1)      # d votes per image for k=1 (width 192)
+tensor([192., 192., 192., 192.])
 """
 from __future__ import annotations
 

@@ -83,7 +83,8 @@ def planted_truth(model: nn.Module) -> Optional[PlantedTruth]:
     other model.
 
     >>> truth = planted_truth(interp.load("planted_vit"))
-    >>> neurons = {truth.layer: list(truth.neurons)}
+    >>> {truth.layer: list(truth.neurons)}
+    {2: [17, 101, 402, 655]}
     """
     module = getattr(model, "timm_model", model)
     truth = getattr(module, _TRUTH_ATTR, None)

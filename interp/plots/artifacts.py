@@ -9,7 +9,9 @@ Every function takes a study result (and optionally the images it was run on, fo
 ``matplotlib.figure.Figure``; none recomputes a study. A result with nothing to show (no high-norm tokens,
 no ranked neurons) gives a figure that says so instead of an error.
 
->>> fig = norm_profile(norms_study(source))
+>>> from interp.studies.norms import norms_study
+>>> result = norms_study(source, progress=False)
+>>> fig = norm_profile(result)
 >>> fig.savefig("norm_profile.png", dpi=110, bbox_inches="tight")
 >>> for name, fig in study_figures(result, images):     # every figure of one result
 ...     fig.savefig(f"{name}.png", dpi=110)

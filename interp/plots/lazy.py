@@ -1,6 +1,7 @@
 """Figures of the lazy-aggregation studies (Patch Score, PiB, masking, SelectiveCLS), from results only.
 
->>> fig = score_maps(patch_score_result, n=8)
+>>> from interp.studies.patch_score import patch_score_study
+>>> fig = score_maps(patch_score_study(source, progress=False), n=4, only_with_boxes=False)
 >>> fig.savefig("maps.png")
 """
 from __future__ import annotations

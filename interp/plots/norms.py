@@ -1,7 +1,8 @@
 """Figures of the norms study (SCIENCE.md section 1): norm distributions per block, the norm profile with the
 attention and MLP steps drawn apart, and outlier maps over the images.
 
->>> fig = norm_profile(norms_study(source)); fig.savefig("norm_profile.png", dpi=110, bbox_inches="tight")
+>>> from interp.studies.norms import norms_study
+>>> fig = norm_profile(norms_study(source, progress=False)); fig.savefig("norm_profile.png", dpi=110, bbox_inches="tight")
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Figure of the linear-probe study (Darcet et al. Table 1b): one bar per token group and probe, with the
 chance level drawn over each bar and empty groups written out instead of a bar.
 
->>> fig = probe_bars(probes_study(source))
+>>> from interp.studies.probes import probes_study
+>>> fig = probe_bars(probes_study(source, tasks=("position",), progress=False))
 >>> fig.savefig("probes.png", dpi=110, bbox_inches="tight")
 """
 from __future__ import annotations

@@ -3,6 +3,8 @@
 To give a new study figures, write the figure functions (result -> Figure) in a plots module and add one
 :func:`register_figures` call at the bottom of that module (or an entry in :data:`FIGURES`).
 
+>>> from interp.studies.norms import norms_study
+>>> norms_result = norms_study(source, progress=False)
 >>> for stem, fig in study_figures(norms_result, images):   # (file stem, Figure) pairs
 ...     fig.savefig(f"{stem}.png", dpi=110)
 """

@@ -7,9 +7,10 @@ study ranked; when it ranks none (no high-norm tokens), they are skipped with a 
 Modules: ``battery`` (running the stages on one source), ``summary`` (report.json and the planted-truth
 comparison), ``html`` (the page).
 
->>> summary = run_report()                      # the planted synthetic model on the bundled photos
->>> summary["planted"]["all_neurons_recovered"]
-True
+Example (not a doctest: a report takes ~20 s; ``tests/test_report.py`` runs it)::
+
+    summary = run_report()                      # the planted synthetic model on the bundled photos
+    summary["planted"]["all_neurons_recovered"]  # True
 """
 from .battery import DISPLAY_LIMIT, N_STAGES, BatteryResults, ReportOptions, run_battery, run_report
 from .html import study_explanations, summary_rows, write_html

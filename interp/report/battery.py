@@ -4,11 +4,12 @@ on one model, then writing each study's JSON, the figures, ``report.json`` and `
 The images are decoded once (``LiveSource.held()``) and the high-norm tokens detected once
 (:func:`~interp.studies.outliers.detect`); every stage gets that one source and that one detection.
 
->>> summary = run_report()                      # the planted synthetic model on the bundled photos
->>> summary["planted"]["all_neurons_recovered"]
-True
->>> run_report(interp.load("vit_small_patch14_reg4_dinov2"), images="photos/", out_dir="report_dinov2",
-...            threshold="p99", n_controls=10)
+Example (not a doctest: a report takes ~20 s; ``tests/test_report.py`` runs it)::
+
+    summary = run_report()                      # the planted synthetic model on the bundled photos
+    summary["planted"]["all_neurons_recovered"]  # True
+    run_report(interp.load("vit_small_patch14_reg4_dinov2"), images="photos/", out_dir="report_dinov2",
+               threshold="p99", n_controls=10)
 """
 from __future__ import annotations
 

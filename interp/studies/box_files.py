@@ -14,7 +14,9 @@ Box files (coordinates in pixels of the ORIGINAL image, pixel-edge convention: a
 The ``image`` key matches an image path when its path components end the image's path: ``001.jpg`` matches
 ``/data/val/cat/001.jpg``, and so does ``cat/001.jpg``. A key that matches two images is an error.
 
->>> table = read_boxes("boxes.csv"); entries = match_boxes(source.ids, table)
+>>> table = read_boxes("boxes.csv"); entries = match_boxes(source.ids, table)   # one entry per image
+>>> len(entries), entries[0].boxes
+(4, [Box(x0=60.0, y0=20.0, x1=200.0, y1=160.0)])
 """
 from __future__ import annotations
 

@@ -9,9 +9,11 @@ read from the transform objects themselves, then is clipped to the input. A patc
 when it overlaps the (clipped) box with a positive area ("touches" the box; a box edge lying exactly on a
 cell border does not pull in the neighbouring cell).
 
+>>> from interp.models import data_config
 >>> table = read_boxes("boxes.csv")
 >>> regions = regions_from_boxes(source.ids, table, data_config(model), model.layout.grid, single_object=True)
->>> regions.inside.shape, regions.excluded_counts()     # [N, h, w], {"several_boxes": 3, ...}
+>>> regions.inside.shape, regions.excluded_counts()     # [N, h, w], images dropped per reason
+(torch.Size([4, 14, 14]), {'no_box': 0, 'several_boxes': 0, 'too_large': 0, 'cropped_away': 0})
 """
 from __future__ import annotations
 

@@ -12,11 +12,14 @@ Per layer and stage (``resid_mid``: after the attention step; ``resid_post``: af
 The emergence step (:func:`find_emergence`) is the step (attention or MLP of one block) where the max patch
 norm jumps relative to the median patch norm: a stream that grows everywhere is not an emergence.
 
->>> acc = EmergenceAccumulator(n_layers=12)
->>> acc.update("resid_mid", 3, mid_norms[:, patches]); acc.update("resid_post", 3, post_norms[:, patches])
->>> acc.update_attention(3, pattern[:, :, cls, patches])   # [b, h, P] or head mean [b, P]
->>> curves = acc.finalize(); find_emergence(curves, artifacts_found=True)
-{'layer': 6, 'component': 'mlp', 'jump': 9.3, ...}
+>>> acc = EmergenceAccumulator(n_layers=2)
+>>> flat, spike = torch.ones(1, 4), torch.tensor([[1.0, 1.0, 1.0, 9.0]])    # patch norms [b, P]
+>>> acc.update("resid_mid", 0, flat); acc.update("resid_post", 0, flat)
+>>> acc.update("resid_mid", 1, flat); acc.update("resid_post", 1, spike)    # block 1's MLP makes an outlier
+>>> acc.update_attention(1, torch.full((1, 3, 4), 0.25))                     # CLS->patch [b, h, P] or [b, P]
+>>> found = find_emergence(acc.finalize(), artifacts_found=True)
+>>> found["layer"], found["component"], found["jump"]
+(1, 'mlp', 9.0)
 """
 from __future__ import annotations
 

@@ -9,10 +9,13 @@ the device/dtype move, the stop layer and the token layout are decided in one pl
 * the forward stops after the last block a hook needs, unless logits are asked for;
 * interventions are explicit: they are applied for this forward only (``model.intervene``) and undone.
 
->>> run = run_hooks(model, x, ["blocks.3.hook_resid_post"], interventions=[TestTimeRegister({2: [17]})])
->>> run.acts["blocks.3.hook_resid_post"][:, run.layout.patch_slice]     # [b, P, d]: patches of this run
->>> out = forward_summary(model, x, [NeuronAblation({2: [17]})], detect_layer=2, attention_layers=[3])
->>> out.logits, out.patch_norms, out.cls_attention[3]       # [b, c], [b, P], [b, P]
+>>> from interp.interventions import NeuronAblation, TestTimeRegister
+>>> run = run_hooks(model, images, ["blocks.3.hook_resid_post"], interventions=[TestTimeRegister({2: [17]})])
+>>> run.acts["blocks.3.hook_resid_post"][:, run.layout.patch_slice].shape   # [b, P, d]: patches of this run
+torch.Size([4, 196, 192])
+>>> out = forward_summary(model, images, [NeuronAblation({2: [17]})], detect_layer=2, attention_layers=[3])
+>>> out.logits.shape, out.patch_norms.shape, out.cls_attention[3].shape      # [b, c], [b, P], [b, P]
+(torch.Size([4, 10]), torch.Size([4, 196]), torch.Size([4, 196]))
 
 (Named ``forward``, not ``probe``: the linear-probe study is ``linear_probe.py``.)
 """

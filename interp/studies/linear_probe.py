@@ -14,8 +14,12 @@ Features are standardised with the training set's mean and std. Memory: the feat
 (CPU); only ``batch_size`` rows at a time move to ``device``, so 10^6 tokens x 1024 dims (4 GB as float32)
 train on a small GPU. Everything is deterministic for a seed (zero-initialised weights, seeded shuffling).
 
->>> result = linear_probe(tokens, patch_index, task="classify", groups=image_ids, seed=0)
->>> result.test_score, result.chance
+>>> g = torch.Generator().manual_seed(0)
+>>> labels = torch.arange(400) % 4                                  # 4 classes, 100 images of 1 token each
+>>> tokens = torch.randn(400, 16, generator=g) + 3 * torch.nn.functional.one_hot(labels, 16)
+>>> result = linear_probe(tokens, labels, task="classify", groups=torch.arange(400), seed=0)
+>>> result.test_score > 0.9 > result.chance      # chance: the best constant guess (the most frequent class)
+True
 """
 from __future__ import annotations
 

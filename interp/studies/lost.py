@@ -19,8 +19,9 @@ Arithmetic of the reference code (``valeoai/LOST`` ``object_discovery.py``, comm
 When every degree is equal (e.g. DINOv2-S/14 at 224 px: every key correlates positively), the seed is a tie
 broken by index: ``degenerate`` flags such images.
 
->>> result = lost_study(open_source(model=model, images="voc/"), boxes="voc_boxes.json")
->>> result.corloc, (result.ci_low, result.ci_high), sum(result.degenerate)
+>>> result = lost_study(source, boxes="boxes.csv", progress=False)
+>>> len(result.boxes), 0 <= result.corloc <= 1, result.ci_low <= result.corloc <= result.ci_high
+(4, True, True)
 """
 from __future__ import annotations
 

@@ -22,8 +22,11 @@ the unmasked run's patch-token norms there, or ``"auto"``; see :mod:`interp.stud
 Labels: image-folder class names that are integers are taken as the model's class indices; otherwise the
 sorted folder index is used (right when the folders are the model's full class list, e.g. ImageNet synsets).
 
->>> result = masking_study(open_source(model=model, images="val/"), fractions=[0, 0.3, 0.6], fill="blur")
->>> result.curves["bottom"]["agreement"]
+>>> result = masking_study(source, fractions=[0, 0.3, 0.6], fill="blur", progress=False)
+>>> result.curves["bottom"]["agreement"][0]        # nothing masked: top-1 agrees with the unmasked model
+1.0
+>>> result.curves["bottom"]["accuracy"] is None    # the sample photos carry no labels
+True
 """
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ keep this project's earlier behaviour as named options. Layers above ``highest_l
 
 A ``preset`` (:mod:`interp.studies.presets`) fills the published settings; explicit arguments win.
 
->>> r = neurons_study(source, preset="jiang-dinov2-l14")     # threshold 150, detect -2, highest 17, top 50
->>> r.neurons[:3], r.artifacts_found, r.warning
+>>> r = neurons_study(source, threshold="auto", top_k=4, progress=False)   # or preset="jiang-dinov2-l14"
+>>> r.neuron_dict(), r.artifacts_found, r.warning                          # the planted neurons
+({2: [17, 101, 402, 655]}, True, None)
 """
 from __future__ import annotations
 

@@ -1,9 +1,12 @@
 """High-norm tokens (Darcet et al.; SCIENCE.md sections 1-2): per-layer norm statistics of the
 un-normalised residual stream, outlier detection, outlier maps, the emergence layer, and where CLS attends.
 
->>> result = norms_study(open_source(model=model, images="photos/"), threshold="auto")
->>> result.artifacts_found, result.emergence["layer"]
->>> norms_study(source, detection=detect(source, "p98"))   # reuse a detection other studies share
+>>> from interp.studies import open_source
+>>> result = norms_study(open_source(model=model, images=photos), threshold="auto", progress=False)
+>>> result.artifacts_found, result.emergence["layer"], result.emergence["component"]   # planted after block 2's MLP
+(True, 2, 'mlp')
+>>> from interp.studies.outliers import detect
+>>> shared = norms_study(source, detection=detect(source, "p98", progress=False), progress=False)  # a shared detection
 """
 from __future__ import annotations
 

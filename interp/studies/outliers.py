@@ -2,9 +2,13 @@
 streaming collection of detection-layer patch norms, and :class:`Detection`, their result computed once per
 source and handed to every study that needs it (norms, neurons, ablation, test-time register).
 
->>> det = detect(source, threshold="auto", layer=-1)      # one pass over the images
->>> det.outliers.shape, det.artifacts_found                # [N, P] bool, bool
->>> norms_study(source, detection=det); neurons_study(source, detection=det)   # no second detection pass
+>>> det = detect(source, threshold="auto", layer=-1, progress=False)     # one pass over the images
+>>> det.outliers.shape, det.artifacts_found                               # [N, P] bool, bool
+(torch.Size([4, 196]), True)
+>>> from interp.studies.neurons import neurons_study
+>>> from interp.studies.norms import norms_study
+>>> norms = norms_study(source, detection=det, progress=False)            # no second detection pass
+>>> neurons = neurons_study(source, detection=det, top_k=4, progress=False)
 """
 from __future__ import annotations
 

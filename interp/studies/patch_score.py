@@ -8,9 +8,14 @@ The patch tokens come from ``hook`` (default ``hook_norm_final``, the final norm
 * ``"selective"``: selective aggregation (``interp.interventions.selective_aggregation.selective_aggregate``) of the
   final normed patch tokens, with the parameters of a :class:`SelectiveCLS` object.
 
->>> result = patch_score_study(open_source(model=model, images="photos/"), reference="cls",
-...                            regions=regions_from_boxes(...))
->>> result.maps        # [N][h][w] cosines;  result.fg.mean, result.bg.mean
+>>> from interp.models import data_config
+>>> from interp.studies.boxes import read_boxes, regions_from_boxes
+>>> regions = regions_from_boxes(source.ids, read_boxes("boxes.csv"), data_config(model), model.layout.grid)
+>>> result = patch_score_study(source, reference="cls", regions=regions, progress=False)
+>>> len(result.maps), len(result.maps[0]), len(result.maps[0][0])      # [N][h][w] cosines
+(4, 14, 14)
+>>> -1 <= result.bg.mean <= 1 and -1 <= result.fg.mean <= 1           # mean score off / on the boxes
+True
 """
 from __future__ import annotations
 

@@ -15,8 +15,12 @@ Consequences kept on purpose: a box wholly left of / above the crop clips to the
 column / row; a box wholly right of / below the crop gives no cell (the image stays in the denominator).
 Filters: exactly one box per image, its area ``(x1 - x0) * (y1 - y0)`` strictly below 25 % of ``W * H``.
 
->>> last_box_cells((105, 204, 358, 279), (500, 368))        # flat row-major indices on the 14 x 14 grid
->>> last_keep([(105, 204, 358, 279)], (500, 368))           # (True, None)
+>>> sorted(last_box_cells((105, 204, 358, 279), (500, 368)))[:4]   # flat row-major indices on the 14 x 14 grid
+[98, 99, 100, 101]
+>>> last_keep([(105, 204, 358, 279)], (500, 368))                  # one box, under 25 % of the image
+(True, None)
+>>> last_keep([(0, 0, 400, 300)], (500, 368))
+(False, 'too_large')
 """
 from __future__ import annotations
 

@@ -24,8 +24,11 @@ Memory: two streaming passes over the source (norms, then tokens); per image at 
 ``max_train_tokens / n_train_images`` training tokens and ``max_test_tokens / n_test_images`` test tokens per
 group are kept, sampled with a seed per image.
 
->>> result = probes_study(open_source(model=model, images="imagenet_val/"), threshold="p98")
->>> result.position["high_norm"].score, result.position["normal"].score, result.position["normal"].chance
+>>> result = probes_study(source, threshold="p98", tasks=("position",), progress=False)
+>>> sorted(result.position)                       # one score per token group, each with its chance level
+['high_norm', 'normal']
+>>> result.position["normal"].chance < result.position["normal"].score <= 1
+True
 """
 from __future__ import annotations
 

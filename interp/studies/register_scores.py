@@ -19,11 +19,15 @@ The defaults reproduce the reference code (``find_register_neurons`` in ``nickji
 Ranking (:func:`rank_neurons`): layers above ``highest_layer`` are dropped, scores sorted descending, ties
 broken by lower layer then lower neuron index (the reference's ``torch.sort`` leaves tie order unspecified).
 
->>> acc = RegisterScoreAccumulator(n_layers=6, n_neurons=768)
->>> for acts, norms in batches:          # acts {layer: [b, t, m]}, norms [b, t] (detection block output)
-...     acc.update(acts, norms, threshold=30.0)
->>> scores = acc.finalize()              # [6, 768] float64
->>> rank_neurons(scores, top_k=10, highest_layer=5)
+>>> acc = RegisterScoreAccumulator(n_layers=2, n_neurons=8, sparsity=None)
+>>> acts = {0: torch.zeros(1, 5, 8), 1: torch.zeros(1, 5, 8)}    # {layer: [b, t, m]} MLP activations
+>>> acts[1][0, 3, 6] = 4.0                                         # neuron 6 of block 1 fires on token 3
+>>> norms = torch.tensor([[1.0, 1.0, 1.0, 50.0, 1.0]])             # [b, t] detection-block norms
+>>> acc.update(acts, norms, threshold=30.0)                        # token 3 is the outlier: image used
+tensor([True])
+>>> scores = acc.finalize()                                        # [2, 8] float64
+>>> rank_neurons(scores, top_k=1, highest_layer=1)
+[{'layer': 1, 'neuron': 6, 'score': 4.0}]
 """
 from __future__ import annotations
 

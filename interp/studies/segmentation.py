@@ -12,8 +12,9 @@ Ground truth, matched to the images:
 * a COCO instances JSON with polygon ``segmentation``s (the union of an image's polygons, rasterised with
   PIL ``ImageDraw``; RLE masks are refused with a clear error), matched by ``file_name`` like box files.
 
->>> result = segmentation_study(open_source(model=model, images="voc/"), masks="voc/masks/", reference="cls")
->>> result.mean_jaccard, result.jaccard[:3]
+>>> result = segmentation_study(source, masks="masks.json", reference="cls", progress=False)
+>>> len(result.jaccard), result.jaccard[1:]       # one score per image; None: no mask for that image
+(4, [None, None, None])
 """
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ normed patch tokens, which is what the head then sees). Columns:
 
 Per batch of images: one baseline forward, then one forward per k under ``model.intervene(SelectiveCLS(k))``.
 
->>> result = selective_cls_study(open_source(model=model, images="val/"), "boxes.json", ks=[1, 7, 98])
->>> print(result.table())
+>>> result = selective_cls_study(source, "boxes.csv", ks=[1, 7, 196], max_box_fraction=1, progress=False)
+>>> print(result.table().splitlines()[0])
+     row    k    pib  pib_ci_low  pib_ci_high  fg_score_mean  bg_score_mean  top1_agreement  accuracy
 """
 from __future__ import annotations
 

@@ -1,10 +1,16 @@
 """One small interface for studies to read activations: a live HookedViT over images, or a cache file.
 
->>> src = open_source(model=model, images="photos/")          # runs the model batch by batch
+>>> src = open_source(model=model, images=photos)            # runs the model batch by batch
+>>> summary = interp.cache.write(model, photos, hooks="blocks.5.hook_resid_post", path="acts.h5", progress=False)
 >>> src = open_source(cache="acts.h5", model=model)           # reads a cache lazily (fingerprint checked)
->>> for batch in src.batches(["blocks.11.hook_resid_post"], batch_size=32):
-...     norms = batch.norms("blocks.11.hook_resid_post")       # [b, t]; batch.layout: the rows' layout
->>> edited = open_source(model=model, images="photos/", interventions=[TestTimeRegister({5: [12]})])
+>>> for batch in src.batches(["blocks.5.hook_resid_post"], batch_size=2):
+...     norms = batch.norms("blocks.5.hook_resid_post")        # [b, t]; batch.layout: the rows' layout
+>>> norms.shape
+torch.Size([2, 197])
+>>> from interp.interventions import TestTimeRegister
+>>> edited = open_source(model=model, images=photos, interventions=[TestTimeRegister({2: [17]})])
+>>> next(iter(edited.batches(["blocks.5.hook_resid_post"]))).layout.n_prefix   # CLS + the test-time register
+2
 
 Interventions are explicit: a live source runs the model under the interventions it was given (and those
 passed to one ``batches`` call); each batch carries the layout of the forward that produced it (input size
