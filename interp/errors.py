@@ -28,6 +28,11 @@ class ImageError(InterpError):
     """An image could not be read, or has a size the model cannot take."""
 
 
+class ImageTooLargeError(ImageError):
+    """An image has more pixels than can be decoded safely (PIL's decompression-bomb limit): skipped and
+    recorded like any unreadable image."""
+
+
 class CacheError(InterpError):
     """An activation cache file is missing, from another model/version, or in use."""
 

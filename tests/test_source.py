@@ -105,7 +105,7 @@ def test_hook_name_builders_spell_the_model_names():
     assert model.resolve_hooks(names.resid_post(names.EVERY_BLOCK)) == [names.resid_post(0), names.resid_post(1)]
 
 
-def test_truncated_image_stops_with_a_message_that_names_it_not_strict(tmp_path):
+def test_truncated_image_is_skipped_and_recorded_strict_stops(tmp_path):
     import shutil
 
     import pytest
@@ -119,7 +119,11 @@ def test_truncated_image_stops_with_a_message_that_names_it_not_strict(tmp_path)
         shutil.copy(path, tmp_path / path.name)
     data = (tmp_path / "astronaut.jpg").read_bytes()
     (tmp_path / "truncated.jpg").write_bytes(data[: len(data) // 3])  # a valid header, missing pixels
-    source = open_source(model=interp.load("planted_vit"), images=tmp_path)
-    with pytest.raises(ImageError, match=r"truncated\.jpg.*header was readable") as err:
-        list(source.image_batches())
-    assert "strict" not in str(err.value)
+    model = interp.load("planted_vit")
+    with pytest.warns(UserWarning, match=r"truncated\.jpg"):
+        source = open_source(model=model, images=tmp_path)
+    assert [p for p, _ in source.skipped] == [str(tmp_path / "truncated.jpg")]
+    assert "truncated" in source.skipped[0][1]
+    assert sum(len(x) for _, x in source.image_batches()) == len(source.ids) == 2
+    with pytest.raises(ImageError, match=r"truncated\.jpg.*strict"):
+        open_source(model=model, images=tmp_path, strict=True)

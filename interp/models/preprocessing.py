@@ -6,7 +6,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..errors import ImageError
+from ..errors import ImageError, ImageTooLargeError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
@@ -66,22 +66,101 @@ def list_images(source: Union[PathLike, Sequence[PathLike]]) -> List[Path]:
     return [Path(p) for p in source]
 
 
+_HIGH_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
+
+
+def _high_bit_to_l(im):
+    """A 16-bit, 32-bit int or float single-channel image -> mode "L" (8 bit), keeping its contrast.
+
+    ``convert("RGB")`` clips these modes at 255, so a 16-bit PNG becomes a blank white image. Scaling:
+    ``I;16*`` by 255/65535 (its bit depth); ``I`` (32-bit int) and ``F`` (float) by their value range:
+    already 0..255 as is, 0..65535 like 16 bit, float 0..1 times 255, any other range min-max scaled.
+    Non-finite float pixels become the darkest value."""
+    import numpy as np
+    from PIL import Image
+
+    a = np.asarray(im, dtype=np.float64)
+    finite = np.isfinite(a)
+    if not finite.any():
+        raise ValueError(f"every pixel of this {im.mode} image is NaN or infinite")
+    low, high = float(a[finite].min()), float(a[finite].max())
+    a = np.where(finite, a, low)
+    if im.mode.startswith("I;16"):
+        a = a * (255.0 / 65535.0)
+    elif low >= 0 and high <= 1 and im.mode == "F":
+        a = a * 255.0
+    elif low >= 0 and high <= 255:
+        pass
+    elif low >= 0 and high <= 65535 and im.mode == "I":
+        a = a * (255.0 / 65535.0)
+    else:
+        a = (a - low) * (255.0 / (high - low)) if high > low else np.zeros_like(a)
+    return Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8))  # 2-D uint8: mode "L"
+
+
+def to_rgb(im):
+    """Any PIL image -> mode "RGB": transparency (RGBA, LA, PA, P with a transparent colour) is composited
+    on white, 16-bit/int/float gray scaled to 8 bit (:func:`_high_bit_to_l`), CMYK/YCbCr/1/L/P converted."""
+    from PIL import Image
+
+    if im.mode in _HIGH_BIT_MODES:
+        im = _high_bit_to_l(im)
+    if im.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (im.mode == "P" and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return im.convert("RGB")
+
+
+def _open_checked(path: Path):
+    """``Image.open`` with PIL's decompression-bomb limit turned into :class:`ImageTooLargeError`."""
+    from PIL import Image
+
+    try:
+        return Image.open(path)
+    except Image.DecompressionBombError as e:
+        raise ImageTooLargeError(f"image {str(path)!r} is too large to decode safely ({e}); "
+                                 "downscale it or remove it") from e
+
+
 def open_image(path: PathLike):
-    """Open an image file as an RGB PIL image (grayscale, palette, RGBA, CMYK... are converted)."""
-    from PIL import Image, UnidentifiedImageError
+    """Open an image file as an RGB PIL image (any PIL mode is converted, see :func:`to_rgb`).
+
+    Raises:
+        ImageTooLargeError: more pixels than PIL's decompression-bomb limit (e.g. a 30000x30000 PNG).
+        ImageError: missing, unreadable or truncated file.
+    """
+    from PIL import UnidentifiedImageError
 
     path = Path(path)
     if not path.is_file():
         raise ImageError(f"image file {str(path)!r} does not exist")
     try:
-        with Image.open(path) as im:
+        with _open_checked(path) as im:
             im.load()
-            if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
-                rgba = im.convert("RGBA")
-                background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-                return Image.alpha_composite(background, rgba).convert("RGB")
-            return im.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+            return to_rgb(im)
+    except ImageError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, MemoryError) as e:
+        raise ImageError(f"cannot read image {str(path)!r} ({type(e).__name__}: {e}); "
+                         "remove or replace the file") from e
+
+
+def check_decodes(path: PathLike) -> None:
+    """Raise :class:`ImageError` unless ``path`` is an image whose pixels decode (a truncated JPEG fails
+    here, not later in a batch). JPEGs decode at 1/8 scale (every coefficient is still read): cheap."""
+    path = Path(path)
+    if not path.is_file():
+        raise ImageError(f"image file {str(path)!r} does not exist")
+    try:
+        with _open_checked(path) as im:
+            im.verify()
+        with _open_checked(path) as im:
+            im.draft("RGB", (1, 1))
+            im.load()
+    except ImageError:
+        raise
+    except Exception as e:  # PIL raises many types for broken files
         raise ImageError(f"cannot read image {str(path)!r} ({type(e).__name__}: {e}); "
                          "remove or replace the file") from e
 
@@ -123,25 +202,18 @@ def load_images(paths: Union[PathLike, Iterable[PathLike]], model, strict: bool 
 
 def readable_images(paths: Sequence[PathLike], strict: bool = False,
                     skipped: Optional[List[Tuple[str, str]]] = None) -> List[Path]:
-    """The paths that open as images (header read and verified, pixels not decoded: cheap for any number).
+    """The paths whose images decode (:func:`check_decodes`: header verified and pixels decoded, JPEGs at
+    1/8 scale), so a truncated file is found here, before any batch, and never shifts later images.
 
     Unreadable ones are skipped (one warning each, ``(path, reason)`` appended to ``skipped``), or with
     ``strict`` the first raises ``ImageError`` naming it. Raises ImageError when none is readable."""
-    from PIL import Image
-
     good, reasons = [], []
     for p in (Path(p) for p in paths):
         try:
-            if not p.is_file():
-                raise ImageError(f"image file {str(p)!r} does not exist")
-            try:
-                with Image.open(p) as im:
-                    im.verify()
-            except Exception as e:  # PIL raises many types for broken files
-                raise ImageError(f"cannot read image {str(p)!r} ({type(e).__name__}: {e})") from e
+            check_decodes(p)
         except ImageError as e:
             if strict:
-                raise ImageError(f"{e} (strict: stopped at the first unreadable image)") from e
+                raise type(e)(f"{e} (strict: stopped at the first unreadable image)") from e
             reasons.append(str(e))
             skip_image(str(p), str(e), skipped)
             continue

@@ -181,9 +181,9 @@ class LiveSource(ActivationSource):
             layout count their test-time registers.
         images: a directory (an image-folder layout ``DIR/<class>/img`` gives labels), a list file,
             paths, or a Tensor[N, 3, H, W] already preprocessed.
-        strict: stop at the first unreadable file. Otherwise unreadable files are found up front (opened and
-            verified, not decoded), left out of ``ids`` and listed in ``skipped`` as (path, reason), one warning
-            each; a file that passes that check but fails to decode later still stops the run, naming it.
+        strict: stop at the first unreadable file. Otherwise unreadable files (truncated ones included) are
+            found up front (decoded once, JPEGs at 1/8 scale), left out of ``ids`` and listed in ``skipped`` as
+            (path, reason), one warning each.
     """
 
     def __init__(self, model, images: ImagesSpec, batch_size: int = 16, strict: bool = False,
@@ -280,13 +280,14 @@ class LiveSource(ActivationSource):
             yield start, x.to(device=device, dtype=dtype)
 
     def _decode(self, paths: Sequence[Path]) -> torch.Tensor:
-        """Decode files that passed the up-front header check. One that fails now (e.g. a truncated JPEG)
-        stops the run: dropping it here would shift every later image against the source's ids."""
+        """Decode files that passed the up-front decode check (a truncated file is skipped there). One that
+        fails now changed on disk since: it stops the run, as dropping it here would shift every later image
+        against the source's ids."""
         try:
             return load_images(paths, self.model, strict=True)
         except ImageError as e:
-            raise ImageError(f"{e.__cause__ or e} (its header was readable, so the up-front check kept it, but "
-                             "its pixels cannot be decoded: truncated?)") from e
+            raise ImageError(f"{e.__cause__ or e} (it decoded when the run started: was it changed "
+                             "while the run was going?)") from e
 
     def batches(self, hooks: Sequence[str], batch_size: Optional[int] = None,
                 reduce: Reducers = None, interventions: Sequence = ()) -> Iterator[Batch]:
