@@ -1,5 +1,5 @@
 """Import structure: no import cycles between interp's modules, no import from a lower layer into a higher one
-(the layers of docs/ARCHITECTURE.md), and a lazy ``import interp``.
+(the layers of docs/architecture.md), and a lazy ``import interp``.
 
 The graph is read from the source with ``ast``: every ``import``/``from ... import`` of an interp module,
 except imports under ``if TYPE_CHECKING:``. The cycle check reads module-level imports only (the ones that
@@ -180,7 +180,7 @@ def test_no_layer_imports_a_higher_one():
                 for src, targets in sorted(import_graph(include_functions=True).items())
                 for dst in sorted(targets) if layer_of(dst) > layer_of(src)
                 and (dst in at_import_time[src] or not lazy_upward_allowed(src, dst))]
-    assert backward == [], "imports against the layer order of docs/ARCHITECTURE.md:\n" + "\n".join(backward)
+    assert backward == [], "imports against the layer order of docs/architecture.md:\n" + "\n".join(backward)
 
 
 def test_import_interp_is_lazy_and_every_public_name_resolves():

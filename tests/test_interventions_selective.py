@@ -139,7 +139,7 @@ def test_fft_variants_differ_slightly():
     x = torch.randn(4, 196, 768)
     shift, rfft = low_pass(x, fft="shift"), low_pass(x, fft="rfft")
     rel = float((shift - rfft).norm() / shift.norm())
-    assert 1e-4 < rel < 2e-3  # the reference window is one bin off centre (SCIENCE.md: ~4e-4..8e-4)
+    assert 1e-4 < rel < 2e-3  # the reference window is one bin off centre (docs/methods.md section 3: ~4e-4..8e-4)
 
 
 # ---------------------------------------------------------------------------------------------- properties

@@ -1,4 +1,4 @@
-"""``interp study norms|neurons|ablate|relocate|registers MODEL ...``: the artifact studies (SCIENCE.md 1-2).
+"""The artifact studies (docs/methods.md sections 1-2): ``interp study norms|neurons|ablate|relocate|registers MODEL``.
 
 norms and neurons read a live model (``--images``) or a cache (``--cache``); ablate, relocate and registers
 re-run the model with an edit, so they take ``--images`` and the neurons to edit (``--neurons``).

@@ -1,4 +1,4 @@
-"""``interp study patch-score|pib|masking|selective-cls``: the lazy-aggregation studies (SCIENCE.md section 3).
+"""``interp study patch-score|pib|masking|selective-cls``: the lazy-aggregation studies (docs/methods.md section 3).
 
     interp study patch-score MODEL --images DIR [--boxes FILE | --masks DIR] --out OUT
     interp study pib MODEL --images DIR --boxes FILE --out OUT
@@ -145,7 +145,7 @@ def run_selective_cls(args) -> int:
 # ---------------------------------------------------------------------------------------------- parsers
 def add_patch_score_arguments(p) -> None:
     """Arguments of ``interp study patch-score`` (the registry adds the parser)."""
-    p.description = ("Patch Score S_p = cos(x_p, g) per image (SCIENCE.md section 3).")
+    p.description = ("Patch Score S_p = cos(x_p, g) per image (docs/methods.md section 3).")
     add_study_args(p, cache_ok=True)
     _add_score_args(p)
     p.add_argument("--boxes", default=None, help="box file (CSV/JSON/COCO) for foreground/background scores")
@@ -162,7 +162,7 @@ def _add_protocol_arg(p) -> None:
 
 def add_pib_arguments(p) -> None:
     """Arguments of ``interp study pib`` (the registry adds the parser)."""
-    p.description = ("Point in box with a bootstrap interval (SCIENCE.md section 3).")
+    p.description = ("Point in box with a bootstrap interval (docs/methods.md section 3).")
     add_study_args(p, cache_ok=True)
     _add_score_args(p)
     p.add_argument("--boxes", required=True, help="box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON")
@@ -174,7 +174,7 @@ def add_pib_arguments(p) -> None:
 
 def add_masking_arguments(p) -> None:
     """Arguments of ``interp study masking`` (the registry adds the parser)."""
-    p.description = ("Masking probe (SCIENCE.md section 3): accuracy or agreement and outlier "
+    p.description = ("Masking probe (docs/methods.md section 3): accuracy or agreement and outlier "
                      "counts per masked fraction, for both orders.")
     add_study_args(p, cache_ok=False)
     _add_score_args(p)

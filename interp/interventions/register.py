@@ -1,4 +1,4 @@
-"""``TestTimeRegister``: a training-free register token that takes over the register neurons (SCIENCE.md 2).
+"""``TestTimeRegister``: a training-free register token that takes over the register neurons (docs/methods.md section 2).
 
 >>> ttr = TestTimeRegister({2: [17, 101, 402, 655]})
 >>> with model.intervene(ttr):

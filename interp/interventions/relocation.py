@@ -1,4 +1,4 @@
-"""``Relocation``: move register-neuron activity onto chosen patches (causal test of SCIENCE.md section 2).
+"""``Relocation``: move register-neuron activity onto chosen patches (causal test of docs/methods.md section 2).
 
 >>> from interp.interventions import Relocation, masks
 >>> reloc = Relocation({2: [17, 101, 402, 655]}, target=masks.smiley(model.layout.grid))

@@ -1,4 +1,4 @@
-"""Selective aggregation ("LaSt", SCIENCE.md section 3): a global vector from the most stable patch per channel.
+"""Selective aggregation ("LaSt", docs/methods.md section 3): a global vector from the most stable patch per channel.
 
 Pure arithmetic on patch tokens, so studies run it on cached tokens as well as on a live model (the
 intervention that puts it in front of a model's head is :class:`~interp.interventions.SelectiveCLS`):

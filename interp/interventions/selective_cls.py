@@ -44,7 +44,7 @@ class SelectivePool(nn.Module):
 
 @dataclass(eq=False)
 class SelectiveCLS(Intervention):
-    """Replace the global vector by selective aggregation (SCIENCE.md section 3) of the final patch tokens.
+    """Replace the global vector by selective aggregation (docs/methods.md section 3) of the final patch tokens.
 
     The aggregation runs on the normed patch tokens (prefix tokens excluded); its result then goes through
     the model's ``fc_norm``, ``head_drop`` and ``head``. Per-patch vote counts go through the hook point

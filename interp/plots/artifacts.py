@@ -1,5 +1,5 @@
 """Figures of the artifact studies: high-norm tokens, register neurons, ablation, relocation and
-test-time registers (SCIENCE.md sections 1-2), under one name.
+test-time registers (docs/methods.md sections 1-2), under one name.
 
 The figures live in ``plots/norms.py`` (norms study) and ``plots/causal.py`` (neurons, ablation,
 relocation, test-time register), their shared helpers in ``plots/common.py``, and the table of which

@@ -1,4 +1,4 @@
-"""Figures of the register-neuron and causal studies (SCIENCE.md section 2): neuron scores, ablation
+"""Figures of the register-neuron and causal studies (docs/methods.md section 2): neuron scores, ablation
 against random controls, relocation maps and the test-time register summary."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Figures of the norms study (SCIENCE.md section 1): norm distributions per block, the norm profile with the
+"""Figures of the norms study (docs/methods.md section 1): norm distributions per block, the norm profile with the
 attention and MLP steps drawn apart, and outlier maps over the images.
 
 >>> from interp.studies.norms import norms_study

@@ -1,6 +1,6 @@
 """``interp report``: the whole artifact battery on one model, written as JSON, PNGs and one HTML page.
 
-Stages (SCIENCE.md sections 1-2): high-norm tokens (norms) -> register neurons -> ablation against random
+Stages (docs/methods.md sections 1-2): high-norm tokens (norms) -> register neurons -> ablation against random
 controls -> test-time register -> relocation onto a smiley. The causal stages use the neurons the neuron
 study ranked; when it ranks none (no high-norm tokens), they are skipped with a note, never invented.
 

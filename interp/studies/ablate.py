@@ -1,4 +1,4 @@
-"""Causal ablation of register neurons against random controls (SCIENCE.md section 2).
+"""Causal ablation of register neurons against random controls (docs/methods.md section 2).
 
 The target neuron set is ablated (zero or mean); each control ablates as many random neurons drawn from
 the same layers (excluding the targets), one draw per seed. Effects per condition: outlier count and max

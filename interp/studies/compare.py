@@ -1,4 +1,4 @@
-"""Cross-model comparison (SCIENCE.md section 4): the same norms battery and the same linear probes on
+"""Cross-model comparison (docs/methods.md section 6): the same norms battery and the same linear probes on
 several models, one table (the reassessment's table).
 
 Protocol (Baxevanakis et al.): token norms before the final LayerNorm; last-block CLS->patch attention

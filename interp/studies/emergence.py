@@ -1,4 +1,4 @@
-"""Where high-norm tokens emerge, measured as Jiang et al. do (SCIENCE.md section 2), streamed per batch.
+"""Where high-norm tokens emerge, measured as Jiang et al. do (docs/methods.md section 2), streamed per batch.
 
 Per layer and stage (``resid_mid``: after the attention step; ``resid_post``: after the MLP step):
 

@@ -1,4 +1,4 @@
-"""Linear probes on frozen features (SCIENCE.md sections 1 and 4): can a linear map read a target out of tokens?
+"""Linear probes on frozen features (docs/methods.md sections 4 and 6): can a linear map read a target out of tokens?
 
 Two tasks:
 

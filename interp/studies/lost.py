@@ -1,4 +1,4 @@
-"""LOST object discovery (Simeoni et al. 2021; SCIENCE.md section 1) and its CorLoc score.
+"""LOST object discovery (Simeoni et al. 2021; docs/methods.md section 5) and its CorLoc score.
 
 Arithmetic of the reference code (``valeoai/LOST`` ``object_discovery.py``, commit c0ff67ba3baf, functions
 ``lost``, ``patch_scoring``, ``detect_box``), per image:

@@ -1,4 +1,4 @@
-"""Masking probe (SCIENCE.md section 3): mask the top-k or bottom-k patches by Patch Score on the input
+"""Masking probe (docs/methods.md section 3): mask the top-k or bottom-k patches by Patch Score on the input
 image, re-run the model, and measure what is lost.
 
 Two passes over the images:

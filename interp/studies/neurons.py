@@ -1,4 +1,4 @@
-"""Register neurons (Jiang et al.; SCIENCE.md section 2): MLP neurons whose activation concentrates on
+"""Register neurons (Jiang et al.; docs/methods.md section 2): MLP neurons whose activation concentrates on
 the high-norm tokens.
 
 By default this is the reference code's ``find_register_neurons`` (``nickjiang2378/test-time-registers``,

@@ -1,4 +1,4 @@
-"""High-norm tokens (Darcet et al.; SCIENCE.md sections 1-2): per-layer norm statistics of the
+"""High-norm tokens (Darcet et al.; docs/methods.md sections 1-2): per-layer norm statistics of the
 un-normalised residual stream, outlier detection, outlier maps, the emergence layer, and where CLS attends.
 
 >>> from interp.studies import open_source

@@ -1,4 +1,4 @@
-"""Patch Score (SCIENCE.md section 3): ``S_p = cos(x_p, g)`` between each patch token and a global vector.
+"""Patch Score (docs/methods.md section 3): ``S_p = cos(x_p, g)`` between each patch token and a global vector.
 
 The patch tokens come from ``hook`` (default ``hook_norm_final``, the final normed tokens; or any
 ``blocks.{i}.hook_resid_post``). The global vector ``g`` is chosen by ``reference``:

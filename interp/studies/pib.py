@@ -1,4 +1,4 @@
-"""PiB, "point in box" (SCIENCE.md section 3): the share of images whose highest-Patch-Score patch lies in
+"""PiB, "point in box" (docs/methods.md section 3): the share of images whose highest-Patch-Score patch lies in
 the object's box, with a seeded bootstrap confidence interval.
 
 Reference protocol: images with exactly one annotated box (``single_object``), boxes under 25 % of the

@@ -1,4 +1,4 @@
-"""PiB protocol ``"last"``: the LaSt reference's box geometry and filters, exactly (SCIENCE.md section 3).
+"""PiB protocol ``"last"``: the LaSt reference's box geometry and filters, exactly (docs/methods.md section 3).
 
 The reference (``ChengShiest/LAST-ViT``, ``visualization/evaluate_patch_hit.py`` ``bbox_to_patch_set`` and
 ``visualization/imagenet_dataloader.py``) evaluates every model on ``Resize(256)`` (shorter side) +

@@ -1,4 +1,4 @@
-"""Linear probes per token group (Darcet et al. Table 1b; the reassessment's probes; SCIENCE.md 1 and 4).
+"""Linear probes per token group (Darcet et al. Table 1b; the reassessment's probes; docs/methods.md sections 4 and 6).
 
 Do high-norm ("artifact") tokens still hold local information? Three probes on one hook's tokens (default
 the last block's un-normalised residual stream), trained on the tokens of training images and scored per

@@ -1,4 +1,4 @@
-"""Register-neuron scores (Jiang et al.; SCIENCE.md section 2), streamed batch by batch.
+"""Register-neuron scores (Jiang et al.; docs/methods.md section 2), streamed batch by batch.
 
 ``score[l, n] = mean over images with outliers of ( mean over p in O_i of |a[l, n](p)| )`` where ``a`` is
 the MLP hidden activation (``blocks.{l}.mlp.hook_post``) and ``O_i`` the outlier positions of image ``i``.

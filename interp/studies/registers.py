@@ -1,4 +1,4 @@
-"""Test-time registers (SCIENCE.md section 2): apply ``TestTimeRegister`` with the register neurons and
+"""Test-time registers (docs/methods.md section 2): apply ``TestTimeRegister`` with the register neurons and
 measure whether the high norm leaves the patches for the new register token.
 
 Reports, with and without the register: patch outliers and max patch norm at the detection layer, the

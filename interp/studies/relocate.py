@@ -1,4 +1,4 @@
-"""Causal relocation (SCIENCE.md section 2): write the register neurons' maximum at chosen patches and
+"""Causal relocation (docs/methods.md section 2): write the register neurons' maximum at chosen patches and
 zero them elsewhere; the high-norm tokens (and attention sinks) should appear exactly on the target mask.
 
 Reports, per image, the IoU between the outlier map after relocation and the mask, and where CLS attends

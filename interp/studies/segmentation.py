@@ -1,4 +1,4 @@
-"""Coarse segmentation from Patch Scores (LaSt, Table 6; SCIENCE.md section 3), scored by Jaccard.
+"""Coarse segmentation from Patch Scores (LaSt, Table 6; docs/methods.md section 3), scored by Jaccard.
 
 Per image: the Patch Score map S [h, w] (any reference vector, :mod:`interp.studies.patch_score`);
 foreground = S > mean(S) + ``k_std`` x std(S) (the image's own map; population std); the cell mask is

@@ -1,4 +1,4 @@
-"""The measured effect of ``SelectiveCLS`` applied to a frozen model (SCIENCE.md section 3).
+"""The measured effect of ``SelectiveCLS`` applied to a frozen model (docs/methods.md section 3).
 
 Rows: the baseline model (global vector = ``reference``: the CLS output, or the pooled vector), then the
 model with ``SelectiveCLS(k=...)`` for each k (global vector = the selective aggregation of the final
