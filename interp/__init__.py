@@ -25,11 +25,13 @@ _LAZY = {
     "PatchError": ("interp.errors", "PatchError"),
     # patch files (save / apply / show / export_weights) live with the interventions
     "patch": ("interp.interventions.export", None),
+    # the interactive explorer: a callable module, interp.explore(model, images)
+    "explore": ("interp.explore", None),
 }
 
 __all__ = [
     "load", "load_images", "HookedViT", "TokenLayout", "InterpError", "ModelLoadError",
-    "UnsupportedModelError", "HookNameError", "ImageError", "CacheError", "PatchError", "__version__",
+    "UnsupportedModelError", "HookNameError", "ImageError", "CacheError", "PatchError", "explore", "__version__",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time the names come from __getattr__

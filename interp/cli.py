@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from .errors import InterpError
 
-COMMANDS = ("hooks", "cache", "patch", "study", "report", "compare")
+COMMANDS = ("hooks", "cache", "patch", "study", "report", "compare", "explore")
 
 
 def build_parser() -> argparse.ArgumentParser:

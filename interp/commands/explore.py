@@ -1,0 +1,86 @@
+"""``interp explore [MODEL]``: serve a live page over one model's artifacts on 127.0.0.1, behind a random
+access token (the printed URL carries it); every edit on the page re-runs the edited forward.
+
+Without MODEL it explores the synthetic ``planted_vit`` on the bundled sample photos, as ``interp report`` does.
+"""
+from __future__ import annotations
+
+from ..console import add_output_args
+from .common import NEURONS_SYNTAX, add_model_args, model_from_args, parse_neurons, threshold_value
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "explore", help="serve an interactive page: ablate neurons and watch the artifacts move",
+        description="Serve a local page over MODEL and the images: per-block patch norms, the norm and CLS "
+                    "attention maps, the register neurons, and edits (ablation, test-time register, relocation, "
+                    "SelectiveCLS) that re-run the forward. Listens on 127.0.0.1 and prints the URL with its "
+                    "access token. Without MODEL: the synthetic planted_vit on the bundled sample photos.")
+    add_model_args(p, model_optional=True)
+    p.add_argument("--images", default=None, help="image directory, list file or image (default: bundled samples)")
+    p.add_argument("--neurons", default=None, metavar="FILE|L:N,...",
+                   help=f"register neurons to list: {NEURONS_SYNTAX} (default: ranked by the neurons study on start)")
+    p.add_argument("--threshold", default="auto", help="outlier threshold: a norm, pNN or auto (default)")
+    p.add_argument("--detect-layer", type=int, default=None, help="block whose output decides outliers (default: last)")
+    p.add_argument("--top-k", type=int, default=10, help="register neurons ranked on start (default 10)")
+    p.add_argument("--head", choices=("auto", "classifier", "embedding"), default="auto",
+                   help="read the output as a classifier (top-1 agreement) or an embedding (cosine); default: "
+                        "decided from the model")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (default 0: any free port)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; another one exposes the model to the network)")
+    p.add_argument("--no-open", action="store_true", help="do not open a browser")
+    p.add_argument("--batch-size", type=int, default=16)
+    add_output_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import sys
+    import warnings
+
+    from ..errors import InterpError
+    from ..explore.server import LOCAL_HOSTS, ExploreServer, require_extra
+    from ..explore.session import ExploreOptions, ExploreSession
+
+    require_extra()  # before the model is built
+    threshold = threshold_value(args.threshold)
+    neurons = parse_neurons(args.neurons) if args.neurons is not None else None
+    if not 0 <= args.port <= 65535:
+        raise InterpError(f"--port {args.port} must be 0..65535 (0: any free port)")
+    if args.top_k < 1:
+        raise InterpError(f"--top-k {args.top_k} must be >= 1")
+    if args.model is None:
+        if args.weights:
+            raise InterpError("--weights needs a MODEL name (the default planted_vit is built by construction)")
+        args.model = "planted_vit"
+    if args.images is None:
+        from ..models.samples import sample_image_paths
+
+        args.images = sample_image_paths()
+    if args.host not in LOCAL_HOSTS:
+        warnings.warn(f"--host {args.host}: the explorer is reachable from other machines; anyone who has the "
+                      "token can run the model. Use 127.0.0.1 unless you mean it")
+    model = model_from_args(args)
+    random_weights = not args.pretrained and not args.weights and args.model != "planted_vit"
+    options = ExploreOptions(threshold=threshold, detect_layer=args.detect_layer, top_k=args.top_k,
+                             neurons=neurons, batch_size=args.batch_size, head=args.head,
+                             random_weights=random_weights)
+    print(f"interp explore: preparing {args.model} (unedited runs, detection, neuron ranking)...", flush=True)
+    session = ExploreSession(model, args.images, options, progress=args.progress)
+    for text in session.warnings:
+        print(f"warning: {text}")
+    server = ExploreServer(session, host=args.host, port=args.port)
+    # the URL goes to stderr, as Jupyter's does, so --quiet keeps it
+    print(f"interp explore: {len(session.source)} images; serving on {server.host}:{server.port} (Ctrl-C stops)\n"
+          f"    {server.url}", file=sys.stderr, flush=True)
+    if not args.no_open:
+        import webbrowser
+
+        webbrowser.open(server.url)
+    try:
+        server.serve()
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then re-raises it
+        pass
+    print("interp explore: stopped", file=sys.stderr)
+    return 0

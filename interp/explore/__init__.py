@@ -1,0 +1,101 @@
+"""``interp.explore``: a live page over one model's artifacts; every edit re-runs the edited forward.
+
+>>> ex = interp.explore(model, "photos/")      # in Jupyter the page shows inline (an IFrame to a local server)
+>>> ex.url                                     # http://127.0.0.1:PORT/?token=...
+>>> ex.run(0, [{"kind": "NeuronAblation", "neurons": {"2": [17]}}])["outlier_count"]   # what POST /api/run returns
+>>> ex.stop()                                  # also done when the kernel (the Python process) exits
+
+The command line is ``interp explore [MODEL]`` (:mod:`interp.commands.explore`). The module itself is callable
+(``interp.explore(...)`` is :func:`explore`), so ``import interp.explore.server`` does not hide the function.
+"""
+from __future__ import annotations
+
+import atexit
+import sys
+import types
+import weakref
+from typing import Any, Optional, Union
+
+__all__ = ["explore", "Explorer"]
+
+
+class Explorer:
+    """A running explorer: ``url``, ``session`` (:class:`~interp.explore.session.ExploreSession`), ``stop()``;
+    shown in Jupyter as the page in an IFrame."""
+
+    def __init__(self, session, server, height: int = 900):
+        self.session, self.server, self.height = session, server, height
+        self._finalizer = weakref.finalize(self, server.stop)
+        atexit.register(self._finalizer)  # the kernel's exit stops the server even while the object lives
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def run(self, image: int, interventions=(), threshold: Optional[float] = None) -> dict:
+        """What ``POST /api/run`` answers, without HTTP."""
+        return self.session.run(image, list(interventions), threshold)
+
+    def stop(self) -> None:
+        """Stop the server (idempotent)."""
+        self._finalizer()
+
+    @property
+    def running(self) -> bool:
+        return self._finalizer.alive
+
+    def _repr_html_(self) -> str:
+        if not self.running:
+            return "<p>interp explorer stopped.</p>"
+        return (f'<iframe src="{self.url}" width="100%" height="{self.height}" style="border:1px solid #ccc" '
+                f'title="interp explorer"></iframe><p><a href="{self.url}" target="_blank">open in a new tab</a></p>')
+
+    def __repr__(self) -> str:
+        return f"Explorer({self.session.model.model_name}, {len(self.session.source)} images, {self.url})"
+
+
+def explore(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, threshold="auto",
+            detect_layer: Optional[int] = None, top_k: int = 10, head: str = "auto", host: str = "127.0.0.1",
+            port: int = 0, height: int = 900) -> Explorer:
+    """Start the explorer on ``model`` (a ``HookedViT`` or a name for ``interp.load``) over ``images``
+    (default: the bundled sample photos) in a background thread, and return it (Jupyter shows the page).
+
+    Args:
+        neurons: register neurons to list ({layer: [neuron]}); default: ranked by the neurons study on start.
+        threshold, detect_layer: outlier detection, as in the studies (default "auto" at the last block).
+        head: read the output as a "classifier" or an "embedding" (default "auto": decided from the model).
+        host, port: where to listen (default 127.0.0.1, any free port).
+    """
+    from ..errors import InterpError
+    from .server import ExploreServer, require_extra
+    from .session import ExploreOptions, ExploreSession
+
+    require_extra()
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        import warnings
+
+        warnings.warn(f"the explorer listens on {host}: anyone who can reach it and has the token can run the model",
+                      stacklevel=2)
+    if isinstance(model, str):
+        from ..api import load
+
+        model = load(model)
+    if not hasattr(model, "intervene"):
+        raise InterpError("explore() takes a HookedViT (interp.load(...)) or a model name")
+    if images is None:
+        from ..models.samples import sample_image_paths
+
+        images = sample_image_paths()
+    options = ExploreOptions(threshold=threshold, detect_layer=detect_layer, top_k=top_k, neurons=neurons, head=head)
+    session = ExploreSession(model, images, options)
+    return Explorer(session, ExploreServer(session, host=host, port=port).start(), height=height)
+
+
+class _CallableModule(types.ModuleType):
+    """This package, callable as :func:`explore` (``interp.explore(model, images)``)."""
+
+    def __call__(self, *args, **kwargs) -> Explorer:
+        return explore(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

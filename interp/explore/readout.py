@@ -1,0 +1,78 @@
+"""How the explorer reads the model's output against the unedited model, over all loaded images.
+
+A classification head gets top-1 agreement (and accuracy when the images come in an image-folder layout
+``DIR/<class>/img``, whose sorted class names are taken as the model's class indices, as the ablation study
+does). A head that is not a classifier (the synthetic ``planted_vit``'s random head, random weights, an
+identity head such as DINOv2's, a CLIP image tower's projection) gets the mean cosine similarity of the
+pooled vector (``hook_pooled``) to the unedited one instead: an argmax over such a head means nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from ..errors import InterpError
+from ..models.planted import planted_truth
+
+HEAD_CHOICES = ("auto", "classifier", "embedding")
+_FINE_TUNED = ("_ft_", "ft_in", "in1k", "in12k", "in21k", "in22k")
+
+
+def classify_head(model, random_weights: bool = False) -> tuple:
+    """("classifier" | "embedding", why) for a ``HookedViT``'s head."""
+    m = model.timm_model
+    name = str(model.model_name).lower()
+    if planted_truth(model) is not None:
+        return "embedding", "planted_vit is synthetic: its head has random weights and classifies nothing"
+    if getattr(m, "num_classes", 0) == 0 or isinstance(getattr(m, "head", None), nn.Identity):
+        return "embedding", "the model has no classification head (identity head: the output is the pooled vector)"
+    if random_weights:
+        return "embedding", "random weights: the head classifies nothing"
+    if "clip" in name and not any(tag in name for tag in _FINE_TUNED):
+        return "embedding", "a CLIP image tower: its head projects into the joint image-text space, not onto classes"
+    return "classifier", f"{m.num_classes}-way classification head"
+
+
+@dataclass
+class HeadReadout:
+    """``kind`` ("classifier" or "embedding"), ``why``, and the image-folder labels when there are some."""
+
+    kind: str
+    why: str
+    labels: Optional[List[int]] = None
+
+    def compare(self, base: Dict[str, torch.Tensor], edited: Dict[str, torch.Tensor]) -> Dict:
+        """{"kind", "metric", "value", "n_images", ...} of the edited outputs against the unedited ones.
+
+        ``base``/``edited``: {"pooled": [N, d'], "logits": [N, c]}.
+        """
+        n = int(base["logits"].shape[0])
+        if self.kind == "embedding":
+            cos = nn.functional.cosine_similarity(edited["pooled"].double(), base["pooled"].double(), dim=-1)
+            return {"kind": "embedding", "metric": "cosine to the unedited pooled vector (mean over images)",
+                    "value": float(cos.mean()), "min": float(cos.min()), "n_images": n, "why": self.why}
+        top1, base_top1 = edited["logits"].argmax(-1), base["logits"].argmax(-1)
+        out = {"kind": "classifier", "metric": "top-1 agreement with the unedited model",
+               "value": float((top1 == base_top1).double().mean()), "n_images": n, "why": self.why,
+               "accuracy": None, "baseline_accuracy": None}
+        if self.labels is not None and max(self.labels) < edited["logits"].shape[-1]:
+            y = torch.tensor(self.labels)
+            out["accuracy"] = float((top1 == y).double().mean())
+            out["baseline_accuracy"] = float((base_top1 == y).double().mean())
+        return out
+
+
+def head_readout(model, head: str = "auto", random_weights: bool = False,
+                 labels: Optional[List[int]] = None) -> HeadReadout:
+    """The readout for ``model``: ``head`` "auto" decides with :func:`classify_head`; "classifier" or
+    "embedding" forces it."""
+    if head not in HEAD_CHOICES:
+        raise InterpError(f"head {head!r}: use one of {list(HEAD_CHOICES)}")
+    if head == "auto":
+        kind, why = classify_head(model, random_weights)
+    else:
+        kind, why = head, f"read as {head} (--head {head})"
+    return HeadReadout(kind, why, labels if kind == "classifier" else None)

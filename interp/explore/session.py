@@ -1,0 +1,333 @@
+"""The explorer's model side: one model over a fixed set of images. The unedited results, the detection and
+the register-neuron ranking are computed once; each request re-runs only the edited forward of one image
+(and, once per distinct edit, the readout over all images). Results are cached by (image, edit).
+
+>>> s = ExploreSession(interp.load("planted_vit"), images=interp.models.sample_image_paths())
+>>> out = s.run(0, [{"kind": "NeuronAblation", "neurons": {"2": [17, 101, 402, 655]}}])
+>>> out["outlier_count"], len(out["norms"]), len(out["norms"][0])     # 0, blocks, patches
+"""
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from ..errors import InterpError
+from ..hooks.names import attn_pattern, mlp_post, resid_mid, resid_post
+from ..interventions import interventions_from_spec, masks
+from ..models.planted import planted_truth
+from ..studies.neurons import neurons_study
+from ..studies.outliers import ThresholdSpec, detect
+from ..studies.source import open_source
+from .readout import HeadReadout, head_readout
+
+STAGES = ("resid_mid", "resid_post")
+MAX_NEURON_MAPS = 32  # neuron activation maps per response (the ranked ones first, then edited ones)
+CACHE_SIZE = 64  # edited runs kept (per image and edit)
+
+
+@dataclass
+class ExploreOptions:
+    """Settings fixed for a session.
+
+    Attributes:
+        threshold: outlier threshold at ``detect_layer`` (a norm, ``"pNN"`` or ``"auto"``), resolved once on the
+            unedited model over all images, as the studies do.
+        neurons: the register neurons to list ({layer: [neuron]}); None ranks them with the neurons study.
+        head: ``"auto"``, ``"classifier"`` or ``"embedding"`` (how to read the model's output; see
+            :mod:`interp.explore.readout`); ``random_weights`` says the weights are random (no classifier).
+    """
+
+    threshold: ThresholdSpec = "auto"
+    detect_layer: Optional[int] = None
+    top_k: int = 10
+    neurons: Optional[Dict[int, List[int]]] = None
+    batch_size: int = 16
+    head: str = "auto"
+    random_weights: bool = False
+
+
+def _edit_key(spec: Sequence[Dict[str, Any]]) -> str:
+    return json.dumps(list(spec), sort_keys=True, separators=(",", ":"))
+
+
+def _rounded(t: torch.Tensor, digits: int = 5) -> list:
+    """A float tensor as nested lists rounded to ``digits`` significant digits (display-only values)."""
+    return [float(f"{v:.{digits}g}") for v in t.reshape(-1).tolist()] if t.dim() == 1 else [_rounded(r, digits) for r in t]
+
+
+def _curves(norms: Dict[str, torch.Tensor]) -> Dict[str, Dict[str, List[float]]]:
+    """Per block max and median (``torch.quantile`` 0.5, as the emergence curves) of patch norms [L, P]."""
+    return {s: {"max": norms[s].max(dim=1).values.tolist(),
+                "median": torch.quantile(norms[s].double(), 0.5, dim=1).tolist()} for s in STAGES}
+
+
+class ExploreSession:
+    """What the explorer serves: ``info()`` once, ``run(image, interventions)`` per edit, ``export``.
+
+    Args:
+        model: a ``HookedViT``.
+        images: what ``open_source`` takes (a folder, paths, a list file, or a preprocessed Tensor[N, 3, H, W]);
+            only these images are ever read or shown.
+    """
+
+    def __init__(self, model, images, options: Optional[ExploreOptions] = None, progress: bool = False):
+        self.model = model
+        self.options = options or ExploreOptions()
+        self.lock = threading.RLock()  # one forward at a time: hooks and edit state live on the model
+        source = open_source(model=model, images=images, batch_size=self.options.batch_size)
+        if len(source) == 0:
+            raise InterpError(f"no readable image in {images!r}; give a folder or list of images (--images)")
+        self.source = source.held()  # decoded once
+        self.pixels = torch.cat([x for _, x in self.source.image_batches()])  # [N, 3, H, W] on the model's device
+        self.display = self.source.display_images(limit=len(self.source))  # [N, 3, H, W] in 0..1
+        self.layout = self.source.layout
+        self.grid = tuple(self.layout.grid)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.detection = detect(self.source, self.options.threshold, self.options.detect_layer,
+                                    progress=progress)
+            self.neurons, self.neuron_note = self._rank_neurons(progress)
+        self.warnings = sorted({str(w.message) for w in caught})
+        self.default_threshold = float(self.detection.counting_threshold())
+        self.readout: HeadReadout = head_readout(model, self.options.head, self.options.random_weights,
+                                                 labels=self.source.labels)
+        self._runs: "OrderedDict[tuple, Dict]" = OrderedDict()
+        self._readouts: Dict[str, Dict] = {}
+        self._parsed: Dict[str, list] = {}
+        self._thumbs: Dict[int, bytes] = {}
+        self.baseline_outputs = self._outputs([])  # pooled vectors and logits of every image, unedited
+
+    # ------------------------------------------------------------------ set-up
+    def _rank_neurons(self, progress: bool):
+        """([{"layer", "neuron", "score"}], note): given neurons (score None) or the neurons study's top_k."""
+        if self.options.neurons:
+            listed = [{"layer": int(l), "neuron": int(n), "score": None}
+                      for l, idx in sorted(self.options.neurons.items()) for n in idx]
+            return listed, "neurons given on the command line (--neurons); not ranked here"
+        result = neurons_study(self.source, detection=self.detection, top_k=self.options.top_k,
+                               batch_size=self.options.batch_size, progress=progress)
+        note = result.message or result.warning or (
+            f"ranked by the neurons study over {result.n_images_with_outliers} image(s) with outliers "
+            f"(score: mean |activation| on the outlier tokens)")
+        return list(result.neurons), note
+
+    def info(self) -> Dict[str, Any]:
+        """What the page needs once: model, images, sizes, threshold, neurons, readout kind, target presets."""
+        truth = planted_truth(self.model)
+        det = self.detection
+        h, w = self.grid
+        presets = {"smiley": masks.smiley(self.grid) if min(h, w) >= 5 else masks.box(self.grid, 0, 0, 1, 1),
+                   "centre box": masks.box(self.grid, h // 3, w // 3, max(1, h // 3), max(1, w // 3)),
+                   "top-left corner": masks.box(self.grid, 0, 0, max(1, h // 4), max(1, w // 4))}
+        return {
+            "model": self.model.model_name,
+            "planted": None if truth is None else {"layer": truth.layer, "neurons": list(truth.neurons),
+                                                   "note": truth.description},
+            "images": [{"index": i, "id": image_id} for i, image_id in enumerate(self.source.ids)],
+            "n_blocks": self.model.n_layers, "n_heads": self.model.n_heads, "d_mlp": self.model.d_mlp,
+            "grid": list(self.grid), "image_size": list(self.pixels.shape[-2:]),
+            "has_cls": self.layout.cls_index is not None,
+            "detect_layer": det.layer,
+            "threshold": {"value": self.default_threshold, "spec": det.spec, "method": det.method,
+                          "bimodal": det.threshold.bimodal, "artifacts_found": det.artifacts_found,
+                          "note": None if det.artifacts_found else (
+                              f"no artifacts: the patch norms at block {det.layer} have no separated high-norm "
+                              "mode; the threshold shown is the one the studies count with (the 99th "
+                              "percentile under 'auto'), so 'outliers' are ordinary high-norm tokens")},
+            "neurons": {"list": self.neurons, "note": self.neuron_note},
+            "readout": {"kind": self.readout.kind, "why": self.readout.why},
+            "targets": {name: m.int().tolist() for name, m in presets.items()},
+            "warnings": self.warnings,
+        }
+
+    def thumbnail(self, index: int) -> bytes:
+        """PNG of image ``index`` as the model sees it (resized, cropped)."""
+        from PIL import Image
+
+        self._check_image(index)
+        if index not in self._thumbs:
+            pixels = (self.display[index].permute(1, 2, 0).numpy() * 255).round().astype("uint8")
+            buf = io.BytesIO()
+            Image.fromarray(pixels).save(buf, format="PNG")
+            self._thumbs[index] = buf.getvalue()
+        return self._thumbs[index]
+
+    # ------------------------------------------------------------------ edits
+    def _check_image(self, index) -> int:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.source):
+            raise InterpError(f"unknown image {index!r}: this explorer holds images 0..{len(self.source) - 1}")
+        return index
+
+    def interventions(self, spec: Sequence[Dict[str, Any]]) -> list:
+        """The interventions of a patch-file spec list (calibrated on the loaded images when asked; cached)."""
+        if not isinstance(spec, list):
+            raise InterpError("'interventions' must be a list of {\"kind\": ..., params} objects (the patch-file "
+                              "spec, see interp.interventions.spec)")
+        key = _edit_key(spec)
+        if key not in self._parsed:
+            ivs = interventions_from_spec(spec, model=self.model, calibration_images=self.pixels,
+                                          batch_size=self.options.batch_size)
+            from ..interventions.export import plan_swaps
+
+            plan_swaps(self.model.timm_model, ivs)  # layers, neuron indices and target shapes, before any run
+            for iv in ivs:
+                target = getattr(iv, "target", None)
+                if target is not None and tuple(target.shape) != self.grid:
+                    raise InterpError(f"relocation target is {tuple(target.shape)}, the patch grid is {self.grid}")
+            self._parsed[key] = ivs
+        return self._parsed[key]
+
+    @torch.no_grad()
+    def _forward(self, index: int, ivs: list) -> Dict[str, Any]:
+        """The edited forward of one image: every block's patch norms (both stages), prefix-token norms, CLS
+        attention per head, the listed neurons' activation maps, the output."""
+        kept: Dict[str, torch.Tensor] = {}
+        shown = self._shown_neurons(ivs)
+        layers = sorted({n["layer"] for n in shown})
+        with self.model.intervene(*ivs):
+            lay = self.model.layout_for(tuple(self.pixels.shape[-2:]))
+            patches, n_prefix = lay.patch_slice, lay.n_prefix
+
+            def norms(t, hook):
+                kept[hook.name] = t[0].float().norm(dim=-1).cpu()  # [t]
+
+            def cls_row(t, hook):
+                kept[hook.name] = t[0, :, lay.cls_index].float().cpu()  # [H, t]
+
+            def neuron_cols(t, hook):
+                kept[hook.name] = t[0, patches].float().cpu()  # [P, d_mlp]
+
+            L = self.model.n_layers
+            hooks = [(resid_mid(l), norms) for l in range(L)] + [(resid_post(l), norms) for l in range(L)]
+            if lay.cls_index is not None:
+                hooks += [(attn_pattern(l), cls_row) for l in range(L)]
+            hooks += [(mlp_post(l), neuron_cols) for l in layers]
+            out = self.model.run_with_hooks(self.pixels[index:index + 1], fwd_hooks=hooks)[0].float().cpu()
+        stage = {s: torch.stack([kept[f"blocks.{l}.hook_{s}"] for l in range(L)]) for s in STAGES}  # [L, t]
+        patch = {s: v[:, patches] for s, v in stage.items()}
+        maps = [{**n, "map": _rounded(kept[mlp_post(n["layer"])][:, n["neuron"]])} for n in shown]
+        return {
+            "patch_norms": patch["resid_post"],  # [L, P] float32
+            "curves": _curves(patch),
+            "prefix_norms": stage["resid_post"][:, :n_prefix].tolist(),
+            "prefix_labels": self._prefix_labels(lay),
+            "cls_attention": None if lay.cls_index is None else
+            [_rounded(kept[attn_pattern(l)][:, patches]) for l in range(L)],  # [L][H][P]
+            "cls_attention_prefix": None if lay.cls_index is None else
+            [_rounded(kept[attn_pattern(l)][:, :n_prefix]) for l in range(L)],  # [L][H][prefix]
+            "neuron_maps": maps,
+            "logits": out.tolist(),
+        }
+
+    def _prefix_labels(self, lay) -> List[str]:
+        base = self.layout
+        labels = []
+        for i in range(lay.n_prefix):
+            if i == lay.cls_index:
+                labels.append("CLS")
+            elif i < base.n_prefix:
+                labels.append(f"register {i - (1 if base.cls_index is not None and base.cls_index < i else 0)}")
+            else:
+                labels.append(f"test-time register {i - base.n_prefix}")
+        return labels
+
+    def _shown_neurons(self, ivs: list) -> List[Dict[str, int]]:
+        """The listed neurons, then those the edits name, at most MAX_NEURON_MAPS."""
+        seen, out = set(), []
+        edited = [{"layer": l, "neuron": n} for iv in ivs for l, idx in (getattr(iv, "neurons", None) or {}).items()
+                  for n in idx]
+        for entry in [*({"layer": e["layer"], "neuron": e["neuron"]} for e in self.neurons), *edited]:
+            key = (int(entry["layer"]), int(entry["neuron"]))
+            if key not in seen and len(out) < MAX_NEURON_MAPS:
+                seen.add(key)
+                out.append({"layer": key[0], "neuron": key[1]})
+        return out
+
+    @torch.no_grad()
+    def _outputs(self, ivs: list) -> Dict[str, torch.Tensor]:
+        """Pooled vectors [N, d'] and outputs [N, c] of every loaded image under ``ivs``."""
+        pooled, logits = [], []
+
+        def keep(t, hook):
+            pooled.append(t.float().cpu())
+
+        with self.lock, self.model.intervene(*ivs):
+            for x in self.pixels.split(self.options.batch_size):
+                logits.append(self.model.run_with_hooks(x, fwd_hooks=[("hook_pooled", keep)]).float().cpu())
+        return {"pooled": torch.cat(pooled), "logits": torch.cat(logits)}
+
+    def _readout(self, key: str, ivs: list) -> Dict[str, Any]:
+        if key not in self._readouts:
+            edited = self.baseline_outputs if not ivs else self._outputs(ivs)
+            self._readouts[key] = self.readout.compare(self.baseline_outputs, edited)
+        return self._readouts[key]
+
+    def run(self, index: int, spec: Sequence[Dict[str, Any]] = (), threshold: Optional[float] = None
+            ) -> Dict[str, Any]:
+        """The explorer's answer for image ``index`` under the interventions of ``spec`` (patch-file spec list).
+
+        Returns (JSON-able): ``norms`` [blocks][patches] (``hook_resid_post`` patch-token norms), ``outlier_count``
+        and ``outliers`` [patches] at ``detect_layer`` above ``threshold``, ``curves`` (per block max/median patch
+        norm after attention and after MLP), ``cls_attention`` [blocks][heads][patches], ``neuron_maps``,
+        ``prefix_norms``, ``logits``, ``readout`` (agreement or cosine over all loaded images), and ``baseline``
+        (the unedited ``norms``, ``curves``, ``outlier_count``).
+        """
+        started = time.perf_counter()
+        index = self._check_image(index)
+        spec = list(spec) if isinstance(spec, tuple) else spec
+        thr = self.default_threshold if threshold is None else threshold
+        if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not thr == thr or thr < 0:
+            raise InterpError(f"threshold {threshold!r} must be a norm >= 0 (a number)")
+        with self.lock:
+            ivs = self.interventions(spec)
+            key = _edit_key(spec)
+            edited, cached = self._cached_run(index, key, ivs)
+            base, _ = self._cached_run(index, _edit_key([]), [])
+            readout = self._readout(key, ivs)
+        det = self.detection.layer
+        outliers = edited["patch_norms"][det] > thr
+        return {
+            "image": index, "id": self.source.ids[index], "n_blocks": self.model.n_layers, "grid": list(self.grid),
+            "detect_layer": det, "threshold": float(thr), "default_threshold": self.default_threshold,
+            "norms": edited["patch_norms"].tolist(), "outlier_count": int(outliers.sum()),
+            "outliers": outliers.int().tolist(),
+            **{k: v for k, v in edited.items() if k != "patch_norms"},
+            "readout": readout,
+            "baseline": {"norms": base["patch_norms"].tolist(), "curves": base["curves"],
+                         "outlier_count": int((base["patch_norms"][det] > thr).sum())},
+            "cached": cached, "seconds": time.perf_counter() - started,
+        }
+
+    def _cached_run(self, index: int, key: str, ivs: list):
+        entry = (index, key)
+        if entry in self._runs:
+            self._runs.move_to_end(entry)
+            return self._runs[entry], True
+        result = self._forward(index, ivs)
+        self._runs[entry] = result
+        while len(self._runs) > CACHE_SIZE:
+            self._runs.popitem(last=False)
+        return result, False
+
+    def export(self, spec: Sequence[Dict[str, Any]]) -> bytes:
+        """The patch file (``interp patch export`` format) of these interventions, as bytes."""
+        import tempfile
+        from pathlib import Path
+
+        from ..interventions import export as patch
+
+        with self.lock:
+            ivs = self.interventions(spec)
+        if not ivs:
+            raise InterpError("no edits to export: switch some on first")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = patch.save(ivs, Path(tmp) / "explore.safetensors", self.model)
+            return path.read_bytes()

@@ -1,0 +1,288 @@
+"""``interp explore``'s JSON API over a real server (uvicorn on 127.0.0.1, one per module): the access token,
+the numbers against the studies' own (norms, ablation, test-time register), bad requests, patch export, the
+Python entry point and the command line."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("starlette", reason="the explore extra (pip install -e '.[explore]') is not installed")
+pytest.importorskip("uvicorn", reason="the explore extra (pip install -e '.[explore]') is not installed")
+
+import interp  # noqa: E402
+from interp.explore.server import ExploreServer  # noqa: E402
+from interp.explore.session import ExploreOptions, ExploreSession  # noqa: E402
+from interp.studies.ablate import ablation_study  # noqa: E402
+from interp.studies.norms import norms_study  # noqa: E402
+from interp.studies.registers import register_study  # noqa: E402
+from interp.studies.source import open_source  # noqa: E402
+
+from conftest import images as random_images, make_model  # noqa: E402
+
+PLANTED = {"2": [17, 101, 402, 655]}
+ABLATE = [{"kind": "NeuronAblation", "neurons": PLANTED}]
+
+
+@pytest.fixture(scope="module")
+def served():
+    torch.manual_seed(0)
+    model = interp.load("planted_vit")
+    session = ExploreSession(model, interp.models.sample_image_paths())
+    server = ExploreServer(session).start()
+    yield session, server
+    server.stop()
+
+
+def request(server, path, body=None, token=True, raw=None, headers=None):
+    """(status, parsed JSON or bytes) of one request; ``token``: True (header), False, or a string (query)."""
+    url = f"http://127.0.0.1:{server.port}/{path}"
+    hdrs = dict(headers or {})
+    if token is True:
+        hdrs["X-Interp-Token"] = server.token
+    elif isinstance(token, str):
+        url += ("&" if "?" in url else "?") + f"token={token}"
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    if data is not None:
+        hdrs["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, headers=hdrs, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as res:
+            status, payload, kind = res.status, res.read(), res.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as e:
+        status, payload, kind = e.code, e.read(), e.headers.get("Content-Type", "")
+    return status, (json.loads(payload) if "json" in kind else payload)
+
+
+def test_every_route_needs_the_token(served):
+    _, server = served
+    assert server.host == "127.0.0.1" and f"?token={server.token}" in server.url and len(server.token) >= 32
+    for path, body in (("", None), ("api/info", None), ("static/app.js", None), ("api/image/0", None),
+                       ("api/run", {"image": 0}), ("api/export", {"interventions": ABLATE}), ("nowhere", None)):
+        status, answer = request(server, path, body, token=False)
+        assert status == 401 and "access token" in answer["error"], path
+        status, answer = request(server, path, body, token="wrong" + server.token)
+        assert status == 403, path
+    assert request(server, "", token=server.token)[0] == 200
+    assert request(server, "api/info", headers={"Authorization": f"token {server.token}"}, token=False)[0] == 200
+
+
+def test_page_and_assets_are_local(served):
+    _, server = served
+    status, html = request(server, "", token=server.token)
+    assert status == 200 and b"<canvas" in html and server.token.encode() in html
+    for name in ("app.js", "app.css"):
+        status, body = request(server, f"static/{name}")
+        assert status == 200 and b"http://" not in body and b"https://" not in body, name  # no CDN
+    assert b"http://" not in html and b"https://" not in html
+    assert request(server, "static/..%2Fsession.py")[0] == 404
+    status, png = request(server, "api/image/1")
+    assert status == 200 and png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_info_lists_images_neurons_and_readout(served):
+    session, server = served
+    status, info = request(server, "api/info")
+    assert status == 200
+    assert [im["id"] for im in info["images"]] == [str(p) for p in interp.models.sample_image_paths()]
+    ranked = {(n["layer"], n["neuron"]) for n in info["neurons"]["list"][:4]}
+    assert ranked == {(2, n) for n in PLANTED["2"]}  # the ranking computed on start finds the planted neurons
+    assert info["readout"]["kind"] == "embedding" and "planted" in info["readout"]["why"]
+    assert info["threshold"]["value"] == pytest.approx(session.detection.threshold.value)
+
+
+def _one_image_source(session, i):
+    return open_source(model=session.model, images=session.pixels[i:i + 1].cpu())
+
+
+def test_unedited_numbers_equal_the_norms_study(served):
+    session, server = served
+    det = session.detection.layer
+    for i in range(len(session.source)):
+        status, r = request(server, "api/run", {"image": i, "interventions": []})
+        assert status == 200
+        norms = torch.tensor(r["norms"])  # [blocks, patches]
+        assert norms.shape == (session.model.n_layers, session.layout.n_patches)
+        assert torch.allclose(norms[det], session.detection.norms[i], rtol=1e-5, atol=1e-4)
+        study = norms_study(_one_image_source(session, i), threshold=r["threshold"], progress=False)
+        assert r["outlier_count"] == study.outlier_counts[0] == r["baseline"]["outlier_count"]
+        for stage in ("resid_mid", "resid_post"):
+            assert r["curves"][stage]["max"] == pytest.approx(study.max_patch_norm[stage], rel=1e-5)
+            assert r["curves"][stage]["median"] == pytest.approx(
+                study.emergence_curves["median_patch_norm"][stage], rel=1e-5)
+        assert r["threshold"] == pytest.approx(session.detection.threshold.value)
+
+
+def test_edited_numbers_equal_the_ablation_and_register_studies(served):
+    session, server = served
+    source = open_source(model=session.model, images=session.pixels.cpu())
+    found = interp.studies.outliers.detect(source, "auto", progress=False)
+    neurons = {2: PLANTED["2"]}
+    ablated = ablation_study(source, neurons, n_controls=0, detection=found, progress=False)
+    ttr = register_study(source, neurons, detection=found, progress=False)
+    runs = {name: [request(server, "api/run", {"image": i, "interventions": spec})[1] for i in range(len(source))]
+            for name, spec in (("ablate", ABLATE), ("ttr", [{"kind": "TestTimeRegister", "neurons": PLANTED}]),
+                               ("none", []))}
+    det = found.layer
+    assert sum(r["outlier_count"] for r in runs["none"]) == ablated.conditions["baseline"]["outlier_count"] > 0
+    assert sum(r["outlier_count"] for r in runs["ablate"]) == ablated.conditions["target"]["outlier_count"] == 0
+    assert max(max(r["norms"][det]) for r in runs["ablate"]) == pytest.approx(
+        ablated.conditions["target"]["max_norm"], rel=1e-5)
+    assert sum(r["outlier_count"] for r in runs["ttr"]) == ttr.with_register["outlier_count"]
+    assert max(max(r["norms"][det]) for r in runs["ttr"]) == pytest.approx(ttr.with_register["max_patch_norm"],
+                                                                          rel=1e-5)
+    assert runs["ttr"][0]["prefix_labels"] == ["CLS", "test-time register 0"]
+    # the maps changed with the edit, and the ablated neurons' maps are zero
+    assert runs["ablate"][0]["norms"] != runs["none"][0]["norms"]
+    maps = {(m["layer"], m["neuron"]): m["map"] for m in runs["ablate"][0]["neuron_maps"]}
+    assert all(not any(maps[(2, n)]) for n in PLANTED["2"])
+    # not a classifier: the readout is the cosine of the pooled vectors, computed here directly
+    with session.model.intervene(*session.interventions(ABLATE)):
+        _, cache = session.model.run_with_cache(session.pixels, names_filter="hook_pooled")
+    _, base = session.model.run_with_cache(session.pixels, names_filter="hook_pooled")
+    cos = torch.nn.functional.cosine_similarity(cache["hook_pooled"].double(), base["hook_pooled"].double(), dim=-1)
+    assert runs["ablate"][0]["readout"]["kind"] == "embedding"
+    assert runs["ablate"][0]["readout"]["value"] == pytest.approx(float(cos.mean()), rel=1e-6)
+
+
+def test_classifier_readout_equals_the_ablation_studys_agreement(one_thread):
+    model = make_model("vit", seed=1)
+    x = random_images(6, seed=3)
+    session = ExploreSession(model, x, ExploreOptions(threshold="p99", head="classifier"))
+    neurons = {0: list(range(0, 1536, 3)), 1: list(range(1, 1536, 2))}  # enough to move some argmaxes
+    spec = [{"kind": "NeuronAblation", "neurons": {str(k): v for k, v in neurons.items()}}]
+    r = session.run(2, spec)
+    study = ablation_study(open_source(model=model, images=x), neurons, n_controls=0, threshold="p99",
+                           progress=False)
+    assert r["readout"]["kind"] == "classifier"
+    assert r["readout"]["value"] == pytest.approx(study.conditions["target"]["top1_agreement"])
+    assert r["readout"]["value"] < 1.0  # the edit moved something: the test can tell agreement from 1
+    assert session.run(2, [])["readout"]["value"] == 1.0
+    # the same model read as an embedding: no agreement "accuracy", a cosine instead
+    auto = ExploreSession(model, x, ExploreOptions(threshold="p99", random_weights=True))
+    assert auto.run(0, spec)["readout"]["kind"] == "embedding"
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"image": 99, "interventions": []}, 404, "unknown image 99"),
+    ({"image": -1}, 404, "unknown image -1"),
+    ({"image": "0"}, 404, "unknown image '0'"),
+    ({"interventions": []}, 400, "missing 'image'"),
+    ({"image": 0, "interventions": [{"kind": "NeuronAblation", "neurons": {"2": [9999]}}]}, 400, "neuron 9999"),
+    ({"image": 0, "interventions": [{"kind": "NeuronAblation", "neurons": {"40": [1]}}]}, 400, "layer 40"),
+    ({"image": 0, "interventions": [{"kind": "Nope"}]}, 400, "unknown intervention kind"),
+    ({"image": 0, "interventions": {"kind": "NeuronAblation"}}, 400, "must be a list"),
+    ({"image": 0, "interventions": [{"kind": "Relocation", "neurons": PLANTED, "target": [[1, 0], [0, 1]]}]},
+     400, "patch grid"),
+    ({"image": 0, "threshold": "high"}, 400, "threshold"),
+    ({"image": 0, "colour": "red"}, 400, "unknown field"),
+])
+def test_bad_requests_get_a_4xx_and_the_server_keeps_running(served, body, status, words):
+    _, server = served
+    got, answer = request(server, "api/run", body)
+    assert got == status and words in answer["error"], answer
+    assert request(server, "api/run", {"image": 0, "interventions": ABLATE})[1]["outlier_count"] == 0
+
+
+def test_malformed_json_is_a_400(served):
+    _, server = served
+    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
+        status, answer = request(server, "api/run", raw=raw)
+        assert status == 400 and ("JSON" in answer["error"]), answer
+    assert request(server, "api/info")[0] == 200
+
+
+def test_exported_patch_gives_a_plain_timm_model_the_edited_logits(served, tmp_path):
+    session, server = served
+    spec = [{"kind": "NeuronAblation", "neurons": PLANTED, "mode": "mean"}, {"kind": "SelectiveCLS", "k": 2}]
+    status, blob = request(server, "api/export", {"interventions": spec})
+    assert status == 200 and isinstance(blob, bytes)
+    path = tmp_path / "edit.safetensors"
+    path.write_bytes(blob)
+    assert [iv.kind for iv in interp.patch.load(path)] == ["NeuronAblation", "SelectiveCLS"]
+    plain = interp.patch.apply(interp.models.planted_vit(), path)
+    page = request(server, "api/run", {"image": 1, "interventions": spec})[1]
+    with torch.no_grad():
+        logits = plain(session.pixels[1:2].cpu())[0]
+    assert torch.allclose(logits, torch.tensor(page["logits"]), atol=1e-4)
+    assert not torch.allclose(logits, torch.tensor(request(server, "api/run", {"image": 1})[1]["logits"]), atol=1e-3)
+    status, answer = request(server, "api/export", {"interventions": []})
+    assert status == 400 and "no edits" in answer["error"]
+
+
+def test_python_entry_point_serves_and_stops(one_thread):
+    ex = interp.explore(make_model("vit", depth=1), random_images(2), threshold="p99")
+    try:
+        assert callable(interp.explore) and ex.running
+        assert f'src="{ex.url}"' in ex._repr_html_()
+        with urllib.request.urlopen(ex.url, timeout=30) as res:
+            assert res.status == 200
+        assert ex.run(1)["image"] == 1
+    finally:
+        ex.stop()
+    assert not ex.running and "stopped" in ex._repr_html_()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(ex.url, timeout=5)
+
+
+def test_server_stops_when_the_python_process_exits():
+    code = ("import interp, torch\n"
+            "m = interp.load('vit_small_patch16_224', pretrained=False, depth=1)\n"
+            "ex = interp.explore(m, torch.randn(2, 3, 224, 224), threshold='p99')\n"
+            "print(ex.url, flush=True)\n")  # no stop(): the exit must end the server and the process
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr
+    url = out.stdout.strip().splitlines()[-1]
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=5)
+
+
+def test_cli_prints_a_token_url_and_serves(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "interp", "explore", "--no-open", "--no-progress",
+                             "--neurons", "2:17,2:101"], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        url, deadline = None, time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            if "?token=" in line:
+                url = line.strip()
+        assert url and url.startswith("http://127.0.0.1:"), "no URL printed"
+        with urllib.request.urlopen(url.replace("/?", "/api/info?"), timeout=30) as res:
+            info = json.loads(res.read())
+        assert info["model"] == "planted_vit" and len(info["images"]) == 4
+        assert [(n["layer"], n["neuron"]) for n in info["neurons"]["list"]] == [(2, 17), (2, 101)]
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url.split("?")[0] + "api/info", timeout=30)
+        assert e.value.code == 401
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in err, err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--port", "70000"], "--port 70000"),
+    (["--neurons", "2:x"], "cannot read '2:x'"),
+    (["--threshold", "p200"], "percentile threshold"),
+    (["--weights", "w.pth"], "--weights needs a MODEL"),
+])
+def test_cli_bad_arguments_are_one_line(argv, words, capsys):
+    from interp.cli import main
+
+    assert main(["explore", "--no-open", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("interp: error:") and words in err and "Traceback" not in err
