@@ -1,8 +1,10 @@
 """``interp.explore``: a live page over one model's artifacts; every edit re-runs the edited forward.
 
->>> ex = interp.explore(model, "photos/")      # in Jupyter the page shows inline (an IFrame to a local server)
->>> ex.url                                     # http://127.0.0.1:PORT/?token=...
->>> ex.run(0, [{"kind": "NeuronAblation", "neurons": {"2": [17]}}])["outlier_count"]   # what POST /api/run returns
+>>> ex = interp.explore(model, photos)         # in Jupyter the page shows inline (an IFrame to a local server)
+>>> ex.url.startswith("http://127.0.0.1:")     # http://127.0.0.1:PORT/?token=...
+True
+>>> ex.run(0, [{"kind": "NeuronAblation", "neurons": {"2": [17, 101, 402, 655]}}])["outlier_count"]
+0
 >>> ex.stop()                                  # also done when the kernel (the Python process) exits
 
 The command line is ``interp explore [MODEL]`` (:mod:`interp.commands.explore`). The module itself is callable

@@ -2,9 +2,11 @@
 the register-neuron ranking are computed once; each request re-runs only the edited forward of one image
 (and, once per distinct edit, the readout over all images). Results are cached by (image, edit).
 
->>> s = ExploreSession(interp.load("planted_vit"), images=interp.models.sample_image_paths())
+>>> from interp.explore.session import ExploreSession
+>>> s = ExploreSession(model, photos)           # planted_vit on the sample photos
 >>> out = s.run(0, [{"kind": "NeuronAblation", "neurons": {"2": [17, 101, 402, 655]}}])
->>> out["outlier_count"], len(out["norms"]), len(out["norms"][0])     # 0, blocks, patches
+>>> out["outlier_count"], out["baseline"]["outlier_count"], len(out["norms"]), len(out["norms"][0])
+(0, 11, 6, 196)
 """
 from __future__ import annotations
 
