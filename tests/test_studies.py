@@ -21,7 +21,8 @@ from interp.studies.ablate import ablation_study
 from interp.studies.neurons import neurons_study
 from interp.studies.norms import norms_study
 from interp.studies.registers import register_study
-from interp.studies.relocate import iou, relocation_study
+from interp.studies.metrics import iou
+from interp.studies.relocate import relocation_study
 
 from conftest import images, make_model
 

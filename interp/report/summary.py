@@ -22,7 +22,7 @@ def planted_comparison(model, source, norms, neurons) -> Dict:
 
     ``source`` is the live source the studies ran on (its images are compared with the planted mask).
     """
-    from ..studies.relocate import iou
+    from ..studies.metrics import iou
 
     truth = planted_truth(model)
     planted = {(truth.layer, int(n)) for n in truth.neurons}
@@ -30,7 +30,8 @@ def planted_comparison(model, source, norms, neurons) -> Dict:
     emergence = norms.emergence or {}
     masks = [truth.artifact_mask(model, x).cpu() for _, x in source.image_batches()]
     expected = torch.cat(masks) if masks else torch.zeros(0, *norms.grid, dtype=torch.bool)
-    ious = [iou(a, b) for a, b in zip(norms.outlier_map_tensor(), expected)]
+    ious = [iou(a, b) for a, b in zip(norms.outlier_map_tensor(), expected)]  # None: no outlier found or planted
+    scored = [v for v in ious if v is not None]
     return {
         "layer": truth.layer,
         "neurons": list(truth.neurons),
@@ -41,7 +42,7 @@ def planted_comparison(model, source, norms, neurons) -> Dict:
         "neurons_missed": sorted(n for l, n in planted - set(found)),
         "extra_neurons": [{"layer": l, "neuron": n} for l, n in found if (l, n) not in planted],
         "all_neurons_recovered": planted <= set(found),
-        "outlier_iou_mean": float(np.mean(ious)) if ious else None,
+        "outlier_iou_mean": float(np.mean(scored)) if scored else None,
         "outlier_iou_per_image": ious,
     }
 

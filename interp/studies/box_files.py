@@ -169,3 +169,36 @@ def match_boxes(ids: Sequence[str], table: BoxTable) -> List[Optional[ImageBoxes
         used[best] = image_id
         out.append(table["/".join(best)])
     return out
+
+
+# Mask images: lossless formats only (a JPEG's edges are not 0/1).
+MASK_SUFFIXES = (".png", ".bmp", ".gif", ".tif", ".tiff", ".pgm", ".ppm")
+
+
+def mask_files(mask_dir: Union[str, Path]) -> Dict[str, Path]:
+    """Mask files under ``mask_dir`` (searched recursively), by file stem: ``{stem: path}``.
+
+    Raises:
+        InterpError: the folder does not exist, or two mask files share a stem (masks are matched to images
+            by stem, which must then be unique).
+    """
+    mask_dir = Path(mask_dir)
+    if not mask_dir.is_dir():
+        raise InterpError(f"mask directory {str(mask_dir)!r} does not exist")
+    files: Dict[str, Path] = {}
+    for p in sorted(mask_dir.rglob("*")):
+        if p.is_file() and p.suffix.lower() in MASK_SUFFIXES:
+            if p.stem in files:
+                raise InterpError(f"two mask files named {p.stem!r} under {mask_dir} ({files[p.stem]}, {p}); "
+                                  "mask files are matched to images by file stem, which must be unique")
+            files[p.stem] = p
+    return files
+
+
+def read_mask(path: Union[str, Path]):
+    """A mask image as bool ndarray [H, W] in the original image's pixels: nonzero (any channel, as gray) = foreground."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("L")) > 0

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import InterpError
-from .box_files import Box, BoxTable, ImageBoxes, match_boxes, read_boxes  # noqa: F401  (re-exported)
+from .box_files import Box, BoxTable, ImageBoxes, mask_files, match_boxes, read_boxes, read_mask  # noqa: F401  (re-exported)
 
 BOX_REASONS = ("no_box", "several_boxes", "too_large", "cropped_away")
 MASK_REASONS = ("no_mask", "cropped_away")
@@ -261,28 +261,12 @@ def regions_from_boxes(ids: Sequence[str], table: BoxTable, data_cfg: dict, grid
     return Regions(inside, reasons, boxes_input)
 
 
-def _mask_files(mask_dir: Path) -> Dict[str, Path]:
-    files: Dict[str, Path] = {}
-    for p in sorted(mask_dir.rglob("*")):
-        if p.is_file() and p.suffix.lower() in (".png", ".bmp", ".gif", ".tif", ".tiff", ".pgm", ".ppm"):
-            if p.stem in files:
-                raise InterpError(f"two mask files named {p.stem!r} under {mask_dir} ({files[p.stem]}, {p}); "
-                                  "mask files are matched to images by file stem, which must be unique")
-            files[p.stem] = p
-    return files
-
-
 def regions_from_masks(ids: Sequence[str], mask_dir: Union[str, Path], data_cfg: dict,
                        grid: Tuple[int, int]) -> Regions:
     """Foreground cells from mask images (``mask_dir/<image stem>.png``, nonzero = foreground, same size as
     the image). The mask goes through the preprocessing geometry (nearest pixel); a cell is inside when any
     of its input pixels is foreground. Images without a mask file -> ``no_mask``."""
-    from PIL import Image
-
-    mask_dir = Path(mask_dir)
-    if not mask_dir.is_dir():
-        raise InterpError(f"mask directory {str(mask_dir)!r} does not exist")
-    files = _mask_files(mask_dir)
+    files = mask_files(mask_dir)
     transform = eval_transform(data_cfg)
     ph, pw = patch_size_of(data_cfg, grid)
     gh, gw = grid
@@ -293,8 +277,7 @@ def regions_from_masks(ids: Sequence[str], mask_dir: Union[str, Path], data_cfg:
         if path is None:
             reasons.append("no_mask")
             continue
-        with Image.open(path) as im:
-            mask = np.asarray(im.convert("L")) > 0  # [H0, W0]
+        mask = read_mask(path)  # [H0, W0]
         geometry = input_geometry(transform, (mask.shape[1], mask.shape[0]))
         # Nearest original pixel under each input pixel centre; pixels outside the image stay background.
         u = (np.arange(gw * pw) + 0.5 - geometry.offset_x) / geometry.scale_x

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from ..errors import InterpError
 from ..hooks.names import attn_k
 from .boxes import BoxTable, InputGeometry, eval_transform, input_geometry, match_boxes, original_size, read_boxes
+from .metrics import box_iou
 from .outliers import resolve_layer
 from .patch_score import split_tokens
 from .pib import bootstrap_ci
@@ -125,21 +126,15 @@ def input_to_original(box: Sequence[float], geometry: InputGeometry) -> List[flo
     return [fx[0], fy[0], fx[1], fy[1]]
 
 
-def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
-    """IoU of two [x0, y0, x1, y1] boxes (pixel-edge coordinates); 0 when both are empty."""
-    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = iw * ih
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
-
-
 def corloc_hits(pred: Sequence[Optional[Sequence[float]]], gt: Sequence[Sequence[Sequence[float]]],
                 iou: float = 0.5) -> List[Optional[bool]]:
     """Per image: does the predicted box reach IoU >= ``iou`` with any ground-truth box? None when the image
     has no ground-truth box or no predicted box (it is left out of CorLoc)."""
-    return [None if p is None or not boxes else any(box_iou(p, g) >= iou for g in boxes)
-            for p, boxes in zip(pred, gt)]
+    def hit(p, g) -> bool:
+        v = box_iou(p, g)  # None (two zero-area boxes) is no hit
+        return v is not None and v >= iou
+
+    return [None if p is None or not boxes else any(hit(p, g) for g in boxes) for p, boxes in zip(pred, gt)]
 
 
 @dataclass

@@ -18,14 +18,9 @@ from ..interventions import Relocation, masks
 from .outliers import ThresholdSpec, artifact_status, resolve_layer, resolve_threshold
 from .presets import detection_settings
 from .forward import forward_summary
+from .metrics import iou
 from .result import StudyResult
 from .source import LiveSource, live_model, n_batches
-
-
-def iou(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Intersection over union of two boolean maps (1.0 when both are empty)."""
-    union = (a | b).sum().item()
-    return 1.0 if union == 0 else (a & b).sum().item() / union
 
 
 @dataclass
@@ -89,6 +84,9 @@ def relocation_study(
     target = masks.smiley(grid) if target is None else torch.as_tensor(target).bool()
     if tuple(target.shape) != grid:
         raise InterpError(f"target mask has shape {tuple(target.shape)}, the model's patch grid is {grid}")
+    if not target.any():
+        raise InterpError("the target mask has no cell: there is nothing to relocate onto (give a target with "
+                          "at least one patch, e.g. --target smiley)")
     detect = resolve_layer(detect_layer, model.n_layers)
     last = model.n_layers - 1
     reloc = Relocation(neurons, target=target, value=value)

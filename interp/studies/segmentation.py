@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from ..errors import InterpError
-from .box_files import _normalise_key
+from .box_files import _normalise_key, mask_files, read_mask
+from .metrics import iou
 from .boxes import InputGeometry, eval_transform, input_geometry, match_boxes
 from .patch_score import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
 from .result import StudyResult
@@ -46,14 +47,6 @@ def upsample_nearest(mask: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
     """Nearest-neighbour upsampling of a bool [h, w] mask to [H, W]."""
     up = torch.nn.functional.interpolate(mask[None, None].float(), size=tuple(size), mode="nearest")
     return up[0, 0] > 0.5
-
-
-def jaccard(pred: torch.Tensor, gt: torch.Tensor) -> Optional[float]:
-    """|pred & gt| / |pred | gt| of two bool masks of one shape; None when both are empty."""
-    if pred.shape != gt.shape:
-        raise InterpError(f"masks of shapes {tuple(pred.shape)} and {tuple(gt.shape)} cannot be compared")
-    union = int((pred | gt).sum())
-    return None if union == 0 else int((pred & gt).sum()) / union
 
 
 def rasterise_polygons(polygons: Polygons, size: Tuple[int, int]) -> np.ndarray:
@@ -102,8 +95,6 @@ def read_coco_polygons(path: Union[str, Path]) -> Dict[str, Tuple[Tuple[int, int
 
 def ground_truth_masks(ids: Sequence[str], masks: Union[str, Path]) -> List[Optional[np.ndarray]]:
     """Original-size bool masks [H0, W0] per image id (None when the ground truth has none for it)."""
-    from PIL import Image
-
     masks = Path(masks)
     if masks.is_file() and masks.suffix.lower() == ".json":
         table = read_coco_polygons(masks)
@@ -112,16 +103,8 @@ def ground_truth_masks(ids: Sequence[str], masks: Union[str, Path]) -> List[Opti
     if not masks.is_dir():
         raise InterpError(f"masks={str(masks)!r}: give a folder of PNG masks (matched by file stem) or a COCO "
                           "instances JSON with polygon segmentations")
-    files = {p.stem: p for p in sorted(masks.rglob("*")) if p.suffix.lower() in (".png", ".bmp", ".gif", ".tif")}
-    out: List[Optional[np.ndarray]] = []
-    for image_id in ids:
-        path = files.get(Path(image_id).stem)
-        if path is None:
-            out.append(None)
-            continue
-        with Image.open(path) as im:
-            out.append(np.asarray(im.convert("L")) > 0)
-    return out
+    files = mask_files(masks)
+    return [None if (path := files.get(Path(image_id).stem)) is None else read_mask(path) for image_id in ids]
 
 
 @dataclass
@@ -211,7 +194,7 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
             continue
         geometry = input_geometry(transform, (mask.shape[1], mask.shape[0]))
         input_size = geometry.input_size
-        scores.append(jaccard(upsample_nearest(cells, input_size), mask_to_input(mask, geometry)))
+        scores.append(iou(upsample_nearest(cells, input_size), mask_to_input(mask, geometry)))
     used = [s for s in scores if s is not None]
     spec = None if intervention is None else {"kind": getattr(intervention, "kind", type(intervention).__name__),
                                               **intervention.params()}
