@@ -58,3 +58,33 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def photo_variants(root, n_per_photo: int = 4, classes: bool = False):
+    """``4 * n_per_photo`` distinct images from the bundled photos (flips and rotations) in ``root``
+    (``classes``: an image-folder layout ``root/<a|b>/img``, two photos per class) -> root."""
+    from PIL import Image
+
+    from interp.models import sample_image_paths
+
+    edits = [lambda im: im, lambda im: im.transpose(Image.FLIP_LEFT_RIGHT),
+             lambda im: im.transpose(Image.FLIP_TOP_BOTTOM), lambda im: im.transpose(Image.ROTATE_180)]
+    for i, path in enumerate(sample_image_paths()):
+        folder = root / "ab"[i // 2] if classes else root
+        folder.mkdir(parents=True, exist_ok=True)
+        with Image.open(path) as im:
+            for j in range(n_per_photo):
+                edits[j % len(edits)](im.convert("RGB")).save(folder / f"{path.stem}_{j}.png")
+    return root
+
+
+@pytest.fixture(scope="session")
+def photos16(tmp_path_factory):
+    """16 images (the bundled photos, flipped and rotated): enough for probe scores (probes.MIN_IMAGES)."""
+    return photo_variants(tmp_path_factory.mktemp("photos16"))
+
+
+@pytest.fixture(scope="session")
+def labelled16(tmp_path_factory):
+    """The 16 images of ``photos16`` in an image-folder layout of two classes (DIR/<class>/img)."""
+    return photo_variants(tmp_path_factory.mktemp("labelled16"), classes=True)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import interp
 from interp.cli import main
-from interp.models import sample_image_paths
 from interp.studies.compare import COLUMNS, compare_models
 
 from conftest import make_model
@@ -15,9 +14,9 @@ from conftest import make_model
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_compare_flags_planted_model_only(tmp_path):
+def test_compare_flags_planted_model_only(photos16):
     result = compare_models([interp.load("planted_vit"), make_model("vit"), make_model("dinov2_reg")],
-                            sample_image_paths(), progress=False, names=["planted", "vit", "dinov2_reg"])
+                            photos16, progress=False, names=["planted", "vit", "dinov2_reg"], probe_tokens=600)
     rows = {r["model"]: r for r in result.rows}
     assert set(rows["planted"]) == set(COLUMNS)
     assert rows["planted"]["artifacts"] and rows["planted"]["emergence"] == "2 (mlp)"
@@ -30,12 +29,15 @@ def test_compare_flags_planted_model_only(tmp_path):
     assert rows["planted"]["glob_cls"] is None  # the sample photos carry no labels
     vit_line = next(line for line in result.table().splitlines() if line.startswith("vit "))
     assert vit_line.split()[list(COLUMNS).index("pos_high")] == "-"
+    assert "- vit pos_high, pix_high: empty: no high-norm patch token" in result.table()  # why it is "-"
 
 
 def test_compare_cli(tmp_path, capsys):
     assert main(["compare", "planted_vit", "vit_small_patch16_224", "--no-pretrained", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "planted_vit" in out and "vit_small_patch16_224" in out
+    # the four bundled photos are too few for probe scores: "-" and the reason, not a number
+    assert "- planted_vit pos_normal, pos_high, pix_normal, pix_high: too few images (n=4) for a probe score" in out
     assert (tmp_path / "compare.json").exists()
 
 

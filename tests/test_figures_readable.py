@@ -130,3 +130,96 @@ def test_input_geometry_of_a_register_model():
     source = open_source(model=make_model("dinov2_reg"), images=images(1))
     assert input_geometry(source) == {"input_size": [224, 224], "patch_size": [14, 14], "grid": [16, 16],
                                       "n_prefix": 5, "n_registers": 4}
+
+
+# ----------------------------------------------------------------------------------------- issue 18, point 19
+def _fake_png(folder, name):
+    (folder / name).write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 64)
+    return name
+
+
+def test_sections_that_say_nothing_get_a_one_line_caveat_instead_of_the_figure(tmp_path):
+    from html import escape
+
+    from interp.report.html import PLANTED_PROBES_CAVEAT
+
+    caveat_text = escape(PLANTED_PROBES_CAVEAT)
+    too_few = "too few images (n=4) for a probe score; need >= 16"
+    probes = {"hook": "blocks.11.hook_resid_post", "notes": [], "too_few": too_few, "label": {},
+              "position": {"normal": {"n": 256, "score": None, "chance": None, "note": too_few}},
+              "pixels": {"normal": {"n": 256, "score": None, "chance": None, "note": too_few}}}
+    lost = {"hook": "blocks.11.attn.hook_k", "k": 100, "n_images": 4, "tied_seeds": 4, "corloc": None,
+            "degenerate": True, "note": "degenerate: on every image (4 of 4) ... DINO ViT-S/16"}
+    figures = {"probes": [_fake_png(tmp_path, "probes.png")], "lost": [_fake_png(tmp_path, "lost_boxes.png")],
+               "norms": [_fake_png(tmp_path, "norm_profile.png"), _fake_png(tmp_path, "outlier_maps.png")],
+               "neurons": [_fake_png(tmp_path, "neuron_scores.png")]}
+    write_html(tmp_path / "index.html", _skipped_summary(probes=probes, lost=lost, n_prefix=1, n_registers=0),
+               figures)
+    page = (tmp_path / "index.html").read_text()
+    assert f'<p class="caveat">Not scored: {too_few.replace(">", "&gt;")}' in page
+    assert '<p class="caveat">Degenerate result, not drawn: degenerate: on every image (4 of 4)' in page
+    for silent in ("probes.png", "lost_boxes.png", "outlier_maps.png", "neuron_scores.png"):
+        assert f'data-file="{silent}"' not in page, silent  # no empty or meaningless figure
+    assert 'data-file="norm_profile.png"' in page and "src=\"data:image/png;base64," in page
+    assert "1 prefix token (CLS)" in page and "1 prefix tokens" not in page
+    assert caveat_text not in page
+
+    scored = {**probes, "too_few": None,
+              "pixels": {"high_norm": {"n": 64, "score": 0.994, "chance": -0.1, "note": None}}}
+    write_html(tmp_path / "index.html", _skipped_summary(probes=scored, synthetic=True), figures)
+    page = (tmp_path / "index.html").read_text()
+    quote = page.index("high-norm tokens hold little local information")
+    caveat, number = page.index(caveat_text), page.index("high-norm 0.994")
+    assert quote < caveat < number and 'data-file="probes.png"' in page  # the caveat right below the quote
+
+
+def test_norm_profile_ticks_blocks_and_marks_the_attention_and_mlp_steps_apart(planted_norms):
+    from interp.plots.norms import AFTER_ATTN, AFTER_MLP, norm_profile
+
+    norms, _ = planted_norms
+    n = len(norms.max_patch_norm["resid_post"])
+    fig = norm_profile(norms)
+    ax, twin = fig.axes[0], fig.axes[1]
+    assert list(ax.get_xticks()) == list(range(n))                             # one tick per block, centred
+    assert ax.get_xlim() == (-0.5, n - 0.5)
+    lines = [line for line in ax.lines if line.get_marker() in ("o", "s")]
+    attn_x = sorted({round(x, 3) for line in lines if line.get_marker() == "o" for x in line.get_xdata()})
+    mlp_x = sorted({round(x, 3) for line in lines if line.get_marker() == "s" for x in line.get_xdata()})
+    assert attn_x == [round(i + AFTER_ATTN, 3) for i in range(n)] and mlp_x == [round(i + AFTER_MLP, 3) for i in range(n)]
+    assert list(twin.lines[0].get_xdata()) == pytest.approx([i + AFTER_ATTN for i in range(n)])  # not at x.75
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "after attention (resid_mid)" in labels and "after MLP (resid_post)" in labels
+
+
+def test_outline_colours_one_control_legend_and_labels_clear_of_the_dots(planted_norms):
+    from interp.plots.causal import ablation_bars, register_summary
+    from interp.studies.ablate import AblationResult
+    from interp.studies.registers import RegisterResult
+
+    norms, x = planted_norms
+    legend = plots.outlier_maps(norms, x.clamp(0, 1)).legends
+    assert len(legend) == 1 and "outlier patch: norm >" in legend[0].get_texts()[0].get_text()
+
+    cond = {"outlier_count": 10, "max_norm": 600.0, "top1_agreement": 1.0}
+    ablation = AblationResult(model="m", fingerprint="", params={}, seed=0, neurons={2: [1]}, n_images=2,
+                              controls=[{2: [3]}, {2: [4]}, {2: [5]}],
+                              conditions={"baseline": cond, "target": {**cond, "outlier_count": 0},
+                                          **{f"control_{i}": cond for i in range(3)}},
+                              summary={m: {"baseline": v, "target": v, "control_mean": v, "control_std": 0.0}
+                                       for m, v in cond.items()})
+    fig = ablation_bars(ablation)
+    texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert texts.count("one control") == 1 and not any(ax.get_legend() for ax in fig.axes)
+
+    reg = RegisterResult(model="m", fingerprint="", params={}, seed=0, neurons={2: [1]}, ids=["a", "b", "c"],
+                         threshold=266.0, baseline={"outlier_count": 151, "max_patch_norm": 616.0},
+                         with_register={"outlier_count": 0, "max_patch_norm": 142.0},
+                         register_norm=[600.0, 600.0, 600.0])
+    fig = register_summary(reg)
+    fig.canvas.draw()
+    ax = fig.axes[1]
+    label = next(t for t in ax.texts if t.get_text() == "600")
+    dots = next(line for line in ax.lines if line.get_marker() == "o")
+    box = label.get_window_extent()
+    dot_tops = ax.transData.transform(np.column_stack([dots.get_xdata(), dots.get_ydata()]))[:, 1] + 3.5
+    assert box.y0 > dot_tops.max()                                              # the "600" sits above the dots

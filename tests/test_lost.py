@@ -140,3 +140,31 @@ def test_study_with_ground_truth_boxes_on_files(tmp_path):
     assert back.seeds == result.seeds and back.box_cells == result.box_cells
     with pytest.raises(InterpError, match="k must be"):
         lost_study(source, k=0)
+
+
+def positive_keys_model():
+    """A depth-2 random ViT whose last block's keys share one large direction (a big key bias): every key
+    correlates positively with every other, LOST's degenerate case (as DINOv2-S/14's keys at 224 px)."""
+    model = make_model("vit")
+    qkv = model.timm_model.blocks[-1].attn.qkv
+    dim = qkv.in_features
+    with torch.no_grad():
+        qkv.bias[dim:2 * dim] = 50.0
+    return model
+
+
+def test_every_image_tied_says_what_it_means_and_what_to_try():
+    from interp.plots.objects import lost_boxes
+
+    result = lost_study(open_source(model=positive_keys_model(), images=images(3, seed=2)), progress=False)
+    assert result.all_degenerate and result.box_cells == [[0, 0, 14, 14]] * 3          # box = whole image
+    note = result.note
+    assert note.startswith("degenerate: on every image (3 of 3)") and "the box is the whole image" in note
+    assert "--layer" in note and "DINO ViT-S/16" in note                                  # what to try
+    assert note in result.summary() and LostResult.from_dict(json.loads(result.to_json())).note == note
+    texts = " ".join(t.get_text() for ax in lost_boxes(result).axes for t in ax.texts)
+    assert "degenerate" in texts                                                         # no boxes drawn
+    # earlier block: keys without the shared bias, ordinary seeds and no note
+    earlier = lost_study(open_source(model=positive_keys_model(), images=images(3, seed=2)), layer=0,
+                         progress=False)
+    assert not any(earlier.degenerate) and earlier.note is None

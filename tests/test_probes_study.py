@@ -13,7 +13,8 @@ from conftest import images, make_model
 from interp.errors import InterpError
 from interp.models.layout import TokenLayout
 from interp.studies import CacheSource, open_source
-from interp.studies.probes import ProbesResult, patch_pixels, probes_study
+from interp.studies.probes import (MIN_GROUP_TOKENS, MIN_IMAGES, GroupScore, ProbesResult, patch_pixels,
+                                   probes_study)
 
 GRID, PATCH, D = (4, 4), 2, 48
 HOOK = "blocks.0.hook_resid_post"
@@ -88,16 +89,62 @@ def test_given_mask_empty_group_and_missing_inputs():
 
 def test_live_register_model_with_reassessment_loss():
     model = make_model("dinov2_reg")
-    source = open_source(model=model, images=images(8, seed=4))
-    result = probes_study(source, threshold="p98", labels=[0, 1] * 4, position_loss="ce+mse", seed=1,
-                          probe_options={"epochs": 2, "min_steps": 30}, progress=False)
-    assert result.hook == f"blocks.{model.n_layers - 1}.hook_resid_post" and result.n_test_images == 2
-    assert result.high_norm_share == pytest.approx(0.02, abs=0.01)
+    source = open_source(model=model, images=images(MIN_IMAGES, seed=4))
+    kw = dict(threshold="p98", labels=[0, 1] * (MIN_IMAGES // 2), position_loss="ce+mse", seed=1,
+              probe_options={"epochs": 2, "min_steps": 30}, max_train_tokens=600, max_test_tokens=200,
+              progress=False)
+    result = probes_study(source, **kw)
+    assert result.hook == f"blocks.{model.n_layers - 1}.hook_resid_post" and result.n_test_images == 4
+    assert result.high_norm_share == pytest.approx(0.02, abs=0.01) and result.too_few is None
     assert set(result.pixels) == {"normal", "high_norm"} and result.pixels["normal"].n > 0   # live: pixels exist
-    assert result.label["register"].n == 2 and result.label["cls"].score is not None
-    again = probes_study(source, threshold="p98", labels=[0, 1] * 4, position_loss="ce+mse", seed=1,
-                         probe_options={"epochs": 2, "min_steps": 30}, progress=False)
+    assert result.pixels["normal"].score is not None and result.position["normal"].score is not None
+    # 4 held-out images: one label token each is below the label minimum, so the reason, not a number
+    assert result.label["register"].n == 4 and result.label["cls"].score is None
+    assert result.label["cls"].note.startswith("too few held-out cls images (n=4)")
+    again = probes_study(source, **kw)
     assert again.to_dict() == result.to_dict()
+
+
+def test_too_few_images_give_the_reason_not_a_number():
+    """Probes on a handful of images scored anything (R^2 -19.857, nan on n=1): now a reason, everywhere."""
+    from interp.plots.probes import probe_bars
+    from interp.studies.compare import ComparisonResult, probe_columns, probe_notes
+
+    reader = ConstructedReader(n_images=8)
+    result = probes_study(CacheSource(reader), images=reader.images, labels=reader.labels.tolist(), progress=False)
+    assert result.too_few == f"too few images (n=8) for a probe score; need >= {MIN_IMAGES}"
+    for probe in ("position", "pixels", "label"):
+        for group, entry in getattr(result, probe).items():
+            assert entry.score is None and entry.chance is None, (probe, group)
+            assert entry.note == result.too_few or entry.note.startswith("empty"), (probe, group, entry.note)
+    data = json.loads(result.to_json())
+    assert data["pixels"]["normal"]["score"] is None and "too few images (n=8)" in data["pixels"]["normal"]["note"]
+    fig = probe_bars(result)  # one message, no bars of noise
+    texts = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+    assert "too few images (n=8)" in texts and not any(ax.patches for ax in fig.axes)
+    row = {"model": "constructed", **probe_columns(result)}
+    table = ComparisonResult(model="constructed", fingerprint="", params={}, seed=None, rows=[row],
+                             notes={"constructed": probe_notes(result)}).table()
+    assert "- constructed pos_normal, pos_high, pix_normal, pix_high" in table and "too few images (n=8)" in table
+
+
+def test_a_group_with_few_held_out_tokens_is_not_scored_and_the_figure_draws_whole_bars():
+    from interp.plots.probes import probe_bars
+
+    reader = ConstructedReader(n_images=MIN_IMAGES + 4)
+    few = torch.zeros(len(reader.ids), 16, dtype=torch.bool)
+    few[:, 0] = True                                           # one high-norm patch per image
+    result = probes_study(CacheSource(reader), outliers=few, tasks=("position",), progress=False,
+                          probe_options={"epochs": 2, "min_steps": 30})
+    high, normal = result.position["high_norm"], result.position["normal"]
+    assert result.too_few is None and normal.score is not None and normal.n >= MIN_GROUP_TOKENS
+    assert high.score is None and 0 < high.n < MIN_GROUP_TOKENS
+    assert high.note == f"too few held-out high-norm tokens (n={high.n}) for a probe score; need >= {MIN_GROUP_TOKENS}"
+    shown = ProbesResult(model="m", fingerprint="", params={}, seed=0, hook="h", pixels={
+        "normal": GroupScore(256, -19.857, -0.336), "high_norm": GroupScore(1, note=high.note)})
+    ax = probe_bars(shown).axes[0]
+    assert ax.get_ylim()[0] < -19.857                                    # the bar is drawn whole, not clipped
+    assert any("too few held-out" in t.get_text().replace("\n", " ") for t in ax.texts)
 
 
 PEAK_RSS_SCRIPT = """

@@ -1,6 +1,7 @@
 """``interp report`` end to end, the ``interp study`` artifact sub-commands, and the artifact figures."""
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -32,7 +33,19 @@ STUDY_FILES = ["norms.json", "neurons.json", "ablate.json", "registers.json", "r
 
 
 def image_sources(index_html: Path):
-    return re.findall(r'<img\b[^>]*\bsrc="([^"]+)"', index_html.read_text(encoding="utf-8"))
+    """The figure files the page embeds (each ``<img>`` is a base64 PNG; the page links no other file)."""
+    page = index_html.read_text(encoding="utf-8")
+    sources = re.findall(r'<img\b[^>]*\bsrc="([^"]+)"', page)
+    assert all(src.startswith("data:image/png;base64,") for src in sources)  # embedded: one self-contained file
+    assert not re.search(r'\b(href|src)="(?!data:|#)', page)                 # no relative link to a sibling file
+    return re.findall(r'<img\b[^>]*\bdata-file="([^"]+)"', page)
+
+
+def embedded_images(index_html: Path) -> dict:
+    """data-file name -> the PNG bytes embedded in the page."""
+    page = index_html.read_text(encoding="utf-8")
+    return {name: base64.b64decode(data) for data, name in
+            re.findall(r'<img\b[^>]*\bsrc="data:image/png;base64,([^"]+)"[^>]*\bdata-file="([^"]+)"', page)}
 
 
 def figure_texts(fig: Figure) -> str:
@@ -51,11 +64,10 @@ def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, ca
     assert "[1/5] norms" in out.err and "[5/5] relocate" in out.err  # one line per stage
 
     sources = image_sources(index)
-    assert len(sources) == 9  # the five stages' 7 figures, the probes' bars and the LOST boxes
-    assert {"probes.png", "lost_boxes.png"} <= set(sources)
-    for src in sources:
-        assert not src.startswith(("/", "http:", "https:", "file:")), src  # relative links only
-        assert (tmp_path / src).is_file() and (tmp_path / src).stat().st_size > 10_000, src
+    assert len(sources) == 8  # the five stages' 7 figures and the LOST boxes; not the probes' (4 images)
+    assert "lost_boxes.png" in sources and "probes.png" not in sources and (tmp_path / "probes.png").is_file()
+    for name, png in embedded_images(index).items():  # the page holds each figure, the folder a copy
+        assert png.startswith(b"\x89PNG") and len(png) > 10_000 and png == (tmp_path / name).read_bytes(), name
     page = index.read_text(encoding="utf-8")
     assert "Synthetic model" in page and "not a trained network" in page
 
@@ -75,6 +87,8 @@ def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, ca
     assert report["relocation"]["mean_iou_active"] >= 0.9
     assert report["probes"]["position"]["high_norm"]["n"] > 0 and report["lost"]["n_images"] == 4
     assert "6. Linear probes per token group" in page and "7. LOST object discovery" in page
+    assert '<p class="caveat">Not scored: too few images (n=4) for a probe score; need &gt;= 16' in page
+    assert report["probes"]["too_few"].startswith("too few images (n=4)")
     for name in STUDY_FILES:
         assert json.loads((tmp_path / name).read_text())["study"] == name[:-5]
 
@@ -104,10 +118,12 @@ def test_report_escapes_text(tmp_path):
         "outlier_fraction": 0.0, "emergence": None, "neurons": [], "neurons_message": "a & b",
         "highest_layer": 0, "top_k": 10, "skipped": "<b>why</b>", "ablation": None, "test_time_register": None,
         "relocation": None, "planted": None, "seconds": 1.0}))
-    write_html(tmp_path / "index.html", summary, {"norms": ["a\"b.png"]})
+    (tmp_path / 'a"b.png').write_bytes(b"\x89PNG not really")
+    write_html(tmp_path / "index.html", summary, {"norms": ["a\"b.png", "norm_<i>.png"]})
     page = (tmp_path / "index.html").read_text()
     assert "<script>" not in page and "&lt;script&gt;" in page and "<b>why" not in page
-    assert 'src="a&quot;b.png"' in page and "a &amp; b" in page
+    assert 'data-file="a&quot;b.png"' in page and "a &amp; b" in page
+    assert "figure norm_&lt;i&gt;.png was not written" in page  # a missing figure file is said, not linked
 
 
 # ----------------------------------------------------------------------------------------- interp study

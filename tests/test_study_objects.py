@@ -33,20 +33,30 @@ def labelled(tmp_path_factory):
     return root
 
 
-def test_probes_cli_writes_scores_with_chance_and_figure(labelled, tmp_path):
-    assert main(["study", "probes", "planted_vit", "--images", str(labelled), "--out", str(tmp_path),
+def test_probes_cli_writes_scores_with_chance_and_figure(labelled16, tmp_path):
+    assert main(["study", "probes", "planted_vit", "--images", str(labelled16), "--out", str(tmp_path),
                  "--max-train-tokens", "300", "--max-test-tokens", "100", "--no-progress"]) == 0
     data = json.loads((tmp_path / "probes.json").read_text())
     result = ProbesResult.from_dict(data)
     assert data["figure_files"] == ["probes.png"] and (tmp_path / "probes.png").stat().st_size > 0
-    assert result.high_norm_share > 0 and result.n_test_images == 1
+    assert result.high_norm_share > 0 and result.n_test_images == 4 and result.too_few is None
     for probe in ("position", "pixels"):
         for group in ("normal", "high_norm"):
             entry = getattr(result, probe)[group]
             assert entry.n > 0 and entry.score is not None and entry.chance is not None
     assert result.label["register"].score is None and "no register" in result.label["register"].note
-    assert result.label["cls"].chance is not None            # labels came from the folder layout
+    assert "too few held-out cls images (n=4)" in result.label["cls"].note  # labels came from the folder layout
     assert "<img alt='probes'" in result_html(result)
+
+
+def test_probes_cli_on_four_images_prints_the_reason_not_a_number(labelled, tmp_path, capsys):
+    assert main(["study", "probes", "planted_vit", "--images", str(labelled), "--out", str(tmp_path),
+                 "--max-train-tokens", "300", "--max-test-tokens", "100", "--no-progress"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("position", "pixels"))]
+    assert len(lines) == 4 and all("too few images (n=4) for a probe score; need >= 16" in line for line in lines)
+    assert not any("chance" in line for line in lines)
+    data = json.loads((tmp_path / "probes.json").read_text())
+    assert data["pixels"]["normal"]["score"] is None and data["too_few"].startswith("too few images (n=4)")
 
 
 def test_lost_cli_with_test_time_register_and_corloc(tmp_path):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-from .common import (MAX_PANELS, NO_ARTIFACTS, THRESHOLD_COLOR, message_figure, short_name, display_arrays, _map_panel,
-                     _outline, _fmt, _use_log)
+from .common import (MAX_PANELS, NO_ARTIFACTS, TARGET_COLOR, THRESHOLD_COLOR, message_figure, short_name,
+                     display_arrays, outline_legend, _map_panel, _outline, _fmt, _use_log)
 from .registry import register_figures
 
 
@@ -44,6 +45,13 @@ def neuron_scores(neurons_result, max_bars: int = 30) -> Figure:
     return fig
 
 
+def _bar_label(ax, x: float, value: float, above: float) -> None:
+    """The bar's value written a few points above ``above`` (its top, or the highest dot drawn on it), so the
+    text never sits on a marker, on a linear or a log axis alike."""
+    ax.annotate(_fmt(value), (x, above), xytext=(0, 5), textcoords="offset points", ha="center", va="bottom",
+                fontsize=8)
+
+
 # ----------------------------------------------------------------------------------------- ablation
 ABLATION_METRICS = {
     "outlier_count": "patch tokens above threshold (all images)",
@@ -76,17 +84,19 @@ def ablation_bars(ablation_result) -> Figure:
                   if r.conditions.get(f"control_{i}", {}).get(metric) is not None]
         if points:
             jitter = np.linspace(-0.2, 0.2, len(points)) if len(points) > 1 else [0.0]
-            ax.plot(2 + np.asarray(jitter), points, "o", color="black", ms=3.5, label="one control")
-            ax.legend(fontsize=7, loc="best", framealpha=0.85)
+            ax.plot(2 + np.asarray(jitter), points, "o", color="black", ms=3.5)
         for x, v in enumerate(heights):
             if v is not None and np.isfinite(v):
-                top_of = max([v] + points) if x == 2 else v  # above the control dots
-                ax.text(x, top_of * 1.02, _fmt(v), ha="center", va="bottom", fontsize=8)
+                _bar_label(ax, x, v, max([v] + points) if x == 2 else v)  # above the control dots
         ax.set_xticks(range(3), ["baseline", "register\nneurons", "controls\n(mean\u00b1std)"], fontsize=8)
         ax.set_ylabel(ABLATION_METRICS[metric], fontsize=9)
         top = max([v for v in heights + points if v is not None and np.isfinite(v)] + [1e-9])
         ax.set_ylim(0, top * 1.18)
         ax.set_title(metric.replace("_", " "), fontsize=10)
+    if any(r.conditions.get(f"control_{i}") for i in range(n_controls)):  # one legend for every panel
+        fig.legend(handles=[Line2D([], [], marker="o", color="black", ms=3.5, ls="none", label="one control"),
+                            Line2D([], [], color="black", lw=1.2, label="\u00b1 std of the controls")],
+                   loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10)
     return fig
 
@@ -109,11 +119,13 @@ def relocation_maps(relocation_result, images=None) -> Figure:
     after = np.asarray(r.outlier_maps_after, dtype=np.int64)
     fig = Figure(figsize=(2.5 * n + 0.8, 5.8), layout="constrained")
     axes = fig.subplots(2, n, squeeze=False)
+    colors = []
     for i in range(n):
         picture = None if pictures is None else pictures[i]
         for row, maps in ((0, before), (1, after)):
             ax = axes[row, i]
-            width, height = _map_panel(ax, maps[i], picture)
+            width, height, color = _map_panel(ax, maps[i], picture)
+            colors.append(color)
             _outline(ax, target, width, height, halo=True, linestyle=(0, (2.5, 1.5)))
         axes[0, i].set_title(f"{short_name(r.ids[i])}\n{int(before[i].sum())} outliers before", fontsize=9)
         axes[1, i].set_title(f"after: {int(after[i].sum())} outliers, IoU {r.iou[i]:.2f}", fontsize=9)
@@ -122,6 +134,9 @@ def relocation_maps(relocation_result, images=None) -> Figure:
     active = "" if r.mean_iou_active is None else f", {r.mean_iou_active:.2f} on images with outliers before"
     shown = "" if n == len(r.ids) else f"; first {n} of {len(r.ids)} images"
     thr = "" if r.threshold is None else f", outlined and tinted = norm > {r.threshold:.3g}"
+    target_handle = Line2D([], [], color=TARGET_COLOR, ls=(0, (2.5, 1.5)), lw=1.6, label="target (the smiley)")
+    outline_legend(fig, colors, "outlier patch" + ("" if r.threshold is None else f": norm > {r.threshold:.3g}"),
+                   extra=[target_handle])
     fig.suptitle(f"{title}\nmean IoU with target {r.mean_iou:.2f}{active}{thr}{shown}", fontsize=10)
     return fig
 
@@ -160,7 +175,7 @@ def register_summary(register_result) -> Figure:
     ax.legend(fontsize=7, loc="best", framealpha=0.85)
     for x, v in enumerate(heights):
         if np.isfinite(v):
-            ax.text(x, v, _fmt(v), ha="center", va="bottom", fontsize=8)
+            _bar_label(ax, x, v, max([v] + reg) if x == 2 else v)  # above the per-image dots
     ax.set_xticks([0, 1, 2], ["max patch\nwithout", "max patch\nwith register",
                               "register token\n(max, dots: per image)"], fontsize=8)
     if _use_log(heights + reg):

@@ -12,6 +12,8 @@ from matplotlib import patheffects
 from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.legend_handler import HandlerTuple
+from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 MAX_PANELS = 8  # images drawn by the map figures (the first ones of the result)
@@ -93,10 +95,12 @@ def overlay_color(image: Optional[np.ndarray], mask: Optional[np.ndarray] = None
     return candidates[int(np.argmax(worst))]
 
 
-def _map_panel(ax, grid_map: np.ndarray, image: Optional[np.ndarray], avoid: Sequence[str] = ()) -> Tuple[float, float]:
+def _map_panel(ax, grid_map: np.ndarray, image: Optional[np.ndarray],
+               avoid: Sequence[str] = ()) -> Tuple[float, float, Optional[str]]:
     """Draw a 0/1 patch map [h, w] over ``image`` (or a grey background): each marked region outlined (a dark
     halo under a colour chosen against the image, see :func:`overlay_color`) and lightly tinted, so it shows
-    on red, orange or dark images alike. ``avoid``: colours used for something else. -> (width, height)."""
+    on red, orange or dark images alike. ``avoid``: colours used for something else.
+    -> (width, height, the outline colour or None when nothing is marked)."""
     h, w = grid_map.shape
     if image is not None:
         height, width = image.shape[:2]
@@ -105,6 +109,7 @@ def _map_panel(ax, grid_map: np.ndarray, image: Optional[np.ndarray], avoid: Seq
         height, width = h, w
         ax.imshow(np.full((h, w, 3), 0.93), extent=(0, width, height, 0), interpolation="nearest")
     marked = np.asarray(grid_map).astype(bool)
+    color = None
     if marked.any():
         color = overlay_color(image, marked, avoid)
         rgba = np.zeros((h, w, 4))
@@ -115,7 +120,21 @@ def _map_panel(ax, grid_map: np.ndarray, image: Optional[np.ndarray], avoid: Seq
     ax.set_ylim(height, 0)
     ax.set_xticks([])
     ax.set_yticks([])
-    return width, height
+    return width, height, color
+
+
+def outline_legend(fig: Figure, colors: Sequence[Optional[str]], label: str, extra: Sequence = ()) -> None:
+    """One legend below the panels: the outline colours used (one entry; the colour changes per image only to
+    stand out against it) and ``extra`` handles."""
+    used = [c for c in dict.fromkeys(colors) if c]
+    handles, labels = list(extra), [h.get_label() for h in extra]
+    if used:
+        swatches = tuple(Patch(facecolor=(*to_rgb(c), 0.3), edgecolor=c, linewidth=1.6) for c in used)
+        handles.insert(0, swatches)
+        labels.insert(0, label + (" (outline colour chosen per image for contrast)" if len(used) > 1 else ""))
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False,
+                   handler_map={tuple: HandlerTuple(ndivide=None, pad=0.2)})
 
 
 def _outline(ax, mask: np.ndarray, width: float, height: float, color: str = TARGET_COLOR, halo: bool = False,

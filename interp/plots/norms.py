@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from .common import (MAX_PANELS, NO_ARTIFACTS, ATTN_COLOR, MLP_COLOR, THRESHOLD_COLOR, message_figure, short_name,
-                     display_arrays, _map_panel, _panel_grid, _plain_log_axis, _use_log)
+                     display_arrays, outline_legend, _map_panel, _panel_grid, _plain_log_axis, _use_log)
 from .registry import register_figures
 
 
@@ -158,9 +158,14 @@ def norm_histograms(norms_result, stage: str = "resid_post") -> Figure:
     return fig
 
 
+# x offsets inside block i's column [i - 0.5, i + 0.5]: the value after its attention step, after its MLP step
+AFTER_ATTN, AFTER_MLP = -0.2, 0.2
+
+
 def norm_profile(norms_result) -> Figure:
-    """Max and median patch norm through every block, the attention step (-> resid_mid) and the MLP step
-    (-> resid_post) drawn apart, the emergence step shaded, CLS->patch attention on a twin axis.
+    """Max and median patch norm through every block: per block (one tick each) the value after its attention
+    step (circle, -> resid_mid) and after its MLP step (square, -> resid_post), the steps coloured apart, the
+    emergence step shaded, CLS->patch attention of each block's attention on a twin axis.
 
     Long on purpose: it is one figure's layout, axis by axis, with nothing that another figure shares."""
     r = norms_result
@@ -174,36 +179,36 @@ def norm_profile(norms_result) -> Figure:
     def series(values_mid, values_post):
         xs, ys = [], []
         for i in range(n_layers):
-            xs += [i + 0.5, i + 1.0]
+            xs += [i + AFTER_ATTN, i + AFTER_MLP]
             ys += [np.nan if values_mid[i] is None else values_mid[i],
                    np.nan if values_post[i] is None else values_post[i]]
         return np.array(xs), np.array(ys, dtype=float)
 
-    fig = Figure(figsize=(max(7.5, 0.55 * n_layers + 3), 4.6), layout="constrained")
+    fig = Figure(figsize=(max(7.5, 0.55 * n_layers + 3), 4.8), layout="constrained")
     ax = fig.add_subplot()
     handles = []
-    for name, values, lw, marker in (("max", r.max_patch_norm, 2.2, "o"), ("median", r.median_patch_norm, 1.2, ".")):
+    for name, values, lw, size in (("max", r.max_patch_norm, 2.2, 6), ("median", r.median_patch_norm, 1.2, 3.5)):
         xs, ys = series(values["resid_mid"], values["resid_post"])
-        # Segment k joins point k to k+1: odd k are attention steps (post of block i -> mid of block i+1).
+        # Segment k joins point k to k+1: even k are MLP steps (mid -> post of block i), odd k attention steps.
         segs = [[(xs[k], ys[k]), (xs[k + 1], ys[k + 1])] for k in range(len(xs) - 1)]
         colors = [MLP_COLOR if k % 2 == 0 else ATTN_COLOR for k in range(len(segs))]
         ax.add_collection(LineCollection(segs, colors=colors, linewidths=lw))
-        ax.plot(xs[0::2], ys[0::2], marker, color=ATTN_COLOR, ms=5 if name == "max" else 4, ls="none")
-        ax.plot(xs[1::2], ys[1::2], marker, color=MLP_COLOR, ms=5 if name == "max" else 4, ls="none")
-        handles.append(Line2D([], [], color="black", lw=lw, marker=marker, label=f"{name} patch norm"))
-    handles += [Line2D([], [], color=ATTN_COLOR, lw=2, label="attention step (\u2192 resid_mid)"),
-                Line2D([], [], color=MLP_COLOR, lw=2, label="MLP step (\u2192 resid_post)")]
+        ax.plot(xs[0::2], ys[0::2], "o", color=ATTN_COLOR, ms=size, ls="none")
+        ax.plot(xs[1::2], ys[1::2], "s", color=MLP_COLOR, ms=size, ls="none")
+        handles.append(Line2D([], [], color="black", lw=lw, label=f"{name} patch norm"))
+    handles += [Line2D([], [], color=ATTN_COLOR, lw=2, marker="o", label="after attention (resid_mid)"),
+                Line2D([], [], color=MLP_COLOR, lw=2, marker="s", label="after MLP (resid_post)")]
     values = [v for v in list(mid) + list(post) + list(r.median_patch_norm.get("resid_mid") or [])
               if v is not None and v > 0]
     if _use_log(values):
         ax.set_yscale("log")
-    ax.set_xlim(0, n_layers)
     lo, hi = min(values), max(values)
     ax.set_ylim(lo / 1.5 if ax.get_yscale() == "log" else 0, hi * (2 if ax.get_yscale() == "log" else 1.15))
-    ax.set_xticks([i + 0.5 for i in range(n_layers)], [str(i) for i in range(n_layers)])
-    for i in range(1, n_layers):
-        ax.axvline(i, color="0.85", lw=0.8, zorder=0)
-    ax.set_xlabel("block (left half: attention, right half: MLP)")
+    step = 1 if n_layers <= 32 else max(1, n_layers // 24)
+    ax.set_xticks(range(0, n_layers, step))
+    for i in range(n_layers - 1):
+        ax.axvline(i + 0.5, color="0.85", lw=0.8, zorder=0)  # block boundaries
+    ax.set_xlabel("block (in each block: after attention ●, then after MLP ■)")
     ax.set_ylabel("patch-token L2 norm")
     if r.threshold is not None:
         ax.axhline(r.threshold, color=THRESHOLD_COLOR, ls=":", lw=1.2)
@@ -211,19 +216,23 @@ def norm_profile(norms_result) -> Figure:
                               label=f"threshold {r.threshold:.3g} (block {r.detect_layer})"))
     if r.emergence:
         layer, comp = r.emergence["layer"], r.emergence["component"]
-        x0 = layer + (0.0 if comp == "attention" else 0.5)
+        # the shaded step: from the point before it to the point it ends on
+        x0, x1 = (layer - 1 + AFTER_MLP, layer + AFTER_ATTN) if comp == "attention" else \
+            (layer + AFTER_ATTN, layer + AFTER_MLP)
         ratio = r.emergence["jump"]  # the max/median patch norm ratio's jump at that step
-        ax.axvspan(x0, x0 + 0.5, color="gold", alpha=0.35, zorder=0)
+        ax.axvspan(max(x0, -0.5), x1, color="gold", alpha=0.35, zorder=0)
         handles.append(Patch(color="gold", alpha=0.35,
-                             label=f"emergence: block {layer} {comp} (max/median \u00d7{ratio:.1f})"))
+                             label=f"emergence: block {layer} {comp} step (max/median \u00d7{ratio:.1f})"))
     if r.cls_attention_max is not None:
         twin = ax.twinx()
-        twin.plot([i + 0.25 for i in range(n_layers)], r.cls_attention_max, "x--", color="tab:purple", lw=1, ms=6)
+        twin.plot([i + AFTER_ATTN for i in range(n_layers)], r.cls_attention_max, "x--", color="tab:purple", lw=1,
+                  ms=6)
         twin.set_ylim(0, 1.05)
         twin.set_ylabel("max CLS\u2192patch attention (head mean, 0-1)", color="tab:purple")
-        handles.append(Line2D([], [], color="tab:purple", marker="x", ls="--", label="max CLS\u2192patch attention"))
-    ax.set_xlim(0, n_layers)  # after the twin axis, whose plot would widen the shared x range
-    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+        handles.append(Line2D([], [], color="tab:purple", marker="x", ls="--",
+                              label="max CLS\u2192patch attention (in the block's attention)"))
+    ax.set_xlim(-0.5, n_layers - 0.5)  # after the twin axis, whose plot would widen the shared x range
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(title + ("" if r.artifacts_found else f": {NO_ARTIFACTS}"), fontsize=11)
     return fig
 
@@ -247,11 +256,13 @@ def outlier_maps(norms_result, images=None) -> Figure:
     pictures = display_arrays(images, n)
     cols = min(n, 4)
     fig = Figure(figsize=(2.7 * cols, 2.9 * math.ceil(n / cols) + 0.5), layout="constrained")
+    colors = []
     for i, ax in enumerate(_panel_grid(fig, n)):
-        _map_panel(ax, maps[i], None if pictures is None else pictures[i])
+        colors.append(_map_panel(ax, maps[i], None if pictures is None else pictures[i])[2])
         ax.set_title(f"{short_name(r.ids[i])}\n{int(maps[i].sum())} outlier patches", fontsize=9)
     shown = "" if n == len(r.ids) else f" (first {n} of {len(r.ids)} images)"
     thr = f"norm > {r.threshold:.3g}" if r.threshold is not None else "above threshold"
+    outline_legend(fig, colors, f"outlier patch: {thr}")
     fig.suptitle(f"{title}: outlined and tinted = {thr}{shown}", fontsize=11)
     return fig
 

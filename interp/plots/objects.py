@@ -63,10 +63,14 @@ def _lost_panel(ax, run: Dict, i: int, grid: Sequence[int], image: Optional[np.n
 def lost_boxes(result, images=None, n: int = MAX_PANELS) -> Figure:
     """LOST per image (up to ``n``): seed (star), mask M > 0 (the cells off it dimmed) and the seed component's
     box (cyan); a second row for the run under the intervention when the result has one. Titles flag tied
-    seeds and CorLoc hits."""
+    seeds and CorLoc hits. When every image is a tied seed (the boxes are the whole image, no discovery) the
+    figure is the result's note instead."""
     count = min(n, len(result.ids))
     if count == 0:
         return message_figure(f"{result.model}: LOST", "no image")
+    if result.edited is None and result.degenerate and all(result.degenerate):
+        return message_figure(f"{result.model}: LOST ({result.hook})", "degenerate: every image is a tied seed",
+                              result.note or "")
     arrays = display_arrays(images, count)
     runs: List[Tuple[str, Dict]] = [("", vars(result))]
     if result.edited is not None:

@@ -1,5 +1,6 @@
 """Figure of the linear-probe study (Darcet et al. Table 1b): one bar per token group and probe, with the
-chance level drawn over each bar and empty groups written out instead of a bar.
+chance level drawn over each bar; a group without a score (empty, too few tokens) gets its reason written in
+place of the bar, and a result on too few images is one message, not a figure of noise.
 
 >>> from interp.studies.probes import probes_study
 >>> fig = probe_bars(probes_study(source, tasks=("position",), progress=False))
@@ -7,6 +8,7 @@ chance level drawn over each bar and empty groups written out instead of a bar.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Dict, List, Tuple
 
 from matplotlib.figure import Figure
@@ -31,20 +33,28 @@ def _panels(result) -> List[Tuple[str, str, str, Dict]]:
 
 
 def probe_bars(result) -> Figure:
-    """Bars of each probe's test score per token group, a black tick at the group's chance level, and
-    ``empty`` (with the count 0) for a group with no token; ``n`` under each bar."""
+    """Bars of each probe's test score per token group, a dashed black tick at the group's chance level, and
+    the reason (empty, too few tokens) in place of the bar for a group without a score; ``n`` under each bar.
+    The y axis spans every score (a negative R^2 is drawn whole, never clipped)."""
     panels = _panels(result)
+    title = f"{result.model}: linear probes"
     if not panels:
-        return message_figure(f"{result.model}: linear probes", "no probe ran",
-                              "; ".join(result.notes) or "no task was asked for")
+        return message_figure(title, "no probe ran", "; ".join(result.notes) or "no task was asked for")
+    if getattr(result, "too_few", None):
+        return message_figure(title, "too few images for probe scores", result.too_few)
     fig = Figure(figsize=(3.4 * len(panels), 3.2), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (probe, title, ylabel, groups) in zip(axes, panels):
         names, chance_label = list(groups), "chance"
+        values = [v for g in groups.values() for v in (g.score, g.chance) if v is not None]
+        low = min([0.0] + values)
+        low -= 0.02 * (1.0 - low)
+        ax.set_ylim(low, 1.02)
         for x, name in enumerate(names):
             entry = groups[name]
             if entry.score is None:
-                ax.text(x, 0.02, "empty", ha="center", va="bottom", rotation=90, fontsize=8, color="#555")
+                reason = textwrap.fill(entry.note or "no score", 20)
+                ax.text(x, (low + 1.02) / 2, reason, ha="center", va="center", fontsize=6.5, color="#555")
                 continue
             ax.bar(x, entry.score, color=GROUP_COLORS.get(name, "#888"), width=0.7)
             if entry.chance is not None:
@@ -52,8 +62,7 @@ def probe_bars(result) -> Figure:
                           linestyles="--", label=chance_label)
                 chance_label = None  # one legend entry per panel
         ax.set_xticks(range(len(names)), [f"{n.replace('_', '-')}\nn={groups[n].n}" for n in names], fontsize=8)
-        values = [v for g in groups.values() for v in (g.score, g.chance) if v is not None]
-        ax.set_ylim(max(min(0.0, *values), -1.0) - 0.02, 1.02)  # R^2 may be negative; clipped at -1
+        ax.set_xlim(-0.6, len(names) - 0.4)
         ax.axhline(0, color="#999", linewidth=0.6)
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)

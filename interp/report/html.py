@@ -1,7 +1,10 @@
 """The report's self-contained ``index.html``: a summary table, then one section per study with its figures
-and a link to its JSON (relative links only; every text escaped)."""
+embedded (base64 PNG: the page is one file that can be mailed or moved alone) and the name of its JSON in the
+report folder; every text escaped. A section whose figure would say nothing on the data (too few images for
+the probes, a degenerate LOST) shows a one-line caveat instead of the figure."""
 from __future__ import annotations
 
+import base64
 import html
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -9,7 +12,12 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .._version import __version__
+from ..studies.probes import MIN_IMAGES
 from .summary import SYNTHETIC_NOTE
+
+PLANTED_PROBES_CAVEAT = ("Caveat: planted_vit's high-norm tokens are ordinary patch tokens with a planted direction "
+                         "added, so they keep their local information: high position and pixel scores here show "
+                         "that the probes run, not Darcet et al.'s finding on trained ViTs.")
 
 
 def _num(value, digits: int = 3) -> str:
@@ -31,6 +39,11 @@ SKIPPED_STAGES = ("Skipped: the ablation, the test-time register and the relocat
                   "none were ranked (see 2.).")
 
 
+def plural(n: int, word: str) -> str:
+    """'1 prefix token', '5 prefix tokens'."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _geometry(s: Dict) -> str:
     """'224 x 224 px, 16 px patches -> 14 x 14 grid, 5 prefix tokens (CLS + 4 registers)' ("n/a" when unknown)."""
     if s.get("input_size") is None:
@@ -38,8 +51,9 @@ def _geometry(s: Dict) -> str:
     (h, w), (ph, pw), (gh, gw) = s["input_size"], s["patch_size"], s["grid"]
     patch = f"{ph} px" if ph == pw else f"{ph} x {pw} px"
     others = s["n_prefix"] - 1 - s["n_registers"]
-    kinds = ["CLS"] + [f"{s['n_registers']} registers"] * bool(s["n_registers"]) + [f"{others} other"] * bool(others)
-    return (f"{h} x {w} px, {patch} patches \u2192 {gh} x {gw} grid, {s['n_prefix']} prefix tokens "
+    kinds = (["CLS"] + [plural(s["n_registers"], "register")] * bool(s["n_registers"])
+             + [f"{others} other"] * bool(others))
+    return (f"{h} x {w} px, {patch} patches \u2192 {gh} x {gw} grid, {plural(s['n_prefix'], 'prefix token')} "
             f"({' + '.join(kinds)})")
 
 
@@ -85,13 +99,27 @@ def summary_rows(s: Dict) -> List[Tuple[str, str]]:
     return rows
 
 
-def _section(title: str, sentences: List[str], figures: List[str], json_name: Optional[str]) -> str:
+def embedded_image(folder: Optional[Path], name: str) -> str:
+    """An ``<img>`` holding ``folder/name`` (a PNG) as a base64 data URI; a note when the file is missing."""
+    path = None if folder is None else folder / name
+    if path is None or not path.is_file():
+        return f'<p class="note">figure {html.escape(name)} was not written</p>'
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}" '
+            f'data-file="{html.escape(name)}"></figure>')
+
+
+def _section(title: str, sentences: List[str], figures: List[str], json_name: Optional[str],
+             folder: Optional[Path] = None, caveat: Optional[str] = None) -> str:
+    """One study's section: its sentences, then the caveat INSTEAD of the figures when there is one."""
     parts = [f"<section><h2>{html.escape(title)}</h2>"]
     parts += [f"<p>{html.escape(t)}</p>" for t in sentences if t]
-    for name in figures:
-        parts.append(f'<figure><img src="{html.escape(name)}" alt="{html.escape(name)}"></figure>')
+    if caveat:
+        parts.append(f'<p class="caveat">{html.escape(caveat)}</p>')
+    else:
+        parts += [embedded_image(folder, name) for name in figures]
     if json_name:
-        parts.append(f'<p class="files">data: <a href="{html.escape(json_name)}">{html.escape(json_name)}</a></p>')
+        parts.append(f'<p class="files">data: <code>{html.escape(json_name)}</code> in the report folder</p>')
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -154,37 +182,58 @@ def _probe_sentence(name: str, groups: Dict) -> str:
     return f"{name}: " + "; ".join(cells) + "." if cells else ""
 
 
-def object_sections(s: Dict, figures: Dict[str, List[str]]) -> List[str]:
-    """The probes and LOST sections, when the report ran them (``s["probes"]``, ``s["lost"]``)."""
+def object_sections(s: Dict, figures: Dict[str, List[str]], folder: Optional[Path] = None) -> List[str]:
+    """The probes and LOST sections, when the report ran them (``s["probes"]``, ``s["lost"]``); each says in
+    one line, instead of a figure, when its result means nothing on these data."""
     parts = []
     p = s.get("probes")
     if p:
         text = [f"Linear probes on {p['hook']}, trained on the training images' tokens and scored per token group "
                 "on held-out images (a small seeded token sample). Darcet et al.: high-norm tokens hold little "
-                "local information (position, pixels) and much global information (the label).",
-                _probe_sentence("Position (top-1)", p["position"]), _probe_sentence("Pixels (R\u00b2)", p["pixels"]),
-                _probe_sentence("Label from one token (top-1)", p["label"]), *p["notes"]]
-        parts.append(_section("6. Linear probes per token group", text, figures.get("probes", []), "probes.json"))
+                "local information (position, pixels) and much global information (the label)."]
+        caveat = None
+        if p.get("too_few"):
+            caveat = (f"Not scored: {p['too_few']} (interp report --images DIR with at least {MIN_IMAGES} images "
+                      "gives probe scores).")
+        else:
+            if s.get("synthetic"):
+                text.append(PLANTED_PROBES_CAVEAT)
+            text += [_probe_sentence("Position (top-1)", p["position"]),
+                     _probe_sentence("Pixels (R\u00b2)", p["pixels"]),
+                     _probe_sentence("Label from one token (top-1)", p["label"])]
+        parts.append(_section("6. Linear probes per token group", text + list(p["notes"]), figures.get("probes", []),
+                              "probes.json", folder, caveat))
     lost = s.get("lost")
     if lost:
         text = [f"LOST on the keys {lost['hook']} (k={lost['k']}): the seed (star) is the patch with the fewest "
                 "positive key correlations; the box holds the seed's connected part of the mask (cells off it "
-                "dimmed). No ground-truth boxes here, so no CorLoc (interp study lost --boxes FILE gives it).",
-                f"{lost['tied_seeds']} of {lost['n_images']} images have all degrees equal (a tied seed, not a "
-                "discovery)."]
-        parts.append(_section("7. LOST object discovery", text, figures.get("lost", []), "lost.json"))
+                "dimmed). No ground-truth boxes here, so no CorLoc (interp study lost --boxes FILE gives it)."]
+        caveat = f"Degenerate result, not drawn: {lost['note']}" if lost.get("degenerate") else None
+        if not caveat:
+            text.append(lost.get("note") or f"{lost['tied_seeds']} of {lost['n_images']} images have all degrees "
+                                            "equal (a tied seed, not a discovery).")
+        parts.append(_section("7. LOST object discovery", text, figures.get("lost", []), "lost.json", folder, caveat))
     return parts
 
 
+def _telling_norm_figures(s: Dict, figures: Dict[str, List[str]]) -> List[str]:
+    """The norms figures that show something: no outlier map when no patch is above the threshold (the
+    section's sentence says there are none)."""
+    none_above = not s.get("outlier_fraction")
+    return [f for f in figures.get("norms", []) if not (none_above and f.startswith("outlier_maps"))]
+
+
 def write_html(path: Path, s: Dict, figures: Dict[str, List[str]]) -> None:
-    """The self-contained index page: summary table, then one section per study (relative links only)."""
+    """The self-contained index page: summary table, then one section per study, each figure (a PNG next to
+    ``path``, named in ``figures``) embedded; no link to another file."""
     title = f"interp report: {s['model']}"
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:1250px;margin:1.5em auto;padding:0 1em;line-height:1.4}"
              "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;"
              "vertical-align:top}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}"
              ".warn{background:#fff4d6;border:1px solid #e0b84c;padding:.6em}.note{background:#eef3ff;"
-             "border:1px solid #9ab;padding:.6em}.files{font-size:90%;color:#555}figure{margin:1em 0}</style>",
+             "border:1px solid #9ab;padding:.6em}.caveat{background:#fff4d6;border-left:4px solid #e0b84c;"
+             "padding:.4em .6em}.files{font-size:90%;color:#555}figure{margin:1em 0}</style>",
              "</head><body>", f"<h1>{html.escape(title)}</h1>"]
     if s["synthetic"]:
         parts.append(f'<p class="warn"><strong>Synthetic model.</strong> {html.escape(SYNTHETIC_NOTE)}</p>')
@@ -194,20 +243,24 @@ def write_html(path: Path, s: Dict, figures: Dict[str, List[str]]) -> None:
     for label, value in summary_rows(s):
         parts.append(f"<tr><th>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>")
     parts.append("</tbody></table>")
-    text = study_explanations(s)
-    parts.append(_section("1. High-norm tokens (norms)", text["norms"], figures.get("norms", []), "norms.json"))
-    parts.append(_section("2. Register neurons", text["neurons"], figures.get("neurons", []), "neurons.json"))
+    text, folder = study_explanations(s), path.parent
+    parts.append(_section("1. High-norm tokens (norms)", text["norms"], _telling_norm_figures(s, figures),
+                          "norms.json", folder))
+    # without ranked neurons the score chart is an empty message: the sentence says it in one line
+    parts.append(_section("2. Register neurons", text["neurons"], figures.get("neurons", []) if s["neurons"] else [],
+                          "neurons.json", folder))
     if s["skipped"]:
         parts.append(f'<section><h2>3-5. Ablation, test-time register, relocation</h2>'
                      f'<p class="note">{html.escape(SKIPPED_STAGES)}</p></section>')
     else:
         parts.append(_section("3. Ablation against random controls", text.get("ablate", []),
-                              figures.get("ablate", []), "ablate.json"))
+                              figures.get("ablate", []), "ablate.json", folder))
         parts.append(_section("4. Test-time register", text.get("registers", []), figures.get("registers", []),
-                              "registers.json"))
+                              "registers.json", folder))
         parts.append(_section("5. Relocation onto a smiley", text.get("relocate", []), figures.get("relocate", []),
-                              "relocate.json"))
-    parts += object_sections(s, figures)
-    parts.append(f'<p class="files">Summary: <a href="report.json">report.json</a>. Written by interp '
-                 f'{html.escape(__version__)} in {s["seconds"]:.1f} s.</p></body></html>')
+                              "relocate.json", folder))
+    parts += object_sections(s, figures, folder)
+    parts.append(f'<p class="files">Summary: <code>report.json</code>, the figures as PNG files and each study\'s '
+                 f'JSON are in the report folder. Written by interp {html.escape(__version__)} in '
+                 f'{s["seconds"]:.1f} s.</p></body></html>')
     path.write_text("\n".join(parts), encoding="utf-8")

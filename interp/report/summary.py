@@ -115,12 +115,14 @@ def probes_summary(probes) -> Optional[Dict]:
         return None
     return {probe: {group: {"n": g.n, "score": g.score, "chance": g.chance, "note": g.note}
                     for group, g in getattr(probes, probe).items()}
-            for probe in ("position", "pixels", "label")} | {"hook": probes.hook, "notes": list(probes.notes)}
+            for probe in ("position", "pixels", "label")} | {"hook": probes.hook, "notes": list(probes.notes),
+                                                             "too_few": probes.too_few}
 
 
 def lost_summary(lost) -> Optional[Dict]:
-    """Images, tied seeds and CorLoc (None without ground truth) of a LostResult (None when it did not run)."""
+    """Images, tied seeds, CorLoc (None without ground truth) and the degenerate-case note of a LostResult (None
+    when it did not run)."""
     if lost is None:
         return None
     return {"hook": lost.hook, "k": lost.k, "n_images": len(lost.ids), "tied_seeds": int(sum(lost.degenerate)),
-            "corloc": lost.corloc}
+            "corloc": lost.corloc, "degenerate": lost.all_degenerate, "note": lost.note}

@@ -7,7 +7,8 @@ averaged over heads; high-norm = above each model's own threshold (default: auto
 the last block's residual stream with the same detection, on a capped number of tokens (``probe_tokens``) so
 the table stays quick on small models: position (top-1) and pixels (R^2) on normal / high-norm patches, and the
 image label from one CLS / normal / high-norm token when the images carry labels. ``-`` = empty group (e.g.
-no high-norm tokens) or a probe that could not run; the ``*_chance`` columns give the chance levels.
+no high-norm tokens), too few images or tokens for a score (:data:`~interp.studies.probes.MIN_IMAGES`), or a
+probe that could not run; the reason is printed under the table. The ``*_chance`` columns give the chance levels.
 """
 from __future__ import annotations
 
@@ -41,13 +42,20 @@ class ComparisonResult(StudyResult):
     study = "compare"
     rows: List[Dict] = field(default_factory=list)
     skipped: List[Dict] = field(default_factory=list)  # unreadable images left out: {"image", "reason"}
+    notes: Dict[str, Dict[str, str]] = field(default_factory=dict)  # model -> {probe column: why it is "-"}
 
     def table(self) -> str:
         """The rows as an aligned plain-text table (the probe columns when the rows have them)."""
         columns = [c for c in COLUMNS if c in NORM_COLUMNS or any(c in r for r in self.rows)]
         cells = [list(columns)] + [[_fmt(r.get(c)) for c in columns] for r in self.rows]
         widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-        return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells)
+        lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+        for r in self.rows:  # why a probe cell is "-": one line per model and reason
+            by_reason: Dict[str, List[str]] = {}
+            for col, note in self.notes.get(r["model"], {}).items():
+                by_reason.setdefault(note, []).append(col)
+            lines += [f"- {r['model']} {', '.join(cols)}: {note}" for note, cols in by_reason.items()]
+        return "\n".join(lines)
 
 
 def _fmt(value) -> str:
@@ -87,6 +95,12 @@ def probe_columns(result) -> Dict:
     return row
 
 
+def probe_notes(result) -> Dict[str, str]:
+    """{probe column: why it has no number} of a ProbesResult (empty group, too few images or tokens)."""
+    entries = {col: getattr(result, probe).get(group) for col, (probe, group) in PROBE_COLUMNS.items()}
+    return {col: e.note for col, e in entries.items() if e is not None and e.score is None and e.note}
+
+
 def compare_models(models: Sequence, images, *, threshold="auto", batch_size: int = 16, progress: bool = True,
                    names: Optional[Sequence[str]] = None, probes: bool = True, probe_tokens: int = 2000,
                    probe_options: Optional[Dict] = None, seed: int = 0, strict: bool = False) -> ComparisonResult:
@@ -95,7 +109,7 @@ def compare_models(models: Sequence, images, *, threshold="auto", batch_size: in
     images and collect one row per model. Unreadable images are left out and listed in ``skipped``
     (``strict``: stop at the first one instead)."""
     probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
-    rows, skipped = [], []
+    rows, skipped, notes = [], [], {}
     for i, model in enumerate(models):
         name = names[i] if names else model.model_name
         source = open_source(model=model, images=images, batch_size=batch_size, strict=strict)
@@ -109,7 +123,8 @@ def compare_models(models: Sequence, images, *, threshold="auto", batch_size: in
                                   max_train_tokens=probe_tokens, max_test_tokens=max(probe_tokens // 2, 1),
                                   probe_options=probe_options)
             rows[-1].update(probe_columns(probed))
+            notes[name] = probe_notes(probed)
     params = {"models": [r["model"] for r in rows], "threshold": threshold, "batch_size": batch_size,
               "probes": probes, "probe_tokens": probe_tokens, "probe_options": probe_options, "seed": seed}
     return ComparisonResult(model=",".join(params["models"]), fingerprint="", params=params, seed=None, rows=rows,
-                            skipped=skipped)
+                            skipped=skipped, notes=notes)

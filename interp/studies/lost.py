@@ -17,7 +17,8 @@ Arithmetic of the reference code (``valeoai/LOST`` ``object_discovery.py``, comm
    CorLoc compares it with the ground-truth boxes (IoU >= 0.5 with any of them, pixel-edge coordinates).
 
 When every degree is equal (e.g. DINOv2-S/14 at 224 px: every key correlates positively), the seed is a tie
-broken by index: ``degenerate`` flags such images.
+broken by index: ``degenerate`` flags such images, and when every image is such a case the result's ``note``
+says that the boxes are no discovery and what to try instead (:func:`degenerate_note`).
 
 >>> result = lost_study(source, boxes="boxes.csv", progress=False)
 >>> len(result.boxes), 0 <= result.corloc <= 1, result.ci_low <= result.corloc <= result.ci_high
@@ -41,6 +42,28 @@ from .patch_score import split_tokens
 from .pib import bootstrap_ci
 from .result import StudyResult
 from .source import ActivationSource, live_model, n_batches
+
+
+# What LOST was published on (Simeoni et al. 2021): the keys of the last block of DINO ViT-S/16.
+PUBLISHED_SETTING = "DINO ViT-S/16 (e.g. timm vit_small_patch16_224.dino), keys of the last block"
+
+
+def degenerate_note(degenerate: Sequence[bool], box_cells: Sequence[Sequence[int]], grid: Sequence[int],
+                    layer: int) -> Optional[str]:
+    """What tied seeds mean and what to try: a sentence when every image is degenerate (all degrees equal),
+    a shorter one when some are, None when none is."""
+    n, tied = len(degenerate), sum(bool(d) for d in degenerate)
+    if tied == 0:
+        return None
+    if tied < n:
+        return (f"{tied} of {n} images have all degrees equal: their seed is the first patch by index (a tie, "
+                "not a discovery) and their box is no object.")
+    whole = all(list(b) == [0, 0, int(grid[1]), int(grid[0])] for b in box_cells)
+    return (f"degenerate: on every image ({tied} of {n}) every key of block {layer} correlates positively with "
+            "every other, so all degrees are equal, the seed is the first patch by index"
+            + (" and the box is the whole image" if whole else "") + ": LOST finds no object here. Try the keys "
+            "of another block (interp study lost --layer N; lost_study(layer=N)), or the model family LOST was "
+            f"published on: {PUBLISHED_SETTING}.")
 
 
 @dataclass
@@ -175,12 +198,18 @@ class LostResult(StudyResult):
     n_registers: int = 0
     intervention: Optional[Dict[str, Any]] = None
     edited: Optional[Dict[str, Any]] = None
+    note: Optional[str] = None  # what tied seeds mean and what to try (degenerate_note); None without ties
+
+    @property
+    def all_degenerate(self) -> bool:
+        """Every image a tied seed: the boxes say nothing about objects (``note`` says what to try)."""
+        return bool(self.degenerate) and all(self.degenerate)
 
     def summary(self) -> str:
         text = f"LOST on {len(self.ids)} images ({self.hook}, k={self.k}): " + _run_text(vars(self))
         if self.edited is not None:
             text += f"\nwith {self.intervention.get('kind', 'the intervention')}: " + _run_text(self.edited)
-        return text
+        return text + (f"\n{self.note}" if self.note else "")
 
 
 def _run_text(run: Dict[str, Any]) -> str:
@@ -285,4 +314,5 @@ def lost_study(source: ActivationSource, layer: int = -1, k: int = 100,
     return LostResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed, hook=hook, k=k,
         grid=list(source.layout.grid), patch_size=list(source.patch_size), ids=list(source.ids),
-        level=level, n_registers=int(source.layout.n_registers), intervention=spec, edited=edited, **base)
+        level=level, n_registers=int(source.layout.n_registers), intervention=spec, edited=edited,
+        note=degenerate_note(base["degenerate"], base["box_cells"], source.layout.grid, layer), **base)

@@ -20,6 +20,12 @@ reassessment's ``p98``, or ``auto``: the bimodal split, empty when the model has
 norms at the probed hook. Every score comes with its chance level (the best constant guess of the training
 set); an empty group is reported as such (``n = 0`` and a note), never as a number.
 
+Too little data: below :data:`MIN_IMAGES` images (or :data:`MIN_TEST_IMAGES` held-out ones) no probe is
+trained, and a group with fewer than :data:`MIN_GROUP_TOKENS` held-out tokens (label probes:
+:data:`MIN_LABEL_IMAGES` held-out images) is not scored: its ``score`` and ``chance`` are None and its ``note``
+gives the reason ("too few images (n=4) for a probe score; need >= 16"). A probe fitted on three images scores
+anything (an R^2 of -20 on 768 pixel targets); that is not a finding.
+
 Memory: two streaming passes over the source (norms, then tokens); per image at most
 ``max_train_tokens / n_train_images`` training tokens and ``max_test_tokens / n_test_images`` test tokens per
 group are kept, sampled with a seed per image.
@@ -48,6 +54,12 @@ from .result import StudyResult
 from .source import ActivationSource, token_norms
 
 POSITION_LOSSES = ("ce", "ce+mse")
+# The minimums below which a probe score is noise, not a finding (module docstring). The CLI, the report page,
+# ``interp compare`` and the figure all show the GroupScore note these produce instead of a number.
+MIN_IMAGES = 16  # images in the source (training + held-out)
+MIN_TEST_IMAGES = 4  # held-out images
+MIN_GROUP_TOKENS = 32  # held-out tokens of one group (position, pixels)
+MIN_LABEL_IMAGES = 8  # held-out images with a token of that kind (label: one token per image)
 LABEL_KINDS = ("cls", "register", "normal", "high_norm")
 
 
@@ -93,6 +105,7 @@ class ProbesResult(StudyResult):
     pixels: Dict[str, GroupScore] = field(default_factory=dict)
     label: Dict[str, GroupScore] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    too_few: Optional[str] = None  # why no probe was scored on this many images (MIN_IMAGES), else None
 
     def __post_init__(self):
         self.position, self.pixels, self.label = _groups(self.position), _groups(self.pixels), _groups(self.label)
@@ -197,19 +210,45 @@ def _label_tokens(tokens: torch.Tensor, patches: torch.Tensor, high: torch.Tenso
     return out
 
 
-def _score_position(train: _Tokens, test: _Tokens, grid, position_loss, note_empty, options) -> Dict[str, GroupScore]:
+def too_few_images(n_images: int, n_test_images: int) -> Optional[str]:
+    """Why no probe can be scored on this many images (None when there are enough; :data:`MIN_IMAGES`)."""
+    if n_images < MIN_IMAGES:
+        return f"too few images (n={n_images}) for a probe score; need >= {MIN_IMAGES}"
+    if n_test_images < MIN_TEST_IMAGES:
+        return (f"too few held-out images ({n_test_images} of {n_images}) for a probe score; need >= "
+                f"{MIN_TEST_IMAGES} (more images or a larger test fraction)")
+    return None
+
+
+def _unscored(group: str, n: int, too_few: Optional[str], note_empty, minimum: int = MIN_GROUP_TOKENS,
+              what: str = "tokens") -> Optional[GroupScore]:
+    """The GroupScore of a group that gets no number (empty, too few images, too few tokens), else None."""
+    if n == 0:
+        return GroupScore(0, note=note_empty(group))
+    if too_few:
+        return GroupScore(n, note=too_few)
+    if n < minimum:
+        return GroupScore(n, note=f"too few held-out {group.replace('_', '-')} {what} (n={n}) for a probe score; "
+                                  f"need >= {minimum}")
+    return None
+
+
+def _score_position(train: _Tokens, test: _Tokens, grid, position_loss, note_empty, too_few,
+                    options) -> Dict[str, GroupScore]:
     gh, gw = grid
+    x_test, y_test, high = test.cat("x"), test.cat("pos"), test.cat("high")
+    groups = {"normal": ~high, "high_norm": high}
+    out = {g: _unscored(g, int(sel.sum()), too_few, note_empty) for g, sel in groups.items()}
+    if all(v is not None for v in out.values()):
+        return out  # nothing to score: no probe is trained
     y = train.cat("pos")
     rowcol = torch.stack([y // gw, y % gw], 1).float() / torch.tensor([max(gh - 1, 1), max(gw - 1, 1)])
     probe = fit_probe(train.cat("x"), y, "classify", n_classes=gh * gw,
                       aux_targets=rowcol if position_loss == "ce+mse" else None, **options)
     cells = torch.stack(torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij"), -1).reshape(-1, 2).float()
     to_random_cell = torch.cdist(cells, cells).mean(1)  # [P] mean distance from a cell to a uniform guess
-    x_test, y_test, high = test.cat("x"), test.cat("pos"), test.cat("high")
-    out = {}
-    for group, sel in (("normal", ~high), ("high_norm", high)):
-        if not sel.any():
-            out[group] = GroupScore(0, note=note_empty(group))
+    for group, sel in groups.items():
+        if out[group] is not None:
             continue
         pred, truth = probe.predict(x_test[sel]), y_test[sel]
         out[group] = GroupScore(int(sel.sum()), accuracy(pred, truth), chance_score("classify", y, truth),
@@ -218,17 +257,23 @@ def _score_position(train: _Tokens, test: _Tokens, grid, position_loss, note_emp
     return out
 
 
-def _score_pixels(train: _Tokens, test: _Tokens, note_empty, options) -> Dict[str, GroupScore]:
+def _score_pixels(train: _Tokens, test: _Tokens, note_empty, too_few, options) -> Dict[str, GroupScore]:
+    x_test, y_test, high = test.cat("x"), test.cat("px"), test.cat("high")
+    groups = {"normal": ~high, "high_norm": high}
+    out = {g: _unscored(g, int(sel.sum()), too_few, note_empty) for g, sel in groups.items()}
+    if all(v is not None for v in out.values()):
+        return out
     y = train.cat("px")
     probe = fit_probe(train.cat("x"), y, "regress", **options)
-    x_test, y_test, high = test.cat("x"), test.cat("px"), test.cat("high")
-    return {group: GroupScore(int(sel.sum()), probe.score(x_test[sel], y_test[sel]),
-                              chance_score("regress", y, y_test[sel])) if sel.any()
-            else GroupScore(0, note=note_empty(group)) for group, sel in (("normal", ~high), ("high_norm", high))}
+    for group, sel in groups.items():
+        if out[group] is None:
+            out[group] = GroupScore(int(sel.sum()), probe.score(x_test[sel], y_test[sel]),
+                                    chance_score("regress", y, y_test[sel]))
+    return out
 
 
 def _score_labels(label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]], labels: torch.Tensor,
-                  is_test: torch.Tensor, options) -> Dict[str, GroupScore]:
+                  is_test: torch.Tensor, too_few: Optional[str], options) -> Dict[str, GroupScore]:
     out = {}
     for kind in LABEL_KINDS:
         rows = label_tokens.get(kind, [])
@@ -241,6 +286,10 @@ def _score_labels(label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]], label
             else:
                 why = "no such token in the test images" if not te else "training images of fewer than 2 classes"
             out[kind] = GroupScore(len(te), note=f"empty: {why}")
+            continue
+        unscored = _unscored(kind, len(te), too_few, None, MIN_LABEL_IMAGES, "images")
+        if unscored is not None:
+            out[kind] = unscored
             continue
         probe = fit_probe(torch.stack([v for _, v in tr]), y_tr, "classify", n_classes=int(labels.max()) + 1,
                           **options)
@@ -326,16 +375,17 @@ def probes_study(source: ActivationSource, hook: Optional[str] = None, *, layer:
     def note_empty(group: str) -> str:
         return f"empty: no {group.replace('_', '-')} patch token in the test images ({thr_method})"
 
-    position = _score_position(train, test, layout.grid, position_loss, note_empty, options) \
+    too_few = too_few_images(n, len(test_idx))
+    position = _score_position(train, test, layout.grid, position_loss, note_empty, too_few, options) \
         if "position" in tasks else {}
     pixels_scores: Dict[str, GroupScore] = {}
     if "pixels" in tasks and has_pixels:
-        pixels_scores = _score_pixels(train, test, note_empty, options)
+        pixels_scores = _score_pixels(train, test, note_empty, too_few, options)
     elif "pixels" in tasks:
         notes.append("pixels: skipped, the source has no input images (a cache): pass images=Tensor[N, 3, H, W]")
     label_scores = {}
     if labels is not None:
-        label_scores = _score_labels(label_tokens, labels, is_test, options)
+        label_scores = _score_labels(label_tokens, labels, is_test, too_few, options)
     elif "label" in tasks:
         notes.append("label: skipped, the images carry no labels (use an image-folder layout or labels=)")
     params = {"hook": hook, "tasks": list(tasks), "position_loss": position_loss, "threshold": str(threshold),
@@ -345,4 +395,5 @@ def probes_study(source: ActivationSource, hook: Optional[str] = None, *, layer:
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed, hook=hook,
         threshold=thr_value, threshold_method=thr_method, high_norm_share=float(high_mask.float().mean()),
         n_images=n, n_train_images=n_train, n_test_images=len(test_idx), n_train_tokens=int(sum(map(len, train.pos))),
-        position_loss=position_loss, position=position, pixels=pixels_scores, label=label_scores, notes=notes)
+        position_loss=position_loss, position=position, pixels=pixels_scores, label=label_scores, notes=notes,
+        too_few=too_few)
