@@ -33,8 +33,10 @@ group are kept, sampled with a seed per image.
 >>> result = probes_study(source, threshold="p98", tasks=("position",), progress=False)
 >>> sorted(result.position)                       # one score per token group, each with its chance level
 ['high_norm', 'normal']
->>> result.position["normal"].chance < result.position["normal"].score <= 1
+>>> result.position["normal"].score is None       # four photos: the reason instead of a number
 True
+>>> result.position["normal"].note
+'too few images (n=4) for a probe score; need >= 16'
 """
 from __future__ import annotations
 
