@@ -220,9 +220,10 @@ def test_exported_patch_gives_a_plain_timm_model_the_edited_logits(served, tmp_p
 
 
 def test_python_entry_point_serves_and_stops(one_thread):
-    ex = interp.explore(make_model("vit", depth=1), random_images(2), threshold="p99")
+    with pytest.warns(UserWarning, match="listens on 127.0.0.2"):  # not 127.0.0.1: said out loud
+        ex = interp.explore(make_model("vit", depth=1), random_images(2), threshold="p99", host="127.0.0.2")
     try:
-        assert callable(interp.explore) and ex.running
+        assert callable(interp.explore) and ex.running and ex.url.startswith("http://127.0.0.2:")
         assert f'src="{ex.url}"' in ex._repr_html_()
         with urllib.request.urlopen(ex.url, timeout=30) as res:
             assert res.status == 200
@@ -232,19 +233,6 @@ def test_python_entry_point_serves_and_stops(one_thread):
     assert not ex.running and "stopped" in ex._repr_html_()
     with pytest.raises(OSError):
         urllib.request.urlopen(ex.url, timeout=5)
-
-
-def test_server_stops_when_the_python_process_exits():
-    code = ("import interp, torch\n"
-            "m = interp.load('vit_small_patch16_224', pretrained=False, depth=1)\n"
-            "ex = interp.explore(m, torch.randn(2, 3, 224, 224), threshold='p99')\n"
-            "print(ex.url, flush=True)\n")  # no stop(): the exit must end the server and the process
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    assert out.returncode == 0, out.stderr
-    url = out.stdout.strip().splitlines()[-1]
-    with pytest.raises(OSError):
-        urllib.request.urlopen(url, timeout=5)
 
 
 def test_cli_prints_a_token_url_and_serves(tmp_path):
