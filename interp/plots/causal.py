@@ -133,9 +133,10 @@ def relocation_maps(relocation_result, images=None) -> Figure:
     axes[1, 0].set_ylabel("after relocation", fontsize=10)
     active = "" if r.mean_iou_active is None else f", {r.mean_iou_active:.2f} on images with outliers before"
     shown = "" if n == len(r.ids) else f"; first {n} of {len(r.ids)} images"
-    thr = "" if r.threshold is None else f", outlined and tinted = norm > {r.threshold:.3g}"
+    thr = "" if r.counting_threshold is None else f", outlined and tinted = norm > {r.counting_threshold:.3g}"
     target_handle = Line2D([], [], color=TARGET_COLOR, ls=(0, (2.5, 1.5)), lw=1.6, label="target (the smiley)")
-    outline_legend(fig, colors, "outlier patch" + ("" if r.threshold is None else f": norm > {r.threshold:.3g}"),
+    cut = r.counting_threshold
+    outline_legend(fig, colors, "outlier patch" + ("" if cut is None else f": norm > {cut:.3g}"),
                    extra=[target_handle])
     fig.suptitle(f"{title}\nmean IoU with target {r.mean_iou:.2f}{active}{thr}{shown}", fontsize=10)
     return fig
@@ -170,8 +171,9 @@ def register_summary(register_result) -> Figure:
     if reg:
         jitter = np.linspace(-0.2, 0.2, len(reg)) if len(reg) > 1 else [0.0]
         ax.plot(2 + np.asarray(jitter), reg, "o", color="black", ms=3.5, label="register norm, one image")
-    if r.threshold is not None:
-        ax.axhline(r.threshold, color=THRESHOLD_COLOR, ls=":", label=f"threshold {r.threshold:.3g}")
+    if r.counting_threshold is not None:
+        cut = r.counting_threshold
+        ax.axhline(cut, color=THRESHOLD_COLOR, ls=":", label=f"threshold {cut:.3g}")
     ax.legend(fontsize=7, loc="best", framealpha=0.85)
     for x, v in enumerate(heights):
         if np.isfinite(v):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Union
 
 from ..models.planted import planted_truth
-from ..studies.outliers import Detection, ThresholdSpec, detect
+from ..studies.outliers import Detection, ThresholdSpec
 from ..studies.result import jsonable
 from ..studies.source import ImagesSpec, LiveSource, open_source
 from .html import write_html
@@ -121,6 +121,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> B
     """The five stages of :func:`run_battery`."""
     from ..studies.neurons import resolve_neuron_options
     from ..studies.ablate import ablation_study
+    from ..studies.detection import DetectionSpec, RunOptions
     from ..studies.neurons import neurons_study
     from ..studies.norms import norms_study
     from ..studies.registers import register_study
@@ -132,14 +133,14 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> B
                    f"over {len(source)} images")
     settings = resolve_neuron_options(o.preset, threshold=o.threshold, detect_layer=o.detect_layer,
                                       highest_layer=o.highest_layer, top_k=o.top_k)
-    found = detect(source, settings["threshold"], settings.get("detect_layer"), **common)
+    spec = DetectionSpec(settings["threshold"], settings.get("detect_layer"), settings["preset"])
+    found = spec.detect(source, RunOptions(o.batch_size, progress=o.bars(progress)))
     out = BatteryResults(found, norms_study(source, detection=found, **common), None)
     highest = min(settings.get("highest_layer", found.layer), source.n_layers - 1)
     _say(progress, f"interp report [2/{N_STAGES}] neurons: ranking register neurons in blocks <= {highest}")
     out.neurons = neurons_study(source, detection=found, highest_layer=highest, top_k=settings["top_k"],
                                 positions=settings["positions"], sparsity=settings["sparsity"] or "none",
                                 seed=o.seed, **common)
-    out.neurons.preset = out.neurons.params["preset"] = settings["preset"]
     if not out.neurons.neurons:
         out.skipped = (f"no register neurons to test ({out.neurons.message or 'nothing ranked'}); the ablation, "
                        "test-time register and relocation studies need neurons and were not run")
@@ -152,7 +153,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> B
     _say(progress, f"interp report [4/{N_STAGES}] registers: test-time register with these neurons")
     out.register = register_study(source, chosen, detection=found, **common)
     _say(progress, f"interp report [5/{N_STAGES}] relocate: moving the high norm onto a smiley")
-    out.relocation = relocation_study(source, chosen, threshold=found.spec, detect_layer=found.layer, **common)
+    out.relocation = relocation_study(source, chosen, detection=found, **common)
     return out
 
 

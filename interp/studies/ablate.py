@@ -17,9 +17,9 @@ from tqdm.auto import tqdm
 
 from ..interventions import NeuronAblation
 from .forward import forward_summary
-from .outliers import Detection, ThresholdSpec, artifact_status, detection_for
-from .presets import detection_settings
-from .result import StudyResult
+from .detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from .outliers import ThresholdSpec
+from .result import OutlierStudyResult, skipped_records
 from .source import LiveSource, live_model, n_batches
 
 Neurons = Dict[int, List[int]]
@@ -40,7 +40,7 @@ def random_controls(neurons: Neurons, d_mlp: int, n_controls: int, seed: int) ->
 
 
 @dataclass
-class AblationResult(StudyResult):
+class AblationResult(OutlierStudyResult):
     """Result of :func:`ablation_study`.
 
     Attributes:
@@ -48,16 +48,14 @@ class AblationResult(StudyResult):
             "baseline", "target" and "control_<i>".
         controls: the neuron sets of the controls, as {layer: [neuron, ...]}.
         summary: metric -> {"baseline", "target", "control_mean", "control_std"}.
+        counting_threshold: the norm the outlier counts use: ``threshold``, or the 99th percentile of the
+            unablated norms when "auto" finds no separated mode (so counts stay comparable).
     """
 
     study = "ablate"
     neurons: Dict = field(default_factory=dict)
     mode: str = "zero"
-    detect_layer: int = -1
-    threshold: Optional[float] = None
-    preset: Optional[str] = None
-    artifacts_found: bool = False
-    warning: Optional[str] = None
+    counting_threshold: Optional[float] = None
     n_images: int = 0
     controls: List[Dict] = field(default_factory=list)
     conditions: Dict[str, Dict] = field(default_factory=dict)
@@ -73,7 +71,7 @@ def ablation_study(
     seed: int = 0,
     threshold: Optional[ThresholdSpec] = None,
     detect_layer: Optional[int] = None,
-    detection: Optional[Detection] = None,
+    detection: DetectionLike = None,
     preset: Optional[str] = None,
     batch_size: int = 16,
     progress: bool = True,
@@ -95,11 +93,10 @@ def ablation_study(
     """
     model = live_model(source, "ablation study")
     neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
-    if detection is None:
-        threshold, detect_layer, preset = detection_settings(preset, threshold, detect_layer)
-    found = detection_for(source, detection, threshold, detect_layer, batch_size, progress)
+    found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+                         options=RunOptions(batch_size, progress=progress))
     detect = found.layer
-    artifacts, warning = artifact_status(detect, found.threshold, found.artifacts_found, "ablate")
+    header = detection_header(found, "ablate")
     thr_value = found.counting_threshold()
     controls = random_controls(neurons, model.d_mlp, n_controls, seed)
 
@@ -140,10 +137,10 @@ def ablation_study(
                            "control_mean": float(np.mean(ctrl)) if ctrl else None,
                            "control_std": float(np.std(ctrl)) if ctrl else None}
     params = {"neurons": {str(k): v for k, v in neurons.items()}, "mode": mode, "n_controls": n_controls,
-              "threshold": found.spec, "detect_layer": detect, "preset": preset, "batch_size": batch_size}
+              **detection_params(found), "batch_size": batch_size}
     return AblationResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
-                          neurons={str(k): v for k, v in neurons.items()}, mode=mode, detect_layer=detect,
-                          threshold=float(thr_value), preset=preset, artifacts_found=artifacts,
-                          warning=warning, n_images=n,
+                          ids=list(source.ids), skipped=skipped_records(source), **header,
+                          neurons={str(k): v for k, v in neurons.items()}, mode=mode,
+                          counting_threshold=float(thr_value), n_images=n,
                           controls=[{str(k): v for k, v in c.items()} for c in controls],
                           conditions=table, summary=summary)

@@ -28,15 +28,16 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..hooks.names import mlp_post, resid_post
-from .outliers import Detection, ThresholdSpec, artifact_status, detection_for, resolve_layer
+from .detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params
+from .outliers import Detection, ThresholdSpec, resolve_layer
 from .presets import resolve_preset
 from .register_scores import RegisterScoreAccumulator, rank_neurons
-from .result import StudyResult
+from .result import OutlierStudyResult, skipped_records
 from .source import ActivationSource, n_batches, token_norms
 
 
 @dataclass
-class NeuronsResult(StudyResult):
+class NeuronsResult(OutlierStudyResult):
     """Result of :func:`neurons_study`.
 
     Attributes:
@@ -49,17 +50,11 @@ class NeuronsResult(StudyResult):
     """
 
     study = "neurons"
-    detect_layer: int = -1
-    threshold: Optional[float] = None
-    threshold_method: str = "auto"
     highest_layer: int = -1
     top_k: int = 10
     positions: str = "all"
     sparsity: Optional[str] = None
     sparsity_filter: bool = False
-    preset: Optional[str] = None
-    artifacts_found: bool = False
-    warning: Optional[str] = None
     n_images: int = 0
     n_images_with_outliers: int = 0
     n_outlier_tokens: int = 0
@@ -133,7 +128,7 @@ def neurons_study(
     *,
     threshold: Optional[ThresholdSpec] = None,
     detect_layer: Optional[int] = None,
-    detection: Optional[Detection] = None,
+    detection: DetectionLike = None,
     highest_layer: Optional[int] = None,
     top_k: Optional[int] = None,
     positions: Optional[str] = None,
@@ -165,21 +160,21 @@ def neurons_study(
     opts = resolve_neuron_options(preset, threshold=threshold, detect_layer=detect_layer,
                                   highest_layer=highest_layer, top_k=top_k, positions=positions,
                                   sparsity=sparsity, sparsity_filter=sparsity_filter)
-    if detection is not None:  # a given detection is checked against the explicit arguments only
-        found = detection.check(source, detect_layer, threshold)
+    if isinstance(detection, Detection):  # checked against the explicit arguments only
+        found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
     else:
-        found = detection_for(source, None, opts["threshold"], opts.get("detect_layer"), batch_size, progress)
+        spec = detection or DetectionSpec(opts["threshold"], opts.get("detect_layer"), opts["preset"])
+        found = as_detection(source, spec, options=RunOptions(batch_size, progress=progress))
     detect, thr = found.layer, found.threshold
     highest = min(resolve_layer(opts.get("highest_layer", detect), source.n_layers), source.n_layers - 1)
-    artifacts, warning = artifact_status(detect, thr, found.artifacts_found, "neurons")
-    params = {"threshold": found.spec, "detect_layer": detect, "highest_layer": highest, "top_k": opts["top_k"],
-              "positions": opts["positions"], "sparsity": opts["sparsity"], "preset": opts["preset"],
-              "max_images": max_images, "batch_size": batch_size}
+    header = detection_header(found, "neurons")
+    params = {**detection_params(found), "highest_layer": highest, "top_k": opts["top_k"],
+              "positions": opts["positions"], "sparsity": opts["sparsity"], "max_images": max_images,
+              "batch_size": batch_size}
     base = dict(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
-                detect_layer=detect, highest_layer=highest, top_k=opts["top_k"], positions=opts["positions"],
-                sparsity=opts["sparsity"], sparsity_filter=opts["sparsity"] is not None, preset=opts["preset"],
-                artifacts_found=artifacts, warning=warning, n_images=len(source),
-                threshold=thr.value if np.isfinite(thr.value) else None, threshold_method=thr.method)
+                ids=list(source.ids), skipped=skipped_records(source), **header, highest_layer=highest,
+                top_k=opts["top_k"], positions=opts["positions"], sparsity=opts["sparsity"],
+                sparsity_filter=opts["sparsity"] is not None, n_images=len(source))
     if not np.isfinite(thr.value):
         return NeuronsResult(**base, message=f"no outliers at block {detect}: the detection layer's norm "
                              "distribution has no separated high-norm mode; nothing to rank")

@@ -19,9 +19,9 @@ from tqdm.auto import tqdm
 
 from ..hooks.names import attn_pattern, block_hook, resid_post
 from .emergence import EmergenceAccumulator, find_emergence
-from .outliers import Detection, ThresholdSpec, artifact_status, detection_for
-from .presets import detection_settings
-from .result import StudyResult
+from .detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
+from .outliers import ThresholdSpec
+from .result import OutlierStudyResult, skipped_records
 from .source import ActivationSource, n_batches, token_norms
 
 # Log-spaced norm histogram bins shared by every layer: ~0.5 % wide, from 1e-3 to 1e6.
@@ -48,7 +48,7 @@ def _trim(counts: np.ndarray) -> Dict:
 
 
 @dataclass
-class NormsResult(StudyResult):
+class NormsResult(OutlierStudyResult):
     """Result of :func:`norms_study`.
 
     Attributes:
@@ -72,15 +72,10 @@ class NormsResult(StudyResult):
     """
 
     study = "norms"
-    ids: List[str] = field(default_factory=list)
     n_layers: int = 0
     grid: List[int] = field(default_factory=list)
-    detect_layer: int = -1
-    threshold: Optional[float] = None
-    threshold_method: str = "auto"
     bimodal: bool = False
     mode_ratio: float = 1.0
-    artifacts_found: bool = False
     outlier_fraction: float = 0.0
     outlier_counts: List[int] = field(default_factory=list)
     outlier_maps: List = field(default_factory=list)
@@ -92,8 +87,6 @@ class NormsResult(StudyResult):
     hist_edges: List[float] = field(default_factory=list)
     emergence: Optional[Dict] = None
     emergence_curves: Dict = field(default_factory=dict)
-    preset: Optional[str] = None
-    warning: Optional[str] = None
     cls_attention_max: Optional[List[float]] = None
     cls_attention_on_outliers: Optional[List[float]] = None
 
@@ -179,7 +172,7 @@ def norms_study(
     *,
     threshold: Optional[ThresholdSpec] = None,
     detect_layer: Optional[int] = None,
-    detection: Optional[Detection] = None,
+    detection: DetectionLike = None,
     preset: Optional[str] = None,
     emergence_factor: float = 2.0,
     attention: bool = True,
@@ -202,9 +195,8 @@ def norms_study(
     """
     lay = source.layout
     n_layers = source.n_layers
-    if detection is None:
-        threshold, detect_layer, preset = detection_settings(preset, threshold, detect_layer)
-    det = detection_for(source, detection, threshold, detect_layer, batch_size, progress)
+    det = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+                       options=RunOptions(batch_size, progress=progress))
     outliers = det.outliers  # [N, P]
     thr = det.threshold
 
@@ -218,17 +210,16 @@ def norms_study(
     max_post = [float(v) for v in tally.maxima["resid_post"]["patches"]]
     max_mid = [float(v) for v in tally.maxima["resid_mid"]["patches"]]
     curves = tally.emergence.finalize()
-    artifacts, warning = artifact_status(det.layer, thr, det.artifacts_found, "norms", warn=False)
-    emergence = find_emergence(curves, factor=emergence_factor, artifacts_found=artifacts) if n_layers else None
+    header = detection_header(det, "norms", warn=False)
+    emergence = find_emergence(curves, factor=emergence_factor, artifacts_found=header["artifacts_found"]) \
+        if n_layers else None
     n_images = tally.n_images
     n_patch_tokens = max(n_images * lay.n_patches, 1)
-    params = {"threshold": det.spec, "detect_layer": det.layer, "preset": preset,
-              "emergence_factor": emergence_factor, "attention": attention, "batch_size": batch_size}
+    params = {**detection_params(det), "emergence_factor": emergence_factor, "attention": attention, "batch_size": batch_size}
     return NormsResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
-        ids=list(source.ids), n_layers=n_layers, grid=list(lay.grid), detect_layer=det.layer,
-        threshold=thr.value if np.isfinite(thr.value) else None, threshold_method=thr.method,
-        bimodal=thr.bimodal, mode_ratio=thr.mode_ratio, artifacts_found=artifacts,
+        ids=list(source.ids), skipped=skipped_records(source), n_layers=n_layers, grid=list(lay.grid), **header,
+        bimodal=thr.bimodal, mode_ratio=thr.mode_ratio,
         outlier_fraction=float(outliers.float().mean()) if outliers.numel() else 0.0,
         outlier_counts=outliers.sum(1).tolist(),
         outlier_maps=outliers.reshape(-1, *lay.grid).int().tolist(),
@@ -237,7 +228,7 @@ def norms_study(
         median_patch_norm={s: [stats[s]["patches"][i]["median"] for i in range(n_layers)] for s in STAGES},
         histograms={s: [_trim(c) for c in tally.counts[s]["patches"]] for s in STAGES},
         hist_edges=HIST_EDGES.tolist(),
-        emergence=emergence, preset=preset, warning=warning,
+        emergence=emergence,
         emergence_curves={"max_patch_norm": curves.max_patch_norm, "median_patch_norm": curves.median_patch_norm,
                           "cls_attention_max": curves.cls_attention_max},
         cls_attention_max=tally.attn_max.tolist() if use_attention else None,

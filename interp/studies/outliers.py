@@ -149,6 +149,7 @@ class Detection:
         norms: per-image patch-token norms at ``layer``: Tensor[N, P] float32.
         ids: the source's image ids, in order (checked when a study is handed this detection).
         fingerprint: weights fingerprint of the source's model.
+        preset: the published settings the threshold and layer came from (see ``DetectionSpec``), or None.
     """
 
     layer: int
@@ -157,6 +158,7 @@ class Detection:
     norms: torch.Tensor
     ids: Tuple[str, ...]
     fingerprint: str
+    preset: Optional[str] = None
 
     @property
     def method(self) -> str:

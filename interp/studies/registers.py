@@ -15,14 +15,14 @@ from tqdm.auto import tqdm
 from ..interventions import TestTimeRegister
 from ..hooks.names import attn_pattern, resid_post
 from .forward import run_hooks
-from .outliers import Detection, ThresholdSpec, artifact_status, detection_for
-from .presets import detection_settings
-from .result import StudyResult
+from .detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from .outliers import ThresholdSpec
+from .result import OutlierStudyResult, skipped_records
 from .source import LiveSource, live_model, n_batches
 
 
 @dataclass
-class RegisterResult(StudyResult):
+class RegisterResult(OutlierStudyResult):
     """Result of :func:`register_study`.
 
     Attributes:
@@ -30,18 +30,15 @@ class RegisterResult(StudyResult):
         register_norm: per image, the test-time register token's norm at the detection layer.
         cls_attention_on_register: per image, CLS attention (last block, head mean) on the register token.
         outlier_maps_after: [N][h][w] 0/1 patch outliers with the register.
+        counting_threshold: the norm the outlier counts use: ``threshold``, or the 99th percentile of the
+            unedited norms when "auto" finds no separated mode.
     """
 
     study = "registers"
     neurons: Dict = field(default_factory=dict)
     n_registers: int = 1
     value: str = "layer_max"
-    detect_layer: int = -1
-    threshold: Optional[float] = None
-    preset: Optional[str] = None
-    artifacts_found: bool = False
-    warning: Optional[str] = None
-    ids: List[str] = field(default_factory=list)
+    counting_threshold: Optional[float] = None
     baseline: Dict = field(default_factory=dict)
     with_register: Dict = field(default_factory=dict)
     register_norm: List[float] = field(default_factory=list)
@@ -58,7 +55,7 @@ def register_study(
     value: str = "layer_max",
     threshold: Optional[ThresholdSpec] = None,
     detect_layer: Optional[int] = None,
-    detection: Optional[Detection] = None,
+    detection: DetectionLike = None,
     preset: Optional[str] = None,
     batch_size: int = 16,
     progress: bool = True,
@@ -71,10 +68,9 @@ def register_study(
     ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
     """
     model = live_model(source, "test-time register study")
-    if detection is None:
-        threshold, detect_layer, preset = detection_settings(preset, threshold, detect_layer)
-    found = detection_for(source, detection, threshold, detect_layer, batch_size, progress)
-    artifacts, warning = artifact_status(found.layer, found.threshold, found.artifacts_found, "registers")
+    found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+                         options=RunOptions(batch_size, progress=progress))
+    header = detection_header(found, "registers")
     detect = found.layer
     thr_value = found.counting_threshold()
     ttr = TestTimeRegister(neurons, n_registers=n_registers, value=value)
@@ -108,12 +104,12 @@ def register_study(
     table = {k: {"outlier_count": v["outliers"], "max_patch_norm": v["max"], "top1_agreement": v["agree"] / n}
              for k, v in stats.items()}
     params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "n_registers": n_registers,
-              "value": value, "threshold": found.spec, "detect_layer": detect, "preset": preset,
-              "batch_size": batch_size}
+              "value": value, **detection_params(found), "batch_size": batch_size}
     return RegisterResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
-        neurons=params["neurons"], n_registers=n_registers, value=value, detect_layer=detect,
-        threshold=float(thr_value), preset=preset, artifacts_found=artifacts, warning=warning, ids=list(source.ids), baseline=table["baseline"],
+        neurons=params["neurons"], n_registers=n_registers, value=value, **header,
+        counting_threshold=float(thr_value), ids=list(source.ids), skipped=skipped_records(source),
+        baseline=table["baseline"],
         with_register=table["with_register"], register_norm=reg_norm, cls_attention_on_register=reg_attn,
         outlier_maps_after=torch.cat(maps).int().tolist() if maps else [],
     )

@@ -15,16 +15,16 @@ from tqdm.auto import tqdm
 
 from ..errors import InterpError
 from ..interventions import Relocation, masks
-from .outliers import ThresholdSpec, artifact_status, resolve_layer, resolve_threshold
-from .presets import detection_settings
+from .detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
 from .forward import forward_summary
 from .metrics import iou
-from .result import StudyResult
+from .outliers import Detection, ThresholdSpec, resolve_layer
+from .result import OutlierStudyResult, skipped_records
 from .source import LiveSource, live_model, n_batches
 
 
 @dataclass
-class RelocationResult(StudyResult):
+class RelocationResult(OutlierStudyResult):
     """Result of :func:`relocation_study`.
 
     Attributes:
@@ -36,17 +36,14 @@ class RelocationResult(StudyResult):
         cls_attention_on_target_before / _after: per image share of CLS->patch attention on the target
             (last block, head mean); ``cls_attention_argmax_on_target``: share of images whose most-attended
             patch lies on the target after relocation.
+        counting_threshold: the norm the outlier maps use: the unedited model's ``threshold``, or the 99th
+            percentile of its norms when "auto" finds no separated mode.
     """
 
     study = "relocate"
     neurons: Dict = field(default_factory=dict)
     value: str = "neuron_max"
-    detect_layer: int = -1
-    threshold: Optional[float] = None
-    preset: Optional[str] = None
-    artifacts_found: bool = False
-    warning: Optional[str] = None
-    ids: List[str] = field(default_factory=list)
+    counting_threshold: Optional[float] = None
     grid: List[int] = field(default_factory=list)
     target: List = field(default_factory=list)
     iou: List[float] = field(default_factory=list)
@@ -68,18 +65,24 @@ def relocation_study(
     threshold: Optional[ThresholdSpec] = None,
     detect_layer: Optional[int] = None,
     preset: Optional[str] = None,
+    detection: DetectionLike = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> RelocationResult:
     """Relocate ``neurons`` onto ``target`` (default: a smiley on the patch grid) and measure the outliers.
 
-    The threshold is resolved on the detection-layer norms of the unedited and relocated runs together
-    (so it exists even for a model without artifacts of its own; default "auto"). ``preset``: published
-    detection settings (explicit arguments win). Whether the unedited model has artifacts is judged on its own
-    norms: without them the result carries ``artifacts_found=False`` and a ``warning`` (also ``warnings.warn``).
+    Outliers before and after are counted with the unedited model's detection (``detection``, or one made
+    from ``threshold``/``detect_layer``/``preset``; default "auto"): its threshold, or the 99th percentile of its
+    norms when "auto" finds no separated mode, so a model without artifacts of its own still gets maps.
+    Without artifacts the result carries ``artifacts_found=False`` and a ``warning`` (also ``warnings.warn``).
     """
-    threshold, detect_layer, preset = detection_settings(preset, threshold, detect_layer)
     model = live_model(source, "relocation study")
+    if isinstance(detection, Detection):
+        found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
+        spec, detect = None, found.layer
+    else:  # the detection comes from the unedited runs of the loop below: no pass of its own
+        spec = spec_of(detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
+        detect = resolve_layer(spec.layer, model.n_layers)
     grid = tuple(source.layout.grid)
     target = masks.smiley(grid) if target is None else torch.as_tensor(target).bool()
     if tuple(target.shape) != grid:
@@ -87,7 +90,6 @@ def relocation_study(
     if not target.any():
         raise InterpError("the target mask has no cell: there is nothing to relocate onto (give a target with "
                           "at least one patch, e.g. --target smiley)")
-    detect = resolve_layer(detect_layer, model.n_layers)
     last = model.n_layers - 1
     reloc = Relocation(neurons, target=target, value=value)
     before, after, att_before, att_after = [], [], [], []
@@ -101,10 +103,10 @@ def relocation_study(
             att_before.append(b.cls_attention[last])
             att_after.append(a.cls_attention[last])
     before, after = torch.cat(before), torch.cat(after)  # [N, P]
-    thr = resolve_threshold(torch.cat([before, after]).numpy().ravel(), threshold)
-    thr_value = thr.value if np.isfinite(thr.value) else float("inf")
-    own = resolve_threshold(before.numpy().ravel(), threshold)  # the unedited model alone
-    artifacts, warning = artifact_status(detect, own, own.bimodal and bool((before > own.value).any()), "relocate")
+    if spec is not None:
+        found = detection_from_norms(source, spec, before)
+    header = detection_header(found, "relocate")
+    thr_value = found.counting_threshold()
     maps_before = (before > thr_value).reshape(-1, *grid)
     maps_after = (after > thr_value).reshape(-1, *grid)
     ious = [iou(m, target) for m in maps_after]
@@ -117,13 +119,12 @@ def relocation_study(
         share_before = ((ab * flat_target).sum(1) / ab.sum(1)).tolist()
         share_after = ((aa * flat_target).sum(1) / aa.sum(1)).tolist()
         argmax_on = float(flat_target[aa.argmax(1)].float().mean())
-    params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "value": value, "threshold": threshold,
-              "detect_layer": detect, "preset": preset, "batch_size": batch_size}
+    params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "value": value,
+              **detection_params(found), "batch_size": batch_size}
     return RelocationResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
-        neurons=params["neurons"], value=value, detect_layer=detect,
-        threshold=thr_value if np.isfinite(thr_value) else None, preset=preset, artifacts_found=artifacts,
-        warning=warning, ids=list(source.ids), grid=list(grid),
+        neurons=params["neurons"], value=value, **header, counting_threshold=float(thr_value),
+        ids=list(source.ids), skipped=skipped_records(source), grid=list(grid),
         target=target.int().tolist(), iou=ious, mean_iou=float(np.mean(ious)) if ious else 0.0,
         mean_iou_active=float(np.mean(active)) if active else None,
         outlier_maps_before=maps_before.int().tolist(), outlier_maps_after=maps_after.int().tolist(),

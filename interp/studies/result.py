@@ -46,6 +46,8 @@ class StudyResult:
         fingerprint: weights fingerprint of the model (or of the cache's model).
         params: the study's parameters, as passed (JSON-safe).
         seed: random seed used (None when the study draws nothing at random).
+        ids: the image ids the result describes, in order.
+        skipped: ``{"image", "reason"}`` of each unreadable image left out of ``ids``.
     """
 
     study: ClassVar[str] = "study"
@@ -53,6 +55,8 @@ class StudyResult:
     fingerprint: str
     params: Dict[str, Any]
     seed: Optional[int]
+    ids: List[str] = dataclasses.field(default_factory=list)
+    skipped: List[Dict[str, str]] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"study": self.study, **jsonable(self)}
@@ -66,8 +70,26 @@ class StudyResult:
 
     @classmethod
     def from_dict(cls: Type[R], data: dict) -> R:
+        """The result ``data`` describes (``to_dict``'s output). Keys this class does not know are left out;
+        renamed keys are read through ``_aliases``.
+
+        Raises:
+            InterpError: ``data`` is another study's result (its ``"study"`` is not this class's).
+        """
+        from ..errors import InterpError
+
+        kind = data.get("study")
+        if kind is not None and cls.study != "study" and kind != cls.study:
+            raise InterpError(f"this is a {kind!r} result, not a {cls.study!r} one: load it with the "
+                              f"{kind} study's result class")
+        data = cls._aliases(dict(data))
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def _aliases(cls, data: dict) -> dict:
+        """Older key names mapped to the current ones (a result class overrides this when it renames)."""
+        return data
 
     @classmethod
     def from_json(cls: Type[R], path: Union[str, Path]) -> R:
@@ -76,6 +98,33 @@ class StudyResult:
     def _repr_html_(self) -> str:
         """Jupyter display: summary table and figures (see :func:`result_html`)."""
         return result_html(self)
+
+
+def skipped_records(source) -> List[Dict[str, str]]:
+    """``StudyResult.skipped`` of a source: one ``{"image", "reason"}`` per unreadable image it left out."""
+    return [{"image": str(image), "reason": str(reason)} for image, reason in source.skipped]
+
+
+@dataclasses.dataclass
+class OutlierStudyResult(StudyResult):
+    """A study built on high-norm tokens: the one detection header
+    (:func:`~interp.studies.detection.detection_header`).
+
+    Attributes:
+        detect_layer: the detection block (resolved, >= 0).
+        threshold: the resolved norm threshold; None when "auto" finds no separated high-norm mode.
+        threshold_method: "fixed", "percentile" or "auto".
+        artifacts_found: a separated high-norm mode exists and some patch token is in it.
+        warning: why the study's outliers are not register artifacts (None when artifacts were found).
+        preset: the published settings the detection came from (canonical name), or None.
+    """
+
+    detect_layer: int = -1
+    threshold: Optional[float] = None
+    threshold_method: str = "auto"
+    artifacts_found: bool = False
+    warning: Optional[str] = None
+    preset: Optional[str] = None
 
 
 # ------------------------------------------------------------------------------ Jupyter rendering

@@ -1,0 +1,89 @@
+"""One detection contract: a DetectionSpec resolved once into a Detection, one result header for every study
+built on high-norm tokens, relocation counted with the unedited model's detection, from_dict checks the study."""
+import json
+
+import pytest
+
+import interp
+from interp.errors import InterpError
+from interp.models.planted import planted_truth
+from interp.models.samples import sample_image_paths
+from interp.studies import open_source
+from interp.studies.ablate import ablation_study
+from interp.studies.detection import DetectionSpec, RunOptions, threshold_param
+from interp.studies.neurons import NeuronsResult, neurons_study
+from interp.studies.norms import NormsResult, norms_study
+from interp.studies.outliers import detect
+from interp.studies.registers import register_study
+from interp.studies.relocate import relocation_study
+
+HEADER = ("detect_layer", "threshold", "threshold_method", "artifacts_found", "warning", "preset")
+
+
+@pytest.fixture(scope="module")
+def planted():
+    model = interp.load("planted_vit")
+    truth = planted_truth(model)
+    source = open_source(model=model, images=sample_image_paths()).held()
+    return source, {truth.layer: list(truth.neurons)}
+
+
+def test_every_outlier_study_takes_a_spec_or_a_detection_and_carries_one_header(planted, one_thread):
+    source, neurons = planted
+    spec = DetectionSpec(preset="darcet")  # threshold 150 at the last block
+    found = spec.detect(source, RunOptions(progress=False))
+    assert found.preset == "darcet" and found.layer == source.n_layers - 1
+    runs = {
+        "norms": lambda d: norms_study(source, detection=d, progress=False),
+        "neurons": lambda d: neurons_study(source, detection=d, progress=False),
+        "ablate": lambda d: ablation_study(source, neurons, n_controls=1, detection=d, progress=False),
+        "registers": lambda d: register_study(source, neurons, detection=d, progress=False),
+        "relocate": lambda d: relocation_study(source, neurons, detection=d, progress=False),
+    }
+    expected = {"detect_layer": found.layer, "threshold": 150.0, "threshold_method": "fixed", "preset": "darcet",
+                "artifacts_found": found.artifacts_found}
+    for name, run in runs.items():
+        for given in (spec, found):
+            result = run(given)
+            header = {k: getattr(result, k) for k in HEADER}
+            assert {k: header[k] for k in expected} == expected, (name, header)
+            assert (result.params["threshold"], result.params["preset"]) == (150.0, "darcet"), name
+            assert result.ids == source.ids, name
+
+
+def test_relocation_counts_with_the_unedited_models_threshold(planted, one_thread):
+    """Before, relocation fitted its threshold on the before and after norms together."""
+    source, neurons = planted
+    result = relocation_study(source, neurons, threshold="p98", progress=False)
+    own = detect(source, "p98", progress=False)
+    assert result.threshold == pytest.approx(own.threshold.value)
+    assert result.counting_threshold == pytest.approx(own.threshold.value)
+    assert result.params["threshold"] == "p98" and result.threshold_method == "percentile"
+    before = own.norms > own.threshold.value
+    assert result.outlier_maps_before == before.reshape(-1, *source.layout.grid).int().tolist()
+
+
+def test_threshold_params_have_one_form():
+    assert [threshold_param(v) for v in (150, "150", " P98 ", "auto", None)] == [150.0, 150.0, "p98", "auto", None]
+    with pytest.raises(InterpError):
+        DetectionSpec(threshold="p200").resolved()
+
+
+def test_a_spec_and_loose_arguments_or_a_disagreeing_preset_are_refused(planted):
+    source, _ = planted
+    with pytest.raises(InterpError, match="not both"):
+        norms_study(source, detection=DetectionSpec("p98"), threshold="p98", progress=False)
+    found = detect(source, "auto", progress=False)
+    with pytest.raises(InterpError, match="disagrees"):
+        norms_study(source, detection=found, preset="darcet", progress=False)
+
+
+def test_from_dict_refuses_another_studys_result(planted, tmp_path):
+    source, _ = planted
+    norms = norms_study(source, progress=False)
+    path = tmp_path / "norms.json"
+    norms.to_json(path)
+    assert NormsResult.from_json(path).threshold == norms.threshold
+    with pytest.raises(InterpError, match="'norms' result, not a 'neurons'"):
+        NeuronsResult.from_json(path)
+    assert json.loads(path.read_text())["ids"] == source.ids
