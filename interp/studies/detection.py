@@ -7,9 +7,12 @@
   None, ``threshold_method``, ``artifacts_found``, ``warning``, ``preset``): the same meaning in every result.
 * :class:`RunOptions`: batch size, device, progress bars and seed.
 
->>> spec = DetectionSpec(threshold="p98", layer=-1)              # or DetectionSpec(preset="darcet")
->>> found = spec.detect(source)                                  # one pass: a Detection
->>> norms_study(source, detection=found); ablation_study(source, neurons, detection=spec)
+>>> from interp.studies.norms import norms_study
+>>> spec = DetectionSpec(preset="darcet")                 # threshold 150 at the last block
+>>> found = spec.detect(source, RunOptions(progress=False))   # one pass: a Detection
+>>> result = norms_study(source, detection=found, progress=False)   # no second detection pass
+>>> result.threshold, result.threshold_method, result.preset, result.params["threshold"]
+(150.0, 'fixed', 'darcet', 150.0)
 """
 from __future__ import annotations
 
