@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -17,6 +17,7 @@ def load(
     weights: Union[str, Path, None] = None,
     device: Union[str, torch.device] = "cpu",
     dtype=None,
+    seed: Optional[int] = None,
     **timm_kwargs,
 ) -> HookedViT:
     """Build a timm ViT and instrument it.
@@ -28,6 +29,8 @@ def load(
         weights: a local ``.safetensors``/``.pth``/``.bin`` state dict; timm's checkpoint conversions
             apply, so original DINOv2 and OpenAI CLIP files load too.
         device, dtype: placement and float type (``"float16"``, ``torch.bfloat16``...).
+        seed: seed of the random weights (``pretrained=False`` without ``weights``), default 0: the same
+            call gives the same weights (and weights fingerprint) in every run; kept as ``model.init_seed``.
         **timm_kwargs: forwarded to ``timm.create_model`` (``img_size=224``, ``dynamic_img_size=True``,
             ``depth=2`` for quick experiments...).
 
@@ -35,5 +38,5 @@ def load(
         HookedViT in eval mode.
     """
     timm_model = create_timm_vit(name, pretrained=pretrained, weights=weights, device=device, dtype=dtype,
-                                 **timm_kwargs)
+                                 seed=seed, **timm_kwargs)
     return HookedViT.from_timm(timm_model, name=name)

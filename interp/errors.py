@@ -24,6 +24,10 @@ class HookNameError(InterpError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class HookShapeError(InterpError, ValueError):
+    """A hook function returned a tensor of another shape than the activation it replaces."""
+
+
 class ImageError(InterpError):
     """An image could not be read, or has a size the model cannot take."""
 

@@ -21,7 +21,7 @@ def make_model(family: str = "vit", seed: int = 0, **overrides) -> "interp.Hooke
     """A random-init HookedViT of ``family`` with a fixed seed (float32, eval mode)."""
     name, kwargs = FAMILIES[family]
     torch.manual_seed(seed)
-    model = interp.load(name, pretrained=False, **{**kwargs, **overrides})
+    model = interp.load(name, pretrained=False, seed=seed, **{**kwargs, **overrides})
     # LayerScale in DINOv2/DeiT-III starts at 1e-5/1e-6; make blocks matter so tests can see edits.
     with torch.no_grad():
         for block in model.timm_model.blocks:

@@ -161,3 +161,231 @@ def test_unreadable_image_files_name_the_file(tmp_path, content):
     for call in (open_image, check_decodes):
         with pytest.raises(ImageError, match="broken.png"):
             call(path)
+
+
+# ------------------------------------------------------------------------------------------ seeded random weights
+def test_random_weights_are_seeded_and_recorded():
+    from interp.models.fingerprint import weights_fingerprint
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+    assert torch.equal(torch.get_rng_state(), before)  # the caller's RNG is left alone
+    torch.manual_seed(999)  # another global state: same weights anyway
+    b = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+    c = interp.load("vit_small_patch16_224", pretrained=False, depth=1, seed=1)
+    assert weights_fingerprint(a) == weights_fingerprint(b) != weights_fingerprint(c)
+    assert (a.init_seed, c.init_seed) == (0, 1)
+
+
+def test_cli_seed_gives_the_same_model_in_every_run_and_is_recorded(tmp_path):
+    from interp.cli import main
+
+    img = tmp_path / "imgs"
+    img.mkdir()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(img / "a.png")
+    prints = []
+    for run, seed in (("r1", "0"), ("r2", "0")):
+        assert main(["study", "norms", "vit_small_patch16_224", "--no-pretrained", "--depth", "1", "--seed", seed,
+                     "--images", str(img), "--out", str(tmp_path / run), "--quiet", "--no-progress"]) == 0
+        data = json.loads((tmp_path / run / "norms.json").read_text())
+        prints.append((data["fingerprint"], data["weights_seed"]))
+    assert prints[0] == prints[1] and prints[0][1] == 0
+
+
+# ------------------------------------------------------------------------------------------ weight files
+def _save_state(model, path):
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in model.timm_model.state_dict().items()}, str(path))
+    return path
+
+
+@pytest.mark.parametrize("content,reason", [(b"", "empty"), (b"hello, I am text\n", "UnpicklingError|Error")])
+def test_empty_or_text_pth_gives_the_reason(tmp_path, content, reason):
+    path = tmp_path / "bad.pth"
+    path.write_bytes(content)
+    with pytest.raises(interp.errors.ModelLoadError, match=rf"bad\.pth.*bytes\): .*({reason})"):
+        interp.load("vit_small_patch16_224", weights=path, depth=1)
+
+
+def test_nan_weights_are_named_on_load(tmp_path):
+    model = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+    with torch.no_grad():
+        model.timm_model.blocks[0].mlp.fc1.weight[0, 0] = float("nan")
+        model.timm_model.head.bias[3] = float("inf")
+    path = _save_state(model, tmp_path / "nan.safetensors")
+    with pytest.raises(interp.errors.ModelLoadError, match=r"NaN or infinite values in 2 tensor\(s\): "
+                                                            r"blocks\.0\.mlp\.fc1\.weight, head\.bias"):
+        interp.load("vit_small_patch16_224", weights=path, depth=1)
+
+
+def test_pos_embed_of_a_huge_grid_is_refused(tmp_path):
+    model = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+    sd = {k: v.contiguous() for k, v in model.timm_model.state_dict().items()}
+    sd["pos_embed"] = torch.zeros(1, 1 + 300 * 300, sd["pos_embed"].shape[-1])
+    from safetensors.torch import save_file
+
+    save_file(sd, str(tmp_path / "big.safetensors"))
+    with pytest.raises(interp.errors.ModelLoadError, match=r"300x300 position grid \(4800 px.*--img-size"):
+        interp.load("vit_small_patch16_224", weights=tmp_path / "big.safetensors", depth=1)
+
+
+def test_register_mismatch_names_the_architecture_that_fits(tmp_path):
+    plain = interp.load("vit_small_patch14_dinov2", pretrained=False, depth=1, img_size=224)
+    reg = interp.load("vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, img_size=224)
+    plain_file, reg_file = _save_state(plain, tmp_path / "plain.safetensors"), _save_state(reg, tmp_path / "r.safetensors")
+    with pytest.raises(interp.errors.ModelLoadError,
+                       match=r"holds no register tokens but 'vit_small_patch14_reg4_dinov2' has 4: load it into "
+                             r"'vit_small_patch14_dinov2'"):
+        interp.load("vit_small_patch14_reg4_dinov2", weights=plain_file, depth=1, img_size=224)
+    with pytest.raises(interp.errors.ModelLoadError,
+                       match=r"holds 4 register tokens but 'vit_small_patch14_dinov2' has none: load it into "
+                             r"'vit_small_patch14_reg4_dinov2'"):
+        interp.load("vit_small_patch14_dinov2", weights=reg_file, depth=1, img_size=224)
+
+
+def test_position_grid_warning_once_and_says_how_to_silence_it(tmp_path):
+    small = interp.load("vit_small_patch14_dinov2", pretrained=False, depth=1, img_size=224)
+    path = _save_state(small, tmp_path / "dino224.safetensors")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            interp.load("vit_small_patch14_dinov2", weights=path, depth=1)
+    grid = [str(w.message) for w in caught if "position grid" in str(w.message)]
+    assert len(grid) == 1 and "--img-size 224" in grid[0] and "without this warning" in grid[0]
+
+
+# ------------------------------------------------------------------------------------------ neuron sets
+def _neurons_json(path, model, entries=((0, 3), (0, 7), (1, 2))):
+    from interp.models.fingerprint import weights_fingerprint
+
+    path.write_text(json.dumps({"study": "neurons", "model": model.model_name,
+                                "fingerprint": weights_fingerprint(model), "params": {}, "seed": 0,
+                                "neurons": [{"layer": l, "neuron": n, "score": 1.0} for l, n in entries]}))
+    return path
+
+
+def test_interventions_take_every_neuron_form(tmp_path):
+    from interp.interventions import NeuronAblation, Relocation, TestTimeRegister
+    from interp.studies.neurons import NeuronsResult
+
+    model = make_model("vit")
+    path = _neurons_json(tmp_path / "neurons.json", model)
+    result = NeuronsResult.from_json(path)
+    want = {0: [3, 7], 1: [2]}
+    x = torch.randn(1, 3, 224, 224)
+    for form in (want, "0:3,0:7,1:2", str(path), path, result):
+        for edit in (NeuronAblation(form), TestTimeRegister(form), Relocation(form, target=torch.ones(14, 14))):
+            assert edit.neurons == want, (form, type(edit).__name__)
+        with model.intervene(NeuronAblation(form)):
+            model(x)
+
+
+def test_neurons_ranked_on_another_model_are_refused_unless_forced(tmp_path):
+    from interp.interventions import NeuronAblation, TestTimeRegister
+
+    other = make_model("vit", seed=1)
+    model = make_model("vit")
+    path = _neurons_json(tmp_path / "neurons.json", other)
+    x = torch.randn(1, 3, 224, 224)
+    for edit in (NeuronAblation(path), TestTimeRegister(str(path))):
+        with pytest.raises(InterpError, match=r"ranked on vit_small_patch16_224 \(weights \w+\), not on this "
+                                              r"vit_small_patch16_224 \(weights \w+\).*force=True"):
+            with model.intervene(edit):
+                model(x)
+    with model.intervene(NeuronAblation(path, force=True)):
+        model(x)
+    with other.intervene(NeuronAblation(path)):  # the model it was ranked on
+        other(x)
+
+
+BAD_NEURONS = [("", "empty"), ("2:x", "cannot read '2:x'"), ("2:17,2:17", "listed twice"), (3.5, "float"),
+               ("missing.json", "does not exist")]
+
+
+@pytest.mark.parametrize("form,message", BAD_NEURONS)
+def test_bad_neuron_forms_are_one_line(form, message):
+    from interp.interventions import NeuronAblation
+
+    with pytest.raises(InterpError, match=message):
+        NeuronAblation(form)
+
+
+@pytest.mark.parametrize("content,message", [("{", "cannot read neurons file"), ('{"a": 1}', "not a neurons study"),
+                                             ('{"neurons": []}', "ranks no neurons"),
+                                             ('{"neurons": [{"layer": true, "neuron": 1}]}', "integers"),
+                                             ('{"neurons": [1, 2]}', "not a neurons study")])
+def test_bad_neurons_json_is_one_line(tmp_path, content, message):
+    from interp.interventions import TestTimeRegister
+
+    path = tmp_path / "n.json"
+    path.write_text(content)
+    with pytest.raises(InterpError, match=message):
+        TestTimeRegister(path)
+
+
+@pytest.mark.parametrize("n", [20000, 50000, 10**7])
+def test_too_many_test_time_registers_are_refused_at_once(n):
+    from interp.interventions import TestTimeRegister
+
+    with pytest.raises(InterpError, match=rf"n_registers={n} is more than 1024.*MAX_REGISTERS"):
+        TestTimeRegister({0: [1]}, n_registers=n)
+
+
+def test_cli_refuses_foreign_neurons_json_in_one_line(tmp_path, capsys):
+    from interp.cli import main
+
+    img = tmp_path / "imgs"
+    img.mkdir()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(img / "a.png")
+    other = interp.load("vit_small_patch16_224", pretrained=False, depth=1, seed=7)
+    path = _neurons_json(tmp_path / "neurons.json", other, entries=((0, 3),))
+    args = ["study", "ablate", "vit_small_patch16_224", "--no-pretrained", "--depth", "1", "--images", str(img),
+            "--neurons", str(path), "--controls", "1", "--no-progress"]
+    assert main(args + ["--out", str(tmp_path / "o1")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ranked on" in err[0] and "--force" in err[0] and "Traceback" not in err[0]
+    assert main(args + ["--out", str(tmp_path / "o2"), "--force", "--quiet"]) == 0
+
+
+# ------------------------------------------------------------------------------------------ hooks
+def test_hook_returning_the_wrong_shape_names_hook_and_shape():
+    from interp.errors import HookShapeError
+
+    model = make_model("vit")
+
+    def first_ten(act, hook):
+        return act[..., :10]
+
+    with pytest.raises(HookShapeError, match=r"'first_ten' on blocks\.1\.mlp\.hook_post returned shape "
+                                             r"\[1, 197, 10\], but blocks\.1\.mlp\.hook_post carries \[1, 197, 1536\]"):
+        model.run_with_hooks(torch.randn(1, 3, 224, 224), fwd_hooks=[("blocks.1.mlp.hook_post", first_ten)])
+    with pytest.raises(HookShapeError):
+        with model.hooks(fwd_hooks=[("blocks.*.hook_resid_post", lambda a, hook: a[:, :5])]):
+            model(torch.randn(1, 3, 224, 224))
+    model.run_with_hooks(torch.randn(1, 3, 224, 224), fwd_hooks=[("blocks.1.mlp.hook_post", lambda a, hook: None)])
+
+
+def test_block_out_of_range_states_the_valid_range():
+    from interp.errors import HookNameError
+
+    model = make_model("vit")  # 2 blocks
+    with pytest.raises(HookNameError, match=r"block 12 does not exist, this model has 2 blocks \(0-1\)"):
+        model.run_with_hooks(torch.randn(1, 3, 224, 224), fwd_hooks=[("blocks.12.hook_resid_post", print)])
+
+
+def test_transformer_lens_style_cache_keys():
+    from interp.errors import HookNameError
+
+    model = make_model("vit")
+    _, cache = model.run_with_cache(torch.randn(1, 3, 224, 224))
+    assert torch.equal(cache["resid_post", 1], cache["blocks.1.hook_resid_post"])
+    assert torch.equal(cache["q", -1], cache["blocks.1.attn.hook_q"])
+    assert torch.equal(cache["post", 0], cache["blocks.0.mlp.hook_post"])
+    assert torch.equal(cache["pattern", 0], cache["blocks.0.attn.hook_pattern"])
+    assert torch.equal(cache["embed",], cache["hook_embed"])
+    for key, message in ((("resid_post", 5), r"block 5 does not exist.*2 blocks"), (("resid_pots", 1), "resid_post"),
+                         (("resid_post",), "give its block")):
+        with pytest.raises(HookNameError, match=message):
+            cache[key]

@@ -13,7 +13,7 @@ from ..errors import InterpError
 
 
 def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False) -> None:
-    """MODEL positional plus --weights, --pretrained/--no-pretrained, --device, --img-size."""
+    """MODEL positional plus --weights, --pretrained/--no-pretrained, --device, --img-size, --depth, --seed."""
     if model_optional:
         parser.add_argument("model", nargs="?", default=None, help="timm model name")
     else:
@@ -26,6 +26,9 @@ def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     parser.add_argument("--img-size", type=int, default=None, help="input size (timm img_size kwarg)")
     parser.add_argument("--depth", type=int, default=None, help="keep only the first N blocks (quick tests)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of every random draw of the run: the random weights of --no-pretrained (the same "
+                             "seed gives the same model in every command) and the study's own sampling (default 0)")
 
 
 def model_from_args(args: argparse.Namespace, dtype=None):
@@ -38,7 +41,7 @@ def model_from_args(args: argparse.Namespace, dtype=None):
     if getattr(args, "depth", None):
         kwargs["depth"] = args.depth
     return load(args.model, pretrained=args.pretrained, weights=args.weights, device=args.device, dtype=dtype,
-                **kwargs)
+                seed=getattr(args, "seed", None), **kwargs)
 
 
 def threshold_value(text: str):
@@ -59,7 +62,6 @@ def add_study_args(parser: argparse.ArgumentParser, cache_ok: bool = True) -> No
         src.add_argument("--cache", help="an interp cache file (.h5) to read activations from")
     parser.add_argument("--out", required=True, help="output directory for <study>.json and PNGs")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
     add_strict_arg(parser)
     add_overwrite_arg(parser, "an existing <study>.json in --out (and the figures it lists)")
     add_output_args(parser)
@@ -89,6 +91,7 @@ def source_from_args(args: argparse.Namespace, model):
     if not source.is_live and study in STUDIES:
         check_cache_serves(source, study, model.n_layers, vars(args))
     args.skipped = [{"image": image, "reason": reason} for image, reason in source.skipped]
+    args.weights_seed = getattr(model, "init_seed", None)
     return source
 
 
@@ -197,7 +200,8 @@ def prepare_report_dir(out_dir, overwrite: bool) -> None:
 
 
 def record_skipped(args: argparse.Namespace, result_name: str) -> None:
-    """Add ``"skipped": [{"image", "reason"}]`` (unreadable images left out) to the study JSON just written."""
+    """Add ``"skipped": [{"image", "reason"}]`` (unreadable images left out) and ``"weights_seed"`` (the seed of
+    --no-pretrained random weights, None for loaded weights) to the study JSON just written."""
     import json
     from pathlib import Path
 
@@ -205,6 +209,7 @@ def record_skipped(args: argparse.Namespace, result_name: str) -> None:
     if path.exists() and hasattr(args, "skipped"):
         data = json.loads(path.read_text())
         data["skipped"] = args.skipped
+        data["weights_seed"] = getattr(args, "weights_seed", None)
         path.write_text(json.dumps(data, indent=1))
 
 
@@ -213,24 +218,10 @@ NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (
 
 def parse_neurons(text: str) -> Dict[int, List[int]]:
     """``"2:17,2:101,5:40"`` -> ``{2: [17, 101], 5: [40]}``; a path to a neurons study's JSON -> its ranked
-    neurons. Raises InterpError on bad syntax."""
-    text = (text or "").strip()
-    if text.endswith(".json") and Path(text).is_file():
-        from ..studies.neurons import NeuronsResult
+    neurons. Raises InterpError on bad syntax (the forms of :func:`interp.interventions.neuron_sets.neuron_set`)."""
+    from ..interventions.neuron_sets import neuron_set
 
-        result = NeuronsResult.from_json(text)
-        if not result.neurons:
-            raise InterpError(f"{text} ranks no neurons ({result.message or 'empty list'}); nothing to edit")
-        return result.neuron_dict()
+    text = (text or "").strip()
     if not text:
         raise InterpError(f"--neurons is empty: give {NEURONS_SYNTAX}")
-    out: Dict[int, List[int]] = {}
-    for item in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", item)
-        if not m:
-            raise InterpError(f"--neurons {text!r}: cannot read {item!r}; expected {NEURONS_SYNTAX}")
-        layer, neuron = int(m.group(1)), int(m.group(2))
-        if neuron in out.setdefault(layer, []):
-            raise InterpError(f"--neurons {text!r}: neuron {layer}:{neuron} is listed twice")
-        out[layer].append(neuron)
-    return out
+    return neuron_set(text).neurons

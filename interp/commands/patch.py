@@ -46,8 +46,6 @@ def register(sub) -> None:
 
 def _add_common(parser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of random-init weights (--no-pretrained), so export and apply match")
 
 
 def _models(args):
@@ -64,7 +62,7 @@ def _models(args):
         kwargs["depth"] = args.depth
     torch.manual_seed(args.seed)
     plain = create_timm_vit(args.model, pretrained=args.pretrained, weights=args.weights, device=args.device,
-                            **kwargs)
+                            seed=args.seed, **kwargs)
     hooked = HookedViT.from_timm(copy.deepcopy(plain), name=args.model)
     return plain, hooked
 

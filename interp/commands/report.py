@@ -31,7 +31,6 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int, default=None,
                    help="register neurons kept (default: 10; the planted count for planted_vit)")
     p.add_argument("--controls", type=int, default=5, help="random control neuron sets in the ablation (default 5)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16)
     add_strict_arg(p)
     add_overwrite_arg(p, "a report written before into --out (its own files are removed first; a non-empty "

@@ -42,6 +42,8 @@ def _detection_args(p) -> None:
 
 def _neurons_arg(p) -> None:
     p.add_argument("--neurons", default=None, help=f"the register neurons to edit (required): {NEURONS_SYNTAX}")
+    p.add_argument("--force", action="store_true",
+                   help="use a neurons.json ranked on another model's weights (refused by default)")
 
 
 def add_norms_arguments(p) -> None:
@@ -120,6 +122,10 @@ def _prepare(args):
     threshold = None if args.threshold is None else threshold_value(args.threshold)
     neurons = _required_neurons(args) if hasattr(args, "neurons") else None
     model = model_from_args(args)
+    if neurons is not None:
+        from ..interventions.neuron_sets import check_ranked_on, neuron_set
+
+        check_ranked_on(neuron_set(args.neurons.strip()), model, force=args.force, flag="--force")
     source = source_from_args(args, model)
     images = source.display_images() if source.is_live else None
     return threshold, neurons, source, images

@@ -10,13 +10,39 @@ TransformerLens: ``setup()`` fills ``hook_dict`` with every ``HookPoint`` under 
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, List, Sequence, Tuple, Union
 
+import torch
+
+from ..errors import HookShapeError
 from . import names as hook_names_mod
 from .activations import ActivationDict
 
 HookSpec = Tuple[Union[str, Callable[[str], bool]], Callable]
+
+
+def shape_checked(fn: Callable) -> Callable:
+    """``fn(tensor, hook)`` made to raise :class:`~interp.errors.HookShapeError` (naming the hook, the function
+    and both shapes) when it returns a tensor of another shape than the activation it replaces, instead of a
+    bare matmul error further on. ``None`` (observe only) and same-shape returns pass unchanged."""
+    if getattr(fn, "_interp_shape_checked", False):
+        return fn
+
+    @functools.wraps(fn)
+    def checked(tensor, *args, **kwargs):
+        out = fn(tensor, *args, **kwargs)
+        if isinstance(out, torch.Tensor) and isinstance(tensor, torch.Tensor) and out.shape != tensor.shape:
+            hook = kwargs.get("hook", args[0] if args else None)
+            where = getattr(hook, "name", None) or "a hook point"
+            raise HookShapeError(f"hook function {getattr(fn, '__name__', repr(fn))!r} on {where} returned shape "
+                                 f"{list(out.shape)}, but {where} carries {list(tensor.shape)}: return the "
+                                 "activation edited in place or a tensor of that same shape (or None to only read it)")
+        return out
+
+    checked._interp_shape_checked = True
+    return checked
 
 
 class HookRegistry:
@@ -48,11 +74,13 @@ class HookRegistry:
         """Hook names selected by an exact name, a glob pattern, a list of those, or a callable."""
         return hook_names_mod.resolve(spec, self.hook_names())
 
-    def _expand(self, hooks: Sequence[HookSpec]) -> List[HookSpec]:
-        """``[(name or pattern or callable, fn)]`` -> the same with every string replaced by exact names."""
+    def _expand(self, hooks: Sequence[HookSpec], check_shapes: bool = True) -> List[HookSpec]:
+        """``[(name or pattern or callable, fn)]`` -> the same with every string replaced by exact names (and,
+        for forward hooks, ``fn`` wrapped by :func:`shape_checked`)."""
         known = self.hook_names()
         out: List[HookSpec] = []
         for name, fn in hooks:
+            fn = shape_checked(fn) if check_shapes else fn
             if isinstance(name, str):
                 out.extend((key, fn) for key in hook_names_mod.match(name, known))
             else:
@@ -61,6 +89,8 @@ class HookRegistry:
 
     def add_hook(self, name, hook, *args, **kwargs) -> None:
         """TransformerLens ``add_hook``; ``name`` may also be a glob pattern."""
+        if kwargs.get("dir", args[0] if args else "fwd") == "fwd":
+            hook = shape_checked(hook)
         if not isinstance(name, str):
             return super().add_hook(name, hook, *args, **kwargs)
         for key in hook_names_mod.match(name, self.hook_names()):
@@ -70,14 +100,14 @@ class HookRegistry:
     def hooks(self, fwd_hooks: Sequence[HookSpec] = (), bwd_hooks: Sequence[HookSpec] = (), *args,
               **kwargs) -> Iterator[Any]:
         """TransformerLens ``hooks`` context manager; names may be glob patterns. Always removes its hooks."""
-        with super().hooks(self._expand(fwd_hooks), self._expand(bwd_hooks), *args, **kwargs) as model:
+        with super().hooks(self._expand(fwd_hooks), self._expand(bwd_hooks, False), *args, **kwargs) as model:
             yield model
 
     def run_with_hooks(self, *model_args, fwd_hooks: Sequence[HookSpec] = (), bwd_hooks: Sequence[HookSpec] = (),
                        **kwargs):
         """TransformerLens ``run_with_hooks``; names may be glob patterns."""
         return super().run_with_hooks(*model_args, fwd_hooks=self._expand(fwd_hooks),
-                                      bwd_hooks=self._expand(bwd_hooks), **kwargs)
+                                      bwd_hooks=self._expand(bwd_hooks, False), **kwargs)
 
     def _resolve_filter(self, names_filter):
         if names_filter is None or callable(names_filter):

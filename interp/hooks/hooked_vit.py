@@ -48,6 +48,7 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
         timm_model: the instrumented timm module (not a submodule, so state dict keys have no prefix).
         edit_state: the structural edits in force (:class:`EditState`); only ``intervene`` changes it.
         force_patterns: compute attention patterns even when unhooked (e.g. for nnsight observers).
+        init_seed: seed of the random weights ``interp.load(..., pretrained=False)`` built (None otherwise).
     """
 
     def __init__(self, timm_model: nn.Module, name: Optional[str] = None):
@@ -63,6 +64,7 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
             self.add_module(key, HookPoint())
         self.edit_state = EditState()
         self.force_patterns = False
+        self.init_seed = getattr(timm_model, "interp_init_seed", None)
         self._input_hw: Optional[Tuple[int, int]] = None
         self._index_hook_points(self._firing_order())
         self.eval()

@@ -115,6 +115,13 @@ def is_pattern(name: str) -> bool:
 
 
 def unknown_hook_error(name: str, known: Sequence[str]) -> HookNameError:
+    block = block_of(name)
+    n_blocks = 1 + max((b for b in map(block_of, known) if b is not None), default=-1)
+    if block is not None and block >= n_blocks:
+        rest = name[len(f"blocks.{block}."):]
+        shown = "no blocks" if n_blocks == 0 else f"{n_blocks} blocks (0-{n_blocks - 1})"
+        return HookNameError(f"hook name {name!r}: block {block} does not exist, this model has {shown}; "
+                             f"e.g. {block_hook(n_blocks - 1, rest)!r} is the last block's")
     hints = close_matches(name, known)
     hint = f" Close matches: {', '.join(hints)}." if hints else ""
     kind = "pattern" if is_pattern(name) else "hook name"

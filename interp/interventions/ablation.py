@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import InterpError
-from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons
+from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons, take_neurons
 from .edits import ABLATION_MODES, TOKEN_SETS
 from .modules import AblationEdit
 
@@ -29,22 +29,24 @@ class NeuronAblation(Intervention):
     """Replace MLP neurons (activation after the non-linearity, ``blocks.{l}.mlp.hook_post``) by 0 or their mean.
 
     Args:
-        neurons: ``{layer: [neuron, ...]}``.
+        neurons: ``{layer: [neuron, ...]}``, ``"2:17,2:101"``, a neurons.json path or a neurons study result.
         mode: ``"zero"`` or ``"mean"`` (needs ``means``; see :meth:`calibrate_means`).
         tokens: ``"all"`` tokens, or only ``"patches"`` (CLS and registers keep their values).
         means: ``{layer: Tensor[k]}``, one mean per listed neuron, in the order of ``neurons[layer]``.
+        force: use neurons a neurons study ranked on another model's weights (refused by default).
     """
 
     neurons: Neurons
     mode: str = "zero"
     tokens: str = "all"
     means: Optional[Dict[int, torch.Tensor]] = field(default=None, repr=False)
+    force: bool = field(default=False, repr=False)
 
     kind = "NeuronAblation"
     stage = NEURON
 
     def __post_init__(self):
-        self.neurons = normalize_neurons(self.neurons)
+        self.neurons = take_neurons(self)
         check_choice("mode", self.mode, ABLATION_MODES)
         check_choice("tokens", self.tokens, TOKEN_SETS)
         if self.mode == "mean":

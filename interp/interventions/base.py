@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import InterpError
 from ..hooks.edit_state import EditState
+from .neuron_sets import check_ranked_on, neuron_set
 
 STRUCTURAL, NEURON, POOLING = 0, 1, 2  # composition stages (see interp.hooks.intervene)
 
@@ -46,6 +47,15 @@ def normalize_neurons(neurons: Mapping[Any, Sequence[int]]) -> Neurons:
             raise ValueError(f"neurons[{layer}] lists a neuron twice: {idx}")
         out[layer] = idx
     return dict(sorted(out.items()))
+
+
+def take_neurons(item: Any) -> Neurons:
+    """``item.neurons`` in any form :func:`~interp.interventions.neuron_sets.neuron_set` reads (dict,
+    ``"2:17,2:101"``, a neurons.json path, a neurons study result), normalised; where it came from is kept on
+    ``item`` so ``setup`` can refuse neurons ranked on another model (unless ``item.force``)."""
+    nset = neuron_set(item.neurons)
+    item._ranked_on = nset
+    return normalize_neurons(nset.neurons)
 
 
 def check_neurons(neurons: Neurons, n_layers: int, d_mlp: int) -> None:
@@ -160,6 +170,10 @@ class Intervention:
         """
         if getattr(self, "_applied", False):
             raise InterpError(f"this {self.kind} is already applied (nested intervene?); pass a copy instead")
+        ranked = getattr(self, "_ranked_on", None)
+        if ranked is not None and ranked.fingerprint and getattr(self, "_checked_on", None) != id(model):
+            check_ranked_on(ranked, model, force=bool(getattr(self, "force", False)))
+            self._checked_on = id(model)  # weights fingerprints cost a pass over the weights: once per model
         device = model_device(model)
         pool = self.pool_module()
         new = state.add_tokens(self.n_extra_tokens).add_kv(self.extra_kv(), device)

@@ -9,10 +9,12 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict
 
-from .base import STRUCTURAL, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons
+from ..errors import InterpError
+
+from .base import STRUCTURAL, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons, take_neurons
 from .edits import PATCH_FILLS, VALUE_MODES
 from .modules import RegisterNeuronEdit
 
@@ -30,10 +32,13 @@ class TestTimeRegister(Intervention):
     output keeps its shape.
 
     Args:
-        neurons: ``{layer: [neuron, ...]}`` register neurons.
-        n_registers: tokens to add.
+        neurons: ``{layer: [neuron, ...]}`` register neurons, ``"2:17,2:101"``, a neurons.json path or a
+            neurons study result.
+        n_registers: tokens to add, 1..``MAX_REGISTERS`` (each one is a token of every forward; raise the
+            class attribute ``TestTimeRegister.MAX_REGISTERS`` to allow more).
         value: ``"layer_max"`` (reference code: one signed scalar per layer) or ``"neuron_max"``.
         patch_fill: ``"zero"``, ``"mean"`` or ``"outliers"``.
+        force: use neurons a neurons study ranked on another model's weights (refused by default).
     """
 
     __test__ = False  # not a pytest test class despite the name
@@ -42,15 +47,24 @@ class TestTimeRegister(Intervention):
     n_registers: int = 1
     value: str = "layer_max"
     patch_fill: str = "zero"
+    force: bool = field(default=False, repr=False)
 
+    MAX_REGISTERS: ClassVar[int] = 1024
     kind = "TestTimeRegister"
     stage = STRUCTURAL
 
     def __post_init__(self):
-        self.neurons = normalize_neurons(self.neurons)
+        self.neurons = take_neurons(self)
+        if isinstance(self.n_registers, bool) or not isinstance(self.n_registers, (int, float)) or \
+                self.n_registers != int(self.n_registers):
+            raise InterpError(f"n_registers must be a whole number, got {self.n_registers!r}")
         self.n_registers = int(self.n_registers)
         if self.n_registers < 1:
             raise ValueError(f"n_registers must be >= 1, got {self.n_registers}")
+        if self.n_registers > self.MAX_REGISTERS:
+            raise InterpError(f"n_registers={self.n_registers} is more than {self.MAX_REGISTERS} test-time registers "
+                              "(each adds a token to every forward: memory and time grow with it; the papers use "
+                              "1); raise TestTimeRegister.MAX_REGISTERS to allow more")
         check_choice("value", self.value, VALUE_MODES)
         check_choice("patch_fill", self.patch_fill, PATCH_FILLS)
 

@@ -9,13 +9,13 @@ torch.Size([4, 197, 192])
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict
 
 import torch
 
 from . import masks
-from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons
+from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons, take_neurons
 from .edits import VALUE_MODES
 from .modules import RelocationEdit
 
@@ -25,11 +25,12 @@ class Relocation(Intervention):
     """At each listed layer, write the neurons' per-image value on the ``target`` patches and 0 on the others.
 
     Args:
-        neurons: ``{layer: [neuron, ...]}``.
+        neurons: ``{layer: [neuron, ...]}``, ``"2:17,2:101"``, a neurons.json path or a neurons study result.
         target: bool mask [h, w] on the patch grid (:mod:`interp.interventions.masks`).
         value: ``"neuron_max"``: each neuron's maximum over the image's tokens (all rows, prefix included);
             ``"layer_max"``: one value per image and layer, the entry of largest |value| over all tokens and
             listed neurons, sign kept.
+        force: use neurons a neurons study ranked on another model's weights (refused by default).
 
     Prefix tokens (CLS, registers) keep their values.
     """
@@ -37,12 +38,13 @@ class Relocation(Intervention):
     neurons: Neurons
     target: torch.Tensor
     value: str = "neuron_max"
+    force: bool = field(default=False, repr=False)
 
     kind = "Relocation"
     stage = NEURON
 
     def __post_init__(self):
-        self.neurons = normalize_neurons(self.neurons)
+        self.neurons = take_neurons(self)
         check_choice("value", self.value, VALUE_MODES)
         self.target = torch.as_tensor(self.target).bool()
         if self.target.dim() != 2:

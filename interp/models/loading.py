@@ -62,7 +62,11 @@ def read_state_dict(path: Union[str, Path]) -> dict:
         else:
             sd = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt or foreign file
-        raise ModelLoadError(f"could not read weight file {str(path)!r}: {e}") from e
+        size = path.stat().st_size
+        reason = ("the file is empty (0 bytes)" if size == 0 else
+                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e).strip() else 'no detail'}")
+        raise ModelLoadError(f"could not read weight file {str(path)!r} ({size} bytes): {reason}; it is not a "
+                             f"complete {path.suffix or 'weight'} state dict: download or export it again") from e
     for key in ("state_dict", "model", "module", "teacher"):
         if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
             sd = sd[key]
@@ -134,9 +138,18 @@ def weights_grid(state_dict: dict, model: nn.Module) -> Optional[Tuple[int, int]
     return None
 
 
+MAX_WEIGHTS_GRID = 100  # patches per side a weight file may set on its own (100x100 = 1600 px at patch 16)
+_GRID_WARNINGS_SHOWN: set = set()  # the position-grid warning is shown once per process and file
+
+
 def _fit_to_weights(model: nn.Module, state_dict: dict, name: str, label: str) -> None:
     """Set ``model``'s input size to the grid ``state_dict`` was trained for (timm ``set_input_size``),
-    and say so in one warning line. Called only when the user asked for no ``img_size``."""
+    and say so in one warning line (once per process). Called only when the user asked for no ``img_size``.
+
+    Raises:
+        ModelLoadError: the grid has more than ``MAX_WEIGHTS_GRID`` patches per side (a crafted or foreign
+            file would build a model too large for memory); an explicit ``img_size`` is then needed.
+    """
     grid = weights_grid(state_dict, model)
     current = tuple(int(g) for g in model.patch_embed.grid_size)
     if grid is None or grid == current or not hasattr(model, "set_input_size"):
@@ -144,13 +157,66 @@ def _fit_to_weights(model: nn.Module, state_dict: dict, name: str, label: str) -
     patch = tuple(int(p) for p in model.patch_embed.patch_size)
     size = (grid[0] * patch[0], grid[1] * patch[1])
     old = tuple(int(s) for s in model.patch_embed.img_size)
+    if max(grid) > MAX_WEIGHTS_GRID:
+        raise ModelLoadError(
+            f"{label} holds a {grid[0]}x{grid[1]} position grid ({size[0]} px input): larger than the "
+            f"{MAX_WEIGHTS_GRID}x{MAX_WEIGHTS_GRID} grid interp builds on a file's word; pass img_size=... (CLI "
+            f"--img-size {old[0]}) to resample the position embedding to the size you want")
     model.set_input_size(img_size=size)
     shown = f"{size[0]}" if size[0] == size[1] else f"{size[0]}x{size[1]}"
+    key = (name, label, grid)
+    if key in _GRID_WARNINGS_SHOWN:
+        return
+    _GRID_WARNINGS_SHOWN.add(key)
     warnings.warn(
         f"{label} holds a {grid[0]}x{grid[1]} position grid: building {name} at {shown} px, not its default "
-        f"{old[0]}x{old[1]}; pass img_size={old[0]} (CLI --img-size {old[0]}) to resample instead",
+        f"{old[0]}x{old[1]}; pass img_size={size[0]} (CLI --img-size {size[0]}) to keep this size without "
+        f"this warning, or img_size={old[0]} (--img-size {old[0]}) to resample",
         stacklevel=4,
     )
+
+
+def _register_count(state_dict: dict) -> Optional[int]:
+    """Register tokens a checkpoint holds (timm ``reg_token`` or original DINOv2 ``register_tokens``), 0 when
+    it is a DINOv2-style file without them, None when the format does not tell."""
+    for key in ("reg_token", "register_tokens"):
+        t = state_dict.get(key)
+        if isinstance(t, torch.Tensor):
+            return int(t.shape[1]) if t.dim() == 3 else int(t.shape[0])
+    return 0 if ("mask_token" in state_dict or "cls_token" in state_dict) else None
+
+
+def check_register_tokens(model: nn.Module, state_dict: dict, name: str, label: str) -> None:
+    """A clear error when a file with(out) register tokens meets a model without (with) them, naming the
+    timm architecture that fits (``*_reg4_*`` <-> plain), instead of a reshape error deep in timm."""
+    import re
+
+    from timm.models import is_model
+
+    have = int(getattr(model, "num_reg_tokens", 0) or 0)
+    held = _register_count(state_dict)
+    if held is None or held == have:
+        return
+    base = name.split(".")[0]
+    if held == 0:
+        fit = re.sub(r"_reg\d+", "", base)
+    else:
+        fit = base.replace("_dinov2", f"_reg{held}_dinov2") if "_reg" not in base else re.sub(
+            r"_reg\d+", f"_reg{held}", base)
+    hint = f"load it into {fit!r}" if fit != base and is_model(fit) else (
+        f"load it into an architecture with {held} register tokens")
+    raise ModelLoadError(
+        f"{label} holds {'no' if held == 0 else held} register tokens but {name!r} has {have or 'none'}: "
+        f"{hint} (or pass weights trained with registers = {have})")
+
+
+def check_finite(model: nn.Module, label: str) -> None:
+    """Raise when loaded weights hold NaN or infinite values (a damaged file), naming the tensors."""
+    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ModelLoadError(f"{label} holds NaN or infinite values in {len(bad)} tensor(s): {shown}; the file "
+                             "is damaged: download or export it again")
 
 
 def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
@@ -206,6 +272,7 @@ def create_timm_vit(
     weights: Union[str, Path, None] = None,
     device: Union[str, torch.device] = "cpu",
     dtype=None,
+    seed: Optional[int] = None,
     **timm_kwargs,
 ) -> nn.Module:
     """Build the timm ViT ``name`` in eval mode with the requested weights.
@@ -217,6 +284,9 @@ def create_timm_vit(
             ``img_size`` kwarg, the model takes the input size the file's position embedding was trained
             for (one warning line says so), e.g. 224-px DINOv2 weights are not resampled to 518 px.
         device, dtype: where and in which float type the model lives.
+        seed: seed of the random weights when there are no weights to load (``pretrained=False``, no
+            ``weights``); default 0, so the same call builds the same model in every run. Recorded as the
+            module's ``interp_init_seed`` (None when weights were loaded). The global RNG is left as it was.
         **timm_kwargs: passed to ``timm.create_model`` (``img_size``, ``dynamic_img_size``, ``num_classes``, ``depth``...).
     """
     import timm
@@ -227,13 +297,19 @@ def create_timm_vit(
     if name == PLANTED_NAME:  # the synthetic ground-truth model: its weights are its construction
         if weights is not None:
             raise ModelLoadError(f"{PLANTED_NAME} is built by construction; it takes no weight file")
-        model = planted_vit(**timm_kwargs)
+        with torch.random.fork_rng(devices=[]):
+            model = planted_vit(**timm_kwargs, **({} if seed is None else {"seed": seed}))
         return model.to(device=device, dtype=_resolve_dtype(dtype))
     check_model_name(name)
+    random_init = weights is None and not pretrained
+    init_seed = (0 if seed is None else int(seed)) if random_init else None
     try:
-        model = timm.create_model(name, pretrained=False, **timm_kwargs)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0 if init_seed is None else init_seed)
+            model = timm.create_model(name, pretrained=False, **timm_kwargs)
     except Exception as e:
         raise ModelLoadError(f"timm could not build {name!r} with {timm_kwargs}: {e}") from e
+    model.interp_init_seed = init_seed
     check_supported(model)
     entry_module = model_entrypoint(name.split(".")[0]).__module__
     local, reachable = weights, None
@@ -244,9 +320,12 @@ def create_timm_vit(
             raise ModelLoadError(_offline_message(name))
     if local is not None:
         state_dict = read_state_dict(local)
+        label = f"weight file {Path(local).name!r}"
+        check_register_tokens(model, state_dict, name, label)
         if "img_size" not in timm_kwargs:  # the file's resolution, unless the user asked for one
-            _fit_to_weights(model, state_dict, name, f"weight file {Path(local).name!r}")
+            _fit_to_weights(model, state_dict, name, label)
         load_weights_file(model, state_dict, entry_module, label=str(local))
+        check_finite(model, label)
     elif reachable:
         try:
             from timm.models import load_pretrained
@@ -256,6 +335,7 @@ def create_timm_vit(
                                 __import__(entry_module, fromlist=["x"]), "checkpoint_filter_fn", None))
         except Exception as e:
             raise ModelLoadError(_offline_message(name) + f" (hub error: {e})") from e
+        check_finite(model, f"the hub weights of {name!r}")
     model.eval()
     model.to(device=device, dtype=_resolve_dtype(dtype))
     return model
