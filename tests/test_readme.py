@@ -1,12 +1,15 @@
 """The README's examples run as written (issue 12, point 1).
 
-Every fenced ```python and ```bash block of README.md runs, in the README's order, in one temporary working
-directory, on the bundled default. The conventions (also stated in README.md, "Examples in this README"):
+Every fenced ```python and ```bash block of README.md runs, in the README's order, as written from the
+repository root: in a temporary working directory that mirrors the root (each top-level entry of the
+checkout linked in, the git-ignored outputs ``out/`` and ``report/`` left out), on the bundled default; then
+every file the blocks wrote must be one the repository's ``.gitignore`` ignores (examples write under
+``out/``, never litter the checkout). The conventions (also stated in README.md):
 
 - ``<!-- readme-test: skip (why) -->`` on the line right before a fence skips that block (installs, real
   weights, the full report). Use it sparingly: a skipped block is an untested block.
-- ``photos/`` in an example is the bundled sample photos: the working directory holds ``photos`` (and
-  ``interp/data/samples``, the path the shell examples use from a checkout) linked to the bundled samples.
+- Images are the bundled sample photos, by their path in a checkout (``interp/data/samples``) or
+  ``interp.models.sample_image_paths()``; there is no ``photos/`` folder.
 - Python blocks share one namespace (a later block builds on an earlier one's ``model``, ``x``, ...).
 - In bash blocks, ``interp ARGS`` runs in this process (``interp.cli.main(ARGS)``, no interpreter start-up)
   and must exit 0; ``NAME=value`` lines set a variable that ``$NAME`` expands to; any other line runs in bash.
@@ -116,18 +119,53 @@ def test_shell_commands_join_continuations_and_drop_comments():
 
 
 # ----------------------------------------------------------------------------------------- the README
+def root_mirror(where: Path) -> Path:
+    """A folder that looks like the repository root to a README example: every top-level entry of the
+    checkout (README, interp/, examples/, ...) linked in, except git metadata and the ignored outputs."""
+    where.mkdir(parents=True, exist_ok=True)
+    for entry in REPO.iterdir():
+        if entry.name not in (".git", "out", "report") and not entry.name.startswith((".venv", ".pytest")):
+            (where / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    return where
+
+
+def written_files(root: Path) -> List[str]:
+    """Paths (relative to ``root``) of the files under ``root`` that are not links into the checkout."""
+    return sorted(str((Path(folder) / name).relative_to(root)) for folder, _, names in os.walk(root)
+                  for name in names if not (Path(folder) / name).is_symlink())
+
+
+def not_ignored(paths: List[str]) -> List[str]:
+    """Those of ``paths`` the repository's .gitignore does not ignore (checked as paths of the checkout)."""
+    if not paths:
+        return []
+    done = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"], input="\n".join(paths),
+                          capture_output=True, text=True)
+    ignored = set(done.stdout.split())
+    return [p for p in paths if p not in ignored]
+
+
+def test_written_files_outside_ignored_paths_are_reported(tmp_path):
+    root = root_mirror(tmp_path / "root")
+    (root / "out").mkdir()
+    (root / "out" / "x.json").write_text("{}")
+    (root / "bias.safetensors").write_text("")
+    assert (root / "interp").is_symlink() and (root / "README.md").is_symlink() and not (root / "photos").exists()
+    assert written_files(root) == ["bias.safetensors", "out/x.json"]
+    assert not_ignored(written_files(root)) == ["bias.safetensors"]
+
+
 @pytest.mark.slow
 def test_readme_examples_run(tmp_path, monkeypatch):
-    """Every python and bash block of README.md runs in order, in one directory, on the bundled default."""
+    """Every python and bash block of README.md runs in order, from a copy of the repository root, on the
+    bundled default, and writes only git-ignored files."""
     import matplotlib
 
     matplotlib.use("Agg")  # the examples may plot; never open a window
     blocks = readme_blocks(README.read_text(encoding="utf-8"))
     assert any(b.lang == "python" and b.skip is None for b in blocks), "README.md has no runnable python block"
-    (tmp_path / "photos").symlink_to(SAMPLES, target_is_directory=True)
-    (tmp_path / "interp" / "data").mkdir(parents=True)  # the path the shell examples use from a checkout
-    (tmp_path / "interp" / "data" / "samples").symlink_to(SAMPLES, target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
+    root = root_mirror(tmp_path / "root")
+    monkeypatch.chdir(root)
     monkeypatch.setenv("INTERP_NO_PROGRESS", "1")
     namespace: Dict = {"__name__": "__readme__"}
     variables: Dict[str, str] = {}
@@ -141,6 +179,8 @@ def test_readme_examples_run(tmp_path, monkeypatch):
             linecache.cache[where] = (len(source), None, source.splitlines(keepends=True), where)
             exec(compile(source, where, "exec"), namespace)
         else:
-            run_shell(block.code, tmp_path, variables, where)
+            run_shell(block.code, root, variables, where)
         ran += 1
     assert ran >= 5
+    written = written_files(root)
+    assert written and not not_ignored(written), f"README examples wrote files git does not ignore: {not_ignored(written)}"
