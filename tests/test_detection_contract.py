@@ -87,3 +87,29 @@ def test_from_dict_refuses_another_studys_result(planted, tmp_path):
     with pytest.raises(InterpError, match="'norms' result, not a 'neurons'"):
         NeuronsResult.from_json(path)
     assert json.loads(path.read_text())["ids"] == source.ids
+
+
+def test_the_readme_cache_table_is_the_descriptors_table():
+    from pathlib import Path
+
+    from interp.studies.descriptors import DESCRIPTORS, cache_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert cache_table() in readme
+    assert all(f"`{name}`" in cache_table() for name in DESCRIPTORS)
+
+
+def test_the_command_table_and_library_api_come_from_the_descriptors():
+    import interp.studies
+    from interp.commands import registry
+    from interp.studies.descriptors import DESCRIPTORS
+
+    assert list(registry.STUDIES) == list(DESCRIPTORS)
+    for name, command in registry.STUDIES.items():
+        d = DESCRIPTORS[name]
+        assert (command.help, command.hooks, command.result_name) == (d.summary, d.hooks, d.json_name)
+        assert d.result_class().study == d.json_name and callable(d.study_function())
+    assert interp.studies.required_hooks is registry.required_hooks
+    assert interp.studies.required_hooks("lost", 4, {"layer": -2}) == ["blocks.2.attn.hook_k"]
+    with pytest.raises(InterpError, match="re-runs the model"):
+        interp.studies.required_hooks("masking", 4)
