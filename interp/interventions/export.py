@@ -122,14 +122,36 @@ def read_spec(path: PathLike) -> Dict[str, Any]:
                          "metadata); write patches with interp.patch.save or `interp patch export`")
     try:
         spec = json.loads(metadata[METADATA_KEY])
-    except json.JSONDecodeError as e:
-        raise PatchError(f"{str(path)!r}: the patch spec is not valid JSON ({e}); the file is corrupt") from e
+    except (json.JSONDecodeError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise PatchError(f"{str(path)!r}: the patch spec is not valid JSON ({reason}); the file is corrupt") from None
     if not isinstance(spec, dict) or spec.get("format") != FORMAT or "interventions" not in spec:
         raise PatchError(f"{str(path)!r}: the patch spec is not an {FORMAT} spec; the file is corrupt")
-    if int(spec.get("version", -1)) > FORMAT_VERSION:
+    version = spec.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise PatchError(f"{str(path)!r}: the patch format version is {version!r}, not a whole number; the file "
+                         "is corrupt: export the patch again")
+    if version > FORMAT_VERSION:
         raise PatchError(f"{str(path)!r} is patch format version {spec['version']}; this interp "
                          f"({__version__}) reads up to version {FORMAT_VERSION}: upgrade interp")
+    _check_entries(spec["interventions"], path)
     return spec
+
+
+def _check_entries(entries: Any, path: Path) -> None:
+    """The ``interventions`` list of a patch spec: objects with a string ``kind``, a ``params`` object and a
+    ``tensors`` list of names. Raises one PatchError naming the first bad entry."""
+    if not isinstance(entries, list):
+        raise PatchError(f"{str(path)!r}: the patch spec's \"interventions\" is a {type(entries).__name__}, not a "
+                         "list of intervention entries; the file is corrupt: export the patch again")
+    for i, entry in enumerate(entries):
+        ok = (isinstance(entry, dict) and isinstance(entry.get("kind"), str)
+              and isinstance(entry.get("params", {}), dict)
+              and isinstance(entry.get("tensors", []), list)
+              and all(isinstance(t, str) for t in entry.get("tensors", [])))
+        if not ok:
+            raise PatchError(f"{str(path)!r}: intervention entry {i} ({str(entry)[:80]}) is not an object with a "
+                             "\"kind\" string, \"params\" object and \"tensors\" name list; the file is corrupt")
 
 
 def load(path: PathLike) -> List[Intervention]:
@@ -153,11 +175,15 @@ def load(path: PathLike) -> List[Intervention]:
         if cls is None:
             raise PatchError(f"{str(path)!r}: unknown intervention kind {entry.get('kind')!r} "
                              f"(known: {sorted(Intervention.registry)}); upgrade interp")
+        missing = [name for name in entry.get("tensors", []) if f"{i}.{name}" not in tensors]
+        if missing:
+            raise PatchError(f"{str(path)!r}: intervention entry {i} ({entry['kind']}) needs tensor(s) "
+                             f"{[f'{i}.{n}' for n in missing]} that the file does not hold; the file is corrupt")
         own = {name: tensors[f"{i}.{name}"] for name in entry.get("tensors", [])}
         try:
-            interventions.append(cls.from_params(dict(entry["params"]), own))
-        except (TypeError, ValueError, KeyError) as e:
-            raise PatchError(f"{str(path)!r}: invalid {entry.get('kind')} entry: {e}") from e
+            interventions.append(cls.from_params(dict(entry.get("params", {})), own))
+        except Exception as e:  # any bad parameter of a crafted file: one line naming the entry
+            raise PatchError(f"{str(path)!r}: invalid {entry.get('kind')} entry {i}: {e}") from None
     return interventions
 
 

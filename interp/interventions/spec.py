@@ -58,13 +58,15 @@ def intervention_from_dict(spec: Dict[str, Any], model=None, calibration_images:
     """One intervention from its spec dict (calibrating it when the spec asks for calibrated tensors)."""
     spec = dict(spec)
     kind = spec.pop("kind", None)
-    cls = Intervention.registry.get(kind)
+    cls = Intervention.registry.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise InterpError(f"unknown intervention kind {kind!r}; known: {sorted(Intervention.registry)}")
     try:
         return cls.from_spec(spec, SpecInputs(model, calibration_images, batch_size))
-    except (TypeError, ValueError, KeyError) as e:
-        raise InterpError(f"bad {kind} spec {spec}: {e}") from e
+    except InterpError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise InterpError(f"bad {kind} spec {str(spec)[:200]}: {e}") from e
 
 
 def interventions_from_spec(spec: Union[str, Path, List[Dict[str, Any]]], model=None,
@@ -73,9 +75,11 @@ def interventions_from_spec(spec: Union[str, Path, List[Dict[str, Any]]], model=
     """Interventions from a spec list or a JSON file holding one (a single object is accepted too)."""
     if isinstance(spec, (str, Path)):
         try:
-            spec = json.loads(Path(spec).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise InterpError(f"cannot read intervention spec {str(spec)!r}: {e}") from e
+            spec = json.loads(Path(spec).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            reason = "nested too deeply" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
+            raise InterpError(f"cannot read intervention spec {str(spec)!r} ({reason}); give a JSON list of "
+                              "objects with a 'kind' key") from None
     if isinstance(spec, dict):
         spec = [spec]
     if not isinstance(spec, list) or not all(isinstance(s, dict) for s in spec):
