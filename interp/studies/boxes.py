@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from ..errors import InterpError
-from .box_files import Box, BoxTable, ImageBoxes, mask_files, match_boxes, read_boxes, read_mask  # noqa: F401  (re-exported)
+from .box_files import (Box, BoxTable, ImageBoxes, check_box_in_image, mask_files, match_boxes,  # noqa: F401
+                        read_boxes, read_mask)  # (re-exported)
 
 BOX_REASONS = ("no_box", "several_boxes", "too_large", "cropped_away")
 MASK_REASONS = ("no_mask", "cropped_away")
@@ -225,6 +226,10 @@ def regions_from_boxes(ids: Sequence[str], table: BoxTable, data_cfg: dict, grid
         data_cfg: the model's timm data config (``interp.models.data_config(model)`` or a cache's).
         grid: patch grid ``(h, w)``.
     """
+    if max_box_fraction is not None and (isinstance(max_box_fraction, bool) or not isinstance(
+            max_box_fraction, (int, float)) or not 0 < max_box_fraction <= 1):
+        raise InterpError(f"max_box_fraction={max_box_fraction!r}: give a share of the image area in (0, 1] "
+                          "(e.g. 0.25), or None to keep every box")
     transform = eval_transform(data_cfg)
     patch = patch_size_of(data_cfg, grid)
     entries = match_boxes(ids, table)
@@ -243,6 +248,8 @@ def regions_from_boxes(ids: Sequence[str], table: BoxTable, data_cfg: dict, grid
             reason = "several_boxes"
         else:
             width, height = original_size(image_id, entry)
+            for b in entry.boxes:
+                check_box_in_image(b, (width, height), f"box file entry of {image_id!r}")
             boxes = entry.boxes
             if max_box_fraction is not None:
                 boxes = [b for b in boxes if b.area <= max_box_fraction * width * height]

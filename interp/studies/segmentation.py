@@ -18,7 +18,7 @@ Ground truth, matched to the images:
 """
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import InterpError
-from .box_files import _normalise_key, mask_files, read_mask
+from .box_files import coco_annotations, coco_images, mask_files, read_json_file, read_mask
 from .metrics import iou
 from .boxes import InputGeometry, eval_transform, input_geometry, match_boxes
 from .patch_score import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
@@ -77,16 +77,23 @@ def mask_to_input(mask: np.ndarray, geometry: InputGeometry) -> torch.Tensor:
 def read_coco_polygons(path: Union[str, Path]) -> Dict[str, Tuple[Tuple[int, int], Polygons]]:
     """COCO instances JSON -> {file_name: ((width, height), polygons of all its annotations)}; file names are
     normalised as box files' keys are (``./`` prefixes dropped, ``/`` separators), so they match the same way."""
-    data = json.loads(Path(path).read_text())
+    path = Path(path)
+    data = read_json_file(path)
     if not (isinstance(data, dict) and "images" in data and "annotations" in data):
         raise InterpError(f"{path}: expected COCO instances JSON with 'images' and 'annotations'")
-    table = {_normalise_key(img["file_name"]): ((int(img["width"]), int(img["height"])), []) for img in data["images"]}
-    names = {img["id"]: _normalise_key(img["file_name"]) for img in data["images"]}
-    for i, ann in enumerate(data["annotations"]):
+    images = coco_images(data, path, need_size=True)  # checked records; sizes bounded (a mask is held per image)
+    table = {key: (size, []) for _, key, size in images}
+    names = {image_id: key for image_id, key, _ in images}
+    for i, ann in enumerate(coco_annotations(data, path)):
         seg = ann.get("segmentation")
-        if not isinstance(seg, list):
+        if isinstance(seg, dict):
             raise InterpError(f"{path}: annotation {i} stores its mask as RLE; only polygon segmentations are "
                               "read (convert RLE to PNG masks and pass the folder instead)")
+        if not isinstance(seg, list) or not all(
+                isinstance(p, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                            and math.isfinite(v) for v in p) for p in seg):
+            raise InterpError(f"{path}: annotation {i}: 'segmentation' must be a list of polygons "
+                              "[x0, y0, x1, y1, ...] of finite numbers")
         if ann.get("image_id") not in names:
             raise InterpError(f"{path}: annotation {i} refers to image_id {ann.get('image_id')!r}, not in 'images'")
         table[names[ann["image_id"]]][1].extend(seg)
