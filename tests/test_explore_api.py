@@ -267,6 +267,9 @@ def test_cli_prints_a_token_url_and_serves(tmp_path):
     (["--neurons", "2:x"], "cannot read '2:x'"),
     (["--threshold", "p200"], "percentile threshold"),
     (["--weights", "w.pth"], "--weights needs a MODEL"),
+    (["--top-k", "0"], "--top-k 0 must be >= 1"),
+    (["--images", "interp/data/samples", "--max-images", "2"], "4 images: the explorer holds its images"),
+    (["--images", "no/such/folder"], "does not exist"),
 ])
 def test_cli_bad_arguments_are_one_line(argv, words, capsys):
     from interp.cli import main

@@ -118,7 +118,8 @@ def test_another_image(browser, served):
     done = runs(browser)
     browser.find_element("css selector", '#thumbs img[data-index="2"]').click()
     wait_for(browser, f"window.explorer.runs > {done} && window.explorer.last.image == 2")
-    spec = browser.execute_script("return JSON.parse(document.getElementById('edits-json').textContent)")
+    spec = browser.execute_script("return window.explorer.spec")
+    assert spec == [{"kind": "NeuronAblation", "neurons": {"2": [17, 101, 402, 655]}, "mode": "zero"}]
     expected = session.run(2, spec)
     shown = torch.tensor(browser.execute_script("return window.explorer.last.norms"))
     assert torch.equal(shown, torch.tensor(expected["norms"]))

@@ -30,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; another one exposes the model to the network)")
     p.add_argument("--no-open", action="store_true", help="do not open a browser")
+    p.add_argument("--max-images", type=int, default=64,
+                   help="refuse more images than this (they are held in memory and re-run for each edit's readout)")
     p.add_argument("--batch-size", type=int, default=16)
     add_output_args(p)
     p.set_defaults(func=run)
@@ -48,8 +50,9 @@ def run(args) -> int:
     neurons = parse_neurons(args.neurons) if args.neurons is not None else None
     if not 0 <= args.port <= 65535:
         raise InterpError(f"--port {args.port} must be 0..65535 (0: any free port)")
-    if args.top_k < 1:
-        raise InterpError(f"--top-k {args.top_k} must be >= 1")
+    for flag, value in (("--top-k", args.top_k), ("--max-images", args.max_images), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise InterpError(f"{flag} {value} must be >= 1")
     if args.model is None:
         if args.weights:
             raise InterpError("--weights needs a MODEL name (the default planted_vit is built by construction)")
@@ -65,7 +68,7 @@ def run(args) -> int:
     random_weights = not args.pretrained and not args.weights and args.model != "planted_vit"
     options = ExploreOptions(threshold=threshold, detect_layer=args.detect_layer, top_k=args.top_k,
                              neurons=neurons, batch_size=args.batch_size, head=args.head,
-                             random_weights=random_weights)
+                             random_weights=random_weights, max_images=args.max_images)
     print(f"interp explore: preparing {args.model} (unedited runs, detection, neuron ranking)...", flush=True)
     session = ExploreSession(model, args.images, options, progress=args.progress)
     for text in session.warnings:

@@ -25,6 +25,7 @@ from ..errors import InterpError
 from ..hooks.names import attn_pattern, mlp_post, resid_mid, resid_post
 from ..interventions import interventions_from_spec, masks
 from ..models.planted import planted_truth
+from ..models.preprocessing import list_images
 from ..studies.neurons import neurons_study
 from ..studies.outliers import ThresholdSpec, detect
 from ..studies.source import open_source
@@ -45,6 +46,7 @@ class ExploreOptions:
         neurons: the register neurons to list ({layer: [neuron]}); None ranks them with the neurons study.
         head: ``"auto"``, ``"classifier"`` or ``"embedding"`` (how to read the model's output; see
             :mod:`interp.explore.readout`); ``random_weights`` says the weights are random (no classifier).
+        max_images: more images than this are refused (they are held in memory and re-run for each readout).
     """
 
     threshold: ThresholdSpec = "auto"
@@ -54,6 +56,7 @@ class ExploreOptions:
     batch_size: int = 16
     head: str = "auto"
     random_weights: bool = False
+    max_images: int = 64
 
 
 def _edit_key(spec: Sequence[Dict[str, Any]]) -> str:
@@ -84,6 +87,11 @@ class ExploreSession:
         self.model = model
         self.options = options or ExploreOptions()
         self.lock = threading.RLock()  # one forward at a time: hooks and edit state live on the model
+        n = images.shape[0] if isinstance(images, torch.Tensor) else len(list_images(images))
+        if n > self.options.max_images:
+            raise InterpError(f"{n} images: the explorer holds its images in memory and re-runs all of them for "
+                              f"the readout of each edit; give at most {self.options.max_images} (a smaller folder "
+                              "or list file), or raise the limit (--max-images N)")
         source = open_source(model=model, images=images, batch_size=self.options.batch_size)
         if len(source) == 0:
             raise InterpError(f"no readable image in {images!r}; give a folder or list of images (--images)")

@@ -215,13 +215,15 @@
     const spec = interventions();
     const body = { image: state.image, interventions: spec };
     if (state.threshold !== null) body.threshold = state.threshold;
-    $("edits-json").textContent = JSON.stringify(spec);
     $("status").textContent = "running...";
     const t0 = performance.now();
     try {
       const res = await (await api("api/run", body)).json();
       if (seq !== state.seq) return;  // a newer edit is on its way
       state.last = res;
+      state.spec = spec;  // the edits the maps show
+      $("edits-json").textContent = JSON.stringify(spec, (key, v) =>
+        key === "target" && Array.isArray(v) ? "<" + v.flat().filter(Boolean).length + " cells>" : v);
       renderMaps();
       renderNeurons();
       renderReadout();
@@ -234,7 +236,7 @@
       $("status").dataset.runs = String(state.runs);
     } catch (e) {
       if (seq !== state.seq) return;
-      showError(e.message);
+      showError(e.message + (state.last ? " (the maps still show the edits listed under 'edits')" : ""));
       state.errors = (state.errors || 0) + 1;
       $("status").textContent = "error";
       $("status").dataset.errors = String(state.errors);
