@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from ..errors import InterpError
-from ..hooks.names import attn_pattern, mlp_post, resid_mid, resid_post
+from ..hooks.names import RESID_STAGES as STAGES, attn_pattern, mlp_post, resid_mid, resid_post, resid_stage
 from ..interventions import interventions_from_spec, masks
 from ..models.planted import planted_truth
 from ..models.preprocessing import list_images
@@ -31,7 +31,6 @@ from ..studies.outliers import ThresholdSpec, detect
 from ..studies.source import open_source
 from .readout import HeadReadout, head_readout
 
-STAGES = ("resid_mid", "resid_post")
 MAX_NEURON_MAPS = 32  # neuron activation maps per response (the ranked ones first, then edited ones)
 CACHE_SIZE = 64  # edited runs kept (per image and edit)
 
@@ -221,7 +220,7 @@ class ExploreSession:
                 hooks += [(attn_pattern(l), cls_row) for l in range(L)]
             hooks += [(mlp_post(l), neuron_cols) for l in layers]
             out = self.model.run_with_hooks(self.pixels[index:index + 1], fwd_hooks=hooks)[0].float().cpu()
-        stage = {s: torch.stack([kept[f"blocks.{l}.hook_{s}"] for l in range(L)]) for s in STAGES}  # [L, t]
+        stage = {s: torch.stack([kept[resid_stage(l, s)] for l in range(L)]) for s in STAGES}  # [L, t]
         patch = {s: v[:, patches] for s, v in stage.items()}
         maps = [{**n, "map": _rounded(kept[mlp_post(n["layer"])][:, n["neuron"]])} for n in shown]
         return {

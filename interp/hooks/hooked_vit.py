@@ -26,6 +26,7 @@ from .edit_state import EditState
 from .hook_registry import HookRegistry
 from .inputs import check_image_batch, model_img_size
 from .intervene import InterventionMixin
+from .names import block_hook
 from .points import BLOCK_HOOK_ORDER, block_forward, install
 
 ROOT_HOOKS_BEFORE = ("hook_embed",)
@@ -78,7 +79,7 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
         """Every hook name in the order the hooks fire."""
         names = list(ROOT_HOOKS_BEFORE)
         for i in range(len(self.timm_model.blocks)):
-            names += [f"blocks.{i}.{rel}" for rel in BLOCK_HOOK_ORDER]
+            names += [block_hook(i, rel) for rel in BLOCK_HOOK_ORDER]
         return names + list(ROOT_HOOKS_AFTER)
 
     def _after_apply(self, fn) -> None:

@@ -21,6 +21,10 @@ EVERY_BLOCK = "*"  # pass as the layer to get a glob pattern over all blocks: re
 _BLOCK_RE = re.compile(r"blocks\.(\d+)\.")
 
 
+# The two residual-stream points per block where norms are tracked: after attention, after the MLP.
+RESID_STAGES = ("resid_mid", "resid_post")
+
+
 def block_hook(layer, name: str) -> str:
     """``blocks.{layer}.{name}``: the hook ``name`` (e.g. ``hook_resid_post``, ``attn.hook_q``) of one block."""
     return f"blocks.{layer}.{name}"
@@ -34,6 +38,13 @@ def resid_pre(layer) -> str:
 def resid_mid(layer) -> str:
     """Residual stream after the attention step of block ``layer`` [b, t, d]."""
     return block_hook(layer, "hook_resid_mid")
+
+
+def resid_stage(layer, stage: str) -> str:
+    """``blocks.{layer}.hook_{stage}`` for a stage of :data:`RESID_STAGES` (``resid_mid`` or ``resid_post``)."""
+    if stage not in RESID_STAGES:
+        raise HookNameError(f"stage {stage!r}: use one of {RESID_STAGES}")
+    return block_hook(layer, f"hook_{stage}")
 
 
 def resid_post(layer) -> str:

@@ -48,14 +48,19 @@ def attention_forward(
     x: torch.Tensor,
     extra_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     force_pattern: bool = False,
+    hooked: bool = True,
 ) -> torch.Tensor:
-    """Hooked forward of ``timm.layers.Attention``.
+    """Hooked forward of ``timm.layers.Attention``: timm's arithmetic op for op, with hook points.
+
+    The one copy of that arithmetic in the package: the plain-module attention bias of patch files
+    (``interventions.modules.AttentionWithExtraKV``) runs it with ``hooked=False``.
 
     Args:
         x: [b, t, d] normed residual stream.
         extra_kv: optional (k', v'), each [h, m, dh], appended as m extra key/value columns
             (not tokens: the output keeps t rows). Used by the attention-bias intervention.
         force_pattern: compute scores/pattern even with no hook on them.
+        hooked: False for a plain timm ``Attention`` without hook points (none is called).
 
     Returns:
         [b, t, d] attention output (after ``proj``, before LayerScale).
@@ -64,24 +69,28 @@ def attention_forward(
     qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)  # each [b, h, t, dh]
     q, k = attn.q_norm(q), attn.k_norm(k)
-    q = attn.hook_q(q.transpose(1, 2)).transpose(1, 2)  # hook sees [b, t, h, dh]
-    k = attn.hook_k(k.transpose(1, 2)).transpose(1, 2)
-    v = attn.hook_v(v.transpose(1, 2)).transpose(1, 2)
+    if hooked:
+        q = attn.hook_q(q.transpose(1, 2)).transpose(1, 2)  # hook sees [b, t, h, dh]
+        k = attn.hook_k(k.transpose(1, 2)).transpose(1, 2)
+        v = attn.hook_v(v.transpose(1, 2)).transpose(1, 2)
     if extra_kv is not None:
         k_extra, v_extra = extra_kv
         k = torch.cat([k, k_extra.to(k.dtype).unsqueeze(0).expand(B, -1, -1, -1)], dim=2)
         v = torch.cat([v, v_extra.to(v.dtype).unsqueeze(0).expand(B, -1, -1, -1)], dim=2)
 
-    if force_pattern or is_hooked(attn.hook_attn_scores) or is_hooked(attn.hook_pattern):
+    if force_pattern or (hooked and (is_hooked(attn.hook_attn_scores) or is_hooked(attn.hook_pattern))):
         q = q * attn.scale
-        scores = attn.hook_attn_scores(q @ k.transpose(-2, -1))  # [b, h, t, t(+m)]
-        pattern = attn.hook_pattern(scores.softmax(dim=-1))
+        scores = q @ k.transpose(-2, -1)  # [b, h, t, t(+m)]
+        pattern = (attn.hook_pattern(attn.hook_attn_scores(scores).softmax(dim=-1)) if hooked
+                   else scores.softmax(dim=-1))
         z = attn.attn_drop(pattern) @ v
     else:
         z = F.scaled_dot_product_attention(
             q, k, v, dropout_p=attn.attn_drop.p if attn.training else 0.0
         )
-    z = attn.hook_z(z.transpose(1, 2))  # [b, t, h, dh]
+    z = z.transpose(1, 2)  # [b, t, h, dh]
+    if hooked:
+        z = attn.hook_z(z)
     out = z.reshape(B, N, attn.attn_dim)
     out = attn.norm(out)
     out = attn.proj(out)

@@ -15,13 +15,10 @@ import numpy as np
 import torch
 
 from ..errors import InterpError
+from ..hooks.names import mlp_post
 from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons, take_neurons
 from .edits import ABLATION_MODES, TOKEN_SETS
 from .modules import AblationEdit
-
-
-def mlp_hook(layer: int) -> str:
-    return f"blocks.{layer}.mlp.hook_post"
 
 
 @dataclass(eq=False)
@@ -169,7 +166,7 @@ def _means_from_cache(reader, neurons: Neurons, tokens: str, batch_size: int, la
         for item in reader.batches(hook, batch_size):
             yield torch.as_tensor(np.asarray(item[1] if isinstance(item, tuple) else item))
 
-    return {l: _average(arrays(mlp_hook(l)), idx, first_row) for l, idx in neurons.items()}
+    return {l: _average(arrays(mlp_post(l)), idx, first_row) for l, idx in neurons.items()}
 
 
 @torch.no_grad()
@@ -182,7 +179,7 @@ def _means_from_images(model, images, neurons: Neurons, tokens: str, batch_size:
     def keep(h, hook, layer):
         collected[layer].append(h[..., neurons[layer]].detach().cpu())
 
-    hooks = [(mlp_hook(l), lambda h, hook, l=l: keep(h, hook, l)) for l in neurons]
+    hooks = [(mlp_post(l), lambda h, hook, l=l: keep(h, hook, l)) for l in neurons]
     for batch in image_batches(images, batch_size):
         model.run_with_hooks(batch.to(device), fwd_hooks=hooks)
     # Columns were already selected: average all of them.

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import InterpError
 from ..hooks.edit_state import EditState
+from ..hooks.names import mlp_post
 from .neuron_sets import check_ranked_on, neuron_set
 
 STRUCTURAL, NEURON, POOLING = 0, 1, 2  # composition stages (see interp.hooks.intervene)
@@ -193,7 +194,7 @@ class Intervention:
         hooks = []
         for layer, edit in self.mlp_edits(ctx).items():
             edit = edit.to(device)
-            hooks.append((f"blocks.{layer}.mlp.hook_post", lambda h, hook, edit=edit: edit(h)))
+            hooks.append((mlp_post(layer), lambda h, hook, edit=edit: edit(h)))
         return hooks
 
     def teardown(self, model) -> None:

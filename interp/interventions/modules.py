@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..hooks.points import attention_forward
 from . import edits
 
 
@@ -115,17 +115,10 @@ class InsertExtraTokens(nn.Module):
 
 def attention_with_extra_kv(attn: nn.Module, x: torch.Tensor, k_extra: torch.Tensor,
                             v_extra: torch.Tensor) -> torch.Tensor:
-    """timm ``Attention`` arithmetic with m extra key/value columns (the hooked ``attention_forward`` with
-    ``extra_kv``, without hook points). x [b, t, d], k_extra/v_extra [h, m, dh] -> [b, t, d]."""
-    B, N, _ = x.shape
-    qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)  # [b, h, t, dh]
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    k = torch.cat([k, k_extra.to(k.dtype).unsqueeze(0).expand(B, -1, -1, -1)], dim=2)
-    v = torch.cat([v, v_extra.to(v.dtype).unsqueeze(0).expand(B, -1, -1, -1)], dim=2)
-    z = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if attn.training else 0.0)
-    out = attn.norm(z.transpose(1, 2).reshape(B, N, attn.attn_dim))
-    return attn.proj_drop(attn.proj(out))
+    """timm ``Attention`` with m extra key/value columns, on a plain module: the hooked arithmetic
+    (:func:`interp.hooks.points.attention_forward`) without hook points. x [b, t, d], k_extra/v_extra
+    [h, m, dh] -> [b, t, d]."""
+    return attention_forward(attn, x, (k_extra, v_extra), hooked=False)
 
 
 class AttentionWithExtraKV(nn.Module):

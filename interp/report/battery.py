@@ -31,7 +31,6 @@ from .summary import SYNTHETIC_NOTE, build_summary, lost_summary, planted_compar
 
 N_STAGES = 5
 DISPLAY_LIMIT = 8  # images un-normalised for the map figures (the figures draw at most this many)
-HOLD_LIMIT = 256  # up to this many images are decoded once and held in memory; more are streamed per stage
 
 
 @dataclass(frozen=True)
@@ -91,13 +90,13 @@ def _say(progress: bool, text: str) -> None:
 
 def report_source(model, images: Optional[ImagesSpec], batch_size: int, strict: bool = False) -> LiveSource:
     """The one live source every stage reads: the images (default: the bundled samples) decoded once when
-    there are at most ``HOLD_LIMIT`` of them. Unreadable images are skipped and listed in ``source.skipped``
-    (``strict``: the first one stops the run)."""
+    there are at most ``HOLD_LIMIT`` of them (``LiveSource.held_if_small``). Unreadable images are skipped and
+    listed in ``source.skipped`` (``strict``: the first one stops the run)."""
     from ..models import sample_image_paths
 
     source = open_source(model=model, images=sample_image_paths() if images is None else images,
                          batch_size=batch_size, strict=strict)
-    return source.held() if len(source) <= HOLD_LIMIT else source
+    return source.held_if_small()
 
 
 def run_battery(source: LiveSource, options: ReportOptions, progress: bool = True) -> BatteryResults:

@@ -32,7 +32,6 @@ COLUMNS = NORM_COLUMNS + tuple(PROBE_COLUMNS) + tuple(CHANCE_COLUMNS)
 # the probes' budget in the table: fewer Adam steps than a probes study (100 instead of 300) keeps a small
 # model's row to seconds on a CPU; pass probe_options to change it
 PROBE_OPTIONS = {"min_steps": 100}
-HOLD_LIMIT = 256  # up to this many images are decoded once and held in memory per model
 
 
 @dataclass
@@ -114,7 +113,7 @@ def compare_models(models: Sequence, images, *, threshold="auto", batch_size: in
         name = names[i] if names else model.model_name
         source = open_source(model=model, images=images, batch_size=batch_size, strict=strict)
         skipped = skipped or [{"image": str(image), "reason": reason} for image, reason in source.skipped]
-        source = source.held() if len(source) <= HOLD_LIMIT else source  # decoded once for the three passes
+        source = source.held_if_small()  # decoded once for the three passes
         found = detect(source, threshold, batch_size=batch_size, progress=progress)
         result = norms_study(source, detection=found, batch_size=batch_size, progress=progress)
         rows.append(summary_row(name, result))

@@ -29,8 +29,9 @@ from typing import Dict, List, Optional
 import torch
 
 from ..errors import InterpError
+from ..hooks.names import RESID_STAGES
 
-STAGES = ("resid_mid", "resid_post")
+STAGES = RESID_STAGES  # "resid_mid", "resid_post"
 
 
 @dataclass

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..hooks.names import attn_pattern, block_hook, resid_post
+from ..hooks.names import RESID_STAGES as STAGES, attn_pattern, resid_post, resid_stage
 from .emergence import EmergenceAccumulator, find_emergence
 from .detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
 from .outliers import ThresholdSpec
@@ -26,7 +26,6 @@ from .source import ActivationSource, n_batches, token_norms
 
 # Log-spaced norm histogram bins shared by every layer: ~0.5 % wide, from 1e-3 to 1e6.
 HIST_EDGES = np.logspace(-3, 6, 4001)
-STAGES = ("resid_mid", "resid_post")
 KINDS = ("cls", "registers", "patches")
 
 
@@ -126,7 +125,7 @@ class _LayerTally:
         patches = batch.layout.patch_slice
         for i in range(self.n_layers):
             for s in STAGES:
-                norms = batch.acts[block_hook(i, f"hook_{s}")]  # [b, t]
+                norms = batch.acts[resid_stage(i, s)]  # [b, t]
                 self.emergence.update(s, i, norms[:, patches])
                 for k, sl in token_kinds(batch.layout).items():
                     vals = norms[:, sl].reshape(-1).numpy()
@@ -154,7 +153,7 @@ class _LayerTally:
 def _layer_hooks(source: ActivationSource, attention: bool) -> Tuple[List[str], Dict, bool]:
     """(hooks, reducers, whether CLS attention is measured) of the per-layer pass."""
     lay, n_layers = source.layout, source.n_layers
-    hooks = [block_hook(i, f"hook_{s}") for i in range(n_layers) for s in STAGES]
+    hooks = [resid_stage(i, s) for i in range(n_layers) for s in STAGES]
     reduce = {h: token_norms for h in hooks}
     pattern_hooks = [attn_pattern(i) for i in range(n_layers)]
     use_attention = attention and lay.cls_index is not None and all(source.has(h) for h in pattern_hooks) and (

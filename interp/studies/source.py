@@ -72,6 +72,9 @@ class Batch:
         return a if hook in self.norms_only else a.norm(dim=-1)
 
 
+HOLD_LIMIT = 256  # images a source decodes once and holds in memory (held_if_small); more are streamed
+
+
 def n_batches(source: "ActivationSource", batch_size: Optional[int]) -> int:
     """Number of batches of ``batch_size`` (default: the source's) over the source, for progress bars."""
     bs = batch_size or source.batch_size
@@ -253,6 +256,11 @@ class LiveSource(ActivationSource):
         copy.__dict__.update(self.__dict__)
         copy.interventions = self.interventions + tuple(interventions)
         return copy
+
+    def held_if_small(self, limit: Optional[int] = None) -> "LiveSource":
+        """:meth:`held` when the source has at most ``limit`` images (default :data:`HOLD_LIMIT`), else itself:
+        a small image set is decoded once for every pass; a large one is streamed per pass (bounded memory)."""
+        return self.held() if len(self) <= (HOLD_LIMIT if limit is None else limit) else self
 
     def held(self) -> "LiveSource":
         """This source with every image decoded once and kept in memory (CPU Tensor[N, 3, H, W]): the same ids,

@@ -1,0 +1,27 @@
+"""Rules the source keeps (read as text): hook names come from ``interp.hooks.names`` builders, never f-strings."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import interp
+
+PACKAGE = Path(interp.__file__).resolve().parent
+# f"blocks.{...}.hook_..." / f"blocks.{...}.mlp.hook_..." / f"blocks.{...}.{...}": a hook name spelt by hand.
+# Module paths (f"blocks.{i}.mlp.fc2.weight") and messages (f"blocks.{i} has ...") are not hook names.
+HOOK_FSTRING = re.compile(r"""f["']blocks\.\{[^}]*\}\.(?:\w+\.)?(?:hook_|\{)""")
+BUILDERS = PACKAGE / "hooks" / "names.py"
+
+
+def test_no_hook_name_is_an_f_string_outside_the_builders():
+    found = [f"{p.relative_to(PACKAGE.parent)}:{i}: {line.strip()}"
+             for p in sorted(PACKAGE.rglob("*.py")) if p != BUILDERS
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if HOOK_FSTRING.search(line)]
+    assert found == [], "use interp.hooks.names (resid_post(i), mlp_post(i), block_hook(i, name)...):\n" + "\n".join(found)
+
+
+def test_the_rule_sees_what_it_is_meant_to_see():
+    assert HOOK_FSTRING.search('return f"blocks.{layer}.mlp.hook_post"')
+    assert HOOK_FSTRING.search("kept[f'blocks.{l}.hook_{s}']") and HOOK_FSTRING.search('f"blocks.{i}.{rel}"')
+    assert not HOOK_FSTRING.search('state[f"blocks.{layer}.mlp.fc2.weight"]')
+    assert not HOOK_FSTRING.search('f"blocks.{i} has an unsupported {problem}"')
