@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from ..errors import HookNameError, close_matches
+from .names import block_hook
 
 # TransformerLens' short activation names (``utils.get_act_name``) -> interp's per-block hook suffixes.
 BLOCK_ACT_NAMES = {
@@ -45,7 +46,7 @@ def act_name(key, hook_names: Sequence[str]) -> str:
     if isinstance(layer, bool) or not isinstance(layer, int) or not -n_blocks <= layer < n_blocks:
         raise HookNameError(f"cache key {key!r}: block {layer!r} does not exist, this model has {n_blocks} blocks "
                             f"(0-{n_blocks - 1}, or -1 for the last)")
-    return f"blocks.{layer % n_blocks}.{BLOCK_ACT_NAMES[name]}"
+    return block_hook(layer % n_blocks, BLOCK_ACT_NAMES[name])
 
 
 class ActivationDict(dict):

@@ -1,9 +1,15 @@
 """The forms a set of MLP neurons takes, the same in Python and on the command line, and where it came from.
 
 >>> neuron_set({5: [12, 40]}).neurons            # a dict {layer: [neuron, ...]}
+{5: [12, 40]}
 >>> neuron_set("2:17,2:101,5:40").neurons        # LAYER:NEURON pairs
->>> neuron_set("runs/dino/neurons.json")         # a neurons study's JSON: also records the model it ranked
->>> neuron_set(neurons_result)                   # a NeuronsResult (anything with neuron_dict())
+{2: [17, 101], 5: [40]}
+>>> from interp.studies.neurons import neurons_study
+>>> neurons_result = neurons_study(source, top_k=4, progress=False)
+>>> neuron_set(neurons_result).neurons           # a NeuronsResult (anything with neuron_dict())
+{2: [17, 101, 402, 655]}
+
+A neurons study's JSON file (``neuron_set("runs/dino/neurons.json")``) also records the model it ranked.
 
 A set read from a neurons study remembers the model and weights fingerprint it was ranked on, so
 :func:`check_ranked_on` can refuse it on another model (register neurons are specific to one set of weights).
