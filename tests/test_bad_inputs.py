@@ -584,3 +584,36 @@ def test_bad_coco_mask_json(tmp_path, images, anns, message):
     path.write_text(json.dumps({"images": images, "annotations": anns}))
     with pytest.raises(InterpError, match=message):
         read_coco_polygons(path)
+
+
+# ------------------------------------------------------------------------------------------ through the CLI
+def _one_error_line(err: str) -> str:
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interp: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_cli_crafted_patch_is_one_line_without_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    path = _crafted_patch(tmp_path, _set("interventions", None))
+    proc = subprocess.run([sys.executable, "-m", "interp", "patch", "show", str(path)], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode != 0
+    assert "not a list" in _one_error_line(proc.stderr)
+
+
+@pytest.mark.parametrize("box_line,message", [("a.png,0,0,inf,10,32,32", "finite"),
+                                              ("a.png,40,40,50,50,32,32", "outside")])
+def test_cli_study_with_a_bad_box_file(tmp_path, capsys, box_line, message):
+    from interp.cli import main
+
+    img = tmp_path / "imgs"
+    img.mkdir()
+    Image.new("RGB", (32, 32), (10, 200, 30)).save(img / "a.png")
+    (tmp_path / "boxes.csv").write_text(CSV_HEAD + box_line + "\n")
+    rc = main(["study", "pib", "vit_small_patch16_224", "--no-pretrained", "--depth", "1", "--images", str(img),
+               "--boxes", str(tmp_path / "boxes.csv"), "--out", str(tmp_path / "out"), "--no-progress"])
+    assert rc != 0
+    assert message in _one_error_line(capsys.readouterr().err)

@@ -176,8 +176,12 @@ def original_size(image_id: str, entry: Optional[ImageBoxes] = None) -> Tuple[in
                           "and the file does not exist; add width,height to the box file")
     from PIL import Image
 
-    with Image.open(path) as im:
-        return im.size
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except Exception as e:  # PIL raises many types (unreadable file, decompression bomb)
+        raise InterpError(f"cannot read the size of image {image_id!r} ({type(e).__name__}: {e}); add "
+                          "width,height to the box file or replace the image") from None
 
 
 # ---------------------------------------------------------------------------------------------- regions
