@@ -144,8 +144,7 @@ def run_norms(args) -> int:
     threshold, _, source, images = _prepare(args)
     result = norms_study(source, threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
                          batch_size=args.batch_size, progress=args.progress)
-    state = "high-norm tokens found" if result.artifacts_found else "no high-norm tokens found"
-    print(f"{state}: {100 * result.outlier_fraction:.2f} % of patches at block {result.detect_layer}")
+    print(result.detection_message)  # the verdict with the numbers behind it (share above, fitted modes)
     return _finish(result, args, images)
 
 

@@ -110,9 +110,9 @@ def run_battery(source: LiveSource, options: ReportOptions, progress: bool = Tru
     for text, category in once:  # each distinct warning once, with its own category
         warnings.warn(text, category, stacklevel=2)
     if not out.detection.artifacts_found:
-        warnings.warn(f"{source.model_name} shows no artifacts: the patch-token norms at block "
-                      f"{out.detection.layer} have no separated high-norm mode; any neurons the report ranks "
-                      "are not register neurons", stacklevel=2)
+        warnings.warn(f"{source.model_name} shows no artifacts: at block {out.detection.layer}, "
+                      f"{out.detection.threshold.reason}; any neurons the report ranks are not register neurons",
+                      stacklevel=2)
     return out
 
 

@@ -12,9 +12,8 @@ from ..models.planted import planted_truth
 SYNTHETIC_NOTE = ("planted_vit is a synthetic model: its register neurons were planted by construction in "
                   "random weights; it is not a trained network. Its findings show that the studies recover a "
                   "known ground truth, not how a real ViT behaves.")
-NO_ARTIFACTS_NOTE = ("This model shows no artifacts: the patch-token norms at block {block} have no separated "
-                     "high-norm mode. Neurons ranked under a fixed or percentile threshold describe ordinary "
-                     "high-norm tokens; they are not register neurons.")
+NO_ARTIFACTS_NOTE = ("This model shows no artifacts: at block {block}, {reason}. Neurons ranked under a fixed or "
+                     "percentile threshold describe ordinary high-norm tokens; they are not register neurons.")
 
 
 def planted_comparison(model, source, norms, neurons) -> Dict:
@@ -80,7 +79,9 @@ def build_summary(model, source, norms, neurons, ablation, register, relocation,
         "emergence": None if not emergence else {"layer": emergence["layer"], "component": emergence["component"]},
         "neurons": neurons.neurons,
         "neurons_message": neurons.message or None,
-        "no_artifacts_note": None if norms.artifacts_found else NO_ARTIFACTS_NOTE.format(block=norms.detect_layer),
+        "no_artifacts_note": None if norms.artifacts_found else NO_ARTIFACTS_NOTE.format(
+            block=norms.detect_layer, reason=norms.detection.get("reason", "the patch-token norms have no separated "
+                                                                           "high-norm mode")),
         "preset": getattr(neurons, "preset", None),
         "highest_layer": neurons.highest_layer,
         "top_k": neurons.top_k,

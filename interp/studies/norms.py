@@ -56,6 +56,11 @@ class NormsResult(OutlierStudyResult):
         histograms: stage -> per layer {"start", "counts"}: patch-norm counts over ``hist_edges[start:]``
             (log-spaced bins; empty ends trimmed).
         threshold: outlier threshold at ``detect_layer`` (None = no outliers: distribution not bimodal under "auto").
+        bimodal, mode_ratio: the two-mode test's verdict and fitted upper/lower mode ratio (a diagnostic for a
+            fixed threshold, never a veto).
+        detection: the threshold's diagnostics (:meth:`~interp.studies.outliers.Threshold.to_dict`): share above
+            it, the verdict and its reason, and the two-mode fit (modes, separation, BIC, accepted, reason).
+        detection_message: the same in one line, e.g. "block 11: artifacts found: 2.60 % of the patch tokens ...".
         outlier_maps: [N][h][w] 0/1 outliers at ``detect_layer`` (patch tokens).
         outlier_fraction_per_layer: share of patch tokens above ``threshold`` at each block output.
         emergence: the step (attention or MLP of one block) where the max patch norm jumps by at least
@@ -75,6 +80,8 @@ class NormsResult(OutlierStudyResult):
     grid: List[int] = field(default_factory=list)
     bimodal: bool = False
     mode_ratio: float = 1.0
+    detection: Dict = field(default_factory=dict)
+    detection_message: str = ""
     outlier_fraction: float = 0.0
     outlier_counts: List[int] = field(default_factory=list)
     outlier_maps: List = field(default_factory=list)
@@ -184,7 +191,10 @@ def norms_study(
         source: a live model over images, or a cache with ``blocks.*.hook_resid_mid``/``hook_resid_post``
             (full activations or ``--norms-only``); attention needs ``blocks.*.attn.hook_pattern`` (live: always).
         threshold: a norm, ``"pNN"`` (per-model percentile of the detection layer's patch norms) or ``"auto"``
-            (default; bimodal split; no outliers when the distribution has no separated high-norm mode).
+            (default; a two-mode fit on log norms, :func:`~interp.studies.norm_split.split_norms`; no outliers
+            when the distribution has no separated minority high-norm mode). A fixed value's outliers are the
+            tokens above it (artifacts when they are at most 20 % of the patch tokens); a percentile's are
+            artifacts when the two-mode test finds a separated mode.
         detect_layer: block whose output decides outliers (default: the last; negative counts from the end).
         detection: outliers already found on this source (:func:`~interp.studies.outliers.detect`); saves
             the detection pass. ``threshold``/``detect_layer``, when also given, must agree with it.
@@ -219,6 +229,7 @@ def norms_study(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
         ids=list(source.ids), skipped=skipped_records(source), n_layers=n_layers, grid=list(lay.grid), **header,
         bimodal=thr.bimodal, mode_ratio=thr.mode_ratio,
+        detection=thr.to_dict(), detection_message=f"block {det.layer}: {thr.describe()}",
         outlier_fraction=float(outliers.float().mean()) if outliers.numel() else 0.0,
         outlier_counts=outliers.sum(1).tolist(),
         outlier_maps=outliers.reshape(-1, *lay.grid).int().tolist(),

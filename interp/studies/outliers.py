@@ -1,4 +1,5 @@
-"""High-norm token detection: thresholds (fixed, per-model percentile, automatic bimodal split), the
+"""High-norm token detection: thresholds (fixed, per-model percentile, automatic two-mode split of the log
+norms, :mod:`interp.studies.norm_split`) and their verdict on artifacts (:func:`resolve_threshold`), the
 streaming collection of detection-layer patch norms, and :class:`Detection`, their result computed once per
 source and handed to every study that needs it (norms, neurons, ablation, test-time register).
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -23,96 +24,182 @@ from tqdm.auto import tqdm
 
 from ..errors import InterpError
 from ..hooks.names import resid_post
+from .norm_split import NormSplit, split_norms
 from .source import ActivationSource, n_batches, token_norms
 
 ThresholdSpec = Union[float, int, str]
 
-# An automatic split counts as real artifacts only if the upper mode's typical norm is at least this
-# many times the lower mode's, the split explains this share of the log-norm variance, and the upper
-# mode is a minority of the tokens (artifacts are a few tokens: 2.4 % in DINOv2 ViT-g).
-MIN_MODE_RATIO = 2.0
-MIN_EXPLAINED = 0.6
-MAX_UPPER_SHARE = 0.5
+# The tokens above a fixed or percentile threshold are artifacts while they are a minority of this share;
+# above it the threshold cuts into the bulk, unless the automatic split finds them to be its separated upper
+# mode (the planted model's flat patches can be a third of a photo).
+MAX_ARTIFACT_SHARE = 0.2
+# A threshold warns when this share of the tokens above it are bulk tokens (below an accepted automatic
+# split): it counts ordinary tokens too.
+MAX_BULK_ABOVE = 0.1
+
+
+class ThresholdError(InterpError, ValueError):
+    """A threshold that cannot mean anything: non-positive, not finite, or a percentile outside (0, 100)."""
 
 
 @dataclass(frozen=True)
 class Threshold:
-    """A resolved outlier threshold.
+    """A resolved outlier threshold and what it says about artifacts.
 
     Attributes:
-        value: norm above which a patch token is an outlier (inf when nothing qualifies).
+        value: norm above which a patch token is an outlier (inf when "auto" finds no separated mode).
         method: "fixed", "percentile" or "auto".
-        bimodal: whether the norm distribution has a separated high-norm mode (see :func:`bimodal_split`).
+        split: the two-mode test on the same norms (:func:`~interp.studies.norm_split.split_norms`); it
+            decides "auto" and the percentile case, and is only a diagnostic for a fixed value.
+        n_tokens, n_above: patch tokens tested, and those above ``value``.
+        artifacts_found: "auto": the split was accepted; fixed: some tokens are above the value and they are a
+            minority (at most ``MAX_ARTIFACT_SHARE``); percentile: the tokens above it include a separated
+            minority mode (the split was accepted) and are a minority.
+        reason: one sentence with the numbers saying why artifacts were or were not found.
+        warning: a caveat that does not change ``artifacts_found`` (the threshold lies inside the bulk), or None.
     """
 
     value: float
     method: str
-    bimodal: bool
-    split: float
-    mode_ratio: float
-    explained: float
+    split: NormSplit
+    n_tokens: int = 0
+    n_above: int = 0
+    artifacts_found: bool = False
+    reason: str = ""
+    warning: Optional[str] = None
+
+    @property
+    def bimodal(self) -> bool:
+        """Whether the norms have a separated minority high-norm mode (the split's verdict)."""
+        return self.split.accepted
+
+    @property
+    def mode_ratio(self) -> float:
+        """The fitted upper mode's norm over the bulk's (1.0 without a fit)."""
+        return self.split.mode_ratio
+
+    @property
+    def share_above(self) -> float:
+        return self.n_above / self.n_tokens if self.n_tokens else 0.0
+
+    def describe(self) -> str:
+        """One line that agrees with the numbers: the verdict, its reason and the split diagnostic."""
+        head = "artifacts found" if self.artifacts_found else "no artifacts"
+        text = f"{head}: {self.reason}"
+        if self.method != "auto":
+            verdict = "accepted" if self.split.accepted else "rejected"
+            text += f" (automatic split {verdict}: {self.split.describe()})"
+        return text + (f"; warning: {self.warning}" if self.warning else "")
+
+    def to_dict(self) -> Dict:
+        """JSON-ready detection diagnostics (the split's fitted modes, separation, BIC and verdict)."""
+        return {"method": self.method, "value": self.value if math.isfinite(self.value) else None,
+                "n_tokens": self.n_tokens, "n_above": self.n_above, "share_above": self.share_above,
+                "artifacts_found": self.artifacts_found, "reason": self.reason, "warning": self.warning,
+                "split": self.split.to_dict()}
 
 
 def parse_threshold(spec: ThresholdSpec) -> Tuple[str, Optional[float]]:
-    """'auto' -> ("auto", None); 'p98' -> ("percentile", 98); '150' or 150 -> ("fixed", 150)."""
+    """'auto' -> ("auto", None); 'p98' -> ("percentile", 98); '150' or 150 -> ("fixed", 150).
+
+    Raises :class:`ThresholdError` for a non-positive or non-finite value and a percentile outside (0, 100)."""
+    if isinstance(spec, bool):
+        raise ThresholdError(f"threshold {spec!r} must be a number, pNN (e.g. p98) or auto")
     if isinstance(spec, (int, float)):
-        return "fixed", float(spec)
-    text = str(spec).strip().lower()
-    if text == "auto":
-        return "auto", None
-    if text.startswith("p"):
+        method, value = "fixed", float(spec)
+    else:
+        text = str(spec).strip().lower()
+        if text == "auto":
+            return "auto", None
+        if text.startswith("p"):
+            try:
+                q = float(text[1:])
+            except ValueError:
+                q = math.nan
+            if not 0 < q < 100:
+                raise ThresholdError(f"percentile threshold {spec!r} must look like p98, with 0 < NN < 100")
+            return "percentile", q
         try:
-            q = float(text[1:])
+            method, value = "fixed", float(text)
         except ValueError:
-            q = -1.0
-        if not 0 < q < 100:
-            raise InterpError(f"percentile threshold {spec!r} must look like p98 (0 < q < 100)")
-        return "percentile", q
-    try:
-        return "fixed", float(text)
-    except ValueError:
-        raise InterpError(f"threshold {spec!r} must be a number, pNN (e.g. p98) or auto") from None
+            raise ThresholdError(f"threshold {spec!r} must be a number, pNN (e.g. p98) or auto") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ThresholdError(f"threshold {spec!r} must be a positive norm (a norm is never <= 0; every token "
+                             "would be an outlier), pNN (e.g. p98) or auto")
+    return method, value
 
 
-def bimodal_split(norms: np.ndarray) -> Tuple[float, float, float, float]:
-    """Otsu split of log-norms: (threshold, upper/lower mode ratio, explained variance share, upper share).
-
-    ``norms``: 1-D array of patch-token norms. The ratio compares the medians of the two sides.
-    """
-    x = np.log(np.clip(np.asarray(norms, dtype=np.float64).ravel(), 1e-12, None))
-    if x.size < 4 or np.ptp(x) == 0:
-        return (float(np.exp(x.max())) if x.size else math.inf), 1.0, 0.0, 0.0
-    hist, edges = np.histogram(x, bins=512)
-    centers = (edges[:-1] + edges[1:]) / 2
-    w0 = np.cumsum(hist)
-    w1 = w0[-1] - w0
-    s0 = np.cumsum(hist * centers)
-    m0 = s0 / np.maximum(w0, 1)
-    m1 = (s0[-1] - s0) / np.maximum(w1, 1)
-    between = w0 * w1 * (m0 - m1) ** 2
-    i = int(np.argmax(between[:-1]))
-    cut = edges[i + 1]
-    low, high = x[x < cut], x[x >= cut]
-    if low.size == 0 or high.size == 0:
-        return float(np.exp(cut)), 1.0, 0.0, 0.0
-    explained = float(between[i] / (w0[-1] ** 2 * x.var())) if x.var() > 0 else 0.0
-    ratio = float(np.exp(np.median(high) - np.median(low)))
-    return float(np.exp(cut)), ratio, explained, high.size / x.size
+def _bulk_above(value: float, norms: np.ndarray, split: NormSplit) -> Optional[float]:
+    """Share of the tokens above ``value`` that are bulk tokens under the split (below its cut); None when
+    the split was rejected (there is no bulk/mode boundary to compare with) or nothing is above."""
+    above = int((norms > value).sum())
+    if not split.accepted or above == 0:
+        return None
+    if value >= split.threshold:
+        return 0.0
+    return int(((norms > value) & (norms <= split.threshold)).sum()) / above
 
 
 def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> Threshold:
-    """Threshold for ``spec`` on the detection layer's patch norms (1-D array, all images)."""
-    method, value = parse_threshold(spec)
-    split, ratio, explained, upper = bimodal_split(patch_norms)
-    bimodal = ratio >= MIN_MODE_RATIO and explained >= MIN_EXPLAINED and upper <= MAX_UPPER_SHARE
+    """Threshold for ``spec`` on the detection layer's patch norms (any shape, all images) and the verdict on
+    artifacts (see :class:`Threshold`): the one place where thresholds are resolved and judged.
+
+    * ``"auto"``: the cut of an accepted two-mode split (:func:`~interp.studies.norm_split.split_norms`);
+      artifacts when it is accepted, none (value inf) when it is rejected.
+    * a fixed value: the tokens above it are the outliers (the papers' definition); artifacts when there are
+      some and they are a minority (at most ``MAX_ARTIFACT_SHARE``, or more when the split finds them to be
+      its separated upper mode); above that, the threshold cuts into the bulk. The split is only reported.
+    * ``"pNN"``: the per-model percentile; artifacts when the split finds a separated mode among the tokens
+      above it (and they are a minority, as for a fixed value).
+    A threshold that finds artifacts while ``MAX_BULK_ABOVE`` or more of the tokens above it are bulk tokens
+    under the split carries a ``warning``.
+    """
+    method, asked = parse_threshold(spec)
+    norms = np.asarray(patch_norms).ravel()
+    split = split_norms(norms)
+    n = int(norms.size)
     if method == "fixed":
-        thr = value
+        value, name = asked, f"the fixed threshold {asked:.4g}"
     elif method == "percentile":
-        thr = float(np.percentile(patch_norms, value))
+        value = float(np.percentile(norms, asked)) if n else math.inf
+        name = f"the percentile threshold p{asked:g} ({value:.4g})"
     else:
-        thr = split if bimodal else math.inf
-    return Threshold(value=float(thr), method=method, bimodal=bimodal, split=split, mode_ratio=ratio,
-                     explained=explained)
+        value, name = split.threshold, "the automatic split"
+    above = int((norms > value).sum())
+    share = above / n if n else 0.0
+    bulk = _bulk_above(value, norms, split) if method != "auto" else None
+    inside = bulk is not None and bulk >= MAX_BULK_ABOVE
+    warning = None
+    if method == "auto":
+        found = split.accepted and above > 0
+        reason = (f"{100 * share:.2f} % of the patch tokens are above the automatic split at {value:.4g}: "
+                  f"{split.reason}; {split.describe()}" if found else
+                  f"automatic split rejected: {split.reason}; {split.describe()}")
+    elif n == 0:
+        found, reason = False, "there are no patch tokens to test"
+    elif above == 0:
+        found, reason = False, f"no patch token is above {name} (largest norm {norms.max():.4g})"
+    elif share > MAX_ARTIFACT_SHARE and (bulk is None or inside):
+        found = False
+        why = ("the automatic split finds no separate mode" if bulk is None else
+               f"{100 * bulk:.1f} % of them are below the automatic split at {split.threshold:.4g}")
+        reason = (f"{name} cuts into the bulk: {100 * share:.2f} % of the patch tokens are above it (artifacts "
+                  f"are a minority, at most {100 * MAX_ARTIFACT_SHARE:g} %, and {why})")
+    elif method == "percentile" and not split.accepted:
+        found = False
+        reason = (f"the {100 * share:.2f} % of the patch tokens above {name} are not a separate mode (automatic "
+                  f"split rejected: {split.reason})")
+    else:
+        found = True
+        reason = f"{100 * share:.2f} % of the patch tokens are above {name}"
+        if share > MAX_ARTIFACT_SHARE:
+            reason += (f" (more than {100 * MAX_ARTIFACT_SHARE:g} %, but they are the separated upper mode of "
+                       "the automatic split)")
+        if inside:
+            warning = (f"the threshold {value:.4g} lies inside the bulk: {100 * bulk:.1f} % of the tokens above "
+                       f"it are below the automatic split at {split.threshold:.4g}")
+    return Threshold(value=float(value), method=method, split=split, n_tokens=n, n_above=above,
+                     artifacts_found=found, reason=reason, warning=warning)
 
 
 def resolve_layer(layer: Optional[int], n_layers: int) -> int:
@@ -171,8 +258,9 @@ class Detection:
 
     @property
     def artifacts_found(self) -> bool:
-        """A separated high-norm mode exists and some patch token is in it."""
-        return bool(self.threshold.bimodal and self.outliers.any())
+        """The threshold's verdict (see :class:`Threshold`): fixed values by the share above them, "auto" and
+        percentiles by the two-mode test."""
+        return self.threshold.artifacts_found
 
     def counting_threshold(self) -> float:
         """The threshold the causal studies count outliers with: the resolved value, or the 99th percentile of
@@ -222,8 +310,7 @@ def detection_for(source: ActivationSource, detection: Optional[Detection], thre
 
 def no_artifacts_warning(layer: int, threshold: Threshold, study: str) -> str:
     """The one-line warning a study built on outliers carries when the model shows no artifacts."""
-    head = (f"no artifacts: the patch-token norms at block {layer} have no separated high-norm mode (automatic "
-            f"split rejected, mode ratio {threshold.mode_ratio:.2f}); ")
+    head = f"no artifacts: at block {layer}, {threshold.reason}; "
     if not math.isfinite(threshold.value):
         return head + (f"no token is an artifact under the automatic split; whatever the {study} study counts "
                        "is ordinary tokens")
@@ -234,10 +321,12 @@ def no_artifacts_warning(layer: int, threshold: Threshold, study: str) -> str:
 def artifact_status(layer: int, threshold: Threshold, artifacts_found: bool, study: str,
                     warn: bool = True) -> Tuple[bool, Optional[str]]:
     """``(artifacts_found, warning)`` for a study's JSON; the warning is also raised with ``warnings.warn``
-    (the CLI shows it as one line) when ``warn`` and no artifacts were found."""
+    (the CLI shows it as one line) when ``warn``. It says why there are no artifacts, or, when there are,
+    the threshold's own caveat (it lies inside the bulk); None when there is nothing to say."""
     if artifacts_found:
-        return True, None
-    text = no_artifacts_warning(layer, threshold, study)
-    if warn:
+        text = None if threshold.warning is None else f"block {layer}: {threshold.warning}"
+    else:
+        text = no_artifacts_warning(layer, threshold, study)
+    if warn and text is not None:
         warnings.warn(text, stacklevel=3)
-    return False, text
+    return artifacts_found, text
