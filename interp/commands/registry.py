@@ -94,7 +94,7 @@ def check_cache_serves(source, study: str, n_layers: int, options: Mapping) -> N
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         raise InterpError(f"the cache lacks hooks that interp study {study} reads: {shown}; write one with "
                           f"`interp cache MODEL --images DIR --for {study} --out FILE.h5` or run on --images")
-    if command.full_vectors and getattr(source, "norms_only", False):
+    if command.full_vectors and source.norms_only:
         raise InterpError(f"the cache stores token norms only (--norms-only); interp study {study} needs the "
                           "activations: write the cache without --norms-only")
 

@@ -8,7 +8,6 @@ from matplotlib.lines import Line2D
 
 from .common import (MAX_PANELS, NO_ARTIFACTS, TARGET_COLOR, THRESHOLD_COLOR, message_figure, short_name,
                      display_arrays, outline_legend, _map_panel, _outline, _fmt, _use_log)
-from .registry import register_figures
 
 
 def neuron_scores(neurons_result, max_bars: int = 30) -> Figure:
@@ -200,9 +199,3 @@ def register_summary(register_result) -> Figure:
     agree = r.with_register.get("top1_agreement")
     fig.suptitle(title + ("" if agree is None else f"\ntop-1 unchanged on {100 * agree:.0f} % of images"), fontsize=10)
     return fig
-
-
-register_figures("neurons", ("neuron_scores", neuron_scores, False))
-register_figures("ablate", ("ablation_bars", ablation_bars, False))
-register_figures("relocate", ("relocation_maps", relocation_maps, True))
-register_figures("registers", ("register_summary", register_summary, False))

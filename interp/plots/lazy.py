@@ -14,7 +14,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from .registry import register_figures
+from ..studies.selective_pooling import SelectiveCLSResult
+
 
 
 def _density(dist) -> Tuple[np.ndarray, np.ndarray]:
@@ -26,7 +27,7 @@ def _density(dist) -> Tuple[np.ndarray, np.ndarray]:
 
 def _distribution_panels(result) -> List[Tuple[str, Dict[str, object]]]:
     """(panel title, {curve label: ScoreDistribution}) for a PatchScoreResult or a SelectiveCLSResult."""
-    if hasattr(result, "rows"):  # SelectiveCLSResult: one panel per row
+    if isinstance(result, SelectiveCLSResult):  # one panel per row
         panels = []
         for row, dists in zip(result.rows, result.distributions):
             if dists is not None:
@@ -82,7 +83,7 @@ def masking_curves(result) -> Figure:
 
 def pib_bars(result) -> Figure:
     """PiB bars with their bootstrap intervals: one bar (PiBResult) or one per row (SelectiveCLSResult)."""
-    if hasattr(result, "rows"):
+    if isinstance(result, SelectiveCLSResult):
         rows = [r for r in result.rows if r["pib"] is not None]
         labels = [r["row"] for r in rows]
         values = [r["pib"] for r in rows]
@@ -103,7 +104,7 @@ def pib_bars(result) -> Figure:
     ax.set_xticks(x, labels)
     ax.set_ylabel(f"PiB (%), {100 * result.level:.0f} % bootstrap CI")
     ax.set_ylim(0, 100)
-    ax.set_title(f"{result.model}: point in box (n={getattr(result, 'n_used', '?')})")
+    ax.set_title(f"{result.model}: point in box (n={result.n_used})")
     return fig
 
 
@@ -146,25 +147,24 @@ def score_maps(result, n: int = 8, cols: int = 4, only_with_boxes: bool = True) 
     return fig
 
 
-# ------------------------------------------------------------------------------- the registry's figure table
-def _pib_or_none(result) -> Optional[Figure]:
+# ------------------------------------------------------- makers for the registry's table (None: nothing to draw)
+def pib_bars_if_any(result) -> Optional[Figure]:
     """PiB bars, or None for a result without a PiB (no boxes) or a SelectiveCLS result without one."""
-    if hasattr(result, "rows"):
+    if isinstance(result, SelectiveCLSResult):
         return pib_bars(result) if any(row.get("pib") is not None for row in result.rows) else None
-    return pib_bars(result) if getattr(result, "pib", None) is not None else None
+    return pib_bars(result) if result.pib is not None else None
 
 
-def _maps_of_pib(result) -> Optional[Figure]:
-    return score_maps(result) if getattr(result, "pib", None) is not None else None
+def score_maps_if_pib(result) -> Optional[Figure]:
+    """The PiB result's score maps, or None without a PiB."""
+    return score_maps(result) if result.pib is not None else None
 
 
-def _distributions_of_selective(result) -> Optional[Figure]:
+def score_maps_of_patch_score(result) -> Figure:
+    """Patch Score maps: only the images with boxes when the result has foreground cells."""
+    return score_maps(result, only_with_boxes=result.fg is not None)
+
+
+def distributions_if_pib(result) -> Optional[Figure]:
+    """A SelectiveCLS result's fg/bg score distributions, or None when no row has a PiB (no boxes)."""
     return score_distributions(result) if any(row.get("pib") is not None for row in result.rows) else None
-
-
-register_figures("patch_score", ("score_distributions", score_distributions, False),
-                 ("score_maps", lambda r: score_maps(r, only_with_boxes=r.fg is not None), False))
-register_figures("pib", ("pib", _pib_or_none, False), ("score_maps", _maps_of_pib, False))
-register_figures("masking", ("masking_curves", masking_curves, False))
-register_figures("selective_cls", ("pib", _pib_or_none, False), ("score_distributions", _distributions_of_selective,
-                                                                  False))

@@ -16,7 +16,6 @@ from matplotlib.patches import Patch
 
 from .common import (MAX_PANELS, NO_ARTIFACTS, ATTN_COLOR, MLP_COLOR, THRESHOLD_COLOR, message_figure, short_name,
                      display_arrays, outline_legend, _map_panel, _panel_grid, _plain_log_axis, _use_log)
-from .registry import register_figures
 
 
 QUANTILES = (0.01, 0.25, 0.5, 0.75, 0.99)  # per block: the 1-99 % line, (quartiles), the median tick
@@ -265,7 +264,3 @@ def outlier_maps(norms_result, images=None) -> Figure:
     outline_legend(fig, colors, f"outlier patch: {thr}")
     fig.suptitle(f"{title}: outlined and tinted = {thr}{shown}", fontsize=11)
     return fig
-
-
-register_figures("norms", ("norm_profile", norm_profile, False), ("norm_histograms", norm_histograms, False),
-                 ("outlier_maps", outlier_maps, True))

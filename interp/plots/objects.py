@@ -18,7 +18,6 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from .common import MAX_PANELS, display_arrays, message_figure, short_name
-from .registry import register_figures
 
 BOX_COLOR = "#00e5ff"
 SEED_COLOR = "yellow"
@@ -109,7 +108,3 @@ def segmentation_overlays(result, images=None, n: int = MAX_PANELS) -> Figure:
                          f"{'n/a' if score is None else f'{score:.2f}'}", fontsize=8)
     fig.suptitle(f"{result.model}: coarse segmentation (Patch Score > mean + {result.k_std:g} std)", fontsize=10)
     return fig
-
-
-register_figures("lost", ("lost_boxes", lost_boxes, True))
-register_figures("segmentation", ("segmentation_overlays", segmentation_overlays, True))

@@ -14,7 +14,6 @@ from typing import Dict, List, Tuple
 from matplotlib.figure import Figure
 
 from .common import message_figure
-from .registry import register_figures
 
 # probe attribute of a ProbesResult -> (panel title, y label)
 PANELS: Dict[str, Tuple[str, str]] = {
@@ -40,7 +39,7 @@ def probe_bars(result) -> Figure:
     title = f"{result.model}: linear probes"
     if not panels:
         return message_figure(title, "no probe ran", "; ".join(result.notes) or "no task was asked for")
-    if getattr(result, "too_few", None):
+    if result.too_few:
         return message_figure(title, "too few images for probe scores", result.too_few)
     fig = Figure(figsize=(3.4 * len(panels), 3.2), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -75,6 +74,3 @@ def probe_bars(result) -> Figure:
     share = 100 * result.high_norm_share
     fig.suptitle(f"{result.model}: linear probes at {result.hook} (high-norm {share:.2f} % of patches)", fontsize=10)
     return fig
-
-
-register_figures("probes", ("probes", probe_bars, False))

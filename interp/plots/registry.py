@@ -1,49 +1,75 @@
-"""Which figures each study result gets: a table from the result's ``study`` name to its figure makers.
+"""Which figures each study result gets: one explicit table from the result's ``study`` name to its figures.
 
-To give a new study figures, write the figure functions (result -> Figure) in a plots module and add one
-:func:`register_figures` call at the bottom of that module (or an entry in :data:`FIGURES`).
+To give a new study figures, write the figure functions (result -> Figure, or None when the result has
+nothing to draw) in a plots module and add the study's row to :data:`FIGURES` here. The figure modules do
+not import this one, so the table is complete as soon as this module is imported (no import side effects).
+Code outside the package may add rows with :func:`register_figures`.
 
 >>> from interp.studies.norms import norms_study
 >>> norms_result = norms_study(source, progress=False)
->>> for stem, fig in study_figures(norms_result, images):   # (file stem, Figure) pairs
-...     fig.savefig(f"{stem}.png", dpi=110)
+>>> [stem for stem, fig in study_figures(norms_result, images)]    # (file stem, Figure) pairs
+['norm_profile', 'norm_histograms', 'outlier_maps']
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from matplotlib.figure import Figure
 
-# study name -> [(file stem, maker, whether the maker takes the images for overlays)]
-FIGURES: Dict[str, List[Tuple[str, Callable[..., Figure], bool]]] = {}
+from ..studies.result import StudyResult
+from . import causal, lazy, norms, objects, probes
 
 
-def register_figures(study: str, *makers: Tuple[str, Callable[..., Figure], bool]) -> None:
-    """Declare the figures of results whose ``study`` is ``study``: (file stem, maker, takes images) each.
-    A maker may return None for a result that has nothing to draw (the figure is then left out)."""
-    FIGURES[study] = list(makers)
+class FigureSpec(NamedTuple):
+    """One figure of a study: its file stem, its maker, and whether the maker takes the images (overlays)."""
+
+    stem: str
+    make: Callable[..., Optional[Figure]]
+    takes_images: bool = False
 
 
-def _register_all() -> None:
-    from . import causal, lazy, norms, objects, probes  # noqa: F401  (importing them registers their figures)
+FIGURES: Dict[str, List[FigureSpec]] = {
+    "norms": [FigureSpec("norm_profile", norms.norm_profile), FigureSpec("norm_histograms", norms.norm_histograms),
+              FigureSpec("outlier_maps", norms.outlier_maps, True)],
+    "neurons": [FigureSpec("neuron_scores", causal.neuron_scores)],
+    "ablate": [FigureSpec("ablation_bars", causal.ablation_bars)],
+    "relocate": [FigureSpec("relocation_maps", causal.relocation_maps, True)],
+    "registers": [FigureSpec("register_summary", causal.register_summary)],
+    "patch_score": [FigureSpec("score_distributions", lazy.score_distributions),
+                    FigureSpec("score_maps", lazy.score_maps_of_patch_score)],
+    "pib": [FigureSpec("pib", lazy.pib_bars_if_any), FigureSpec("score_maps", lazy.score_maps_if_pib)],
+    "masking": [FigureSpec("masking_curves", lazy.masking_curves)],
+    "selective_cls": [FigureSpec("pib", lazy.pib_bars_if_any),
+                      FigureSpec("score_distributions", lazy.distributions_if_pib)],
+    "probes": [FigureSpec("probes", probes.probe_bars)],
+    "lost": [FigureSpec("lost_boxes", objects.lost_boxes, True)],
+    "segmentation": [FigureSpec("segmentation_overlays", objects.segmentation_overlays, True)],
+}
+
+
+def register_figures(study: str, *makers: Tuple[str, Callable[..., Optional[Figure]], bool]) -> None:
+    """Add (or replace) the row of ``study`` in :data:`FIGURES`: (file stem, maker, takes images) each.
+    For studies defined outside the package; the package's own rows are written in the table above."""
+    FIGURES[study] = [FigureSpec(*m) for m in makers]
 
 
 def has_figures(study: str) -> bool:
-    """Whether results whose ``study`` is ``study`` have registered figures."""
-    _register_all()
+    """Whether results whose ``study`` is ``study`` have figures."""
     return study in FIGURES
 
 
-def study_figures(result, images=None) -> List[Tuple[str, Figure]]:
+def study_figures(result: StudyResult, images=None) -> List[Tuple[str, Figure]]:
     """Every figure of one study result as (file stem, Figure) pairs, e.g. for ``write_outputs``.
 
     Args:
         images: for the map figures, the images the study ran on (Tensor[N, 3, H, W] in 0..1 or PIL list).
+
+    Raises:
+        ValueError: ``result`` is not a study result, or its study has no figures.
     """
-    _register_all()
-    study = getattr(result, "study", None)  # any object may be passed; it need not be a StudyResult
+    study = result.study if isinstance(result, StudyResult) else None
     if study not in FIGURES:
         raise ValueError(f"no artifact figures for a {study!r} result (expected one of {sorted(FIGURES)})")
-    figures = [(stem, make(result, images) if takes_images else make(result))
-               for stem, make, takes_images in FIGURES[study]]
+    figures = [(spec.stem, spec.make(result, images) if spec.takes_images else spec.make(result))
+               for spec in FIGURES[study]]
     return [(stem, fig) for stem, fig in figures if fig is not None]

@@ -82,7 +82,7 @@ def build_summary(model, source, norms, neurons, ablation, register, relocation,
         "no_artifacts_note": None if norms.artifacts_found else NO_ARTIFACTS_NOTE.format(
             block=norms.detect_layer, reason=norms.detection.get("reason", "the patch-token norms have no separated "
                                                                            "high-norm mode")),
-        "preset": getattr(neurons, "preset", None),
+        "preset": neurons.preset,
         "highest_layer": neurons.highest_layer,
         "top_k": neurons.top_k,
         "skipped": skipped,

@@ -296,11 +296,11 @@ def lost_study(source: ActivationSource, layer: int = -1, k: int = 100,
     layer = resolve_layer(layer, source.n_layers)
     hook = attn_k(layer)
     source.require([hook])
-    if getattr(source, "norms_only", False):
+    if source.norms_only:
         raise InterpError("this cache stores token norms only; LOST needs the key vectors: write the cache "
                           "without --norms-only")
     model = live_model(source, "LOST with an intervention") if intervention is not None else None
-    bs = batch_size or getattr(source, "batch_size", 16)
+    bs = batch_size or source.batch_size
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
     score = dict(table=table, iou=iou, n_boot=n_boot, level=level, seed=seed)
     base = _score_run(source, _lost_outputs(source, hook, k, bs, "LOST", progress), **score)
@@ -308,7 +308,7 @@ def lost_study(source: ActivationSource, layer: int = -1, k: int = 100,
     if model is not None:
         edited_source = source.with_interventions(intervention)
         edited = _score_run(source, _lost_outputs(edited_source, hook, k, bs, "LOST (edited)", progress), **score)
-        spec = {"kind": getattr(intervention, "kind", type(intervention).__name__), **intervention.params()}
+        spec = {"kind": intervention.kind, **intervention.params()}
     params = {"layer": layer, "k": k, "iou": iou, "n_boot": n_boot, "level": level, "boxes": table is not None,
               "intervention": spec}
     return LostResult(

@@ -358,7 +358,7 @@ def probes_study(source: ActivationSource, hook: Optional[str] = None, *, layer:
                           f"position_loss one of {list(POSITION_LOSSES)} (got {position_loss!r})")
     hook = hook or resid_post(resolve_layer(layer, source.n_layers))
     source.require([hook])
-    bs = batch_size or getattr(source, "batch_size", 16)
+    bs = batch_size or source.batch_size
     options = {"seed": seed, **(probe_options or {})}
     n, layout, notes = len(source), source.layout, []
     high_mask, thr_value, thr_method = high_norm_mask(source, hook, outliers, detection, threshold, bs)
@@ -367,7 +367,7 @@ def probes_study(source: ActivationSource, hook: Optional[str] = None, *, layer:
     is_test[test_idx] = True
     n_train = n - len(test_idx)
     cap_train, cap_test = math.ceil(max_train_tokens / n_train), math.ceil(max_test_tokens / len(test_idx))
-    labels = getattr(source, "labels", None) if labels is None else labels
+    labels = source.labels if labels is None else labels
     labels = None if labels is None or "label" not in tasks else torch.as_tensor(list(labels)).long()
     if images is not None and tuple(images.shape[:1]) != (n,):
         raise InterpError(f"images must be Tensor[N={n}, 3, H, W], got {tuple(images.shape)}")

@@ -203,8 +203,7 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
         input_size = geometry.input_size
         scores.append(iou(upsample_nearest(cells, input_size), mask_to_input(mask, geometry)))
     used = [s for s in scores if s is not None]
-    spec = None if intervention is None else {"kind": getattr(intervention, "kind", type(intervention).__name__),
-                                              **intervention.params()}
+    spec = None if intervention is None else {"kind": intervention.kind, **intervention.params()}
     params = {"reference": reference, "hook": hook, "k_std": k_std, "masks": str(masks), "intervention": spec}
     return SegmentationResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None, ids=list(source.ids),
@@ -253,7 +252,7 @@ def segmentation_variants(source: ActivationSource, masks: Union[str, Path], *, 
                                                                    selective=selective, _gt=gt,
                                                                    _maps=maps["selective"], **options)
     if intervention is not None:
-        kind = getattr(intervention, "kind", type(intervention).__name__)
+        kind = intervention.kind
         runs[f"{reference} + {kind}"] = segmentation_study(source, masks, reference=reference, selective=selective,
                                                            intervention=intervention, _gt=gt, **options)
     result.variants = {name: {f: getattr(r, f) for f in VARIANT_FIELDS} for name, r in runs.items()}

@@ -377,7 +377,7 @@ class CacheSource(ActivationSource):
 
 def live_model(source: ActivationSource, study: str):
     """The HookedViT of a live source; a clear error for a cache source (``study`` re-runs the model)."""
-    if not getattr(source, "is_live", False):  # also refuses objects that are no ActivationSource
+    if not (isinstance(source, ActivationSource) and source.is_live):
         raise InterpError(f"the {study} re-runs the model: give a live source "
                           "(open_source(model=..., images=...); CLI --images), not a cache")
     return source.model
