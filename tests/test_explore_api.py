@@ -80,7 +80,7 @@ def test_page_and_assets_are_local(served):
     _, server = served
     status, html = request(server, "", token=server.token)
     assert status == 200 and b"<canvas" in html and server.token.encode() in html
-    for name in ("app.js", "app.css"):
+    for name in ("app.js", "draw.js", "app.css"):
         status, body = request(server, f"static/{name}")
         assert status == 200 and b"http://" not in body and b"https://" not in body, name  # no CDN
     assert b"http://" not in html and b"https://" not in html

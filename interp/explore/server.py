@@ -3,7 +3,7 @@ uvicorn on 127.0.0.1 (another host only when asked), every request checked again
 
 Routes (all need the token: ``?token=...``, header ``X-Interp-Token: ...`` or ``Authorization: token ...``):
 
-* ``GET /`` the page; ``GET /static/app.js|app.css`` its assets (shipped in the package: no CDN);
+* ``GET /`` the page; ``GET /static/app.js|draw.js|app.css`` its assets (shipped in the package: no CDN);
 * ``GET /api/info`` model, images, sizes, threshold, neurons; ``GET /api/image/{i}`` image i as the model sees it;
 * ``POST /api/run`` ``{"image": i, "interventions": [...], "threshold": t?}`` -> the maps of image i;
 * ``POST /api/export`` ``{"interventions": [...]}`` -> the patch file (``application/octet-stream``).
@@ -24,7 +24,8 @@ from typing import Optional
 from ..errors import InterpError
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-ASSETS = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
+ASSETS = {"app.js": "text/javascript; charset=utf-8", "draw.js": "text/javascript; charset=utf-8",
+          "app.css": "text/css; charset=utf-8"}
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MAX_BODY = 16 * 1024 * 1024  # a drawn target or a mean-ablation spec is far smaller
 

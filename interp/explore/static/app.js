@@ -32,19 +32,17 @@
     box.hidden = !msg;
   }
 
-  // ------------------------------------------------------------------ colour maps
-  function ramp(stops) {
-    return (t) => {
-      t = Math.min(1, Math.max(0, t));
-      const x = t * (stops.length - 1), i = Math.min(stops.length - 2, Math.floor(x)), f = x - i;
-      const a = stops[i], b = stops[i + 1];
-      return [0, 1, 2].map((c) => Math.round(a[c] + (b[c] - a[c]) * f));
-    };
+  // ------------------------------------------------------------------ drawing (helpers in draw.js)
+  const D = window.interpDraw;
+  const { ramp, viridis, magma, fmt } = D;
+  function drawGrid(canvas, values, lo, hi, cmap, opts) {
+    D.drawGrid(canvas, state.info.grid, values, lo, hi, cmap, Object.assign({}, opts,
+      { image: opts.image ? thumb(state.image) : null }));
   }
-  const viridis = ramp([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]]);
-  const magma = ramp([[0, 0, 4], [81, 18, 124], [183, 55, 121], [252, 137, 97], [252, 253, 191]]);
+  function renderCurves() {
+    D.curves($("curves"), state.last.curves, state.last.baseline.curves, state.info.n_blocks, state.block);
+  }
 
-  // ------------------------------------------------------------------ drawing
   const imageCache = {};
   function thumb(i) {
     if (!imageCache[i]) {
@@ -53,35 +51,6 @@
       imageCache[i] = img;
     }
     return imageCache[i];
-  }
-
-  // values: flat [h*w]; lo..hi on a log scale when log; outline: flat 0/1 or null
-  function drawGrid(canvas, values, lo, hi, cmap, opts) {
-    const [h, w] = state.info.grid;
-    const ctx = canvas.getContext("2d");
-    const cw = canvas.width / w, ch = canvas.height / h;
-    ctx.clearRect(0, 0, canvas.width, canvas.height);
-    const img = opts.image ? thumb(state.image) : null;
-    if (img && img.complete) ctx.drawImage(img, 0, 0, canvas.width, canvas.height);
-    ctx.globalAlpha = img ? opts.alpha : 1;
-    for (let r = 0; r < h; r++) {
-      for (let c = 0; c < w; c++) {
-        const v = values[r * w + c];
-        let t = opts.log ? (Math.log(Math.max(v, 1e-12)) - Math.log(lo)) / (Math.log(hi) - Math.log(lo) || 1)
-                         : (v - lo) / ((hi - lo) || 1);
-        const [R, G, B] = cmap(t);
-        ctx.fillStyle = "rgb(" + R + "," + G + "," + B + ")";
-        ctx.fillRect(c * cw, r * ch, Math.ceil(cw), Math.ceil(ch));
-      }
-    }
-    ctx.globalAlpha = 1;
-    if (opts.outline) {
-      ctx.strokeStyle = "#ff2020";
-      ctx.lineWidth = 2;
-      for (let i = 0; i < opts.outline.length; i++) {
-        if (opts.outline[i]) ctx.strokeRect((i % w) * cw + 1, Math.floor(i / w) * ch + 1, cw - 2, ch - 2);
-      }
-    }
   }
 
   function renderMaps() {
@@ -135,42 +104,6 @@
       cv.title = cv.dataset.key + ": max |activation| " + fmt(amax) + " (blue negative, red positive)";
       cv.parentNode.nextSibling.textContent = "max |a| " + (amax === 0 ? "0" : fmt(amax));
     });
-  }
-
-  function renderCurves() {
-    const r = state.last, svg = $("curves"), L = state.info.n_blocks;
-    const W = svg.width.baseVal.value, H = svg.height.baseVal.value, pad = { l: 50, r: 10, t: 10, b: 30 };
-    const series = (curves, key) => {
-      const out = [];
-      for (let l = 0; l < L; l++) out.push(curves.resid_mid[key][l], curves.resid_post[key][l]);
-      return out;
-    };
-    const lines = [
-      [series(r.curves, "max"), "#e6550d", ""], [series(r.curves, "median"), "#3182bd", ""],
-      [series(r.baseline.curves, "max"), "#e6550d", "5,4"], [series(r.baseline.curves, "median"), "#3182bd", "5,4"],
-    ];
-    const vals = lines.flatMap((s) => s[0]).filter((v) => v > 0);
-    const lo = Math.log(Math.min.apply(null, vals)), hi = Math.log(Math.max.apply(null, vals));
-    const x = (i) => pad.l + (i / Math.max(1, 2 * L - 1)) * (W - pad.l - pad.r);
-    const y = (v) => H - pad.b - ((Math.log(Math.max(v, 1e-12)) - lo) / ((hi - lo) || 1)) * (H - pad.t - pad.b);
-    let s = "";
-    const bx = (x(2 * state.block) + x(2 * state.block + 1)) / 2;
-    s += '<rect x="' + (bx - 12) + '" y="' + pad.t + '" width="24" height="' + (H - pad.t - pad.b) + '" fill="#eee"/>';
-    lines.forEach(([pts, colour, dash]) => {
-      const d = pts.map((v, i) => (i ? "L" : "M") + x(i).toFixed(1) + "," + y(v).toFixed(1)).join("");
-      s += '<path d="' + d + '" fill="none" stroke="' + colour + '" stroke-width="2" stroke-dasharray="' + dash + '"/>';
-    });
-    for (let l = 0; l < L; l++) s += '<text x="' + ((x(2 * l) + x(2 * l + 1)) / 2 - 4) + '" y="' + (H - 12) + '">' + l + "</text>";
-    s += '<text x="' + pad.l + '" y="' + (H - 1) + '">block (each: after attention, after MLP)</text>';
-    [lo, (lo + hi) / 2, hi].forEach((v) => {
-      s += '<text x="2" y="' + (y(Math.exp(v)) + 4) + '">' + fmt(Math.exp(v)) + "</text>";
-    });
-    svg.innerHTML = s;
-  }
-
-  function fmt(v) {
-    if (v === null || v === undefined || !isFinite(v)) return String(v);
-    return Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(3);
   }
 
   // ------------------------------------------------------------------ edits -> spec

@@ -1,0 +1,83 @@
+// interp explore: drawing helpers (colour ramps, patch-grid maps on a canvas, the per-block curves in SVG).
+// No state of their own: app.js passes everything in.
+"use strict";
+window.interpDraw = (function () {
+  function ramp(stops) {
+    return (t) => {
+      t = Math.min(1, Math.max(0, t));
+      const x = t * (stops.length - 1), i = Math.min(stops.length - 2, Math.floor(x)), f = x - i;
+      const a = stops[i], b = stops[i + 1];
+      return [0, 1, 2].map((c) => Math.round(a[c] + (b[c] - a[c]) * f));
+    };
+  }
+  const viridis = ramp([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]]);
+  const magma = ramp([[0, 0, 4], [81, 18, 124], [183, 55, 121], [252, 137, 97], [252, 253, 191]]);
+
+
+  // values: flat [h*w] on grid [h, w]; lo..hi on a log scale when opts.log; opts.outline: flat 0/1 or null;
+  // opts.image: an <img> drawn under the cells (opts.alpha: their opacity)
+  function drawGrid(canvas, grid, values, lo, hi, cmap, opts) {
+    const [h, w] = grid;
+    const ctx = canvas.getContext("2d");
+    const cw = canvas.width / w, ch = canvas.height / h;
+    ctx.clearRect(0, 0, canvas.width, canvas.height);
+    const img = opts.image || null;
+    if (img && img.complete) ctx.drawImage(img, 0, 0, canvas.width, canvas.height);
+    ctx.globalAlpha = img ? opts.alpha : 1;
+    for (let r = 0; r < h; r++) {
+      for (let c = 0; c < w; c++) {
+        const v = values[r * w + c];
+        let t = opts.log ? (Math.log(Math.max(v, 1e-12)) - Math.log(lo)) / (Math.log(hi) - Math.log(lo) || 1)
+                         : (v - lo) / ((hi - lo) || 1);
+        const [R, G, B] = cmap(t);
+        ctx.fillStyle = "rgb(" + R + "," + G + "," + B + ")";
+        ctx.fillRect(c * cw, r * ch, Math.ceil(cw), Math.ceil(ch));
+      }
+    }
+    ctx.globalAlpha = 1;
+    if (opts.outline) {
+      ctx.strokeStyle = "#ff2020";
+      ctx.lineWidth = 2;
+      for (let i = 0; i < opts.outline.length; i++) {
+        if (opts.outline[i]) ctx.strokeRect((i % w) * cw + 1, Math.floor(i / w) * ch + 1, cw - 2, ch - 2);
+      }
+    }
+  }
+
+  // per block max and median (resid_mid, then resid_post of each block): current solid, unedited dashed, log y
+  function curves(svg, current, baseline, L, block) {
+    const W = svg.width.baseVal.value, H = svg.height.baseVal.value, pad = { l: 50, r: 10, t: 10, b: 30 };
+    const series = (curves, key) => {
+      const out = [];
+      for (let l = 0; l < L; l++) out.push(curves.resid_mid[key][l], curves.resid_post[key][l]);
+      return out;
+    };
+    const lines = [
+      [series(current, "max"), "#e6550d", ""], [series(current, "median"), "#3182bd", ""],
+      [series(baseline, "max"), "#e6550d", "5,4"], [series(baseline, "median"), "#3182bd", "5,4"],
+    ];
+    const vals = lines.flatMap((s) => s[0]).filter((v) => v > 0);
+    const lo = Math.log(Math.min.apply(null, vals)), hi = Math.log(Math.max.apply(null, vals));
+    const x = (i) => pad.l + (i / Math.max(1, 2 * L - 1)) * (W - pad.l - pad.r);
+    const y = (v) => H - pad.b - ((Math.log(Math.max(v, 1e-12)) - lo) / ((hi - lo) || 1)) * (H - pad.t - pad.b);
+    let s = "";
+    const bx = (x(2 * block) + x(2 * block + 1)) / 2;
+    s += '<rect x="' + (bx - 12) + '" y="' + pad.t + '" width="24" height="' + (H - pad.t - pad.b) + '" fill="#eee"/>';
+    lines.forEach(([pts, colour, dash]) => {
+      const d = pts.map((v, i) => (i ? "L" : "M") + x(i).toFixed(1) + "," + y(v).toFixed(1)).join("");
+      s += '<path d="' + d + '" fill="none" stroke="' + colour + '" stroke-width="2" stroke-dasharray="' + dash + '"/>';
+    });
+    for (let l = 0; l < L; l++) s += '<text x="' + ((x(2 * l) + x(2 * l + 1)) / 2 - 4) + '" y="' + (H - 12) + '">' + l + "</text>";
+    s += '<text x="' + pad.l + '" y="' + (H - 1) + '">block (each: after attention, after MLP)</text>';
+    [lo, (lo + hi) / 2, hi].forEach((v) => {
+      s += '<text x="2" y="' + (y(Math.exp(v)) + 4) + '">' + fmt(Math.exp(v)) + "</text>";
+    });
+    svg.innerHTML = s;
+  }
+
+  function fmt(v) {
+    if (v === null || v === undefined || !isFinite(v)) return String(v);
+    return Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(3);
+  }
+  return { ramp: ramp, viridis: viridis, magma: magma, drawGrid: drawGrid, curves: curves, fmt: fmt };
+})();
