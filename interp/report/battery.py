@@ -120,7 +120,9 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> B
     """The five stages of :func:`run_battery`."""
     from ..studies.neurons import resolve_neuron_options
     from ..studies.ablate import ablation_study
-    from ..studies.detection import DetectionSpec, RunOptions
+    from ..studies.detection import DetectionSpec, detection_from_norms
+    from ..studies.forward import baseline_pass
+    from ..studies.outliers import resolve_layer
     from ..studies.neurons import neurons_study
     from ..studies.norms import norms_study
     from ..studies.registers import register_study
@@ -132,8 +134,10 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> B
                    f"over {len(source)} images")
     settings = resolve_neuron_options(o.preset, threshold=o.threshold, detect_layer=o.detect_layer,
                                       highest_layer=o.highest_layer, top_k=o.top_k)
-    spec = DetectionSpec(settings["threshold"], settings.get("detect_layer"), settings["preset"])
-    found = spec.detect(source, RunOptions(o.batch_size, progress=o.bars(progress)))
+    # one unedited forward per image gives the detection's norms and the causal studies' baseline
+    spec = DetectionSpec(settings["threshold"], settings.get("detect_layer"), settings["preset"]).resolved()
+    baseline = baseline_pass(source, resolve_layer(spec.layer, source.n_layers), **common)
+    found = detection_from_norms(source, spec, baseline.patch_norms)
     out = BatteryResults(found, norms_study(source, detection=found, **common), None)
     highest = min(settings.get("highest_layer", found.layer), source.n_layers - 1)
     _say(progress, f"interp report [2/{N_STAGES}] neurons: ranking register neurons in blocks <= {highest}")
@@ -148,11 +152,12 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> B
     chosen = out.neurons.neuron_dict()
     _say(progress, f"interp report [3/{N_STAGES}] ablate: {len(out.neurons.neurons)} neurons vs {o.n_controls} "
                    "random controls")
-    out.ablation = ablation_study(source, chosen, n_controls=o.n_controls, seed=o.seed, detection=found, **common)
+    out.ablation = ablation_study(source, chosen, n_controls=o.n_controls, seed=o.seed, detection=found,
+                                  baseline=baseline, **common)
     _say(progress, f"interp report [4/{N_STAGES}] registers: test-time register with these neurons")
-    out.register = register_study(source, chosen, detection=found, **common)
+    out.register = register_study(source, chosen, detection=found, baseline=baseline, **common)
     _say(progress, f"interp report [5/{N_STAGES}] relocate: moving the high norm onto a smiley")
-    out.relocation = relocation_study(source, chosen, detection=found, **common)
+    out.relocation = relocation_study(source, chosen, detection=found, baseline=baseline, **common)
     return out
 
 

@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..interventions import NeuronAblation
-from .forward import forward_summary
+from .forward import Baseline, forward_summary
 from .detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from .outliers import ThresholdSpec
 from .result import OutlierStudyResult, skipped_records
@@ -73,6 +73,7 @@ def ablation_study(
     detect_layer: Optional[int] = None,
     detection: DetectionLike = None,
     preset: Optional[str] = None,
+    baseline: Optional[Baseline] = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> AblationResult:
@@ -87,6 +88,8 @@ def ablation_study(
             stay comparable (default "auto").
         detection: the unablated model's detection on this source, when already computed (saves a pass).
         preset: published detection settings (:mod:`interp.studies.presets`); explicit arguments win.
+        baseline: the unablated forwards (:func:`~interp.studies.forward.baseline_pass`), when already made
+            (saves one forward per image).
 
     Without artifacts (no separated high-norm mode) the study still runs; its result then carries
     ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
@@ -98,6 +101,7 @@ def ablation_study(
     detect = found.layer
     header = detection_header(found, "ablate")
     thr_value = found.counting_threshold()
+    baseline = baseline.check(source, detect) if baseline is not None else None
     controls = random_controls(neurons, model.d_mlp, n_controls, seed)
 
     def ablation(ns: Neurons) -> NeuronAblation:
@@ -113,7 +117,9 @@ def ablation_study(
     n = 0
     for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="ablation",
                          total=n_batches(source, batch_size), unit="batch"):
-        outs = {name: forward_summary(model, x, ivs, detect) for name, ivs in conditions.items()}
+        outs = {name: baseline.rows(start, len(x)) if name == "baseline" and baseline is not None
+                else forward_summary(model, x, source.interventions + tuple(ivs), detect)
+                for name, ivs in conditions.items()}
         base_top1 = outs["baseline"].logits.argmax(-1)
         y = torch.tensor(labels[start:start + len(x)]) if labels is not None else None
         for name, out in outs.items():

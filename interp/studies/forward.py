@@ -117,3 +117,55 @@ def forward_summary(model, x: torch.Tensor, interventions: Sequence = (), detect
     run = run_hooks(model, x, [norm_hook] + [attn_pattern(l) for l in layers], reducers, interventions,
                     logits=True)
     return ForwardSummary(run.logits, run.acts[norm_hook], {l: run.acts[attn_pattern(l)] for l in layers})
+
+
+@dataclass
+class Baseline:
+    """The unedited model's forward summary on every image of a source, made once and shared by the causal
+    studies (ablate, registers, relocate), whose "before" it is, and by the detection (its norms).
+
+    Attributes:
+        layer: the detection block of ``patch_norms``; attention_layer: the block of ``cls_attention``.
+        logits [N, c]; patch_norms [N, P]; cls_attention [N, P] (head mean) or None for a model without CLS.
+        ids, fingerprint: the source's images and weights (checked when a study is handed this baseline).
+    """
+
+    layer: int
+    attention_layer: int
+    logits: torch.Tensor
+    patch_norms: torch.Tensor
+    cls_attention: Optional[torch.Tensor]
+    ids: Tuple[str, ...]
+    fingerprint: str
+
+    def rows(self, start: int, n: int) -> ForwardSummary:
+        """The summary of images ``start .. start + n`` (one batch of the source)."""
+        attn = {} if self.cls_attention is None else {self.attention_layer: self.cls_attention[start:start + n]}
+        return ForwardSummary(self.logits[start:start + n], self.patch_norms[start:start + n], attn)
+
+    def check(self, source, layer: int) -> "Baseline":
+        """This baseline, after checking it was made on ``source`` at detection block ``layer``."""
+        from ..errors import InterpError
+
+        if tuple(source.ids) != self.ids or source.fingerprint != self.fingerprint or layer != self.layer:
+            raise InterpError("this baseline was made on other images, weights or detection block than the study "
+                              "uses; make it with baseline_pass(source, layer) on the same source")
+        return self
+
+
+def baseline_pass(source, layer: int, batch_size: Optional[int] = None, progress: bool = True) -> Baseline:
+    """One unedited forward per image of a live ``source``: logits, block ``layer``'s patch norms and the last
+    block's CLS->patch attention (what the causal studies compare their edited runs with)."""
+    from tqdm.auto import tqdm
+
+    model = source.model
+    last = model.n_layers - 1
+    bs = batch_size or source.batch_size
+    parts = [forward_summary(model, x, source.interventions, layer, attention_layers=[last])
+             for _, x in tqdm(source.image_batches(bs), disable=not progress, desc="baseline", unit="batch",
+                              total=-(-len(source) // bs), leave=False)]
+    if not parts:
+        raise ValueError("baseline_pass needs at least one image")
+    attn = torch.cat([p.cls_attention[last] for p in parts]) if last in parts[0].cls_attention else None
+    return Baseline(layer, last, torch.cat([p.logits for p in parts]), torch.cat([p.patch_norms for p in parts]),
+                    attn, tuple(source.ids), source.fingerprint)

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from ..interventions import TestTimeRegister
 from ..hooks.names import attn_pattern, resid_post
-from .forward import run_hooks
+from .forward import Baseline, run_hooks
 from .detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from .outliers import ThresholdSpec
 from .result import OutlierStudyResult, skipped_records
@@ -57,6 +57,7 @@ def register_study(
     detect_layer: Optional[int] = None,
     detection: DetectionLike = None,
     preset: Optional[str] = None,
+    baseline: Optional[Baseline] = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> RegisterResult:
@@ -73,19 +74,23 @@ def register_study(
     header = detection_header(found, "registers")
     detect = found.layer
     thr_value = found.counting_threshold()
+    baseline = baseline.check(source, detect) if baseline is not None else None
     ttr = TestTimeRegister(neurons, n_registers=n_registers, value=value)
     last = model.n_layers - 1
     stats = {k: {"outliers": 0, "max": 0.0, "agree": 0} for k in ("baseline", "with_register")}
     reg_norm, reg_attn, maps = [], [], []
     grid = tuple(source.layout.grid)
-    for _, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="test-time register",
-                     total=n_batches(source, batch_size), unit="batch"):
-        base = run_hooks(model, x, [resid_post(detect)], logits=True)
-        base_logits = base.logits
-        base_patch = base.acts[resid_post(detect)][:, base.layout.patch_slice].norm(dim=-1)
-        has_cls = base.layout.cls_index is not None
+    has_cls = source.layout.cls_index is not None
+    for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="test-time register",
+                         total=n_batches(source, batch_size), unit="batch"):
+        if baseline is not None:
+            base_logits, base_patch = baseline.logits[start:start + len(x)], baseline.patch_norms[start:start + len(x)]
+        else:
+            base = run_hooks(model, x, [resid_post(detect)], interventions=source.interventions, logits=True)
+            base_logits = base.logits
+            base_patch = base.acts[resid_post(detect)][:, base.layout.patch_slice].norm(dim=-1)
         names = [resid_post(detect)] + ([attn_pattern(last)] if has_cls else [])
-        run = run_hooks(model, x, names, interventions=[ttr], logits=True)
+        run = run_hooks(model, x, names, interventions=source.interventions + (ttr,), logits=True)
         lay, logits, cache = run.layout, run.logits, run.acts
         resid = cache[resid_post(detect)]
         patch = resid[:, lay.patch_slice].norm(dim=-1)

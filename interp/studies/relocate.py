@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from ..errors import InterpError
 from ..interventions import Relocation, masks
 from .detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
-from .forward import forward_summary
+from .forward import Baseline, forward_summary
 from .metrics import iou
 from .outliers import Detection, ThresholdSpec, resolve_layer
 from .result import OutlierStudyResult, skipped_records
@@ -66,6 +66,7 @@ def relocation_study(
     detect_layer: Optional[int] = None,
     preset: Optional[str] = None,
     detection: DetectionLike = None,
+    baseline: Optional[Baseline] = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> RelocationResult:
@@ -91,12 +92,14 @@ def relocation_study(
         raise InterpError("the target mask has no cell: there is nothing to relocate onto (give a target with "
                           "at least one patch, e.g. --target smiley)")
     last = model.n_layers - 1
+    baseline = baseline.check(source, detect) if baseline is not None else None
     reloc = Relocation(neurons, target=target, value=value)
     before, after, att_before, att_after = [], [], [], []
-    for _, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="relocation",
-                     total=n_batches(source, batch_size), unit="batch"):
-        b = forward_summary(model, x, (), detect, attention_layers=[last])
-        a = forward_summary(model, x, [reloc], detect, attention_layers=[last])
+    for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="relocation",
+                         total=n_batches(source, batch_size), unit="batch"):
+        b = baseline.rows(start, len(x)) if baseline is not None else \
+            forward_summary(model, x, source.interventions, detect, attention_layers=[last])
+        a = forward_summary(model, x, source.interventions + (reloc,), detect, attention_layers=[last])
         before.append(b.patch_norms)
         after.append(a.patch_norms)
         if last in b.cls_attention:

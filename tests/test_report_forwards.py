@@ -1,0 +1,53 @@
+"""The report shares its forwards: one unedited pass per image serves the detection and the causal studies'
+baselines, so ``interp report`` runs 13 forwards per image on its defaults (it ran 16)."""
+import warnings
+
+import pytest
+
+import interp
+from interp.models.planted import planted_truth
+from interp.models.samples import sample_image_paths
+from interp.studies import open_source
+from interp.studies.ablate import ablation_study
+from interp.studies.forward import baseline_pass
+from interp.studies.outliers import detect
+from interp.studies.registers import register_study
+from interp.studies.relocate import relocation_study
+
+
+def _count_image_forwards(model) -> list:
+    seen = [0]
+    model.timm_model.patch_embed.register_forward_pre_hook(lambda module, inp: seen.__setitem__(0, seen[0] + len(inp[0])))
+    return seen
+
+
+@pytest.mark.slow
+def test_the_report_runs_13_forwards_per_image(tmp_path, one_thread):
+    from interp.report.battery import run_report
+
+    model = interp.load("planted_vit")
+    seen = _count_image_forwards(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_report(model, out_dir=tmp_path, progress=False)
+    # baseline 1 (detection + causal baselines), norms 1, neurons 1, ablation 1 target + 5 controls,
+    # test-time register 1, relocation 1, probes 1, LOST 1
+    assert seen[0] / len(sample_image_paths()) == 13
+
+
+def test_a_shared_baseline_gives_the_same_results(one_thread):
+    model = interp.load("planted_vit")
+    truth = planted_truth(model)
+    neurons = {truth.layer: list(truth.neurons)}
+    source = open_source(model=model, images=sample_image_paths()).held()
+    found = detect(source, "auto", progress=False)
+    base = baseline_pass(source, found.layer, progress=False)
+    assert base.patch_norms.shape == found.norms.shape and (base.patch_norms - found.norms).abs().max() < 1e-3
+    seen = _count_image_forwards(model)
+    for study, kwargs in ((ablation_study, dict(n_controls=2)), (register_study, {}), (relocation_study, {})):
+        alone = study(source, neurons, detection=found, progress=False, **kwargs).to_dict()
+        before = seen[0]
+        shared = study(source, neurons, detection=found, baseline=base, progress=False, **kwargs).to_dict()
+        edited_runs = (seen[0] - before) / len(source)  # the baseline's forward is not run again
+        assert shared == alone, alone["study"]
+        assert edited_runs == {"ablate": 3, "registers": 1, "relocate": 1}[alone["study"]]
