@@ -12,7 +12,7 @@ from typing import List, Sequence, Tuple, Union
 import torch
 
 from ..errors import ImageError
-from ..models.preprocessing import tensor_image_id
+from ..models.preprocessing import decode_images, tensor_image_id
 from .format import images_digest
 
 
@@ -63,19 +63,10 @@ class FileImages(ImageSource):
         self.strict = strict
 
     def load(self, start: int, stop: int) -> LoadedBatch:
-        from ..models import open_image
-
         batch = LoadedBatch(start, stop)
-        tensors = []
-        for pos in range(start, stop):
-            try:
-                tensors.append(self.transform(open_image(self.paths[pos])))
-            except ImageError as e:
-                if self.strict:
-                    raise ImageError(f"{e} (strict mode: drop --strict/strict=True to skip unreadable images)") from e
-                batch.skipped.append((pos, self.ids[pos], str(e)))
-                continue
-            batch.positions.append(pos)
+        tensors, kept, unreadable = decode_images(self.paths[start:stop], self.transform, self.strict)
+        batch.positions = [start + i for i in kept]
+        batch.skipped = [(start + i, self.ids[start + i], reason) for i, reason in unreadable]
         if tensors:
             batch.pixels = torch.stack(tensors)
         return batch

@@ -182,22 +182,40 @@ def load_images(paths: Union[PathLike, Iterable[PathLike]], model, strict: bool 
     Raises:
         ImageError: no paths, every file unreadable, or (strict) an unreadable file.
     """
-    transform = preprocessing(model)
     files = list_images(paths)
     if not files:
         raise ImageError("no image paths given")
-    pixels, reasons = [], []
-    for p in files:
+    pixels, _, unreadable = decode_images(files, preprocessing(model), strict)
+    for i, reason in unreadable:
+        skip_image(str(files[i]), reason, skipped)
+    if not pixels:
+        raise ImageError(f"none of the {len(files)} image file(s) could be read; first: {unreadable[0][1]}")
+    return torch.stack(pixels)
+
+
+def decode_images(paths: Sequence[PathLike], transform, strict: bool = False
+                  ) -> Tuple[List[torch.Tensor], List[int], List[Tuple[int, str]]]:
+    """The one image loop: decode each file (:func:`open_image`) and apply ``transform`` to it.
+
+    Returns:
+        (tensors of the readable files, their indices in ``paths``, ``(index, reason)`` of each unreadable one),
+        in order. Callers record the unreadable ones their own way (a warning, a cache's ``/skipped``).
+
+    Raises:
+        ImageError: with ``strict``, at the first unreadable file, naming it.
+    """
+    tensors, kept, unreadable = [], [], []
+    for i, p in enumerate(paths):
         try:
-            pixels.append(transform(open_image(p)))
+            tensors.append(transform(open_image(p)))
         except ImageError as e:
             if strict:
-                raise ImageError(f"{e} (strict: stopped at the first unreadable image)") from e
-            reasons.append(str(e))
-            skip_image(str(p), str(e), skipped)
-    if not pixels:
-        raise ImageError(f"none of the {len(files)} image file(s) could be read; first: {reasons[0]}")
-    return torch.stack(pixels)
+                raise type(e)(f"{e} (strict: stopped at the first unreadable image; without strict it is "
+                              "skipped and recorded)") from e
+            unreadable.append((i, str(e)))
+            continue
+        kept.append(i)
+    return tensors, kept, unreadable
 
 
 def readable_images(paths: Sequence[PathLike], strict: bool = False,
