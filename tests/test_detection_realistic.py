@@ -191,6 +191,22 @@ def test_a_fixed_threshold_above_every_token_finds_none_and_says_so():
     assert "rejected" not in thr.describe()  # the split was accepted; it is not what found nothing
 
 
+@pytest.mark.parametrize("preset,median,share", [("darcet", 50.0, 0.024), ("jiang-openclip-b16", 10.0, 0.024),
+                                                ("jiang-dinov2-l14", 40.0, 0.024), ("reassessment", 50.0, 0.024)])
+def test_presets_find_the_artifacts_of_models_like_the_papers(preset, median, share):
+    """Published settings on norms shaped like the papers' models (log-sigma 0.30 bulk, 2.4 % at 6x)."""
+    from interp.studies.presets import resolve_preset
+
+    norms, labels = planted(share, 0.30, 6)
+    norms = norms * (median / MEDIAN)
+    spec = resolve_preset(preset)["threshold"]
+    thr = resolve_threshold(norms, spec)
+    assert thr.artifacts_found and thr.warning is None, thr.reason
+    expected = 0.02 if spec == "p98" else share  # p98 sits inside the upper mode: 2 % above it
+    assert thr.share_above == pytest.approx(expected, abs=0.001)
+    assert precision_recall(norms, labels, thr.value)[0] >= 0.99  # 30 = 3x the CLIP-like median: a few bulk tokens
+
+
 # ------------------------------------------------------------------------------------------- percentiles
 def test_percentile_thresholds_find_artifacts_only_over_a_separate_mode():
     norms, _ = planted(0.026, 0.29, 6)

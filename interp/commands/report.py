@@ -63,7 +63,8 @@ def run(args) -> int:
         p = summary["planted"]
         print(f"planted block {p['layer']} recovered: {'yes' if p['layer_recovered'] else 'no'}; planted neurons "
               f"recovered: {len(p['neurons_recovered'])} of {len(p['neurons'])}")
-    found = "high-norm tokens found" if summary["artifacts_found"] else "no artifacts (no high-norm tokens) found"
+    found = ("artifacts (high-norm tokens) found" if summary["artifacts_found"] else "no artifacts (no high-norm "
+             "tokens) found" if summary["threshold"] is None else f"no artifacts found: {summary['detection_reason']}")
     print(f"{summary['model']}: {found} ({summary['n_images']} images, {summary['seconds']:.1f} s)")
     print(f"report: {index.resolve()}")
     return 0

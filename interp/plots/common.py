@@ -17,7 +17,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 MAX_PANELS = 8  # images drawn by the map figures (the first ones of the result)
-NO_ARTIFACTS = "no high-norm tokens found"
+NO_ARTIFACTS = "no artifacts found"  # not "no high-norm tokens": a fixed threshold may still have many above it
 
 ATTN_COLOR = "#1f77b4"
 MLP_COLOR = "#d62728"

@@ -135,9 +135,11 @@ def study_explanations(s: Dict) -> Dict[str, List[str]]:
             "" if not e else f"The max patch norm first jumps in the {e['component']} step of block {e['layer']}; "
                              "the profile draws the attention step and the MLP step of every block apart."]
     else:
+        reason = s.get("detection_reason")
         out["norms"] = [
             f"No high-norm tokens found: the patch-norm distribution at block {s['detect_layer']} has no separated "
-            "high-norm mode, so no token counts as an outlier.",
+            "high-norm mode, so no token counts as an outlier." if s["threshold"] is None or not reason else
+            f"No artifacts at block {s['detect_layer']}: {reason}.",
             "The profile and histograms still show how the norms evolve through the blocks."]
     if s.get("no_artifacts_note"):
         out["neurons"] = ["No register neurons: the model shows no artifacts (see the note at the top)."] + ([f"Ranked under the threshold (not register neurons): "
