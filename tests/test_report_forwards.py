@@ -33,6 +33,28 @@ def test_the_report_runs_13_forwards_per_image(tmp_path, one_thread):
     # baseline 1 (detection + causal baselines), norms 1, neurons 1, ablation 1 target + 5 controls,
     # test-time register 1, relocation 1, probes 1, LOST 1
     assert seen[0] / len(sample_image_paths()) == 13
+    # one way to save: every study JSON of the report lists its figures and its skipped images
+    import json
+
+    for name in ("norms", "neurons", "ablate", "registers", "relocate", "probes", "lost"):
+        data = json.loads((tmp_path / f"{name}.json").read_text())
+        assert data["skipped"] == [] and data["figure_files"], name
+        assert all((tmp_path / f).is_file() for f in data["figure_files"]), name
+
+
+def test_save_result_writes_figures_then_the_json_once(tmp_path):
+    import json
+
+    from interp.report.save import save_result
+    from interp.studies.neurons import NeuronsResult
+
+    result = NeuronsResult(model="m", fingerprint="f", params={}, seed=0, ids=["a"],
+                           skipped=[{"image": "b.jpg", "reason": "unreadable"}],
+                           neurons=[{"layer": 0, "neuron": 1, "score": 2.0}], layer_max_score=[2.0])
+    assert save_result(result, tmp_path) == ["neuron_scores.png"]
+    data = json.loads((tmp_path / "neurons.json").read_text())
+    assert data["figure_files"] == ["neuron_scores.png"] and data["skipped"][0]["image"] == "b.jpg"
+    assert NeuronsResult.from_dict(data).skipped == result.skipped
 
 
 def test_a_shared_baseline_gives_the_same_results(one_thread):

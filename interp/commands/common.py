@@ -97,24 +97,17 @@ def source_from_args(args: argparse.Namespace, model):
 
 def write_outputs(result, out_dir, figures=()) -> None:
     """Write ``<study>.json`` (with the list of its figure files) and the given (name, matplotlib figure)
-    pairs as PNGs into ``out_dir``."""
-    import json
+    pairs as PNGs into ``out_dir`` (:func:`interp.report.save.save_result`)."""
     from pathlib import Path
 
     from ..console import info
+    from ..report.save import save_result
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    data = result.to_dict()
-    data[FIGURES_KEY] = [f"{name}.png" for name, _ in figures]
-    for name, fig in figures:
-        fig.savefig(out / f"{name}.png", dpi=110, bbox_inches="tight")
-    (out / f"{result.study}.json").write_text(json.dumps(data, indent=1))
-    info(f"wrote {out / (result.study + '.json')}" + (f" and {len(figures)} figure(s)" if figures else ""))
+    written = save_result(result, out_dir, figures=list(figures))
+    info(f"wrote {Path(out_dir) / (result.study + '.json')}" + (f" and {len(written)} figure(s)" if written else ""))
 
 
 # ------------------------------------------------------------------------------------------ existing outputs
-FIGURES_KEY = "figure_files"  # in a study JSON the CLI wrote: the PNGs written with it
 
 
 def refuse_existing_file(path, overwrite: bool, flag: str = "--out") -> None:
@@ -144,7 +137,7 @@ def prepare_study_output(args: argparse.Namespace, result_name: str) -> list:
         raise InterpError(f"{str(path)!r} already exists (a {result_name} result); pass --overwrite to replace it "
                           "and the figures it lists, or choose another --out")
     try:
-        return list(json.loads(path.read_text()).get(FIGURES_KEY, []))
+        return list(json.loads(path.read_text()).get("figure_files", []))  # report.save.FIGURES_KEY
     except (OSError, ValueError):
         return []
 
@@ -156,7 +149,7 @@ def remove_stale_figures(out_dir, result_name: str, old_figures: list) -> None:
 
     path = Path(out_dir) / f"{result_name}.json"
     try:
-        kept = set(json.loads(path.read_text()).get(FIGURES_KEY, []))
+        kept = set(json.loads(path.read_text()).get("figure_files", []))  # report.save.FIGURES_KEY
     except (OSError, ValueError):
         return
     for name in old_figures:

@@ -183,18 +183,12 @@ def run_object_stages(source: LiveSource, results: BatteryResults, options: Repo
 
 
 def write_results(results: BatteryResults, source: LiveSource, out: Path) -> Dict[str, List[str]]:
-    """Each study's ``<study>.json`` and figures (PNG) into ``out``; returns study -> figure file names."""
-    from ..plots.artifacts import study_figures
+    """Each study's ``<study>.json`` (with ``figure_files`` and ``skipped``) and figures (PNG) into ``out``
+    (:func:`~interp.report.save.save_result`); returns study -> figure file names."""
+    from .save import save_result
 
     pictures = source.display_images(DISPLAY_LIMIT)
-    figures: Dict[str, List[str]] = {}
-    for result in results.results():
-        result.to_json(out / f"{result.study}.json")
-        figures[result.study] = []
-        for name, fig in study_figures(result, pictures):
-            fig.savefig(out / f"{name}.png", dpi=110, bbox_inches="tight")
-            figures[result.study].append(f"{name}.png")
-    return figures
+    return {result.study: save_result(result, out, pictures) for result in results.results()}
 
 
 def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[str, Path] = "report",

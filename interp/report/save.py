@@ -1,0 +1,43 @@
+"""One way to save a study result: its figures from the plots registry as PNGs, then ``<study>.json`` once, with
+``figure_files`` (the PNGs written with it) and ``skipped`` (unreadable images left out, a result field).
+Used by ``interp study`` and by ``interp report``.
+
+>>> from interp.studies.norms import norms_study
+>>> files = save_result(norms_study(source, progress=False), "out", images)
+>>> files
+['norm_profile.png', 'norm_histograms.png', 'outlier_maps.png']
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from ..studies.result import StudyResult
+
+FIGURES_KEY = "figure_files"  # in a saved study JSON: the PNGs written with it
+
+
+def save_result(result: StudyResult, out: Union[str, Path], images=None,
+                figures: Optional[Sequence[Tuple[str, Any]]] = None,
+                extra: Optional[Dict[str, Any]] = None) -> List[str]:
+    """Write ``result``'s figures and JSON into the folder ``out``; returns the figure file names.
+
+    Args:
+        images: the images the study ran on (Tensor[N, 3, H, W] in 0..1), for the overlay figures.
+        figures: (file stem, Figure) pairs to write instead of the registry's (a command's own options).
+        extra: keys added to the JSON (e.g. the seed of random weights).
+    """
+    from ..plots.registry import has_figures, study_figures
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    if figures is None:
+        figures = study_figures(result, images) if has_figures(result.study) else []
+    names = []
+    for stem, fig in figures:
+        fig.savefig(folder / f"{stem}.png", dpi=110, bbox_inches="tight")
+        names.append(f"{stem}.png")
+    data = {**result.to_dict(), FIGURES_KEY: names, **(extra or {})}
+    (folder / f"{result.study}.json").write_text(json.dumps(data, indent=1))
+    return names
