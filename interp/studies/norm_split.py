@@ -249,8 +249,7 @@ def split_norms(norms: np.ndarray) -> NormSplit:
     cut, precision, recall = _best_cut(lower, upper)
     threshold = float(math.exp(cut))
     share = float(1 - np.searchsorted(x_all, cut, side="right") / n)
-    reason = (f"a separated minority mode: BIC prefers two modes (BIC 1 - BIC 2 = {bic1 - bic2:.1f}), upper "
-              f"mode {100 * upper.weight:.1f} % of the tokens, separation D {d:.2f} >= {MIN_SEPARATION:g}, "
-              f"ratio {ratio:.2f}")
+    reason = (f"BIC prefers two modes (BIC 1 - BIC 2 = {bic1 - bic2:.1f}), and the upper one is a minority, "
+              f"separated (D >= {MIN_SEPARATION:g}) and at least {MIN_MODE_RATIO:g}x the bulk")
     return NormSplit(n, int(x.size), lower, upper, d, ratio, bic1, bic2, True, reason, threshold, share,
                      precision, recall)

@@ -172,8 +172,8 @@ def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> 
     warning = None
     if method == "auto":
         found = split.accepted and above > 0
-        reason = (f"{100 * share:.2f} % of the patch tokens are above the automatic split at {value:.4g}: "
-                  f"{split.reason}; {split.describe()}" if found else
+        reason = (f"{100 * share:.2f} % of the patch tokens are above the automatic split at {value:.4g} "
+                  f"({split.describe()}; {split.reason})" if found else
                   f"automatic split rejected: {split.reason}; {split.describe()}")
     elif n == 0:
         found, reason = False, "there are no patch tokens to test"
