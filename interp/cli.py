@@ -2,7 +2,12 @@
 exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
 
 Building the parsers imports neither torch, timm nor nnsight (a command imports them when it runs), so
-``interp --help`` and argument errors answer at once; ``tests/test_cli_policies.py`` checks it."""
+``interp --help`` and argument errors answer at once; ``tests/test_cli_policies.py`` checks it.
+
+Errors: every problem interp knows about (an :class:`~interp.errors.InterpError`) is one line on stderr,
+``interp: error: ...``; exit status 2 for a bad command-line value or path (argparse's and
+:class:`~interp.errors.UsageError`), 1 for the rest, 130 after Ctrl-C. Any other exception is a bug and keeps
+its traceback."""
 from __future__ import annotations
 
 import argparse
@@ -10,19 +15,28 @@ import contextlib
 import importlib
 import importlib.util
 import io
+import os
+import signal
 import sys
 import warnings
 from typing import List, Optional
 
-from .errors import InterpError
+from .errors import InterpError, UsageError
 
 COMMANDS = ("hooks", "cache", "patch", "study", "report", "compare", "explore")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: ``interp: error: <what> (see `interp cmd --help`)``, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"interp: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from ._version import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="interp",
         description="Mechanistic interpretability of ViT artifacts (high-norm tokens, register neurons) on timm models.",
     )
@@ -36,8 +50,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Run one ``interp`` command; returns the exit status. ``argv`` None: the program's own command line (then
+    a Ctrl-C after the command is done, during Python's shutdown, also exits 130 without a traceback)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interp: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if argv is None:
+            _quiet_interrupts()
+
+
+def _main(argv: Optional[List[str]]) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a bad argument (one line already shown)
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -52,12 +82,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         return int(args.func(args) or 0)
     except InterpError as e:
         print(f"interp: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interp: interrupted", file=sys.stderr)
-        return 130
+        return 2 if isinstance(e, UsageError) else 1
+    except BrokenPipeError:  # `interp hooks MODEL | head`: the reader left; nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     finally:
         warnings.formatwarning = shown_format  # main() may run inside a program (tests, notebooks)
+
+
+def _quiet_interrupts() -> None:
+    """From now on (the command is done; Python is shutting down) Ctrl-C ends the process at once with status
+    130, instead of a KeyboardInterrupt traceback from an exit handler."""
+    def stop(signum, frame):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed or broken stream: nothing more to show
+                pass
+        os._exit(130)
+
+    try:
+        signal.signal(signal.SIGINT, stop)
+    except ValueError:  # not the main thread
+        pass
 
 
 if __name__ == "__main__":

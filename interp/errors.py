@@ -53,3 +53,11 @@ def close_matches(word: str, candidates: Iterable[str], n: int = 5) -> list[str]
         tail = word.split(".")[-1]
         found = [c for c in candidates if c.endswith(tail)][:n]
     return found
+
+
+class UsageError(InterpError):
+    """A command-line value or path is wrong (the CLI exits with status 2, as argparse does)."""
+
+
+class OutputError(InterpError):
+    """An output cannot be written: read-only or full disk, a path under a regular file, a locked folder."""

@@ -51,7 +51,8 @@ def test_every_table_study_has_a_parser_and_a_run():
     study_parsers = next(a for a in parser._subparsers._group_actions[0].choices["study"]._actions
                          if a.dest == "study").choices
     assert set(STUDIES) <= set(study_parsers)
-    args = parser.parse_args(["study", "norms", "m", "--images", "x", "--out", "o"])
+    photos = str(sample_image_paths()[0].parent)
+    args = parser.parse_args(["study", "norms", "m", "--images", photos, "--out", "o"])
     assert args.study == "norms" and callable(args.func)
 
 
@@ -187,7 +188,7 @@ def test_study_refuses_to_replace_its_json_unless_overwrite(tmp_path, capsys):
     assert main(args) == 1 and "--overwrite" in capsys.readouterr().err
     assert stale.exists()
     kept = (tmp_path / "norms.json").read_text()
-    assert main([*args, "--overwrite", "--threshold", "p200"]) == 1  # fails: the old result stays whole
+    assert main([*args, "--overwrite", "--detect-layer", "99"]) == 2  # fails: the old result stays whole
     assert (tmp_path / "norms.json").read_text() == kept and stale.exists()
     assert main([*args, "--overwrite"]) == 0
     assert not stale.exists() and all((tmp_path / name).exists() for name in written)
@@ -253,7 +254,8 @@ def test_quiet_prints_no_info_lines(tmp_path, capsys):
     assert main(["study", "norms", "planted_vit", "--images", image, "--out", str(tmp_path / "b"), "--quiet"]) == 0
     captured = capsys.readouterr()
     assert captured.out == "" and (tmp_path / "b" / "norms.json").exists()
-    for command in (["cache", "m", "--images", "x", "--hooks", "h", "--out", "o.h5"], ["report"], ["compare", "m"],
-                    ["study", "masking", "m", "--images", "x", "--out", "o"]):
+    photos = str(sample_image_paths()[0].parent)
+    for command in (["cache", "m", "--images", photos, "--hooks", "h", "--out", "o.h5"], ["report"], ["compare", "m"],
+                    ["study", "masking", "m", "--images", photos, "--out", "o"]):
         args = interp.cli.build_parser().parse_args([*command, "--quiet", "--no-progress"])
         assert args.quiet and args.progress is False

@@ -262,18 +262,18 @@ def test_cli_prints_a_token_url_and_serves(tmp_path):
     assert proc.returncode == 0 and "stopped" in err, err
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--port", "70000"], "--port 70000"),
-    (["--neurons", "2:x"], "cannot read '2:x'"),
-    (["--threshold", "p200"], "percentile threshold"),
-    (["--weights", "w.pth"], "--weights needs a MODEL"),
-    (["--top-k", "0"], "--top-k 0 must be >= 1"),
-    (["--images", "interp/data/samples", "--max-images", "2"], "4 images: the explorer holds its images"),
-    (["--images", "no/such/folder"], "does not exist"),
+@pytest.mark.parametrize("argv, words, status", [  # status 2: refused while parsing, as argparse does
+    (["--port", "70000"], "--port 70000", 1),
+    (["--neurons", "2:x"], "cannot read '2:x'", 1),
+    (["--threshold", "p200"], "pNN with 0 < NN < 100", 2),
+    (["--weights", __file__], "--weights needs a MODEL", 1),
+    (["--top-k", "0"], "--top-k: expected a whole number >= 1", 2),
+    (["--images", "interp/data/samples", "--max-images", "2"], "4 images: the explorer holds its images", 1),
+    (["--images", "no/such/folder"], "does not exist", 2),
 ])
-def test_cli_bad_arguments_are_one_line(argv, words, capsys):
+def test_cli_bad_arguments_are_one_line(argv, words, status, capsys):
     from interp.cli import main
 
-    assert main(["explore", "--no-open", *argv]) == 1
+    assert main(["explore", "--no-open", *argv]) == status
     err = capsys.readouterr().err
     assert err.startswith("interp: error:") and words in err and "Traceback" not in err

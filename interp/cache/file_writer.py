@@ -118,7 +118,7 @@ def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, 
 
     Kept in one piece on purpose: the order of its steps (fill buffers, submit, commit, mark complete,
     join the writer even on an exception) is what makes a kill at any moment lose nothing committed."""
-    from tqdm.auto import tqdm
+    from .._progress import tqdm
 
     n_images = len(source)
     start_rows = store.n_written

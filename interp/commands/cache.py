@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from .common import add_model_args, add_output_args, add_strict_arg, model_from_args
+from .values import existing_path, image_list_file, positive_int
 
 
 def register(sub) -> None:
@@ -17,21 +18,22 @@ def register(sub) -> None:
                     "(streamed batch by batch, resumable after a crash, shardable with torchrun).")
     add_model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--images", metavar="DIR", help="folder of images (searched recursively)")
-    src.add_argument("--image-list", metavar="FILE", help=".txt/.lst file with one image path per line "
-                                                          "(relative paths are relative to the file)")
+    src.add_argument("--images", metavar="DIR", type=existing_path, help="folder of images (searched recursively)")
+    src.add_argument("--image-list", metavar="FILE", type=image_list_file,
+                     help=".txt/.lst file with one image path per line (relative paths are relative to the file)")
     p.add_argument("--hooks", nargs="+", default=[], metavar="PATTERN",
                    help="hook names or glob patterns, e.g. 'blocks.*.hook_resid_post' (see `interp hooks MODEL`)")
     p.add_argument("--for", dest="for_studies", default=None, metavar="STUDY[,STUDY...]",
                    help="write exactly the hooks these studies read (with their default options), e.g. "
                         "--for norms,neurons; adds to --hooks")
     p.add_argument("--out", required=True, metavar="FILE.h5", help="cache file to write")
-    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass and per HDF5 chunk")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass and per HDF5 chunk")
     p.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="stored float type")
     p.add_argument("--tokens", choices=("all", "prefix", "patches", "cls"), default="all",
                    help="token rows to keep (prefix = CLS + registers); attention maps: query rows")
     p.add_argument("--norms-only", action="store_true", help="store per-token L2 norms [N, T] instead of vectors")
-    p.add_argument("--compression", choices=("none", "lzf", "gzip"), default="none")
+    p.add_argument("--compression", choices=("none", "lzf", "gzip"), default="none",
+                   help="HDF5 compression of the stored activations (default none: fastest to read)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted FILE.h5 (same settings)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing FILE.h5")
     add_strict_arg(p)
@@ -40,18 +42,23 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..cache import write
+    from ..errors import UsageError
+    from .output import check_output_file
 
     if args.device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"  # one GPU per torchrun rank
-    if args.image_list and not args.image_list.lower().endswith((".txt", ".lst")):
-        from ..errors import ImageError
-
-        raise ImageError(f"--image-list expects a .txt or .lst file, got {args.image_list!r}")
     if not args.hooks and not args.for_studies:
-        from ..errors import InterpError
+        raise UsageError("say what to cache: --hooks PATTERN... and/or --for STUDY[,STUDY...] (e.g. --for norms)")
+    check_output_file(args.out, overwrite=args.overwrite, resume=args.resume, example="acts.h5",
+                      hint="pass --resume to continue it, --overwrite to replace it, or choose another path")
+    if args.for_studies:
+        from .registry import STUDIES
 
-        raise InterpError("say what to cache: --hooks PATTERN... and/or --for STUDY[,STUDY...] (e.g. --for norms)")
+        unknown = [s.strip() for s in args.for_studies.split(",") if s.strip() and s.strip() not in STUDIES]
+        if unknown:
+            raise UsageError(f"--for {args.for_studies!r}: unknown study {unknown[0]!r}; known: {', '.join(STUDIES)}")
+    from ..cache import write  # imports torch: after the checks above
+
     model = model_from_args(args)
     hooks = list(args.hooks)
     if args.for_studies:

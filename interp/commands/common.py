@@ -9,30 +9,95 @@ from pathlib import Path
 from typing import Dict, List
 
 from ..console import add_output_args
-from ..errors import InterpError
+from ..errors import InterpError, OutputError, UsageError
+from .values import (device_arg, existing_file, existing_path, finite_float, fraction, image_list_file,
+                     nonnegative_int, open_fraction, positive_float, positive_int, threshold_arg)
 
 
 def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False) -> None:
-    """MODEL positional plus --weights, --pretrained/--no-pretrained, --device, --img-size, --depth, --seed."""
+    """MODEL positional plus --weights, --pretrained/--no-pretrained, --device, --img-size, --depth."""
     if model_optional:
         parser.add_argument("model", nargs="?", default=None, help="timm model name")
     else:
         parser.add_argument("model", help="timm model name, e.g. vit_small_patch14_reg4_dinov2")
-    parser.add_argument("--weights", default=None, help="local .safetensors/.pth/.bin state dict for MODEL")
+    parser.add_argument("--weights", default=None, type=existing_file,
+                        help="local .safetensors/.pth/.bin state dict for MODEL")
     parser.add_argument("--pretrained", dest="pretrained", action="store_true", default=True,
                         help="load hub weights (default; local HF cache when offline)")
     parser.add_argument("--no-pretrained", dest="pretrained", action="store_false",
                         help="random weights (no download)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
-    parser.add_argument("--img-size", type=int, default=None, help="input size (timm img_size kwarg)")
-    parser.add_argument("--depth", type=int, default=None, help="keep only the first N blocks (quick tests)")
-    parser.add_argument("--seed", type=int, default=0,
+    add_device_arg(parser)
+    parser.add_argument("--img-size", type=positive_int, default=None,
+                        help="input size in pixels (timm img_size; resamples the position embedding)")
+    parser.add_argument("--depth", type=positive_int, default=None,
+                        help="keep only the first N blocks (quick tests)")
+    add_seed_arg(parser)
+
+
+def add_seed_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=nonnegative_int, default=0,
                         help="seed of every random draw of the run: the random weights of --no-pretrained (the same "
                              "seed gives the same model in every command) and the study's own sampling (default 0)")
 
 
+def add_device_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", type=device_arg,
+                        help="where the model runs: cpu (default), cuda, cuda:N (GPU index) or mps")
+
+
+def check_device(device: str) -> str:
+    """Before the model is built: ``device`` exists on this machine; else a one-line UsageError naming the
+    devices that do and what to pass."""
+    import warnings
+
+    import torch
+
+    if device == "cpu":
+        return device
+    with warnings.catch_warnings():  # a broken driver warns here; the error below says it in one line
+        warnings.simplefilter("ignore")
+        n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    available = ["cpu"] + [f"cuda:{i}" for i in range(n_gpus)] + (["mps"] if mps else [])
+    shown = ", ".join(available)
+    if device.startswith("cuda"):
+        if n_gpus == 0:
+            why = ("this torch build has no CUDA support" if torch.version.cuda is None
+                   else "torch finds no NVIDIA GPU or driver")
+            raise UsageError(f"--device {device}: no CUDA GPU on this machine ({why}); available: {shown}; "
+                             "pass --device cpu")
+        index = int(device.partition(":")[2] or 0)
+        if index >= n_gpus:
+            raise UsageError(f"--device {device}: this machine has {n_gpus} CUDA GPU(s); available: {shown}")
+    elif device == "mps" and not mps:
+        raise UsageError(f"--device mps: no Apple MPS device on this machine; available: {shown}")
+    return device
+
+
+LAYER_OPTIONS = (("detect_layer", "--detect-layer"), ("highest_layer", "--highest-layer"), ("layer", "--layer"))
+
+
+def check_model_args(args: argparse.Namespace, model) -> None:
+    """Right after the model is built, before any forward pass: block numbers within the model's depth and a
+    ``--hook`` that names one of its hooks (close matches otherwise)."""
+    n = model.n_layers
+    for attr, flag in LAYER_OPTIONS:
+        value = getattr(args, attr, None)
+        if value is not None and not -n <= int(value) < n:
+            raise UsageError(f"{flag} {value} is out of range: {args.model} has {n} blocks "
+                             f"(0..{n - 1}, or -{n}..-1 counted from the end)")
+    hook = getattr(args, "hook", None)
+    if isinstance(hook, str) and hook not in model.hook_names():
+        from ..errors import close_matches
+
+        near = close_matches(hook, model.hook_names())
+        hint = f" Close matches: {', '.join(near)}." if near else ""
+        raise UsageError(f"--hook {hook!r} is not a hook of {args.model}.{hint} "
+                         f"List them with `interp hooks {args.model}`.")
+
+
 def model_from_args(args: argparse.Namespace, dtype=None):
-    """Load the HookedViT the model arguments describe."""
+    """Load the HookedViT the model arguments describe (the device checked first, block numbers after)."""
     from ..api import load
 
     kwargs = {}
@@ -40,31 +105,61 @@ def model_from_args(args: argparse.Namespace, dtype=None):
         kwargs["img_size"] = args.img_size
     if getattr(args, "depth", None):
         kwargs["depth"] = args.depth
-    return load(args.model, pretrained=args.pretrained, weights=args.weights, device=args.device, dtype=dtype,
-                seed=getattr(args, "seed", None), **kwargs)
+    check_device(args.device)
+    model = load(args.model, pretrained=args.pretrained, weights=args.weights, device=args.device, dtype=dtype,
+                 seed=getattr(args, "seed", None), **kwargs)
+    check_model_args(args, model)
+    return model
 
 
-def threshold_value(text: str):
-    """The --threshold text as the studies take it: a float for a number, else the text ('auto', 'p98')."""
-    from ..studies.outliers import parse_threshold
+def threshold_value(text):
+    """The --threshold text (already checked by :func:`threshold_arg`) as the studies take it: a float for a
+    number, else the text ('auto', 'p98'); None stays None."""
+    if text is None or isinstance(text, (int, float)):
+        return text
+    try:
+        text = threshold_arg(text)
+    except argparse.ArgumentTypeError as e:  # a value that did not come through the parser
+        raise UsageError(f"--threshold: {e}") from None
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
-    method, value = parse_threshold(text)  # raises InterpError on a bad value
-    return value if method == "fixed" else text
 
-
-def add_study_args(parser: argparse.ArgumentParser, cache_ok: bool = True) -> None:
+def add_study_args(parser: argparse.ArgumentParser, cache_ok: bool = True, images_with_cache: str = "") -> None:
     """Arguments of every ``interp study NAME``: model args, --images/--cache, --out, --batch-size, --seed,
-    --strict, --overwrite, --no-progress, --quiet."""
+    --strict, --overwrite, --no-progress, --quiet. ``images_with_cache``: what --images adds to a --cache run
+    (then both may be given; the run checks that one is)."""
     add_model_args(parser)
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--images", help="image directory (DIR/<class>/img gives labels), list file or image")
-    if cache_ok:
-        src.add_argument("--cache", help="an interp cache file (.h5) to read activations from")
+    images_help = "image directory (DIR/<class>/img gives labels), list file or image"
+    if images_with_cache:
+        parser.add_argument("--images", type=existing_path, help=f"{images_help}; with --cache: {images_with_cache}")
+        parser.add_argument("--cache", type=existing_file, help="an interp cache file (.h5) to read activations from")
+    else:
+        src = parser.add_mutually_exclusive_group(required=True)
+        src.add_argument("--images", type=existing_path, help=images_help)
+        if cache_ok:
+            src.add_argument("--cache", type=existing_file,
+                             help="an interp cache file (.h5) to read activations from")
     parser.add_argument("--out", required=True, help="output directory for <study>.json and PNGs")
-    parser.add_argument("--batch-size", type=int, default=16)
+    add_batch_size_arg(parser)
     add_strict_arg(parser)
     add_overwrite_arg(parser, "an existing <study>.json in --out (and the figures it lists)")
     add_output_args(parser)
+
+
+def add_batch_size_arg(parser: argparse.ArgumentParser, batch_size: int = 16) -> None:
+    parser.add_argument("--batch-size", type=positive_int, default=batch_size,
+                        help=f"images per forward pass (default {batch_size}; lower it when memory is short)")
+
+
+def add_threshold_arg(parser: argparse.ArgumentParser, default=None, flag: str = "--threshold",
+                      help: str = "") -> None:
+    """``--threshold`` checked at parse time: auto, pNN (0 < NN < 100) or a positive norm value."""
+    parser.add_argument(flag, type=threshold_arg, default=default,
+                        help=help or "outlier norm threshold: a norm value > 0, pNN (percentile, e.g. p98) or auto "
+                                     "(bimodal split)" + ("" if default is None else f"; default {default}"))
 
 
 def add_strict_arg(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +168,8 @@ def add_strict_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def add_overwrite_arg(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--overwrite", action="store_true", help=f"replace {what}")
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace {what}; the old result stays until the new one is complete")
 
 
 def source_from_args(args: argparse.Namespace, model):
@@ -85,7 +181,8 @@ def source_from_args(args: argparse.Namespace, model):
     from ..studies.source import open_source
     from .registry import STUDIES, check_cache_serves
 
-    source = open_source(model=model, images=args.images, cache=getattr(args, "cache", None),
+    cache = getattr(args, "cache", None)
+    source = open_source(model=model, images=None if cache else args.images, cache=cache,
                          batch_size=args.batch_size, strict=getattr(args, "strict", False))
     study = getattr(args, "study", None)
     if not source.is_live and study in STUDIES:
@@ -97,108 +194,87 @@ def source_from_args(args: argparse.Namespace, model):
 
 def write_outputs(result, out_dir, figures=()) -> None:
     """Write ``<study>.json`` (with the list of its figure files) and the given (name, matplotlib figure)
-    pairs as PNGs into ``out_dir`` (:func:`interp.report.save.save_result`)."""
-    from pathlib import Path
-
+    pairs as PNGs into ``out_dir`` (:func:`interp.report.save.save_result`; under the CLI, the staging folder of
+    :func:`output.atomic_output_dir`)."""
     from ..console import info
     from ..report.save import save_result
+    from .output import shown
 
     written = save_result(result, out_dir, figures=list(figures))
-    info(f"wrote {Path(out_dir) / (result.study + '.json')}" + (f" and {len(written)} figure(s)" if written else ""))
+    info(f"wrote {shown(Path(out_dir) / (result.study + '.json'))}"
+         + (f" and {len(written)} figure(s)" if written else ""))
 
 
 # ------------------------------------------------------------------------------------------ existing outputs
 
 
 def refuse_existing_file(path, overwrite: bool, flag: str = "--out") -> None:
-    """Before any work: an existing output file is an error unless ``overwrite``."""
-    from pathlib import Path
+    """Before any work: an output file that exists (unless ``overwrite``), is a folder, or cannot be written
+    is an error."""
+    from .output import check_output_file
 
-    from ..errors import InterpError
-
-    if Path(path).exists() and not overwrite:
-        raise InterpError(f"{flag} {str(path)!r} already exists; pass --overwrite to replace it "
-                          "or choose another path")
+    check_output_file(path, flag, overwrite=overwrite, example=Path(str(path)).name or "out")
 
 
 def prepare_study_output(args: argparse.Namespace, result_name: str) -> list:
-    """Before any work: refuse to replace ``--out/<result_name>.json`` without ``--overwrite``. Returns the
-    figure files the existing result lists (empty when there is none): :func:`remove_stale_figures` removes
-    those the new result does not write again, once it is written (a failed run leaves the old result whole)."""
+    """Before any work: ``--out`` must be a writable folder, and ``--out/<result_name>.json`` is not replaced
+    without ``--overwrite``. Returns the figure files the existing result lists (empty when there is none),
+    which the new result replaces once it is complete (a failed run leaves the old result whole)."""
     import json
-    from pathlib import Path
 
-    from ..errors import InterpError
+    from .output import check_output_folder
 
+    check_output_folder(args.out)
     path = Path(args.out) / f"{result_name}.json"
     if not path.exists():
         return []
     if not getattr(args, "overwrite", False):
-        raise InterpError(f"{str(path)!r} already exists (a {result_name} result); pass --overwrite to replace it "
-                          "and the figures it lists, or choose another --out")
+        raise OutputError(f"{str(path)!r} already exists (a {result_name} result); pass --overwrite to replace it "
+                         "and the figures it lists, or choose another --out")
     try:
         return list(json.loads(path.read_text()).get("figure_files", []))  # report.save.FIGURES_KEY
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return []
 
 
-def remove_stale_figures(out_dir, result_name: str, old_figures: list) -> None:
-    """Remove the figures of a replaced result that the new ``<result_name>.json`` no longer lists."""
+REPORT_MARKER = "report.json"  # moved into place last by interp report: a folder holding it is a report
+
+
+def prepare_report_dir(out_dir, overwrite: bool) -> list:
+    """Before any work: ``out_dir`` must be a writable folder that is new, empty, or a report written before
+    (it holds ``report.json``) with ``overwrite``. Returns the files that report lists (they are replaced once
+    the new report is complete; nothing else in the folder is touched).
+
+    A non-empty folder without ``report.json`` is refused even with ``overwrite``: it is not ours to clear.
+    interp's own staging folders and lock files (left by a killed run) do not count."""
     import json
-    from pathlib import Path
 
-    path = Path(out_dir) / f"{result_name}.json"
-    try:
-        kept = set(json.loads(path.read_text()).get("figure_files", []))  # report.save.FIGURES_KEY
-    except (OSError, ValueError):
-        return
-    for name in old_figures:
-        if name not in kept:
-            (Path(out_dir) / Path(name).name).unlink(missing_ok=True)
-
-
-REPORT_MARKER = "report.json"  # written last by interp report: a folder holding it is a report
-
-
-def prepare_report_dir(out_dir, overwrite: bool) -> None:
-    """Before any work: ``out_dir`` must be new, empty, or a report written before (it holds ``report.json``)
-    with ``overwrite``; then the files that report lists (and report.json) are removed, nothing else.
-
-    A non-empty folder without ``report.json`` is refused even with ``overwrite``: it is not ours to clear."""
-    import json
-    from pathlib import Path
-
-    from ..errors import InterpError
+    from .output import check_output_folder, ours
 
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InterpError(f"--out {str(out)!r} is a file; give a folder for the report")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
+    check_output_folder(out)
+    if not out.is_dir() or not any(not ours(e.name) for e in out.iterdir()):
+        return []
     marker = out / REPORT_MARKER
     if not marker.is_file():
-        raise InterpError(f"--out {str(out)!r} is not empty and holds no {REPORT_MARKER}, so it is not a report "
-                          "folder; choose a new or empty folder")
+        raise OutputError(f"--out {str(out)!r} is not empty and holds no {REPORT_MARKER}, so it is not a report "
+                         "folder; choose a new or empty folder")
     if not overwrite:
-        raise InterpError(f"--out {str(out)!r} already holds a report; pass --overwrite to replace it "
-                          "or choose another folder")
+        raise OutputError(f"--out {str(out)!r} already holds a report; pass --overwrite to replace it "
+                         "or choose another folder")
     try:
         files = json.loads(marker.read_text()).get("files", {})
-    except (OSError, ValueError):
-        files = {}
-    names = [files.get("index", "index.html"), *files.get("results", []), *files.get("figures", [])]
-    for name in names:
-        (out / Path(str(name)).name).unlink(missing_ok=True)
-    marker.unlink()
+        return [files.get("index", "index.html"), *files.get("results", []), *files.get("figures", [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return ["index.html"]
 
 
-def record_skipped(args: argparse.Namespace, result_name: str) -> None:
+def record_skipped(out_dir, result_name: str, args: argparse.Namespace) -> None:
     """Add ``"skipped": [{"image", "reason"}]`` (unreadable images left out) and ``"weights_seed"`` (the seed of
-    --no-pretrained random weights, None for loaded weights) to the study JSON just written."""
+    --no-pretrained random weights, None for loaded weights) to the study JSON just written into ``out_dir``."""
     import json
-    from pathlib import Path
 
-    path = Path(args.out) / f"{result_name}.json"
+    path = Path(out_dir) / f"{result_name}.json"
     if path.exists() and hasattr(args, "skipped"):
         data = json.loads(path.read_text())
         data["skipped"] = args.skipped

@@ -1,51 +1,117 @@
 """``interp compare MODEL [MODEL ...] --images DIR``: the norms battery and the linear probes on several
-models, one table (the reassessment's)."""
+models, one table (the reassessment's).
+
+Per-model options take one value per MODEL, in order, ``-`` meaning "none" for that model; a single value
+applies to every model:
+
+    interp compare vit_small_patch16_224 vit_small_patch16_224 --weights trained.pth - --no-pretrained
+    interp compare vit_small_patch14_reg4_dinov2 vit_base_patch16_224 --img-size 518 -
+"""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import List, Optional
 
-from .common import add_output_args, add_overwrite_arg, refuse_existing_file, write_outputs
+from .common import (add_batch_size_arg, add_device_arg, add_output_args, add_overwrite_arg, add_seed_arg,
+                     add_strict_arg, add_threshold_arg, check_device, threshold_value, write_outputs)
+from .values import existing_path, positive_int
+
+NONE = "-"  # in a per-model list: no value for this model
 
 
 def register(sub) -> None:
     p = sub.add_parser("compare", help="compare high-norm artifacts across models (one table)",
-                       description="Run the norms study on each model over the same images; print one table.")
+                       description="Run the norms study on each model over the same images; print one table. "
+                                   "Per-model options (--weights, --img-size) take one value per model in order, "
+                                   f"'{NONE}' for none, or one value for all.")
     p.add_argument("models", nargs="+", help="timm model names (or planted_vit)")
-    p.add_argument("--images", default=None, help="image directory (default: the bundled sample photos)")
-    p.add_argument("--weights", nargs="*", default=None, help="one local weight file per model, in order")
-    p.add_argument("--no-pretrained", dest="pretrained", action="store_false", default=True)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threshold", default="auto", help="auto | pNN | a norm value")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--images", default=None, type=existing_path,
+                   help="image directory, list file or image (default: the bundled sample photos)")
+    p.add_argument("--weights", nargs="+", default=None, metavar="FILE|-",
+                   help=f"local weight file per model, in order; '{NONE}' for a model without one (it takes hub "
+                        "weights, or random ones with --no-pretrained)")
+    p.add_argument("--no-pretrained", dest="pretrained", action="store_false", default=True,
+                   help="random weights for the models without a --weights file (no download)")
+    p.add_argument("--img-size", nargs="+", default=None, metavar="SIZE|-",
+                   help=f"input size in pixels: one for all models, or one per model ('{NONE}': the model's own)")
+    add_device_arg(p)
+    add_threshold_arg(p, default="auto")
+    add_batch_size_arg(p)
+    add_seed_arg(p)
     p.add_argument("--no-probes", dest="probes", action="store_false", default=True,
                    help="skip the linear probes (position / pixels / global per token group)")
-    p.add_argument("--probe-tokens", type=int, default=2000, help="training tokens of each probe (seeded sample)")
-    p.add_argument("--strict", action="store_true", help="stop at the first unreadable image (default: skip it)")
-    p.add_argument("--out", default=None, help="write compare.json here")
+    p.add_argument("--probe-tokens", type=positive_int, default=2000,
+                   help="training tokens of each probe (seeded sample)")
+    add_strict_arg(p)
+    p.add_argument("--out", default=None, help="write compare.json into this folder")
     add_overwrite_arg(p, "an existing compare.json in --out")
     add_output_args(p)
     p.set_defaults(func=run)
 
 
+def per_model(values: Optional[List[str]], n_models: int, flag: str) -> List[Optional[str]]:
+    """One entry per model (None for ``-``) from a per-model option's values; a single value serves all."""
+    from ..errors import UsageError
+
+    if not values:
+        return [None] * n_models
+    if len(values) == 1 and n_models > 1 and values[0] != NONE and flag != "--weights":
+        values = values * n_models
+    if len(values) != n_models:
+        raise UsageError(f"{flag} takes one value per model ({n_models}), got {len(values)}; "
+                         f"use '{NONE}' for a model without one, e.g. {flag} {' '.join(['X'] + [NONE] * (n_models - 1))}")
+    return [None if v == NONE else v for v in values]
+
+
+def _check_values(args) -> tuple:
+    """Before torch: per-model lists of weights files (existing) and image sizes (positive integers)."""
+    from ..errors import UsageError
+    from .values import existing_file
+
+    weights = per_model(args.weights, len(args.models), "--weights")
+    sizes = per_model(args.img_size, len(args.models), "--img-size")
+    for flag, values, check in (("--weights", weights, existing_file), ("--img-size", sizes, positive_int)):
+        try:
+            values[:] = [None if v is None else check(v) for v in values]
+        except argparse.ArgumentTypeError as e:
+            raise UsageError(f"argument {flag}: {e}") from None
+    return weights, sizes
+
+
+def _label(name: str, weights: Optional[str], pretrained: bool) -> str:
+    if weights:
+        return f"{name} ({Path(weights).name})"
+    return name if pretrained else f"{name} (random)"
+
+
 def run(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from .output import atomic_output_dir, check_output_folder
+
+    weights, sizes = _check_values(args)
+    if args.out:
+        from .common import refuse_existing_file
+
+        check_output_folder(args.out)
+        refuse_existing_file(Path(args.out) / "compare.json", args.overwrite)
+    check_device(args.device)
     from ..api import load
-    from ..errors import InterpError
     from ..models import sample_image_paths
     from ..studies.compare import compare_models
 
-    if args.weights and len(args.weights) != len(args.models):
-        raise InterpError(f"--weights needs one file per model ({len(args.models)}), got {len(args.weights)}")
-    if args.out:
-        from pathlib import Path
-
-        refuse_existing_file(Path(args.out) / "compare.json", args.overwrite)
-    models = [load(name, pretrained=args.pretrained, device=args.device,
-                   weights=args.weights[i] if args.weights else None) for i, name in enumerate(args.models)]
-    images = args.images or sample_image_paths()
-    result = compare_models(models, images, threshold=args.threshold, batch_size=args.batch_size,
-                            progress=args.progress, probes=args.probes, probe_tokens=args.probe_tokens,
-                            strict=args.strict)
-    print(result.table())
-    if args.out:
-        write_outputs(result, args.out)
+    staged = atomic_output_dir(args.out, "compare.json", what="comparison") if args.out else contextlib.nullcontext()
+    with staged as staging:
+        models = [load(name, pretrained=args.pretrained, device=args.device, weights=w, seed=args.seed,
+                       **({"img_size": size} if size else {}))
+                  for name, w, size in zip(args.models, weights, sizes)]
+        labels = [_label(name, w, args.pretrained) for name, w in zip(args.models, weights)]
+        images = args.images or sample_image_paths()
+        result = compare_models(models, images, threshold=threshold_value(args.threshold),
+                                batch_size=args.batch_size, progress=args.progress, probes=args.probes,
+                                probe_tokens=args.probe_tokens, strict=args.strict, names=labels, seed=args.seed)
+        print(result.table())
+        if staging is not None:
+            write_outputs(result, staging)
     return 0

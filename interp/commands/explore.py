@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..console import add_output_args
 from .common import NEURONS_SYNTAX, add_model_args, model_from_args, parse_neurons, threshold_value
+from .values import existing_path, positive_int, threshold_arg
 
 
 def register(sub) -> None:
@@ -17,12 +18,12 @@ def register(sub) -> None:
                     "SelectiveCLS) that re-run the forward. Listens on 127.0.0.1 and prints the URL with its "
                     "access token. Without MODEL: the synthetic planted_vit on the bundled sample photos.")
     add_model_args(p, model_optional=True)
-    p.add_argument("--images", default=None, help="image directory, list file or image (default: bundled samples)")
+    p.add_argument("--images", default=None, type=existing_path, help="image directory, list file or image (default: bundled samples)")
     p.add_argument("--neurons", default=None, metavar="FILE|L:N,...",
                    help=f"register neurons to list: {NEURONS_SYNTAX} (default: ranked by the neurons study on start)")
-    p.add_argument("--threshold", default="auto", help="outlier threshold: a norm, pNN or auto (default)")
+    p.add_argument("--threshold", default="auto", type=threshold_arg, help="outlier threshold: a norm, pNN or auto (default)")
     p.add_argument("--detect-layer", type=int, default=None, help="block whose output decides outliers (default: last)")
-    p.add_argument("--top-k", type=int, default=10, help="register neurons ranked on start (default 10)")
+    p.add_argument("--top-k", type=positive_int, default=10, help="register neurons ranked on start (default 10)")
     p.add_argument("--head", choices=("auto", "classifier", "embedding"), default="auto",
                    help="read the output as a classifier (top-1 agreement) or an embedding (cosine); default: "
                         "decided from the model")
@@ -30,9 +31,9 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; another one exposes the model to the network)")
     p.add_argument("--no-open", action="store_true", help="do not open a browser")
-    p.add_argument("--max-images", type=int, default=64,
+    p.add_argument("--max-images", type=positive_int, default=64,
                    help="refuse more images than this (they are held in memory and re-run for each edit's readout)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=positive_int, default=16, help="images per forward pass (default 16)")
     add_output_args(p)
     p.set_defaults(func=run)
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import copy
 
-from .common import add_model_args, refuse_existing_file
+from .common import add_batch_size_arg, add_model_args, refuse_existing_file
+from .values import existing_file, existing_path, nonnegative_float
 
 
 def register(sub) -> None:
@@ -15,11 +16,11 @@ def register(sub) -> None:
                            description="Build the interventions of SPEC.json for MODEL (calibrating those that "
                                        "need it) and write them as one patch file.")
     add_model_args(e)
-    e.add_argument("--interventions", required=True, metavar="SPEC.json",
+    e.add_argument("--interventions", required=True, metavar="SPEC.json", type=existing_file,
                    help="JSON list of {\"kind\": ..., params}; see interp.interventions.spec")
     e.add_argument("--out", required=True, help="patch file to write (.safetensors)")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    e.add_argument("--calibration-images", default=None, metavar="DIR",
+    e.add_argument("--calibration-images", default=None, metavar="DIR", type=existing_path,
                    help="images for interventions that need calibration (mean ablation, AttentionBias)")
     e.add_argument("--as-weights", action="store_true",
                    help="write a plain state dict with the edits folded into the weights instead "
@@ -31,21 +32,21 @@ def register(sub) -> None:
                            description="Load MODEL as a plain timm module, apply the patch, and report the max "
                                        "absolute output difference to the hooked model with the same interventions.")
     add_model_args(a)
-    a.add_argument("patch", help="patch file (.safetensors)")
-    a.add_argument("--check-images", default=None, metavar="DIR",
+    a.add_argument("patch", type=existing_file, help="patch file (.safetensors)")
+    a.add_argument("--check-images", default=None, metavar="DIR", type=existing_path,
                    help="images to compare on (default: the bundled sample photos)")
     a.add_argument("--force", action="store_true", help="apply even if the patch was made for another model")
-    a.add_argument("--tol", type=float, default=1e-4, help="fail (exit 1) when the difference exceeds this")
+    a.add_argument("--tol", type=nonnegative_float, default=1e-4, help="fail (exit 1) when the difference exceeds this")
     _add_common(a)
     a.set_defaults(func=run_apply)
 
     s = actions.add_parser("show", help="print a patch file's spec")
-    s.add_argument("patch", help="patch file (.safetensors)")
+    s.add_argument("patch", type=existing_file, help="patch file (.safetensors)")
     s.set_defaults(func=run_show)
 
 
 def _add_common(parser) -> None:
-    parser.add_argument("--batch-size", type=int, default=16)
+    add_batch_size_arg(parser)
 
 
 def _models(args):
@@ -54,25 +55,28 @@ def _models(args):
 
     from ..hooks import HookedViT
     from ..models.loading import create_timm_vit
+    from .common import check_device, check_model_args
 
     kwargs = {}
     if args.img_size:
         kwargs["img_size"] = args.img_size
     if args.depth:
         kwargs["depth"] = args.depth
+    check_device(args.device)
     torch.manual_seed(args.seed)
     plain = create_timm_vit(args.model, pretrained=args.pretrained, weights=args.weights, device=args.device,
                             seed=args.seed, **kwargs)
     hooked = HookedViT.from_timm(copy.deepcopy(plain), name=args.model)
+    check_model_args(args, hooked)
     return plain, hooked
 
 
 def run_export(args) -> int:
+    refuse_existing_file(args.out, args.overwrite)  # before torch and the model
     from ..interventions import export as patch
     from ..interventions import interventions_from_spec
     from ..models import load_images
 
-    refuse_existing_file(args.out, args.overwrite)  # before the model is built
     _, model = _models(args)
     images = load_images(args.calibration_images, model) if args.calibration_images else None
     interventions = interventions_from_spec(args.interventions, model=model, calibration_images=images,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import (add_model_args, add_output_args, add_overwrite_arg, add_strict_arg, model_from_args,
-                     prepare_report_dir, threshold_value)
+from .common import (REPORT_MARKER, add_batch_size_arg, add_model_args, add_output_args, add_overwrite_arg,
+                     add_strict_arg, add_threshold_arg, model_from_args, prepare_report_dir, threshold_value)
+from .values import existing_path, nonnegative_int, positive_int
 
 
 def register(sub) -> None:
@@ -20,18 +21,21 @@ def register(sub) -> None:
                     "the synthetic planted_vit (planted by construction, not a trained network) on the bundled "
                     "sample photos.")
     add_model_args(p, model_optional=True)
-    p.add_argument("--images", default=None, help="image directory, list file or image (default: bundled samples)")
+    p.add_argument("--images", default=None, type=existing_path,
+                   help="image directory, list file or image (default: bundled samples)")
     p.add_argument("--out", default="report", help="output directory (default: report/)")
-    p.add_argument("--threshold", default=None,
-                   help="outlier threshold: a norm, pNN (e.g. p98) or auto (default, or the preset's)")
+    add_threshold_arg(p, help="outlier threshold: a norm value > 0, pNN (e.g. p98) or auto (default, or the "
+                              "preset's)")
     p.add_argument("--preset", default=None, help="published settings (jiang-*, darcet, reassessment); flags win")
-    p.add_argument("--detect-layer", type=int, default=None, help="block whose output decides outliers (default: last)")
+    p.add_argument("--detect-layer", type=int, default=None,
+                   help="block whose output decides outliers (default: last; negative counts from the end)")
     p.add_argument("--highest-layer", type=int, default=None,
                    help="last block scored for register neurons (default: the detection block)")
-    p.add_argument("--top-k", type=int, default=None,
+    p.add_argument("--top-k", type=positive_int, default=None,
                    help="register neurons kept (default: 10; the planted count for planted_vit)")
-    p.add_argument("--controls", type=int, default=5, help="random control neuron sets in the ablation (default 5)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--controls", type=nonnegative_int, default=5,
+                   help="random control neuron sets in the ablation (default 5)")
+    add_batch_size_arg(p)
     add_strict_arg(p)
     add_overwrite_arg(p, "a report written before into --out (its own files are removed first; a non-empty "
                          "folder that holds no report.json is never touched)")
@@ -40,23 +44,25 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..errors import InterpError
-    from ..report import SYNTHETIC_NOTE, ReportOptions, run_report
+    from ..errors import UsageError
+    from .output import atomic_output_dir
 
     threshold = None if args.threshold is None else threshold_value(args.threshold)  # fails before the model
     if args.model is None:
         if args.weights:
-            raise InterpError("--weights needs a MODEL name (the default planted_vit is built by construction)")
+            raise UsageError("--weights needs a MODEL name (the default planted_vit is built by construction)")
         args.model = "planted_vit"
-    prepare_report_dir(args.out, args.overwrite)  # before the model is built
-    model = model_from_args(args)
-    options = ReportOptions(threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
-                            highest_layer=args.highest_layer,
-                            top_k=args.top_k, n_controls=args.controls, seed=args.seed, batch_size=args.batch_size,
-                            progress_bars=args.progress)
-    # progress_requested drives the stage lines; the bars follow the terminal check (args.progress)
-    summary = run_report(model, images=args.images, out_dir=args.out, options=options,
-                         progress=args.progress_requested, strict=args.strict)
+    old_files = prepare_report_dir(args.out, args.overwrite)  # before torch and the model
+    from ..report import SYNTHETIC_NOTE, ReportOptions, run_report
+
+    with atomic_output_dir(args.out, REPORT_MARKER, replaces=old_files, what="report") as staging:
+        model = model_from_args(args)
+        options = ReportOptions(threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
+                                highest_layer=args.highest_layer, top_k=args.top_k, n_controls=args.controls,
+                                seed=args.seed, batch_size=args.batch_size, progress_bars=args.progress)
+        # progress_requested drives the stage lines; the bars follow the terminal check (args.progress)
+        summary = run_report(model, images=args.images, out_dir=staging, options=options,
+                             progress=args.progress_requested, strict=args.strict)
     index = Path(args.out) / "index.html"
     if summary["synthetic"]:
         print(f"note: {SYNTHETIC_NOTE}")

@@ -2,7 +2,9 @@
 
 The studies come from one table, :data:`interp.commands.registry.STUDIES` (name -> module with
 ``add_arguments(parser)`` and ``run(args)``, one-line help, hooks read from a cache). Before the study's own
-run, the output is checked (an existing ``<study>.json`` is not replaced without ``--overwrite``).
+run, the output is checked (an existing ``<study>.json`` is not replaced without ``--overwrite``); the study
+then writes into a staging folder that replaces the old result only once it is complete
+(:func:`interp.commands.output.atomic_output_dir`, which also locks the result against a second run).
 """
 from __future__ import annotations
 
@@ -13,13 +15,20 @@ from .registry import STUDIES, StudyCommand
 
 def _run_study(command: StudyCommand):
     def run(args) -> int:
-        from .common import prepare_study_output, record_skipped, remove_stale_figures
+        from .common import prepare_study_output, record_skipped
+        from .output import atomic_output_dir
 
-        old_figures = prepare_study_output(args, command.result_name)
+        name = command.result_name
+        old_figures = prepare_study_output(args, name)
         module = importlib.import_module(f"interp.commands.{command.module}")
-        code = getattr(module, command.run)(args)
-        record_skipped(args, command.result_name)
-        remove_stale_figures(args.out, command.result_name, old_figures)
+        out = args.out
+        with atomic_output_dir(out, f"{name}.json", replaces=old_figures, what=f"{name} result") as staging:
+            args.out = str(staging)  # the study writes its JSON and figures here; moved into `out` when complete
+            try:
+                code = getattr(module, command.run)(args)
+                record_skipped(staging, name, args)
+            finally:
+                args.out = out
         return code
 
     return run

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from ..errors import InterpError
-from .common import (NEURONS_SYNTAX, add_study_args, model_from_args, parse_neurons, source_from_args,
-                     threshold_value, write_outputs)
+from .common import (NEURONS_SYNTAX, add_study_args, add_threshold_arg, model_from_args, parse_neurons,
+                     source_from_args, threshold_value, write_outputs)
+from .values import nonnegative_int, positive_int, register_count
 
 def parse_target(text: Optional[str], grid):
     """``--target`` in the one target grammar (:func:`interp.interventions.masks.parse_target`: ``smiley``,
@@ -31,8 +32,8 @@ def parse_target(text: Optional[str], grid):
 
 # ----------------------------------------------------------------------------------------- parsers
 def _detection_args(p) -> None:
-    p.add_argument("--threshold", default=None,
-                   help="outlier norm threshold: VALUE, pNN (e.g. p98) or auto (default, or the preset's)")
+    add_threshold_arg(p, help="outlier norm threshold: a norm value > 0, pNN (e.g. p98) or auto (default, or "
+                              "the preset's)")
     p.add_argument("--preset", default=None,
                    help="published settings: jiang-openclip-b16, jiang-openai-clip-b16, jiang-dinov2-l14, "
                         "jiang-openclip-l14, darcet, reassessment (explicit flags win)")
@@ -61,7 +62,7 @@ def add_neurons_arguments(p) -> None:
     add_study_args(p)
     _detection_args(p)
     p.add_argument("--highest-layer", type=int, default=None, help="last block scored (default: the detection block)")
-    p.add_argument("--top-k", type=int, default=None, help="neurons kept (default 10, or the preset's)")
+    p.add_argument("--top-k", type=positive_int, default=None, help="neurons kept (default 10, or the preset's)")
     p.add_argument("--sparsity-filter", action="store_true", default=None,
                    help="the reference's filter: per image, a neuron scores 0 unless its activation is below "
                         "0.5 on at least half of the image's tokens (same as --sparsity per_image)")
@@ -69,7 +70,7 @@ def add_neurons_arguments(p) -> None:
                    help="sparsity filter: per_image (reference), pooled (over all images at once) or none")
     p.add_argument("--positions", choices=("all", "patches"), default=None,
                    help="outlier positions: all tokens above the threshold (default, reference) or patches only")
-    p.add_argument("--max-images", type=int, default=None,
+    p.add_argument("--max-images", type=positive_int, default=None,
                    help="score on a seeded random subset of this many images")
 
 
@@ -80,8 +81,10 @@ def add_ablate_arguments(p) -> None:
     add_study_args(p, cache_ok=False)
     _detection_args(p)
     _neurons_arg(p)
-    p.add_argument("--controls", type=int, default=5, help="random control sets (default 5)")
-    p.add_argument("--mode", choices=("zero", "mean"), default="zero")
+    p.add_argument("--controls", type=nonnegative_int, default=5,
+                   help="random control neuron sets of the same size and blocks (default 5)")
+    p.add_argument("--mode", choices=("zero", "mean"), default="zero",
+                   help="zero: set the neurons to 0 (default); mean: to their mean activation over the images")
 
 
 def add_relocate_arguments(p) -> None:
@@ -104,7 +107,7 @@ def add_registers_arguments(p) -> None:
     add_study_args(p, cache_ok=False)
     _detection_args(p)
     _neurons_arg(p)
-    p.add_argument("--n-registers", type=int, default=1, help="test-time register tokens (default 1)")
+    p.add_argument("--n-registers", type=register_count, default=1, help="test-time register tokens (default 1)")
     p.add_argument("--value", choices=("layer_max", "neuron_max"), default="layer_max",
                    help="value written into the register (default layer_max, as the reference code)")
 

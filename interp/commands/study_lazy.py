@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_study_args, model_from_args, source_from_args, write_outputs
+from .common import add_study_args, add_threshold_arg, model_from_args, source_from_args, threshold_value, write_outputs
+from .values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
+                     positive_float, positive_int)
 
 
 def _add_selective_params(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sigma", type=float, default=None, help="SelectiveCLS low-pass width (default sqrt(d))")
+    p.add_argument("--sigma", type=positive_float, default=None, help="SelectiveCLS low-pass width (default sqrt(d))")
     p.add_argument("--score", choices=("code", "paper", "contrib"), default="code",
                    help="SelectiveCLS stability score: code = x/|x_low - x| (LaSt reference code, default), "
                         "paper = x_low/(|x_low - x| + eps), contrib = x_low/(x_low - x + eps)")
-    p.add_argument("--fft", choices=("shift", "rfft"), default="shift", help="SelectiveCLS FFT variant")
-    p.add_argument("--eps", type=float, default=1e-6, help="SelectiveCLS epsilon")
+    p.add_argument("--fft", choices=("shift", "rfft"), default="shift",
+                   help="SelectiveCLS FFT variant: shift (fftshift, the reference) or rfft")
+    p.add_argument("--eps", type=positive_float, default=1e-6, help="SelectiveCLS epsilon")
 
 
 def _add_score_args(p: argparse.ArgumentParser) -> None:
@@ -29,7 +32,7 @@ def _add_score_args(p: argparse.ArgumentParser) -> None:
                         "or the SelectiveCLS vector")
     p.add_argument("--hook", default="hook_norm_final",
                    help="patch tokens: hook_norm_final (default) or blocks.{i}.hook_resid_post")
-    p.add_argument("--selective-k", type=int, default=1, help="k of the SelectiveCLS vector (--reference selective)")
+    p.add_argument("--selective-k", type=positive_int, default=1, help="k of the SelectiveCLS vector (--reference selective)")
     _add_selective_params(p)
 
 
@@ -40,14 +43,14 @@ def _add_box_filters(p: argparse.ArgumentParser, single_default: bool, max_fract
     else:
         p.add_argument("--single-object", dest="single_object", action="store_true", default=False,
                        help="keep only images with exactly one box")
-    p.add_argument("--max-box-fraction", type=float, default=max_fraction_default,
+    p.add_argument("--max-box-fraction", type=fraction, default=max_fraction_default,
                    help="drop boxes larger than this share of the original image area "
                         f"(default {max_fraction_default}; 1 keeps all)")
 
 
 def _add_bootstrap(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the PiB interval")
-    p.add_argument("--level", type=float, default=0.95, help="confidence level of the PiB interval")
+    p.add_argument("--n-boot", type=positive_int, default=1000, help="bootstrap resamples for the PiB interval")
+    p.add_argument("--level", type=open_fraction, default=0.95, help="confidence level of the PiB interval")
 
 
 def _selective(args, k: int):
@@ -111,7 +114,7 @@ def run_masking(args) -> int:
 
     model = model_from_args(args)
     source = source_from_args(args, model)
-    threshold = args.outlier_threshold
+    threshold = threshold_value(args.outlier_threshold)
     result = masking_study(source, fractions=args.fractions, fill=args.fill, blur_sigma=args.blur_sigma,
                            reference=args.reference, hook=args.hook, selective=_selective(args, args.selective_k),
                            outlier_threshold=threshold, batch_size=args.batch_size, progress=args.progress)
@@ -148,10 +151,12 @@ def add_patch_score_arguments(p) -> None:
     p.description = ("Patch Score S_p = cos(x_p, g) per image (docs/methods.md section 3).")
     add_study_args(p, cache_ok=True)
     _add_score_args(p)
-    p.add_argument("--boxes", default=None, help="box file (CSV/JSON/COCO) for foreground/background scores")
-    p.add_argument("--masks", default=None, help="directory of masks <image stem>.png (nonzero = foreground)")
+    p.add_argument("--boxes", default=None, type=existing_file,
+                   help="box file (CSV/JSON/COCO) for foreground/background scores")
+    p.add_argument("--masks", default=None, type=existing_path,
+                   help="directory of masks <image stem>.png (nonzero = foreground)")
     _add_box_filters(p, single_default=False, max_fraction_default=None)
-    p.add_argument("--n-maps", type=int, default=8, help="images drawn in score_maps.png")
+    p.add_argument("--n-maps", type=nonnegative_int, default=8, help="images drawn in score_maps.png")
 
 
 def _add_protocol_arg(p) -> None:
@@ -165,11 +170,11 @@ def add_pib_arguments(p) -> None:
     p.description = ("Point in box with a bootstrap interval (docs/methods.md section 3).")
     add_study_args(p, cache_ok=True)
     _add_score_args(p)
-    p.add_argument("--boxes", required=True, help="box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON")
+    p.add_argument("--boxes", required=True, type=existing_file, help="box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON")
     _add_box_filters(p, single_default=True, max_fraction_default=0.25)
     _add_protocol_arg(p)
     _add_bootstrap(p)
-    p.add_argument("--n-maps", type=int, default=8, help="images drawn in score_maps.png")
+    p.add_argument("--n-maps", type=nonnegative_int, default=8, help="images drawn in score_maps.png")
 
 
 def add_masking_arguments(p) -> None:
@@ -178,22 +183,22 @@ def add_masking_arguments(p) -> None:
                      "counts per masked fraction, for both orders.")
     add_study_args(p, cache_ok=False)
     _add_score_args(p)
-    p.add_argument("--fractions", type=float, nargs="+", default=[round(0.1 * i, 1) for i in range(10)],
+    p.add_argument("--fractions", type=masked_fraction, nargs="+", default=[round(0.1 * i, 1) for i in range(10)],
                    help="shares of patches to mask (default 0 0.1 ... 0.9)")
     p.add_argument("--fill", choices=("zero", "mean", "blur"), default="zero",
                    help="zero (0 in normalised space), mean (dataset mean per channel) or blur")
-    p.add_argument("--blur-sigma", type=float, default=None, help="blur sigma in pixels (default patch size / 2)")
-    p.add_argument("--outlier-threshold", default="p98",
-                   help="outlier token norm at the last block: a number, pNN (percentile of the unmasked run) "
-                        "or auto")
+    p.add_argument("--blur-sigma", type=positive_float, default=None, help="blur sigma in pixels (default patch size / 2)")
+    add_threshold_arg(p, default="p98", flag="--outlier-threshold",
+                      help="outlier token norm at the last block: a number > 0, pNN (percentile of the unmasked "
+                           "run) or auto; default p98")
 
 
 def add_selective_cls_arguments(p) -> None:
     """Arguments of ``interp study selective-cls`` (the registry adds the parser)."""
     p.description = ("The measured effect of SelectiveCLS(k) on a frozen model, one table.")
     add_study_args(p, cache_ok=False)
-    p.add_argument("--boxes", required=True, help="box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON")
-    p.add_argument("--k", type=int, nargs="+", default=[1, 7, 98], help="SelectiveCLS k values (default 1 7 98)")
+    p.add_argument("--boxes", required=True, type=existing_file, help="box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON")
+    p.add_argument("--k", type=positive_int, nargs="+", default=[1, 7, 98], help="SelectiveCLS k values (default 1 7 98)")
     _add_selective_params(p)
     p.add_argument("--reference", choices=("cls", "pooled"), default="cls", help="the baseline's global vector")
     _add_box_filters(p, single_default=True, max_fraction_default=0.25)

@@ -11,7 +11,10 @@ register), LOST and the segmentation run with and without the register and repor
 """
 from __future__ import annotations
 
-from .common import add_study_args, model_from_args, source_from_args, threshold_value, write_outputs
+from pathlib import Path
+
+from .common import add_study_args, add_threshold_arg, model_from_args, source_from_args, threshold_value, write_outputs
+from .values import existing_file, existing_path, finite_float, open_fraction, positive_int, register_count
 
 OVERLAY_IMAGES = 8  # images drawn by the LOST and segmentation figures
 
@@ -38,7 +41,7 @@ def _neurons_args(p, what: str) -> None:
     p.add_argument("--neurons", default=None,
                    help=f"register neurons (LAYER:NEURON,... or a neurons.json): also run {what} with a test-time "
                         "register fed by them, and report both")
-    p.add_argument("--n-registers", type=int, default=1, help="test-time register tokens (with --neurons)")
+    p.add_argument("--n-registers", type=register_count, default=1, help="test-time register tokens (with --neurons)")
 
 
 # ---------------------------------------------------------------------------------------------- probes
@@ -46,29 +49,57 @@ def add_probes_arguments(p) -> None:
     """Arguments of ``interp study probes`` (the registry adds the parser)."""
     p.description = ("Linear probes per token group (normal / high-norm patches, CLS, registers): position, "
                      "pixels and the image label from one token (Darcet et al. Table 1b).")
-    add_study_args(p, cache_ok=True)
+    add_study_args(p, images_with_cache="the images the cache was written from, for the pixel probe")
     p.add_argument("--hook", default=None, help="probed tokens (default blocks.{layer}.hook_resid_post)")
     p.add_argument("--layer", type=int, default=-1, help="block of the default hook (negative counts from the end)")
     p.add_argument("--tasks", nargs="+", choices=("position", "pixels", "label"),
                    default=["position", "pixels", "label"], help="probes to train (default all)")
     p.add_argument("--position-loss", choices=("ce", "ce+mse"), default="ce",
                    help="ce (Darcet) or ce+mse (the reassessment: + 0.5 x MSE of (row, col))")
-    p.add_argument("--threshold", default="auto",
-                   help="high-norm tokens: VALUE, pNN (the reassessment: p98) or auto (bimodal split; default)")
-    p.add_argument("--max-train-tokens", type=int, default=50_000, help="training tokens kept (seeded sample)")
-    p.add_argument("--max-test-tokens", type=int, default=20_000, help="test tokens kept per group")
-    p.add_argument("--test-fraction", type=float, default=0.25, help="share of images held out (split by image)")
+    add_threshold_arg(p, default="auto", help="high-norm tokens: a norm value > 0, pNN (the reassessment: p98) or "
+                                              "auto (bimodal split; default)")
+    p.add_argument("--max-train-tokens", type=positive_int, default=50_000, help="training tokens kept (seeded sample)")
+    p.add_argument("--max-test-tokens", type=positive_int, default=20_000, help="test tokens kept per group")
+    p.add_argument("--test-fraction", type=open_fraction, default=0.25,
+                   help="share of images held out (split by image)")
+
+
+def cache_images(source, images, model):
+    """The input images of a cache source, read from ``images`` (a folder or list file) in the cache's order,
+    preprocessed for ``model``: Tensor[N, 3, H, W]. Every cached image must be among them."""
+    from ..errors import UsageError
+    from ..models import list_images, load_images
+
+    given = {p.resolve(): p for p in list_images(images)}
+    wanted = [Path(i).resolve() for i in source.ids]
+    missing = [str(w) for w in wanted if w not in given]
+    if missing:
+        raise UsageError(f"--images {images!r} lacks {len(missing)} of the cache's {len(wanted)} images "
+                         f"(first: {missing[0]!r}); pass the images the cache was written from")
+    return load_images([given[w] for w in wanted], model, strict=True)
+
+
+PIXELS_FROM_CACHE = ("pixels: skipped, a cache holds no input images; add --images (the images the cache was "
+                     "written from) for the pixel probe")
 
 
 def run_probes(args) -> int:
+    from ..errors import UsageError
     from ..studies.probes import probes_study
 
+    if not args.images and not args.cache:
+        raise UsageError("give --images (a live run) or --cache (an interp cache file)")
     model = model_from_args(args)
     source = source_from_args(args, model)
+    pixels = None
+    if args.cache and args.images and "pixels" in args.tasks:
+        pixels = cache_images(source, args.images, model)
     result = probes_study(source, args.hook, layer=args.layer, tasks=args.tasks, position_loss=args.position_loss,
                           threshold=threshold_value(args.threshold), test_fraction=args.test_fraction,
                           max_train_tokens=args.max_train_tokens, max_test_tokens=args.max_test_tokens,
-                          seed=args.seed, batch_size=args.batch_size, progress=args.progress)
+                          images=pixels, seed=args.seed, batch_size=args.batch_size, progress=args.progress)
+    if not source.is_live and pixels is None:  # the library's note gives Python advice; the CLI gives its own
+        result.notes = [PIXELS_FROM_CACHE if n.startswith("pixels: skipped") else n for n in result.notes]
     for probe in ("position", "pixels", "label"):
         for group, entry in getattr(result, probe).items():
             value = entry.note if entry.score is None else f"{entry.score:.3f} (chance {entry.chance:.3f})"
@@ -85,9 +116,10 @@ def add_lost_arguments(p) -> None:
     p.description = ("LOST object discovery (Simeoni et al.) on the keys of one block: seed, mask and box per "
                      "image, CorLoc with --boxes (Darcet et al. Table 3).")
     add_study_args(p, cache_ok=True)
-    p.add_argument("--boxes", default=None, help="ground-truth boxes (CSV/JSON/COCO, original pixels) for CorLoc")
+    p.add_argument("--boxes", default=None, type=existing_file,
+                   help="ground-truth boxes (CSV/JSON/COCO, original pixels) for CorLoc")
     p.add_argument("--layer", type=int, default=-1, help="block whose keys are used (default: the last)")
-    p.add_argument("--k", type=int, default=100, help="lowest-degree patches considered at seed expansion")
+    p.add_argument("--k", type=positive_int, default=100, help="lowest-degree patches considered at seed expansion")
     _neurons_args(p, "LOST")
 
 
@@ -109,13 +141,13 @@ def add_segment_arguments(p) -> None:
     p.description = ("Coarse segmentation from Patch Score maps (score > mean + k std), Jaccard against "
                      "ground-truth masks, with and without SelectiveCLS / a test-time register (LaSt Table 6).")
     add_study_args(p, cache_ok=True)
-    p.add_argument("--masks", required=True,
+    p.add_argument("--masks", required=True, type=existing_path,
                    help="ground truth: a folder of masks <image stem>.png (nonzero = foreground) or COCO polygons")
     p.add_argument("--reference", choices=("cls", "pooled", "selective"), default="cls",
                    help="global vector of the Patch Score")
     p.add_argument("--hook", default="hook_norm_final", help="patch tokens of the Patch Score")
-    p.add_argument("--k-std", type=float, default=1.0, help="foreground = score > mean + K x std of the map")
-    p.add_argument("--selective-k", type=int, default=1,
+    p.add_argument("--k-std", type=finite_float, default=1.0, help="foreground = score > mean + K x std of the map")
+    p.add_argument("--selective-k", type=positive_int, default=1,
                    help="k of the SelectiveCLS vector (the 'selective' reference and variant)")
     p.add_argument("--no-selective", dest="with_selective", action="store_false", default=True,
                    help="skip the SelectiveCLS variant")

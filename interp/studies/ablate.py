@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from .._progress import tqdm
 
 from ..interventions import NeuronAblation
 from .forward import Baseline, forward_summary

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from tqdm.auto import tqdm
+from .._progress import tqdm
 
 from ..errors import InterpError
 from ..hooks.names import attn_k

@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from .._progress import tqdm
 
 from ..errors import InterpError
 from ..interventions.selective_cls import SelectiveCLS

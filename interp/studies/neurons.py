@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import numpy as np
-from tqdm.auto import tqdm
+from .._progress import tqdm
 
 from ..hooks.names import mlp_post, resid_post
 from .detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params

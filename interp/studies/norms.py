@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from .._progress import tqdm
 
 from ..hooks.names import RESID_STAGES as STAGES, attn_pattern, resid_post, resid_stage
 from .emergence import EmergenceAccumulator, find_emergence

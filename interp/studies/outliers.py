@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from .._progress import tqdm
 
 from ..errors import InterpError
 from ..hooks.names import resid_post

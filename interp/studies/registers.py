@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
-from tqdm.auto import tqdm
+from .._progress import tqdm
 
 from ..interventions import TestTimeRegister
 from ..hooks.names import attn_pattern, resid_post

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from .._progress import tqdm
 
 from ..errors import InterpError
 from ..interventions import Relocation, masks

@@ -217,7 +217,7 @@ def _score_maps_together(source: ActivationSource, hook: str, references: Sequen
                          batch_size: Optional[int], progress: bool) -> Dict[str, torch.Tensor]:
     """Score maps [N, h, w] for several references from one pass over the source (as
     :func:`~interp.studies.patch_score.compute_score_maps` gives them one by one)."""
-    from tqdm.auto import tqdm
+    from .._progress import tqdm
 
     hooks = list(dict.fromkeys(h for ref in references for h in needed_hooks(hook, ref)))
     check_source(source, hooks)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
-from tqdm.auto import tqdm
+from .._progress import tqdm
 
 from ..errors import InterpError
 from ..interventions.selective_cls import SelectiveCLS

@@ -1,0 +1,211 @@
+"""Where the CLI writes: output paths checked before any work, results written whole or not at all, one
+writer per result at a time.
+
+- :func:`check_output_file` / :func:`check_output_folder`: before torch is imported, refuse an output that
+  cannot be written (an existing file or folder in the way, a path under a regular file, a read-only folder).
+- :func:`atomic_output_dir`: a context manager for one result in a folder (a study's ``<study>.json`` and its
+  figures, or a whole report). It takes the result's lock (``<folder>/<marker>.lock``, the cache's
+  :class:`~interp.cache.lock.WriterLock`), yields an empty staging folder inside ``out`` to write into, and on
+  success moves the staged files into ``out`` (renames only, the marker last) and removes the old result's files
+  that were not written again. On any failure (a full disk, Ctrl-C, an error) the staging folder is removed and
+  the old result is left as it was. A staging folder left by a killed run is removed by the next run.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Dict, Iterator, Optional, Sequence
+
+from ..errors import OutputError
+
+STAGING_PREFIX = ".interp-staging-"  # staging and backup folders inside an output folder (hidden, ours)
+_SHOWN: Dict[Path, Path] = {}  # active staging folder -> the output folder it stands for (for messages)
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def ours(name: str) -> bool:
+    """Whether an entry of an output folder is interp's bookkeeping (staging folder, lock file), not a result."""
+    return name.startswith(STAGING_PREFIX) or name.endswith(".lock")
+
+
+def shown(path) -> Path:
+    """``path`` as the user should read it: a path in an active staging folder is named in its output folder."""
+    path = Path(path)
+    for staging, out in _SHOWN.items():
+        if path == staging or staging in path.parents:
+            return out / path.relative_to(staging)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ before any work
+def _nearest_existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_writable(folder: Path, flag: str, given) -> None:
+    """Create and remove a probe file in ``folder``: the one check that also sees read-only mounts as root."""
+    probe = folder / f"{STAGING_PREFIX}probe-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        if e.errno in _NOT_WRITABLE:
+            raise OutputError(f"{flag} {str(given)!r}: cannot write in {str(folder)!r} ({e.strerror}); "
+                              "choose a writable location") from None
+        if e.errno in _NO_SPACE:
+            raise OutputError(f"{flag} {str(given)!r}: no space left on the device of {str(folder)!r}; "
+                              "free some space or choose another location") from None
+        raise
+
+
+def _check_ancestor(path: Path, flag: str) -> Path:
+    """The nearest existing folder at or above ``path``; refuses a path under a regular file."""
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        raise OutputError(f"{flag} {str(path)!r} lies under {str(base)!r}, which is a file, not a folder; "
+                          "choose a path outside it")
+    return base
+
+
+def check_output_folder(path, flag: str = "--out") -> None:
+    """Before any work: ``path`` is a folder that exists or can be created, and is writable."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{flag} {str(path)!r} is a file; give a folder (it is created if missing)")
+    _check_writable(_check_ancestor(path, flag), flag, path)
+
+
+def check_output_file(path, flag: str = "--out", overwrite: bool = False, resume: bool = False,
+                      example: str = "out.h5", hint: str = "pass --overwrite to replace it or choose another path"
+                      ) -> None:
+    """Before any work: ``path`` is a file path whose folder is writable; an existing file is refused unless
+    ``overwrite`` (or ``resume``, which continues it)."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{flag} {str(path)!r} is a folder; give a file path, e.g. {str(path / example)!r}")
+    if path.exists() and not (overwrite or resume):
+        raise OutputError(f"{flag} {str(path)!r} already exists; {hint}")
+    _check_writable(_check_ancestor(path.parent, flag), flag, path)
+
+
+# ------------------------------------------------------------------------------------------ while writing
+def output_error(e: OSError, out: Path, what: str) -> Optional[OutputError]:
+    """The one-line error for an OSError met while writing ``what`` into ``out`` (None: not about the output)."""
+    name = getattr(e, "filename", None)
+    about_out = name is not None and (Path(os.path.abspath(name)) == out
+                                      or out in Path(os.path.abspath(name)).parents)
+    unchanged = f"{str(out)!r} is unchanged"
+    if e.errno in _NO_SPACE:
+        return OutputError(f"no space left on the device while writing the {what} into {str(out)!r}; "
+                           f"{unchanged}: free some space or choose another --out")
+    if e.errno in _NOT_WRITABLE and (about_out or name is None):
+        return OutputError(f"cannot write the {what} into {str(out)!r} ({e.strerror}); {unchanged}: "
+                           "choose a writable --out")
+    if e.errno == errno.ENOTDIR and about_out:
+        return OutputError(f"--out {str(out)!r} lies under a file, not a folder; choose a path outside it")
+    return None
+
+
+def _stale(out: Path, stem: str) -> Iterator[Path]:
+    pattern = re.compile(re.escape(STAGING_PREFIX + stem) + r"(-old)?-\d+")
+    for entry in out.iterdir():
+        if pattern.fullmatch(entry.name):
+            yield entry
+
+
+def _commit(staging: Path, out: Path, marker: str, replaces: Sequence[str], backup: Path) -> None:
+    """Move the staged entries into ``out`` (marker last) and drop the old result's entries not written again.
+
+    Only renames: the old entries go to ``backup`` first, so a failure puts them back."""
+    new = sorted(p.name for p in staging.iterdir())
+    order = [n for n in new if n != marker] + ([marker] if marker in new else [])
+    gone = [Path(n).name for n in replaces if Path(n).name not in new and not ours(Path(n).name)]
+    backup.mkdir()
+    moved, placed = [], []
+    try:
+        for name in [*order, *gone]:
+            if os.path.lexists(out / name):
+                os.replace(out / name, backup / name)
+                moved.append(name)
+        for name in order:
+            os.replace(staging / name, out / name)
+            placed.append(name)
+    except BaseException:
+        for name in placed:
+            os.replace(out / name, staging / name)
+        for name in moved:
+            os.replace(backup / name, out / name)
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
+
+
+@contextmanager
+def atomic_output_dir(out, marker: str, replaces: Sequence[str] = (), what: str = "result") -> Iterator[Path]:
+    """Write one result into folder ``out`` whole or not at all; yields the staging folder to write into.
+
+    Args:
+        out: the output folder (created if missing; removed again on failure when it was created and is empty).
+        marker: the result's main file (``norms.json``, ``report.json``): the lock is ``out/<marker>.lock``, and
+            the marker is moved into place last, so a folder holding it holds the whole result.
+        replaces: files of the previous result in ``out`` (its figures): removed once the new result is in place,
+            unless written again.
+        what: the result in messages ("norms result", "report").
+
+    Raises:
+        OutputError: another process holds the lock; the disk filled up or the folder became read-only.
+    """
+    from ..cache.lock import WriterLock, lock_path  # here: importing interp.cache imports torch
+    from ..errors import CacheError
+
+    out = Path(os.path.abspath(out))
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise (output_error(e, out, what) or e) from None
+    lock = WriterLock(out / marker)
+    try:
+        lock.acquire()
+    except CacheError:
+        try:
+            holder = lock_path(out / marker).read_text().strip() or "another process"
+        except OSError:
+            holder = "another process"
+        raise OutputError(f"--out {str(out)!r} is being written by another interp run ({holder}); wait for it "
+                          "to finish, or choose another --out") from None
+    except OSError as e:
+        raise (output_error(e, out, what) or e) from None
+    stem = Path(marker).stem
+    staging = out / f"{STAGING_PREFIX}{stem}-{os.getpid()}"
+    done = False
+    try:
+        for entry in _stale(out, stem):  # left by a killed run of this result (we hold its lock)
+            shutil.rmtree(entry, ignore_errors=True)
+        staging.mkdir()
+        _SHOWN[staging] = out
+        yield staging
+        _commit(staging, out, marker, replaces, out / f"{STAGING_PREFIX}{stem}-old-{os.getpid()}")
+        done = True
+    except OSError as e:
+        error = output_error(e, out, what)
+        if error is None:
+            raise
+        raise error from None
+    finally:
+        _SHOWN.pop(staging, None)
+        shutil.rmtree(staging, ignore_errors=True)
+        lock.release()
+        if created and not done:
+            try:
+                out.rmdir()  # only when empty
+            except OSError:
+                pass

@@ -1,0 +1,178 @@
+"""argparse ``type=`` checks shared by every sub-command: a bad value is refused while the command line is
+parsed, in one line, before torch is imported or a model is built.
+
+Each function takes the option's text and returns the value, or raises ``argparse.ArgumentTypeError`` with
+what was expected (argparse prefixes the option name). Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+DEVICE_SYNTAX = "cpu, cuda, cuda:N (N = GPU index, e.g. cuda:0) or mps"
+
+
+def _fail(text: str, expected: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"{expected}, got {text!r}")
+
+
+def _int(text: str, expected: str) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise _fail(text, expected) from None
+
+
+def _float(text: str, expected: str) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise _fail(text, expected) from None
+    if not math.isfinite(value):
+        raise _fail(text, expected)
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (counts and sizes: --batch-size, --top-k, --depth, ...)."""
+    value = _int(text, "expected a whole number >= 1")
+    if value < 1:
+        raise _fail(text, "expected a whole number >= 1")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """A whole number >= 0 (--controls, --seed, --n-maps)."""
+    value = _int(text, "expected a whole number >= 0")
+    if value < 0:
+        raise _fail(text, "expected a whole number >= 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (--sigma, --eps, --blur-sigma)."""
+    value = _float(text, "expected a number > 0")
+    if value <= 0:
+        raise _fail(text, "expected a number > 0")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0 (--tol)."""
+    value = _float(text, "expected a number >= 0")
+    if value < 0:
+        raise _fail(text, "expected a number >= 0")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """Any finite number (--k-std)."""
+    return _float(text, "expected a finite number")
+
+
+def fraction(text: str) -> float:
+    """A share in (0, 1] (--max-box-fraction)."""
+    value = _float(text, "expected a number in (0, 1]")
+    if not 0 < value <= 1:
+        raise _fail(text, "expected a number in (0, 1]")
+    return value
+
+
+def open_fraction(text: str) -> float:
+    """A share in (0, 1) (--test-fraction, --level)."""
+    value = _float(text, "expected a number strictly between 0 and 1")
+    if not 0 < value < 1:
+        raise _fail(text, "expected a number strictly between 0 and 1")
+    return value
+
+
+def masked_fraction(text: str) -> float:
+    """A share of patches in [0, 1) (--fractions: 0 is the unmasked run)."""
+    value = _float(text, "expected a number in [0, 1)")
+    if not 0 <= value < 1:
+        raise _fail(text, "expected a number in [0, 1)")
+    return value
+
+
+def threshold_arg(text: str) -> str:
+    """An outlier threshold: ``auto``, ``pNN`` with 0 < NN < 100, or a norm value > 0 (returned as text)."""
+    expected = "expected auto, pNN with 0 < NN < 100 (e.g. p98) or a norm value > 0"
+    t = str(text).strip().lower()
+    if t == "auto":
+        return t
+    if t.startswith("p"):
+        try:
+            q = float(t[1:])
+        except ValueError:
+            raise _fail(text, expected) from None
+        if not 0 < q < 100:
+            raise _fail(text, expected)
+        return t
+    try:
+        value = float(t)
+    except ValueError:
+        raise _fail(text, expected) from None
+    if not (math.isfinite(value) and value > 0):
+        raise _fail(text, expected)
+    return t
+
+
+def device_arg(text: str) -> str:
+    """``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (lower-cased). Whether the device exists is checked later, once
+    torch is imported, before the model is built (:func:`interp.commands.common.check_device`)."""
+    t = str(text).strip().lower()
+    if re.fullmatch(r"cpu|cuda|cuda:\d+|mps", t):
+        return t
+    hint = " (a GPU is 'cuda')" if t in ("gpu", "nvidia") or t.startswith("gpu") else ""
+    raise _fail(text, f"expected {DEVICE_SYNTAX}{hint}")
+
+
+def existing_path(text: str) -> str:
+    """A file or folder that exists (--images, --masks)."""
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist (looked in {Path.cwd()})")
+    return text
+
+
+def existing_file(text: str) -> str:
+    """A file that exists (--cache, --boxes, --weights, --interventions, a patch file)."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist (looked in {Path.cwd()})")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file")
+    return text
+
+
+def image_list_file(text: str) -> str:
+    """A readable ``.txt``/``.lst`` text file listing image paths, one a line (--image-list)."""
+    existing_file(text)
+    if not text.lower().endswith((".txt", ".lst")):
+        raise argparse.ArgumentTypeError(f"expected a .txt or .lst file with one image path per line, got {text!r}")
+    try:
+        with open(text, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: {e.strerror}") from None
+    binary = b"\0" in head
+    if not binary:
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as e:
+            binary = e.start < len(head) - 4  # a character cut at the 64 KB boundary is not binary
+    if binary:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a text file (binary bytes); give one image path per line")
+    return text
+
+
+MAX_REGISTERS = 256  # each test-time register is one more token through every block; 20000 asked for 78 GB
+
+
+def register_count(text: str) -> int:
+    """A number of test-time register tokens: 1..MAX_REGISTERS (--n-registers)."""
+    value = positive_int(text)
+    if value > MAX_REGISTERS:
+        raise _fail(text, f"expected at most {MAX_REGISTERS} test-time registers (published models use 1-16)")
+    return value
