@@ -79,10 +79,17 @@ def _check_values(args) -> tuple:
     return weights, sizes
 
 
-def _label(name: str, weights: Optional[str], pretrained: bool) -> str:
-    if weights:
-        return f"{name} ({Path(weights).name})"
-    return name if pretrained else f"{name} (random)"
+def _labels(names: List[str], weights: List[Optional[str]], pretrained: bool) -> List[str]:
+    """Row names: a model with a weights file is named with it; a name given twice says which is which."""
+    labels = []
+    for name, w in zip(names, weights):
+        if w:
+            labels.append(f"{name} ({Path(w).name})")
+        elif names.count(name) > 1:
+            labels.append(f"{name} ({'hub weights' if pretrained else 'random'})")
+        else:
+            labels.append(name)
+    return labels
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         models = [load(name, pretrained=args.pretrained, device=args.device, weights=w, seed=args.seed,
                        **({"img_size": size} if size else {}))
                   for name, w, size in zip(args.models, weights, sizes)]
-        labels = [_label(name, w, args.pretrained) for name, w in zip(args.models, weights)]
+        labels = _labels(args.models, weights, args.pretrained)
         images = args.images or sample_image_paths()
         result = compare_models(models, images, threshold=threshold_value(args.threshold),
                                 batch_size=args.batch_size, progress=args.progress, probes=args.probes,
