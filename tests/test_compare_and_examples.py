@@ -1,12 +1,14 @@
 """Cross-model comparison table, and the examples run as scripts."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import interp
 from interp.cli import main
+from interp.models import sample_image_paths
 from interp.studies.compare import COLUMNS, compare_models
 
 from conftest import make_model
@@ -14,24 +16,36 @@ from conftest import make_model
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_compare_flags_planted_model_only(photos16):
+def test_compare_flags_planted_model_only():
     result = compare_models([interp.load("planted_vit"), make_model("vit"), make_model("dinov2_reg")],
-                            photos16, progress=False, names=["planted", "vit", "dinov2_reg"], probe_tokens=600)
+                            sample_image_paths(), progress=False, names=["planted", "vit", "dinov2_reg"])
     rows = {r["model"]: r for r in result.rows}
     assert set(rows["planted"]) == set(COLUMNS)
     assert rows["planted"]["artifacts"] and rows["planted"]["emergence"] == "2 (mlp)"
     assert not rows["vit"]["artifacts"] and not rows["dinov2_reg"]["artifacts"]
     assert result.table().splitlines()[0].split() == list(COLUMNS)
+    # four photos are too few for probe scores: "-" in every probe cell, and the reason under the table
+    assert all(rows[m][c] is None for m in rows for c in ("pos_normal", "pos_high", "pix_normal", "pix_high"))
+    assert "- planted pos_normal, pos_high, pix_normal, pix_high: too few images (n=4)" in result.table()
+    assert "- vit pos_high, pix_high: empty: no high-norm patch token" in result.table()  # empty wins
+
+
+def test_compare_probe_columns_score_with_enough_images(photos16):
+    result = compare_models([interp.load("planted_vit"), make_model("vit")], photos16, progress=False,
+                            names=["planted", "vit"], probe_tokens=400, probe_options={"min_steps": 30})
+    rows = {r["model"]: r for r in result.rows}
     # the probe columns: scores on the planted model's high-norm patches; empty groups are None ("-")
     assert all(rows["planted"][c] is not None for c in ("pos_normal", "pos_high", "pix_normal", "pix_high",
                                                         "pos_chance"))
     assert rows["vit"]["pos_high"] is None and rows["vit"]["pos_normal"] is not None
-    assert rows["planted"]["glob_cls"] is None  # the sample photos carry no labels
+    assert rows["planted"]["glob_cls"] is None  # the photos carry no labels
     vit_line = next(line for line in result.table().splitlines() if line.startswith("vit "))
     assert vit_line.split()[list(COLUMNS).index("pos_high")] == "-"
     assert "- vit pos_high, pix_high: empty: no high-norm patch token" in result.table()  # why it is "-"
+    assert not any(line.startswith("- planted") for line in result.table().splitlines())
 
 
+@pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
 def test_compare_cli(tmp_path, capsys):
     assert main(["compare", "planted_vit", "vit_small_patch16_224", "--no-pretrained", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -41,20 +55,28 @@ def test_compare_cli(tmp_path, capsys):
     assert (tmp_path / "compare.json").exists()
 
 
-def run_example(name: str) -> str:
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / name)], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+def run_example(name: str, capsys, monkeypatch) -> str:
+    """Run ``examples/<name>`` as a script (``__main__``, from the repository root) in this process: the same
+    code path as ``python examples/<name>`` without a second interpreter importing torch (seconds per example);
+    the global torch RNG is restored afterwards."""
+    import runpy
+
+    import torch
+
+    path = ROOT / "examples" / name
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    with torch.random.fork_rng():
+        runpy.run_path(str(path), run_name="__main__")
+    return capsys.readouterr().out
 
 
-def test_example_nnsight_edit():
-    out = run_example("nnsight_edit.py")
+def test_example_nnsight_edit(capsys, monkeypatch):
+    out = run_example("nnsight_edit.py", capsys, monkeypatch)
     assert "nnsight edit vs hook edit, max |diff|: 0.00e+00" in out
 
 
-def test_example_artifact_tour():
-    out = run_example("artifact_tour.py")
+def test_example_artifact_tour(capsys, monkeypatch):
+    out = run_example("artifact_tour.py", capsys, monkeypatch)
     assert "artifacts found: True" in out
     assert "register neurons: [(2, 17" in out
-

@@ -177,6 +177,7 @@ print(json.dumps({"whole_hook": whole, "study": study, "quarter": quarter, "n_tr
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
+@pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
 def test_memory_stays_bounded_over_a_1000_image_cache():
     one_hook_bytes = 1000 * 197 * 64 * 4                                 # LazyReader: 197 tokens x 64 dims
     run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(Path(__file__).parent)],

@@ -53,6 +53,7 @@ def figure_texts(fig: Figure) -> str:
     return " ".join(" ".join(t.get_text() for t in fig.findobj(Text)).split())
 
 
+@pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
 def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, capsys):
     start = time.monotonic()
     assert main(["report", "--out", str(tmp_path)]) == 0
@@ -258,6 +259,7 @@ def test_report_decodes_each_image_once(tmp_path, monkeypatch):
     assert summary["files"]["figures"]  # the map figures drew the held images too
 
 
+@pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
 def test_study_neurons_on_a_model_without_artifacts_says_so(tmp_path, photo_dir):
     """A random-init ViT has no separated high-norm mode: under p98 the study still ranks neurons, but its JSON
     says artifacts_found false with a warning, and the CLI prints that warning on one line (a fresh process:
