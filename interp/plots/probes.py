@@ -36,11 +36,11 @@ def probe_bars(result) -> Figure:
     the reason (empty, too few tokens) in place of the bar for a group without a score; ``n`` under each bar.
     The y axis spans every score (a negative R^2 is drawn whole, never clipped)."""
     panels = _panels(result)
-    title = f"{result.model}: linear probes"
+    heading = f"{result.model}: linear probes"
     if not panels:
-        return message_figure(title, "no probe ran", "; ".join(result.notes) or "no task was asked for")
+        return message_figure(heading, "no probe ran", "; ".join(result.notes) or "no task was asked for")
     if result.too_few:
-        return message_figure(title, "too few images for probe scores", result.too_few)
+        return message_figure(heading, "too few images for probe scores", result.too_few)
     fig = Figure(figsize=(3.4 * len(panels), 3.2), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (probe, title, ylabel, groups) in zip(axes, panels):
