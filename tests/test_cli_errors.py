@@ -270,3 +270,16 @@ def test_compare_mixes_a_weights_file_and_a_random_model(tmp_path, capsys):
     assert "vit_tiny_patch16_224 (trained.safetensors)" in table and "vit_tiny_patch16_224 (random)" in table
     rows = json.loads((tmp_path / "c" / "compare.json").read_text())["rows"]
     assert len(rows) == 2
+
+
+def test_probes_on_a_single_image_give_the_reason_not_a_split_error():
+    """`interp report --images one.jpg` stopped at the probes ("a train/test split needs at least 2 samples");
+    one image now gets every probe's reason (too few images) and the report goes on."""
+    import interp
+    from interp.studies import open_source
+    from interp.studies.probes import probes_study
+
+    source = open_source(model=interp.load("planted_vit"), images=[IMAGE])
+    result = probes_study(source, threshold="p98", progress=False)
+    assert result.n_images == 1 and result.n_train_images == 0 and "too few images (n=1)" in result.too_few
+    assert all(s.score is None and "n=1" in s.note for s in [*result.position.values(), *result.pixels.values()])

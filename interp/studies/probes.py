@@ -362,11 +362,12 @@ def probes_study(source: ActivationSource, hook: Optional[str] = None, *, layer:
     options = {"seed": seed, **(probe_options or {})}
     n, layout, notes = len(source), source.layout, []
     high_mask, thr_value, thr_method = high_norm_mask(source, hook, outliers, detection, threshold, bs)
-    _, test_idx = split_indices(n, test_fraction=test_fraction, seed=seed)
+    # one image cannot be split: it is held out and no probe is trained (too_few_images gives the reason)
+    test_idx = split_indices(n, test_fraction=test_fraction, seed=seed)[1] if n >= 2 else list(range(n))
     is_test = torch.zeros(n, dtype=torch.bool)
     is_test[test_idx] = True
     n_train = n - len(test_idx)
-    cap_train, cap_test = math.ceil(max_train_tokens / n_train), math.ceil(max_test_tokens / len(test_idx))
+    cap_train, cap_test = math.ceil(max_train_tokens / max(n_train, 1)), math.ceil(max_test_tokens / len(test_idx))
     labels = source.labels if labels is None else labels
     labels = None if labels is None or "label" not in tasks else torch.as_tensor(list(labels)).long()
     if images is not None and tuple(images.shape[:1]) != (n,):
