@@ -66,6 +66,8 @@ def test_every_pil_mode_decodes_to_its_gradient(tmp_path, mode):
     assert abs(rgb.mean() - mean) < tol, (mode, Image.open(path).mode, rgb.mean())
     assert rgb.std() > 60  # a gradient, not a blank (white or black) image
     assert rgb[:, :4].mean() < 40 and rgb[:, -4:].mean() > 215  # dark left, bright right
+    if mode != "1":  # a gradient through the middle, not a clipped step from black to white
+        assert 90 < rgb[:, 12:20].mean() < 165 and rgb[:, 12:20].std() < 40, (mode, rgb[0, 12:20, 0])
 
 
 def test_sixteen_bit_png_is_not_blank_white(tmp_path):
