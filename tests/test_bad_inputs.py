@@ -619,3 +619,20 @@ def test_cli_study_with_a_bad_box_file(tmp_path, capsys, box_line, message):
                "--boxes", str(tmp_path / "boxes.csv"), "--out", str(tmp_path / "out"), "--no-progress"])
     assert rc != 0
     assert message in _one_error_line(capsys.readouterr().err)
+
+
+def test_cache_skips_a_decompression_bomb_and_its_reader_takes_tensor_lens_keys(tmp_path):
+    import interp.cache
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.new("RGB", (32, 32), (10, 200, 30)).save(folder / "a.png")
+    _bomb_png(folder / "bomb.png")
+    model = make_model("vit")
+    with pytest.warns(UserWarning, match="too large to decode safely"):
+        interp.cache.write(model, folder, hooks="blocks.*.hook_resid_post", path=tmp_path / "acts.h5",
+                           progress=False)
+    with interp.cache.open(tmp_path / "acts.h5") as reader:
+        assert [Path(i).name for i in reader.ids] == ["a.png"]
+        acts = reader.activation_cache([0])
+        assert torch.equal(acts["resid_post", 1], acts["blocks.1.hook_resid_post"])
