@@ -293,4 +293,4 @@ def parse_neurons(text: str) -> Dict[int, List[int]]:
     text = (text or "").strip()
     if not text:
         raise InterpError(f"--neurons is empty: give {NEURONS_SYNTAX}")
-    return neuron_set(text).neurons
+    return neuron_set(text, label="--neurons").neurons

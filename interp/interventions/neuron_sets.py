@@ -43,19 +43,20 @@ class NeuronSet:
     origin: str = "a dict"
 
 
-def parse_neuron_text(text: str) -> Dict[int, List[int]]:
-    """``"2:17,2:101,5:40"`` -> ``{2: [17, 101], 5: [40]}``. Raises InterpError on bad syntax or a repeat."""
+def parse_neuron_text(text: str, label: str = "neurons") -> Dict[int, List[int]]:
+    """``"2:17,2:101,5:40"`` -> ``{2: [17, 101], 5: [40]}``. Raises InterpError on bad syntax or a repeat
+    (``label`` names the value in the message, e.g. ``--neurons``)."""
     text = (text or "").strip()
     if not text:
-        raise InterpError(f"the neuron list is empty: give {NEURONS_SYNTAX}")
+        raise InterpError(f"{label} is empty: give {NEURONS_SYNTAX}")
     out: Dict[int, List[int]] = {}
     for item in text.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", item)
         if not m:
-            raise InterpError(f"neurons {text!r}: cannot read {item!r}; expected {NEURONS_SYNTAX}")
+            raise InterpError(f"{label} {text!r}: cannot read {item!r}; expected {NEURONS_SYNTAX}")
         layer, neuron = int(m.group(1)), int(m.group(2))
         if neuron in out.setdefault(layer, []):
-            raise InterpError(f"neurons {text!r}: neuron {layer}:{neuron} is listed twice")
+            raise InterpError(f"{label} {text!r}: neuron {layer}:{neuron} is listed twice")
         out[layer].append(neuron)
     return out
 
@@ -93,8 +94,9 @@ def read_neurons_json(path) -> NeuronSet:
     return NeuronSet(neurons, data.get("model"), data.get("fingerprint"), repr(str(path)))
 
 
-def neuron_set(spec: Any) -> NeuronSet:
-    """Any accepted form (dict, ``"L:N,..."`` text, neurons.json path, neurons result, a NeuronSet) -> NeuronSet."""
+def neuron_set(spec: Any, label: str = "neurons") -> NeuronSet:
+    """Any accepted form (dict, ``"L:N,..."`` text, neurons.json path, neurons result, a NeuronSet) -> NeuronSet
+    (``label`` names a text form in error messages, e.g. ``--neurons``)."""
     if isinstance(spec, NeuronSet):
         return spec
     if isinstance(spec, dict):
@@ -112,7 +114,7 @@ def neuron_set(spec: Any) -> NeuronSet:
             raise InterpError(f"neurons file {str(path)!r} does not exist")
         return read_neurons_json(path)
     if isinstance(spec, str):
-        return NeuronSet(parse_neuron_text(spec), origin=repr(spec))
+        return NeuronSet(parse_neuron_text(spec, label), origin=repr(spec))
     raise InterpError(f"cannot read neurons from a {type(spec).__name__}: give a dict {{layer: [neuron, ...]}}, "
                       f"a neurons.json path, a neurons study result or {NEURONS_SYNTAX}")
 
@@ -123,8 +125,8 @@ def check_ranked_on(nset: NeuronSet, model, force: bool = False, flag: str = "fo
     Raises:
         InterpError: naming both models and fingerprints, and ``flag`` to override.
     """
-    if force or not nset.fingerprint:
-        return
+    if force or not re.fullmatch(r"[0-9a-f]{16}", str(nset.fingerprint or "")):
+        return  # no fingerprint recorded ("?" from a cache without one, a hand-written file): nothing to check
     from ..models.fingerprint import weights_fingerprint
 
     mine = weights_fingerprint(model)
