@@ -171,7 +171,8 @@ def test_file_is_plain_hdf5_with_documented_layout(reg_vit, tmp_path):
     interp.cache.write(reg_vit, images(5), hooks=HOOKS, path=path, batch_size=2, compression="lzf", progress=False)
     with h5py.File(path, "r") as h5:
         attrs = dict(h5.attrs)
-        assert attrs["format_version"] == interp.cache.FORMAT_VERSION == 1
+        assert attrs["format_version"] == interp.cache.FORMAT_VERSION == 2
+        assert attrs["model_depth"] == 2 == reg_vit.n_layers
         assert attrs["n_written"] == 5 and bool(attrs["complete"]) and attrs["dtype"] == "float16"
         assert attrs["weights_fingerprint"] == interp.models.weights_fingerprint(reg_vit.timm_model)
         assert attrs["model_name"] == "vit_small_patch14_reg4_dinov2"
@@ -191,6 +192,8 @@ def test_file_is_plain_hdf5_with_documented_layout(reg_vit, tmp_path):
         assert h5["ids"].asstr()[:].tolist() == [f"tensor:{i}" for i in range(5)]
         assert h5["ids"].dtype.metadata["vlen"] is str
         assert h5["skipped/index"].shape == (0,)
+        assert h5["checksums"].shape == (5, len(json.loads(attrs["hooks"])) + 1)
+        assert h5["checksums"].dtype == np.uint32
 
 
 def test_reader_api(reg_vit, tmp_path):
@@ -323,7 +326,7 @@ def test_reader_refuses_other_format_version_and_foreign_files(vit, tmp_path):
     interp.cache.write(vit, images(1), hooks="hook_embed", path=path, progress=False)
     with h5py.File(path, "r+") as h5:
         h5.attrs["format_version"] = 99
-    with pytest.raises(CacheError, match="format version 99.*reads version 1"):
+    with pytest.raises(CacheError, match="format version 99.*reads versions 1, 2"):
         interp.cache.open(path)
     with pytest.raises(CacheError, match="format version 99"):
         interp.cache.write(vit, images(1), hooks="hook_embed", path=path, resume=True, progress=False)
@@ -333,7 +336,7 @@ def test_reader_refuses_other_format_version_and_foreign_files(vit, tmp_path):
     with pytest.raises(CacheError, match="not an interp activation cache"):
         interp.cache.open(other)
     (tmp_path / "text.h5").write_text("hello")
-    with pytest.raises(CacheError, match="cannot open"):
+    with pytest.raises(CacheError, match="cannot open.*not an HDF5 file"):
         interp.cache.open(tmp_path / "text.h5")
     with pytest.raises(CacheError, match="does not exist"):
         interp.cache.open(tmp_path / "missing.h5")
@@ -364,7 +367,7 @@ def test_cli_writes_cache_and_refuses_overwrite(vit, tmp_path, capsys):
             "--batch-size", "2", "--tokens", "patches", "--dtype", "float32"]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    assert "2/2 images written" in err and "MB in" in err
+    assert "2/2 images written" in err and "MB of activations in" in err and "file " in err
     x = interp.load_images([folder / "img002.png", folder / "img000.png"], vit)
     with interp.cache.open(out, model=vit) as cache:
         assert cache.ids == [str(tmp_path / "imgs/img002.png"), str(tmp_path / "imgs/img000.png")]

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from ..errors import CacheError
-from .format import (ACTS, IDS, INDEX, LIBVER, SKIPPED, SKIPPED_FIELDS, acts_path, check_version,
-                     decode_strings, read_attrs, write_attrs)
+from .format import (ACTS, CHECKSUMS, FORMAT_VERSION, IDS, INDEX, LIBVER, SKIPPED, SKIPPED_FIELDS, acts_path,
+                     check_version, decode_strings, read_attrs, write_attrs)
+from .integrity import check_structure, id_crcs, open_for_read, validate_meta
 from .file_writer import write_file
 from .lock import WriterLock
 from .sources import ImageSource
@@ -112,16 +113,19 @@ def write_sharded(model, source: ImageSource, hook_names: List[str], path: Path,
 def build_virtual_file(path: Path, shards: List[Path], source: ImageSource) -> None:
     """Write ``path``: ``/acts/*`` as virtual datasets over the shards' committed rows, in shard order;
     ``/ids``, ``/index`` (positions in the full image list) and ``/skipped`` as real datasets."""
-    metas, ids, index, skipped = [], [], [], [[] for _ in SKIPPED_FIELDS]
+    metas, ids, index, checksums, skipped = [], [], [], [], [[] for _ in SKIPPED_FIELDS]
     for shard in shards:
-        with h5py.File(shard, "r") as h5:
-            meta = read_attrs(h5)
-            check_version(meta, shard)
+        with open_for_read(shard) as h5:
+            meta = read_attrs(h5, shard)
+            check_version(meta, shard, versions=(FORMAT_VERSION,))
+            validate_meta(meta, shard)
+            check_structure(h5, meta, shard)
             n, start = int(meta["n_written"]), int(meta["shard"]["start"])
             meta["row_shapes"] = {h: h5[acts_path(h)].shape[1:] for h in meta["hooks"]}
             metas.append(meta)
             ids += decode_strings(h5[IDS][:n])
             index.append(h5[INDEX][:n] + start)
+            checksums.append(h5[CHECKSUMS][:n])
             n_skipped = int(meta["n_skipped"])
             skipped[0].append(h5[f"{SKIPPED}/index"][:n_skipped] + start)
             skipped[1] += decode_strings(h5[f"{SKIPPED}/path"][:n_skipped])
@@ -151,6 +155,10 @@ def build_virtual_file(path: Path, shards: List[Path], source: ImageSource) -> N
             create_index_datasets(h5)
             append_rows(h5[IDS], ids)
             append_rows(h5[INDEX], np.concatenate(index).astype(np.int64))
+            width = len(top["hooks"]) + 1
+            sums = np.concatenate(checksums).reshape(-1, width).astype(np.uint32)
+            sums[:, -1] = id_crcs(ids, h5[INDEX][:])  # shard rows record positions relative to their shard
+            h5.create_dataset(CHECKSUMS, data=sums, maxshape=(None, width), chunks=(1024, width))
             append_rows(h5[f"{SKIPPED}/index"], np.concatenate(skipped[0]).astype(np.int64))
             append_rows(h5[f"{SKIPPED}/path"], skipped[1])
             append_rows(h5[f"{SKIPPED}/reason"], skipped[2])

@@ -6,6 +6,7 @@ that copy each activation's stored form into a reused buffer (main thread), writ
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -19,10 +20,11 @@ from ..errors import CacheError
 from ..hooks.names import blocks_needed
 from .extract import BufferPool, Extractor
 from .format import FORMAT_VERSION, model_fingerprints, versions
+from .format import weights_source as format_weights_source
 from .lock import WriterLock
 from .pipeline import BackgroundWriter, Prefetcher
 from .sources import ImageSource
-from .store import BatchRows, CacheFile
+from .store import BatchRows, CacheFile, remove_stale_tmp
 
 
 @dataclass
@@ -37,12 +39,13 @@ class WriteSummary:
     mbytes: float
     seconds: float
     complete: bool
+    file_mbytes: float = 0.0  # size of the file on disk at the end (MB)
 
     def line(self) -> str:
         state = "complete" if self.complete else "INCOMPLETE (rerun with --resume)"
         return (f"interp cache: {self.path}: {self.n_written}/{self.n_images} images written "
-                f"({self.new_rows} this run), {self.n_skipped} skipped, {self.mbytes:.1f} MB in "
-                f"{self.seconds:.1f} s, {state}")
+                f"({self.new_rows} this run), {self.n_skipped} skipped, {self.mbytes:.1f} MB of activations "
+                f"in {self.seconds:.1f} s, file {self.file_mbytes:.1f} MB, {state}")
 
 
 def write_file(
@@ -60,31 +63,41 @@ def write_file(
     overwrite: bool,
     progress: bool,
     shard: Optional[dict] = None,
+    weights_source: Optional[dict] = None,
 ) -> WriteSummary:
-    """Write one cache file for all images of ``source`` (one shard's under torchrun)."""
+    """Write one cache file for all images of ``source`` (one shard's under torchrun).
+
+    The lock, the file and its temporary files live at the resolved path (``os.path.realpath``), so two
+    runs through different symlinks to one file exclude each other; messages name ``path`` as given."""
+    if path.is_dir():
+        raise CacheError(f"{str(path)!r} is a folder; give the path of the .h5 file to write")
+    target = Path(os.path.realpath(path))
     layout = model.layout_for(source.input_size)
     extractor = Extractor(hook_names, layout, tokens, norms_only, dtype)
     shapes = extractor.per_image_shapes(model, source.input_size)
-    meta = run_meta(model, source, extractor, compression, batch_size, shard)
-    with WriterLock(path):
-        if path.exists() and resume:
-            store = CacheFile.resume(path, meta, shapes)
+    meta = run_meta(model, source, extractor, compression, batch_size, shard, weights_source)
+    with WriterLock(target):
+        remove_stale_tmp(target)
+        if target.exists() and resume:
+            store = CacheFile.resume(target, meta, shapes)
             file_batch = int(store.meta["batch_size"])
             if file_batch != batch_size:
                 warnings.warn(f"resuming {str(path)!r} with its own batch size {file_batch} (not {batch_size}) "
                               "so batches line up with the interrupted run")
                 batch_size = file_batch
-        elif path.exists() and not overwrite:
+        elif target.exists() and not overwrite:
             raise CacheError(f"{str(path)!r} already exists. Pass --resume (resume=True) to continue it, "
                              "--overwrite (overwrite=True) to replace it, or delete it.")
         else:
-            store = CacheFile.create(path, meta, shapes)
-        return _stream(model, source, extractor, store, batch_size, progress)
+            # Overwriting: the old file stays until the new run is complete.
+            store = CacheFile.create(target, meta, shapes, replace_at_end=target.exists())
+        return _stream(model, source, extractor, store, batch_size, progress, str(path))
 
 
 def run_meta(model, source: ImageSource, extractor: Extractor, compression: str, batch_size: int,
-             shard: Optional[dict] = None) -> dict:
-    """The root attributes of a new cache file for this run."""
+             shard: Optional[dict] = None, weights_source: Optional[dict] = None) -> dict:
+    """The root attributes of a new cache file for this run (``weights_source``: see
+    :func:`.format.weights_source`; unknown fields when None)."""
     from ..models import data_config
 
     rows = extractor.rows
@@ -92,6 +105,8 @@ def run_meta(model, source: ImageSource, extractor: Extractor, compression: str,
         "format_version": FORMAT_VERSION,
         **versions(),
         **model_fingerprints(model),
+        "model_depth": int(model.n_layers),
+        "weights_source": weights_source or format_weights_source(),
         "data_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in data_config(model).items()},
         "input_size": list(source.input_size),
         "layout": extractor.layout.to_dict(),
@@ -113,7 +128,7 @@ def run_meta(model, source: ImageSource, extractor: Extractor, compression: str,
 
 
 def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, batch_size: int,
-            progress: bool) -> WriteSummary:
+            progress: bool, shown_path: str) -> WriteSummary:
     """Forward every remaining batch and hand it to the writer thread; close the file at the end.
 
     Kept in one piece on purpose: the order of its steps (fill buffers, submit, commit, mark complete,
@@ -126,7 +141,7 @@ def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, 
     stop_at_layer = blocks_needed(extractor.hooks)
     t0 = time.perf_counter()
     written_bytes = 0
-    bar = tqdm(total=n_images, initial=store.position, unit="img", desc=f"cache {store.path.name}",
+    bar = tqdm(total=n_images, initial=store.position, unit="img", desc=f"cache {store.final.name}",
                disable=not progress, dynamic_ncols=True, file=sys.stderr)
 
     def commit(item) -> None:
@@ -140,8 +155,9 @@ def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, 
         bar.update(consumed)
         bar.set_postfix_str(f"{written_bytes / 1e6 / max(time.perf_counter() - t0, 1e-9):.1f} MB/s")
 
-    # At most 3 buffer sets live: one being filled, one queued, one being written.
-    pool = BufferPool(store.row_shapes, extractor.np_dtype, batch_size)
+    # At most 3 buffer sets live: one being filled, one queued, one being written. A batch never holds
+    # more images than remain (--batch-size 100000 on 24 images allocates 24 rows).
+    pool = BufferPool(store.row_shapes, extractor.np_dtype, max(1, min(batch_size, n_images - store.position)))
     loader = Prefetcher(source, store.position, batch_size)
     writer = BackgroundWriter(commit, depth=1)
     finished = False
@@ -174,9 +190,9 @@ def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, 
         store.close(complete=complete)
         bar.close()
     summary = WriteSummary(
-        path=str(store.path), n_images=n_images, n_written=store.n_written, n_skipped=store.n_skipped,
+        path=shown_path, n_images=n_images, n_written=store.n_written, n_skipped=store.n_skipped,
         new_rows=store.n_written - start_rows, mbytes=written_bytes / 1e6, seconds=time.perf_counter() - t0,
-        complete=complete,
+        complete=complete, file_mbytes=os.path.getsize(store.final) / 1e6,
     )
     if progress:
         tqdm.write(summary.line(), file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The cache file format (version 1): dataset paths, attributes, token rows, and opening files to read.
+"""The cache file format (version 2; version 1 files are still read): dataset paths, attributes, token rows.
 
 Layout of one file (see docs/cache-format.md):
 
@@ -6,6 +6,8 @@ Layout of one file (see docs/cache-format.md):
     /ids                [N] UTF-8 strings       image path (or generated id) of each row
     /index              [N] int64               position of each row's image in the input list
     /skipped/index|path|reason                  images that could not be read, in input order
+    /checksums          [N, hooks + 1] uint32   CRC-32 of each row of each hook, then of its index and id
+                                                (format 2; see integrity.py)
     root attributes                             see ``ATTRIBUTES``
 
 Only the first ``n_written`` rows of every row dataset are valid; ``complete`` is True only when the
@@ -25,7 +27,8 @@ from .._version import __version__
 from ..errors import CacheError
 from ..models.layout import TokenLayout
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 2 added /checksums and the model_depth, weights_source attributes
 
 # HDF5 file-format bounds for writing: SWMR needs at least 1.10 structures, and capping at 1.10 keeps the
 # files readable by any HDF5 >= 1.10 (h5py, h5dump, other languages), whatever HDF5 wrote them.
@@ -36,6 +39,7 @@ IDS = "ids"
 INDEX = "index"
 SKIPPED = "skipped"
 SKIPPED_FIELDS = ("index", "path", "reason")
+CHECKSUMS = "checksums"
 
 TOKEN_MODES = ("all", "prefix", "patches", "cls")
 DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -44,11 +48,12 @@ COMPRESSIONS = ("none", "lzf", "gzip")
 # Root attributes, in the order they are written. JSON_ATTRIBUTES hold JSON text (lists, dicts, None).
 ATTRIBUTES = (
     "format_version", "interp_version", "timm_version", "torch_version", "h5py_version",
-    "model_name", "weights_fingerprint", "architecture_fingerprint", "data_config", "input_size", "layout",
+    "model_name", "weights_fingerprint", "architecture_fingerprint", "model_depth", "weights_source",
+    "data_config", "input_size", "layout",
     "hooks", "dtype", "tokens", "token_rows", "norms_only", "compression", "batch_size",
     "n_images", "images_sha256", "n_written", "n_skipped", "complete", "shard", "shards",
 )
-JSON_ATTRIBUTES = ("data_config", "input_size", "layout", "hooks", "token_rows", "shard", "shards")
+JSON_ATTRIBUTES = ("weights_source", "data_config", "input_size", "layout", "hooks", "token_rows", "shard", "shards")
 
 # Settings a resumed run must share with the file it continues.
 RESUME_KEYS = ("architecture_fingerprint", "weights_fingerprint", "input_size", "layout", "hooks", "dtype",
@@ -133,29 +138,50 @@ def write_attrs(h5: h5py.File, meta: dict) -> None:
         h5.attrs[key] = value
 
 
-def read_attrs(h5: h5py.File) -> dict:
-    """Root attributes as plain Python values (JSON attributes decoded)."""
+def damaged(path, why: str) -> CacheError:
+    """The one-line error for a damaged cache file (nothing was changed in it)."""
+    return CacheError(
+        f"{str(path)!r} is damaged ({why}); it was left unchanged. Move it away (or delete it) and write the "
+        "cache again without --resume (resume=False): its rows cannot be trusted.")
+
+
+def read_attrs(h5: h5py.File, path=None) -> dict:
+    """Root attributes as plain Python values (JSON attributes decoded). An attribute HDF5 cannot read or
+    JSON text that does not parse is a :class:`CacheError` naming it."""
+    path = h5.filename if path is None else path
     meta = {}
-    for key, value in h5.attrs.items():
+    try:
+        items = list(h5.attrs.items())
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError) as e:  # h5py: KeyError for a damaged header
+        raise damaged(path, f"its attributes cannot be read: {str(e).strip(chr(39))}") from None
+    for key, value in items:
         if isinstance(value, bytes):
-            value = value.decode("utf-8")
+            value = value.decode("utf-8", "replace")
         if isinstance(value, np.generic):
             value = value.item()
         if key in JSON_ATTRIBUTES and isinstance(value, str):
-            value = json.loads(value)
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise damaged(path, f"attribute {key!r} is not valid JSON: {e}") from None
         meta[key] = value
     return meta
 
 
-def check_version(meta: dict, path) -> None:
-    """Raise :class:`CacheError` unless ``meta`` is from an interp cache of this format version."""
+def check_version(meta: dict, path, versions: Sequence[int] = READABLE_VERSIONS) -> None:
+    """Raise :class:`CacheError` unless ``meta`` is from an interp cache of a format version in ``versions``."""
     if "format_version" not in meta:
         raise CacheError(f"{str(path)!r} is not an interp activation cache (no 'format_version' attribute)")
-    if int(meta["format_version"]) != FORMAT_VERSION:
+    version = meta["format_version"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise damaged(path, f"attribute 'format_version' is {version!r}, expected an integer")
+    if version not in versions:
         raise CacheError(
-            f"{str(path)!r} uses cache format version {meta['format_version']} (written by interp "
-            f"{meta.get('interp_version', '?')}); this interp ({__version__}) reads version {FORMAT_VERSION}. "
-            "Rewrite the cache with `interp cache ...`, or read it with the interp version that wrote it."
+            f"{str(path)!r} uses cache format version {version} (written by interp "
+            f"{meta.get('interp_version', '?')}); this interp ({__version__}) "
+            f"{'reads' if versions == READABLE_VERSIONS else 'resumes'} version"
+            f"{'s' if len(versions) > 1 else ''} {', '.join(map(str, versions))}. "
+            "Rewrite the cache with `interp cache ... --overwrite`, or use the interp version that wrote it."
         )
 
 
@@ -170,6 +196,39 @@ def settings_mismatch(file_meta: dict, run_meta: dict, keys: Iterable[str] = RES
             else:
                 out.append(f"{key}: file has {a!r}, this run has {b!r}")
     return out
+
+
+def weights_source(pretrained: Optional[bool] = None, weights=None, seed: Optional[int] = None) -> dict:
+    """The ``weights_source`` attribute: where the model's weights came from, as the writer knew it (any
+    field may be None: unknown). Only used to say how to load the same weights again."""
+    return {"pretrained": None if pretrained is None else bool(pretrained),
+            "weights": None if weights is None else str(weights), "seed": None if seed is None else int(seed)}
+
+
+def weights_advice(meta: dict) -> str:
+    """How to load the weights a cache was written with ('' when the file does not say)."""
+    src = meta.get("weights_source")
+    if not isinstance(src, dict):
+        return ""
+    model = meta.get("model_name", "MODEL")
+    if src.get("weights"):
+        return f"It was written with the weights file {src['weights']!r}: pass --weights {src['weights']}. "
+    if src.get("pretrained") is False:
+        seed = src.get("seed")
+        if seed is None:
+            return ("It was written with random weights (--no-pretrained) whose seed it does not record: "
+                    "rerun with --no-pretrained and the --seed used then (default 0), or --overwrite. ")
+        return f"It was written with random weights, seed {seed}: rerun with --no-pretrained --seed {seed}. "
+    if src.get("pretrained"):
+        return f"It was written with the hub weights of {model!r} (--pretrained, no --weights). "
+    return ""
+
+
+def weights_hint(file_meta: dict, run_meta: dict, problems: Sequence[str]) -> str:
+    """:func:`weights_advice` when the weights are among the differences."""
+    if any(p.startswith(("weights_fingerprint", "architecture_fingerprint")) for p in problems):
+        return weights_advice(file_meta)
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------- progress
@@ -189,24 +248,6 @@ def committed_skipped(h5: h5py.File, position: int) -> int:
     """Number of /skipped entries (input order) for images before ``position``."""
     index = h5[f"{SKIPPED}/index"][...]
     return int(np.searchsorted(index, position, side="left"))
-
-
-# ---------------------------------------------------------------------------------------------- opening
-def open_for_read(path) -> h5py.File:
-    """Open a cache file read-only; a file a writer still holds (or that a killed writer left) is opened
-    in SWMR-read mode, which HDF5 allows while the 'open for write' flag is set."""
-    path = Path(path)
-    if not path.is_file():
-        raise CacheError(f"cache file {str(path)!r} does not exist")
-    try:
-        return h5py.File(path, "r")
-    except OSError as e:
-        if "already open for write" not in str(e):
-            raise CacheError(f"cannot open {str(path)!r} as an HDF5 cache file: {e}") from e
-    try:
-        return h5py.File(path, "r", swmr=True)
-    except OSError as e:
-        raise CacheError(f"cannot open {str(path)!r} (left open by a writer): {e}") from e
 
 
 def decode_strings(values: np.ndarray) -> List[str]:

@@ -1,7 +1,8 @@
 """One writer per cache file: an advisory ``flock`` on ``<file>.lock`` holding the writer's pid.
 
 The kernel drops a ``flock`` when its process dies (even by ``kill -9``), so a lock file left by a dead
-writer never blocks a resume; the pid inside only makes the refusal message useful.
+writer never blocks a resume; the pid inside only makes the refusal message useful. The lock is taken on
+the file's resolved path, so a symlink to a file being written is refused like the file itself.
 """
 from __future__ import annotations
 
@@ -24,10 +25,17 @@ class WriterLock:
 
     def __init__(self, path: Union[str, Path]):
         self.target = Path(path)
-        self.path = lock_path(path)
+        self.path = lock_path(os.path.realpath(path))
         self._fd: Optional[int] = None
 
     def acquire(self) -> "WriterLock":
+        try:
+            return self._acquire()
+        except OSError as e:
+            raise CacheError(f"cannot write {str(self.target)!r}: its lock file {str(self.path)!r} cannot be "
+                             f"created ({e.strerror or e}); write into a folder you can write to") from None
+
+    def _acquire(self) -> "WriterLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -23,10 +23,24 @@ import torch
 from ..errors import CacheError, HookNameError, close_matches
 from ..hooks import names as hook_names_mod
 from ..models.layout import TokenLayout
-from .format import (IDS, INDEX, SKIPPED, acts_path, check_version, committed_skipped, decode_strings,
-                     model_fingerprints, open_for_read, read_attrs, resume_position)
+from . import integrity
+from .format import (CHECKSUMS, IDS, INDEX, SKIPPED, acts_path, check_version, committed_skipped, damaged,
+                     decode_strings, model_fingerprints, read_attrs, resume_position, weights_advice)
 
 RowKey = Union[int, slice, Sequence[int], np.ndarray]
+
+
+def _row_numbers(key, n: int) -> np.ndarray:
+    """Row numbers (in order, repeats kept) that a row key selects among ``n`` rows."""
+    if isinstance(key, (int, np.integer)):
+        return np.array([int(key) + (n if key < 0 else 0)])
+    if isinstance(key, slice):
+        return np.arange(*key.indices(n))
+    idx = np.asarray(key)
+    if idx.dtype == bool:
+        return np.flatnonzero(idx)
+    idx = idx.astype(np.int64).reshape(-1)
+    return np.where(idx < 0, idx + n, idx)
 
 
 def _read_rows(ds, n: int, key) -> np.ndarray:
@@ -70,12 +84,16 @@ class HookView:
     """The stored activations of one hook, read lazily: ``view[i:j]`` -> ndarray [j - i, ...].
 
     Only the file's committed rows exist (``len(view)``); ``view.shape``/``view.dtype`` describe them.
+    In a format-2 file, every read of whole rows is checked against the rows' checksums (a mismatch is a
+    :class:`CacheError` naming the row); a read of part of each row (``view[i:j, :5]``) is not.
     """
 
-    def __init__(self, dataset, n_rows: int, hook: str):
+    def __init__(self, dataset, n_rows: int, hook: str, checksums=None, path=None):
         self.dataset = dataset
         self.hook = hook
         self._n = n_rows
+        self._checksums = checksums  # callable -> uint32 [n_rows] for this hook, or None (format 1)
+        self._path = path if path is not None else dataset.file.filename
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -89,7 +107,17 @@ class HookView:
         return self._n
 
     def __getitem__(self, key) -> np.ndarray:
-        return _read_rows(self.dataset, self._n, key)
+        try:
+            values = _read_rows(self.dataset, self._n, key)
+        except integrity.H5_ERRORS as e:  # HDF5 found damaged metadata (a chunk index, a checksum) while reading
+            raise damaged(self._path, f"reading {self.hook}: {integrity.hdf5_reason(e)}") from None
+        if self._checksums is not None and not isinstance(key, tuple):
+            rows = _row_numbers(key, self._n)
+            stored = self._checksums()[rows]
+            bad = integrity.first_bad_row(stored, values.reshape(len(rows), *self.dataset.shape[1:]))
+            if bad is not None:
+                raise damaged(self._path, f"row {int(rows[bad])} of {self.hook} does not match its checksum")
+        return values
 
     def __repr__(self) -> str:
         return f"HookView({self.hook!r}, shape={self.shape}, dtype={self.dtype})"
@@ -107,23 +135,37 @@ class Reader:
         layout: the model's token layout for the cached input size.
         skipped: ``(position, path, reason)`` of each image that could not be read.
         complete: False for a file whose writer did not finish (only its committed rows are exposed).
+        model_depth: number of blocks of the model that wrote the file (see :attr:`model_depth`).
+
+    Opening checks the file's structure (attributes, dataset lengths, ``/index``; ids against their
+    checksums in format 2) and refuses a damaged file with a :class:`CacheError`; :meth:`verify` also reads
+    every row and compares it with its checksum.
     """
 
     def __init__(self, path: Union[str, Path], model=None):
         self.path = Path(path)
-        self._h5 = open_for_read(self.path)
+        self._h5 = integrity.open_for_read(self.path)
+        self._checksum_columns: Dict[str, np.ndarray] = {}
         try:
-            self.meta = read_attrs(self._h5)
+            self.meta = read_attrs(self._h5, self.path)
             check_version(self.meta, self.path)
+            integrity.validate_meta(self.meta, self.path)
             if model is not None:
                 check_model(self.meta, model, self.path)
             self._n = int(self.meta["n_written"])
             self.hooks: List[str] = list(self.meta["hooks"])
-            self.layout = TokenLayout.from_dict(self.meta["layout"])
             self.complete = bool(self.meta["complete"])
-            self.ids: List[str] = decode_strings(self._h5[IDS][:self._n])
-            self.index: np.ndarray = self._h5[INDEX][:self._n]
-            self.skipped = self._read_skipped()
+            try:
+                self.layout = TokenLayout.from_dict(self.meta["layout"])
+                integrity.check_structure(self._h5, self.meta, self.path)
+                self.ids: List[str] = decode_strings(self._h5[IDS][:self._n])
+                self.index: np.ndarray = self._h5[INDEX][:self._n]
+                integrity.check_index(self.index, int(self.meta["n_images"]), self.path)
+                if self._has_checksums:
+                    integrity.check_ids(self.path, self._h5[CHECKSUMS][:self._n], self.ids, self.index)
+                self.skipped = self._read_skipped()
+            except (*integrity.H5_ERRORS, TypeError, ValueError) as e:
+                raise damaged(self.path, integrity.hdf5_reason(e)) from None
         except BaseException:
             self._h5.close()
             raise
@@ -143,6 +185,38 @@ class Reader:
         reasons = decode_strings(self._h5[f"{SKIPPED}/reason"][:n])
         return [(int(i), p, r) for i, p, r in zip(index, paths, reasons)]
 
+    @property
+    def _has_checksums(self) -> bool:
+        return int(self.meta["format_version"]) >= 2
+
+    def _checksums_of(self, hook: str) -> np.ndarray:
+        """uint32 [n] CRC-32 of each committed row of ``hook`` (read once)."""
+        if hook not in self._checksum_columns:
+            self._checksum_columns[hook] = self._h5[CHECKSUMS][:self._n, self.hooks.index(hook)]
+        return self._checksum_columns[hook]
+
+    @property
+    def model_depth(self) -> int:
+        """Number of blocks of the model that wrote the cache (so block -1 means its last block, as live).
+
+        Format-2 files record it (``model_depth`` attribute). Format-1 files do not; for them this is the
+        number of blocks up to the deepest cached ``blocks.{i}`` hook (``i + 1``): a lower bound, equal to
+        the depth whenever the last block was cached; 0 when no block hook was cached."""
+        depth = self.meta.get("model_depth")
+        if depth is not None:
+            return int(depth)
+        blocks = [hook_names_mod.block_of(h) for h in self.hooks]
+        return max((b + 1 for b in blocks if b is not None), default=0)
+
+    def verify(self) -> None:
+        """Read every committed row and compare it with its checksum; raise :class:`CacheError` naming the
+        first damaged row. Format-1 files have no checksums: their structure is checked on open only."""
+        if self._has_checksums:
+            try:
+                integrity.verify_rows(self._h5, self.meta, self.path)
+            except integrity.H5_ERRORS as e:
+                raise damaged(self.path, integrity.hdf5_reason(e)) from None
+
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:
         return self._n
@@ -153,7 +227,8 @@ class Reader:
     def __getitem__(self, hook: str) -> HookView:
         if hook not in self.hooks:
             raise self._missing(hook)
-        return HookView(self._h5[acts_path(hook)], self._n, hook)
+        checksums = (lambda: self._checksums_of(hook)) if self._has_checksums else None
+        return HookView(self._h5[acts_path(hook)], self._n, hook, checksums, self.path)
 
     def _missing(self, name: str) -> CacheError:
         hints = close_matches(name, self.hooks)
@@ -245,7 +320,7 @@ def check_model(meta: dict, model, path) -> None:
         f"{str(path)!r} was written by model {meta.get('model_name')!r} (weights {meta.get('weights_fingerprint')}, "
         f"architecture {meta.get('architecture_fingerprint')}), but the model passed is {fp['model_name']!r} "
         f"(weights {fp['weights_fingerprint']}, architecture {fp['architecture_fingerprint']}): the {what} differ. "
-        "Open the cache with the model that wrote it, or without model=."
+        f"{weights_advice(meta)}Open the cache with the model that wrote it, or without model=."
     )
 
 

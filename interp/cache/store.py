@@ -1,15 +1,19 @@
 """The HDF5 side of writing a cache: create a file, append committed batches, resume after a crash.
 
-Crash safety rests on three rules:
+Crash safety rests on four rules:
 
 1. The file is written in HDF5 SWMR mode (HDF5 1.10 format). SWMR orders every metadata write so the
    file on disk is always a consistent HDF5 file, whenever the process is killed.
-2. Each batch is committed in two steps: write its rows (and skipped entries), flush; then bump the
-   ``n_written`` attribute, flush. Rows past ``n_written`` are never trusted.
+2. Each batch is committed in two steps: write its rows, their checksums (and skipped entries), flush;
+   then bump the ``n_written`` attribute, flush. Rows past ``n_written`` are never trusted.
 3. A new file is built under a temporary name and renamed into place once it is in SWMR mode, so the
-   final path only ever names a consistent file. A file left by a killed writer still carries HDF5's
-   "open for write" flag, which forbids reopening it for writing: resume then copies its committed rows
-   into a fresh file and renames that over it.
+   final path only ever names a consistent file. When it replaces an existing file (overwrite), the
+   rename waits until the new run is complete: a failed or killed run leaves the old file as it was.
+4. Resume first checks the file read-only (length against its superblock, attributes, dataset lengths,
+   every row against its checksum) and refuses a damaged file without touching it. A file left by a
+   killed writer still carries HDF5's "open for write" flag, which forbids reopening it for writing;
+   resume then copies its committed rows into a fresh file (after checking the free disk space) and
+   renames that over it.
 """
 from __future__ import annotations
 
@@ -17,19 +21,22 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import h5py
 import numpy as np
 
 from ..errors import CacheError
-from .format import (ACTS, IDS, INDEX, LIBVER, SKIPPED, SKIPPED_FIELDS, acts_path, check_version,
-                     committed_skipped, read_attrs, resume_position, settings_mismatch, write_attrs)
+from . import integrity
+from .format import (ACTS, CHECKSUMS, FORMAT_VERSION, IDS, INDEX, LIBVER, SKIPPED, SKIPPED_FIELDS, acts_path,
+                     check_version, committed_skipped, damaged, read_attrs, resume_position, settings_mismatch,
+                     weights_hint, write_attrs)
 
 _STR = h5py.string_dtype("utf-8")
 _ID_CHUNK = 1024
 _SKIPPED_CHUNK = 64
 _MAX_CHUNK_BYTES = 1 << 30  # HDF5 chunks must stay under 4 GiB; keep them well below
+_SPACE_MARGIN = 16 << 20  # free bytes kept beyond a batch or a copy (HDF5 metadata, the filesystem's own)
 
 
 @dataclass
@@ -59,6 +66,33 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp-{os.getpid()}")
 
 
+def remove_stale_tmp(path: Path) -> None:
+    """Delete ``<name>.tmp-<pid>`` files of ``path`` left by killed writers (call under the writer lock).
+    Names are compared exactly (no glob: ``run[1].h5`` must not match ``run1.h5.tmp-7``)."""
+    prefix = f"{path.name}.tmp-"
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return
+    for entry in entries:
+        rest = entry.name[len(prefix):]
+        if (entry.name.startswith(prefix) and rest.isdigit() and int(rest) != os.getpid()
+                and entry.is_file(follow_symlinks=False)):
+            Path(entry.path).unlink(missing_ok=True)
+
+
+def write_error(path, error: OSError, doing: str) -> CacheError:
+    """One line for an OSError while writing ``path`` (read-only folder, disk full...)."""
+    reason = integrity.hdf5_reason(error)
+    if isinstance(error, PermissionError) or "Permission denied" in reason or "Read-only" in reason:
+        fix = "write it into a folder you can write to"
+    elif getattr(error, "errno", None) in (28, 27) or "No space" in reason or "too large" in reason:
+        fix = "free disk space, then rerun with --resume"
+    else:
+        fix = "check the folder and the disk, then rerun"
+    return CacheError(f"cannot {doing} {str(path)!r} ({reason}): {fix}")
+
+
 def _compression_kwargs(compression: str) -> dict:
     if compression == "none":
         return {}
@@ -69,16 +103,25 @@ def _compression_kwargs(compression: str) -> dict:
     raise ValueError(f"compression must be none, lzf or gzip, got {compression!r}")
 
 
+def chunk_rows(meta: dict, shape: Tuple[int, ...]) -> int:
+    """Rows per chunk: one batch, but never more rows than images (HDF5 allocates whole chunks, so a
+    32-row chunk for 4 images would make the file 8x its data) nor more than 1 GiB."""
+    row_bytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(meta["dtype"]).itemsize)
+    return max(1, min(int(meta["batch_size"]), int(meta["n_images"]), _MAX_CHUNK_BYTES // row_bytes))
+
+
 def create_row_datasets(h5: h5py.File, meta: dict, shapes: Dict[str, Tuple[int, ...]]) -> None:
-    """Empty ``/acts/<hook>`` datasets [0, *shape], resizable along N, one batch per chunk."""
+    """Empty ``/acts/<hook>`` datasets [0, *shape], resizable along N, one batch per chunk, and the
+    ``/checksums`` dataset [0, hooks + 1]."""
     np_dtype = np.dtype(meta["dtype"])
     extra = _compression_kwargs(meta["compression"])
     for hook in meta["hooks"]:
         shape = tuple(shapes[hook])
-        row_bytes = max(1, int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize)
-        chunk_rows = max(1, min(int(meta["batch_size"]), _MAX_CHUNK_BYTES // row_bytes))
         h5.create_dataset(acts_path(hook), shape=(0, *shape), maxshape=(None, *shape), dtype=np_dtype,
-                          chunks=(chunk_rows, *shape), **extra)
+                          chunks=(chunk_rows(meta, shape), *shape), **extra)
+    width = len(meta["hooks"]) + 1
+    h5.create_dataset(CHECKSUMS, shape=(0, width), maxshape=(None, width), dtype=np.uint32,
+                      chunks=(_ID_CHUNK, width))
 
 
 def create_index_datasets(h5: h5py.File) -> None:
@@ -105,61 +148,75 @@ def append_rows(ds: h5py.Dataset, values) -> None:
 
 
 class CacheFile:
-    """A cache file open for writing in SWMR mode. Create with :meth:`create` or :meth:`resume`."""
+    """A cache file open for writing in SWMR mode. Create with :meth:`create` or :meth:`resume`.
 
-    def __init__(self, h5: h5py.File, path: Path, position: int):
+    ``path`` is the file being written; ``final`` is where it goes when complete (the same path, except
+    while an overwrite is pending: then ``path`` is a temporary file renamed onto ``final`` at the end)."""
+
+    def __init__(self, h5: h5py.File, path: Path, position: int, final: Optional[Path] = None):
         self.h5 = h5
         self.path = path
+        self.final = path if final is None else final
         self.meta = read_attrs(h5)
         self.n_written = int(self.meta["n_written"])
         self.position = position  # next input position to process
         self.n_skipped = int(h5[f"{SKIPPED}/index"].shape[0])
-        self.acts = {hook: h5[acts_path(hook)] for hook in self.meta["hooks"]}
+        self.hooks: List[str] = list(self.meta["hooks"])
+        self.acts = {hook: h5[acts_path(hook)] for hook in self.hooks}
         self.row_shapes = {hook: tuple(ds.shape[1:]) for hook, ds in self.acts.items()}
         self._direct_chunks = self.meta["compression"] == "none"
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def create(cls, path, meta: dict, shapes: Dict[str, Tuple[int, ...]]) -> "CacheFile":
-        """A new, empty cache at ``path`` (replacing any file there only once the new one is ready)."""
+    def create(cls, path, meta: dict, shapes: Dict[str, Tuple[int, ...]], replace_at_end: bool = False
+               ) -> "CacheFile":
+        """A new, empty cache for ``path``. It is built as a temporary file and renamed onto ``path`` once
+        it is a valid SWMR file, or (``replace_at_end``: an existing file is being overwritten) only when
+        the run completes (:meth:`close`)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = tmp_path(path)
-        h5 = h5py.File(tmp, "w", libver=LIBVER)
+        h5 = None
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            h5 = h5py.File(tmp, "w", libver=LIBVER)
             _create_layout(h5, meta, shapes)
             h5.flush()
             h5.swmr_mode = True
-            os.replace(tmp, path)
-        except BaseException:
-            h5.close()
-            tmp.unlink(missing_ok=True)
-            raise
-        return cls(h5, path, 0)
+            if not replace_at_end:
+                os.replace(tmp, path)
+        except BaseException as e:
+            raise _discard(h5, tmp, path, e, "create") from None
+        return cls(h5, tmp, 0, final=path) if replace_at_end else cls(h5, path, 0)
 
     @classmethod
     def resume(cls, path, run_meta: dict, shapes: Dict[str, Tuple[int, ...]]) -> "CacheFile":
         """Reopen ``path`` to continue it after its last committed batch.
 
         Raises:
-            CacheError: the file is not a cache of this version, or was written with other settings
-                (model, hooks, dtype, tokens, norms_only, images).
+            CacheError: the file is damaged (left unchanged), not a cache of this version, written with
+                other settings (model, hooks, dtype, tokens, norms_only, images), or held by another process.
         """
         path = Path(path)
-        for stale in path.parent.glob(f"{path.name}.tmp-*"):  # left by a writer killed while creating
-            stale.unlink(missing_ok=True)
+        old, swmr = integrity.open_read_only(path)
+        if swmr:
+            # The "open for write" flag of a writer that was killed (a live interp writer would hold the lock),
+            # or a file cut short after its last committed row: never modified in place.
+            return cls._recover(old, path, run_meta, shapes, "was left open by a writer that stopped without "
+                                "closing it" if integrity.superblock(path)[1] else "is shorter than its HDF5 "
+                                "superblock records (its writer hit a full disk?)")
+        with old:
+            cls._check(old, path, run_meta, shapes)
         try:
             h5 = h5py.File(path, "r+", libver=LIBVER)
         except OSError as e:
-            # A killed writer's "open for write" flag, or another process holding the file open (HDF5 file
-            # lock): never modify it in place; copy its committed rows into a fresh file instead.
-            killed = "already open for write" in str(e)
-            return cls._recover(path, run_meta, shapes, "was left open by a writer that stopped without closing it"
-                                if killed else "is open in another process")
+            if integrity.open_error_kind(e) != "locked":
+                raise damaged(path, integrity.hdf5_reason(e)) from None
+            # A reader holds HDF5's shared lock: never modify the file under it; continue in a fresh copy.
+            return cls._recover(integrity.open_read_only(path)[0], path, run_meta, shapes,
+                                "is open for reading in another process")
         try:
-            cls._check(h5, path, run_meta, shapes)
             n, position = cls._committed(h5)
-            for ds in list(h5[ACTS].values()) + [h5[IDS], h5[INDEX]]:
+            for ds in list(h5[ACTS].values()) + [h5[IDS], h5[INDEX], h5[CHECKSUMS]]:
                 ds.resize(n, axis=0)
             n_skipped = committed_skipped(h5, position)
             for name in SKIPPED_FIELDS:
@@ -167,26 +224,40 @@ class CacheFile:
             h5.attrs["complete"] = False
             h5.flush()
             h5.swmr_mode = True
-        except BaseException:
+        except BaseException as e:
             h5.close()
+            if isinstance(e, OSError):
+                raise write_error(path, e, "resume") from None
             raise
         return cls(h5, path, position)
 
     @staticmethod
     def _check(h5: h5py.File, path: Path, run_meta: dict, shapes: Dict[str, Tuple[int, ...]]) -> None:
-        meta = read_attrs(h5)
-        check_version(meta, path)
-        problems = settings_mismatch(meta, run_meta)
-        if not problems:
-            for hook in meta["hooks"]:
-                if tuple(h5[acts_path(hook)].shape[1:]) != tuple(shapes[hook]):
-                    problems.append(f"{hook}: file rows are {h5[acts_path(hook)].shape[1:]}, "
-                                    f"this run's are {shapes[hook]}")
-        if problems:
-            raise CacheError(
-                f"cannot resume {str(path)!r}: it was written with other settings ({'; '.join(problems)}). "
-                "Rerun with the settings it was written with, or pass --overwrite (overwrite=True) to start over."
-            )
+        """Refuse (read-only) a file that is damaged or was written with other settings."""
+        try:
+            meta = read_attrs(h5, path)
+            check_version(meta, path, versions=(FORMAT_VERSION,))
+            integrity.validate_meta(meta, path)
+            integrity.check_structure(h5, meta, path)
+            n = int(meta["n_written"])
+            index = h5[INDEX][:n]
+            integrity.check_index(index, int(meta["n_images"]), path)
+            problems = settings_mismatch(meta, run_meta)
+            if not problems:
+                for hook in meta["hooks"]:
+                    if tuple(h5[acts_path(hook)].shape[1:]) != tuple(shapes[hook]):
+                        problems.append(f"{hook}: file rows are {h5[acts_path(hook)].shape[1:]}, "
+                                        f"this run's are {shapes[hook]}")
+            if problems:
+                raise CacheError(
+                    f"cannot resume {str(path)!r}: it was written with other settings ({'; '.join(problems)}). "
+                    f"{weights_hint(meta, run_meta, problems)}"
+                    "Rerun with the settings it was written with, or pass --overwrite (overwrite=True) to start over.")
+            ids = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in h5[IDS][:n]]
+            integrity.check_ids(path, h5[CHECKSUMS][:n], ids, index)
+            integrity.verify_rows(h5, meta, path)
+        except (*integrity.H5_ERRORS, TypeError, ValueError) as e:
+            raise damaged(path, integrity.hdf5_reason(e)) from None
 
     @staticmethod
     def _committed(h5: h5py.File) -> Tuple[int, int]:
@@ -196,53 +267,68 @@ class CacheFile:
         return n, resume_position(index, n, int(h5.attrs["batch_size"]), int(h5.attrs["n_images"]))
 
     @classmethod
-    def _recover(cls, path: Path, run_meta: dict, shapes: Dict[str, Tuple[int, ...]], why: str) -> "CacheFile":
-        """Copy the committed part of ``path`` into a fresh file and rename that over it."""
+    def _recover(cls, old: h5py.File, path: Path, run_meta: dict, shapes: Dict[str, Tuple[int, ...]], why: str
+                 ) -> "CacheFile":
+        """Check the committed part of ``path`` (open read-only as ``old``, closed here), copy it into a fresh
+        file, rename that over it."""
+        tmp, new = tmp_path(path), None
         try:
-            old = h5py.File(path, "r", swmr=True)
-        except OSError as e:
-            raise CacheError(f"cannot open {str(path)!r} to resume it ({e}). If another process holds it open, "
-                             "close that; if the file is damaged, delete it and rerun without --resume.") from e
-        with old:
-            cls._check(old, path, run_meta, shapes)
-            meta = read_attrs(old)
-            n, position = cls._committed(old)
-            n_skipped = committed_skipped(old, position)
-            meta.update(n_written=n, n_skipped=n_skipped, complete=False)
-            tmp = tmp_path(path)
-            new = h5py.File(tmp, "w", libver=LIBVER)
-            try:
-                _create_layout(new, meta, {h: old[acts_path(h)].shape[1:] for h in meta["hooks"]})
-                for hook in meta["hooks"]:
+            with old:
+                cls._check(old, path, run_meta, shapes)
+                meta = read_attrs(old, path)
+                n, position = cls._committed(old)
+                n_skipped = committed_skipped(old, position)
+                hooks = meta["hooks"]
+                needed = sum(int(np.prod(old[acts_path(h)].shape[1:], dtype=np.int64)) * old[acts_path(h)].dtype.itemsize
+                             for h in hooks) * n
+                integrity.free_space_or_error(path.parent, needed + _SPACE_MARGIN, f"a copy of {n} committed rows",
+                                              "the file was left unchanged")
+                meta.update(n_written=n, n_skipped=n_skipped, complete=False)
+                new = h5py.File(tmp, "w", libver=LIBVER)
+                _create_layout(new, meta, {h: old[acts_path(h)].shape[1:] for h in hooks})
+                for hook in hooks:
                     src, dst = old[acts_path(hook)], new[acts_path(hook)]
                     dst.resize(n, axis=0)
                     step = dst.chunks[0]
                     for i in range(0, n, step):
                         dst[i:min(n, i + step)] = src[i:min(n, i + step)]
-                for name in (IDS, INDEX):
+                for name in (IDS, INDEX, CHECKSUMS):
                     append_rows(new[name], old[name][:n])
                 for name in SKIPPED_FIELDS:
                     append_rows(new[f"{SKIPPED}/{name}"], old[f"{SKIPPED}/{name}"][:n_skipped])
                 new.flush()
                 new.swmr_mode = True
-            except BaseException:
-                new.close()
-                tmp.unlink(missing_ok=True)
-                raise
-        os.replace(tmp, path)
+            os.replace(tmp, path)
+        except BaseException as e:
+            raise _discard(new, tmp, path, e, "copy the committed rows of") from None
         warnings.warn(f"{str(path)!r} {why}: copied its {n} committed rows into a fresh file; "
                       f"continuing from image {position}.")
         return cls(new, path, position)
 
     # ------------------------------------------------------------------ writing
     def append(self, batch: BatchRows) -> None:
-        """Store one batch and commit it (rows first, then the ``n_written`` bump, each flushed)."""
+        """Store one batch and commit it (rows and checksums first, then the ``n_written`` bump, each flushed).
+
+        A disk without room for the batch is refused before HDF5 writes a byte of it (HDF5 is not safe to
+        keep using after a failed write)."""
+        integrity.free_space_or_error(self.path.parent, batch.nbytes + _SPACE_MARGIN, "the next batch",
+                                      f"the {self.n_written} rows committed so far are kept; free space, then "
+                                      "rerun with --resume")
+        try:
+            self._commit(batch)
+        except (OSError, RuntimeError) as e:
+            raise write_error(self.final, e, f"write a batch (the {self.n_written} rows committed before it are "
+                                             "kept) to") from None
+
+    def _commit(self, batch: BatchRows) -> None:
         b = len(batch.ids)
         if b:
+            arrays = {hook: batch.arrays[hook][:b] for hook in self.hooks}
             for hook, ds in self.acts.items():
-                self._write_rows(ds, self.n_written, batch.arrays[hook])
+                self._write_rows(ds, self.n_written, arrays[hook])
             append_rows(self.h5[IDS], batch.ids)
             append_rows(self.h5[INDEX], np.asarray(batch.positions, dtype=np.int64))
+            append_rows(self.h5[CHECKSUMS], integrity.batch_checksums(arrays, self.hooks, batch.ids, batch.positions))
         if batch.skipped:
             for name, values in zip(SKIPPED_FIELDS, zip(*batch.skipped)):
                 append_rows(self.h5[f"{SKIPPED}/{name}"], list(values))
@@ -266,14 +352,40 @@ class CacheFile:
             ds[start:] = values
 
     def close(self, complete: bool = False) -> None:
-        """Record ``n_skipped`` (and ``complete`` for a run that processed every image) and close."""
+        """Record ``n_skipped`` (and ``complete`` for a run that processed every image) and close. A pending
+        overwrite is renamed onto the old file only when complete; otherwise it is deleted (the old file
+        stays). A failure while closing an incomplete run is not raised (the run's own error is)."""
         if not self.h5.id.valid:
             return
         try:
-            self.h5.attrs["n_skipped"] = self.n_skipped
+            try:
+                self.h5.attrs["n_skipped"] = self.n_skipped
+                if complete:
+                    self.h5.attrs["complete"] = True
+                self.h5.flush()
+            finally:
+                self.h5.close()
+        except (OSError, RuntimeError) as e:  # h5py raises RuntimeError for a flush that cannot extend the file
+            if self.path != self.final:
+                self.path.unlink(missing_ok=True)
             if complete:
-                self.h5.attrs["complete"] = True
-            self.h5.flush()
-        finally:
-            self.h5.close()
+                raise write_error(self.final, e, "finish") from None
+            return
+        if self.path != self.final:
+            if complete:
+                os.replace(self.path, self.final)
+                self.path = self.final
+            else:
+                self.path.unlink(missing_ok=True)
 
+
+def _discard(h5: Optional[h5py.File], tmp: Path, path: Path, error: BaseException, doing: str) -> BaseException:
+    """Close a half-written temporary file (ignoring HDF5's complaints), delete it, and return the error to
+    raise: one line for an OSError (read-only folder, full disk), else ``error`` itself."""
+    if h5 is not None:
+        try:
+            h5.close()
+        except Exception:  # noqa: BLE001 - the file is being thrown away; the caller raises the real error
+            pass
+    tmp.unlink(missing_ok=True)
+    return write_error(path, error, doing) if isinstance(error, (OSError, RuntimeError)) else error

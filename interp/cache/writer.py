@@ -34,6 +34,7 @@ def write(
     strict: bool = False,
     progress: bool = True,
     distributed: Optional[bool] = None,
+    weights_source: Optional[dict] = None,
 ) -> WriteSummary:
     """Cache hook activations of ``model`` over ``images`` into the HDF5 file ``path``.
 
@@ -56,13 +57,17 @@ def write(
         progress: show a tqdm bar (images/s, MB/s) and print a summary line to stderr.
         distributed: split the images over ``torch.distributed`` ranks (one shard file each, plus a
             virtual top file written by rank 0). None: when ``WORLD_SIZE`` > 1 in the environment.
+        weights_source: where the model's weights came from, recorded so that a mismatch can say how to
+            load them again: ``interp.cache.format.weights_source(pretrained=..., weights=..., seed=...)``
+            (the CLI fills it in; unknown fields are None).
 
     Returns:
         WriteSummary (this rank's shard under ``torchrun``).
 
     Raises:
         CacheError: existing file without ``resume``/``overwrite``, a file another process is writing,
-            a resume with other settings. ImageError: an unreadable image with ``strict``.
+            a resume with other settings, a damaged file to resume (left unchanged), a full disk or a
+            folder that cannot be written. ImageError: an unreadable image with ``strict``.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
@@ -75,7 +80,8 @@ def write(
     hook_names = model.resolve_hooks(hooks)
     source = image_source(images, model, strict=strict)
     options = dict(batch_size=batch_size, dtype=dtype, tokens=tokens, norms_only=norms_only,
-                   compression=compression, resume=resume, overwrite=overwrite, progress=progress)
+                   compression=compression, resume=resume, overwrite=overwrite, progress=progress,
+                   weights_source=weights_source)
 
     context = dist_mod.detect() if distributed is None else (dist_mod.detect(required=True) if distributed else None)
     if context is not None:

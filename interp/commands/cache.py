@@ -58,6 +58,7 @@ def run(args) -> int:
         if unknown:
             raise UsageError(f"--for {args.for_studies!r}: unknown study {unknown[0]!r}; known: {', '.join(STUDIES)}")
     from ..cache import write  # imports torch: after the checks above
+    from ..cache.format import weights_source
 
     model = model_from_args(args)
     hooks = list(args.hooks)
@@ -69,6 +70,10 @@ def run(args) -> int:
         model, args.images or args.image_list, hooks=hooks, path=args.out, batch_size=args.batch_size,
         dtype=args.dtype, tokens=args.tokens, norms_only=args.norms_only, compression=args.compression,
         resume=args.resume, overwrite=args.overwrite, strict=args.strict, progress=args.progress,
+        # Recorded so that a mismatch can say how to load these weights again (seed: random weights).
+        weights_source=weights_source(pretrained=args.pretrained and not args.weights, weights=args.weights,
+                                      seed=getattr(args, "seed", None) if not (args.pretrained or args.weights)
+                                      else None),
     )
     if args.progress_requested and not args.progress:  # no bar (not a terminal): the summary line still shows
         import sys

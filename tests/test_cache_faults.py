@@ -1,0 +1,444 @@
+"""Fault battery for interp.cache: damaged files (truncated, flipped bytes, bad attributes), a killed writer's
+file cut short, a full disk, a read-only folder, two writers, a reader during a writer, a failed overwrite.
+
+Every damaged cache must be refused by ``interp cache --resume`` with one ``interp: error:`` line (no
+traceback), exit status 1, the file left byte for byte as it was (never marked complete), and the reader
+must raise :class:`CacheError` for it (on open or when reading its rows)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import interp.cache
+from conftest import make_model
+from interp.cache import integrity
+from interp.cache.format import weights_source
+from interp.cache.lock import WriterLock
+from interp.cache.store import CacheFile
+from interp.errors import CacheError
+from test_cache import write_images
+
+HOOKS = ["blocks.*.hook_resid_post"]
+N_IMAGES = 12
+BATCH = 4
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A depth-2 ViT saved as a weights file, 12 small images, a complete cache and a killed writer's file."""
+    root = tmp_path_factory.mktemp("faults")
+    model = make_model("vit")
+    weights = root / "w.pth"
+    torch.save(model.timm_model.state_dict(), weights)
+    folder = write_images(root / "imgs", N_IMAGES, size=(24, 24))
+    complete = root / "complete.h5"
+    interp.cache.write(model, folder, hooks=HOOKS, path=complete, batch_size=BATCH, progress=False)
+    killed = root / "killed.h5"
+    killed_writer(weights, folder, killed, after_batches=2)
+    return {"root": root, "model": model, "weights": weights, "folder": folder, "complete": complete,
+            "killed": killed}
+
+
+def killed_writer(weights: Path, folder: Path, out: Path, after_batches: int, overwrite: bool = False) -> None:
+    """Run a writer in a child process that dies (``os._exit``, like ``kill -9``: no HDF5 close) while
+    committing batch ``after_batches + 1``, leaving ``after_batches`` committed batches."""
+    script = textwrap.dedent(f"""
+        import os, interp, interp.cache
+        from interp.cache.store import CacheFile
+        original, calls = CacheFile.append, []
+        def dying_append(self, batch):
+            calls.append(1)
+            if len(calls) > {after_batches}:
+                os._exit(9)
+            original(self, batch)
+        CacheFile.append = dying_append
+        model = interp.load("vit_small_patch16_224", pretrained=False, weights={str(weights)!r}, depth=2)
+        interp.cache.write(model, {str(folder)!r}, hooks={HOOKS!r}, path={str(out)!r}, batch_size={BATCH},
+                           progress=False, overwrite={overwrite})
+    """)
+    rc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                        stderr=subprocess.PIPE, timeout=300)
+    assert rc.returncode == 9, rc.stderr.decode()[-2000:]
+
+
+def cli(setup, out: Path, *extra: str):
+    """``interp cache`` in this process -> (exit status, stderr lines)."""
+    from interp.cli import main
+
+    argv = ["cache", "vit_small_patch16_224", "--weights", str(setup["weights"]), "--depth", "2",
+            "--images", str(setup["folder"]), "--hooks", *HOOKS, "--out", str(out), "--batch-size", str(BATCH),
+            "--no-progress", *extra]
+    return main(argv)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_refused(setup, path: Path, capsys, match: str = "") -> str:
+    """``--resume`` on ``path`` exits 1 with one error line and leaves the file unchanged; the reader refuses it."""
+    before = digest(path)
+    capsys.readouterr()
+    rc = cli(setup, path, "--resume")
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 1, err
+    assert len(lines) == 1 and lines[0].startswith("interp: error: "), err
+    assert "Traceback" not in err and match in lines[0], err
+    assert digest(path) == before, "a refused resume changed the file"
+    assert not [p for p in path.parent.iterdir() if ".tmp-" in p.name]
+    with pytest.raises(CacheError):
+        with _no_check():
+            with interp.cache.open(path) as cache:
+                for hook in cache.hooks:
+                    cache[hook][:]
+    return lines[0]
+
+
+class _no_check:
+    def __enter__(self):
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("ignore")
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        return False
+
+
+def copy_of(setup, name: str, tmp_path: Path, which: str = "complete") -> Path:
+    path = tmp_path / f"{name}.h5"
+    shutil.copyfile(setup[which], path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- truncated
+@pytest.mark.parametrize("which", ["complete", "killed"])
+@pytest.mark.parametrize("cut", ["1k", "10%", "50%", "90%", "-100k", "-1"])
+def test_truncated_cache_is_refused_never_marked_complete(setup, which, cut, tmp_path, capsys):
+    path = copy_of(setup, "cut", tmp_path, which)
+    size = path.stat().st_size
+    new_size = {"1k": 1024, "10%": size // 10, "50%": size // 2, "90%": size * 9 // 10, "-100k": size - 100_000,
+                "-1": size - 1}[cut]
+    os.truncate(path, new_size)
+    line = assert_refused(setup, path, capsys, "damaged")
+    assert "without --resume" in line
+    if which == "complete":
+        assert "truncated" in line
+
+
+def test_resume_of_a_cache_cut_to_1k_ends_quickly_in_a_fresh_process(setup, tmp_path):
+    """The SWMR read of a killed writer's file cut short used to spin in HDF5's retry loop for minutes."""
+    path = copy_of(setup, "cut", tmp_path, "killed")
+    os.truncate(path, 1024)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "interp", "cache", "vit_small_patch16_224", "--weights",
+                           str(setup["weights"]), "--depth", "2", "--images", str(setup["folder"]), "--hooks", *HOOKS,
+                           "--out", str(path), "--resume", "--no-progress"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert time.monotonic() - t0 < 120
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "is damaged" in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------- flipped bytes
+def _data_offset(path: Path, row_in_chunk: int = 1) -> int:
+    """Byte offset of row ``row_in_chunk`` of the second chunk of the first hook (raw, uncompressed data)."""
+    with integrity.open_for_read(path) as h5:
+        ds = h5["acts/blocks.1.hook_resid_post"]
+        info = ds.id.get_chunk_info(1)
+        return info.byte_offset + row_in_chunk * int(np.prod(ds.shape[1:])) * ds.dtype.itemsize + 100
+
+
+@pytest.mark.parametrize("where", ["superblock", "root header", "data", "data, killed writer", "last byte"])
+def test_flipped_bytes_are_refused(setup, where, tmp_path, capsys):
+    which = "killed" if "killed" in where else "complete"
+    path = copy_of(setup, "flip", tmp_path, which)
+    offset = {"superblock": 20, "root header": 60, "last byte": path.stat().st_size - 1}.get(where)
+    if offset is None:
+        offset = _data_offset(path)
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert_refused(setup, path, capsys, "damaged")
+
+
+# ---------------------------------------------------------------------------------------------- bad attributes
+def _edit(path: Path, fn) -> None:
+    with h5py.File(path, "r+") as h5:
+        fn(h5)
+
+
+BAD_FILES = {
+    "n_written missing": (lambda h5: h5.attrs.__delitem__("n_written"), "'n_written' is missing"),
+    "layout not JSON": (lambda h5: h5.attrs.__setitem__("layout", "{not json"), "'layout' is not valid JSON"),
+    "hooks not JSON": (lambda h5: h5.attrs.__setitem__("hooks", "[\"blocks.0"), "'hooks' is not valid JSON"),
+    "batch_size 0": (lambda h5: h5.attrs.__setitem__("batch_size", 0), "'batch_size' is 0"),
+    "n_written negative": (lambda h5: h5.attrs.__setitem__("n_written", -3), "'n_written' is -3"),
+    "n_written too large": (lambda h5: h5.attrs.__setitem__("n_written", 99), "exceeds n_images"),
+    "format_version text": (lambda h5: h5.attrs.__setitem__("format_version", "abc"), "'format_version' is 'abc'"),
+    "ids shortened": (lambda h5: h5["ids"].resize(5, axis=0), "/ids has 5 rows"),
+    "index shuffled": (lambda h5: h5["index"].__setitem__(slice(0, 2), [1, 0]), "/index is not an increasing"),
+    "ids changed": (lambda h5: h5["ids"].__setitem__(3, "elsewhere.png"), "id or index of row 3"),
+    "checksums missing": (lambda h5: h5.__delitem__("checksums"), "/checksums is missing"),
+    "a hook missing": (lambda h5: h5.__delitem__("acts/blocks.0.hook_resid_post"), "blocks.0.hook_resid_post is missing"),
+    "row values changed": (lambda h5: h5["acts/blocks.0.hook_resid_post"].__setitem__(7, 0), "row 7 of blocks.0"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_malformed_cache_is_one_clear_line_for_resume_and_reader(setup, case, tmp_path, capsys):
+    path = copy_of(setup, "bad", tmp_path)
+    edit, match = BAD_FILES[case]
+    _edit(path, edit)
+    assert_refused(setup, path, capsys, match)
+
+
+def test_other_version_and_foreign_files_are_refused(setup, tmp_path, capsys):
+    path = copy_of(setup, "v99", tmp_path)
+    _edit(path, lambda h5: h5.attrs.__setitem__("format_version", 99))
+    line = assert_refused(setup, path, capsys, "format version 99")
+    assert "--overwrite" in line
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as h5:
+        h5["x"] = np.zeros(3)
+    assert_refused(setup, other, capsys, "not an interp activation cache")
+    text = tmp_path / "text.h5"
+    text.write_text("hello " * 20)
+    assert_refused(setup, text, capsys, "not an HDF5 file")
+
+
+def test_reader_fails_on_a_shortened_ids_dataset_instead_of_using_fewer_rows(setup, tmp_path):
+    path = copy_of(setup, "ids", tmp_path)
+    _edit(path, lambda h5: h5["ids"].resize(5, axis=0))
+    with pytest.raises(CacheError, match=r"/ids has 5 rows but the file records 12 written"):
+        interp.cache.open(path)
+
+
+def test_other_model_says_how_to_load_seeded_random_weights(setup, tmp_path):
+    path = tmp_path / "random.h5"
+    model = setup["model"]
+    x = torch.randn(2, 3, 224, 224)
+    interp.cache.write(model, x, hooks="blocks.0.hook_resid_post", path=path, progress=False,
+                       weights_source=weights_source(pretrained=False, seed=3))
+    other = make_model("vit", seed=1)
+    with pytest.raises(CacheError, match=r"random weights, seed 3: rerun with --no-pretrained --seed 3"):
+        interp.cache.write(other, x, hooks="blocks.0.hook_resid_post", path=path, resume=True, progress=False)
+    with pytest.raises(CacheError, match=r"weights differ.*--no-pretrained --seed 3"):
+        interp.cache.open(path, model=other)
+    with interp.cache.open(path) as cache:
+        assert cache.meta["weights_source"] == {"pretrained": False, "weights": None, "seed": 3}
+
+
+def test_cli_records_where_the_weights_came_from(setup, tmp_path, capsys):
+    out = tmp_path / "cli.h5"
+    assert cli(setup, out) == 0
+    with interp.cache.open(out) as cache:
+        assert cache.meta["weights_source"] == {"pretrained": False, "weights": str(setup["weights"]), "seed": None}
+        assert cache.model_depth == 2
+
+
+# ---------------------------------------------------------------------------------------------- disk full
+def test_disk_full_before_a_batch_keeps_committed_rows_and_resumes(setup, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "full.h5"
+    real, calls = integrity.free_bytes, []
+
+    def filling_disk(folder):
+        calls.append(1)
+        return real(folder) if len(calls) <= 2 else 1000  # room for two batches, then the disk is full
+
+    monkeypatch.setattr(integrity, "free_bytes", filling_disk)
+    rc = cli(setup, out)
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and "not enough free disk space" in err and "8 rows committed" in err, err
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    monkeypatch.setattr(integrity, "free_bytes", real)
+    with _no_check():
+        with interp.cache.open(out) as cache:
+            assert len(cache) == 8 and not cache.complete
+    assert cli(setup, out, "--resume") == 0
+
+
+def test_write_error_from_hdf5_is_one_line_and_resumable(setup, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "enospc.h5"
+    original, calls = CacheFile._write_rows, []
+
+    def enospc(self, ds, start, values):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        original(self, ds, start, values)
+
+    monkeypatch.setattr(CacheFile, "_write_rows", enospc)
+    assert cli(setup, out) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err and "Traceback" not in err
+    monkeypatch.setattr(CacheFile, "_write_rows", original)
+    assert cli(setup, out, "--resume") == 0
+
+
+def test_recovery_copy_checks_free_space_first_and_leaves_no_temp_file(setup, tmp_path, monkeypatch, capsys):
+    path = copy_of(setup, "k", tmp_path, "killed")
+    before = digest(path)
+    monkeypatch.setattr(integrity, "free_bytes", lambda folder: 1000)
+    assert cli(setup, path, "--resume") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not enough free disk space" in err and "left unchanged" in err, err
+    assert digest(path) == before and not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    monkeypatch.undo()
+    with pytest.warns(UserWarning, match="copied its 8 committed rows"):
+        assert cli(setup, path, "--resume") == 0
+
+
+def test_real_write_failure_from_a_file_size_limit(setup, tmp_path):
+    """A child limited to 2 MB files (RLIMIT_FSIZE, SIGXFSZ ignored: writes fail with EFBIG as on a full
+    disk) gets real HDF5 write errors: one line, no crash, the committed rows readable, resume completes."""
+    out = tmp_path / "limited.h5"
+    script = textwrap.dedent(f"""
+        import resource, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2_000_000, 2_000_000))
+        from interp.cli import main
+        sys.exit(main(["cache", "vit_small_patch16_224", "--weights", {str(setup["weights"])!r}, "--depth", "2",
+                       "--images", {str(setup["folder"])!r}, "--hooks", "blocks.*.hook_resid_post", "--out", {str(out)!r},
+                       "--batch-size", "4", "--no-progress"]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("interp: error: "), proc.stderr
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    with _no_check():
+        with interp.cache.open(out) as cache:
+            n = len(cache)
+            assert 0 < n < N_IMAGES and not cache.complete
+            cache.verify()
+    summary = interp.cache.write(setup["model"], setup["folder"], hooks=HOOKS, path=out, batch_size=BATCH,
+                                 resume=True, progress=False)
+    assert summary.complete and summary.new_rows == N_IMAGES - n
+
+
+# ---------------------------------------------------------------------------------------------- folders, writers
+def test_read_only_folder_is_one_line(setup, tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+    else:  # root ignores permission bits: refuse the lock file as a read-only filesystem would
+        real_open = os.open
+
+        def read_only(path, flags, *args):
+            if str(path).startswith(str(folder)) and flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, flags, *args)
+
+        monkeypatch.setattr(os, "open", read_only)
+    try:
+        assert cli(setup, folder / "x.h5") == 1
+    finally:
+        folder.chmod(0o755)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Permission denied" in err and "folder you can write to" in err, err
+
+
+def test_second_writer_through_a_symlink_is_refused(setup, tmp_path, capsys):
+    path = copy_of(setup, "live", tmp_path)
+    link = tmp_path / "link.h5"
+    link.symlink_to(path)
+    with WriterLock(path):
+        assert cli(setup, link, "--resume") == 1
+    assert "being written by another process" in capsys.readouterr().err
+    assert link.is_symlink()
+
+
+def test_glob_characters_in_out_never_delete_other_temp_files(setup, tmp_path):
+    other = tmp_path / "run1.h5.tmp-123"
+    other.write_text("someone else's file")
+    stale = tmp_path / "run[1].h5.tmp-999999"
+    stale.write_text("left by a killed writer of run[1].h5")
+    out = tmp_path / "run[1].h5"
+    interp.cache.write(setup["model"], torch.randn(2, 3, 224, 224), hooks="hook_embed", path=out, progress=False)
+    assert other.read_text() == "someone else's file" and not stale.exists() and out.exists()
+
+
+def test_reader_during_a_writer_sees_only_verified_committed_rows(setup, tmp_path):
+    out = tmp_path / "live.h5"
+    folder = write_images(tmp_path / "many", 40, size=(24, 24))
+    proc = subprocess.Popen([sys.executable, "-m", "interp", "cache", "vit_small_patch16_224", "--weights",
+                             str(setup["weights"]), "--depth", "2", "--images", str(folder), "--hooks", *HOOKS,
+                             "--out", str(out), "--batch-size", "1", "--no-progress"], cwd=REPO,
+                            stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        while proc.poll() is None and len(seen) < 5:
+            if out.exists():
+                with _no_check():
+                    with interp.cache.open(out) as cache:
+                        cache.verify()
+                        rows = cache["blocks.1.hook_resid_post"][:]
+                        assert rows.shape[0] == len(cache) == len(cache.ids)
+                        seen.append(len(cache))
+            time.sleep(0.2)
+    finally:
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    assert seen and seen == sorted(seen)
+    with interp.cache.open(out) as cache:
+        assert cache.complete and len(cache) == 40
+        cache.verify()
+
+
+# ---------------------------------------------------------------------------------------------- overwrite
+def test_failed_overwrite_keeps_the_old_file(setup, tmp_path, monkeypatch, capsys):
+    path = copy_of(setup, "old", tmp_path)
+    before = digest(path)
+    original, calls = CacheFile.append, []
+
+    def failing(self, batch):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        original(self, batch)
+
+    monkeypatch.setattr(CacheFile, "append", failing)
+    assert cli(setup, path, "--overwrite") == 1
+    assert "No space left" in capsys.readouterr().err
+    assert digest(path) == before and not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_killed_overwrite_keeps_the_old_file_and_the_next_run_cleans_up(setup, tmp_path):
+    path = copy_of(setup, "old", tmp_path)
+    before = digest(path)
+    killed_writer(setup["weights"], setup["folder"], path, after_batches=1, overwrite=True)
+    assert digest(path) == before
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name]  # the dead writer's half file
+    with interp.cache.open(path) as cache:
+        assert cache.complete and len(cache) == N_IMAGES
+    summary = interp.cache.write(setup["model"], setup["folder"], hooks=HOOKS, path=path, batch_size=BATCH,
+                                 overwrite=True, progress=False)
+    assert summary.complete and not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+# ---------------------------------------------------------------------------------------------- the killed file
+def test_killed_writers_file_resumes_to_the_complete_file(setup, tmp_path):
+    path = copy_of(setup, "k", tmp_path, "killed")
+    with pytest.warns(UserWarning, match="copied its 8 committed rows"):
+        summary = interp.cache.write(setup["model"], setup["folder"], hooks=HOOKS, path=path, batch_size=BATCH,
+                                     resume=True, progress=False)
+    assert summary.complete and summary.new_rows == 4
+    with interp.cache.open(setup["complete"]) as a, interp.cache.open(path) as b:
+        a.verify(), b.verify()
+        np.testing.assert_array_equal(a["blocks.1.hook_resid_post"][:], b["blocks.1.hook_resid_post"][:])
+        assert a.ids == b.ids
