@@ -249,6 +249,18 @@ def test_cli_records_where_the_weights_came_from(setup, tmp_path, capsys):
     with interp.cache.open(out) as cache:
         assert cache.meta["weights_source"] == {"pretrained": False, "weights": str(setup["weights"]), "seed": None}
         assert cache.model_depth == 2
+    # Seeded random weights: a resume with another seed says which seed the file was written with.
+    from interp.cli import main
+
+    base = ["cache", "vit_small_patch16_224", "--no-pretrained", "--depth", "1", "--images", str(setup["folder"]),
+            "--hooks", "blocks.0.hook_resid_post", "--tokens", "cls", "--out", str(tmp_path / "seeded.h5"),
+            "--no-progress"]
+    assert main(base + ["--seed", "5"]) == 0
+    capsys.readouterr()
+    assert main(base + ["--seed", "6", "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rerun with --no-pretrained --seed 5" in err, err
+    assert main(base + ["--seed", "5", "--resume"]) == 0
 
 
 # ---------------------------------------------------------------------------------------------- disk full

@@ -106,7 +106,7 @@ def run_meta(model, source: ImageSource, extractor: Extractor, compression: str,
         **versions(),
         **model_fingerprints(model),
         "model_depth": int(model.n_layers),
-        "weights_source": weights_source or format_weights_source(),
+        "weights_source": weights_source or _weights_source_of(model),
         "data_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in data_config(model).items()},
         "input_size": list(source.input_size),
         "layout": extractor.layout.to_dict(),
@@ -125,6 +125,13 @@ def run_meta(model, source: ImageSource, extractor: Extractor, compression: str,
         "shard": shard,
         "shards": [],
     }
+
+
+def _weights_source_of(model) -> dict:
+    """What the model itself tells of its weights: the seed of random weights (``interp.load(...,
+    pretrained=False)`` keeps it as ``init_seed``); hub or file weights are not told apart here."""
+    seed = getattr(model, "init_seed", None)
+    return format_weights_source(pretrained=False if seed is not None else None, seed=seed)
 
 
 def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, batch_size: int,

@@ -218,7 +218,8 @@ def weights_advice(meta: dict) -> str:
         if seed is None:
             return ("It was written with random weights (--no-pretrained) whose seed it does not record: "
                     "rerun with --no-pretrained and the --seed used then (default 0), or --overwrite. ")
-        return f"It was written with random weights, seed {seed}: rerun with --no-pretrained --seed {seed}. "
+        return (f"It was written with random weights, seed {seed}: rerun with --no-pretrained --seed {seed} "
+                f"(interp.load({model!r}, pretrained=False, seed={seed})). ")
     if src.get("pretrained"):
         return f"It was written with the hub weights of {model!r} (--pretrained, no --weights). "
     return ""

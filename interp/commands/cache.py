@@ -72,8 +72,7 @@ def run(args) -> int:
         resume=args.resume, overwrite=args.overwrite, strict=args.strict, progress=args.progress,
         # Recorded so that a mismatch can say how to load these weights again (seed: random weights).
         weights_source=weights_source(pretrained=args.pretrained and not args.weights, weights=args.weights,
-                                      seed=getattr(args, "seed", None) if not (args.pretrained or args.weights)
-                                      else None),
+                                      seed=getattr(model, "init_seed", None)),
     )
     if args.progress_requested and not args.progress:  # no bar (not a terminal): the summary line still shows
         import sys
