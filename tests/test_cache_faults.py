@@ -454,3 +454,75 @@ def test_killed_writers_file_resumes_to_the_complete_file(setup, tmp_path):
         a.verify(), b.verify()
         np.testing.assert_array_equal(a["blocks.1.hook_resid_post"][:], b["blocks.1.hook_resid_post"][:])
         assert a.ids == b.ids
+
+
+# ---------------------------------------------------------------------------------------------- sizes, images
+def test_decompression_bomb_is_skipped_and_recorded_and_resume_goes_past_it(setup, tmp_path, monkeypatch):
+    from PIL import Image
+
+    folder = write_images(tmp_path / "imgs", 4, size=(24, 24))
+    Image.new("L", (256, 256)).save(folder / "img001.jpg")  # 65536 px: a "bomb" under a 30000-px limit
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 30_000)  # PIL refuses more than 2x this (the 224-px crops pass)
+    out = tmp_path / "bomb.h5"
+    with pytest.warns(UserWarning, match="img001.jpg"):
+        summary = interp.cache.write(setup["model"], folder, hooks="hook_embed", path=out, batch_size=2,
+                                     progress=False)
+    assert summary.complete and summary.n_skipped == 1 and summary.n_written == 3
+    with interp.cache.open(out) as cache:
+        assert [s[0] for s in cache.skipped] == [1] and "too large" in cache.skipped[0][2]
+    summary = interp.cache.write(setup["model"], folder, hooks="hook_embed", path=out, batch_size=2, resume=True,
+                                 progress=False)
+    assert summary.complete and summary.new_rows == 0
+
+
+def test_huge_batch_size_allocates_buffers_for_the_images_there_are(setup, tmp_path, monkeypatch):
+    from interp.cache import extract
+
+    sizes = []
+    original = extract.BufferPool.__init__
+
+    def spy(self, shapes, dtype, batch_size):
+        sizes.append(batch_size)
+        original(self, shapes, dtype, batch_size)
+
+    monkeypatch.setattr(extract.BufferPool, "__init__", spy)
+    import interp.cache.file_writer as fw
+
+    monkeypatch.setattr(fw, "BufferPool", extract.BufferPool)
+    out = tmp_path / "big.h5"
+    summary = interp.cache.write(setup["model"], setup["folder"], hooks=HOOKS, path=out, batch_size=100_000,
+                                 progress=False)
+    assert summary.complete and sizes == [N_IMAGES]
+    with h5py.File(out, "r") as h5:
+        assert h5["acts/blocks.0.hook_resid_post"].chunks[0] == N_IMAGES
+
+
+def test_small_cache_is_not_larger_than_its_data_and_the_real_size_is_reported(setup, tmp_path, capsys):
+    out = tmp_path / "small.h5"
+    from interp.cli import main
+
+    argv = ["cache", "vit_small_patch16_224", "--weights", str(setup["weights"]), "--depth", "2", "--images",
+            str(setup["folder"]), "--hooks", *HOOKS, "--out", str(out), "--batch-size", "32"]
+    assert main(argv) == 0  # stderr is no terminal: no bar, the summary line only
+    data_bytes = N_IMAGES * 2 * 197 * 384 * 2  # 12 images, 2 hooks, [197, 384] float16
+    size = out.stat().st_size
+    assert size < 1.1 * data_bytes, (size, data_bytes)  # 32-row chunks for 12 images made it 2.7x
+    err = capsys.readouterr().err
+    assert f"file {size / 1e6:.1f} MB" in err and f"{data_bytes / 1e6:.1f} MB of activations" in err, err
+
+
+def test_model_depth_is_recorded_and_derived_for_format_1_files(setup, tmp_path):
+    out = tmp_path / "depth.h5"
+    interp.cache.write(setup["model"], torch.randn(2, 3, 224, 224), hooks="blocks.0.hook_resid_post", path=out,
+                       progress=False)
+    with interp.cache.open(out) as cache:
+        assert cache.model_depth == 2  # the model's depth, though only block 0 was cached
+    with h5py.File(out, "r+") as h5:  # what a format-1 writer left
+        h5.attrs["format_version"] = 1
+        del h5.attrs["model_depth"], h5.attrs["weights_source"], h5["checksums"]
+    with interp.cache.open(out) as cache:
+        assert cache.model_depth == 1 and len(cache) == 2  # lower bound: blocks up to the deepest cached hook
+        cache.verify()  # no checksums in format 1: nothing to compare, no error
+    with pytest.raises(CacheError, match="format version 1.*resumes version 2.*--overwrite"):
+        interp.cache.write(setup["model"], torch.randn(2, 3, 224, 224), hooks="blocks.0.hook_resid_post", path=out,
+                           resume=True, progress=False)
