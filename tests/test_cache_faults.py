@@ -360,10 +360,14 @@ def test_read_only_folder_is_one_line(setup, tmp_path, monkeypatch, capsys):
         monkeypatch.setattr(os, "open", read_only)
     try:
         assert cli(setup, folder / "x.h5") == 1
+        with pytest.raises(CacheError, match=r"Permission denied.*folder you can write to"):  # the API's own check
+            interp.cache.write(setup["model"], torch.randn(1, 3, 224, 224), hooks="hook_embed", path=folder / "y.h5",
+                               progress=False)
     finally:
         folder.chmod(0o755)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Permission denied" in err and "folder you can write to" in err, err
+    assert err.count("\n") == 1 and "Permission denied" in err and "Traceback" not in err, err
+    assert not list(folder.iterdir())
 
 
 def test_second_writer_through_a_symlink_is_refused(setup, tmp_path, capsys):

@@ -24,7 +24,7 @@ from .format import weights_source as format_weights_source
 from .lock import WriterLock
 from .pipeline import BackgroundWriter, Prefetcher
 from .sources import ImageSource
-from .store import BatchRows, CacheFile, remove_stale_tmp
+from .store import BatchRows, CacheFile, remove_stale_tmp, write_error
 
 
 @dataclass
@@ -76,7 +76,12 @@ def write_file(
     extractor = Extractor(hook_names, layout, tokens, norms_only, dtype)
     shapes = extractor.per_image_shapes(model, source.input_size)
     meta = run_meta(model, source, extractor, compression, batch_size, shard, weights_source)
-    with WriterLock(target):
+    lock = WriterLock(target)
+    try:
+        lock.acquire()
+    except OSError as e:
+        raise write_error(path, e, "write") from None
+    try:
         remove_stale_tmp(target)
         if target.exists() and resume:
             store = CacheFile.resume(target, meta, shapes)
@@ -92,6 +97,8 @@ def write_file(
             # Overwriting: the old file stays until the new run is complete.
             store = CacheFile.create(target, meta, shapes, replace_at_end=target.exists())
         return _stream(model, source, extractor, store, batch_size, progress, str(path))
+    finally:
+        lock.release()
 
 
 def run_meta(model, source: ImageSource, extractor: Extractor, compression: str, batch_size: int,

@@ -16,7 +16,8 @@ from ..errors import CacheError
 
 
 def lock_path(path: Union[str, Path]) -> Path:
-    path = Path(path)
+    """``<resolved path>.lock``: the lock of the file a path (or a symlink to it) names."""
+    path = Path(os.path.realpath(path))
     return path.with_name(path.name + ".lock")
 
 
@@ -25,17 +26,12 @@ class WriterLock:
 
     def __init__(self, path: Union[str, Path]):
         self.target = Path(path)
-        self.path = lock_path(os.path.realpath(path))
+        self.path = lock_path(path)
         self._fd: Optional[int] = None
 
     def acquire(self) -> "WriterLock":
-        try:
-            return self._acquire()
-        except OSError as e:
-            raise CacheError(f"cannot write {str(self.target)!r}: its lock file {str(self.path)!r} cannot be "
-                             f"created ({e.strerror or e}); write into a folder you can write to") from None
-
-    def _acquire(self) -> "WriterLock":
+        """Take the lock. Raises CacheError when another process holds it, OSError when the lock file cannot
+        be created (a read-only folder: callers say it their way)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
