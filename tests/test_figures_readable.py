@@ -157,7 +157,7 @@ def test_sections_that_say_nothing_get_a_one_line_caveat_instead_of_the_figure(t
                figures)
     page = (tmp_path / "index.html").read_text()
     assert f'<p class="caveat">Not scored: {too_few.replace(">", "&gt;")}' in page
-    assert '<p class="caveat">Degenerate result, not drawn: degenerate: on every image (4 of 4)' in page
+    assert '<p class="caveat">Degenerate result, not drawn: on every image (4 of 4)' in page
     for silent in ("probes.png", "lost_boxes.png", "outlier_maps.png", "neuron_scores.png"):
         assert f'data-file="{silent}"' not in page, silent  # no empty or meaningless figure
     assert 'data-file="norm_profile.png"' in page and "src=\"data:image/png;base64," in page
@@ -197,7 +197,13 @@ def test_outline_colours_one_control_legend_and_labels_clear_of_the_dots(planted
     from interp.studies.registers import RegisterResult
 
     norms, x = planted_norms
-    legend = plots.outlier_maps(norms, x.clamp(0, 1)).legends
+    fig = plots.outlier_maps(norms, x.clamp(0, 1))
+    legend = fig.legends
+    titles = [ax.get_title() for ax in fig.axes]
+    assert all(not t.endswith("\n1 outlier patches") for t in titles)  # "1 outlier patch"
+    from interp.plots.common import plural
+    assert (plural(1, "outlier patch"), plural(2, "outlier patch"), plural(1, "outlier")) == (
+        "1 outlier patch", "2 outlier patches", "1 outlier")
     assert len(legend) == 1 and "outlier patch: norm >" in legend[0].get_texts()[0].get_text()
 
     cond = {"outlier_count": 10, "max_norm": 600.0, "top1_agreement": 1.0}

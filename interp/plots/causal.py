@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from .common import (MAX_PANELS, NO_ARTIFACTS, TARGET_COLOR, THRESHOLD_COLOR, message_figure, short_name,
-                     display_arrays, outline_legend, _map_panel, _outline, _fmt, _use_log)
+                     display_arrays, outline_legend, plural, _map_panel, _outline, _fmt, _use_log)
 
 
 def neuron_scores(neurons_result, max_bars: int = 30) -> Figure:
@@ -126,8 +126,8 @@ def relocation_maps(relocation_result, images=None) -> Figure:
             width, height, color = _map_panel(ax, maps[i], picture)
             colors.append(color)
             _outline(ax, target, width, height, halo=True, linestyle=(0, (2.5, 1.5)))
-        axes[0, i].set_title(f"{short_name(r.ids[i])}\n{int(before[i].sum())} outliers before", fontsize=9)
-        axes[1, i].set_title(f"after: {int(after[i].sum())} outliers, IoU {r.iou[i]:.2f}", fontsize=9)
+        axes[0, i].set_title(f"{short_name(r.ids[i])}\n{plural(int(before[i].sum()), 'outlier')} before", fontsize=9)
+        axes[1, i].set_title(f"after: {plural(int(after[i].sum()), 'outlier')}, IoU {r.iou[i]:.2f}", fontsize=9)
     axes[0, 0].set_ylabel("before", fontsize=10)
     axes[1, 0].set_ylabel("after relocation", fontsize=10)
     active = "" if r.mean_iou_active is None else f", {r.mean_iou_active:.2f} on images with outliers before"

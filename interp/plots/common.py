@@ -40,6 +40,11 @@ def message_figure(title: str, headline: str, detail: str = "") -> Figure:
     return fig
 
 
+def plural(n: int, word: str) -> str:
+    """'1 outlier patch', '3 outlier patches' (``word`` is the singular; -es after s, x, ch, sh)."""
+    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith(("s", "x", "ch", "sh")) else "s")
+
+
 def short_name(image_id: str, width: int = 22) -> str:
     """The file stem of an image id, shortened to ``width`` characters."""
     stem = PurePath(str(image_id)).stem or str(image_id)

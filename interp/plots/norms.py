@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from .common import (MAX_PANELS, NO_ARTIFACTS, ATTN_COLOR, MLP_COLOR, THRESHOLD_COLOR, message_figure, short_name,
-                     display_arrays, outline_legend, _map_panel, _panel_grid, _plain_log_axis, _use_log)
+                     display_arrays, outline_legend, plural, _map_panel, _panel_grid, _plain_log_axis, _use_log)
 
 
 QUANTILES = (0.01, 0.25, 0.5, 0.75, 0.99)  # per block: the 1-99 % line, (quartiles), the median tick
@@ -258,7 +258,7 @@ def outlier_maps(norms_result, images=None) -> Figure:
     colors = []
     for i, ax in enumerate(_panel_grid(fig, n)):
         colors.append(_map_panel(ax, maps[i], None if pictures is None else pictures[i])[2])
-        ax.set_title(f"{short_name(r.ids[i])}\n{int(maps[i].sum())} outlier patches", fontsize=9)
+        ax.set_title(f"{short_name(r.ids[i])}\n{plural(int(maps[i].sum()), 'outlier patch')}", fontsize=9)
     shown = "" if n == len(r.ids) else f" (first {n} of {len(r.ids)} images)"
     thr = f"norm > {r.threshold:.3g}" if r.threshold is not None else "above threshold"
     outline_legend(fig, colors, f"outlier patch: {thr}")

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .._version import __version__
+from ..plots.common import plural
 from ..studies.probes import MIN_IMAGES
 from .summary import SYNTHETIC_NOTE
 
@@ -37,11 +38,6 @@ def _neuron_list(entries: List[Dict], limit: int = 12) -> str:
 
 SKIPPED_STAGES = ("Skipped: the ablation, the test-time register and the relocation need register neurons, and "
                   "none were ranked (see 2.).")
-
-
-def plural(n: int, word: str) -> str:
-    """'1 prefix token', '5 prefix tokens'."""
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _geometry(s: Dict) -> str:
@@ -210,7 +206,8 @@ def object_sections(s: Dict, figures: Dict[str, List[str]], folder: Optional[Pat
         text = [f"LOST on the keys {lost['hook']} (k={lost['k']}): the seed (star) is the patch with the fewest "
                 "positive key correlations; the box holds the seed's connected part of the mask (cells off it "
                 "dimmed). No ground-truth boxes here, so no CorLoc (interp study lost --boxes FILE gives it)."]
-        caveat = f"Degenerate result, not drawn: {lost['note']}" if lost.get("degenerate") else None
+        caveat = (f"Degenerate result, not drawn: {lost['note'].removeprefix('degenerate: ')}"
+                  if lost.get("degenerate") else None)
         if not caveat:
             text.append(lost.get("note") or f"{lost['tied_seeds']} of {lost['n_images']} images have all degrees "
                                             "equal (a tied seed, not a discovery).")
