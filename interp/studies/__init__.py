@@ -6,6 +6,8 @@ which hooks it reads) can be imported by the command line without importing torc
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 # public name -> module under interp.studies
@@ -35,3 +37,16 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list:
     return sorted(set(globals()) | set(_LAZY))
+
+
+class _Studies(types.ModuleType):
+    """``interp.studies.linear_probe`` is the function (as it always was), not its submodule: importing the
+    submodule would otherwise replace the package attribute with the module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and _LAZY[name] == name and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Studies
