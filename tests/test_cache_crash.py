@@ -49,6 +49,7 @@ def assert_same_cache(a: Path, b: Path) -> None:
             assert fa.attrs[key] == fb.attrs[key], key
 
 
+@pytest.mark.slow  # ~70 s on 2 shared cores: three CLI start-ups and a 100-image run
 def test_kill_at_random_moments_then_resume_gives_the_uninterrupted_file(tmp_path):
     model = make_model("vit")
     weights = tmp_path / "w.pth"
