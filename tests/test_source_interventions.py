@@ -67,3 +67,12 @@ def test_a_cache_refuses_interventions(planted, tmp_path):
         open_source(cache=tmp_path / "a.h5", interventions=[ttr])
     with pytest.raises(InterpError, match="interventions need a live source"):
         next(open_source(cache=tmp_path / "a.h5").batches(["blocks.0.hook_resid_post"], interventions=[ttr]))
+
+
+def test_a_cache_counts_the_models_blocks_not_the_cached_ones(planted, tmp_path):
+    """detect_layer=-1 is the model's last block on a cache as live (before: the last cached block)."""
+    model, _ = planted
+    interp.cache.write(model, torch.rand(2, 3, 224, 224), hooks=["blocks.1.hook_resid_post"], path=tmp_path / "a.h5",
+                       progress=False)
+    cached = open_source(cache=tmp_path / "a.h5")
+    assert cached.n_layers == model.n_layers == 6

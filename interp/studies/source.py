@@ -331,13 +331,12 @@ class CacheSource(ActivationSource):
         self.layout = stored_layout(reader.layout, meta.get("token_rows"))
         self.norms_only = bool(meta.get("norms_only", False))
         self.skipped = [(path, reason) for _, path, reason in getattr(reader, "skipped", [])]
-        # The model's depth as the cache records it, so detect_layer=-1 is the model's last block (not the
-        # last cached one); caches written before the depth was recorded fall back to the hook names.
-        self._model_depth: Optional[int] = getattr(reader, "model_depth", None)
 
     @property
     def n_layers(self) -> int:
-        return int(self._model_depth) if self._model_depth else super().n_layers
+        """The depth of the model that wrote the cache (so detect_layer=-1 is its last block, not the last
+        cached one)."""
+        return int(self.reader.model_depth)
 
     def data_config(self) -> dict:
         cfg = self.reader.meta.get("data_config")
