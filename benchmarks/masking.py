@@ -1,6 +1,6 @@
 """Masking probe throughput vs a plain timm forward (ViT-S/16, random init, CPU, float32, no grad).
 
-The probe (``interp.studies.masking.masking_study``) on N images with F fractions and both orders runs one
+The probe (``interp.studies.aggregation.masking.masking_study``) on N images with F fractions and both orders runs one
 unmasked forward (Patch Scores, predictions, norms) plus 2F masked forwards per batch. The plain baseline is
 ``timm_model(x)`` on the same number of masked images (2F forwards per batch). Reported, as medians of
 per-round ratios over interleaved rounds:
@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import interp  # noqa: E402
 from common import interleaved_times, median_ratio, write_results  # noqa: E402
-from interp.studies.masking import masking_study  # noqa: E402
-from interp.studies.source import open_source  # noqa: E402
+from interp.studies.aggregation.masking import masking_study  # noqa: E402
+from interp.studies.core.source import open_source  # noqa: E402
 
 
 def main() -> None:

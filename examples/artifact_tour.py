@@ -8,9 +8,9 @@ from interp.hooks.names import resid_post
 from interp.interventions import TestTimeRegister
 from interp.models import planted_truth, sample_image_paths
 from interp.studies import open_source
-from interp.studies.neurons import neurons_study
-from interp.studies.norms import norms_study
-from interp.studies.outliers import detect
+from interp.studies.artifacts.neurons import neurons_study
+from interp.studies.artifacts.norms import norms_study
+from interp.studies.core.outliers import detect
 
 model = interp.load("planted_vit")  # synthetic: register neurons planted by construction
 source = open_source(model=model, images=sample_image_paths())

@@ -9,7 +9,7 @@ import pytest
 import interp
 from interp.cli import main
 from interp.models import sample_image_paths
-from interp.studies.compare import COLUMNS, compare_models
+from interp.report.compare import COLUMNS, compare_models
 
 from conftest import make_model
 

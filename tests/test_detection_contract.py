@@ -9,13 +9,13 @@ from interp.errors import InterpError
 from interp.models.planted import planted_truth
 from interp.models.samples import sample_image_paths
 from interp.studies import open_source
-from interp.studies.ablate import ablation_study
-from interp.studies.detection import DetectionSpec, RunOptions, threshold_param
-from interp.studies.neurons import NeuronsResult, neurons_study
-from interp.studies.norms import NormsResult, norms_study
-from interp.studies.outliers import detect
-from interp.studies.registers import register_study
-from interp.studies.relocate import relocation_study
+from interp.studies.artifacts.ablate import ablation_study
+from interp.studies.core.detection import DetectionSpec, RunOptions, threshold_param
+from interp.studies.artifacts.neurons import NeuronsResult, neurons_study
+from interp.studies.artifacts.norms import NormsResult, norms_study
+from interp.studies.core.outliers import detect
+from interp.studies.artifacts.registers import register_study
+from interp.studies.artifacts.relocate import relocation_study
 
 HEADER = ("detect_layer", "threshold", "threshold_method", "artifacts_found", "warning", "preset")
 
@@ -92,7 +92,7 @@ def test_from_dict_refuses_another_studys_result(planted, tmp_path):
 def test_the_readme_cache_table_is_the_descriptors_table():
     from pathlib import Path
 
-    from interp.studies.descriptors import DESCRIPTORS, cache_table
+    from interp.studies.core.descriptors import DESCRIPTORS, cache_table
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert cache_table() in readme
@@ -102,7 +102,7 @@ def test_the_readme_cache_table_is_the_descriptors_table():
 def test_the_command_table_and_library_api_come_from_the_descriptors():
     import interp.studies
     from interp.commands import registry
-    from interp.studies.descriptors import DESCRIPTORS
+    from interp.studies.core.descriptors import DESCRIPTORS
 
     assert list(registry.STUDIES) == list(DESCRIPTORS)
     for name, command in registry.STUDIES.items():

@@ -22,10 +22,10 @@ pytest.importorskip("uvicorn", reason="the explore extra (pip install -e '.[expl
 import interp  # noqa: E402
 from interp.explore.server import ExploreServer  # noqa: E402
 from interp.explore.session import ExploreOptions, ExploreSession  # noqa: E402
-from interp.studies.ablate import ablation_study  # noqa: E402
-from interp.studies.norms import norms_study  # noqa: E402
-from interp.studies.registers import register_study  # noqa: E402
-from interp.studies.source import open_source  # noqa: E402
+from interp.studies.artifacts.ablate import ablation_study  # noqa: E402
+from interp.studies.artifacts.norms import norms_study  # noqa: E402
+from interp.studies.artifacts.registers import register_study  # noqa: E402
+from interp.studies.core.source import open_source  # noqa: E402
 
 from conftest import images as random_images, make_model  # noqa: E402
 
@@ -125,7 +125,7 @@ def test_unedited_numbers_equal_the_norms_study(served):
 def test_edited_numbers_equal_the_ablation_and_register_studies(served):
     session, server = served
     source = open_source(model=session.model, images=session.pixels.cpu())
-    found = interp.studies.outliers.detect(source, "auto", progress=False)
+    found = interp.studies.core.outliers.detect(source, "auto", progress=False)
     neurons = {2: PLANTED["2"]}
     ablated = ablation_study(source, neurons, n_controls=0, detection=found, progress=False)
     ttr = register_study(source, neurons, detection=found, progress=False)

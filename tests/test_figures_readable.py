@@ -18,7 +18,7 @@ from interp.report import write_html
 from interp.report.html import SKIPPED_STAGES
 from interp.report.summary import input_geometry
 from interp.studies import open_source
-from interp.studies.norms import HIST_EDGES, norms_study
+from interp.studies.artifacts.norms import HIST_EDGES, norms_study
 
 from conftest import images, make_model
 
@@ -193,8 +193,8 @@ def test_norm_profile_ticks_blocks_and_marks_the_attention_and_mlp_steps_apart(p
 
 def test_outline_colours_one_control_legend_and_labels_clear_of_the_dots(planted_norms):
     from interp.plots.causal import ablation_bars, register_summary
-    from interp.studies.ablate import AblationResult
-    from interp.studies.registers import RegisterResult
+    from interp.studies.artifacts.ablate import AblationResult
+    from interp.studies.artifacts.registers import RegisterResult
 
     norms, x = planted_norms
     fig = plots.outlier_maps(norms, x.clamp(0, 1))

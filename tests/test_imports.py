@@ -41,7 +41,7 @@ LAYERS = [
 # (importer, imported module or package)
 LAZY_UPWARD_ALLOWED = {
     # StudyResult._repr_html_ draws the result's figures when Jupyter displays it.
-    ("interp.studies.result", "interp.plots"),
+    ("interp.studies.core.result", "interp.plots"),
 }
 
 

@@ -11,7 +11,7 @@ from PIL import Image
 import interp
 from interp.errors import InterpError
 from interp.models import data_config, load_images
-from interp.studies.boxes import (Box, box_cells, eval_transform, input_geometry, match_boxes, read_boxes,
+from interp.studies.objects.boxes import (Box, box_cells, eval_transform, input_geometry, match_boxes, read_boxes,
                                   regions_from_boxes, regions_from_masks)
 
 

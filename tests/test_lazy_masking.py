@@ -6,9 +6,9 @@ import torch
 
 from conftest import images, make_model
 from interp.errors import InterpError
-from interp.studies.masking import (cells_to_mask, gaussian_blur, mask_images, masking_study, n_masked,
+from interp.studies.aggregation.masking import (cells_to_mask, gaussian_blur, mask_images, masking_study, n_masked,
                                     target_classes)
-from interp.studies.source import open_source
+from interp.studies.core.source import open_source
 
 
 @pytest.fixture(scope="module")

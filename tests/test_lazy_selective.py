@@ -11,9 +11,9 @@ from PIL import Image
 import interp.cli
 from conftest import make_model
 from interp.errors import InterpError
-from interp.plots import lazy as plots
-from interp.studies.selective_pooling import COLUMNS, SelectiveCLSResult, selective_cls_study
-from interp.studies.source import open_source
+from interp.plots import aggregation as plots
+from interp.studies.aggregation.selective_cls import COLUMNS, SelectiveCLSResult, selective_cls_study
+from interp.studies.core.source import open_source
 
 MODEL_ARGS = ["vit_small_patch16_224", "--no-pretrained", "--depth", "1"]
 

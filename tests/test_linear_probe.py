@@ -1,4 +1,4 @@
-"""interp.studies.linear_probe: known answers (readable vs unreadable targets), grouped splits, determinism."""
+"""interp.studies.probes.linear_probe: known answers (readable vs unreadable targets), grouped splits, determinism."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import torch
 
 from interp.errors import InterpError
 from interp.studies import ProbeResult, linear_probe
-from interp.studies.linear_probe import chance_score, fit_probe, r2_score, split_indices
+from interp.studies.probes.linear_probe import chance_score, fit_probe, r2_score, split_indices
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny probes run faster on one thread

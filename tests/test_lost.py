@@ -10,9 +10,9 @@ from conftest import images, make_model
 from interp.errors import InterpError
 from interp.models.preprocessing import data_config
 from interp.studies import open_source
-from interp.studies.boxes import Box, eval_transform, input_geometry
-from interp.studies.lost import LostResult, corloc_hits, input_to_original, lost_one, lost_study, seed_component
-from interp.studies.metrics import box_iou
+from interp.studies.objects.boxes import Box, eval_transform, input_geometry
+from interp.studies.objects.lost import LostResult, corloc_hits, input_to_original, lost_one, lost_study, seed_component
+from interp.studies.core.metrics import box_iou
 from reference.lost_object_discovery import keys_as_reference, lost as reference_lost
 
 GRID = (5, 6)

@@ -7,10 +7,10 @@ import torch
 from PIL import Image
 
 from interp.errors import InterpError
-from interp.studies.boxes import regions_from_masks
-from interp.studies.lost import corloc_hits
-from interp.studies.metrics import box_iou, iou
-from interp.studies.segmentation import ground_truth_masks
+from interp.studies.objects.boxes import regions_from_masks
+from interp.studies.objects.lost import corloc_hits
+from interp.studies.core.metrics import box_iou, iou
+from interp.studies.objects.segmentation import ground_truth_masks
 
 
 def test_mask_iou_and_the_empty_rule():
@@ -34,7 +34,7 @@ def test_box_iou_and_the_empty_rule():
 
 def test_relocation_onto_an_empty_target_is_refused(vit):
     from interp.studies import open_source
-    from interp.studies.relocate import relocation_study
+    from interp.studies.artifacts.relocate import relocation_study
 
     src = open_source(model=vit, images=torch.rand(1, 3, 224, 224))
     with pytest.raises(InterpError, match="no cell"):

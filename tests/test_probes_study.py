@@ -13,7 +13,7 @@ from conftest import images, make_model
 from interp.errors import InterpError
 from interp.models.layout import TokenLayout
 from interp.studies import CacheSource, open_source
-from interp.studies.probes import (MIN_GROUP_TOKENS, MIN_IMAGES, GroupScore, ProbesResult, patch_pixels,
+from interp.studies.probes.token_probes import (MIN_GROUP_TOKENS, MIN_IMAGES, GroupScore, ProbesResult, patch_pixels,
                                    probes_study)
 
 GRID, PATCH, D = (4, 4), 2, 48
@@ -108,7 +108,7 @@ def test_live_register_model_with_reassessment_loss():
 def test_too_few_images_give_the_reason_not_a_number():
     """Probes on a handful of images scored anything (R^2 -19.857, nan on n=1): now a reason, everywhere."""
     from interp.plots.probes import probe_bars
-    from interp.studies.compare import ComparisonResult, probe_columns, probe_notes
+    from interp.report.compare import ComparisonResult, probe_columns, probe_notes
 
     reader = ConstructedReader(n_images=8)
     result = probes_study(CacheSource(reader), images=reader.images, labels=reader.labels.tolist(), progress=False)
@@ -152,7 +152,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from test_studies import LazyReader
 from interp.studies import CacheSource
-from interp.studies.probes import probes_study
+from interp.studies.probes.token_probes import probes_study
 import torch
 torch.set_num_threads(1)
 

@@ -6,9 +6,9 @@ import torch
 
 import interp
 from interp.errors import InterpError
-from interp.studies.emergence import EmergenceAccumulator, EmergenceCurves, find_emergence
-from interp.studies.presets import PRESETS, resolve_preset
-from interp.studies.register_scores import RegisterScoreAccumulator, rank_neurons
+from interp.studies.artifacts.emergence import EmergenceAccumulator, EmergenceCurves, find_emergence
+from interp.studies.core.presets import PRESETS, resolve_preset
+from interp.studies.artifacts.register_scores import RegisterScoreAccumulator, rank_neurons
 from reference import jiang_register_neurons as ref
 
 
@@ -250,7 +250,7 @@ def test_neurons_study_equals_reference_on_the_same_activations(planted_cache):
     """``neurons_study`` (defaults + the notebook's filter) ranks exactly as ``find_register_neurons`` run on
     the hooked model's own activations of the same images."""
     from interp.studies import open_source
-    from interp.studies.neurons import neurons_study
+    from interp.studies.artifacts.neurons import neurons_study
 
     model, cache = planted_cache
     n_layers = len(model.timm_model.blocks)
@@ -274,7 +274,7 @@ def test_neurons_study_equals_reference_on_the_same_activations(planted_cache):
 
 def test_neurons_study_preset_fills_defaults_and_explicit_flags_win(planted_cache):
     from interp.studies import open_source
-    from interp.studies.neurons import neurons_study
+    from interp.studies.artifacts.neurons import neurons_study
 
     model, _ = planted_cache
     source = open_source(model=model, images=interp.load_images(interp.models.sample_image_paths()[:2], model))

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from interp.errors import InterpError
-from interp.studies.pib_protocol import last_box_cells, last_keep, last_regions, last_transform
+from interp.studies.aggregation.pib_protocol import last_box_cells, last_keep, last_regions, last_transform
 from reference import last_patch_hit as ref
 
 
@@ -128,10 +128,10 @@ def test_pib_study_protocol_last_equals_reference(tmp_path):
     reference dataloader's, the images go through Resize(256) + CenterCrop(224), and each hit is the reference's
     ``top patch in bbox_to_patch_set`` on the same maps."""
     from conftest import make_model
-    from interp.studies.patch_score import compute_score_maps
-    from interp.studies.pib import last_protocol_regions, pib_study
-    from interp.studies.boxes import read_boxes
-    from interp.studies.source import open_source
+    from interp.studies.aggregation.patch_score import compute_score_maps
+    from interp.studies.aggregation.pib import last_protocol_regions, pib_study
+    from interp.studies.objects.boxes import read_boxes
+    from interp.studies.core.source import open_source
 
     model = make_model("vit", depth=2)  # patch 16, 224 px: the reference's 14 x 14 grid
     rng = np.random.default_rng(0)

@@ -24,8 +24,8 @@ from interp.models import planted_truth, sample_image_paths
 from interp.plots import artifacts as plots
 from interp.report import run_report
 from interp.studies import open_source
-from interp.studies.neurons import NeuronsResult, neurons_study
-from interp.studies.norms import NormsResult, norms_study
+from interp.studies.artifacts.neurons import NeuronsResult, neurons_study
+from interp.studies.artifacts.norms import NormsResult, norms_study
 
 from conftest import images, make_model
 
@@ -245,7 +245,7 @@ def test_report_decodes_each_image_once(tmp_path, monkeypatch):
     """Every stage reads the one held source: the image files are decoded once, whatever the stage count."""
     from PIL import Image
 
-    import interp.studies.source as source_mod
+    import interp.studies.core.source as source_mod
 
     folder = tmp_path / "photos"
     folder.mkdir()

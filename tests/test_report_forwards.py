@@ -8,11 +8,11 @@ import interp
 from interp.models.planted import planted_truth
 from interp.models.samples import sample_image_paths
 from interp.studies import open_source
-from interp.studies.ablate import ablation_study
-from interp.studies.forward import baseline_pass
-from interp.studies.outliers import detect
-from interp.studies.registers import register_study
-from interp.studies.relocate import relocation_study
+from interp.studies.artifacts.ablate import ablation_study
+from interp.studies.core.forward import baseline_pass
+from interp.studies.core.outliers import detect
+from interp.studies.artifacts.registers import register_study
+from interp.studies.artifacts.relocate import relocation_study
 
 
 def _count_image_forwards(model) -> list:

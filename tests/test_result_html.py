@@ -12,7 +12,7 @@ import pytest
 
 import interp
 import interp.studies
-from interp.studies.result import StudyResult
+from interp.studies.core.result import StudyResult
 
 VOID = {"img", "br", "hr", "meta", "input", "col", "wbr"}
 
@@ -85,8 +85,8 @@ def test_empty_result_renders(cls):
 @pytest.fixture(scope="module")
 def planted_results():
     from interp.studies import open_source
-    from interp.studies.neurons import neurons_study
-    from interp.studies.norms import norms_study
+    from interp.studies.artifacts.neurons import neurons_study
+    from interp.studies.artifacts.norms import norms_study
 
     model = interp.load("planted_vit")
     source = open_source(model=model, images=interp.models.sample_image_paths())

@@ -12,8 +12,8 @@ from PIL import Image
 from interp.errors import InterpError
 from interp.models import sample_image_paths
 from interp.studies import open_source
-from interp.studies.metrics import iou as jaccard
-from interp.studies.segmentation import (foreground_cells, ground_truth_masks, rasterise_polygons, read_coco_polygons,
+from interp.studies.core.metrics import iou as jaccard
+from interp.studies.objects.segmentation import (foreground_cells, ground_truth_masks, rasterise_polygons, read_coco_polygons,
                                          segmentation_study, upsample_nearest)
 
 

@@ -8,7 +8,7 @@ from interp.interventions import TestTimeRegister
 from interp.models.planted import planted_truth
 from interp.models.samples import sample_image_paths
 from interp.studies import open_source
-from interp.studies.norms import norms_study
+from interp.studies.artifacts.norms import norms_study
 
 
 @pytest.fixture(scope="module")

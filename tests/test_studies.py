@@ -17,12 +17,12 @@ import interp.cache
 from interp.models import planted_truth, sample_image_paths
 from interp.models.layout import TokenLayout
 from interp.studies import CacheSource, open_source
-from interp.studies.ablate import ablation_study
-from interp.studies.neurons import neurons_study
-from interp.studies.norms import norms_study
-from interp.studies.registers import register_study
-from interp.studies.metrics import iou
-from interp.studies.relocate import relocation_study
+from interp.studies.artifacts.ablate import ablation_study
+from interp.studies.artifacts.neurons import neurons_study
+from interp.studies.artifacts.norms import norms_study
+from interp.studies.artifacts.registers import register_study
+from interp.studies.core.metrics import iou
+from interp.studies.artifacts.relocate import relocation_study
 
 from conftest import images, make_model
 
@@ -228,7 +228,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from test_studies import LazyReader
 from interp.studies import CacheSource
-from interp.studies.norms import norms_study
+from interp.studies.artifacts.norms import norms_study
 
 def peak_growth(fn):
     with open("/proc/self/clear_refs", "w") as f:
@@ -278,7 +278,7 @@ def counting_source(source):
 
 
 def test_a_shared_detection_gives_the_same_results_with_one_pass_less(planted, pixels, planted_neurons):
-    from interp.studies.outliers import detect
+    from interp.studies.core.outliers import detect
 
     own = open_source(model=planted, images=pixels, batch_size=3)
     shared = open_source(model=planted, images=pixels, batch_size=3)
@@ -300,7 +300,7 @@ def test_a_shared_detection_gives_the_same_results_with_one_pass_less(planted, p
 
 def test_a_detection_must_match_the_source_and_the_arguments(planted, pixels, source):
     from interp.errors import InterpError
-    from interp.studies.outliers import detect
+    from interp.studies.core.outliers import detect
 
     found = detect(source, "p90", layer=-1, progress=False)
     with pytest.raises(InterpError, match="detect_layer=1 disagrees"):

@@ -12,10 +12,10 @@ from PIL import Image
 from interp.cli import main
 from interp.models import sample_image_paths
 from interp.plots.registry import has_figures
-from interp.studies.lost import RUN_FIELDS, LostResult
-from interp.studies.probes import ProbesResult
-from interp.studies.result import result_html
-from interp.studies.segmentation import SegmentationResult
+from interp.studies.objects.lost import RUN_FIELDS, LostResult
+from interp.studies.probes.token_probes import ProbesResult
+from interp.studies.core.result import result_html
+from interp.studies.objects.segmentation import SegmentationResult
 
 PLANTED_NEURON = "2:17"  # a planted register neuron (interp.models.planted)
 

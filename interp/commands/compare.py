@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     from ..api import load
     from ..models import sample_image_paths
-    from ..studies.compare import compare_models
+    from ..report.compare import compare_models
 
     staged = atomic_output_dir(args.out, "compare.json", what="comparison") if args.out else contextlib.nullcontext()
     with staged as staging:

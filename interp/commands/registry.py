@@ -1,8 +1,8 @@
 """The table of ``interp study NAME`` commands, derived from the studies' descriptors
-(:data:`interp.studies.descriptors.DESCRIPTORS`: name, help, hooks read from a cache, live-only or not); a row
+(:data:`interp.studies.core.descriptors.DESCRIPTORS`: name, help, hooks read from a cache, live-only or not); a row
 adds only where its arguments and its run live on the command line.
 
-Adding a study to the command line: its descriptor in ``interp/studies/descriptors.py``, then
+Adding a study to the command line: its descriptor in ``interp/studies/core/descriptors.py``, then
 ``interp/commands/study_<x>.py`` with ``add_<x>_arguments(parser)`` and ``run_<x>(args) -> int`` and a row below.
 
 Nothing here imports torch: the parsers are built from this table without loading a model.
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
 from ..errors import InterpError
-from ..studies.descriptors import DESCRIPTORS, StudyDescriptor, descriptor
-from ..studies.descriptors import required_hooks  # noqa: F401  (the name Python users and tests know)
+from ..studies.core.descriptors import DESCRIPTORS, StudyDescriptor, descriptor
+from ..studies.core.descriptors import required_hooks  # noqa: F401  (the name Python users and tests know)
 
 @dataclass(frozen=True)
 class StudyCommand:
@@ -60,7 +60,8 @@ def _command(name: str, module: str) -> StudyCommand:
     return StudyCommand(DESCRIPTORS[name], module, f"add_{stem}_arguments", f"run_{stem}")
 
 
-_A, _L, _O = "study_artifacts", "study_lazy", "study_objects"
+# study -> the commands module of its theme (the themes of interp/studies/; probes share study_objects)
+_A, _L, _O = "study_artifacts", "study_aggregation", "study_objects"
 _MODULES = {"norms": _A, "neurons": _A, "ablate": _A, "relocate": _A, "registers": _A, "patch-score": _L,
             "pib": _L, "masking": _L, "selective-cls": _L, "probes": _O, "lost": _O, "segment": _O}
 STUDIES: Dict[str, StudyCommand] = {name: _command(name, _MODULES[name]) for name in DESCRIPTORS}

@@ -142,7 +142,7 @@ def _finish(result, args, images) -> int:
 
 
 def run_norms(args) -> int:
-    from ..studies.norms import norms_study
+    from ..studies.artifacts.norms import norms_study
 
     threshold, _, source, images = _prepare(args)
     result = norms_study(source, threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
@@ -152,7 +152,7 @@ def run_norms(args) -> int:
 
 
 def run_neurons(args) -> int:
-    from ..studies.neurons import neurons_study
+    from ..studies.artifacts.neurons import neurons_study
 
     threshold, _, source, images = _prepare(args)
     result = neurons_study(source, threshold=threshold, detect_layer=args.detect_layer,
@@ -165,7 +165,7 @@ def run_neurons(args) -> int:
 
 
 def run_ablate(args) -> int:
-    from ..studies.ablate import ablation_study
+    from ..studies.artifacts.ablate import ablation_study
 
     threshold, neurons, source, images = _prepare(args)
     result = ablation_study(source, neurons, mode=args.mode, n_controls=args.controls, seed=args.seed,
@@ -177,7 +177,7 @@ def run_ablate(args) -> int:
 
 
 def run_relocate(args) -> int:
-    from ..studies.relocate import relocation_study
+    from ..studies.artifacts.relocate import relocation_study
 
     threshold, neurons, source, images = _prepare(args)
     target = parse_target(args.target, source.layout.grid)
@@ -189,7 +189,7 @@ def run_relocate(args) -> int:
 
 
 def run_registers(args) -> int:
-    from ..studies.registers import register_study
+    from ..studies.artifacts.registers import register_study
 
     threshold, neurons, source, images = _prepare(args)
     result = register_study(source, neurons, n_registers=args.n_registers, value=args.value, threshold=threshold,

@@ -85,7 +85,7 @@ PIXELS_FROM_CACHE = ("pixels: skipped, a cache holds no input images; add --imag
 
 def run_probes(args) -> int:
     from ..errors import UsageError
-    from ..studies.probes import probes_study
+    from ..studies.probes.token_probes import probes_study
 
     if not args.images and not args.cache:
         raise UsageError("give --images (a live run) or --cache (an interp cache file)")
@@ -124,7 +124,7 @@ def add_lost_arguments(p) -> None:
 
 
 def run_lost(args) -> int:
-    from ..studies.lost import lost_study
+    from ..studies.objects.lost import lost_study
 
     model = model_from_args(args)
     source = source_from_args(args, model)
@@ -156,7 +156,7 @@ def add_segment_arguments(p) -> None:
 
 def run_segment(args) -> int:
     from ..interventions.selective_cls import SelectiveCLS
-    from ..studies.segmentation import segmentation_variants
+    from ..studies.objects.segmentation import segmentation_variants
 
     model = model_from_args(args)
     source = source_from_args(args, model)

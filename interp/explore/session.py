@@ -26,9 +26,9 @@ from ..hooks.names import RESID_STAGES as STAGES, attn_pattern, mlp_post, resid_
 from ..interventions import interventions_from_spec, masks
 from ..models.planted import planted_truth
 from ..models.preprocessing import list_images
-from ..studies.neurons import neurons_study
-from ..studies.outliers import ThresholdSpec, detect
-from ..studies.source import open_source
+from ..studies.artifacts.neurons import neurons_study
+from ..studies.core.outliers import ThresholdSpec, detect
+from ..studies.core.source import open_source
 from .readout import HeadReadout, head_readout
 
 MAX_NEURON_MAPS = 32  # neuron activation maps per response (the ranked ones first, then edited ones)

@@ -4,7 +4,7 @@
 {5: [12, 40]}
 >>> neuron_set("2:17,2:101,5:40").neurons        # LAYER:NEURON pairs
 {2: [17, 101], 5: [40]}
->>> from interp.studies.neurons import neurons_study
+>>> from interp.studies.artifacts.neurons import neurons_study
 >>> neurons_result = neurons_study(source, top_k=4, progress=False)
 >>> neuron_set(neurons_result).neurons           # a NeuronsResult (anything with neuron_dict())
 {2: [17, 101, 402, 655]}

@@ -9,7 +9,7 @@ Every function takes a study result (and optionally the images it was run on, fo
 ``matplotlib.figure.Figure``; none recomputes a study. A result with nothing to show (no high-norm tokens,
 no ranked neurons) gives a figure that says so instead of an error.
 
->>> from interp.studies.norms import norms_study
+>>> from interp.studies.artifacts.norms import norms_study
 >>> result = norms_study(source, progress=False)
 >>> fig = norm_profile(result)
 >>> fig.savefig("norm_profile.png", dpi=110, bbox_inches="tight")

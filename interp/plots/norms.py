@@ -1,7 +1,7 @@
 """Figures of the norms study (docs/methods.md section 1): norm distributions per block, the norm profile with the
 attention and MLP steps drawn apart, and outlier maps over the images.
 
->>> from interp.studies.norms import norms_study
+>>> from interp.studies.artifacts.norms import norms_study
 >>> fig = norm_profile(norms_study(source, progress=False)); fig.savefig("norm_profile.png", dpi=110, bbox_inches="tight")
 """
 from __future__ import annotations

@@ -4,8 +4,8 @@ second row) and coarse segmentation (the foreground cells over each image, one r
 Images are the model-input frames the study saw (``source.display_images()``: Tensor[N, 3, H, W] in 0..1);
 without them the cells are drawn on a grey grid.
 
->>> from interp.studies.lost import lost_study
->>> from interp.studies.segmentation import segmentation_variants
+>>> from interp.studies.objects.lost import lost_study
+>>> from interp.studies.objects.segmentation import segmentation_variants
 >>> fig = lost_boxes(lost_study(source, progress=False), source.display_images())
 >>> fig = segmentation_overlays(segmentation_variants(source, "masks.json", progress=False), source.display_images())
 """

@@ -2,7 +2,7 @@
 chance level drawn over each bar; a group without a score (empty, too few tokens) gets its reason written in
 place of the bar, and a result on too few images is one message, not a figure of noise.
 
->>> from interp.studies.probes import probes_study
+>>> from interp.studies.probes.token_probes import probes_study
 >>> fig = probe_bars(probes_study(source, tasks=("position",), progress=False))
 >>> fig.savefig("probes.png", dpi=110, bbox_inches="tight")
 """

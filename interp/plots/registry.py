@@ -5,7 +5,7 @@ nothing to draw) in a plots module and add the study's row to :data:`FIGURES` he
 not import this one, so the table is complete as soon as this module is imported (no import side effects).
 Code outside the package may add rows with :func:`register_figures`.
 
->>> from interp.studies.norms import norms_study
+>>> from interp.studies.artifacts.norms import norms_study
 >>> norms_result = norms_study(source, progress=False)
 >>> [stem for stem, fig in study_figures(norms_result, images)]    # (file stem, Figure) pairs
 ['norm_profile', 'norm_histograms', 'outlier_maps']
@@ -16,8 +16,8 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from matplotlib.figure import Figure
 
-from ..studies.result import StudyResult
-from . import causal, lazy, norms, objects, probes
+from ..studies.core.result import StudyResult
+from . import aggregation, causal, norms, objects, probes
 
 
 class FigureSpec(NamedTuple):
@@ -35,12 +35,12 @@ FIGURES: Dict[str, List[FigureSpec]] = {
     "ablate": [FigureSpec("ablation_bars", causal.ablation_bars)],
     "relocate": [FigureSpec("relocation_maps", causal.relocation_maps, True)],
     "registers": [FigureSpec("register_summary", causal.register_summary)],
-    "patch_score": [FigureSpec("score_distributions", lazy.score_distributions),
-                    FigureSpec("score_maps", lazy.score_maps_of_patch_score)],
-    "pib": [FigureSpec("pib", lazy.pib_bars_if_any), FigureSpec("score_maps", lazy.score_maps_if_pib)],
-    "masking": [FigureSpec("masking_curves", lazy.masking_curves)],
-    "selective_cls": [FigureSpec("pib", lazy.pib_bars_if_any),
-                      FigureSpec("score_distributions", lazy.distributions_if_pib)],
+    "patch_score": [FigureSpec("score_distributions", aggregation.score_distributions),
+                    FigureSpec("score_maps", aggregation.score_maps_of_patch_score)],
+    "pib": [FigureSpec("pib", aggregation.pib_bars_if_any), FigureSpec("score_maps", aggregation.score_maps_if_pib)],
+    "masking": [FigureSpec("masking_curves", aggregation.masking_curves)],
+    "selective_cls": [FigureSpec("pib", aggregation.pib_bars_if_any),
+                      FigureSpec("score_distributions", aggregation.distributions_if_pib)],
     "probes": [FigureSpec("probes", probes.probe_bars)],
     "lost": [FigureSpec("lost_boxes", objects.lost_boxes, True)],
     "segmentation": [FigureSpec("segmentation_overlays", objects.segmentation_overlays, True)],

@@ -2,7 +2,7 @@
 on one model, then writing each study's JSON, the figures, ``report.json`` and ``index.html``.
 
 The images are decoded once (``LiveSource.held()``) and the high-norm tokens detected once
-(:func:`~interp.studies.outliers.detect`); every stage gets that one source and that one detection.
+(:func:`~interp.studies.core.outliers.detect`); every stage gets that one source and that one detection.
 
 Example (not a doctest: a report takes ~20 s; ``tests/test_report.py`` runs it)::
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Union
 
 from ..models.planted import planted_truth
-from ..studies.outliers import Detection, ThresholdSpec
-from ..studies.result import jsonable
-from ..studies.source import ImagesSpec, LiveSource, open_source
+from ..studies.core.outliers import Detection, ThresholdSpec
+from ..studies.core.result import jsonable
+from ..studies.core.source import ImagesSpec, LiveSource, open_source
 from .html import write_html
 from .summary import SYNTHETIC_NOTE, build_summary, lost_summary, planted_comparison, probes_summary
 
@@ -40,7 +40,7 @@ class ReportOptions:
     Attributes:
         threshold, detect_layer: the outlier threshold and detection block for every stage (default "auto",
             the last block, or the preset's).
-        preset: published settings (:mod:`interp.studies.presets`); explicit options win.
+        preset: published settings (:mod:`interp.studies.core.presets`); explicit options win.
         highest_layer: last block scored for register neurons (default: the detection block).
         top_k: neurons kept (default: the number of planted neurons for the planted model, else 10).
         n_controls, seed: random control neuron sets of the ablation.
@@ -118,15 +118,15 @@ def run_battery(source: LiveSource, options: ReportOptions, progress: bool = Tru
 
 def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> BatteryResults:
     """The five stages of :func:`run_battery`."""
-    from ..studies.neurons import resolve_neuron_options
-    from ..studies.ablate import ablation_study
-    from ..studies.detection import DetectionSpec, detection_from_norms
-    from ..studies.forward import baseline_pass
-    from ..studies.outliers import resolve_layer
-    from ..studies.neurons import neurons_study
-    from ..studies.norms import norms_study
-    from ..studies.registers import register_study
-    from ..studies.relocate import relocation_study
+    from ..studies.artifacts.neurons import resolve_neuron_options
+    from ..studies.artifacts.ablate import ablation_study
+    from ..studies.core.detection import DetectionSpec, detection_from_norms
+    from ..studies.core.forward import baseline_pass
+    from ..studies.core.outliers import resolve_layer
+    from ..studies.artifacts.neurons import neurons_study
+    from ..studies.artifacts.norms import norms_study
+    from ..studies.artifacts.registers import register_study
+    from ..studies.artifacts.relocate import relocation_study
 
     o = options
     common = dict(batch_size=o.batch_size, progress=o.bars(progress))
@@ -169,9 +169,9 @@ def run_object_stages(source: LiveSource, results: BatteryResults, options: Repo
     """The report's last two sections, on the same source and detection: the linear probes (position and
     pixels per token group, the label too when the images carry one) on a capped token sample, and LOST's
     seeds, masks and boxes (no CorLoc: the report has no ground-truth boxes)."""
-    from ..studies.compare import PROBE_OPTIONS
-    from ..studies.lost import lost_study
-    from ..studies.probes import probes_study
+    from .compare import PROBE_OPTIONS
+    from ..studies.objects.lost import lost_study
+    from ..studies.probes.token_probes import probes_study
 
     _say(progress, "interp report [+] probes: position / pixels / label per token group; LOST object discovery")
     results.probes = probes_study(source, detection=results.detection, seed=options.seed,

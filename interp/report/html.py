@@ -13,7 +13,7 @@ import numpy as np
 
 from .._version import __version__
 from ..plots.common import plural
-from ..studies.probes import MIN_IMAGES
+from ..studies.probes.token_probes import MIN_IMAGES
 from .summary import SYNTHETIC_NOTE
 
 PLANTED_PROBES_CAVEAT = ("Caveat: planted_vit's high-norm tokens are ordinary patch tokens with a planted direction "

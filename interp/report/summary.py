@@ -21,7 +21,7 @@ def planted_comparison(model, source, norms, neurons) -> Dict:
 
     ``source`` is the live source the studies ran on (its images are compared with the planted mask).
     """
-    from ..studies.metrics import iou
+    from ..studies.core.metrics import iou
 
     truth = planted_truth(model)
     planted = {(truth.layer, int(n)) for n in truth.neurons}

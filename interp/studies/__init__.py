@@ -1,25 +1,27 @@
 """Studies: each reads activations through an ActivationSource and returns a JSON-serialisable result.
 
-The names below are resolved lazily (PEP 562), so ``interp.studies.descriptors`` (what each study is and
+The names below are resolved lazily (PEP 562), so ``interp.studies.core.descriptors`` (what each study is and
 which hooks it reads) can be imported by the command line without importing torch.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import sys
 import types
 from typing import Any
 
 # public name -> module under interp.studies
 _LAZY = {
-    "StudyResult": "result", "OutlierStudyResult": "result",
-    "ActivationSource": "source", "Batch": "source", "CacheSource": "source", "LiveSource": "source",
-    "open_source": "source",
-    "DetectionSpec": "detection", "RunOptions": "detection",
-    "Detection": "outliers", "detect": "outliers",
-    "StudyDescriptor": "descriptors", "DESCRIPTORS": "descriptors", "required_hooks": "descriptors",
-    "run_hooks": "forward",
-    "linear_probe": "linear_probe", "ProbeResult": "linear_probe",
+    "StudyResult": "core.result", "OutlierStudyResult": "core.result",
+    "ActivationSource": "core.source", "Batch": "core.source", "CacheSource": "core.source", "LiveSource": "core.source",
+    "open_source": "core.source",
+    "DetectionSpec": "core.detection", "RunOptions": "core.detection",
+    "Detection": "core.outliers", "detect": "core.outliers",
+    "StudyDescriptor": "core.descriptors", "DESCRIPTORS": "core.descriptors", "required_hooks": "core.descriptors",
+    "run_hooks": "core.forward",
+    "linear_probe": "probes.linear_probe", "ProbeResult": "probes.linear_probe",
 }
 
 __all__ = sorted(_LAZY)
@@ -39,12 +41,46 @@ def __dir__() -> list:
     return sorted(set(globals()) | set(_LAZY))
 
 
+# Flat module paths of earlier versions -> their home; ``import interp.studies.norms`` gives the same module
+# object as ``import interp.studies.artifacts.norms``.
+MOVED = {
+    **{m: f"core.{m}" for m in ("source", "detection", "outliers", "norm_split", "result", "forward", "presets",
+                                "metrics", "descriptors")},
+    **{m: f"artifacts.{m}" for m in ("norms", "emergence", "neurons", "register_scores", "ablate", "relocate",
+                                     "registers")},
+    **{m: f"aggregation.{m}" for m in ("patch_score", "pib", "pib_protocol", "masking")},
+    "selective_pooling": "aggregation.selective_cls",
+    **{m: f"objects.{m}" for m in ("lost", "segmentation", "boxes", "box_files")},
+    "linear_probe": "probes.linear_probe",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Import hook: ``interp.studies.<old name>`` resolves to the module at its new home (no copy, no stub file)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        prefix, _, name = fullname.rpartition(".")
+        if prefix == __name__ and name in MOVED:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return importlib.import_module(f"{__name__}.{MOVED[spec.name.rpartition('.')[2]]}")
+
+    def exec_module(self, module):
+        """The module was executed at its new home."""
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
+
+
 class _Studies(types.ModuleType):
-    """``interp.studies.linear_probe`` is the function (as it always was), not its submodule: importing the
-    submodule would otherwise replace the package attribute with the module."""
+    """``interp.studies.linear_probe`` is the function (as it always was), not a module: importing the flat
+    module path (:data:`MOVED`) would otherwise replace the package attribute with the module."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and _LAZY[name] == name and isinstance(value, types.ModuleType):
+        if name in _LAZY and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
 

@@ -1,0 +1,206 @@
+"""``interp study patch-score|pib|masking|selective-cls``: the lazy-aggregation studies (docs/methods.md section 3).
+
+    interp study patch-score MODEL --images DIR [--boxes FILE | --masks DIR] --out OUT
+    interp study pib MODEL --images DIR --boxes FILE --out OUT
+    interp study masking MODEL --images DIR --out OUT [--fractions 0 0.1 ...] [--fill zero|mean|blur]
+    interp study selective-cls MODEL --images DIR --boxes FILE --out OUT [--k 1 7 98]
+
+Each writes ``<study>.json`` and PNG figures into ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .common import add_study_args, add_threshold_arg, model_from_args, source_from_args, threshold_value, write_outputs
+from .values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
+                     positive_float, positive_int)
+
+
+def _add_selective_params(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sigma", type=positive_float, default=None, help="SelectiveCLS low-pass width (default sqrt(d))")
+    p.add_argument("--score", choices=("code", "paper", "contrib"), default="code",
+                   help="SelectiveCLS stability score: code = x/|x_low - x| (LaSt reference code, default), "
+                        "paper = x_low/(|x_low - x| + eps), contrib = x_low/(x_low - x + eps)")
+    p.add_argument("--fft", choices=("shift", "rfft"), default="shift",
+                   help="SelectiveCLS FFT variant: shift (fftshift, the reference) or rfft")
+    p.add_argument("--eps", type=positive_float, default=1e-6, help="SelectiveCLS epsilon")
+
+
+def _add_score_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reference", choices=("cls", "pooled", "selective"), default="cls",
+                   help="global vector g of the Patch Score: CLS output, the pooled vector the head sees, "
+                        "or the SelectiveCLS vector")
+    p.add_argument("--hook", default="hook_norm_final",
+                   help="patch tokens: hook_norm_final (default) or blocks.{i}.hook_resid_post")
+    p.add_argument("--selective-k", type=positive_int, default=1, help="k of the SelectiveCLS vector (--reference selective)")
+    _add_selective_params(p)
+
+
+def _add_box_filters(p: argparse.ArgumentParser, single_default: bool, max_fraction_default) -> None:
+    if single_default:
+        p.add_argument("--all-objects", dest="single_object", action="store_false", default=True,
+                       help="keep images with several boxes (default: exactly one box, as the reference)")
+    else:
+        p.add_argument("--single-object", dest="single_object", action="store_true", default=False,
+                       help="keep only images with exactly one box")
+    p.add_argument("--max-box-fraction", type=fraction, default=max_fraction_default,
+                   help="drop boxes larger than this share of the original image area "
+                        f"(default {max_fraction_default}; 1 keeps all)")
+
+
+def _add_bootstrap(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--n-boot", type=positive_int, default=1000, help="bootstrap resamples for the PiB interval")
+    p.add_argument("--level", type=open_fraction, default=0.95, help="confidence level of the PiB interval")
+
+
+def _selective(args, k: int):
+    from ..interventions.selective_cls import SelectiveCLS
+
+    return SelectiveCLS(k=k, sigma=args.sigma, score=args.score, fft=args.fft, eps=args.eps)
+
+
+# ---------------------------------------------------------------------------------------------- commands
+def run_patch_score(args) -> int:
+    from ..errors import InterpError
+    from ..plots import aggregation as plots
+    from ..studies.objects.boxes import read_boxes, regions_from_boxes, regions_from_masks
+    from ..studies.aggregation.patch_score import patch_score_study
+
+    if args.boxes and args.masks:
+        raise InterpError("give --boxes or --masks, not both")
+    model = model_from_args(args)
+    source = source_from_args(args, model)
+    regions = None
+    if args.boxes:
+        regions = regions_from_boxes(source.ids, read_boxes(args.boxes), source.data_config(),
+                                     tuple(source.layout.grid), single_object=args.single_object,
+                                     max_box_fraction=args.max_box_fraction)
+    elif args.masks:
+        regions = regions_from_masks(source.ids, args.masks, source.data_config(), tuple(source.layout.grid))
+    result = patch_score_study(source, hook=args.hook, reference=args.reference,
+                               selective=_selective(args, args.selective_k), regions=regions,
+                               batch_size=args.batch_size, progress=args.progress)
+    if result.fg is not None:
+        print(f"Patch Score ({args.reference}): foreground mean {result.fg.mean}, background mean {result.bg.mean}; "
+              f"excluded {result.excluded}")
+    figures = [("score_distributions", plots.score_distributions(result)),
+               ("score_maps", plots.score_maps(result, n=args.n_maps, only_with_boxes=regions is not None))]
+    write_outputs(result, args.out, figures)
+    return 0
+
+
+def run_pib(args) -> int:
+    from ..plots import aggregation as plots
+    from ..studies.aggregation.pib import pib_study
+
+    model = model_from_args(args)
+    source = source_from_args(args, model)
+    result = pib_study(source, args.boxes, reference=args.reference, hook=args.hook,
+                       selective=_selective(args, args.selective_k), single_object=args.single_object,
+                       max_box_fraction=args.max_box_fraction, n_boot=args.n_boot, level=args.level,
+                       seed=args.seed, batch_size=args.batch_size, progress=args.progress,
+                       protocol=args.protocol)
+    print(result.summary())
+    figures = []
+    if result.pib is not None:
+        figures = [("pib", plots.pib_bars(result)), ("score_maps", plots.score_maps(result, n=args.n_maps))]
+    write_outputs(result, args.out, figures)
+    return 0
+
+
+def run_masking(args) -> int:
+    from ..plots import aggregation as plots
+    from ..studies.aggregation.masking import masking_study
+
+    model = model_from_args(args)
+    source = source_from_args(args, model)
+    threshold = threshold_value(args.outlier_threshold)
+    result = masking_study(source, fractions=args.fractions, fill=args.fill, blur_sigma=args.blur_sigma,
+                           reference=args.reference, hook=args.hook, selective=_selective(args, args.selective_k),
+                           outlier_threshold=threshold, batch_size=args.batch_size, progress=args.progress)
+    for order in ("top", "bottom"):
+        values = " ".join(f"{v:.3f}" for v in result.curves[order][result.metric])
+        print(f"{result.metric} masking {order}-k at {result.fractions}: {values}")
+    write_outputs(result, args.out, [("masking_curves", plots.masking_curves(result))])
+    return 0
+
+
+def run_selective_cls(args) -> int:
+    from ..plots import aggregation as plots
+    from ..studies.aggregation.selective_cls import selective_cls_study
+
+    model = model_from_args(args)
+    source = source_from_args(args, model)
+    result = selective_cls_study(source, args.boxes, ks=args.k, selective=_selective(args, 1),
+                                 reference=args.reference, single_object=args.single_object,
+                                 max_box_fraction=args.max_box_fraction, n_boot=args.n_boot, level=args.level,
+                                 seed=args.seed, batch_size=args.batch_size, progress=args.progress,
+                                 protocol=args.protocol)
+    print(result.table())
+    print(f"{result.n_used} of {result.n_images} images with a usable box; excluded: {result.excluded}")
+    figures = []
+    if any(r["pib"] is not None for r in result.rows):
+        figures = [("pib", plots.pib_bars(result)), ("score_distributions", plots.score_distributions(result))]
+    write_outputs(result, args.out, figures)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- parsers
+def add_patch_score_arguments(p) -> None:
+    """Arguments of ``interp study patch-score`` (the registry adds the parser)."""
+    p.description = ("Patch Score S_p = cos(x_p, g) per image (docs/methods.md section 3).")
+    add_study_args(p, cache_ok=True)
+    _add_score_args(p)
+    p.add_argument("--boxes", default=None, type=existing_file,
+                   help="box file (CSV/JSON/COCO) for foreground/background scores")
+    p.add_argument("--masks", default=None, type=existing_path,
+                   help="directory of masks <image stem>.png (nonzero = foreground)")
+    _add_box_filters(p, single_default=False, max_fraction_default=None)
+    p.add_argument("--n-maps", type=nonnegative_int, default=8, help="images drawn in score_maps.png")
+
+
+def _add_protocol_arg(p) -> None:
+    p.add_argument("--protocol", choices=("model", "last"), default="model",
+                   help="model: the model's own transform (default); last: the LaSt reference's Resize 256 + "
+                        "CenterCrop 224, box cells and filters (overrides the box filters; needs a 224-px grid)")
+
+
+def add_pib_arguments(p) -> None:
+    """Arguments of ``interp study pib`` (the registry adds the parser)."""
+    p.description = ("Point in box with a bootstrap interval (docs/methods.md section 3).")
+    add_study_args(p, cache_ok=True)
+    _add_score_args(p)
+    p.add_argument("--boxes", required=True, type=existing_file, help="box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON")
+    _add_box_filters(p, single_default=True, max_fraction_default=0.25)
+    _add_protocol_arg(p)
+    _add_bootstrap(p)
+    p.add_argument("--n-maps", type=nonnegative_int, default=8, help="images drawn in score_maps.png")
+
+
+def add_masking_arguments(p) -> None:
+    """Arguments of ``interp study masking`` (the registry adds the parser)."""
+    p.description = ("Masking probe (docs/methods.md section 3): accuracy or agreement and outlier "
+                     "counts per masked fraction, for both orders.")
+    add_study_args(p, cache_ok=False)
+    _add_score_args(p)
+    p.add_argument("--fractions", type=masked_fraction, nargs="+", default=[round(0.1 * i, 1) for i in range(10)],
+                   help="shares of patches to mask (default 0 0.1 ... 0.9)")
+    p.add_argument("--fill", choices=("zero", "mean", "blur"), default="zero",
+                   help="zero (0 in normalised space), mean (dataset mean per channel) or blur")
+    p.add_argument("--blur-sigma", type=positive_float, default=None, help="blur sigma in pixels (default patch size / 2)")
+    add_threshold_arg(p, default="p98", flag="--outlier-threshold",
+                      help="outlier token norm at the last block: a number > 0, pNN (percentile of the unmasked "
+                           "run) or auto; default p98")
+
+
+def add_selective_cls_arguments(p) -> None:
+    """Arguments of ``interp study selective-cls`` (the registry adds the parser)."""
+    p.description = ("The measured effect of SelectiveCLS(k) on a frozen model, one table.")
+    add_study_args(p, cache_ok=False)
+    p.add_argument("--boxes", required=True, type=existing_file, help="box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON")
+    p.add_argument("--k", type=positive_int, nargs="+", default=[1, 7, 98], help="SelectiveCLS k values (default 1 7 98)")
+    _add_selective_params(p)
+    p.add_argument("--reference", choices=("cls", "pooled"), default="cls", help="the baseline's global vector")
+    _add_box_filters(p, single_default=True, max_fraction_default=0.25)
+    _add_protocol_arg(p)
+    _add_bootstrap(p)

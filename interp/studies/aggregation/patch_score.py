@@ -1,0 +1,249 @@
+"""Patch Score (docs/methods.md section 3): ``S_p = cos(x_p, g)`` between each patch token and a global vector.
+
+The patch tokens come from ``hook`` (default ``hook_norm_final``, the final normed tokens; or any
+``blocks.{i}.hook_resid_post``). The global vector ``g`` is chosen by ``reference``:
+
+* ``"cls"``: the raw CLS output, i.e. the CLS row of ``hook_norm_final``;
+* ``"pooled"``: the vector the head sees (``hook_pooled``); it must have the tokens' width;
+* ``"selective"``: selective aggregation (``interp.interventions.selective_aggregation.selective_aggregate``) of the
+  final normed patch tokens, with the parameters of a :class:`SelectiveCLS` object.
+
+>>> from interp.models import data_config
+>>> from interp.studies.objects.boxes import read_boxes, regions_from_boxes
+>>> regions = regions_from_boxes(source.ids, read_boxes("boxes.csv"), data_config(model), model.layout.grid)
+>>> result = patch_score_study(source, reference="cls", regions=regions, progress=False)
+>>> len(result.maps), len(result.maps[0]), len(result.maps[0][0])      # [N][h][w] cosines
+(4, 14, 14)
+>>> -1 <= result.bg.mean <= 1 and -1 <= result.fg.mean <= 1           # mean score off / on the boxes
+True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from ..._progress import tqdm
+
+from ...errors import InterpError
+from ...interventions.selective_aggregation import selective_aggregate
+from ...interventions.selective_cls import SelectiveCLS
+from ...models.layout import TokenLayout
+from ..objects.boxes import Regions
+from ..core.result import StudyResult
+from ..core.source import ActivationSource, n_batches
+
+REFERENCES = ("cls", "pooled", "selective")
+FINAL = "hook_norm_final"
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+# ---------------------------------------------------------------------------------------------- tokens
+def split_tokens(tokens: torch.Tensor, layout: TokenLayout) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+    """(CLS row [b, d] or None, patch rows [b, n, d]) of tokens [b, t, d] (all rows, or patch rows only as a
+    cache written with ``tokens="patches"`` stores them)."""
+    t = tokens.shape[1]
+    if t == layout.n_tokens:
+        cls = tokens[:, layout.cls_index] if layout.cls_index is not None else None
+        return cls, tokens[:, layout.patch_slice]
+    if t == layout.n_patches:
+        return None, tokens
+    raise InterpError(f"tokens have {t} rows, but the layout has {layout.n_tokens} tokens ({layout.n_patches} "
+                      "patches); cache the hook with tokens='all'")
+
+
+def needed_hooks(hook: str, reference: str) -> List[str]:
+    """Hooks a score map needs: the patch tokens' hook plus what the reference vector is read from."""
+    if reference not in REFERENCES:
+        raise InterpError(f"reference={reference!r} is not one of {list(REFERENCES)}")
+    hooks = [hook]
+    extra = "hook_pooled" if reference == "pooled" else FINAL
+    if extra not in hooks:
+        hooks.append(extra)
+    return hooks
+
+
+def global_vector(acts: Dict[str, torch.Tensor], layout: TokenLayout, reference: str,
+                  selective: Optional[SelectiveCLS] = None) -> torch.Tensor:
+    """The reference vector g [b, d] from a batch's activations (see the module docstring)."""
+    if reference == "pooled":
+        return acts["hook_pooled"]
+    cls, patches = split_tokens(acts[FINAL], layout)
+    if reference == "cls":
+        if cls is None:
+            raise InterpError("reference='cls' needs the CLS token: this model has none (or the cache kept patch "
+                              "rows only); use reference='pooled' or 'selective'")
+        return cls
+    if reference == "selective":
+        spec = selective or SelectiveCLS()
+        return selective_aggregate(patches, **spec.params())[0]
+    raise InterpError(f"reference={reference!r} is not one of {list(REFERENCES)}")
+
+
+def cosine_map(patches: torch.Tensor, g: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+    """cos(x_p, g) for patches [b, n, d] and g [b, d] -> [b, h, w] float32."""
+    if patches.shape[-1] != g.shape[-1]:
+        raise InterpError(f"patch tokens have width {patches.shape[-1]} but the global vector has width "
+                          f"{g.shape[-1]}; pick a hook and reference of the same width")
+    cos = torch.nn.functional.cosine_similarity(patches.float(), g.float()[:, None, :], dim=-1)
+    return cos.reshape(cos.shape[0], *grid)
+
+
+def score_maps_from_acts(acts: Dict[str, torch.Tensor], layout: TokenLayout, hook: str = FINAL,
+                         reference: str = "cls", selective: Optional[SelectiveCLS] = None) -> torch.Tensor:
+    """Patch Score maps [b, h, w] of one batch of activations (which must hold :func:`needed_hooks`)."""
+    _, patches = split_tokens(acts[hook], layout)
+    g = global_vector(acts, layout, reference, selective)
+    if reference == "pooled" and g.shape[-1] != patches.shape[-1]:
+        raise InterpError(f"the pooled vector (hook_pooled) has width {g.shape[-1]} but the tokens have width "
+                          f"{patches.shape[-1]} (the model projects before its head), so their cosine is "
+                          "undefined; use reference='cls' or 'selective'")
+    return cosine_map(patches, g, layout.grid)
+
+
+@torch.no_grad()
+def check_source(source: ActivationSource, hooks: Sequence[str]) -> None:
+    """Raise unless the source can give these hooks in full (a norm-only cache cannot)."""
+    source.require(hooks)
+    if source.norms_only:
+        raise InterpError("this cache stores token norms only; Patch Scores need the token vectors: "
+                          "write the cache without --norms-only")
+
+
+def compute_score_maps(source: ActivationSource, hook: str = FINAL, reference: str = "cls",
+                       selective: Optional[SelectiveCLS] = None, batch_size: Optional[int] = None,
+                       progress: bool = True) -> torch.Tensor:
+    """Patch Score maps of every image of the source: [N, h, w] float32."""
+    hooks = needed_hooks(hook, reference)
+    check_source(source, hooks)
+    maps: List[torch.Tensor] = []
+    bs = batch_size or source.batch_size
+    for batch in tqdm(source.batches(hooks, bs), total=n_batches(source, bs), disable=not progress,
+                      desc="patch scores", unit="batch", leave=False):
+        maps.append(score_maps_from_acts(batch.acts, batch.layout, hook, reference, selective))
+    return torch.cat(maps) if maps else torch.zeros(0, *source.layout.grid)
+
+
+# ---------------------------------------------------------------------------------------------- distributions
+@dataclass
+class ScoreDistribution:
+    """Summary of a set of Patch Scores: count, mean, std, quantiles and a histogram on fixed edges.
+
+    Attributes:
+        quantiles: {"q05": ..., "q25": ..., "q50": ..., "q75": ..., "q95": ...} (None when empty).
+        counts: histogram counts over ``edges`` (len(edges) - 1 bins over [-1, 1]).
+    """
+
+    n: int
+    mean: Optional[float]
+    std: Optional[float]
+    quantiles: Dict[str, Optional[float]]
+    counts: List[int]
+    edges: List[float]
+
+    @classmethod
+    def of(cls, values: torch.Tensor, bins: int = 40) -> "ScoreDistribution":
+        v = values.detach().float().reshape(-1).cpu().numpy()
+        edges = np.linspace(-1.0, 1.0, bins + 1)
+        counts, _ = np.histogram(np.clip(v, -1.0, 1.0), bins=edges)
+        empty = v.size == 0
+        return cls(
+            n=int(v.size),
+            mean=None if empty else float(v.mean()),
+            std=None if empty else float(v.std()),
+            quantiles={f"q{int(round(q * 100)):02d}": None if empty else float(np.quantile(v, q)) for q in QUANTILES},
+            counts=counts.tolist(),
+            edges=edges.tolist(),
+        )
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> Optional["ScoreDistribution"]:
+        return None if d is None else (d if isinstance(d, cls) else cls(**d))
+
+
+def fg_bg_distributions(maps: torch.Tensor, regions: Regions, bins: int = 40) -> Tuple[ScoreDistribution,
+                                                                                    ScoreDistribution]:
+    """Scores of inside (foreground) and outside (background) cells, over the images with a region."""
+    usable = regions.usable
+    inside = regions.inside[usable]
+    kept = maps[usable]
+    return ScoreDistribution.of(kept[inside], bins), ScoreDistribution.of(kept[~inside], bins)
+
+
+# ---------------------------------------------------------------------------------------------- study
+@dataclass
+class PatchScoreResult(StudyResult):
+    """Result of :func:`patch_score_study`.
+
+    Attributes:
+        ids: image ids, in order.
+        hook, reference: where the patch tokens come from, and the global vector (``cls``/``pooled``/``selective``).
+        selective: SelectiveCLS parameters (reference ``selective`` only).
+        grid: patch grid [h, w]; patch_size: [ph, pw] in input pixels.
+        maps: [N][h][w] Patch Scores.
+        top_patch: per image the flat index (row-major) of the highest-score patch.
+        scores: distribution of all Patch Scores.
+        fg, bg: distributions inside / outside the regions (None without regions).
+        boxes_input: per image the region boxes in input pixels [[x0, y0, x1, y1], ...] (empty without boxes).
+        excluded: images without a usable region, by reason (empty without regions).
+    """
+
+    study = "patch_score"
+    ids: List[str] = field(default_factory=list)
+    hook: str = FINAL
+    reference: str = "cls"
+    selective: Optional[Dict] = None
+    grid: List[int] = field(default_factory=list)
+    patch_size: List[int] = field(default_factory=list)
+    maps: List = field(default_factory=list)
+    top_patch: List[int] = field(default_factory=list)
+    scores: Optional[ScoreDistribution] = None
+    fg: Optional[ScoreDistribution] = None
+    bg: Optional[ScoreDistribution] = None
+    boxes_input: List = field(default_factory=list)
+    excluded: Dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.scores = ScoreDistribution.from_dict(self.scores)
+        self.fg = ScoreDistribution.from_dict(self.fg)
+        self.bg = ScoreDistribution.from_dict(self.bg)
+
+    def maps_tensor(self) -> torch.Tensor:
+        """The score maps as a Tensor [N, h, w]."""
+        return torch.as_tensor(np.asarray(self.maps, dtype=np.float32)).reshape(-1, *self.grid)
+
+
+def patch_score_study(source: ActivationSource, *, hook: str = FINAL, reference: str = "cls",
+                      selective: Optional[SelectiveCLS] = None, regions: Optional[Regions] = None,
+                      bins: int = 40, batch_size: Optional[int] = None, progress: bool = True) -> PatchScoreResult:
+    """Patch Score maps of every image, with foreground/background distributions when regions are given.
+
+    Args:
+        source: a live source or a cache holding ``hook`` and ``hook_norm_final`` (``hook_pooled`` for
+            reference ``pooled``), all token rows.
+        hook: patch tokens: ``hook_norm_final`` or ``blocks.{i}.hook_resid_post``.
+        reference: ``cls``, ``pooled`` or ``selective`` (module docstring).
+        selective: SelectiveCLS whose parameters (k, sigma, score, fft, eps) define the ``selective`` vector.
+        regions: foreground cells per image (:func:`~interp.studies.objects.boxes.regions_from_boxes` or
+            :func:`~interp.studies.objects.boxes.regions_from_masks`), in the source's image order.
+        bins: histogram bins over [-1, 1].
+    """
+    if regions is not None and regions.inside.shape[0] != len(source):
+        raise InterpError(f"regions cover {regions.inside.shape[0]} images but the source has {len(source)}")
+    maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)
+    fg = bg = None
+    if regions is not None:
+        fg, bg = fg_bg_distributions(maps, regions, bins)
+    selective_params = (selective or SelectiveCLS()).params() if reference == "selective" else None
+    params = {"hook": hook, "reference": reference, "selective": selective_params, "bins": bins,
+              "regions": regions is not None}
+    return PatchScoreResult(
+        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
+        ids=list(source.ids), hook=hook, reference=reference, selective=selective_params,
+        grid=list(source.layout.grid), patch_size=list(source.patch_size),
+        maps=maps.tolist(), top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [],
+        scores=ScoreDistribution.of(maps, bins), fg=fg, bg=bg,
+        boxes_input=regions.boxes_input if regions is not None else [],
+        excluded=regions.excluded_counts() if regions is not None else {},
+    )

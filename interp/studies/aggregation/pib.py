@@ -1,0 +1,234 @@
+"""PiB, "point in box" (docs/methods.md section 3): the share of images whose highest-Patch-Score patch lies in
+the object's box, with a seeded bootstrap confidence interval.
+
+Reference protocol: images with exactly one annotated box (``single_object``), boxes under 25 % of the
+image area (``max_box_fraction``), each box mapped through the model's preprocessing onto the patch grid
+(:mod:`interp.studies.objects.boxes`); a patch is inside when its cell touches the box.
+
+>>> result = pib_study(source, "boxes.csv", reference="cls", max_box_fraction=1, progress=False)
+>>> result.ci_low <= result.pib <= result.ci_high, result.excluded     # images dropped per reason
+(True, {'no_box': 0, 'several_boxes': 0, 'too_large': 0, 'cropped_away': 0})
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from ...errors import ImageError, InterpError
+from ...interventions.selective_cls import SelectiveCLS
+from ..objects.box_files import match_boxes
+from ..objects.boxes import BoxTable, Regions, original_size, read_boxes, regions_from_boxes
+from .patch_score import FINAL, compute_score_maps
+from .pib_protocol import LAST_CROP, LAST_MAX_BOX_FRACTION, last_grid, last_regions, last_transform
+from ..core.result import StudyResult
+from ..core.source import ActivationSource, LiveSource
+
+PROTOCOLS = ("model", "last")
+
+
+def pib_hits(maps: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
+    """Whether each image's highest-score patch is inside its region. maps, inside [N, h, w] -> bool [N].
+
+    Ties go to the first patch in row-major order (``argmax``)."""
+    top = maps.flatten(1).argmax(1)
+    return inside.flatten(1).gather(1, top[:, None])[:, 0]
+
+
+def bootstrap_ci(hits: np.ndarray, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Tuple[float, float]:
+    """Percentile bootstrap interval of the mean of 0/1 ``hits`` (images resampled with replacement).
+
+    Returns (nan, nan) for no images."""
+    hits = np.asarray(hits, dtype=np.float64)
+    if hits.size == 0:
+        return float("nan"), float("nan")
+    if not 0 < level < 1:
+        raise InterpError(f"level must be in (0, 1), got {level}")
+    rng = np.random.default_rng(seed)
+    means = hits[rng.integers(0, hits.size, size=(int(n_boot), hits.size))].mean(axis=1)
+    alpha = (1.0 - level) / 2.0
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1.0 - alpha))
+
+
+@dataclass
+class PiBSummary:
+    """PiB over the usable images of one set of score maps.
+
+    Attributes:
+        hits: per image True/False, None for an excluded image.
+    """
+
+    pib: Optional[float]
+    ci_low: Optional[float]
+    ci_high: Optional[float]
+    n_used: int
+    hits: List[Optional[bool]]
+
+
+def pib_from_maps(maps: torch.Tensor, regions: Regions, n_boot: int = 1000, level: float = 0.95,
+                  seed: int = 0) -> PiBSummary:
+    """PiB and its bootstrap interval from score maps [N, h, w] and regions of the same N images."""
+    if maps.shape != regions.inside.shape:
+        raise InterpError(f"score maps {tuple(maps.shape)} and regions {tuple(regions.inside.shape)} differ in shape")
+    usable = regions.usable
+    hits = pib_hits(maps, regions.inside)
+    used = hits[usable].numpy()
+    low, high = bootstrap_ci(used, n_boot, level, seed)
+    per_image = [bool(h) if u else None for h, u in zip(hits.tolist(), usable.tolist())]
+    pib = float(used.mean()) if used.size else None
+    return PiBSummary(pib, None if used.size == 0 else low, None if used.size == 0 else high, int(used.size),
+                      per_image)
+
+
+@dataclass
+class PiBResult(StudyResult):
+    """Result of :func:`pib_study`.
+
+    Attributes:
+        pib: share of usable images whose top patch is inside the box (None when no image is usable).
+        ci_low, ci_high: percentile bootstrap interval (``level``, ``n_boot`` resamples, ``seed``).
+        n_images, n_used: images in the source / images that passed every filter.
+        excluded: images left out by reason: no_box, several_boxes, too_large, cropped_away.
+        ids, hits, top_patch: per image (hits None for excluded images; top_patch flat row-major index).
+        boxes_input: per image the kept boxes in input pixels; grid [h, w]; patch_size [ph, pw].
+        maps: [N][h][w] Patch Scores (empty when not stored).
+    """
+
+    study = "pib"
+    pib: Optional[float] = None
+    ci_low: Optional[float] = None
+    ci_high: Optional[float] = None
+    level: float = 0.95
+    n_boot: int = 1000
+    n_images: int = 0
+    n_used: int = 0
+    excluded: Dict[str, int] = field(default_factory=dict)
+    hook: str = FINAL
+    reference: str = "cls"
+    ids: List[str] = field(default_factory=list)
+    hits: List[Optional[bool]] = field(default_factory=list)
+    top_patch: List[int] = field(default_factory=list)
+    boxes_input: List = field(default_factory=list)
+    grid: List[int] = field(default_factory=list)
+    patch_size: List[int] = field(default_factory=list)
+    maps: List = field(default_factory=list)
+
+    def summary(self) -> str:
+        if self.pib is None:
+            return f"PiB: no usable image of {self.n_images} (excluded: {self.excluded})"
+        return (f"PiB {100 * self.pib:.1f} % [{100 * self.ci_low:.1f}, {100 * self.ci_high:.1f}] "
+                f"({100 * self.level:.0f} % bootstrap CI) on {self.n_used} of {self.n_images} images; "
+                f"excluded: {self.excluded}")
+
+
+def load_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path], single_object: bool,
+                 max_box_fraction: Optional[float]) -> Regions:
+    """Regions of the source's images from a box table or box file, through the source's preprocessing."""
+    table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
+    return regions_from_boxes(source.ids, table, source.data_config(), tuple(source.layout.grid),
+                              single_object=single_object, max_box_fraction=max_box_fraction)
+
+
+class LastProtocolSource(LiveSource):
+    """A live source over image files that feeds the model the LaSt reference's transform (``Resize(256)`` +
+    ``CenterCrop(224)``, the model's mean/std) instead of the model's own; ids, labels and skips as ``source``."""
+
+    def __init__(self, source: LiveSource):
+        if not isinstance(source, LiveSource) or source._paths is None:
+            raise InterpError("protocol='last' re-reads the image files with the reference transform: give a live "
+                              "source over image files (CLI --images DIR), not a cache or a tensor")
+        cfg = source.data_config()
+        self.__dict__.update(source.__dict__)
+        self._transform = last_transform(cfg["mean"], cfg["std"])  # layout: from _image_size (224 x 224)
+
+    def _image_size(self):
+        return (LAST_CROP, LAST_CROP)
+
+    def image_batches(self, batch_size: Optional[int] = None):
+        """(start index, images [b, 3, 224, 224] under the reference transform, on the model's device)."""
+        from PIL import Image
+
+        bs = batch_size or self.batch_size
+        param = next(self.model.parameters())
+        for start in range(0, len(self.ids), bs):
+            batch = []
+            for path in self._paths[start:start + bs]:
+                try:
+                    with Image.open(path) as im:  # the reference's loader: PIL convert("RGB"), alpha dropped
+                        batch.append(self._transform(im.convert("RGB")))
+                except Exception as e:  # PIL raises many types for broken files
+                    raise ImageError(f"cannot read image {str(path)!r} ({type(e).__name__}: {e})") from e
+            yield start, torch.stack(batch).to(device=param.device, dtype=param.dtype)
+
+
+def last_protocol_regions(source: ActivationSource, table: BoxTable) -> Regions:
+    """Regions of the source's images under the ``last`` protocol (:mod:`interp.studies.aggregation.pib_protocol`): the
+    reference's filters (one box, area < 25 %) and cells; the grid is ``224 // patch size``."""
+    patch = int(source.patch_size[0])
+    n = last_grid(patch)
+    if tuple(source.layout.grid) != (n, n):
+        raise InterpError(f"protocol='last' feeds 224 x 224 images; the model's grid is {tuple(source.layout.grid)}"
+                          f", not {n} x {n}: load the model with img_size=224 (CLI --img-size 224)")
+    entries = match_boxes(source.ids, table)
+    if table and source.ids and all(e is None for e in entries):
+        raise InterpError("no image matches a key of the box file; box keys must end the image paths")
+    boxes = [e.boxes if e is not None else None for e in entries]
+    sizes = [original_size(i, e) if e is not None and e.boxes else (1, 1) for i, e in zip(source.ids, entries)]
+    inside, reasons = last_regions(boxes, sizes, patch)
+    return Regions(inside, reasons, [[] for _ in source.ids])
+
+
+def protocol_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path], protocol: str,
+                     single_object: bool, max_box_fraction: Optional[float]):
+    """(source, regions, single_object, max_box_fraction) as a PiB protocol uses them: ``"model"`` keeps the
+    source and the filters given; ``"last"`` wraps the source in :class:`LastProtocolSource` and applies the
+    reference's filters (one box, area < 25 %)."""
+    if protocol not in PROTOCOLS:
+        raise InterpError(f"protocol={protocol!r}: use one of {PROTOCOLS}")
+    if protocol == "model":
+        return source, load_regions(source, boxes, single_object, max_box_fraction), single_object, max_box_fraction
+    source = LastProtocolSource(source)
+    table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
+    return source, last_protocol_regions(source, table), True, LAST_MAX_BOX_FRACTION
+
+
+def pib_study(source: ActivationSource, boxes: Union[BoxTable, str, Path], *, reference: str = "cls",
+              hook: str = FINAL, selective: Optional[SelectiveCLS] = None, single_object: bool = True,
+              max_box_fraction: Optional[float] = 0.25, n_boot: int = 1000, level: float = 0.95, seed: int = 0,
+              store_maps: bool = True, batch_size: Optional[int] = None, progress: bool = True,
+              protocol: str = "model") -> PiBResult:
+    """PiB of a model (live or cached) on images with boxes.
+
+    Args:
+        source: live source over image files, or a cache of them (ids are the image paths).
+        boxes: a box file (CSV / JSON / COCO, see :mod:`interp.studies.objects.boxes`) or a table from ``read_boxes``.
+        reference, hook, selective: the Patch Score (:mod:`interp.studies.aggregation.patch_score`).
+        single_object: keep only images with exactly one box (reference protocol).
+        max_box_fraction: drop boxes larger than this share of the original image area (None: keep all).
+        n_boot, level, seed: the bootstrap interval.
+        store_maps: keep the [N, h, w] score maps in the result (for plots).
+        protocol: ``"model"`` (default): the model's own transform and the filters above. ``"last"``: the LaSt
+            reference exactly (``bbox_to_patch_set`` and its dataloader): Resize(256) + CenterCrop(224) whatever
+            the model's crop, its box-to-cell arithmetic, one box per image, area strictly below 25 %
+            (``single_object``/``max_box_fraction`` are then the reference's); needs a live source over files
+            and a model whose 224-px grid is ``224 // patch``; ``boxes_input`` is left empty.
+    """
+    source, regions, single_object, max_box_fraction = protocol_regions(source, boxes, protocol, single_object,
+                                                                         max_box_fraction)
+    maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)
+    summary = pib_from_maps(maps, regions, n_boot, level, seed)
+    params = {"protocol": protocol, "reference": reference, "hook": hook, "single_object": single_object,
+              "max_box_fraction": max_box_fraction, "n_boot": n_boot, "level": level,
+              "selective": (selective or SelectiveCLS()).params() if reference == "selective" else None}
+    return PiBResult(
+        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
+        pib=summary.pib, ci_low=summary.ci_low, ci_high=summary.ci_high, level=level, n_boot=n_boot,
+        n_images=len(source), n_used=summary.n_used, excluded=regions.excluded_counts(), hook=hook,
+        reference=reference, ids=list(source.ids), hits=summary.hits,
+        top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [], boxes_input=regions.boxes_input,
+        grid=list(source.layout.grid), patch_size=list(source.patch_size),
+        maps=maps.tolist() if store_maps else [],
+    )

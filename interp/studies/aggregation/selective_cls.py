@@ -1,0 +1,187 @@
+"""The measured effect of ``SelectiveCLS`` applied to a frozen model (docs/methods.md section 3).
+
+Rows: the baseline model (global vector = ``reference``: the CLS output, or the pooled vector), then the
+model with ``SelectiveCLS(k=...)`` for each k (global vector = the selective aggregation of the final
+normed patch tokens, which is what the head then sees). Columns:
+
+``row, k, pib, pib_ci_low, pib_ci_high, fg_score_mean, bg_score_mean, top1_agreement, accuracy``
+
+* PiB / CI and fg/bg Patch Score means over the images that pass the box filters (:mod:`interp.studies.aggregation.pib`);
+  None without boxes;
+* ``top1_agreement``: share of all images where the row's top-1 class equals the baseline's;
+* ``accuracy``: top-1 accuracy when the image folder gives labels (see :func:`interp.studies.aggregation.masking.target_classes`).
+
+Per batch of images: one baseline forward, then one forward per k under ``model.intervene(SelectiveCLS(k))``.
+
+>>> result = selective_cls_study(source, "boxes.csv", ks=[1, 7, 196], max_box_fraction=1, progress=False)
+>>> print(result.table().splitlines()[0])
+     row    k    pib  pib_ci_low  pib_ci_high  fg_score_mean  bg_score_mean  top1_agreement  accuracy
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Union
+
+import torch
+from ..._progress import tqdm
+
+from ...errors import InterpError
+from ...interventions.selective_cls import SelectiveCLS
+from ..objects.boxes import BoxTable
+from ..core.forward import run_hooks
+from .masking import target_classes
+from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, needed_hooks,
+                          score_maps_from_acts)
+from .pib import LastProtocolSource, pib_from_maps, protocol_regions
+from ..core.result import StudyResult
+from ..core.source import live_model, n_batches
+
+COLUMNS = ("row", "k", "pib", "pib_ci_low", "pib_ci_high", "fg_score_mean", "bg_score_mean", "top1_agreement",
+           "accuracy")
+BASELINE_REFERENCES = ("cls", "pooled")
+
+
+@dataclass
+class SelectiveCLSResult(StudyResult):
+    """Result of :func:`selective_cls_study`.
+
+    Attributes:
+        columns: the table's column names (``COLUMNS``).
+        rows: one dict per row (baseline first, then each k), keyed by column.
+        distributions: per row {"fg": ScoreDistribution, "bg": ScoreDistribution} (None without boxes).
+        hits: per row, per image PiB hit (None for images the box filters excluded).
+        n_images, n_used, excluded: images in the source / with a usable box / excluded by reason.
+    """
+
+    study = "selective_cls"
+    columns: List[str] = field(default_factory=lambda: list(COLUMNS))
+    rows: List[Dict] = field(default_factory=list)
+    ks: List[int] = field(default_factory=list)
+    reference: str = "cls"
+    selective: Dict = field(default_factory=dict)
+    n_images: int = 0
+    n_used: int = 0
+    excluded: Dict[str, int] = field(default_factory=dict)
+    level: float = 0.95
+    n_boot: int = 1000
+    ids: List[str] = field(default_factory=list)
+    distributions: List[Optional[Dict]] = field(default_factory=list)
+    hits: List[List[Optional[bool]]] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.distributions = [None if d is None else {key: ScoreDistribution.from_dict(v) for key, v in d.items()}
+                              for d in self.distributions]
+
+    def table(self) -> str:
+        """The rows as an aligned text table (None shown as '-')."""
+        def cell(v) -> str:
+            if v is None:
+                return "-"
+            return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+        cells = [list(self.columns)] + [[cell(row.get(c)) for c in self.columns] for row in self.rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(self.columns))]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+def _check_ks(ks: Sequence[int], n_patches: int) -> List[int]:
+    ks = [int(k) for k in ks]
+    bad = [k for k in ks if not 1 <= k <= n_patches]
+    if bad:
+        raise InterpError(f"k = {bad} out of range: this model has {n_patches} patches, so k must be in "
+                          f"[1, {n_patches}]")
+    return ks
+
+
+def _forward_rows(source, model, specs: Sequence[SelectiveCLS], reference: str, batch_size: Optional[int],
+                  progress: bool):
+    """Patch Score maps [N, h, w] and top-1 predictions [N] per row: baseline, then one row per spec."""
+    n_rows = 1 + len(specs)
+    maps: List[List[torch.Tensor]] = [[] for _ in range(n_rows)]
+    preds: List[List[torch.Tensor]] = [[] for _ in range(n_rows)]
+    baseline_hooks = needed_hooks(FINAL, reference)
+    for _, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size), disable=not progress,
+                     desc="selective-cls", unit="batch", leave=False):
+        run = run_hooks(model, x, baseline_hooks, logits=True)
+        maps[0].append(score_maps_from_acts(run.acts, run.layout, FINAL, reference))
+        preds[0].append(run.logits.argmax(-1))
+        for row, spec in enumerate(specs, start=1):
+            run = run_hooks(model, x, [FINAL], interventions=[spec], logits=True)
+            maps[row].append(score_maps_from_acts(run.acts, run.layout, FINAL, "selective", spec))
+            preds[row].append(run.logits.argmax(-1))
+    return [torch.cat(m) for m in maps], [torch.cat(p) for p in preds]
+
+
+def _table_row(name: str, k: Optional[int], row_maps, row_preds, baseline_preds, labels, regions, pib: Dict):
+    """One table row (a dict keyed by COLUMNS), its fg/bg distributions and PiB summary (None without boxes)."""
+    entry = {"row": name, "k": k, "pib": None, "pib_ci_low": None, "pib_ci_high": None, "fg_score_mean": None,
+             "bg_score_mean": None, "top1_agreement": float((row_preds == baseline_preds).float().mean()),
+             "accuracy": None if labels is None else float((row_preds == labels).float().mean())}
+    if regions is None:
+        return entry, None, None
+    summary = pib_from_maps(row_maps, regions, pib["n_boot"], pib["level"], pib["seed"])
+    fg, bg = fg_bg_distributions(row_maps, regions, pib["bins"])
+    entry.update(pib=summary.pib, pib_ci_low=summary.ci_low, pib_ci_high=summary.ci_high,
+                 fg_score_mean=fg.mean, bg_score_mean=bg.mean)
+    return entry, {"fg": fg, "bg": bg}, summary
+
+
+def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, ks: Sequence[int] = (1, 7, 98), *,
+                        selective: Optional[SelectiveCLS] = None, reference: str = "cls",
+                        single_object: bool = True, max_box_fraction: Optional[float] = 0.25,
+                        n_boot: int = 1000, level: float = 0.95, seed: int = 0, bins: int = 40,
+                        batch_size: Optional[int] = None, progress: bool = True,
+                        protocol: str = "model") -> SelectiveCLSResult:
+    """PiB, Patch Score distributions and top-1 agreement with and without ``SelectiveCLS(k)`` (module doc).
+
+    Args:
+        source: a live source over image files (labels from an image-folder layout give accuracy).
+        boxes: box file or table (:mod:`interp.studies.objects.boxes`); None skips the PiB and fg/bg columns.
+        ks: the k values; each must be in [1, n_patches].
+        selective: a ``SelectiveCLS`` whose sigma, score, fft and eps every row uses (its k is replaced by
+            each of ``ks``); default ``SelectiveCLS()``, the LaSt reference code's arithmetic.
+        reference: the baseline's global vector, ``cls`` or ``pooled``.
+        single_object, max_box_fraction, n_boot, level, seed: PiB protocol (:func:`interp.studies.aggregation.pib.pib_study`).
+        protocol: ``"model"`` (the model's transform) or ``"last"`` (the LaSt reference's, as in ``pib_study``).
+    """
+    regions = None
+    if boxes is not None:
+        source, regions, single_object, max_box_fraction = protocol_regions(source, boxes, protocol, single_object,
+                                                                             max_box_fraction)
+    elif protocol == "last":
+        source = LastProtocolSource(source)
+    elif protocol != "model":
+        raise InterpError(f"protocol={protocol!r}: use 'model' or 'last'")
+    model = live_model(source, "selective-cls study (with and without SelectiveCLS)")
+    if reference not in BASELINE_REFERENCES:
+        raise InterpError(f"the baseline reference must be one of {list(BASELINE_REFERENCES)}, got {reference!r}")
+    ks = _check_ks(ks, source.layout.n_patches)
+    template = (selective or SelectiveCLS()).params()
+    template.pop("k")
+    specs = [SelectiveCLS(k=k, **template) for k in ks]
+
+    maps, preds = _forward_rows(source, model, specs, reference, batch_size, progress)
+    labels = target_classes(source)
+    pib = {"n_boot": n_boot, "level": level, "seed": seed, "bins": bins}
+    rows, distributions, hits, summary = [], [], [], None
+    for row, (row_maps, row_preds) in enumerate(zip(maps, preds)):
+        name, k = ("baseline", None) if row == 0 else (f"k={ks[row - 1]}", ks[row - 1])
+        entry, dist, row_summary = _table_row(name, k, row_maps, row_preds, preds[0], labels, regions, pib)
+        rows.append(entry)
+        distributions.append(dist)
+        hits.append(row_summary.hits if row_summary is not None else [])
+        summary = row_summary or summary
+
+    params = {"ks": ks, **template, "reference": reference, "boxes": boxes is not None, "protocol": protocol,
+              "single_object": single_object, "max_box_fraction": max_box_fraction, "n_boot": n_boot,
+              "level": level, "bins": bins}
+    return SelectiveCLSResult(
+        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
+        rows=rows, ks=ks, reference=reference, selective=template, n_images=len(source),
+        n_used=summary.n_used if summary is not None else 0,
+        excluded=regions.excluded_counts() if regions is not None else {}, level=level, n_boot=n_boot,
+        ids=list(source.ids), distributions=distributions, hits=hits,
+    )

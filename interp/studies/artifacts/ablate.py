@@ -1,0 +1,152 @@
+"""Causal ablation of register neurons against random controls (docs/methods.md section 2).
+
+The target neuron set is ablated (zero or mean); each control ablates as many random neurons drawn from
+the same layers (excluding the targets), one draw per seed. Effects per condition: outlier count and max
+patch norm at the detection layer, top-1 agreement with the unablated model, and accuracy when the images
+come in an image-folder layout (``DIR/<class>/img``) whose class order matches the model's classes.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+from ..._progress import tqdm
+
+from ...interventions import NeuronAblation
+from ..core.forward import Baseline, forward_summary
+from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from ..core.outliers import ThresholdSpec
+from ..core.result import OutlierStudyResult, skipped_records
+from ..core.source import LiveSource, live_model, n_batches
+
+Neurons = Dict[int, List[int]]
+
+
+def random_controls(neurons: Neurons, d_mlp: int, n_controls: int, seed: int) -> List[Neurons]:
+    """``n_controls`` neuron sets with as many neurons per layer as ``neurons``, drawn from the same layers
+    without the targets; control i uses ``random.Random(seed + i)``."""
+    controls = []
+    for i in range(n_controls):
+        rng = random.Random(seed + i)
+        draw = {}
+        for layer, idx in sorted(neurons.items()):
+            pool = sorted(set(range(d_mlp)) - set(idx))
+            draw[layer] = sorted(rng.sample(pool, len(idx)))
+        controls.append(draw)
+    return controls
+
+
+@dataclass
+class AblationResult(OutlierStudyResult):
+    """Result of :func:`ablation_study`.
+
+    Attributes:
+        conditions: name -> {"outlier_count", "max_norm", "top1_agreement", "accuracy"}; names are
+            "baseline", "target" and "control_<i>".
+        controls: the neuron sets of the controls, as {layer: [neuron, ...]}.
+        summary: metric -> {"baseline", "target", "control_mean", "control_std"}.
+        counting_threshold: the norm the outlier counts use: ``threshold``, or the 99th percentile of the
+            unablated norms when "auto" finds no separated mode (so counts stay comparable).
+    """
+
+    study = "ablate"
+    neurons: Dict = field(default_factory=dict)
+    mode: str = "zero"
+    counting_threshold: Optional[float] = None
+    n_images: int = 0
+    controls: List[Dict] = field(default_factory=list)
+    conditions: Dict[str, Dict] = field(default_factory=dict)
+    summary: Dict[str, Dict] = field(default_factory=dict)
+
+
+def ablation_study(
+    source: LiveSource,
+    neurons: Neurons,
+    *,
+    mode: str = "zero",
+    n_controls: int = 5,
+    seed: int = 0,
+    threshold: Optional[ThresholdSpec] = None,
+    detect_layer: Optional[int] = None,
+    detection: DetectionLike = None,
+    preset: Optional[str] = None,
+    baseline: Optional[Baseline] = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> AblationResult:
+    """Ablate ``neurons`` and ``n_controls`` random same-size sets; compare to the unablated model.
+
+    Args:
+        source: a live source (ablation re-runs the model); labels come from an image-folder layout.
+        neurons: ``{layer: [neuron, ...]}`` (e.g. ``NeuronsResult.neuron_dict()``).
+        mode: "zero", or "mean" (per-neuron means over these images' tokens).
+        threshold: outlier threshold, resolved on the unablated model's detection-layer norms; under
+            "auto" with no bimodal split the 99th percentile of the unablated norms is used, so counts
+            stay comparable (default "auto").
+        detection: the unablated model's detection on this source, when already computed (saves a pass).
+        preset: published detection settings (:mod:`interp.studies.core.presets`); explicit arguments win.
+        baseline: the unablated forwards (:func:`~interp.studies.core.forward.baseline_pass`), when already made
+            (saves one forward per image).
+
+    Without artifacts (no separated high-norm mode) the study still runs; its result then carries
+    ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
+    """
+    model = live_model(source, "ablation study")
+    neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
+    found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+                         options=RunOptions(batch_size, progress=progress))
+    detect = found.layer
+    header = detection_header(found, "ablate")
+    thr_value = found.counting_threshold()
+    baseline = baseline.check(source, detect) if baseline is not None else None
+    controls = random_controls(neurons, model.d_mlp, n_controls, seed)
+
+    def ablation(ns: Neurons) -> NeuronAblation:
+        if mode == "mean":
+            return NeuronAblation.calibrate_means(model, (x for _, x in source.image_batches()), ns)
+        return NeuronAblation(ns, mode=mode)
+
+    conditions = {"baseline": [], "target": [ablation(neurons)]}
+    for i, ctrl in enumerate(controls):
+        conditions[f"control_{i}"] = [ablation(ctrl)]
+    labels = source.labels
+    totals = {name: {"outliers": 0, "max_norm": 0.0, "agree": 0, "correct": 0} for name in conditions}
+    n = 0
+    for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="ablation",
+                         total=n_batches(source, batch_size), unit="batch"):
+        outs = {name: baseline.rows(start, len(x)) if name == "baseline" and baseline is not None
+                else forward_summary(model, x, source.interventions + tuple(ivs), detect)
+                for name, ivs in conditions.items()}
+        base_top1 = outs["baseline"].logits.argmax(-1)
+        y = torch.tensor(labels[start:start + len(x)]) if labels is not None else None
+        for name, out in outs.items():
+            t = totals[name]
+            t["outliers"] += int((out.patch_norms > thr_value).sum())
+            t["max_norm"] = max(t["max_norm"], float(out.patch_norms.max()))
+            top1 = out.logits.argmax(-1)
+            t["agree"] += int((top1 == base_top1).sum())
+            if y is not None:
+                t["correct"] += int((top1 == y).sum())
+        n += len(x)
+
+    table = {name: {"outlier_count": t["outliers"], "max_norm": t["max_norm"], "top1_agreement": t["agree"] / n,
+                    "accuracy": t["correct"] / n if labels is not None else None}
+             for name, t in totals.items()}
+    summary = {}
+    for metric in ("outlier_count", "max_norm", "top1_agreement", "accuracy"):
+        ctrl = [table[f"control_{i}"][metric] for i in range(n_controls)]
+        ctrl = [v for v in ctrl if v is not None]
+        summary[metric] = {"baseline": table["baseline"][metric], "target": table["target"][metric],
+                           "control_mean": float(np.mean(ctrl)) if ctrl else None,
+                           "control_std": float(np.std(ctrl)) if ctrl else None}
+    params = {"neurons": {str(k): v for k, v in neurons.items()}, "mode": mode, "n_controls": n_controls,
+              **detection_params(found), "batch_size": batch_size}
+    return AblationResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
+                          ids=list(source.ids), skipped=skipped_records(source), **header,
+                          neurons={str(k): v for k, v in neurons.items()}, mode=mode,
+                          counting_threshold=float(thr_value), n_images=n,
+                          controls=[{str(k): v for k, v in c.items()} for c in controls],
+                          conditions=table, summary=summary)

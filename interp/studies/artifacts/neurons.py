@@ -1,0 +1,192 @@
+"""Register neurons (Jiang et al.; docs/methods.md section 2): MLP neurons whose activation concentrates on
+the high-norm tokens.
+
+By default this is the reference code's ``find_register_neurons`` (``nickjiang2378/test-time-registers``,
+``shared/algorithms.py``), streamed through :class:`~interp.studies.artifacts.register_scores.RegisterScoreAccumulator`:
+
+score[l, n] = mean over images with outliers of ( mean over outlier positions p of |a[l, n](p)| ),
+a = ``blocks.{l}.mlp.hook_post`` (after the non-linearity; for SwiGLU the fc2 input). Outlier positions are
+ALL tokens (CLS and registers included, ``positions="all"``) of ``detect_layer``'s ``hook_resid_post`` whose
+norm is strictly above the threshold; images without outliers are skipped. The optional sparsity filter
+(``sparsity="per_image"``, the reference notebook's) zeroes a neuron's score for an image unless at least
+half of that image's tokens have activation below 0.5. ``positions="patches"`` and ``sparsity="pooled"``
+keep this project's earlier behaviour as named options. Layers above ``highest_layer`` are not ranked.
+
+A ``preset`` (:mod:`interp.studies.core.presets`) fills the published settings; explicit arguments win.
+
+>>> r = neurons_study(source, threshold="auto", top_k=4, progress=False)   # or preset="jiang-dinov2-l14"
+>>> r.neuron_dict(), r.artifacts_found, r.warning                          # the planted neurons
+({2: [17, 101, 402, 655]}, True, None)
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+from ..._progress import tqdm
+
+from ...hooks.names import mlp_post, resid_post
+from ..core.detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params
+from ..core.outliers import Detection, ThresholdSpec, resolve_layer
+from ..core.presets import resolve_preset
+from .register_scores import RegisterScoreAccumulator, rank_neurons
+from ..core.result import OutlierStudyResult, skipped_records
+from ..core.source import ActivationSource, n_batches, token_norms
+
+
+@dataclass
+class NeuronsResult(OutlierStudyResult):
+    """Result of :func:`neurons_study`.
+
+    Attributes:
+        neurons: ``[{"layer", "neuron", "score"}]``, best first (at most ``top_k``; empty when nothing to rank).
+        layer_max_score: per scored layer, its best neuron's score (how register-like each layer gets).
+        positions, sparsity, preset: the resolved options (``sparsity`` None = no filter).
+        artifacts_found: whether the detection norms have a separated high-norm mode with tokens in it.
+        warning: why the ranking does not describe register artifacts (None when artifacts were found).
+        message: why the list is empty, when it is.
+    """
+
+    study = "neurons"
+    highest_layer: int = -1
+    top_k: int = 10
+    positions: str = "all"
+    sparsity: Optional[str] = None
+    sparsity_filter: bool = False
+    n_images: int = 0
+    n_images_with_outliers: int = 0
+    n_outlier_tokens: int = 0
+    image_ids: List[str] = field(default_factory=list)
+    neurons: List[Dict] = field(default_factory=list)
+    layer_max_score: List[float] = field(default_factory=list)
+    message: str = ""
+
+    def neuron_dict(self) -> Dict[int, List[int]]:
+        """``{layer: [neuron, ...]}`` of the ranked neurons (the form interventions take)."""
+        out: Dict[int, List[int]] = {}
+        for entry in self.neurons:
+            out.setdefault(int(entry["layer"]), []).append(int(entry["neuron"]))
+        return out
+
+
+def resolve_neuron_options(preset: Optional[str], *, threshold=None, detect_layer=None, highest_layer=None,
+                           top_k=None, positions=None, sparsity=None,
+                           sparsity_filter: Optional[bool] = None) -> Dict[str, Any]:
+    """The neurons study's settings: explicit arguments, then the preset, then the defaults (threshold
+    "auto", positions "all", no sparsity filter, top_k 10). ``sparsity_filter=True`` means
+    ``sparsity="per_image"`` (False: no filter) unless ``sparsity`` is given."""
+    if sparsity is None and sparsity_filter is not None:
+        sparsity = "per_image" if sparsity_filter else "none"
+    opts = resolve_preset(preset, threshold=threshold, detect_layer=detect_layer, highest_layer=highest_layer,
+                          top_k=top_k, positions=positions, sparsity=sparsity)
+    opts.setdefault("threshold", "auto")
+    opts.setdefault("positions", "all")
+    opts.setdefault("top_k", 10)
+    opts["sparsity"] = None if opts.get("sparsity") in (None, "none") else opts["sparsity"]
+    return opts
+
+
+def _choose_images(n_images: int, max_images: Optional[int], seed: int) -> Optional[set]:
+    """A seeded random subset of image indices (the reference notebook samples images, then skips those
+    without outliers), or None for all images."""
+    if max_images is None or n_images <= max_images:
+        return None
+    return set(random.Random(seed).sample(range(n_images), max_images))
+
+
+def score_register_neurons(source: ActivationSource, detect: int, highest: int, threshold: float, *,
+                           positions: str = "all", sparsity: Optional[str] = None, chosen: Optional[set] = None,
+                           batch_size: int = 16, progress: bool = True):
+    """One pass: the register-neuron score table of blocks ``0..highest``.
+
+    Returns:
+        (accumulator, used image indices): ``accumulator.finalize()`` is the float64 [highest + 1, d_mlp] table.
+    """
+    hooks = [mlp_post(l) for l in range(highest + 1)]
+    det_hook = resid_post(detect)
+    acc: Optional[RegisterScoreAccumulator] = None
+    used: List[int] = []
+    for batch in tqdm(source.batches(hooks + [det_hook], batch_size, reduce={det_hook: token_norms}),
+                      disable=not progress, desc="neuron scores", total=n_batches(source, batch_size),
+                      unit="batch", leave=False):
+        rows = [j for j in range(len(batch)) if chosen is None or batch.start + j in chosen]
+        if not rows:
+            continue
+        if acc is None:
+            acc = RegisterScoreAccumulator(highest + 1, batch.acts[hooks[0]].shape[-1], positions=positions,
+                                           sparsity=sparsity, patch_slice=source.layout.patch_slice)
+        acts = {l: batch.acts[h][rows] for l, h in enumerate(hooks)}  # {l: [b, t, m]}
+        hit = acc.update(acts, batch.acts[det_hook][rows], threshold)  # [b]
+        used += [batch.start + j for j, h in zip(rows, hit.tolist()) if h]
+    return acc, used
+
+
+def neurons_study(
+    source: ActivationSource,
+    *,
+    threshold: Optional[ThresholdSpec] = None,
+    detect_layer: Optional[int] = None,
+    detection: DetectionLike = None,
+    highest_layer: Optional[int] = None,
+    top_k: Optional[int] = None,
+    positions: Optional[str] = None,
+    sparsity: Optional[str] = None,
+    sparsity_filter: Optional[bool] = None,
+    preset: Optional[str] = None,
+    max_images: Optional[int] = None,
+    seed: int = 0,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> NeuronsResult:
+    """Rank register neurons.
+
+    Args:
+        source: live model over images, or a cache holding ``blocks.*.mlp.hook_post`` (layers <= highest_layer)
+            and the detection layer's ``hook_resid_post`` (full vectors or ``--norms-only``).
+        threshold, detect_layer, detection: as in the norms study (default: last block, automatic bimodal
+            split); a given ``detection`` saves the threshold pass. Under "auto" without a separated high-norm
+            mode nothing is ranked; under a fixed or percentile threshold the ranking is made, with
+            ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
+        highest_layer: last layer whose neurons are scored (default: the detection layer; capped at the last).
+        top_k: how many neurons to return (default 10).
+        positions: ``"all"`` (default, reference) or ``"patches"`` (patch tokens only).
+        sparsity: ``"per_image"`` (reference notebook), ``"pooled"`` or ``"none"``; default none.
+        sparsity_filter: shorthand: True = ``"per_image"``, False = ``"none"`` (``sparsity`` wins).
+        preset: published settings (:func:`~interp.studies.core.presets.resolve_preset`); explicit arguments win.
+        max_images: score on a seeded random subset of this many images (deterministic for a seed).
+    """
+    opts = resolve_neuron_options(preset, threshold=threshold, detect_layer=detect_layer,
+                                  highest_layer=highest_layer, top_k=top_k, positions=positions,
+                                  sparsity=sparsity, sparsity_filter=sparsity_filter)
+    if isinstance(detection, Detection):  # checked against the explicit arguments only
+        found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
+    else:
+        spec = detection or DetectionSpec(opts["threshold"], opts.get("detect_layer"), opts["preset"])
+        found = as_detection(source, spec, options=RunOptions(batch_size, progress=progress))
+    detect, thr = found.layer, found.threshold
+    highest = min(resolve_layer(opts.get("highest_layer", detect), source.n_layers), source.n_layers - 1)
+    header = detection_header(found, "neurons")
+    params = {**detection_params(found), "highest_layer": highest, "top_k": opts["top_k"],
+              "positions": opts["positions"], "sparsity": opts["sparsity"], "max_images": max_images,
+              "batch_size": batch_size}
+    base = dict(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
+                ids=list(source.ids), skipped=skipped_records(source), **header, highest_layer=highest,
+                top_k=opts["top_k"], positions=opts["positions"], sparsity=opts["sparsity"],
+                sparsity_filter=opts["sparsity"] is not None, n_images=len(source))
+    if not np.isfinite(thr.value):
+        return NeuronsResult(**base, message=f"no outliers at block {detect}: the detection layer's norm "
+                             "distribution has no separated high-norm mode; nothing to rank")
+    acc, used = score_register_neurons(source, detect, highest, thr.value, positions=opts["positions"],
+                                       sparsity=opts["sparsity"], chosen=_choose_images(len(source), max_images, seed),
+                                       batch_size=batch_size, progress=progress)
+    if not used:
+        return NeuronsResult(**base, message=f"no outliers at block {detect}: no token exceeds the threshold "
+                             f"{thr.value:.4g}; nothing to rank")
+    scores = acc.finalize()  # [highest + 1, d_mlp] float64
+    return NeuronsResult(
+        **base, n_images_with_outliers=len(used), n_outlier_tokens=acc.n_outlier_tokens,
+        image_ids=[source.ids[i] for i in used], neurons=rank_neurons(scores, opts["top_k"], highest),
+        layer_max_score=[float(v) for v in scores.clamp_min(0).max(1).values],
+    )

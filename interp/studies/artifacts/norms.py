@@ -1,0 +1,246 @@
+"""High-norm tokens (Darcet et al.; docs/methods.md sections 1-2): per-layer norm statistics of the
+un-normalised residual stream, outlier detection, outlier maps, the emergence layer, and where CLS attends.
+
+>>> from interp.studies import open_source
+>>> result = norms_study(open_source(model=model, images=photos), threshold="auto", progress=False)
+>>> result.artifacts_found, result.emergence["layer"], result.emergence["component"]   # planted after block 2's MLP
+(True, 2, 'mlp')
+>>> from interp.studies.core.outliers import detect
+>>> shared = norms_study(source, detection=detect(source, "p98", progress=False), progress=False)  # a shared detection
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from ..._progress import tqdm
+
+from ...hooks.names import RESID_STAGES as STAGES, attn_pattern, resid_post, resid_stage
+from .emergence import EmergenceAccumulator, find_emergence
+from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
+from ..core.outliers import ThresholdSpec
+from ..core.result import OutlierStudyResult, skipped_records
+from ..core.source import ActivationSource, n_batches, token_norms
+
+# Log-spaced norm histogram bins shared by every layer: ~0.5 % wide, from 1e-3 to 1e6.
+HIST_EDGES = np.logspace(-3, 6, 4001)
+KINDS = ("cls", "registers", "patches")
+
+
+def _hist_quantile(counts: np.ndarray, q: float) -> Optional[float]:
+    total = counts.sum()
+    if total == 0:
+        return None
+    idx = int(np.searchsorted(np.cumsum(counts), q * total))
+    idx = min(idx, len(counts) - 1)
+    return float(np.sqrt(HIST_EDGES[idx] * HIST_EDGES[idx + 1]))
+
+
+def _trim(counts: np.ndarray) -> Dict:
+    """A histogram row without its empty ends: {"start": first bin index, "counts": [...]}."""
+    nz = np.flatnonzero(counts)
+    if nz.size == 0:
+        return {"start": 0, "counts": []}
+    return {"start": int(nz[0]), "counts": counts[nz[0]:nz[-1] + 1].tolist()}
+
+
+@dataclass
+class NormsResult(OutlierStudyResult):
+    """Result of :func:`norms_study`.
+
+    Attributes:
+        stats: stage ("resid_mid"/"resid_post") -> kind ("cls"/"registers"/"patches") -> per-layer list of
+            {"median", "p99", "max"} (median and p99 from ~0.5 %-wide log bins; max exact; None if no token).
+        histograms: stage -> per layer {"start", "counts"}: patch-norm counts over ``hist_edges[start:]``
+            (log-spaced bins; empty ends trimmed).
+        threshold: outlier threshold at ``detect_layer`` (None = no outliers: distribution not bimodal under "auto").
+        bimodal, mode_ratio: the two-mode test's verdict and fitted upper/lower mode ratio (a diagnostic for a
+            fixed threshold, never a veto).
+        detection: the threshold's diagnostics (:meth:`~interp.studies.core.outliers.Threshold.to_dict`): share above
+            it, the verdict and its reason, and the two-mode fit (modes, separation, BIC, accepted, reason).
+        detection_message: the same in one line, e.g. "block 11: artifacts found: 2.60 % of the patch tokens ...".
+        outlier_maps: [N][h][w] 0/1 outliers at ``detect_layer`` (patch tokens).
+        outlier_fraction_per_layer: share of patch tokens above ``threshold`` at each block output.
+        emergence: the step (attention or MLP of one block) where the max patch norm jumps by at least
+            ``emergence_factor`` relative to the median patch norm, measured as Jiang et al. do
+            (:func:`interp.studies.artifacts.emergence.find_emergence`): {"layer", "component", "jump", "factor",
+            "relative_max", "steps"}; None when no artifacts were found.
+        emergence_curves: the per-layer means over images (Jiang et al.'s notebook): "max_patch_norm" and
+            "median_patch_norm" (stage -> [L], each image's max / median patch norm) and "cls_attention_max"
+            ([L], each image's max over patches of the head-mean CLS->patch attention; None without patterns).
+        cls_attention_max: per layer, max over images and patches of CLS->patch attention (head mean), or
+            None when attention patterns were not available.
+        cls_attention_on_outliers: per layer, mean share of CLS->patch attention on outlier patches.
+    """
+
+    study = "norms"
+    n_layers: int = 0
+    grid: List[int] = field(default_factory=list)
+    bimodal: bool = False
+    mode_ratio: float = 1.0
+    detection: Dict = field(default_factory=dict)
+    detection_message: str = ""
+    outlier_fraction: float = 0.0
+    outlier_counts: List[int] = field(default_factory=list)
+    outlier_maps: List = field(default_factory=list)
+    outlier_fraction_per_layer: List[float] = field(default_factory=list)
+    stats: Dict = field(default_factory=dict)
+    max_patch_norm: Dict[str, List[float]] = field(default_factory=dict)
+    median_patch_norm: Dict[str, List[float]] = field(default_factory=dict)
+    histograms: Dict = field(default_factory=dict)
+    hist_edges: List[float] = field(default_factory=list)
+    emergence: Optional[Dict] = None
+    emergence_curves: Dict = field(default_factory=dict)
+    cls_attention_max: Optional[List[float]] = None
+    cls_attention_on_outliers: Optional[List[float]] = None
+
+    def outlier_map_tensor(self) -> torch.Tensor:
+        """Outlier maps as Bool[N, h, w]."""
+        return torch.tensor(self.outlier_maps, dtype=torch.bool).reshape(len(self.ids), *self.grid)
+
+
+def token_kinds(lay) -> Dict[str, slice]:
+    """Rows of each token kind ("cls", "registers", "patches") in a layout."""
+    cls = slice(lay.cls_index, lay.cls_index + 1) if lay.cls_index is not None else slice(0, 0)
+    return {"cls": cls, "registers": lay.register_slice, "patches": lay.patch_slice}
+
+
+@dataclass
+class _LayerTally:
+    """Running per-layer statistics over the batches of :func:`norms_study` (numpy, one row per block)."""
+
+    n_layers: int
+    use_attention: bool
+    counts: Dict = field(init=False)
+    maxima: Dict = field(init=False)
+    n_images: int = 0
+
+    def __post_init__(self):
+        bins = len(HIST_EDGES) - 1
+        self.counts = {s: {k: np.zeros((self.n_layers, bins), np.int64) for k in KINDS} for s in STAGES}
+        self.maxima = {s: {k: np.full(self.n_layers, -np.inf) for k in KINDS} for s in STAGES}
+        self.above = np.zeros(self.n_layers, np.int64)
+        self.attn_max = np.zeros(self.n_layers)
+        self.attn_share = np.zeros(self.n_layers)
+        self.emergence = EmergenceAccumulator(self.n_layers)
+
+    def add(self, batch, outliers: torch.Tensor, threshold: float) -> None:
+        """Fold one batch in; ``outliers`` Bool[b, P] are the batch's detection-layer outliers. Token rows are
+        told apart with the batch's own layout (the forward that produced it)."""
+        patches = batch.layout.patch_slice
+        for i in range(self.n_layers):
+            for s in STAGES:
+                norms = batch.acts[resid_stage(i, s)]  # [b, t]
+                self.emergence.update(s, i, norms[:, patches])
+                for k, sl in token_kinds(batch.layout).items():
+                    vals = norms[:, sl].reshape(-1).numpy()
+                    if vals.size:
+                        self.counts[s][k][i] += np.histogram(np.clip(vals, HIST_EDGES[0], HIST_EDGES[-1]),
+                                                             HIST_EDGES)[0]
+                        self.maxima[s][k][i] = max(self.maxima[s][k][i], float(vals.max()))
+            self.above[i] += int((batch.acts[resid_post(i)][:, patches] > threshold).sum())
+            if self.use_attention:
+                row = batch.acts[attn_pattern(i)][:, patches]  # [b, P]
+                self.emergence.update_attention(i, row)
+                self.attn_max[i] = max(self.attn_max[i], float(row.max()))
+                share = (row * outliers).sum(1) / row.sum(1).clamp_min(1e-12)
+                self.attn_share[i] += float(share.sum())
+        self.n_images += len(batch)
+
+    def stat(self, s: str, k: str, i: int) -> Dict:
+        c = self.counts[s][k][i]
+        if c.sum() == 0:
+            return {"median": None, "p99": None, "max": None}
+        top = float(self.maxima[s][k][i])
+        return {"median": min(_hist_quantile(c, 0.5), top), "p99": min(_hist_quantile(c, 0.99), top), "max": top}
+
+
+def _layer_hooks(source: ActivationSource, attention: bool) -> Tuple[List[str], Dict, bool]:
+    """(hooks, reducers, whether CLS attention is measured) of the per-layer pass."""
+    lay, n_layers = source.layout, source.n_layers
+    hooks = [resid_stage(i, s) for i in range(n_layers) for s in STAGES]
+    reduce = {h: token_norms for h in hooks}
+    pattern_hooks = [attn_pattern(i) for i in range(n_layers)]
+    use_attention = attention and lay.cls_index is not None and all(source.has(h) for h in pattern_hooks) and (
+        source.is_live or not source.norms_only)
+    if use_attention:
+        cls = lay.cls_index  # row 0 whatever the edits (test-time registers go after it)
+        for h in pattern_hooks:
+            reduce[h] = lambda p, c=cls: p[:, :, c].float().mean(1)  # [b, t] head-mean CLS row
+        hooks += pattern_hooks
+    return hooks, reduce, use_attention
+
+
+def norms_study(
+    source: ActivationSource,
+    *,
+    threshold: Optional[ThresholdSpec] = None,
+    detect_layer: Optional[int] = None,
+    detection: DetectionLike = None,
+    preset: Optional[str] = None,
+    emergence_factor: float = 2.0,
+    attention: bool = True,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> NormsResult:
+    """Norm statistics per layer and token kind, outliers, emergence layer and CLS attention.
+
+    Args:
+        source: a live model over images, or a cache with ``blocks.*.hook_resid_mid``/``hook_resid_post``
+            (full activations or ``--norms-only``); attention needs ``blocks.*.attn.hook_pattern`` (live: always).
+        threshold: a norm, ``"pNN"`` (per-model percentile of the detection layer's patch norms) or ``"auto"``
+            (default; a two-mode fit on log norms, :func:`~interp.studies.core.norm_split.split_norms`; no outliers
+            when the distribution has no separated minority high-norm mode). A fixed value's outliers are the
+            tokens above it (artifacts when they are at most 20 % of the patch tokens); a percentile's are
+            artifacts when the two-mode test finds a separated mode.
+        detect_layer: block whose output decides outliers (default: the last; negative counts from the end).
+        detection: outliers already found on this source (:func:`~interp.studies.core.outliers.detect`); saves
+            the detection pass. ``threshold``/``detect_layer``, when also given, must agree with it.
+        preset: published detection settings (``darcet``, ``reassessment``, ``jiang-*``); explicit arguments win.
+        emergence_factor: how much one step must raise the max patch norm to count as emergence.
+        attention: measure CLS->patch attention per layer (skipped for caches without patterns).
+    """
+    lay = source.layout
+    n_layers = source.n_layers
+    det = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+                       options=RunOptions(batch_size, progress=progress))
+    outliers = det.outliers  # [N, P]
+    thr = det.threshold
+
+    hooks, reduce, use_attention = _layer_hooks(source, attention)
+    tally = _LayerTally(n_layers, use_attention)
+    for batch in tqdm(source.batches(hooks, batch_size, reduce=reduce), disable=not progress,
+                      total=n_batches(source, batch_size), desc="norms per layer", unit="batch", leave=False):
+        tally.add(batch, outliers[batch.start:batch.start + len(batch)], thr.value)
+
+    stats = {s: {k: [tally.stat(s, k, i) for i in range(n_layers)] for k in KINDS} for s in STAGES}
+    max_post = [float(v) for v in tally.maxima["resid_post"]["patches"]]
+    max_mid = [float(v) for v in tally.maxima["resid_mid"]["patches"]]
+    curves = tally.emergence.finalize()
+    header = detection_header(det, "norms", warn=False)
+    emergence = find_emergence(curves, factor=emergence_factor, artifacts_found=header["artifacts_found"]) \
+        if n_layers else None
+    n_images = tally.n_images
+    n_patch_tokens = max(n_images * lay.n_patches, 1)
+    params = {**detection_params(det), "emergence_factor": emergence_factor, "attention": attention, "batch_size": batch_size}
+    return NormsResult(
+        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
+        ids=list(source.ids), skipped=skipped_records(source), n_layers=n_layers, grid=list(lay.grid), **header,
+        bimodal=thr.bimodal, mode_ratio=thr.mode_ratio,
+        detection=thr.to_dict(), detection_message=f"block {det.layer}: {thr.describe()}",
+        outlier_fraction=float(outliers.float().mean()) if outliers.numel() else 0.0,
+        outlier_counts=outliers.sum(1).tolist(),
+        outlier_maps=outliers.reshape(-1, *lay.grid).int().tolist(),
+        outlier_fraction_per_layer=(tally.above / n_patch_tokens).tolist(),
+        stats=stats, max_patch_norm={"resid_mid": max_mid, "resid_post": max_post},
+        median_patch_norm={s: [stats[s]["patches"][i]["median"] for i in range(n_layers)] for s in STAGES},
+        histograms={s: [_trim(c) for c in tally.counts[s]["patches"]] for s in STAGES},
+        hist_edges=HIST_EDGES.tolist(),
+        emergence=emergence,
+        emergence_curves={"max_patch_norm": curves.max_patch_norm, "median_patch_norm": curves.median_patch_norm,
+                          "cls_attention_max": curves.cls_attention_max},
+        cls_attention_max=tally.attn_max.tolist() if use_attention else None,
+        cls_attention_on_outliers=(tally.attn_share / max(n_images, 1)).tolist() if use_attention else None,
+    )

@@ -1,0 +1,120 @@
+"""Test-time registers (docs/methods.md section 2): apply ``TestTimeRegister`` with the register neurons and
+measure whether the high norm leaves the patches for the new register token.
+
+Reports, with and without the register: patch outliers and max patch norm at the detection layer, the
+register token's norm, CLS attention share on the register token (last block), and top-1 agreement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+from ..._progress import tqdm
+
+from ...interventions import TestTimeRegister
+from ...hooks.names import attn_pattern, resid_post
+from ..core.forward import Baseline, run_hooks
+from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from ..core.outliers import ThresholdSpec
+from ..core.result import OutlierStudyResult, skipped_records
+from ..core.source import LiveSource, live_model, n_batches
+
+
+@dataclass
+class RegisterResult(OutlierStudyResult):
+    """Result of :func:`register_study`.
+
+    Attributes:
+        baseline / with_register: {"outlier_count", "max_patch_norm", "top1_agreement"} over all images.
+        register_norm: per image, the test-time register token's norm at the detection layer.
+        cls_attention_on_register: per image, CLS attention (last block, head mean) on the register token.
+        outlier_maps_after: [N][h][w] 0/1 patch outliers with the register.
+        counting_threshold: the norm the outlier counts use: ``threshold``, or the 99th percentile of the
+            unedited norms when "auto" finds no separated mode.
+    """
+
+    study = "registers"
+    neurons: Dict = field(default_factory=dict)
+    n_registers: int = 1
+    value: str = "layer_max"
+    counting_threshold: Optional[float] = None
+    baseline: Dict = field(default_factory=dict)
+    with_register: Dict = field(default_factory=dict)
+    register_norm: List[float] = field(default_factory=list)
+    cls_attention_on_register: List[float] = field(default_factory=list)
+    outlier_maps_after: List = field(default_factory=list)
+
+
+@torch.no_grad()
+def register_study(
+    source: LiveSource,
+    neurons: Dict[int, List[int]],
+    *,
+    n_registers: int = 1,
+    value: str = "layer_max",
+    threshold: Optional[ThresholdSpec] = None,
+    detect_layer: Optional[int] = None,
+    detection: DetectionLike = None,
+    preset: Optional[str] = None,
+    baseline: Optional[Baseline] = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> RegisterResult:
+    """Compare the model with and without ``TestTimeRegister(neurons)`` on the source's images.
+
+    The outlier threshold is resolved on the unedited model's detection-layer norms (99th percentile when
+    "auto" finds no bimodal split); pass ``detection`` when it is already computed on this source. ``preset``:
+    published detection settings (explicit arguments win). Without artifacts the result carries
+    ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
+    """
+    model = live_model(source, "test-time register study")
+    found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+                         options=RunOptions(batch_size, progress=progress))
+    header = detection_header(found, "registers")
+    detect = found.layer
+    thr_value = found.counting_threshold()
+    baseline = baseline.check(source, detect) if baseline is not None else None
+    ttr = TestTimeRegister(neurons, n_registers=n_registers, value=value)
+    last = model.n_layers - 1
+    stats = {k: {"outliers": 0, "max": 0.0, "agree": 0} for k in ("baseline", "with_register")}
+    reg_norm, reg_attn, maps = [], [], []
+    grid = tuple(source.layout.grid)
+    has_cls = source.layout.cls_index is not None
+    for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="test-time register",
+                         total=n_batches(source, batch_size), unit="batch"):
+        if baseline is not None:
+            base_logits, base_patch = baseline.logits[start:start + len(x)], baseline.patch_norms[start:start + len(x)]
+        else:
+            base = run_hooks(model, x, [resid_post(detect)], interventions=source.interventions, logits=True)
+            base_logits = base.logits
+            base_patch = base.acts[resid_post(detect)][:, base.layout.patch_slice].norm(dim=-1)
+        names = [resid_post(detect)] + ([attn_pattern(last)] if has_cls else [])
+        run = run_hooks(model, x, names, interventions=source.interventions + (ttr,), logits=True)
+        lay, logits, cache = run.layout, run.logits, run.acts
+        resid = cache[resid_post(detect)]
+        patch = resid[:, lay.patch_slice].norm(dim=-1)
+        reg_rows = slice(lay.n_prefix - lay.n_extra, lay.n_prefix)
+        reg_norm += resid[:, reg_rows].norm(dim=-1).max(1).values.tolist()
+        if lay.cls_index is not None:
+            pattern = cache[attn_pattern(last)].float().mean(1)  # [b, t, t]
+            reg_attn += pattern[:, lay.cls_index, reg_rows].sum(-1).tolist()
+        top1 = base_logits.argmax(-1)
+        for key, norms, lg in (("baseline", base_patch, base_logits), ("with_register", patch, logits)):
+            stats[key]["outliers"] += int((norms > thr_value).sum())
+            stats[key]["max"] = max(stats[key]["max"], float(norms.max()))
+            stats[key]["agree"] += int((lg.argmax(-1) == top1).sum())
+        maps.append((patch > thr_value).reshape(-1, *grid))
+    n = len(source)
+    table = {k: {"outlier_count": v["outliers"], "max_patch_norm": v["max"], "top1_agreement": v["agree"] / n}
+             for k, v in stats.items()}
+    params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "n_registers": n_registers,
+              "value": value, **detection_params(found), "batch_size": batch_size}
+    return RegisterResult(
+        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
+        neurons=params["neurons"], n_registers=n_registers, value=value, **header,
+        counting_threshold=float(thr_value), ids=list(source.ids), skipped=skipped_records(source),
+        baseline=table["baseline"],
+        with_register=table["with_register"], register_norm=reg_norm, cls_attention_on_register=reg_attn,
+        outlier_maps_after=torch.cat(maps).int().tolist() if maps else [],
+    )

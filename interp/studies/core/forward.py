@@ -1,0 +1,171 @@
+"""The one forward primitive of the studies: run a live model on a batch under given interventions and keep
+only what was asked for (reduced hook values, logits), with the layout of that very forward.
+
+Everything a study, a live source or the report needs from a forward goes through :func:`run_hooks`, so
+the device/dtype move, the stop layer and the token layout are decided in one place:
+
+* the layout comes from the input size and the edits in force (``run_layout``), never from a model
+  attribute remembered from an earlier forward;
+* the forward stops after the last block a hook needs, unless logits are asked for;
+* interventions are explicit: they are applied for this forward only (``model.intervene``) and undone.
+
+>>> from interp.interventions import NeuronAblation, TestTimeRegister
+>>> run = run_hooks(model, images, ["blocks.3.hook_resid_post"], interventions=[TestTimeRegister({2: [17]})])
+>>> run.acts["blocks.3.hook_resid_post"][:, run.layout.patch_slice].shape   # [b, P, d]: patches of this run
+torch.Size([4, 196, 192])
+>>> out = forward_summary(model, images, [NeuronAblation({2: [17]})], detect_layer=2, attention_layers=[3])
+>>> out.logits.shape, out.patch_norms.shape, out.cls_attention[3].shape      # [b, c], [b, P], [b, P]
+(torch.Size([4, 10]), torch.Size([4, 196]), torch.Size([4, 196]))
+
+(Named ``forward``, not ``probe``: the linear-probe study is ``linear_probe.py``.)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ...hooks.names import attn_pattern, blocks_needed, resid_post
+from ...models.layout import TokenLayout
+
+Reducer = Callable[[torch.Tensor], torch.Tensor]
+# hook -> reducer, or a function of the run's layout giving them (for reducers that slice the token axis)
+Reducers = Union[Mapping[str, Reducer], Callable[[TokenLayout], Mapping[str, Reducer]], None]
+
+
+def run_layout(model, img_size: Tuple[int, int], interventions: Sequence = ()) -> TokenLayout:
+    """Token layout of a forward of ``model`` on ``img_size`` inputs under ``interventions`` (and whatever
+    the model has active already): read from the input size and the edit state, no forward is run."""
+    if not interventions:
+        return model.layout_for(tuple(img_size))
+    with model.intervene(*interventions):
+        return model.layout_for(tuple(img_size))
+
+
+@dataclass
+class Run:
+    """What one forward kept.
+
+    Attributes:
+        acts: hook -> float32 CPU tensor [b, ...] (reduced when a reducer was given).
+        layout: token layout of this forward (its input size and edits).
+        logits: [b, n_classes] float32 CPU when asked for, else None.
+    """
+
+    acts: Dict[str, torch.Tensor]
+    layout: TokenLayout
+    logits: Optional[torch.Tensor] = None
+
+
+def model_input(model, x: torch.Tensor) -> torch.Tensor:
+    """``x`` on the model's device and in its dtype."""
+    p = next(model.parameters())
+    return x.to(device=p.device, dtype=p.dtype)
+
+
+@torch.no_grad()
+def run_hooks(model, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducers = None,
+              interventions: Sequence = (), logits: bool = False) -> Run:
+    """One forward of ``model`` on images ``x`` [b, 3, H, W] under ``interventions``.
+
+    Args:
+        hooks: exact hook names to keep.
+        reduce: hook -> function applied to the activation inside the hook (so the full tensor is never
+            held), or a function ``layout -> {hook: fn}`` for reducers that slice tokens with this run's layout.
+        logits: also return the logits (runs the whole model; otherwise it stops after the last needed block).
+    """
+    hooks = list(dict.fromkeys(hooks))
+    x = model_input(model, x)
+    kept: Dict[str, torch.Tensor] = {}
+    with model.intervene(*interventions):
+        layout = model.layout_for(tuple(x.shape[-2:]))
+        fns = (reduce(layout) if callable(reduce) else reduce) or {}
+
+        def keep(tensor, hook):
+            fn = fns.get(hook.name)
+            kept[hook.name] = (fn(tensor) if fn else tensor).detach().float().cpu()
+
+        stop = None if logits else blocks_needed(hooks)
+        out = model.run_with_hooks(x, fwd_hooks=[(h, keep) for h in hooks], stop_at_layer=stop)
+    return Run({h: kept[h] for h in hooks}, layout, out.float().cpu() if logits else None)
+
+
+@dataclass
+class ForwardSummary:
+    """logits [b, c]; patch_norms [b, P] at the detection layer; cls_attention {layer: [b, P]} (head mean)."""
+
+    logits: torch.Tensor
+    patch_norms: torch.Tensor
+    cls_attention: Dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def forward_summary(model, x: torch.Tensor, interventions: Sequence = (), detect_layer: int = -1,
+                    attention_layers: Sequence[int] = ()) -> ForwardSummary:
+    """Logits, detection-layer patch norms and CLS->patch attention rows of one forward of ``model`` on ``x``
+    with ``interventions`` applied; patch slices follow the edited layout."""
+    norm_hook = resid_post(detect_layer % model.n_layers)
+    lay = run_layout(model, tuple(x.shape[-2:]), interventions)
+    layers = list(attention_layers) if lay.cls_index is not None else []
+
+    def reducers(layout: TokenLayout) -> Dict[str, Reducer]:
+        patches, cls = layout.patch_slice, layout.cls_index
+        fns = {norm_hook: lambda t: t[:, patches].float().norm(dim=-1)}
+        fns.update({attn_pattern(l): lambda t: t[:, :, cls, patches].float().mean(1) for l in layers})
+        return fns
+
+    run = run_hooks(model, x, [norm_hook] + [attn_pattern(l) for l in layers], reducers, interventions,
+                    logits=True)
+    return ForwardSummary(run.logits, run.acts[norm_hook], {l: run.acts[attn_pattern(l)] for l in layers})
+
+
+@dataclass
+class Baseline:
+    """The unedited model's forward summary on every image of a source, made once and shared by the causal
+    studies (ablate, registers, relocate), whose "before" it is, and by the detection (its norms).
+
+    Attributes:
+        layer: the detection block of ``patch_norms``; attention_layer: the block of ``cls_attention``.
+        logits [N, c]; patch_norms [N, P]; cls_attention [N, P] (head mean) or None for a model without CLS.
+        ids, fingerprint: the source's images and weights (checked when a study is handed this baseline).
+    """
+
+    layer: int
+    attention_layer: int
+    logits: torch.Tensor
+    patch_norms: torch.Tensor
+    cls_attention: Optional[torch.Tensor]
+    ids: Tuple[str, ...]
+    fingerprint: str
+
+    def rows(self, start: int, n: int) -> ForwardSummary:
+        """The summary of images ``start .. start + n`` (one batch of the source)."""
+        attn = {} if self.cls_attention is None else {self.attention_layer: self.cls_attention[start:start + n]}
+        return ForwardSummary(self.logits[start:start + n], self.patch_norms[start:start + n], attn)
+
+    def check(self, source, layer: int) -> "Baseline":
+        """This baseline, after checking it was made on ``source`` at detection block ``layer``."""
+        from ...errors import InterpError
+
+        if tuple(source.ids) != self.ids or source.fingerprint != self.fingerprint or layer != self.layer:
+            raise InterpError("this baseline was made on other images, weights or detection block than the study "
+                              "uses; make it with baseline_pass(source, layer) on the same source")
+        return self
+
+
+def baseline_pass(source, layer: int, batch_size: Optional[int] = None, progress: bool = True) -> Baseline:
+    """One unedited forward per image of a live ``source``: logits, block ``layer``'s patch norms and the last
+    block's CLS->patch attention (what the causal studies compare their edited runs with)."""
+    from tqdm.auto import tqdm
+
+    model = source.model
+    last = model.n_layers - 1
+    bs = batch_size or source.batch_size
+    parts = [forward_summary(model, x, source.interventions, layer, attention_layers=[last])
+             for _, x in tqdm(source.image_batches(bs), disable=not progress, desc="baseline", unit="batch",
+                              total=-(-len(source) // bs), leave=False)]
+    if not parts:
+        raise ValueError("baseline_pass needs at least one image")
+    attn = torch.cat([p.cls_attention[last] for p in parts]) if last in parts[0].cls_attention else None
+    return Baseline(layer, last, torch.cat([p.logits for p in parts]), torch.cat([p.patch_norms for p in parts]),
+                    attn, tuple(source.ids), source.fingerprint)

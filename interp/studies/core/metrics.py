@@ -1,0 +1,44 @@
+"""Overlap scores the studies share: one IoU (Jaccard index) for masks and for boxes, one empty-set rule.
+
+IoU = |A & B| / |A | B|. When both sets are empty (no cell in either mask; two boxes of zero area) the union
+is empty and the ratio means nothing: these functions return None then, never 0 or 1. Callers leave such
+cases out of their means and report how many they scored (relocation onto an empty target is refused up
+front; LOST's CorLoc counts a None IoU as no hit).
+
+>>> a = torch.tensor([[True, True], [False, False]])
+>>> iou(a, torch.tensor([[True, False], [False, False]])), iou(a, ~a)
+(0.5, 0.0)
+>>> iou(torch.zeros(2, 2, dtype=torch.bool), torch.zeros(2, 2, dtype=torch.bool)) is None
+True
+>>> box_iou([0, 0, 10, 10], [5, 0, 15, 10])           # [x0, y0, x1, y1], pixel-edge coordinates
+0.3333333333333333
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from ...errors import InterpError
+
+
+def iou(a, b) -> Optional[float]:
+    """IoU of two boolean masks of one shape (torch or numpy); None when both are empty."""
+    a, b = torch.as_tensor(np.asarray(a) if not torch.is_tensor(a) else a), \
+        torch.as_tensor(np.asarray(b) if not torch.is_tensor(b) else b)
+    if a.shape != b.shape:
+        raise InterpError(f"masks of shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
+    a, b = a.bool(), b.bool()
+    union = int((a | b).sum())
+    return None if union == 0 else int((a & b).sum()) / union
+
+
+def box_iou(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
+    """IoU of two ``[x0, y0, x1, y1]`` boxes (pixel-edge coordinates); None when both have zero area."""
+    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = iw * ih
+    area = lambda r: max(0.0, r[2] - r[0]) * max(0.0, r[3] - r[1])  # noqa: E731
+    union = area(a) + area(b) - inter
+    return None if union <= 0 else inter / union

@@ -1,0 +1,332 @@
+"""High-norm token detection: thresholds (fixed, per-model percentile, automatic two-mode split of the log
+norms, :mod:`interp.studies.core.norm_split`) and their verdict on artifacts (:func:`resolve_threshold`), the
+streaming collection of detection-layer patch norms, and :class:`Detection`, their result computed once per
+source and handed to every study that needs it (norms, neurons, ablation, test-time register).
+
+>>> det = detect(source, threshold="auto", layer=-1, progress=False)     # one pass over the images
+>>> det.outliers.shape, det.artifacts_found                               # [N, P] bool, bool
+(torch.Size([4, 196]), True)
+>>> from interp.studies.artifacts.neurons import neurons_study
+>>> from interp.studies.artifacts.norms import norms_study
+>>> norms = norms_study(source, detection=det, progress=False)            # no second detection pass
+>>> neurons = neurons_study(source, detection=det, top_k=4, progress=False)
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from ..._progress import tqdm
+
+from ...errors import InterpError
+from ...hooks.names import resid_post
+from .norm_split import NormSplit, split_norms
+from .source import ActivationSource, n_batches, token_norms
+
+ThresholdSpec = Union[float, int, str]
+
+# The tokens above a fixed or percentile threshold are artifacts while they are a minority of this share;
+# above it the threshold cuts into the bulk, unless the automatic split finds them to be its separated upper
+# mode (the planted model's flat patches can be a third of a photo).
+MAX_ARTIFACT_SHARE = 0.2
+# A threshold warns when this share of the tokens above it are bulk tokens (below an accepted automatic
+# split): it counts ordinary tokens too.
+MAX_BULK_ABOVE = 0.1
+
+
+class ThresholdError(InterpError, ValueError):
+    """A threshold that cannot mean anything: non-positive, not finite, or a percentile outside (0, 100)."""
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A resolved outlier threshold and what it says about artifacts.
+
+    Attributes:
+        value: norm above which a patch token is an outlier (inf when "auto" finds no separated mode).
+        method: "fixed", "percentile" or "auto".
+        split: the two-mode test on the same norms (:func:`~interp.studies.core.norm_split.split_norms`); it
+            decides "auto" and the percentile case, and is only a diagnostic for a fixed value.
+        n_tokens, n_above: patch tokens tested, and those above ``value``.
+        artifacts_found: "auto": the split was accepted; fixed: some tokens are above the value and they are a
+            minority (at most ``MAX_ARTIFACT_SHARE``); percentile: the tokens above it include a separated
+            minority mode (the split was accepted) and are a minority.
+        reason: one sentence with the numbers saying why artifacts were or were not found.
+        warning: a caveat that does not change ``artifacts_found`` (the threshold lies inside the bulk), or None.
+    """
+
+    value: float
+    method: str
+    split: NormSplit
+    n_tokens: int = 0
+    n_above: int = 0
+    artifacts_found: bool = False
+    reason: str = ""
+    warning: Optional[str] = None
+
+    @property
+    def bimodal(self) -> bool:
+        """Whether the norms have a separated minority high-norm mode (the split's verdict)."""
+        return self.split.accepted
+
+    @property
+    def mode_ratio(self) -> float:
+        """The fitted upper mode's norm over the bulk's (1.0 without a fit)."""
+        return self.split.mode_ratio
+
+    @property
+    def share_above(self) -> float:
+        return self.n_above / self.n_tokens if self.n_tokens else 0.0
+
+    def describe(self) -> str:
+        """One line that agrees with the numbers: the verdict, its reason and the split diagnostic."""
+        head = "artifacts found" if self.artifacts_found else "no artifacts"
+        text = f"{head}: {self.reason}"
+        if self.method != "auto":
+            verdict = "accepted" if self.split.accepted else "rejected"
+            text += f" (automatic split {verdict}: {self.split.describe()})"
+        return text + (f"; warning: {self.warning}" if self.warning else "")
+
+    def to_dict(self) -> Dict:
+        """JSON-ready detection diagnostics (the split's fitted modes, separation, BIC and verdict)."""
+        return {"method": self.method, "value": self.value if math.isfinite(self.value) else None,
+                "n_tokens": self.n_tokens, "n_above": self.n_above, "share_above": self.share_above,
+                "artifacts_found": self.artifacts_found, "reason": self.reason, "warning": self.warning,
+                "split": self.split.to_dict()}
+
+
+def parse_threshold(spec: ThresholdSpec) -> Tuple[str, Optional[float]]:
+    """'auto' -> ("auto", None); 'p98' -> ("percentile", 98); '150' or 150 -> ("fixed", 150).
+
+    Raises :class:`ThresholdError` for a non-positive or non-finite value and a percentile outside (0, 100)."""
+    if isinstance(spec, bool):
+        raise ThresholdError(f"threshold {spec!r} must be a number, pNN (e.g. p98) or auto")
+    if isinstance(spec, (int, float)):
+        method, value = "fixed", float(spec)
+    else:
+        text = str(spec).strip().lower()
+        if text == "auto":
+            return "auto", None
+        if text.startswith("p"):
+            try:
+                q = float(text[1:])
+            except ValueError:
+                q = math.nan
+            if not 0 < q < 100:
+                raise ThresholdError(f"percentile threshold {spec!r} must look like p98, with 0 < NN < 100")
+            return "percentile", q
+        try:
+            method, value = "fixed", float(text)
+        except ValueError:
+            raise ThresholdError(f"threshold {spec!r} must be a number, pNN (e.g. p98) or auto") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ThresholdError(f"threshold {spec!r} must be a positive norm (a norm is never <= 0; every token "
+                             "would be an outlier), pNN (e.g. p98) or auto")
+    return method, value
+
+
+def _bulk_above(value: float, norms: np.ndarray, split: NormSplit) -> Optional[float]:
+    """Share of the tokens above ``value`` that are bulk tokens under the split (below its cut); None when
+    the split was rejected (there is no bulk/mode boundary to compare with) or nothing is above."""
+    above = int((norms > value).sum())
+    if not split.accepted or above == 0:
+        return None
+    if value >= split.threshold:
+        return 0.0
+    return int(((norms > value) & (norms <= split.threshold)).sum()) / above
+
+
+def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> Threshold:
+    """Threshold for ``spec`` on the detection layer's patch norms (any shape, all images) and the verdict on
+    artifacts (see :class:`Threshold`): the one place where thresholds are resolved and judged.
+
+    * ``"auto"``: the cut of an accepted two-mode split (:func:`~interp.studies.core.norm_split.split_norms`);
+      artifacts when it is accepted, none (value inf) when it is rejected.
+    * a fixed value: the tokens above it are the outliers (the papers' definition); artifacts when there are
+      some and they are a minority (at most ``MAX_ARTIFACT_SHARE``, or more when the split finds them to be
+      its separated upper mode); above that, the threshold cuts into the bulk. The split is only reported.
+    * ``"pNN"``: the per-model percentile; artifacts when the split finds a separated mode among the tokens
+      above it (and they are a minority, as for a fixed value).
+    A threshold that finds artifacts while ``MAX_BULK_ABOVE`` or more of the tokens above it are bulk tokens
+    under the split carries a ``warning``.
+    """
+    method, asked = parse_threshold(spec)
+    norms = np.asarray(patch_norms).ravel()
+    split = split_norms(norms)
+    n = int(norms.size)
+    if method == "fixed":
+        value, name = asked, f"the fixed threshold {asked:.4g}"
+    elif method == "percentile":
+        value = float(np.percentile(norms, asked)) if n else math.inf
+        name = f"the percentile threshold p{asked:g} ({value:.4g})"
+    else:
+        value, name = split.threshold, "the automatic split"
+    above = int((norms > value).sum())
+    share = above / n if n else 0.0
+    bulk = _bulk_above(value, norms, split) if method != "auto" else None
+    inside = bulk is not None and bulk >= MAX_BULK_ABOVE
+    warning = None
+    if method == "auto":
+        found = split.accepted and above > 0
+        reason = (f"{100 * share:.2f} % of the patch tokens are above the automatic split at {value:.4g} "
+                  f"({split.describe()}; {split.reason})" if found else
+                  f"automatic split rejected: {split.reason}; {split.describe()}")
+    elif n == 0:
+        found, reason = False, "there are no patch tokens to test"
+    elif above == 0:
+        found, reason = False, f"no patch token is above {name} (largest norm {norms.max():.4g})"
+    elif share > MAX_ARTIFACT_SHARE and (bulk is None or inside):
+        found = False
+        why = ("the automatic split finds no separate mode" if bulk is None else
+               f"{100 * bulk:.1f} % of them are below the automatic split at {split.threshold:.4g}")
+        reason = (f"{name} cuts into the bulk: {100 * share:.2f} % of the patch tokens are above it (artifacts "
+                  f"are a minority, at most {100 * MAX_ARTIFACT_SHARE:g} %, and {why})")
+    elif method == "percentile" and not split.accepted:
+        found = False
+        reason = (f"the {100 * share:.2f} % of the patch tokens above {name} are not a separate mode (automatic "
+                  f"split rejected: {split.reason})")
+    else:
+        found = True
+        reason = f"{100 * share:.2f} % of the patch tokens are above {name}"
+        if share > MAX_ARTIFACT_SHARE:
+            reason += (f" (more than {100 * MAX_ARTIFACT_SHARE:g} %, but they are the separated upper mode of "
+                       "the automatic split)")
+        if inside:
+            warning = (f"the threshold {value:.4g} lies inside the bulk: {100 * bulk:.1f} % of the tokens above "
+                       f"it are below the automatic split at {split.threshold:.4g}")
+    return Threshold(value=float(value), method=method, split=split, n_tokens=n, n_above=above,
+                     artifacts_found=found, reason=reason, warning=warning)
+
+
+def resolve_layer(layer: Optional[int], n_layers: int) -> int:
+    """Negative indices count from the end; None is the last block."""
+    if layer is None:
+        layer = n_layers - 1
+    if layer < 0:
+        layer += n_layers
+    if not 0 <= layer < n_layers:
+        raise InterpError(f"layer {layer} is out of range for a model with {n_layers} blocks")
+    return layer
+
+
+def detection_norms(source: ActivationSource, layer: int, batch_size: int = 16,
+                    progress: bool = True) -> torch.Tensor:
+    """Patch-token norms of ``blocks.{layer}.hook_resid_post`` for every image: [N, n_patches] float32."""
+    hook = resid_post(layer)
+    source.require([hook])
+    out: List[torch.Tensor] = []
+    for batch in tqdm(source.batches([hook], batch_size, reduce={hook: token_norms}), disable=not progress,
+                      total=n_batches(source, batch_size), desc=f"norms @ block {layer}", unit="batch", leave=False):
+        out.append(batch.acts[hook][:, batch.layout.patch_slice])
+    return torch.cat(out) if out else torch.zeros(0, source.layout.n_patches)
+
+
+@dataclass(frozen=True)
+class Detection:
+    """High-norm tokens of one source at one block, found once and shared by the studies.
+
+    Attributes:
+        layer: the detection block (its ``hook_resid_post`` decides outliers).
+        spec: the threshold as asked for (a norm, ``"pNN"`` or ``"auto"``).
+        threshold: the resolved :class:`Threshold` (value inf when "auto" finds no separated mode).
+        norms: per-image patch-token norms at ``layer``: Tensor[N, P] float32.
+        ids: the source's image ids, in order (checked when a study is handed this detection).
+        fingerprint: weights fingerprint of the source's model.
+        preset: the published settings the threshold and layer came from (see ``DetectionSpec``), or None.
+    """
+
+    layer: int
+    spec: ThresholdSpec
+    threshold: Threshold
+    norms: torch.Tensor
+    ids: Tuple[str, ...]
+    fingerprint: str
+    preset: Optional[str] = None
+
+    @property
+    def method(self) -> str:
+        return self.threshold.method
+
+    @property
+    def outliers(self) -> torch.Tensor:
+        """Bool[N, P]: patch tokens above the threshold."""
+        return self.norms > self.threshold.value
+
+    @property
+    def artifacts_found(self) -> bool:
+        """The threshold's verdict (see :class:`Threshold`): fixed values by the share above them, "auto" and
+        percentiles by the two-mode test."""
+        return self.threshold.artifacts_found
+
+    def counting_threshold(self) -> float:
+        """The threshold the causal studies count outliers with: the resolved value, or the 99th percentile of
+        these norms when "auto" finds no bimodal split (so counts stay comparable)."""
+        if math.isfinite(self.threshold.value):
+            return self.threshold.value
+        return resolve_threshold(self.norms.numpy().ravel(), "p99").value
+
+    def check(self, source: ActivationSource, layer: Optional[int] = None,
+              threshold: Optional[ThresholdSpec] = None) -> "Detection":
+        """This detection, after checking it was made on ``source`` (same images and weights) and, when given,
+        at ``layer`` (resolved) with ``threshold``; raises InterpError naming the mismatch."""
+        if tuple(source.ids) != self.ids or source.fingerprint != self.fingerprint:
+            raise InterpError("this detection was computed on other images or weights than the source; "
+                              "compute it with detect(source, ...) on the same source")
+        if layer is not None and resolve_layer(layer, source.n_layers) != self.layer:
+            raise InterpError(f"detect_layer={layer} disagrees with the detection's block {self.layer}; "
+                              "pass one of them")
+        if threshold is not None and threshold != self.spec:
+            raise InterpError(f"threshold={threshold!r} disagrees with the detection's {self.spec!r}; "
+                              "pass one of them")
+        return self
+
+
+def detect(source: ActivationSource, threshold: ThresholdSpec = "auto", layer: Optional[int] = None,
+           batch_size: Optional[int] = None, progress: bool = True) -> Detection:
+    """One pass over ``source``: the detection block's patch norms and the resolved threshold.
+
+    Args:
+        threshold: a norm, ``"pNN"`` or ``"auto"`` (see :func:`resolve_threshold`).
+        layer: detection block (default: the last; negative counts from the end).
+    """
+    block = resolve_layer(layer, source.n_layers)
+    norms = detection_norms(source, block, batch_size or source.batch_size, progress)  # [N, P]
+    return Detection(layer=block, spec=threshold, threshold=resolve_threshold(norms.numpy().ravel(), threshold),
+                     norms=norms, ids=tuple(source.ids), fingerprint=source.fingerprint)
+
+
+def detection_for(source: ActivationSource, detection: Optional[Detection], threshold: Optional[ThresholdSpec],
+                  layer: Optional[int], batch_size: Optional[int], progress: bool) -> Detection:
+    """The detection a study works with: ``detection`` checked against the source and the study's own
+    arguments, or a fresh :func:`detect` (threshold default "auto") when none is given."""
+    if detection is not None:
+        return detection.check(source, layer, threshold)
+    return detect(source, "auto" if threshold is None else threshold, layer, batch_size, progress)
+
+
+def no_artifacts_warning(layer: int, threshold: Threshold, study: str) -> str:
+    """The one-line warning a study built on outliers carries when the model shows no artifacts."""
+    head = f"no artifacts: at block {layer}, {threshold.reason}; "
+    if not math.isfinite(threshold.value):
+        return head + (f"no token is an artifact under the automatic split; whatever the {study} study counts "
+                       "is ordinary tokens")
+    return head + (f"the {study} study ran under the {threshold.method} threshold {threshold.value:.4g}, so its "
+                   "'outliers' are ordinary high-norm tokens, not register artifacts")
+
+
+def artifact_status(layer: int, threshold: Threshold, artifacts_found: bool, study: str,
+                    warn: bool = True) -> Tuple[bool, Optional[str]]:
+    """``(artifacts_found, warning)`` for a study's JSON; the warning is also raised with ``warnings.warn``
+    (the CLI shows it as one line) when ``warn``. It says why there are no artifacts, or, when there are,
+    the threshold's own caveat (it lies inside the bulk); None when there is nothing to say."""
+    if artifacts_found:
+        text = None if threshold.warning is None else f"block {layer}: {threshold.warning}"
+    else:
+        text = no_artifacts_warning(layer, threshold, study)
+    if warn and text is not None:
+        warnings.warn(text, stacklevel=3)
+    return artifacts_found, text

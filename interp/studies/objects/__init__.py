@@ -1,0 +1,2 @@
+"""Objects in the maps (docs/methods.md sections 3 and 5): ``lost`` (object discovery), ``segmentation``,
+boxes on the patch grid (``boxes``) and the box and mask files they read (``box_files``)."""

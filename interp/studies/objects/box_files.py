@@ -1,0 +1,306 @@
+"""Box files: reading CSV / JSON / COCO boxes and matching their image keys to a source's image ids.
+
+Box files (coordinates in pixels of the ORIGINAL image, pixel-edge convention: a box over the whole
+``W x H`` image is ``0, 0, W, H``):
+
+* CSV with a header: ``image,x0,y0,x1,y1`` and optional ``width,height`` (the original image size; read
+  from the image file when absent). One row per box; a row with empty coordinates lists an image with no box.
+* JSON: a list of records ``{"image": "cat/001.jpg", "x0": 10, "y0": 20, "x1": 110, "y1": 90}``
+  (optional ``"width"``, ``"height"``; a record without coordinates lists an image with no box), or
+  ``{"boxes": [...same records...]}``.
+* COCO instances JSON (``images`` + ``annotations``; ``bbox`` is ``[x, y, w, h]``): every annotation is a
+  box (crowd ones included); images without annotations are listed with no box.
+
+The ``image`` key matches an image path when its path components end the image's path: ``001.jpg`` matches
+``/data/val/cat/001.jpg``, and so does ``cat/001.jpg``. A key that matches two images is an error.
+
+>>> table = read_boxes("boxes.csv"); entries = match_boxes(source.ids, table)   # one entry per image
+>>> len(entries), entries[0].boxes
+(4, [Box(x0=60.0, y0=20.0, x1=200.0, y1=160.0)])
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from ...errors import InterpError
+
+
+@dataclass(frozen=True)
+class Box:
+    """An axis-aligned box ``[x0, x1] x [y0, y1]`` in pixel-edge coordinates (x right, y down)."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+    @property
+    def area(self) -> float:
+        return max(0.0, self.x1 - self.x0) * max(0.0, self.y1 - self.y0)
+
+    def as_list(self) -> List[float]:
+        return [self.x0, self.y0, self.x1, self.y1]
+
+
+@dataclass
+class ImageBoxes:
+    """The boxes of one image and, when the file gives it, the original image size ``(width, height)``."""
+
+    boxes: List[Box] = field(default_factory=list)
+    size: Optional[Tuple[int, int]] = None
+
+
+BoxTable = Dict[str, ImageBoxes]  # image key (as written in the box file) -> boxes
+
+
+MAX_IMAGE_PIXELS = 100_000_000  # an image size a box or mask file may state (a mask of it is held in memory)
+
+
+def _number(value, what: str, where: str) -> float:
+    """A finite number from a box/mask file (JSON booleans and text refused: they are not coordinates)."""
+    if isinstance(value, bool):
+        raise InterpError(f"{where}: {what} must be a number, got the boolean {value}")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise InterpError(f"{where}: {what} must be a number, got {value!r}") from None
+    if not math.isfinite(out):
+        raise InterpError(f"{where}: {what} must be a finite number, got {value!r}")
+    return out
+
+
+def image_size_of(width, height, where: str) -> Tuple[int, int]:
+    """A stated original image size ``(width, height)``: whole positive pixel counts, at most
+    ``MAX_IMAGE_PIXELS`` pixels. Raises InterpError naming ``where`` otherwise."""
+    w, h = _number(width, "width", where), _number(height, "height", where)
+    if w < 1 or h < 1 or w != int(w) or h != int(h):
+        raise InterpError(f"{where}: width and height must be whole pixel counts >= 1, got {width!r} x {height!r}")
+    if w * h > MAX_IMAGE_PIXELS:
+        raise InterpError(f"{where}: an image of {int(w)} x {int(h)} pixels is more than {MAX_IMAGE_PIXELS:,} "
+                          "pixels; check the width/height (they are the original image's size in pixels)")
+    return int(w), int(h)
+
+
+def _make_box(x0, y0, x1, y1, where: str) -> Box:
+    box = Box(*(_number(v, name, where) for v, name in ((x0, "x0"), (y0, "y0"), (x1, "x1"), (y1, "y1"))))
+    if not (box.x1 > box.x0 and box.y1 > box.y0):
+        raise InterpError(f"{where}: a box needs x1 > x0 and y1 > y0 (pixel corners), got {box.as_list()}")
+    return box
+
+
+def check_box_in_image(box: Box, size: Tuple[int, int], where: str) -> None:
+    """Refuse a box that misses its ``(width, height)`` image or reaches far outside it (more than half the
+    image beyond an edge: coordinates in other units, or crafted), instead of a silently empty region."""
+    w, h = size
+    if box.x1 <= 0 or box.y1 <= 0 or box.x0 >= w or box.y0 >= h:
+        raise InterpError(f"{where}: box {box.as_list()} lies outside its {w} x {h} image; box coordinates are "
+                          "pixels of the original image (x0, y0, x1, y1)")
+    if box.x0 < -w / 2 or box.y0 < -h / 2 or box.x1 > 1.5 * w or box.y1 > 1.5 * h:
+        raise InterpError(f"{where}: box {box.as_list()} reaches far outside its {w} x {h} image; box coordinates "
+                          "are pixels of the original image (x0, y0, x1, y1)")
+
+
+def _normalise_key(key: str) -> str:
+    key = str(key).replace("\\", "/")
+    while key.startswith("./"):
+        key = key[2:]
+    return key
+
+
+def _add_record(table: BoxTable, rec: dict, where: str) -> None:
+    if "image" not in rec or rec["image"] in (None, ""):
+        raise InterpError(f"{where}: every record needs an 'image' field (the image path or file name)")
+    key = _normalise_key(rec["image"])
+    entry = table.setdefault(key, ImageBoxes())
+    if rec.get("width") not in (None, "") or rec.get("height") not in (None, ""):
+        entry.size = image_size_of(rec.get("width"), rec.get("height"), where)
+    coords = [rec.get(c) for c in ("x0", "y0", "x1", "y1")]
+    if all(c in (None, "") for c in coords):
+        return  # an image listed without a box
+    if any(c in (None, "") for c in coords):
+        raise InterpError(f"{where}: give all of x0, y0, x1, y1 (or none, for an image without a box)")
+    box = _make_box(*coords, where=where)
+    if entry.size is not None:
+        check_box_in_image(box, entry.size, where)
+    entry.boxes.append(box)
+
+
+def coco_images(data: dict, path: Path, need_size: bool) -> List[Tuple[object, str, Optional[Tuple[int, int]]]]:
+    """``(id, file-name key, (width, height) or None)`` of a COCO JSON's ``images``, each checked (one clear
+    line naming the record: missing ``file_name``/``id``, ``width``/``height`` when ``need_size``, bad sizes)."""
+    images = data.get("images")
+    if not isinstance(images, list):
+        raise InterpError(f"{path}: COCO 'images' must be a list of image records, got {type(images).__name__}")
+    out = []
+    for i, img in enumerate(images):
+        where = f"{path}: images[{i}]"
+        if not isinstance(img, dict) or not isinstance(img.get("file_name"), str) or "id" not in img:
+            raise InterpError(f"{where} needs 'id' and 'file_name' (a string); got {str(img)[:80]}")
+        size = None
+        if "width" in img or "height" in img or need_size:
+            if "width" not in img or "height" not in img:
+                raise InterpError(f"{where} ({img['file_name']}) needs 'width' and 'height' (original pixels)")
+            size = image_size_of(img["width"], img["height"], where)
+        out.append((img["id"], _normalise_key(img["file_name"]), size))
+    return out
+
+
+def coco_annotations(data: dict, path: Path) -> list:
+    """The ``annotations`` list of a COCO JSON (checked to be a list of objects)."""
+    anns = data.get("annotations")
+    if not isinstance(anns, list) or not all(isinstance(a, dict) for a in anns):
+        raise InterpError(f"{path}: COCO 'annotations' must be a list of annotation objects, got "
+                          f"{type(anns).__name__ if not isinstance(anns, list) else 'a list with non-objects'}")
+    return anns
+
+
+def _read_coco(data: dict, path: Path) -> BoxTable:
+    table: BoxTable = {}
+    by_id = {}
+    for image_id, key, size in coco_images(data, path, need_size=False):
+        table[key] = ImageBoxes(size=size)
+        by_id[image_id] = key
+    for i, ann in enumerate(coco_annotations(data, path)):
+        where = f"{path}: annotation {i}"
+        if ann.get("image_id") not in by_id:
+            raise InterpError(f"{where} refers to image_id {ann.get('image_id')!r}, not in 'images'")
+        bbox = ann.get("bbox")
+        if not isinstance(bbox, list) or len(bbox) != 4:
+            raise InterpError(f"{where}: 'bbox' must be [x, y, width, height], got {bbox!r}")
+        x, y, w, h = (_number(v, name, where) for v, name in zip(bbox, ("x", "y", "width", "height")))
+        entry = table[by_id[ann["image_id"]]]
+        box = _make_box(x, y, x + w, y + h, where)
+        if entry.size is not None:
+            check_box_in_image(box, entry.size, where)
+        entry.boxes.append(box)
+    return table
+
+
+def read_boxes(path: Union[str, Path]) -> BoxTable:
+    """Read a box file (CSV, simple JSON or COCO instances JSON; formats in the module docstring).
+
+    Returns:
+        image key -> :class:`ImageBoxes` (boxes in original pixels).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InterpError(f"box file {str(path)!r} does not exist")
+    table: BoxTable = {}
+    if path.suffix.lower() == ".csv":
+        try:
+            with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a UTF-8 BOM is not part of 'image'
+                reader = csv.DictReader(f)
+                fields = [(name or "").strip() for name in (reader.fieldnames or [])]
+                reader.fieldnames = fields
+                missing = {"image", "x0", "y0", "x1", "y1"} - set(fields)
+                if missing:
+                    raise InterpError(f"{path}: the CSV header must have image,x0,y0,x1,y1 (missing "
+                                      f"{sorted(missing)}; found {fields})")
+                for line, rec in enumerate(reader, start=2):
+                    _add_record(table, rec, f"{path} line {line}")
+        except UnicodeDecodeError as e:
+            raise InterpError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save the CSV as UTF-8") from None
+        except csv.Error as e:
+            raise InterpError(f"{path} is not a readable CSV ({e})") from None
+        return table
+    if path.suffix.lower() != ".json":
+        raise InterpError(f"box file {str(path)!r}: use a .csv or .json file (formats: interp.studies.objects.boxes)")
+    data = read_json_file(path)
+    if isinstance(data, dict) and "images" in data and "annotations" in data:
+        return _read_coco(data, path)
+    records = data.get("boxes") if isinstance(data, dict) else data
+    if not isinstance(records, list):
+        raise InterpError(f"{path}: expected a list of box records, {{'boxes': [...]}} or COCO instances JSON")
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise InterpError(f"{path}: record {i} is not an object")
+        _add_record(table, rec, f"{path} record {i}")
+    return table
+
+
+def read_json_file(path: Path):
+    """The JSON value of a box or mask file, or one InterpError line (not UTF-8, invalid, nested too deeply)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise InterpError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise InterpError(f"{path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InterpError(f"{path} is not valid JSON: nested too deeply") from None
+
+
+def match_boxes(ids: Sequence[str], table: BoxTable) -> List[Optional[ImageBoxes]]:
+    """The table entry of each image id (None when the box file does not list it).
+
+    A key matches an id when its path components end the id's path; the longest matching key wins.
+
+    Raises:
+        InterpError: a key matches several images (use a longer relative path in the box file).
+    """
+    by_name: Dict[str, List[Tuple[str, ...]]] = {}
+    for key in table:
+        parts = PurePosixPath(key).parts
+        by_name.setdefault(parts[-1], []).append(parts)
+    out: List[Optional[ImageBoxes]] = []
+    used: Dict[Tuple[str, ...], str] = {}
+    for image_id in ids:
+        parts = PurePosixPath(_normalise_key(image_id)).parts
+        candidates = [k for k in by_name.get(parts[-1], []) if tuple(parts[-len(k):]) == k]
+        if not candidates:
+            out.append(None)
+            continue
+        best = max(candidates, key=len)
+        if best in used:
+            raise InterpError(f"box file key {'/'.join(best)!r} matches two images ({used[best]!r} and "
+                              f"{image_id!r}); write a longer relative path (e.g. class/file.jpg) in the box file")
+        used[best] = image_id
+        out.append(table["/".join(best)])
+    return out
+
+
+# Mask images: lossless formats only (a JPEG's edges are not 0/1).
+MASK_SUFFIXES = (".png", ".bmp", ".gif", ".tif", ".tiff", ".pgm", ".ppm")
+
+
+def mask_files(mask_dir: Union[str, Path]) -> Dict[str, Path]:
+    """Mask files under ``mask_dir`` (searched recursively), by file stem: ``{stem: path}``.
+
+    Raises:
+        InterpError: the folder does not exist, or two mask files share a stem (masks are matched to images
+            by stem, which must then be unique).
+    """
+    mask_dir = Path(mask_dir)
+    if not mask_dir.is_dir():
+        raise InterpError(f"mask directory {str(mask_dir)!r} does not exist")
+    files: Dict[str, Path] = {}
+    for p in sorted(mask_dir.rglob("*")):
+        if p.is_file() and p.suffix.lower() in MASK_SUFFIXES:
+            if p.stem in files:
+                raise InterpError(f"two mask files named {p.stem!r} under {mask_dir} ({files[p.stem]}, {p}); "
+                                  "mask files are matched to images by file stem, which must be unique")
+            files[p.stem] = p
+    return files
+
+
+def read_mask(path: Union[str, Path]):
+    """A mask image as bool ndarray [H, W] in the original image's pixels: nonzero (any channel, as gray) = foreground."""
+    import numpy as np
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            if im.width * im.height > MAX_IMAGE_PIXELS:
+                raise InterpError(f"mask {str(path)!r} is {im.width} x {im.height} pixels, more than "
+                                  f"{MAX_IMAGE_PIXELS:,}; give masks at the original image size")
+            return np.asarray(im.convert("L")) > 0
+    except InterpError:
+        raise
+    except Exception as e:  # PIL raises many types for broken files (text, truncated, bombs)
+        raise InterpError(f"cannot read mask {str(path)!r} ({type(e).__name__}: {e}); replace it with a PNG mask "
+                          "(nonzero = foreground)") from None
