@@ -34,6 +34,7 @@ class ConstructedReader:
         self.layout = TokenLayout(n_prefix=1, n_registers=0, cls_index=0, grid=GRID)
         self.ids = [f"image_{i}" for i in range(n_images)]
         self.hooks = [HOOK]
+        self.model_depth = int(HOOK.split(".")[1]) + 1                 # the constructed model's depth
         self.meta = {"model_name": "constructed", "weights_fingerprint": "0" * 16, "norms_only": False}
         self.images = torch.randn(n_images, 3, GRID[0] * PATCH, GRID[1] * PATCH, generator=g)
         self.labels = torch.arange(n_images) % 3

@@ -3,7 +3,7 @@ from conftest import make_model
 
 
 def test_cache_source_layout_follows_the_kept_token_rows():
-    from interp.studies.core.source import stored_layout
+    from interp.studies.core.cache_source import stored_layout
 
     lay = make_model("dinov2_reg").layout  # 5 prefix (CLS + 4 registers), 16x16 patches
     assert stored_layout(lay, None) == lay and stored_layout(lay, [0, lay.n_tokens]) == lay

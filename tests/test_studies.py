@@ -213,6 +213,7 @@ class LazyReader:
     def __init__(self, n_images: int, n_layers: int = 2, d_model: int = 64, n_outliers: int = 3):
         self.layout = TokenLayout(n_prefix=1, n_registers=0, cls_index=0, grid=(14, 14))
         self.n_layers, self.d_model, self.n_outliers = n_layers, d_model, n_outliers
+        self.model_depth = n_layers
         self.ids = [f"image_{i}" for i in range(n_images)]
         self.hooks = [f"blocks.{i}.hook_{s}" for i in range(n_layers) for s in ("resid_mid", "resid_post")]
         self.meta = {"model_name": "lazy", "weights_fingerprint": "0" * 16, "norms_only": False}

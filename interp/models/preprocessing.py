@@ -248,3 +248,11 @@ def skip_image(image_id: str, reason: str, skipped: Optional[List[Tuple[str, str
     warnings.warn(f"skipped unreadable image: {reason}", stacklevel=3)
     if skipped is not None:
         skipped.append((image_id, reason))
+
+
+def patch_pixels(images: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+    """Each patch's pixels: images [b, 3, H, W] -> [b, P, 3 * ph * pw] (row-major patches, as timm flattens)."""
+    b, c, h, w = images.shape
+    gh, gw = grid
+    ph, pw = h // gh, w // gw
+    return images.reshape(b, c, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(b, gh * gw, c * ph * pw)

@@ -15,7 +15,7 @@ from typing import Any
 # public name -> module under interp.studies
 _LAZY = {
     "StudyResult": "core.result", "OutlierStudyResult": "core.result",
-    "ActivationSource": "core.source", "Batch": "core.source", "CacheSource": "core.source", "LiveSource": "core.source",
+    "ActivationSource": "core.source", "Batch": "core.source", "CacheSource": "core.cache_source", "LiveSource": "core.source",
     "open_source": "core.source",
     "DetectionSpec": "core.detection", "RunOptions": "core.detection",
     "Detection": "core.outliers", "detect": "core.outliers",
@@ -44,7 +44,7 @@ def __dir__() -> list:
 # Flat module paths of earlier versions -> their home; ``import interp.studies.norms`` gives the same module
 # object as ``import interp.studies.artifacts.norms``.
 MOVED = {
-    **{m: f"core.{m}" for m in ("source", "detection", "outliers", "norm_split", "result", "forward", "presets",
+    **{m: f"core.{m}" for m in ("source", "cache_source", "detection", "outliers", "norm_split", "result", "forward", "presets",
                                 "metrics", "descriptors")},
     **{m: f"artifacts.{m}" for m in ("norms", "emergence", "neurons", "register_scores", "ablate", "relocate",
                                      "registers")},

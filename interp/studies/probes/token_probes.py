@@ -49,6 +49,7 @@ import torch
 
 from ...errors import InterpError
 from ...hooks.names import blocks_needed
+from ...models.preprocessing import patch_pixels
 from .linear_probe import accuracy, chance_score, fit_probe, split_indices
 from ..core.outliers import Detection, ThresholdSpec, resid_post, resolve_layer, resolve_threshold
 from ..aggregation.patch_score import split_tokens
@@ -163,14 +164,6 @@ def _token_batches(source: ActivationSource, hook: str, images: Optional[torch.T
     for batch in source.batches([hook], batch_size):
         imgs = None if images is None or not want_pixels else images[batch.start:batch.start + len(batch)].float()
         yield batch.start, batch.acts[hook], imgs
-
-
-def patch_pixels(images: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-    """Each patch's pixels: images [b, 3, H, W] -> [b, P, 3 * ph * pw] (row-major patches, as timm flattens)."""
-    b, c, h, w = images.shape
-    gh, gw = grid
-    ph, pw = h // gh, w // gw
-    return images.reshape(b, c, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(b, gh * gw, c * ph * pw)
 
 
 def _pick(rng: np.random.Generator, idx: np.ndarray, cap: int) -> np.ndarray:

@@ -1,0 +1,79 @@
+"""The activation source over an HDF5 cache written by ``interp cache`` (the live one is in ``source.py``)."""
+from __future__ import annotations
+
+from typing import Iterator, Optional, Sequence, Tuple
+
+import torch
+
+from ...errors import InterpError
+from ...models.layout import TokenLayout
+from .forward import Reducers
+from .source import ActivationSource, Batch, token_norms
+
+
+def stored_layout(layout: TokenLayout, rows: Optional[Sequence[int]]) -> TokenLayout:
+    """Layout of the token rows a cache kept (``--tokens``): all rows, patches only, or prefix rows only."""
+    if rows is None or tuple(rows) == (0, layout.n_tokens):
+        return layout
+    start, stop = int(rows[0]), int(rows[1])
+    if (start, stop) == (layout.n_prefix, layout.n_tokens):
+        return TokenLayout(n_prefix=0, n_registers=0, cls_index=None, grid=layout.grid)
+    has_cls = layout.cls_index is not None and start <= layout.cls_index < stop
+    return TokenLayout(n_prefix=stop - start, n_registers=max(0, stop - start - int(has_cls)),
+                       cls_index=0 if has_cls else None, grid=(0, 0))
+
+
+class CacheSource(ActivationSource):
+    """Reads an HDF5 activation cache written by ``interp cache`` lazily, one batch at a time."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        meta = reader.meta
+        self.model_name = meta.get("model_name", "?")
+        self.fingerprint = meta.get("weights_fingerprint", "?")
+        self.hook_names = list(reader.hooks)
+        self.ids = list(reader.ids)
+        self.layout = stored_layout(reader.layout, meta.get("token_rows"))
+        self.norms_only = bool(meta.get("norms_only", False))
+        self.skipped = [(path, reason) for _, path, reason in getattr(reader, "skipped", [])]
+
+    @property
+    def n_layers(self) -> int:
+        """The depth of the model that wrote the cache (so detect_layer=-1 is its last block, not the last
+        cached one)."""
+        return int(self.reader.model_depth)
+
+    def data_config(self) -> dict:
+        cfg = self.reader.meta.get("data_config")
+        if cfg is None:
+            raise InterpError("this cache does not record its data config; run with --images and the model instead")
+        return dict(cfg)
+
+    @property
+    def image_size(self) -> Tuple[int, int]:
+        meta = self.reader.meta
+        size = meta.get("input_size") or meta.get("data_config", {}).get("input_size")
+        if size is None:
+            raise InterpError("cannot tell the image size of this source (no input size in the cache)")
+        return tuple(int(v) for v in list(size)[-2:])
+
+    def batches(self, hooks: Sequence[str], batch_size: int = 16,
+                reduce: Reducers = None, interventions: Sequence = ()) -> Iterator[Batch]:
+        if interventions:
+            raise InterpError("a cache holds the activations of one run; interventions need a live source "
+                              "(open_source(model=..., images=...); CLI --images)")
+        self.require(hooks)
+        hooks = list(hooks)
+        reduce = (reduce(self.layout) if callable(reduce) else reduce) or {}
+        for start in range(0, len(self.ids), batch_size):
+            stop = min(start + batch_size, len(self.ids))
+            acts = {}
+            for h in hooks:
+                a = torch.as_tensor(self.reader[h][start:stop]).float()
+                fn = reduce.get(h)
+                if fn is not None and self.norms_only and fn is not token_norms:
+                    raise InterpError(f"this cache stores token norms only; {h} is needed in full: "
+                                      "write the cache without --norms-only")
+                acts[h] = a if fn is None or (self.norms_only and fn is token_norms) else fn(a)
+            yield Batch(self.ids[start:stop], start, acts, self.layout,
+                        set(hooks) if self.norms_only else set())
