@@ -73,3 +73,29 @@ def test_torchrun_two_processes_write_shards_and_a_virtual_file(tmp_path):
         assert cache.skipped == ref.skipped and cache.meta["shards"] == [s.name for s in shards]
         for hook in ref.hooks:
             np.testing.assert_array_equal(cache[hook][[7, 0, 3]], ref[hook][[7, 0, 3]])
+
+
+def test_the_virtual_file_refuses_a_shard_whose_ids_are_damaged(tmp_path):
+    """The merged file re-signs ids and index, so each shard's own must verify first (no damage passes as clean)."""
+    from interp.cache.distributed import build_virtual_file
+    from interp.cache.file_writer import write_file
+    from interp.cache.sources import TensorImages
+    from interp.errors import CacheError
+
+    model = make_model("vit")
+    source = TensorImages(torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(0)))
+    top = tmp_path / "acts.h5"
+    shards = [shard_path(top, r, 2) for r in range(2)]
+    for rank, (start, stop) in enumerate([(0, 2), (2, 4)]):
+        write_file(model, source.subset(start, stop), ["blocks.1.hook_resid_post"], shards[rank], batch_size=2,
+                   dtype="float32", tokens="all", norms_only=False, compression="none", resume=False,
+                   overwrite=False, progress=False,
+                   shard={"rank": rank, "world": 2, "start": start, "stop": stop, "top": top.name})
+    build_virtual_file(top, shards, source)  # intact shards merge
+    top.unlink()
+    with h5py.File(shards[1], "r+") as h5:
+        ids = h5["ids"]
+        ids[0] = ids[1]  # a damaged id (same length, valid string)
+    with pytest.raises(CacheError, match="damaged|checksum"):
+        build_virtual_file(top, shards, source)
+    assert not top.exists()

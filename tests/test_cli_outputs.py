@@ -97,6 +97,22 @@ def test_a_staging_folder_left_by_a_killed_run_does_not_block_the_next(tmp_path,
     assert sorted(p.name for p in out.iterdir()) == ["report.json"]
 
 
+def test_a_kill_inside_the_swap_leaves_the_old_result_for_the_next_run(tmp_path):
+    """Killed after the old files moved to the backup, before the new marker was placed: the next run puts the
+    old result back (it must not delete the backup with the staging folder)."""
+    out = tmp_path / "report"
+    before = _old_report(out)
+    backup = out / f"{STAGING_PREFIX}report-old-99999"
+    backup.mkdir()
+    for name in ("report.json", "index.html"):
+        os.replace(out / name, backup / name)
+    (out / f"{STAGING_PREFIX}report-99999").mkdir()
+    with pytest.raises(RuntimeError):
+        with atomic_output_dir(out, "report.json", replaces=["index.html", "norms.json", "old_figure.png"]):
+            raise RuntimeError("the next run fails too")
+    assert _snapshot(out) == before and _no_leftovers(out)
+
+
 def test_a_study_result_from_a_killed_overwrite_is_still_the_old_one(tmp_path):
     """kill -9 during the swap's first half leaves the old files in a backup folder: the next run removes
     only interp's own folders of that result."""

@@ -19,7 +19,7 @@ import torch
 from ..errors import CacheError
 from .format import (ACTS, CHECKSUMS, FORMAT_VERSION, IDS, INDEX, LIBVER, SKIPPED, SKIPPED_FIELDS, acts_path,
                      check_version, decode_strings, read_attrs, write_attrs)
-from .integrity import check_structure, id_crcs, open_for_read, validate_meta
+from .integrity import check_ids, check_index, check_structure, id_crcs, open_for_read, validate_meta
 from .file_writer import write_file
 from .lock import WriterLock
 from .sources import ImageSource
@@ -123,9 +123,13 @@ def build_virtual_file(path: Path, shards: List[Path], source: ImageSource) -> N
             n, start = int(meta["n_written"]), int(meta["shard"]["start"])
             meta["row_shapes"] = {h: h5[acts_path(h)].shape[1:] for h in meta["hooks"]}
             metas.append(meta)
-            ids += decode_strings(h5[IDS][:n])
-            index.append(h5[INDEX][:n] + start)
-            checksums.append(h5[CHECKSUMS][:n])
+            shard_ids, shard_index, shard_sums = decode_strings(h5[IDS][:n]), h5[INDEX][:n], h5[CHECKSUMS][:n]
+            # the merged file re-signs ids and index: verify the shard's own first, or damage would pass as clean
+            check_index(shard_index, int(meta["n_images"]), shard)
+            check_ids(shard, shard_sums, shard_ids, shard_index)
+            ids += shard_ids
+            index.append(shard_index + start)
+            checksums.append(shard_sums)
             n_skipped = int(meta["n_skipped"])
             skipped[0].append(h5[f"{SKIPPED}/index"][:n_skipped] + start)
             skipped[1] += decode_strings(h5[f"{SKIPPED}/path"][:n_skipped])

@@ -122,6 +122,16 @@ def _stale(out: Path, stem: str) -> Iterator[Path]:
             yield entry
 
 
+def _clean_stale(out: Path, stem: str, marker: str) -> None:
+    """Remove what a killed run of this result left (we hold its lock). A backup of the old result left by a run
+    killed inside ``_commit`` before its marker was placed is moved back first, so the old result survives."""
+    for entry in _stale(out, stem):
+        if entry.name.startswith(f"{STAGING_PREFIX}{stem}-old-") and not os.path.lexists(out / marker):
+            for old in entry.iterdir():
+                os.replace(old, out / old.name)
+        shutil.rmtree(entry, ignore_errors=True)
+
+
 def _commit(staging: Path, out: Path, marker: str, replaces: Sequence[str], backup: Path) -> None:
     """Move the staged entries into ``out`` (marker last) and drop the old result's entries not written again.
 
@@ -188,8 +198,7 @@ def atomic_output_dir(out, marker: str, replaces: Sequence[str] = (), what: str 
     staging = out / f"{STAGING_PREFIX}{stem}-{os.getpid()}"
     done = False
     try:
-        for entry in _stale(out, stem):  # left by a killed run of this result (we hold its lock)
-            shutil.rmtree(entry, ignore_errors=True)
+        _clean_stale(out, stem, marker)
         staging.mkdir()
         _SHOWN[staging] = out
         yield staging

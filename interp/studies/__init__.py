@@ -52,6 +52,7 @@ MOVED = {
     "selective_pooling": "aggregation.selective_cls",
     **{m: f"objects.{m}" for m in ("lost", "segmentation", "boxes", "box_files")},
     "linear_probe": "probes.linear_probe",
+    "compare": "interp.report.compare",  # an orchestrator now, beside the report
 }
 
 
@@ -65,7 +66,8 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        return importlib.import_module(f"{__name__}.{MOVED[spec.name.rpartition('.')[2]]}")
+        home = MOVED[spec.name.rpartition(".")[2]]
+        return importlib.import_module(home if home.startswith("interp.") else f"{__name__}.{home}")
 
     def exec_module(self, module):
         """The module was executed at its new home."""
