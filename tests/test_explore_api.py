@@ -263,7 +263,7 @@ def test_cli_prints_a_token_url_and_serves(tmp_path):
 
 
 @pytest.mark.parametrize("argv, words, status", [  # status 2: refused while parsing, as argparse does
-    (["--port", "70000"], "--port 70000", 1),
+    (["--port", "70000"], "--port: expected a port 0..65535", 2),
     (["--neurons", "2:x"], "cannot read '2:x'", 1),
     (["--threshold", "p200"], "pNN with 0 < NN < 100", 2),
     (["--weights", __file__], "--weights needs a MODEL", 1),
@@ -277,3 +277,111 @@ def test_cli_bad_arguments_are_one_line(argv, words, status, capsys):
     assert main(["explore", "--no-open", *argv]) == status
     err = capsys.readouterr().err
     assert err.startswith("interp: error:") and words in err and "Traceback" not in err
+
+
+def test_neurons_named_by_a_file_are_refused_before_any_read(served, tmp_path, monkeypatch):
+    import interp.interventions.neuron_sets as neuron_sets
+
+    _, server = served
+    path = tmp_path / "neurons.json"
+    path.write_text(json.dumps({"model": "planted_vit", "neurons": [{"layer": 2, "neuron": 777}]}))
+    opened = []
+    monkeypatch.setattr(neuron_sets, "read_neurons_json", lambda p: opened.append(p))
+    for route, body in (("api/run", {"image": 0}), ("api/export", {})):
+        for given in (str(path), str(tmp_path)):
+            body = {**body, "interventions": [{"kind": "NeuronAblation", "neurons": given}]}
+            status, answer = request(server, route, body)
+            assert status == 400 and "reads no files" in answer["error"] and "777" not in answer["error"], answer
+    assert opened == []
+    ok = request(server, "api/run", {"image": 0, "interventions": [{"kind": "NeuronAblation", "neurons": "2:17"}]})
+    assert ok[0] == 200
+
+
+def test_parsed_edits_and_readouts_are_bounded(served, monkeypatch):
+    import interp.explore.session as session_module
+
+    session, _ = served
+    monkeypatch.setattr(session_module, "CACHE_SIZE", 3)
+    for n in range(6):
+        session.run(0, [{"kind": "NeuronAblation", "neurons": {"2": [n]}}])
+    assert len(session._parsed) <= 3 and len(session._readouts) <= 3 and len(session._runs) <= 3
+    assert _edit_key_of({"2": [5]}) in session._parsed  # the most recent kept
+
+
+def _edit_key_of(neurons):
+    from interp.explore.session import _edit_key
+
+    return _edit_key([{"kind": "NeuronAblation", "neurons": neurons}])
+
+
+def test_export_saves_under_the_session_lock(served, monkeypatch):
+    import interp.interventions.export as patch
+
+    session, _ = served
+    held, save = [], patch.save
+    monkeypatch.setattr(patch, "save", lambda *a, **k: held.append(session.lock._is_owned()) or save(*a, **k))
+    assert session.export(ABLATE)
+    assert held == [True]
+
+
+def test_folder_labels_give_accuracy_only_when_they_name_the_models_classes(one_thread, tmp_path):
+    from PIL import Image
+
+    gen = torch.Generator().manual_seed(0)
+    for c in ("cat", "dog"):
+        (tmp_path / c).mkdir()
+        for i in range(2):
+            pixels = (torch.rand(32, 32, 3, generator=gen) * 255).byte().numpy()
+            Image.fromarray(pixels).save(tmp_path / c / f"{i}.png")
+    model = make_model("vit", depth=1)
+    options = ExploreOptions(threshold="p99", head="classifier")
+    ro = ExploreSession(model, tmp_path, options).run(0)["readout"]
+    assert ro["accuracy"] is None and "folder labels do not name the model's classes" in ro["accuracy_note"]
+    names = [f"class {i}" for i in range(model.timm_model.num_classes)]
+    names[7], names[3] = "cat", "Dog"
+    model.timm_model.pretrained_cfg = {**model.timm_model.pretrained_cfg, "label_names": names}
+    session = ExploreSession(model, tmp_path, options)
+    ro = session.run(0)["readout"]
+    top1 = session.baseline_outputs["logits"].argmax(-1)
+    expected = float((top1 == torch.tensor([7, 7, 3, 3])).double().mean())
+    assert ro["accuracy"] == pytest.approx(expected) and ro["accuracy_note"] is None
+
+
+def test_a_server_that_does_not_start_or_never_served_releases_its_socket(served):
+    session, _ = served
+    never = ExploreServer(session)
+    never.stop()
+    assert never.socket.fileno() == -1
+    stuck = ExploreServer(session)
+
+    def hang(sockets):  # never reports started; ends when told to exit
+        while not stuck.server.should_exit:
+            time.sleep(0.01)
+
+    stuck.server.run = hang
+    thread_of = []
+    with pytest.raises(interp.InterpError, match="did not start"):
+        original = stuck.stop
+        stuck.stop = lambda: (thread_of.append(stuck.thread), original())[1]
+        stuck.start(timeout=0.2)
+    assert thread_of and not thread_of[0].is_alive() and stuck.socket.fileno() == -1
+
+
+def test_cli_closes_its_server_when_serving_fails(monkeypatch, capsys):
+    import interp.explore.server as server_module
+    from interp.cli import main
+
+    made = []
+
+    class Failing(server_module.ExploreServer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+        def serve(self):
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(server_module, "ExploreServer", Failing)
+    with pytest.raises(RuntimeError):
+        main(["explore", "--no-open", "--no-progress", "--neurons", "2:17"])
+    assert made and made[0].socket.fileno() == -1

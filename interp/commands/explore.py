@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..console import add_output_args
 from .common import NEURONS_SYNTAX, add_model_args, model_from_args, parse_neurons, threshold_value
-from .values import existing_path, positive_int, threshold_arg
+from .values import existing_path, port_number, positive_int, threshold_arg
 
 
 def register(sub) -> None:
@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--head", choices=("auto", "classifier", "embedding"), default="auto",
                    help="read the output as a classifier (top-1 agreement) or an embedding (cosine); default: "
                         "decided from the model")
-    p.add_argument("--port", type=int, default=0, help="port to listen on (default 0: any free port)")
+    p.add_argument("--port", type=port_number, default=0, help="port to listen on (default 0: any free port)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; another one exposes the model to the network)")
     p.add_argument("--no-open", action="store_true", help="do not open a browser")
@@ -49,11 +49,6 @@ def run(args) -> int:
     require_extra()  # before the model is built
     threshold = threshold_value(args.threshold)
     neurons = parse_neurons(args.neurons) if args.neurons is not None else None
-    if not 0 <= args.port <= 65535:
-        raise InterpError(f"--port {args.port} must be 0..65535 (0: any free port)")
-    for flag, value in (("--top-k", args.top_k), ("--max-images", args.max_images), ("--batch-size", args.batch_size)):
-        if value < 1:
-            raise InterpError(f"{flag} {value} must be >= 1")
     if args.model is None:
         if args.weights:
             raise InterpError("--weights needs a MODEL name (the default planted_vit is built by construction)")
@@ -75,16 +70,18 @@ def run(args) -> int:
     for text in session.warnings:
         print(f"warning: {text}")
     server = ExploreServer(session, host=args.host, port=args.port)
-    # the URL goes to stderr, as Jupyter's does, so --quiet keeps it
-    print(f"interp explore: {len(session.source)} images; serving on {server.host}:{server.port} (Ctrl-C stops)\n"
-          f"    {server.url}", file=sys.stderr, flush=True)
-    if not args.no_open:
-        import webbrowser
-
-        webbrowser.open(server.url)
     try:
+        # the URL goes to stderr, as Jupyter's does, so --quiet keeps it
+        print(f"interp explore: {len(session.source)} images; serving on {server.host}:{server.port} (Ctrl-C "
+              f"stops)\n    {server.url}", file=sys.stderr, flush=True)
+        if not args.no_open:
+            import webbrowser
+
+            webbrowser.open(server.url)
         server.serve()
     except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then re-raises it
         pass
+    finally:
+        server.stop()  # the socket, also when something above failed before serving
     print("interp explore: stopped", file=sys.stderr)
     return 0

@@ -43,6 +43,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    """A TCP port 0..65535 (--port; 0: any free one)."""
+    value = _int(text, "expected a port 0..65535 (0: any free port)")
+    if not 0 <= value <= 65535:
+        raise _fail(text, "expected a port 0..65535 (0: any free port)")
+    return value
+
+
 def nonnegative_int(text: str) -> int:
     """A whole number >= 0 (--controls, --seed, --n-maps)."""
     value = _int(text, "expected a whole number >= 0")

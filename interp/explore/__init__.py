@@ -12,7 +12,6 @@ The command line is ``interp explore [MODEL]`` (:mod:`interp.commands.explore`).
 """
 from __future__ import annotations
 
-import atexit
 import sys
 import types
 import weakref
@@ -27,8 +26,7 @@ class Explorer:
 
     def __init__(self, session, server, height: int = 900):
         self.session, self.server, self.height = session, server, height
-        self._finalizer = weakref.finalize(self, server.stop)
-        atexit.register(self._finalizer)  # the kernel's exit stops the server even while the object lives
+        self._finalizer = weakref.finalize(self, server.stop)  # also run at exit (the kernel's), as finalize does
 
     @property
     def url(self) -> str:
@@ -70,11 +68,11 @@ def explore(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None
         host, port: where to listen (default 127.0.0.1, any free port).
     """
     from ..errors import InterpError
-    from .server import ExploreServer, require_extra
+    from .server import LOCAL_HOSTS, ExploreServer, require_extra
     from .session import ExploreOptions, ExploreSession
 
     require_extra()
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if host not in LOCAL_HOSTS:
         import warnings
 
         warnings.warn(f"the explorer listens on {host}: anyone who can reach it and has the token can run the model",

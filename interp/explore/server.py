@@ -199,19 +199,23 @@ class ExploreServer:
             self.socket.close()
 
     def start(self, timeout: float = 10.0) -> "ExploreServer":
-        """Serve from a daemon thread; returns once the server accepts requests."""
+        """Serve from a daemon thread; returns once the server accepts requests (else stops it and raises)."""
         self.thread = threading.Thread(target=self.serve, name=f"interp-explore-{self.port}", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
                 raise InterpError(f"the explorer server did not start on {self.host}:{self.port}")
             time.sleep(0.02)
         return self
 
     def stop(self) -> None:
-        """Stop serving (idempotent)."""
+        """Stop serving and release the socket (idempotent; also for a server that never served)."""
         self.server.should_exit = True
-        if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join(timeout=5)
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        if thread is None or not thread.is_alive():  # a serving thread closes it itself when it ends
+            self.socket.close()
         self.thread = None

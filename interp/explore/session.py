@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 import time
 import warnings
@@ -24,6 +25,7 @@ import torch
 from ..errors import InterpError
 from ..hooks.names import RESID_STAGES as STAGES, attn_pattern, mlp_post, resid_mid, resid_post, resid_stage
 from ..interventions import interventions_from_spec, masks
+from ..interventions.neuron_sets import NEURONS_SYNTAX
 from ..models.planted import planted_truth
 from ..models.preprocessing import list_images
 from ..studies.artifacts.neurons import neurons_study
@@ -32,7 +34,8 @@ from ..studies.core.source import open_source
 from .readout import HeadReadout, head_readout
 
 MAX_NEURON_MAPS = 32  # neuron activation maps per response (the ranked ones first, then edited ones)
-CACHE_SIZE = 64  # edited runs kept (per image and edit)
+CACHE_SIZE = 64  # edited runs (per image and edit), parsed edits and readouts (per edit) kept, least recent out
+_NEURON_TEXT = re.compile(r"\s*\d+\s*:\s*\d+\s*(,\s*\d+\s*:\s*\d+\s*)*")  # "L:N,...": no file named
 
 
 @dataclass
@@ -60,6 +63,29 @@ class ExploreOptions:
 
 def _edit_key(spec: Sequence[Dict[str, Any]]) -> str:
     return json.dumps(list(spec), sort_keys=True, separators=(",", ":"))
+
+
+def _lru(cache: "OrderedDict", key, make):
+    """``cache[key]``, made with ``make()`` when missing; at most CACHE_SIZE entries, the least recent dropped."""
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = cache[key] = make()
+    while len(cache) > CACHE_SIZE:
+        cache.popitem(last=False)
+    return value
+
+
+def check_no_files(spec: Sequence[Any]) -> None:
+    """Refuse a spec whose ``neurons`` is not a {layer: [neuron]} object or ``"L:N,..."`` text, before anything
+    reads it: a string such as a neurons.json path would make the server read a file named by the request."""
+    for entry in spec:
+        neurons = entry.get("neurons") if isinstance(entry, dict) else None
+        if neurons is not None and not isinstance(neurons, dict) and not (
+                isinstance(neurons, str) and _NEURON_TEXT.fullmatch(neurons)):
+            raise InterpError("the explorer reads no files: 'neurons' must be an object {\"layer\": [neuron, ...]} "
+                              f"or {NEURONS_SYNTAX.split(' (')[0]}, not a file path or another value "
+                              "(load a neurons.json with --neurons when starting the explorer)")
 
 
 def _rounded(t: torch.Tensor, digits: int = 5) -> list:
@@ -107,10 +133,11 @@ class ExploreSession:
         self.warnings = sorted({str(w.message) for w in caught})
         self.default_threshold = float(self.detection.counting_threshold())
         self.readout: HeadReadout = head_readout(model, self.options.head, self.options.random_weights,
-                                                 labels=self.source.labels)
+                                                 labels=self.source.labels,
+                                                 class_names=self.source.class_names)
         self._runs: "OrderedDict[tuple, Dict]" = OrderedDict()
-        self._readouts: Dict[str, Dict] = {}
-        self._parsed: Dict[str, list] = {}
+        self._readouts: "OrderedDict[str, Dict]" = OrderedDict()
+        self._parsed: "OrderedDict[str, list]" = OrderedDict()
         self._thumbs: Dict[int, bytes] = {}
         self.baseline_outputs = self._outputs([])  # pooled vectors and logits of every image, unedited
 
@@ -180,19 +207,20 @@ class ExploreSession:
         if not isinstance(spec, list):
             raise InterpError("'interventions' must be a list of {\"kind\": ..., params} objects (the patch-file "
                               "spec, see interp.interventions.spec)")
-        key = _edit_key(spec)
-        if key not in self._parsed:
-            ivs = interventions_from_spec(spec, model=self.model, calibration_images=self.pixels,
-                                          batch_size=self.options.batch_size)
-            from ..interventions.export import plan_swaps
+        check_no_files(spec)
+        return _lru(self._parsed, _edit_key(spec), lambda: self._parse(spec))
 
-            plan_swaps(self.model.timm_model, ivs)  # layers, neuron indices and target shapes, before any run
-            for iv in ivs:
-                target = getattr(iv, "target", None)
-                if target is not None and tuple(target.shape) != self.grid:
-                    raise InterpError(f"relocation target is {tuple(target.shape)}, the patch grid is {self.grid}")
-            self._parsed[key] = ivs
-        return self._parsed[key]
+    def _parse(self, spec: list) -> list:
+        ivs = interventions_from_spec(spec, model=self.model, calibration_images=self.pixels,
+                                      batch_size=self.options.batch_size)
+        from ..interventions.export import plan_swaps
+
+        plan_swaps(self.model.timm_model, ivs)  # layers, neuron indices and target shapes, before any run
+        for iv in ivs:
+            target = getattr(iv, "target", None)
+            if target is not None and tuple(target.shape) != self.grid:
+                raise InterpError(f"relocation target is {tuple(target.shape)}, the patch grid is {self.grid}")
+        return ivs
 
     @torch.no_grad()
     def _forward(self, index: int, ivs: list) -> Dict[str, Any]:
@@ -274,10 +302,11 @@ class ExploreSession:
         return {"pooled": torch.cat(pooled), "logits": torch.cat(logits)}
 
     def _readout(self, key: str, ivs: list) -> Dict[str, Any]:
-        if key not in self._readouts:
+        def compare():
             edited = self.baseline_outputs if not ivs else self._outputs(ivs)
-            self._readouts[key] = self.readout.compare(self.baseline_outputs, edited)
-        return self._readouts[key]
+            return self.readout.compare(self.baseline_outputs, edited)
+
+        return _lru(self._readouts, key, compare)
 
     def run(self, index: int, spec: Sequence[Dict[str, Any]] = (), threshold: Optional[float] = None
             ) -> Dict[str, Any]:
@@ -316,15 +345,8 @@ class ExploreSession:
         }
 
     def _cached_run(self, index: int, key: str, ivs: list):
-        entry = (index, key)
-        if entry in self._runs:
-            self._runs.move_to_end(entry)
-            return self._runs[entry], True
-        result = self._forward(index, ivs)
-        self._runs[entry] = result
-        while len(self._runs) > CACHE_SIZE:
-            self._runs.popitem(last=False)
-        return result, False
+        cached = (index, key) in self._runs
+        return _lru(self._runs, (index, key), lambda: self._forward(index, ivs)), cached
 
     def export(self, spec: Sequence[Dict[str, Any]]) -> bytes:
         """The patch file (``interp patch export`` format) of these interventions, as bytes."""
@@ -333,10 +355,10 @@ class ExploreSession:
 
         from ..interventions import export as patch
 
-        with self.lock:
+        with self.lock:  # save reads the model, which another request may be editing (model.intervene)
             ivs = self.interventions(spec)
-        if not ivs:
-            raise InterpError("no edits to export: switch some on first")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = patch.save(ivs, Path(tmp) / "explore.safetensors", self.model)
-            return path.read_bytes()
+            if not ivs:
+                raise InterpError("no edits to export: switch some on first")
+            with tempfile.TemporaryDirectory() as tmp:
+                path = patch.save(ivs, Path(tmp) / "explore.safetensors", self.model)
+                return path.read_bytes()

@@ -190,7 +190,8 @@
       value += "; accuracy " + (100 * ro.accuracy).toFixed(1) + " % (unedited " + (100 * ro.baseline_accuracy).toFixed(1) + " %)";
     }
     $("readout-value").textContent = value + " over " + ro.n_images + " image(s)";
-    $("readout-why").textContent = ro.kind === "embedding" ? "not a classifier: " + ro.why : ro.why;
+    const why = ro.kind === "embedding" ? "not a classifier: " + ro.why : ro.why;
+    $("readout-why").textContent = ro.accuracy_note ? why + "; " + ro.accuracy_note : why;
   }
 
   // threshold slider: log scale between the smallest and 4x the largest norm at the detection block
