@@ -1,8 +1,9 @@
 """Images -> model input: timm's own preprocessing (resize, center crop, normalise) for a model."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -123,6 +124,20 @@ def _open_checked(path: Path):
                                  "downscale it or remove it") from e
 
 
+@contextmanager
+def _decoding(path: Path) -> Iterator[None]:
+    """Every failure to open or decode ``path`` as one :class:`ImageError` naming the file."""
+    if not path.is_file():
+        raise ImageError(f"image file {str(path)!r} does not exist")
+    try:
+        yield
+    except ImageError:
+        raise
+    except Exception as e:  # PIL raises many types for broken files
+        raise ImageError(f"cannot read image {str(path)!r} ({type(e).__name__}: {e}); "
+                         "remove or replace the file") from e
+
+
 def open_image(path: PathLike):
     """Open an image file as an RGB PIL image (any PIL mode is converted, see :func:`to_rgb`).
 
@@ -130,39 +145,22 @@ def open_image(path: PathLike):
         ImageTooLargeError: more pixels than PIL's decompression-bomb limit (e.g. a 30000x30000 PNG).
         ImageError: missing, unreadable or truncated file.
     """
-    from PIL import UnidentifiedImageError
-
     path = Path(path)
-    if not path.is_file():
-        raise ImageError(f"image file {str(path)!r} does not exist")
-    try:
-        with _open_checked(path) as im:
-            im.load()
-            return to_rgb(im)
-    except ImageError:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, MemoryError) as e:
-        raise ImageError(f"cannot read image {str(path)!r} ({type(e).__name__}: {e}); "
-                         "remove or replace the file") from e
+    with _decoding(path), _open_checked(path) as im:
+        im.load()
+        return to_rgb(im)
 
 
 def check_decodes(path: PathLike) -> None:
     """Raise :class:`ImageError` unless ``path`` is an image whose pixels decode (a truncated JPEG fails
     here, not later in a batch). JPEGs decode at 1/8 scale (every coefficient is still read): cheap."""
     path = Path(path)
-    if not path.is_file():
-        raise ImageError(f"image file {str(path)!r} does not exist")
-    try:
+    with _decoding(path):
         with _open_checked(path) as im:
             im.verify()
         with _open_checked(path) as im:
             im.draft("RGB", (1, 1))
             im.load()
-    except ImageError:
-        raise
-    except Exception as e:  # PIL raises many types for broken files
-        raise ImageError(f"cannot read image {str(path)!r} ({type(e).__name__}: {e}); "
-                         "remove or replace the file") from e
 
 
 def load_images(paths: Union[PathLike, Iterable[PathLike]], model, strict: bool = False,
