@@ -35,44 +35,28 @@ def _float(text: str, expected: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """A whole number >= 1 (counts and sizes: --batch-size, --top-k, --depth, ...)."""
-    value = _int(text, "expected a whole number >= 1")
-    if value < 1:
-        raise _fail(text, "expected a whole number >= 1")
-    return value
+def _bounded(name: str, parse, accept, expected: str, doc: str):
+    """An argparse type: ``parse`` the text (``_int``/``_float``), then refuse values ``accept`` rejects."""
+    def check(text: str):
+        value = parse(text, expected)
+        if not accept(value):
+            raise _fail(text, expected)
+        return value
+
+    check.__name__, check.__doc__ = name, doc
+    return check
 
 
-def port_number(text: str) -> int:
-    """A TCP port 0..65535 (--port; 0: any free one)."""
-    value = _int(text, "expected a port 0..65535 (0: any free port)")
-    if not 0 <= value <= 65535:
-        raise _fail(text, "expected a port 0..65535 (0: any free port)")
-    return value
-
-
-def nonnegative_int(text: str) -> int:
-    """A whole number >= 0 (--controls, --seed, --n-maps)."""
-    value = _int(text, "expected a whole number >= 0")
-    if value < 0:
-        raise _fail(text, "expected a whole number >= 0")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0 (--sigma, --eps, --blur-sigma)."""
-    value = _float(text, "expected a number > 0")
-    if value <= 0:
-        raise _fail(text, "expected a number > 0")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    """A finite number >= 0 (--tol)."""
-    value = _float(text, "expected a number >= 0")
-    if value < 0:
-        raise _fail(text, "expected a number >= 0")
-    return value
+positive_int = _bounded("positive_int", _int, lambda v: v >= 1, "expected a whole number >= 1",
+                        "A whole number >= 1 (counts and sizes: --batch-size, --top-k, --depth, ...).")
+port_number = _bounded("port_number", _int, lambda v: 0 <= v <= 65535, "expected a port 0..65535 (0: any free port)",
+                       "A TCP port 0..65535 (--port; 0: any free one).")
+nonnegative_int = _bounded("nonnegative_int", _int, lambda v: v >= 0, "expected a whole number >= 0",
+                           "A whole number >= 0 (--controls, --seed, --n-maps).")
+positive_float = _bounded("positive_float", _float, lambda v: v > 0, "expected a number > 0",
+                          "A finite number > 0 (--sigma, --eps, --blur-sigma).")
+nonnegative_float = _bounded("nonnegative_float", _float, lambda v: v >= 0, "expected a number >= 0",
+                             "A finite number >= 0 (--tol).")
 
 
 def finite_float(text: str) -> float:
