@@ -140,6 +140,11 @@ def _bulk_above(value: float, norms: np.ndarray, split: NormSplit) -> Optional[f
     return int(((norms > value) & (norms <= split.threshold)).sum()) / above
 
 
+def percentile_value(norms: np.ndarray, p: float) -> float:
+    """The ``p``-th percentile of the norms (inf when there are none): what a ``pNN`` threshold resolves to."""
+    return float(np.percentile(norms, p)) if norms.size else math.inf
+
+
 def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> Threshold:
     """Threshold for ``spec`` on the detection layer's patch norms (any shape, all images) and the verdict on
     artifacts (see :class:`Threshold`): the one place where thresholds are resolved and judged.
@@ -161,7 +166,7 @@ def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> 
     if method == "fixed":
         value, name = asked, f"the fixed threshold {asked:.4g}"
     elif method == "percentile":
-        value = float(np.percentile(norms, asked)) if n else math.inf
+        value = percentile_value(norms, asked)
         name = f"the percentile threshold p{asked:g} ({value:.4g})"
     else:
         value, name = split.threshold, "the automatic split"
@@ -267,7 +272,7 @@ class Detection:
         these norms when "auto" finds no bimodal split (so counts stay comparable)."""
         if math.isfinite(self.threshold.value):
             return self.threshold.value
-        return resolve_threshold(self.norms.numpy().ravel(), "p99").value
+        return percentile_value(self.norms.numpy().ravel(), 99)  # the value only: no split to refit
 
     def check(self, source: ActivationSource, layer: Optional[int] = None,
               threshold: Optional[ThresholdSpec] = None) -> "Detection":
