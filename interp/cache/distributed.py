@@ -23,7 +23,7 @@ from .integrity import check_ids, check_index, check_structure, id_crcs, open_fo
 from .file_writer import write_file
 from .lock import WriterLock
 from .sources import ImageSource
-from .store import append_rows, create_index_datasets, tmp_path
+from .store import ID_CHUNK, append_rows, create_index_datasets, tmp_path
 
 
 @dataclass(frozen=True)
@@ -158,11 +158,12 @@ def build_virtual_file(path: Path, shards: List[Path], source: ImageSource) -> N
                 h5.create_virtual_dataset(acts_path(hook), layout, fillvalue=0)
             create_index_datasets(h5)
             append_rows(h5[IDS], ids)
-            append_rows(h5[INDEX], np.concatenate(index).astype(np.int64))
+            merged_index = np.concatenate(index).astype(np.int64)
+            append_rows(h5[INDEX], merged_index)
             width = len(top["hooks"]) + 1
             sums = np.concatenate(checksums).reshape(-1, width).astype(np.uint32)
-            sums[:, -1] = id_crcs(ids, h5[INDEX][:])  # shard rows record positions relative to their shard
-            h5.create_dataset(CHECKSUMS, data=sums, maxshape=(None, width), chunks=(1024, width))
+            sums[:, -1] = id_crcs(ids, merged_index)  # shard rows record positions relative to their shard
+            h5.create_dataset(CHECKSUMS, data=sums, maxshape=(None, width), chunks=(ID_CHUNK, width))
             append_rows(h5[f"{SKIPPED}/index"], np.concatenate(skipped[0]).astype(np.int64))
             append_rows(h5[f"{SKIPPED}/path"], skipped[1])
             append_rows(h5[f"{SKIPPED}/reason"], skipped[2])

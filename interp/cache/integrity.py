@@ -261,12 +261,14 @@ def check_ids(path, checksums: np.ndarray, ids: Sequence[str], index: np.ndarray
         raise damaged(path, f"the id or index of row {int(bad[0])} does not match its checksum")
 
 
-def verify_rows(h5, meta: dict, path, step: int = 64) -> None:
-    """Read every committed row of every hook and compare it with ``/checksums`` (format 2 files)."""
+def verify_rows(h5, meta: dict, path) -> None:
+    """Read every committed row of every hook and compare it with ``/checksums`` (format 2 files), one stored
+    chunk at a time (each chunk is decompressed once)."""
     n = int(meta["n_written"])
     sums = h5[CHECKSUMS][:n]
     for j, hook in enumerate(meta["hooks"]):
         ds = h5[acts_path(hook)]
+        step = ds.chunks[0] if ds.chunks else 64
         for i in range(0, n, step):
             check_rows(path, hook, i, sums[i:i + step, j], ds[i:min(n, i + step)])
 

@@ -29,11 +29,11 @@ import numpy as np
 from ..errors import CacheError
 from . import integrity
 from .format import (ACTS, CHECKSUMS, FORMAT_VERSION, IDS, INDEX, LIBVER, SKIPPED, SKIPPED_FIELDS, acts_path,
-                     check_version, committed_skipped, damaged, read_attrs, resume_position, settings_mismatch,
+                     check_version, committed_skipped, damaged, decode_strings, read_attrs, resume_position, settings_mismatch,
                      weights_hint, write_attrs)
 
 _STR = h5py.string_dtype("utf-8")
-_ID_CHUNK = 1024
+ID_CHUNK = 1024
 _SKIPPED_CHUNK = 64
 _MAX_CHUNK_BYTES = 1 << 30  # HDF5 chunks must stay under 4 GiB; keep them well below
 _SPACE_MARGIN = 16 << 20  # free bytes kept beyond a batch or a copy (HDF5 metadata, the filesystem's own)
@@ -121,13 +121,13 @@ def create_row_datasets(h5: h5py.File, meta: dict, shapes: Dict[str, Tuple[int, 
                           chunks=(chunk_rows(meta, shape), *shape), **extra)
     width = len(meta["hooks"]) + 1
     h5.create_dataset(CHECKSUMS, shape=(0, width), maxshape=(None, width), dtype=np.uint32,
-                      chunks=(_ID_CHUNK, width))
+                      chunks=(ID_CHUNK, width))
 
 
 def create_index_datasets(h5: h5py.File) -> None:
     """Empty ``/ids``, ``/index`` and ``/skipped/{index,path,reason}`` datasets, resizable."""
-    h5.create_dataset(IDS, shape=(0,), maxshape=(None,), dtype=_STR, chunks=(_ID_CHUNK,))
-    h5.create_dataset(INDEX, shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(_ID_CHUNK,))
+    h5.create_dataset(IDS, shape=(0,), maxshape=(None,), dtype=_STR, chunks=(ID_CHUNK,))
+    h5.create_dataset(INDEX, shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(ID_CHUNK,))
     for name, dtype in zip(SKIPPED_FIELDS, (np.int64, _STR, _STR)):
         h5.create_dataset(f"{SKIPPED}/{name}", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(_SKIPPED_CHUNK,))
 
@@ -253,7 +253,7 @@ class CacheFile:
                     f"cannot resume {str(path)!r}: it was written with other settings ({'; '.join(problems)}). "
                     f"{weights_hint(meta, run_meta, problems)}"
                     "Rerun with the settings it was written with, or pass --overwrite (overwrite=True) to start over.")
-            ids = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in h5[IDS][:n]]
+            ids = decode_strings(h5[IDS][:n])
             integrity.check_ids(path, h5[CHECKSUMS][:n], ids, index)
             integrity.verify_rows(h5, meta, path)
         except (*integrity.H5_ERRORS, TypeError, ValueError) as e:

@@ -282,6 +282,7 @@ def record_skipped(out_dir, result_name: str, args: argparse.Namespace) -> None:
         path.write_text(json.dumps(data, indent=1))
 
 
+# the same text as interventions.neuron_sets.NEURONS_SYNTAX, kept here: importing that package imports torch
 NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
 
 

@@ -63,8 +63,9 @@ def _selective(args, k: int):
 def run_patch_score(args) -> int:
     from ..errors import InterpError
     from ..plots import aggregation as plots
-    from ..studies.objects.boxes import read_boxes, regions_from_boxes, regions_from_masks
     from ..studies.aggregation.patch_score import patch_score_study
+    from ..studies.aggregation.pib import load_regions
+    from ..studies.objects.boxes import regions_from_masks
 
     if args.boxes and args.masks:
         raise InterpError("give --boxes or --masks, not both")
@@ -72,9 +73,7 @@ def run_patch_score(args) -> int:
     source = source_from_args(args, model)
     regions = None
     if args.boxes:
-        regions = regions_from_boxes(source.ids, read_boxes(args.boxes), source.data_config(),
-                                     tuple(source.layout.grid), single_object=args.single_object,
-                                     max_box_fraction=args.max_box_fraction)
+        regions = load_regions(source, args.boxes, args.single_object, args.max_box_fraction)
     elif args.masks:
         regions = regions_from_masks(source.ids, args.masks, source.data_config(), tuple(source.layout.grid))
     result = patch_score_study(source, hook=args.hook, reference=args.reference,

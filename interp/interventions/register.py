@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Dict
 
 from ..errors import InterpError
 
-from .base import STRUCTURAL, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons, take_neurons
+from .base import STRUCTURAL, EditContext, Intervention, Neurons, check_choice, check_neurons, take_neurons
 from .edits import PATCH_FILLS, VALUE_MODES
 from .modules import RegisterNeuronEdit
 

@@ -15,7 +15,7 @@ from typing import Any, Dict
 import torch
 
 from . import masks
-from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons, take_neurons
+from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, take_neurons
 from .edits import VALUE_MODES
 from .modules import RelocationEdit
 

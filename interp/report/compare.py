@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 from ..studies.artifacts.norms import norms_study
 from ..studies.core.outliers import detect
 from ..studies.probes.token_probes import probes_study
-from ..studies.core.result import StudyResult
+from ..studies.core.result import StudyResult, skipped_records
 from ..studies.core.source import open_source
 
 NORM_COLUMNS = ("model", "artifacts", "threshold", "outlier_%", "max/median", "emergence", "cls_attn_on_outliers")
@@ -40,7 +40,6 @@ class ComparisonResult(StudyResult):
 
     study = "compare"
     rows: List[Dict] = field(default_factory=list)
-    skipped: List[Dict] = field(default_factory=list)  # unreadable images left out: {"image", "reason"}
     notes: Dict[str, Dict[str, str]] = field(default_factory=dict)  # model -> {probe column: why it is "-"}
 
     def table(self) -> str:
@@ -112,7 +111,7 @@ def compare_models(models: Sequence, images, *, threshold="auto", batch_size: in
     for i, model in enumerate(models):
         name = names[i] if names else model.model_name
         source = open_source(model=model, images=images, batch_size=batch_size, strict=strict)
-        skipped = skipped or [{"image": str(image), "reason": reason} for image, reason in source.skipped]
+        skipped = skipped or skipped_records(source)
         source = source.held_if_small()  # decoded once for the three passes
         found = detect(source, threshold, batch_size=batch_size, progress=progress)
         result = norms_study(source, detection=found, batch_size=batch_size, progress=progress)

@@ -2,7 +2,7 @@
 ``figure_files`` (the PNGs written with it) and ``skipped`` (unreadable images left out, a result field).
 Used by ``interp study`` and by ``interp report``.
 
->>> from interp.studies.norms import norms_study
+>>> from interp.studies.artifacts.norms import norms_study
 >>> files = save_result(norms_study(source, progress=False), "out", images)
 >>> files
 ['norm_profile.png', 'norm_histograms.png', 'outlier_maps.png']
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..studies.result import StudyResult
+from ..studies.core.result import StudyResult
 
 FIGURES_KEY = "figure_files"  # in a saved study JSON: the PNGs written with it
 

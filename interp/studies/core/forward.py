@@ -156,14 +156,15 @@ class Baseline:
 def baseline_pass(source, layer: int, batch_size: Optional[int] = None, progress: bool = True) -> Baseline:
     """One unedited forward per image of a live ``source``: logits, block ``layer``'s patch norms and the last
     block's CLS->patch attention (what the causal studies compare their edited runs with)."""
-    from tqdm.auto import tqdm
+    from ..._progress import tqdm
+    from .source import n_batches  # here: source imports this module
 
     model = source.model
     last = model.n_layers - 1
     bs = batch_size or source.batch_size
     parts = [forward_summary(model, x, source.interventions, layer, attention_layers=[last])
              for _, x in tqdm(source.image_batches(bs), disable=not progress, desc="baseline", unit="batch",
-                              total=-(-len(source) // bs), leave=False)]
+                              total=n_batches(source, bs), leave=False)]
     if not parts:
         raise ValueError("baseline_pass needs at least one image")
     attn = torch.cat([p.cls_attention[last] for p in parts]) if last in parts[0].cls_attention else None
