@@ -3,7 +3,7 @@
     interp study probes MODEL --images DIR|--cache FILE --out OUT [--hook H] [--layer N] [--position-loss ce+mse]
     interp study lost MODEL --images DIR --out OUT [--boxes FILE] [--layer N] [--k 100] [--neurons 2:17,...]
     interp study segment MODEL --images DIR --masks DIR|COCO.json --out OUT [--reference cls|pooled|selective]
-        [--neurons 2:17,...]
+        [--average image|dataset] [--frame input|full] [--neurons 2:17,...]
 
 Each writes ``<study>.json`` (``probes.json``, ``lost.json``, ``segmentation.json``) and its PNG figures
 (:mod:`interp.plots.registry`) into ``--out``. With ``--neurons`` (the register neurons of a test-time
@@ -138,15 +138,22 @@ def run_lost(args) -> int:
 # ---------------------------------------------------------------------------------------------- segment
 def add_segment_arguments(p) -> None:
     """Arguments of ``interp study segment`` (the registry adds the parser)."""
-    p.description = ("Coarse segmentation from Patch Score maps (score > mean + k std), Jaccard against "
+    p.description = ("Coarse segmentation from Patch Score maps (score > mean + k std), mIoU and Jaccard against "
                      "ground-truth masks, with and without SelectiveCLS / a test-time register (LaSt Table 6).")
     add_study_args(p, cache_ok=True)
     p.add_argument("--masks", required=True, type=existing_path,
-                   help="ground truth: a folder of masks <image stem>.png (nonzero = foreground) or COCO polygons")
+                   help="ground truth: a folder of masks <image stem>.png (palette PNGs by index: 0 background, 255 "
+                        "void, others foreground; other images nonzero = foreground) or COCO polygons")
     p.add_argument("--reference", choices=("cls", "pooled", "selective"), default="cls",
                    help="global vector of the Patch Score")
     p.add_argument("--hook", default="hook_norm_final", help="patch tokens of the Patch Score")
     p.add_argument("--k-std", type=finite_float, default=1.0, help="foreground = score > mean + K x std of the map")
+    p.add_argument("--average", choices=("image", "dataset"), default="image",
+                   help="mIoU over background/foreground: mean of the images' mIoU (image, default) or from "
+                        "intersections and unions summed over the dataset (dataset)")
+    p.add_argument("--frame", choices=("input", "full"), default="input",
+                   help="score in the model-input frame, the crop's border left out (input, default), or on the "
+                        "whole original image, what the crop cut away counted as background (full)")
     p.add_argument("--selective-k", type=positive_int, default=1,
                    help="k of the SelectiveCLS vector (the 'selective' reference and variant)")
     p.add_argument("--no-selective", dest="with_selective", action="store_false", default=True,
@@ -163,7 +170,8 @@ def run_segment(args) -> int:
     selective = SelectiveCLS(k=args.selective_k) if args.with_selective or args.reference == "selective" else None
     result = segmentation_variants(source, args.masks, reference=args.reference, selective=selective,
                                    intervention=_test_time_register(args), hook=args.hook, k_std=args.k_std,
-                                   batch_size=args.batch_size, progress=args.progress)
+                                   average=args.average, frame=args.frame, batch_size=args.batch_size,
+                                   progress=args.progress)
     print(result.summary())
     write_outputs(result, args.out, _figures(result, source))
     return 0

@@ -90,21 +90,21 @@ def lost_boxes(result, images=None, n: int = MAX_PANELS) -> Figure:
 
 def segmentation_overlays(result, images=None, n: int = MAX_PANELS) -> Figure:
     """Foreground cells (score > mean + k std; the others dimmed) over each image (up to ``n``), one row per
-    variant (the
-    result's own reference first), with each image's Jaccard in the title."""
+    variant (the result's own reference first), with each image's mIoU and Jaccard in the title."""
     count = min(n, len(result.ids))
     if count == 0 or not result.foreground:
         return message_figure(f"{result.model}: coarse segmentation", "no foreground maps in this result")
     arrays = display_arrays(images, count)
-    rows = [(result.reference, {"foreground": result.foreground, "jaccard": result.jaccard})]
+    rows = [(result.reference, {"foreground": result.foreground, "jaccard": result.jaccard,
+                                "image_miou": result.image_miou})]
     rows += [(name, v) for name, v in result.variants.items() if v.get("foreground")]
     fig, axes = _rows_figure(len(rows), count)
     for r, (label, run) in enumerate(rows):
         for i in range(count):
             ax = axes[r, i]
             _cells_panel(ax, np.asarray(run["foreground"][i], dtype=bool), None if arrays is None else arrays[i])
-            score = run["jaccard"][i]
-            ax.set_title(f"{short_name(result.ids[i])} [{label}]\nJaccard "
-                         f"{'n/a' if score is None else f'{score:.2f}'}", fontsize=8)
+            scores = (run.get("image_miou") or [None] * count)[i], run["jaccard"][i]
+            miou, jaccard = ("n/a" if v is None else f"{v:.2f}" for v in scores)
+            ax.set_title(f"{short_name(result.ids[i])} [{label}]\nmIoU {miou}, Jaccard {jaccard}", fontsize=8)
     fig.suptitle(f"{result.model}: coarse segmentation (Patch Score > mean + {result.k_std:g} std)", fontsize=10)
     return fig

@@ -288,8 +288,17 @@ def mask_files(mask_dir: Union[str, Path]) -> Dict[str, Path]:
     return files
 
 
-def read_mask(path: Union[str, Path]):
-    """A mask image as bool ndarray [H, W] in the original image's pixels: nonzero (any channel, as gray) = foreground."""
+VOID_INDEX = 255  # palette masks (Pascal VOC): index 255 marks the void border and ambiguous pixels
+
+
+def read_label_mask(path: Union[str, Path]):
+    """A mask image as ``(foreground, void)``, two bool ndarrays [H, W] in the original image's pixels.
+
+    Palette images (PIL mode ``"P"``/``"PA"``, as Pascal VOC's ``SegmentationClass`` PNGs) are read by index:
+    0 is background, :data:`VOID_INDEX` (255) is void (neither foreground nor background: not scored) and every
+    other index (a class) is foreground. The palette's colours are never looked at (a gray conversion would
+    turn VOC's void border into foreground). Other modes: nonzero (any channel, as gray) is foreground, no void.
+    """
     import numpy as np
     from PIL import Image
 
@@ -298,9 +307,20 @@ def read_mask(path: Union[str, Path]):
             if im.width * im.height > MAX_IMAGE_PIXELS:
                 raise InterpError(f"mask {str(path)!r} is {im.width} x {im.height} pixels, more than "
                                   f"{MAX_IMAGE_PIXELS:,}; give masks at the original image size")
-            return np.asarray(im.convert("L")) > 0
+            if im.mode in ("P", "PA"):
+                index = np.asarray(im.getchannel(0))
+                void = index == VOID_INDEX
+                return (index != 0) & ~void, void
+            gray = np.asarray(im.convert("L")) > 0
+            return gray, np.zeros_like(gray)
     except InterpError:
         raise
     except Exception as e:  # PIL raises many types for broken files (text, truncated, bombs)
         raise InterpError(f"cannot read mask {str(path)!r} ({type(e).__name__}: {e}); replace it with a PNG mask "
                           "(nonzero = foreground)") from None
+
+
+def read_mask(path: Union[str, Path]):
+    """A mask image as bool ndarray [H, W] in the original image's pixels: its foreground
+    (:func:`read_label_mask`: palette masks by index, void not foreground; other modes nonzero = foreground)."""
+    return read_label_mask(path)[0]

@@ -1,24 +1,36 @@
-"""Coarse segmentation from Patch Scores (LaSt, Table 6; docs/methods.md section 3), scored by Jaccard.
+"""Coarse segmentation from Patch Scores (LaSt, Table 6; docs/methods.md section 3), scored by mIoU and Jaccard.
 
 Per image: the Patch Score map S [h, w] (any reference vector, :mod:`interp.studies.aggregation.patch_score`);
 foreground = S > mean(S) + ``k_std`` x std(S) (the image's own map; population std); the cell mask is
-upsampled (nearest) to the model-input size [H, W] and compared, pixel by pixel, with the ground-truth mask
-mapped into the same input frame through the model's resize/crop (nearest original pixel under each input
-pixel centre; what the crop removed is not scored). Jaccard = |pred & gt| / |pred | gt|.
+upsampled (nearest) to the model-input size [H, W] and compared, pixel by pixel, with the ground truth
+(:mod:`interp.studies.objects.seg_scoring`):
+
+* ``frame="input"`` (default): in the model-input frame, the ground truth mapped through the model's
+  resize/crop (nearest original pixel under each input pixel centre; what the crop removed is not scored);
+  ``frame="full"``: on the whole original image at the mask's resolution (pixels the crop cut away count as
+  predicted background; ``unseen_share`` says how many).
+* mIoU over the two classes background and foreground, void pixels left out; ``average="image"`` (default)
+  averages each image's mIoU, ``average="dataset"`` sums the intersections and unions over the dataset first.
+* ``jaccard``: the foreground class's IoU per image, ``|pred & gt| / |pred | gt|`` over the scored pixels.
 
 Ground truth, matched to the images:
 
-* a folder of mask images (``DIR/<image stem>.png``, nonzero = foreground, the original image's size), or
+* a folder of mask images (``DIR/<image stem>.png``, the original image's size): palette PNGs (VOC's
+  ``SegmentationClass``) by index, 0 background, 255 void, any other index foreground; other images nonzero =
+  foreground (:func:`~interp.studies.objects.box_files.read_label_mask`), or
 * a COCO instances JSON with polygon ``segmentation``s (the union of an image's polygons, rasterised with
   PIL ``ImageDraw``; RLE masks are refused with a clear error), matched by ``file_name`` like box files.
 
 >>> result = segmentation_study(source, masks="masks.json", reference="cls", progress=False)
 >>> len(result.jaccard), result.jaccard[1:]       # one score per image; None: no mask for that image
 (4, [None, None, None])
+>>> result.average, result.n_evaluated            # result.miou: the mean of the evaluated images' mIoU
+('image', 1)
 """
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -27,9 +39,9 @@ import numpy as np
 import torch
 
 from ...errors import InterpError
-from .box_files import coco_annotations, coco_images, mask_files, read_json_file, read_mask
-from ..core.metrics import iou
-from .boxes import InputGeometry, eval_transform, input_geometry, match_boxes
+from .box_files import coco_annotations, coco_images, mask_files, read_json_file, read_label_mask
+from .boxes import eval_transform, input_geometry, match_boxes
+from .seg_scoring import AVERAGES, CLASSES, FRAMES, image_miou, mask_to_input, reduce_areas, score_image, upsample_nearest  # noqa: F401
 from ..aggregation.patch_score import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
 from ..core.result import StudyResult
 from ..core.source import ActivationSource, live_model, n_batches
@@ -43,12 +55,6 @@ def foreground_cells(score_map: torch.Tensor, k_std: float = 1.0) -> torch.Tenso
     return s > s.mean() + k_std * s.std(unbiased=False)
 
 
-def upsample_nearest(mask: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
-    """Nearest-neighbour upsampling of a bool [h, w] mask to [H, W]."""
-    up = torch.nn.functional.interpolate(mask[None, None].float(), size=tuple(size), mode="nearest")
-    return up[0, 0] > 0.5
-
-
 def rasterise_polygons(polygons: Polygons, size: Tuple[int, int]) -> np.ndarray:
     """Union of COCO polygons (flat [x0, y0, x1, y1, ...], original pixels) on a ``size = (width, height)``
     canvas -> bool [height, width] (PIL ``ImageDraw.polygon`` fill)."""
@@ -60,18 +66,6 @@ def rasterise_polygons(polygons: Polygons, size: Tuple[int, int]) -> np.ndarray:
         if len(poly) >= 6:
             draw.polygon([(float(poly[i]), float(poly[i + 1])) for i in range(0, len(poly) - 1, 2)], fill=1)
     return np.asarray(canvas) > 0
-
-
-def mask_to_input(mask: np.ndarray, geometry: InputGeometry) -> torch.Tensor:
-    """An original-size bool mask [H0, W0] -> the model-input frame [H, W]: nearest original pixel under each
-    input pixel centre, background where the input shows no original pixel (padding)."""
-    h, w = geometry.input_size
-    cols = np.floor((np.arange(w) + 0.5 - geometry.offset_x) / geometry.scale_x).astype(int)
-    rows = np.floor((np.arange(h) + 0.5 - geometry.offset_y) / geometry.scale_y).astype(int)
-    ok_c, ok_r = (cols >= 0) & (cols < mask.shape[1]), (rows >= 0) & (rows < mask.shape[0])
-    out = np.zeros((h, w), dtype=bool)
-    out[np.ix_(ok_r, ok_c)] = mask[np.ix_(rows[ok_r], cols[ok_c])]
-    return torch.from_numpy(out)
 
 
 def read_coco_polygons(path: Union[str, Path]) -> Dict[str, Tuple[Tuple[int, int], Polygons]]:
@@ -100,18 +94,31 @@ def read_coco_polygons(path: Union[str, Path]) -> Dict[str, Tuple[Tuple[int, int
     return table
 
 
-def ground_truth_masks(ids: Sequence[str], masks: Union[str, Path]) -> List[Optional[np.ndarray]]:
-    """Original-size bool masks [H0, W0] per image id (None when the ground truth has none for it)."""
+GroundTruth = Tuple[np.ndarray, np.ndarray]  # (foreground, void): bool [H0, W0] each, original pixels
+
+
+def ground_truth_labels(ids: Sequence[str], masks: Union[str, Path]) -> List[Optional[GroundTruth]]:
+    """Original-size (foreground, void) bool masks [H0, W0] per image id (None when the ground truth has none
+    for it). COCO polygons have no void."""
     masks = Path(masks)
     if masks.is_file() and masks.suffix.lower() == ".json":
         table = read_coco_polygons(masks)
         entries = match_boxes(ids, table)  # matching only uses the keys: same rule as box files
-        return [None if e is None else rasterise_polygons(e[1], e[0]) for e in entries]
+        out: List[Optional[GroundTruth]] = []
+        for e in entries:
+            fg = None if e is None else rasterise_polygons(e[1], e[0])
+            out.append(None if fg is None else (fg, np.zeros_like(fg)))
+        return out
     if not masks.is_dir():
         raise InterpError(f"masks={str(masks)!r}: give a folder of PNG masks (matched by file stem) or a COCO "
                           "instances JSON with polygon segmentations")
     files = mask_files(masks)
-    return [None if (path := files.get(Path(image_id).stem)) is None else read_mask(path) for image_id in ids]
+    return [None if (path := files.get(Path(image_id).stem)) is None else read_label_mask(path) for image_id in ids]
+
+
+def ground_truth_masks(ids: Sequence[str], masks: Union[str, Path]) -> List[Optional[np.ndarray]]:
+    """Original-size bool foreground masks [H0, W0] per image id (None when the ground truth has none for it)."""
+    return [None if gt is None else gt[0] for gt in ground_truth_labels(ids, masks)]
 
 
 @dataclass
@@ -119,10 +126,18 @@ class SegmentationResult(StudyResult):
     """Result of :func:`segmentation_study`.
 
     Attributes:
-        jaccard: per image (None: no ground-truth mask, or prediction and mask both empty).
+        miou: mIoU over the classes background and foreground (void left out), reduced as ``average`` says:
+            "image" = mean of the images' mIoU, "dataset" = from intersections and unions summed over the images.
+        class_iou: {"background": ..., "foreground": ...} reduced the same way.
+        image_miou: per image (None: no ground-truth mask, or no scored pixel).
+        areas: per image {"intersection": [bg, fg], "union": [bg, fg]} pixel counts (None without a mask).
+        n_scored: images with a mask and at least one scored pixel (what ``miou`` averages).
+        jaccard: per image the foreground IoU (None: no ground-truth mask, or prediction and mask both empty).
         mean_jaccard: mean over the images with a number; n_evaluated: how many.
         foreground_share: per image the share of cells called foreground.
-        input_size: [H, W] of the frame the Jaccard is measured in (the model input).
+        frame: "input" (the model-input frame; ``input_size`` [H, W]) or "full" (each original image).
+        unseen_share: per image the share of its scored ground-truth pixels the model input does not show
+            (cut away by the crop; counted as predicted background in the full frame, 0 in the input frame).
     """
 
     study = "segmentation"
@@ -132,6 +147,14 @@ class SegmentationResult(StudyResult):
     k_std: float = 1.0
     grid: List[int] = field(default_factory=list)
     input_size: List[int] = field(default_factory=list)
+    frame: str = "input"
+    average: str = "image"
+    miou: Optional[float] = None
+    class_iou: Dict[str, Optional[float]] = field(default_factory=dict)
+    image_miou: List[Optional[float]] = field(default_factory=list)
+    areas: List[Optional[Dict[str, List[int]]]] = field(default_factory=list)
+    n_scored: int = 0
+    unseen_share: List[Optional[float]] = field(default_factory=list)
     jaccard: List[Optional[float]] = field(default_factory=list)
     foreground_share: List[float] = field(default_factory=list)
     mean_jaccard: Optional[float] = None
@@ -141,12 +164,15 @@ class SegmentationResult(StudyResult):
     variants: Dict[str, Dict] = field(default_factory=dict)
 
     def summary(self) -> str:
-        if self.mean_jaccard is None:
-            return f"segmentation: no image of {len(self.ids)} has a ground-truth mask"
-        lines = [f"coarse segmentation ({self.reference}, mean + {self.k_std:g} std): mean Jaccard "
-                 f"{self.mean_jaccard:.3f} on {self.n_evaluated} of {len(self.ids)} images"]
-        lines += [f"  {name}: mean Jaccard {_num(v['mean_jaccard'])} on {v['n_evaluated']} images"
-                  for name, v in self.variants.items()]
+        if self.n_scored == 0:
+            return f"segmentation: no image of {len(self.ids)} has a ground-truth mask with a scored pixel"
+        how = "dataset sums" if self.average == "dataset" else "mean over images"
+        lines = [f"coarse segmentation ({self.reference}, mean + {self.k_std:g} std, {self.frame} frame): mIoU "
+                 f"{_num(self.miou)} ({how}; background {_num(self.class_iou.get('background'))}, foreground "
+                 f"{_num(self.class_iou.get('foreground'))}) on {self.n_scored} of {len(self.ids)} images; "
+                 f"mean Jaccard {_num(self.mean_jaccard)} on {self.n_evaluated}"]
+        lines += [f"  {name}: mIoU {_num(v['miou'])}, mean Jaccard {_num(v['mean_jaccard'])} on "
+                  f"{v['n_evaluated']} images" for name, v in self.variants.items()]
         return "\n".join(lines)
 
 
@@ -154,32 +180,42 @@ def _num(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-VARIANT_FIELDS = ("reference", "intervention", "jaccard", "mean_jaccard", "n_evaluated", "foreground_share",
-                  "foreground")
+VARIANT_FIELDS = ("reference", "intervention", "miou", "class_iou", "image_miou", "n_scored", "jaccard",
+                  "mean_jaccard", "n_evaluated", "foreground_share", "foreground")
 
 
-def _read_ground_truth(source: ActivationSource, masks: Union[str, Path]) -> List[Optional[np.ndarray]]:
-    gt = ground_truth_masks(source.ids, masks)
+def _read_ground_truth(source: ActivationSource, masks: Union[str, Path]) -> List[Optional[GroundTruth]]:
+    gt = ground_truth_labels(source.ids, masks)
     if not any(m is not None for m in gt):
         raise InterpError(f"no image of the source has a ground-truth mask in {str(masks)!r} (images like "
                           f"{source.ids[0]!r}); masks match by file stem (folders) or file_name (COCO)")
     return gt
 
 
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise InterpError(f"{name}={value!r} is not one of {list(choices)}")
+
+
 def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, reference: str = "cls",
-                       hook: str = FINAL, selective=None, k_std: float = 1.0, intervention=None,
-                       batch_size: Optional[int] = None, progress: bool = True, _gt=None,
-                       _maps: Optional[torch.Tensor] = None) -> SegmentationResult:
-    """Jaccard of the thresholded Patch Score map against ground-truth masks, per image and mean.
+                       hook: str = FINAL, selective=None, k_std: float = 1.0, average: str = "image",
+                       frame: str = "input", intervention=None, batch_size: Optional[int] = None,
+                       progress: bool = True, _gt=None, _maps: Optional[torch.Tensor] = None) -> SegmentationResult:
+    """mIoU and Jaccard of the thresholded Patch Score map against ground-truth masks, per image and overall.
 
     Args:
         source: live source over image files or a cache of them (ids are the image paths).
         masks: a folder of PNG masks or a COCO instances JSON (module docstring).
         reference, hook, selective: the Patch Score (:func:`~interp.studies.aggregation.patch_score.patch_score_study`).
         k_std: foreground = score > mean + k_std x std of the image's map.
+        average: "image" (mean of per-image mIoU) or "dataset" (intersections and unions summed first).
+        frame: "input" (the model-input frame; the crop's removed border is not scored) or "full" (the whole
+            original image; what the preprocessing cut away counts as predicted background).
         intervention: an edit (e.g. a ``TestTimeRegister``; live source only) active while the maps are computed.
         _gt, _maps: private (:func:`segmentation_variants`): the ground-truth masks and score maps, already read.
     """
+    _check_choice("average", average, AVERAGES)
+    _check_choice("frame", frame, FRAMES)
     gt = _read_ground_truth(source, masks) if _gt is None else _gt
     if _maps is not None:
         maps = _maps
@@ -191,24 +227,46 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
                                   progress)
     cell_masks = [foreground_cells(m, k_std) for m in maps]
     transform = eval_transform(source.data_config())
-    scores: List[Optional[float]] = []
+    jaccard: List[Optional[float]] = []
+    per_image: List[Optional[float]] = []
+    areas: List[Optional[Dict[str, List[int]]]] = []
+    unseen: List[Optional[float]] = []
+    scored = []
     shares: List[float] = []
     input_size: Tuple[int, int] = (0, 0)
-    for cells, mask in zip(cell_masks, gt):
+    for cells, truth in zip(cell_masks, gt):
         shares.append(float(cells.float().mean()))
-        if mask is None:
-            scores.append(None)
+        if truth is None:
+            for column in (jaccard, per_image, areas, unseen):
+                column.append(None)
             continue
-        geometry = input_geometry(transform, (mask.shape[1], mask.shape[0]))
+        foreground, void = truth
+        geometry = input_geometry(transform, (foreground.shape[1], foreground.shape[0]))
         input_size = geometry.input_size
-        scores.append(iou(upsample_nearest(cells, input_size), mask_to_input(mask, geometry)))
-    used = [s for s in scores if s is not None]
+        inter, union, hidden = score_image(cells, foreground, void, geometry, frame)
+        jaccard.append(None if union[1] == 0 else float(inter[1]) / float(union[1]))
+        per_image.append(image_miou(inter, union))
+        areas.append({"intersection": inter.tolist(), "union": union.tolist()})
+        unseen.append(hidden)
+        if union.sum() > 0:
+            scored.append((inter, union))
+    reduced = reduce_areas(scored, average)
+    hidden_shares = [u for u in unseen if u]
+    if frame == "full" and hidden_shares:
+        warnings.warn(f"segmentation: the model input does not show {100 * max(hidden_shares):.1f} % of an "
+                      f"image's scored pixels (the centre crop; {len(hidden_shares)} images); in the full frame "
+                      "they count as predicted background: use a transform without a crop to score what the "
+                      "model saw of the whole image", stacklevel=2)
+    used = [s for s in jaccard if s is not None]
     spec = None if intervention is None else {"kind": intervention.kind, **intervention.params()}
-    params = {"reference": reference, "hook": hook, "k_std": k_std, "masks": str(masks), "intervention": spec}
+    params = {"reference": reference, "hook": hook, "k_std": k_std, "average": average, "frame": frame,
+              "masks": str(masks), "intervention": spec}
     return SegmentationResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None, ids=list(source.ids),
         hook=hook, reference=reference, k_std=k_std, grid=list(source.layout.grid), input_size=list(input_size),
-        jaccard=scores, foreground_share=shares, mean_jaccard=sum(used) / len(used) if used else None,
+        frame=frame, average=average, miou=reduced["miou"], class_iou=reduced["class_iou"], image_miou=per_image,
+        areas=areas, n_scored=len(scored), unseen_share=unseen,
+        jaccard=jaccard, foreground_share=shares, mean_jaccard=sum(used) / len(used) if used else None,
         n_evaluated=len(used), foreground=[c.int().tolist() for c in cell_masks], intervention=spec,
     )
 
@@ -236,7 +294,7 @@ def segmentation_variants(source: ActivationSource, masks: Union[str, Path], *, 
     SelectiveCLS vector (when ``selective`` is given and ``reference`` is not already ``selective``) and with
     the ``intervention`` (e.g. a test-time register, live source only): LaSt Table 6 with and without the fixes.
 
-    ``options`` go to :func:`segmentation_study` (hook, k_std, batch_size, progress). Each variant holds the
+    ``options`` go to :func:`segmentation_study` (hook, k_std, average, frame, batch_size, progress). Each variant holds the
     :data:`VARIANT_FIELDS`."""
     gt = _read_ground_truth(source, masks)  # read once for every variant
     with_selective = selective is not None and reference != "selective"
