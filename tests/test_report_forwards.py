@@ -1,5 +1,6 @@
 """The report shares its forwards: one unedited pass per image serves the detection and the causal studies'
-baselines, so ``interp report`` runs 13 forwards per image on its defaults (it ran 16)."""
+baselines, and one observational pass serves norms, neuron scores, probes and LOST, so ``interp report`` runs
+10 forwards per image on its defaults (it ran 16, then 13)."""
 import warnings
 
 import pytest
@@ -22,7 +23,7 @@ def _count_image_forwards(model) -> list:
 
 
 @pytest.mark.slow
-def test_the_report_runs_13_forwards_per_image(tmp_path, one_thread):
+def test_the_report_runs_10_forwards_per_image(tmp_path, one_thread):
     from interp.report.battery import run_report
 
     model = interp.load("planted_vit")
@@ -30,9 +31,9 @@ def test_the_report_runs_13_forwards_per_image(tmp_path, one_thread):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run_report(model, out_dir=tmp_path, progress=False)
-    # baseline 1 (detection + causal baselines), norms 1, neurons 1, ablation 1 target + 5 controls,
-    # test-time register 1, relocation 1, probes 1, LOST 1
-    assert seen[0] / len(sample_image_paths()) == 13
+    # baseline 1 (detection + causal baselines), observational 1 (norms, neurons, probes, LOST),
+    # ablation 1 target + 5 controls, test-time register 1, relocation 1
+    assert seen[0] / len(sample_image_paths()) == 10
     # one way to save: every study JSON of the report lists its figures and its skipped images
     import json
 
@@ -73,3 +74,34 @@ def test_a_shared_baseline_gives_the_same_results(one_thread):
         edited_runs = (seen[0] - before) / len(source)  # the baseline's forward is not run again
         assert shared == alone, alone["study"]
         assert edited_runs == {"ablate": 3, "registers": 1, "relocate": 1}[alone["study"]]
+
+
+def test_one_observational_pass_serves_norms_neurons_probes_and_lost(one_thread):
+    """The report's observational studies read one forward per image together, and give what they give alone
+    (the neuron scores to float rounding: the shared forward computes attention with its pattern hooks on)."""
+    from interp.studies.artifacts.neurons import neurons_reading, neurons_study
+    from interp.studies.artifacts.norms import norms_reading, norms_study
+    from interp.studies.core.passes import run_readings
+    from interp.studies.objects.lost import lost_reading, lost_study
+    from interp.studies.probes.token_probes import probes_reading, probes_study
+
+    model = interp.load("planted_vit")
+    source = open_source(model=model, images=sample_image_paths()).held()
+    found = detect(source, "auto", progress=False)
+    probe = dict(detection=found, tasks=("position", "pixels"), max_train_tokens=200, max_test_tokens=100)
+    seen = _count_image_forwards(model)
+    shared = run_readings(source, [norms_reading(source, found), neurons_reading(source, found, top_k=4),
+                                   probes_reading(source, **probe), lost_reading(source)], progress=False)
+    assert seen[0] == len(source)  # one forward per image for all four
+    alone = [norms_study(source, detection=found, progress=False),
+             neurons_study(source, detection=found, top_k=4, progress=False),
+             probes_study(source, progress=False, **probe), lost_study(source, progress=False)]
+    assert seen[0] == 5 * len(source)  # alone: one pass each
+    for a, b in zip(alone, shared):
+        a, b = a.to_dict(), b.to_dict()
+        if a["study"] == "neurons":
+            x, y = a.pop("neurons"), b.pop("neurons")
+            assert [(n["layer"], n["neuron"]) for n in x] == [(n["layer"], n["neuron"]) for n in y] and x
+            assert [n["score"] for n in x] == pytest.approx([n["score"] for n in y], rel=1e-6)
+            assert a.pop("layer_max_score") == pytest.approx(b.pop("layer_max_score"), rel=1e-6)
+        assert a == b, a["study"]

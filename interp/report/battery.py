@@ -1,8 +1,11 @@
 """Running the artifact battery: norms -> register neurons -> ablation -> test-time register -> relocation
 on one model, then writing each study's JSON, the figures, ``report.json`` and ``index.html``.
 
-The images are decoded once (``LiveSource.held()``) and the high-norm tokens detected once
-(:func:`~interp.studies.core.outliers.detect`); every stage gets that one source and that one detection.
+The images are decoded once (``LiveSource.held()``) and the high-norm tokens detected once, from the unedited
+baseline forward (:func:`~interp.studies.core.forward.baseline_pass`); every stage gets that one source and that
+one detection. Norms, neuron scores, probes and LOST then read one shared observational forward
+(:mod:`interp.studies.core.passes`), and the causal stages add only their edited runs: 10 forwards per image on
+the defaults (1 baseline + 1 observational + 6 ablation + 1 test-time register + 1 relocation).
 
 Example (not a doctest: a report takes ~20 s; ``tests/test_report.py`` runs it)::
 
@@ -99,13 +102,20 @@ def report_source(model, images: Optional[ImagesSpec], batch_size: int, strict: 
     return source.held_if_small()
 
 
-def run_battery(source: LiveSource, options: ReportOptions, progress: bool = True) -> BatteryResults:
+def run_battery(source: LiveSource, options: ReportOptions, progress: bool = True, *,
+                objects: bool = False) -> BatteryResults:
     """Run the five stages on ``source``; the causal ones only when the neuron study ranks neurons.
+    ``objects``: also the probes and LOST (:func:`object_readings`), read from the same observational pass.
+
+    Forwards per image: one unedited pass (the detection's norms and the causal studies' baseline), one
+    observational pass shared by norms, neuron scores (and probes, LOST), then the edited runs of the causal
+    stages. The two unedited passes cannot be one: the neuron scores, the probes' token sample and the norms'
+    outlier tallies need the threshold, which needs every image's norms first.
 
     Without artifacts the stages still run (under a fixed or percentile threshold) and warn once, not per stage."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = _run_stages(source, options, progress)
+        out = _run_stages(source, options, progress, objects)
     once = {(str(w.message), w.category): None for w in caught if not str(w.message).startswith("no artifacts")}
     for text, category in once:  # each distinct warning once, with its own category
         warnings.warn(text, category, stacklevel=2)
@@ -116,34 +126,41 @@ def run_battery(source: LiveSource, options: ReportOptions, progress: bool = Tru
     return out
 
 
-def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> BatteryResults:
-    """The five stages of :func:`run_battery`."""
-    from ..studies.artifacts.neurons import resolve_neuron_options
+def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, objects: bool) -> BatteryResults:
+    """The stages of :func:`run_battery`."""
+    from ..studies.artifacts.neurons import neurons_reading, resolve_neuron_options
     from ..studies.artifacts.ablate import ablation_study
     from ..studies.core.detection import DetectionSpec, detection_from_norms
     from ..studies.core.forward import baseline_pass
     from ..studies.core.outliers import resolve_layer
-    from ..studies.artifacts.neurons import neurons_study
-    from ..studies.artifacts.norms import norms_study
+    from ..studies.core.passes import run_readings
+    from ..studies.artifacts.norms import norms_reading
     from ..studies.artifacts.registers import register_study
     from ..studies.artifacts.relocate import relocation_study
 
     o = options
     common = dict(batch_size=o.batch_size, progress=o.bars(progress))
-    _say(progress, f"interp report [1/{N_STAGES}] norms: per-block patch norms of {source.model_name} "
-                   f"over {len(source)} images")
     settings = resolve_neuron_options(o.preset, threshold=o.threshold, detect_layer=o.detect_layer,
                                       highest_layer=o.highest_layer, top_k=o.top_k)
     # one unedited forward per image gives the detection's norms and the causal studies' baseline
     spec = DetectionSpec(settings["threshold"], settings.get("detect_layer"), settings["preset"]).resolved()
     baseline = baseline_pass(source, resolve_layer(spec.layer, source.n_layers), **common)
     found = detection_from_norms(source, spec, baseline.patch_norms)
-    out = BatteryResults(found, norms_study(source, detection=found, **common), None)
     highest = min(settings.get("highest_layer", found.layer), source.n_layers - 1)
+    _say(progress, f"interp report [1/{N_STAGES}] norms: per-block patch norms of {source.model_name} "
+                   f"over {len(source)} images")
     _say(progress, f"interp report [2/{N_STAGES}] neurons: ranking register neurons in blocks <= {highest}")
-    out.neurons = neurons_study(source, detection=found, highest_layer=highest, top_k=settings["top_k"],
-                                positions=settings["positions"], sparsity=settings["sparsity"] or "none",
-                                seed=o.seed, **common)
+    readings = [norms_reading(source, found, batch_size=o.batch_size),
+                neurons_reading(source, found, highest_layer=highest, top_k=settings["top_k"],
+                                positions=settings["positions"], sparsity=settings["sparsity"], seed=o.seed,
+                                batch_size=o.batch_size)]
+    if objects:
+        _say(progress, "interp report [+] probes: position / pixels / label per token group; LOST object discovery")
+        readings += object_readings(source, found, options)
+    results = run_readings(source, readings, desc="observational pass", **common)
+    out = BatteryResults(found, results[0], results[1])
+    if objects:
+        out.probes, out.lost = results[2:4]
     if not out.neurons.neurons:
         out.skipped = (f"no register neurons to test ({out.neurons.message or 'nothing ranked'}); the ablation, "
                        "test-time register and relocation studies need neurons and were not run")
@@ -164,22 +181,19 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool) -> B
 REPORT_PROBE_TOKENS = 2000  # training tokens of the report's probes (a seeded sample; keeps them to seconds)
 
 
-def run_object_stages(source: LiveSource, results: BatteryResults, options: ReportOptions,
-                      progress: bool = True) -> None:
-    """The report's last two sections, on the same source and detection: the linear probes (position and
-    pixels per token group, the label too when the images carry one) on a capped token sample, and LOST's
-    seeds, masks and boxes (no CorLoc: the report has no ground-truth boxes)."""
+def object_readings(source: LiveSource, detection: Detection, options: ReportOptions) -> List:
+    """The report's last two sections as readings of the observational pass, on the same source and
+    detection: the linear probes (position and pixels per token group, the label too when the images carry
+    one) on a capped token sample, and LOST's seeds, masks and boxes (no CorLoc: the report has no
+    ground-truth boxes)."""
     from .compare import PROBE_OPTIONS
-    from ..studies.objects.lost import lost_study
-    from ..studies.probes.token_probes import probes_study
+    from ..studies.objects.lost import lost_reading
+    from ..studies.probes.token_probes import probes_reading
 
-    _say(progress, "interp report [+] probes: position / pixels / label per token group; LOST object discovery")
-    results.probes = probes_study(source, detection=results.detection, seed=options.seed,
-                                  batch_size=options.batch_size, progress=options.bars(progress),
-                                  probe_options=PROBE_OPTIONS,
-                                  max_train_tokens=REPORT_PROBE_TOKENS, max_test_tokens=REPORT_PROBE_TOKENS // 2)
-    results.lost = lost_study(source, batch_size=options.batch_size, seed=options.seed,
-                              progress=options.bars(progress))
+    return [probes_reading(source, detection=detection, seed=options.seed, batch_size=options.batch_size,
+                           probe_options=PROBE_OPTIONS, max_train_tokens=REPORT_PROBE_TOKENS,
+                           max_test_tokens=REPORT_PROBE_TOKENS // 2),
+            lost_reading(source, seed=options.seed)]
 
 
 def write_results(results: BatteryResults, source: LiveSource, out: Path) -> Dict[str, List[str]]:
@@ -224,8 +238,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
     if options.top_k is None and truth is not None:  # else 10, or the preset's
         options = dataclasses.replace(options, top_k=len(truth.neurons))
     source = report_source(model, images, options.batch_size, strict)
-    results = run_battery(source, options, progress)
-    run_object_stages(source, results, options, progress)
+    results = run_battery(source, options, progress, objects=True)
     figures = write_results(results, source, out)
 
     r = results

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import numpy as np
-from ..._progress import tqdm
 
 from ...hooks.names import mlp_post, resid_post
 from ..core.detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params
@@ -33,7 +32,8 @@ from ..core.outliers import Detection, ThresholdSpec, resolve_layer
 from ..core.presets import resolve_preset
 from .register_scores import RegisterScoreAccumulator, rank_neurons
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.source import ActivationSource, n_batches, token_norms
+from ..core.passes import Reader, Reading, read_pass, run_readings
+from ..core.source import ActivationSource, token_norms
 
 
 @dataclass
@@ -96,6 +96,35 @@ def _choose_images(n_images: int, max_images: Optional[int], seed: int) -> Optio
     return set(random.Random(seed).sample(range(n_images), max_images))
 
 
+class _NeuronScores:
+    """The scoring pass of :func:`score_register_neurons` as a reader (blocks ``0..highest``' MLP activations
+    and the detection block's token norms) and what it folded: ``acc`` and the used image indices."""
+
+    def __init__(self, source: ActivationSource, detect: int, highest: int, threshold: float, *,
+                 positions: str = "all", sparsity: Optional[str] = None, chosen: Optional[set] = None):
+        self.hooks = [mlp_post(l) for l in range(highest + 1)]
+        self.det_hook, self.highest, self.threshold = resid_post(detect), highest, threshold
+        self.positions, self.sparsity, self.chosen = positions, sparsity, chosen
+        self.patch_slice = source.layout.patch_slice
+        self.acc: Optional[RegisterScoreAccumulator] = None
+        self.used: List[int] = []
+
+    def reader(self) -> Reader:
+        return Reader(self.hooks + [self.det_hook], self.fold, {self.det_hook: token_norms})
+
+    def fold(self, batch) -> None:
+        rows = [j for j in range(len(batch)) if self.chosen is None or batch.start + j in self.chosen]
+        if not rows:
+            return
+        if self.acc is None:
+            self.acc = RegisterScoreAccumulator(self.highest + 1, batch.acts[self.hooks[0]].shape[-1],
+                                                positions=self.positions, sparsity=self.sparsity,
+                                                patch_slice=self.patch_slice)
+        acts = {l: batch.acts[h][rows] for l, h in enumerate(self.hooks)}  # {l: [b, t, m]}
+        hit = self.acc.update(acts, batch.acts[self.det_hook][rows], self.threshold)  # [b]
+        self.used += [batch.start + j for j, h in zip(rows, hit.tolist()) if h]
+
+
 def score_register_neurons(source: ActivationSource, detect: int, highest: int, threshold: float, *,
                            positions: str = "all", sparsity: Optional[str] = None, chosen: Optional[set] = None,
                            batch_size: int = 16, progress: bool = True):
@@ -104,23 +133,10 @@ def score_register_neurons(source: ActivationSource, detect: int, highest: int, 
     Returns:
         (accumulator, used image indices): ``accumulator.finalize()`` is the float64 [highest + 1, d_mlp] table.
     """
-    hooks = [mlp_post(l) for l in range(highest + 1)]
-    det_hook = resid_post(detect)
-    acc: Optional[RegisterScoreAccumulator] = None
-    used: List[int] = []
-    for batch in tqdm(source.batches(hooks + [det_hook], batch_size, reduce={det_hook: token_norms}),
-                      disable=not progress, desc="neuron scores", total=n_batches(source, batch_size),
-                      unit="batch", leave=False):
-        rows = [j for j in range(len(batch)) if chosen is None or batch.start + j in chosen]
-        if not rows:
-            continue
-        if acc is None:
-            acc = RegisterScoreAccumulator(highest + 1, batch.acts[hooks[0]].shape[-1], positions=positions,
-                                           sparsity=sparsity, patch_slice=source.layout.patch_slice)
-        acts = {l: batch.acts[h][rows] for l, h in enumerate(hooks)}  # {l: [b, t, m]}
-        hit = acc.update(acts, batch.acts[det_hook][rows], threshold)  # [b]
-        used += [batch.start + j for j, h in zip(rows, hit.tolist()) if h]
-    return acc, used
+    scores = _NeuronScores(source, detect, highest, threshold, positions=positions, sparsity=sparsity,
+                           chosen=chosen)
+    read_pass(source, [scores.reader()], batch_size, progress, "neuron scores")
+    return scores.acc, scores.used
 
 
 def neurons_study(
@@ -165,28 +181,43 @@ def neurons_study(
     else:
         spec = detection or DetectionSpec(opts["threshold"], opts.get("detect_layer"), opts["preset"])
         found = as_detection(source, spec, options=RunOptions(batch_size, progress=progress))
+    reading = neurons_reading(source, found, highest_layer=opts.get("highest_layer"), top_k=opts["top_k"],
+                              positions=opts["positions"], sparsity=opts["sparsity"], max_images=max_images,
+                              seed=seed, batch_size=batch_size)
+    return run_readings(source, [reading], batch_size, progress, "neuron scores")[0]
+
+
+def neurons_reading(source: ActivationSource, found: Detection, *, highest_layer: Optional[int] = None,
+                    top_k: int = 10, positions: str = "all", sparsity: Optional[str] = None,
+                    max_images: Optional[int] = None, seed: int = 0, batch_size: int = 16) -> Reading:
+    """:func:`neurons_study` around its scoring pass, with the detection ``found`` made already and the options
+    resolved (:func:`resolve_neuron_options`): no reader when nothing can be ranked (no finite threshold)."""
+    found.check(source)
     detect, thr = found.layer, found.threshold
-    highest = min(resolve_layer(opts.get("highest_layer", detect), source.n_layers), source.n_layers - 1)
+    highest = min(resolve_layer(found.layer if highest_layer is None else highest_layer, source.n_layers),
+                  source.n_layers - 1)
     header = detection_header(found, "neurons")
-    params = {**detection_params(found), "highest_layer": highest, "top_k": opts["top_k"],
-              "positions": opts["positions"], "sparsity": opts["sparsity"], "max_images": max_images,
-              "batch_size": batch_size}
+    params = {**detection_params(found), "highest_layer": highest, "top_k": top_k, "positions": positions,
+              "sparsity": sparsity, "max_images": max_images, "batch_size": batch_size}
     base = dict(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
                 ids=list(source.ids), skipped=skipped_records(source), **header, highest_layer=highest,
-                top_k=opts["top_k"], positions=opts["positions"], sparsity=opts["sparsity"],
-                sparsity_filter=opts["sparsity"] is not None, n_images=len(source))
+                top_k=top_k, positions=positions, sparsity=sparsity, sparsity_filter=sparsity is not None,
+                n_images=len(source))
     if not np.isfinite(thr.value):
-        return NeuronsResult(**base, message=f"no outliers at block {detect}: the detection layer's norm "
-                             "distribution has no separated high-norm mode; nothing to rank")
-    acc, used = score_register_neurons(source, detect, highest, thr.value, positions=opts["positions"],
-                                       sparsity=opts["sparsity"], chosen=_choose_images(len(source), max_images, seed),
-                                       batch_size=batch_size, progress=progress)
-    if not used:
-        return NeuronsResult(**base, message=f"no outliers at block {detect}: no token exceeds the threshold "
-                             f"{thr.value:.4g}; nothing to rank")
-    scores = acc.finalize()  # [highest + 1, d_mlp] float64
-    return NeuronsResult(
-        **base, n_images_with_outliers=len(used), n_outlier_tokens=acc.n_outlier_tokens,
-        image_ids=[source.ids[i] for i in used], neurons=rank_neurons(scores, opts["top_k"], highest),
-        layer_max_score=[float(v) for v in scores.clamp_min(0).max(1).values],
-    )
+        return Reading([], lambda: NeuronsResult(**base, message=f"no outliers at block {detect}: the detection "
+                       "layer's norm distribution has no separated high-norm mode; nothing to rank"))
+    scores = _NeuronScores(source, detect, highest, thr.value, positions=positions, sparsity=sparsity,
+                           chosen=_choose_images(len(source), max_images, seed))
+
+    def finish() -> NeuronsResult:
+        if not scores.used:
+            return NeuronsResult(**base, message=f"no outliers at block {detect}: no token exceeds the threshold "
+                                 f"{thr.value:.4g}; nothing to rank")
+        table = scores.acc.finalize()  # [highest + 1, d_mlp] float64
+        return NeuronsResult(
+            **base, n_images_with_outliers=len(scores.used), n_outlier_tokens=scores.acc.n_outlier_tokens,
+            image_ids=[source.ids[i] for i in scores.used], neurons=rank_neurons(table, top_k, highest),
+            layer_max_score=[float(v) for v in table.clamp_min(0).max(1).values],
+        )
+
+    return Reading([scores.reader()], finish)

@@ -15,14 +15,14 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from ..._progress import tqdm
 
 from ...hooks.names import RESID_STAGES as STAGES, attn_pattern, resid_post, resid_stage
 from .emergence import EmergenceAccumulator, find_emergence
 from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
-from ..core.outliers import ThresholdSpec
+from ..core.outliers import Detection, ThresholdSpec
+from ..core.passes import Reader, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.source import ActivationSource, n_batches, token_norms
+from ..core.source import ActivationSource, token_norms
 
 # Log-spaced norm histogram bins shared by every layer: ~0.5 % wide, from 1e-3 to 1e6.
 HIST_EDGES = np.logspace(-3, 6, 4001)
@@ -202,19 +202,34 @@ def norms_study(
         emergence_factor: how much one step must raise the max patch norm to count as emergence.
         attention: measure CLS->patch attention per layer (skipped for caches without patterns).
     """
-    lay = source.layout
-    n_layers = source.n_layers
     det = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
                        options=RunOptions(batch_size, progress=progress))
-    outliers = det.outliers  # [N, P]
-    thr = det.threshold
+    reading = norms_reading(source, det, emergence_factor=emergence_factor, attention=attention,
+                            batch_size=batch_size)
+    return run_readings(source, [reading], batch_size, progress, "norms per layer")[0]
 
+
+def norms_reading(source: ActivationSource, det: Detection, *, emergence_factor: float = 2.0,
+                  attention: bool = True, batch_size: int = 16) -> Reading:
+    """:func:`norms_study` around its pass, with the detection ``det`` made already: the reader that tallies
+    each batch's per-layer norms and CLS attention, then the :class:`NormsResult` (for a shared pass,
+    :mod:`interp.studies.core.passes`)."""
+    det.check(source)
     hooks, reduce, use_attention = _layer_hooks(source, attention)
-    tally = _LayerTally(n_layers, use_attention)
-    for batch in tqdm(source.batches(hooks, batch_size, reduce=reduce), disable=not progress,
-                      total=n_batches(source, batch_size), desc="norms per layer", unit="batch", leave=False):
-        tally.add(batch, outliers[batch.start:batch.start + len(batch)], thr.value)
+    tally = _LayerTally(source.n_layers, use_attention)
+    outliers = det.outliers  # [N, P]
 
+    def fold(batch) -> None:
+        tally.add(batch, outliers[batch.start:batch.start + len(batch)], det.threshold.value)
+
+    return Reading([Reader(hooks, fold, reduce)],
+                   lambda: _norms_result(source, det, tally, emergence_factor, attention, batch_size))
+
+
+def _norms_result(source: ActivationSource, det: Detection, tally: "_LayerTally", emergence_factor: float,
+                  attention: bool, batch_size: int) -> NormsResult:
+    lay, n_layers, use_attention = source.layout, source.n_layers, tally.use_attention
+    outliers, thr = det.outliers, det.threshold
     stats = {s: {k: [tally.stat(s, k, i) for i in range(n_layers)] for k in KINDS} for s in STAGES}
     max_post = [float(v) for v in tally.maxima["resid_post"]["patches"]]
     max_mid = [float(v) for v in tally.maxima["resid_mid"]["patches"]]

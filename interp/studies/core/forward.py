@@ -64,6 +64,13 @@ def model_input(model, x: torch.Tensor) -> torch.Tensor:
     return x.to(device=p.device, dtype=p.dtype)
 
 
+def _kept(value):
+    """A float32 CPU copy of what a hook keeps: a tensor, or {key: tensor} (several reductions of one hook)."""
+    if isinstance(value, dict):
+        return {k: _kept(v) for k, v in value.items()}
+    return value.detach().float().cpu()
+
+
 @torch.no_grad()
 def run_hooks(model, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducers = None,
               interventions: Sequence = (), logits: bool = False) -> Run:
@@ -73,6 +80,7 @@ def run_hooks(model, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducer
         hooks: exact hook names to keep.
         reduce: hook -> function applied to the activation inside the hook (so the full tensor is never
             held), or a function ``layout -> {hook: fn}`` for reducers that slice tokens with this run's layout.
+            A function may return a dict of tensors (several reductions of one hook; ``passes.read_pass``).
         logits: also return the logits (runs the whole model; otherwise it stops after the last needed block).
     """
     hooks = list(dict.fromkeys(hooks))
@@ -84,7 +92,7 @@ def run_hooks(model, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducer
 
         def keep(tensor, hook):
             fn = fns.get(hook.name)
-            kept[hook.name] = (fn(tensor) if fn else tensor).detach().float().cpu()
+            kept[hook.name] = _kept(fn(tensor) if fn else tensor)
 
         stop = None if logits else blocks_needed(hooks)
         out = model.run_with_hooks(x, fwd_hooks=[(h, keep) for h in hooks], stop_at_layer=stop)

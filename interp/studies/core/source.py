@@ -55,6 +55,8 @@ class Batch:
     Attributes:
         acts: hook name -> float32 CPU tensor [b, ...] (norm-only cache hooks hold [b, t] norms).
         layout: token layout of the rows on the token axis.
+        images: the forward's inputs [b, 3, H, W] float32 CPU, when a reader of a shared pass asked for them
+            (:class:`~interp.studies.core.passes.Reader`), else None.
     """
 
     ids: List[str]
@@ -62,6 +64,7 @@ class Batch:
     acts: Dict[str, torch.Tensor]
     layout: TokenLayout
     norms_only: Set[str] = field(default_factory=set)
+    images: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...hooks.names import attn_k
@@ -41,7 +40,8 @@ from ..core.outliers import resolve_layer
 from ..aggregation.patch_score import split_tokens
 from ..aggregation.pib import bootstrap_ci
 from ..core.result import StudyResult
-from ..core.source import ActivationSource, live_model, n_batches
+from ..core.passes import Reader, Reading, read_pass, run_readings
+from ..core.source import ActivationSource, live_model
 
 
 # What LOST was published on (Simeoni et al. 2021): the keys of the last block of DINO ViT-S/16.
@@ -246,14 +246,21 @@ def _original_boxes(source: ActivationSource, box_inputs: List[List[float]],
     return out
 
 
+def _lost_reader(source: ActivationSource, hook: str, k: int, outputs: List[LostOutput]) -> Reader:
+    """A reader appending LOST's output for every image of each batch to ``outputs``."""
+    grid = tuple(source.layout.grid)
+
+    def fold(batch) -> None:
+        outputs.extend(lost_one(f, grid, k) for f in key_features(batch.acts[hook], batch.layout))
+
+    return Reader([hook], fold)
+
+
 def _lost_outputs(source: ActivationSource, hook: str, k: int, batch_size: int, desc: str,
                   progress: bool) -> List[LostOutput]:
-    """LOST on every image of the source (the model's current edits apply to a live source)."""
-    grid = tuple(source.layout.grid)
+    """LOST on every image of the source (under a live source's interventions)."""
     outputs: List[LostOutput] = []
-    for batch in tqdm(source.batches([hook], batch_size), total=n_batches(source, batch_size),
-                      disable=not progress, desc=desc, unit="batch", leave=False):
-        outputs.extend(lost_one(f, grid, k) for f in key_features(batch.acts[hook], batch.layout))
+    read_pass(source, [_lost_reader(source, hook, k, outputs)], batch_size, progress, desc)
     return outputs
 
 
@@ -291,6 +298,24 @@ def lost_study(source: ActivationSource, layer: int = -1, k: int = 100,
             once with it; the edited run's fields (:data:`RUN_FIELDS`) go to ``result.edited`` (Darcet Table 3).
         iou: CorLoc's IoU threshold; n_boot, level, seed: its bootstrap interval.
     """
+    table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
+    reading = lost_reading(source, layer, k, table, iou=iou, n_boot=n_boot, level=level, seed=seed)
+    model = live_model(source, "LOST with an intervention") if intervention is not None else None
+    bs = batch_size or source.batch_size
+    result = run_readings(source, [reading], bs, progress, "LOST")[0]
+    if model is not None:
+        outputs = _lost_outputs(source.with_interventions(intervention), result.hook, k, bs, "LOST (edited)",
+                                progress)
+        result.edited = _score_run(source, outputs, table=table, iou=iou, n_boot=n_boot, level=level, seed=seed)
+        result.intervention = result.params["intervention"] = {"kind": intervention.kind, **intervention.params()}
+    return result
+
+
+def lost_reading(source: ActivationSource, layer: int = -1, k: int = 100,
+                 boxes: Union[BoxTable, str, Path, None] = None, *, iou: float = 0.5, n_boot: int = 1000,
+                 level: float = 0.95, seed: int = 0) -> Reading:
+    """:func:`lost_study` without an intervention, around its pass: the reader that runs LOST on each batch's
+    keys, then the :class:`LostResult` (for a shared pass, :mod:`interp.studies.core.passes`)."""
     if k < 1:
         raise InterpError(f"k must be >= 1, got {k}")
     layer = resolve_layer(layer, source.n_layers)
@@ -299,20 +324,17 @@ def lost_study(source: ActivationSource, layer: int = -1, k: int = 100,
     if source.norms_only:
         raise InterpError("this cache stores token norms only; LOST needs the key vectors: write the cache "
                           "without --norms-only")
-    model = live_model(source, "LOST with an intervention") if intervention is not None else None
-    bs = batch_size or source.batch_size
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
-    score = dict(table=table, iou=iou, n_boot=n_boot, level=level, seed=seed)
-    base = _score_run(source, _lost_outputs(source, hook, k, bs, "LOST", progress), **score)
-    edited = spec = None
-    if model is not None:
-        edited_source = source.with_interventions(intervention)
-        edited = _score_run(source, _lost_outputs(edited_source, hook, k, bs, "LOST (edited)", progress), **score)
-        spec = {"kind": intervention.kind, **intervention.params()}
-    params = {"layer": layer, "k": k, "iou": iou, "n_boot": n_boot, "level": level, "boxes": table is not None,
-              "intervention": spec}
-    return LostResult(
-        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed, hook=hook, k=k,
-        grid=list(source.layout.grid), patch_size=list(source.patch_size), ids=list(source.ids),
-        level=level, n_registers=int(source.layout.n_registers), intervention=spec, edited=edited,
-        note=degenerate_note(base["degenerate"], base["box_cells"], source.layout.grid, layer), **base)
+    outputs: List[LostOutput] = []
+
+    def finish() -> LostResult:
+        base = _score_run(source, outputs, table=table, iou=iou, n_boot=n_boot, level=level, seed=seed)
+        params = {"layer": layer, "k": k, "iou": iou, "n_boot": n_boot, "level": level,
+                  "boxes": table is not None, "intervention": None}
+        return LostResult(
+            model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed, hook=hook, k=k,
+            grid=list(source.layout.grid), patch_size=list(source.patch_size), ids=list(source.ids),
+            level=level, n_registers=int(source.layout.n_registers), intervention=None, edited=None,
+            note=degenerate_note(base["degenerate"], base["box_cells"], source.layout.grid, layer), **base)
+
+    return Reading([_lost_reader(source, hook, k, outputs)], finish)

@@ -42,18 +42,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ...errors import InterpError
-from ...hooks.names import blocks_needed
 from ...models.preprocessing import patch_pixels
 from .linear_probe import accuracy, chance_score, fit_probe, split_indices
 from ..core.outliers import Detection, ThresholdSpec, resid_post, resolve_layer, resolve_threshold
 from ..aggregation.patch_score import split_tokens
 from ..core.result import StudyResult
+from ..core.passes import Reader, Reading, run_readings
 from ..core.source import ActivationSource, token_norms
 
 POSITION_LOSSES = ("ce", "ce+mse")
@@ -143,27 +143,6 @@ def high_norm_mask(source: ActivationSource, hook: str, outliers: Optional[torch
                        for b in source.batches([hook], batch_size, reduce={hook: token_norms})])
     thr = resolve_threshold(norms.numpy().ravel(), threshold)
     return norms > thr.value, thr.value, f"{thr.method} ({threshold}) at {hook}"
-
-
-def _token_batches(source: ActivationSource, hook: str, images: Optional[torch.Tensor], batch_size: int,
-                   want_pixels: bool = True) -> Iterator[Tuple[int, torch.Tensor, Optional[torch.Tensor]]]:
-    """(start, tokens [b, t, d], preprocessed images [b, 3, H, W] or None) over the source; the images are
-    only read (and copied to the CPU) when ``want_pixels``."""
-    if want_pixels and images is None and source.is_live:
-        stop = blocks_needed([hook])
-        for start, x in source.image_batches(batch_size):
-            kept: Dict[str, torch.Tensor] = {}
-
-            def keep(tensor, hook):
-                kept["tokens"] = tensor.detach().float().cpu()
-
-            with torch.no_grad():
-                source.model.run_with_hooks(x, fwd_hooks=[(hook, keep)], stop_at_layer=stop)
-            yield start, kept["tokens"], x.detach().float().cpu()
-        return
-    for batch in source.batches([hook], batch_size):
-        imgs = None if images is None or not want_pixels else images[batch.start:batch.start + len(batch)].float()
-        yield batch.start, batch.acts[hook], imgs
 
 
 def _pick(rng: np.random.Generator, idx: np.ndarray, cap: int) -> np.ndarray:
@@ -294,36 +273,40 @@ def _score_labels(label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]], label
     return out
 
 
-def _collect(source: ActivationSource, hook: str, images: Optional[torch.Tensor], batch_size: int,
-             high_mask: torch.Tensor, is_test: torch.Tensor, labels: Optional[torch.Tensor], cap_train: int,
-             cap_test: int, seed: int, want_pixels: bool = True
-             ) -> Tuple[_Tokens, _Tokens, Dict[str, List[Tuple[int, torch.Tensor]]], bool]:
-    """One streaming pass: sampled training tokens, test tokens per group, one token per kind per image
-    (when labels exist), and whether pixels were available (False when not ``want_pixels``: no pixel work).
-    The sample of image g uses rng([seed, g])."""
-    layout = source.layout
-    train, test = _Tokens(), _Tokens()
-    label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
-    has_pixels = True
-    for start, tokens, imgs in _token_batches(source, hook, images, batch_size, want_pixels):
+class _Collect:
+    """The probes' token pass as a reader (image g sampled with rng([seed, g])); pixels: the forward's or ``images``."""
+
+    def __init__(self, source: ActivationSource, hook: str, images: Optional[torch.Tensor], high_mask: torch.Tensor,
+                 is_test: torch.Tensor, labels: Optional[torch.Tensor], cap_train: int, cap_test: int, seed: int,
+                 want_pixels: bool = True):
+        self.layout, self.hook, self.images, self.want_pixels = source.layout, hook, images, want_pixels
+        self.high_mask, self.is_test, self.labels, self.seed = high_mask, is_test, labels, seed
+        self.cap_train, self.cap_test = cap_train, cap_test
+        self.train, self.test = _Tokens(), _Tokens()
+        self.label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
+        self.has_pixels = want_pixels and (images is not None or source.is_live)
+        self.reader = Reader([hook], self.fold, images=want_pixels and images is None and source.is_live)
+
+    def fold(self, batch) -> None:
+        layout, start, tokens = self.layout, batch.start, batch.acts[self.hook]
+        given = self.images[start:start + len(batch)].float() if self.images is not None else batch.images
+        imgs = given if self.want_pixels else None
         patches = split_tokens(tokens, layout)[1]
         pixels = patch_pixels(imgs, layout.grid) if imgs is not None else None
-        has_pixels &= pixels is not None
         for i in range(tokens.shape[0]):
-            g, high = start + i, high_mask[start + i]
-            rng = np.random.default_rng([seed, g])
-            if is_test[g]:
-                idx = np.concatenate([_pick(rng, np.flatnonzero(~high.numpy()), cap_test),
-                                      _pick(rng, np.flatnonzero(high.numpy()), cap_test)])
-                test.add(patches[i], None if pixels is None else pixels[i], high, idx)
+            g, high = start + i, self.high_mask[start + i]
+            rng = np.random.default_rng([self.seed, g])
+            if self.is_test[g]:
+                idx = np.concatenate([_pick(rng, np.flatnonzero(~high.numpy()), self.cap_test),
+                                      _pick(rng, np.flatnonzero(high.numpy()), self.cap_test)])
+                self.test.add(patches[i], None if pixels is None else pixels[i], high, idx)
             else:
-                train.add(patches[i], None if pixels is None else pixels[i], high, _pick(rng, np.arange(len(high)), cap_train))
-            if labels is not None:
+                self.train.add(patches[i], None if pixels is None else pixels[i], high,
+                               _pick(rng, np.arange(len(high)), self.cap_train))
+            if self.labels is not None:
                 full = tokens[i] if tokens.shape[1] == layout.n_tokens else None
                 for kind, vec in _label_tokens(full, patches[i], high, layout, rng).items():
-                    label_tokens.setdefault(kind, []).append((g, vec.clone()))
-
-    return train, test, label_tokens, has_pixels
+                    self.label_tokens.setdefault(kind, []).append((g, vec.clone()))
 
 
 def probes_study(source: ActivationSource, hook: Optional[str] = None, *, layer: int = -1,
@@ -345,6 +328,23 @@ def probes_study(source: ActivationSource, hook: Optional[str] = None, *, layer:
         labels: [N] class ids (default ``source.labels``).
         probe_options: passed to :func:`~interp.studies.probes.linear_probe.fit_probe` (epochs, lr, device, ...).
     """
+    reading = probes_reading(source, hook, layer=layer, tasks=tasks, position_loss=position_loss,
+                             outliers=outliers, detection=detection, threshold=threshold, images=images,
+                             labels=labels, test_fraction=test_fraction, max_train_tokens=max_train_tokens,
+                             max_test_tokens=max_test_tokens, seed=seed, batch_size=batch_size,
+                             probe_options=probe_options)
+    return run_readings(source, [reading], batch_size, progress, "probe tokens")[0]
+
+
+def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, layer: int = -1,
+                   tasks: Sequence[str] = ("position", "pixels", "label"), position_loss: str = "ce",
+                   outliers: Optional[torch.Tensor] = None, detection: Optional[Detection] = None,
+                   threshold: ThresholdSpec = "auto", images: Optional[torch.Tensor] = None,
+                   labels: Optional[Sequence[int]] = None, test_fraction: float = 0.25,
+                   max_train_tokens: int = 50_000, max_test_tokens: int = 20_000, seed: int = 0,
+                   batch_size: Optional[int] = None, probe_options: Optional[Dict[str, Any]] = None) -> Reading:
+    """:func:`probes_study` around its token pass (the high-norm mask decided first): the reader sampling each
+    batch's tokens, then the probes' :class:`ProbesResult` (for a shared pass, :mod:`interp.studies.core.passes`)."""
     unknown = set(tasks) - {"position", "pixels", "label"}
     if unknown or position_loss not in POSITION_LOSSES:
         raise InterpError(f"tasks must be among position, pixels, label (got {sorted(unknown)}) and "
@@ -365,31 +365,36 @@ def probes_study(source: ActivationSource, hook: Optional[str] = None, *, layer:
     labels = None if labels is None or "label" not in tasks else torch.as_tensor(list(labels)).long()
     if images is not None and tuple(images.shape[:1]) != (n,):
         raise InterpError(f"images must be Tensor[N={n}, 3, H, W], got {tuple(images.shape)}")
-    train, test, label_tokens, has_pixels = _collect(source, hook, images, bs, high_mask, is_test, labels,
-                                                     cap_train, cap_test, seed, want_pixels="pixels" in tasks)
+    collect = _Collect(source, hook, images, high_mask, is_test, labels, cap_train, cap_test, seed,
+                       want_pixels="pixels" in tasks)
 
-    def note_empty(group: str) -> str:
-        return f"empty: no {group.replace('_', '-')} patch token in the test images ({thr_method})"
+    def finish() -> ProbesResult:
+        train, test, label_tokens, has_pixels = collect.train, collect.test, collect.label_tokens, collect.has_pixels
 
-    too_few = too_few_images(n, len(test_idx))
-    position = _score_position(train, test, layout.grid, position_loss, note_empty, too_few, options) \
-        if "position" in tasks else {}
-    pixels_scores: Dict[str, GroupScore] = {}
-    if "pixels" in tasks and has_pixels:
-        pixels_scores = _score_pixels(train, test, note_empty, too_few, options)
-    elif "pixels" in tasks:
-        notes.append("pixels: skipped, the source has no input images (a cache): pass images=Tensor[N, 3, H, W]")
-    label_scores = {}
-    if labels is not None:
-        label_scores = _score_labels(label_tokens, labels, is_test, too_few, options)
-    elif "label" in tasks:
-        notes.append("label: skipped, the images carry no labels (use an image-folder layout or labels=)")
-    params = {"hook": hook, "tasks": list(tasks), "position_loss": position_loss, "threshold": str(threshold),
-              "test_fraction": test_fraction, "max_train_tokens": max_train_tokens,
-              "max_test_tokens": max_test_tokens, "probe_options": probe_options or {}}
-    return ProbesResult(
-        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed, hook=hook,
-        threshold=thr_value, threshold_method=thr_method, high_norm_share=float(high_mask.float().mean()),
-        n_images=n, n_train_images=n_train, n_test_images=len(test_idx), n_train_tokens=int(sum(map(len, train.pos))),
-        position_loss=position_loss, position=position, pixels=pixels_scores, label=label_scores, notes=notes,
-        too_few=too_few)
+        def note_empty(group: str) -> str:
+            return f"empty: no {group.replace('_', '-')} patch token in the test images ({thr_method})"
+
+        too_few = too_few_images(n, len(test_idx))
+        position = _score_position(train, test, layout.grid, position_loss, note_empty, too_few, options) \
+            if "position" in tasks else {}
+        pixels_scores: Dict[str, GroupScore] = {}
+        if "pixels" in tasks and has_pixels:
+            pixels_scores = _score_pixels(train, test, note_empty, too_few, options)
+        elif "pixels" in tasks:
+            notes.append("pixels: skipped, the source has no input images (a cache): pass images=Tensor[N, 3, H, W]")
+        label_scores = {}
+        if labels is not None:
+            label_scores = _score_labels(label_tokens, labels, is_test, too_few, options)
+        elif "label" in tasks:
+            notes.append("label: skipped, the images carry no labels (use an image-folder layout or labels=)")
+        params = {"hook": hook, "tasks": list(tasks), "position_loss": position_loss, "threshold": str(threshold),
+                  "test_fraction": test_fraction, "max_train_tokens": max_train_tokens,
+                  "max_test_tokens": max_test_tokens, "probe_options": probe_options or {}}
+        return ProbesResult(
+            model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed, hook=hook,
+            threshold=thr_value, threshold_method=thr_method, high_norm_share=float(high_mask.float().mean()),
+            n_images=n, n_train_images=n_train, n_test_images=len(test_idx), n_train_tokens=int(sum(map(len, train.pos))),
+            position_loss=position_loss, position=position, pixels=pixels_scores, label=label_scores, notes=notes,
+            too_few=too_few)
+
+    return Reading([collect.reader], finish)
