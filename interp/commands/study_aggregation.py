@@ -1,6 +1,7 @@
 """``interp study patch-score|pib|masking|selective-cls``: the lazy-aggregation studies (docs/methods.md section 3).
 
-    interp study patch-score MODEL --images DIR [--boxes FILE | --masks DIR] --out OUT
+    interp study patch-score MODEL --images DIR [--boxes FILE | --masks DIR] --out OUT [--cell-rule majority]
+        [--normalise minmax]
     interp study pib MODEL --images DIR --boxes FILE --out OUT
     interp study masking MODEL --images DIR --out OUT [--fractions 0 0.1 ...] [--fill zero|mean|blur]
     interp study selective-cls MODEL --images DIR --boxes FILE --out OUT [--k 1 7 98]
@@ -73,12 +74,13 @@ def run_patch_score(args) -> int:
     source = source_from_args(args, model)
     regions = None
     if args.boxes:
-        regions = load_regions(source, args.boxes, args.single_object, args.max_box_fraction)
+        regions = load_regions(source, args.boxes, args.single_object, args.max_box_fraction, args.cell_rule)
     elif args.masks:
-        regions = regions_from_masks(source.ids, args.masks, source.data_config(), tuple(source.layout.grid))
+        regions = regions_from_masks(source.ids, args.masks, source.data_config(), tuple(source.layout.grid),
+                                     args.cell_rule)
     result = patch_score_study(source, hook=args.hook, reference=args.reference,
                                selective=_selective(args, args.selective_k), regions=regions,
-                               batch_size=args.batch_size, progress=args.progress)
+                               normalise=args.normalise, batch_size=args.batch_size, progress=args.progress)
     if result.fg is not None:
         print(f"Patch Score ({args.reference}): foreground mean {result.fg.mean}, background mean {result.bg.mean}; "
               f"excluded {result.excluded}")
@@ -153,8 +155,14 @@ def add_patch_score_arguments(p) -> None:
     p.add_argument("--boxes", default=None, type=existing_file,
                    help="box file (CSV/JSON/COCO) for foreground/background scores")
     p.add_argument("--masks", default=None, type=existing_path,
-                   help="directory of masks <image stem>.png (nonzero = foreground)")
+                   help="directory of masks <image stem>.png (nonzero = foreground; palette PNGs by index, 255 void)")
     _add_box_filters(p, single_default=False, max_fraction_default=None)
+    p.add_argument("--cell-rule", choices=("touch", "majority"), default="touch",
+                   help="a patch is foreground when its cell touches the box / a mask pixel (touch, default) or "
+                        "when most of its area is inside (majority)")
+    p.add_argument("--normalise", choices=("none", "minmax"), default="none",
+                   help="score distributions of the raw cosines (none, default) or of each image's map "
+                        "min-max rescaled to [0, 1] (minmax)")
     p.add_argument("--n-maps", type=nonnegative_int, default=8, help="images drawn in score_maps.png")
 
 

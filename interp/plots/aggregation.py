@@ -14,6 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from ..studies.aggregation.patch_score import PatchScoreResult
 from ..studies.aggregation.selective_cls import SelectiveCLSResult
 
 
@@ -52,7 +53,8 @@ def score_distributions(result) -> Figure:
             density, edges = _density(dist)
             ax.stairs(density, edges, label=f"{label} (mean {dist.mean:.3f}, n={dist.n})", fill=False, linewidth=1.5)
         ax.set_title(title)
-        ax.set_xlabel("Patch Score cos(x_p, g)")
+        minmax = isinstance(result, PatchScoreResult) and result.normalise == "minmax"
+        ax.set_xlabel("Patch Score, min-max per image" if minmax else "Patch Score cos(x_p, g)")
         ax.set_ylabel("density")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="best", framealpha=0.7)

@@ -8,6 +8,12 @@ The patch tokens come from ``hook`` (default ``hook_norm_final``, the final norm
 * ``"selective"``: selective aggregation (``interp.interventions.selective_aggregation.selective_aggregate``) of the
   final normed patch tokens, with the parameters of a :class:`SelectiveCLS` object.
 
+Distributions (all patches, and foreground / background cells when regions are given) are of the raw
+cosines, or with ``normalise="minmax"`` of each image's map rescaled to [0, 1] (so images with different
+score ranges weigh alike). Which cells are foreground is the regions' rule (``cell_rule`` of
+:func:`~interp.studies.objects.boxes.regions_from_boxes`: a cell the box touches, or ``"majority"``: most of
+the cell's area inside the box).
+
 >>> from interp.models import data_config
 >>> from interp.studies.objects.boxes import read_boxes, regions_from_boxes
 >>> regions = regions_from_boxes(source.ids, read_boxes("boxes.csv"), data_config(model), model.layout.grid)
@@ -35,6 +41,7 @@ from ..core.result import StudyResult
 from ..core.source import ActivationSource, n_batches
 
 REFERENCES = ("cls", "pooled", "selective")
+NORMALISATIONS = ("none", "minmax")
 FINAL = "hook_norm_final"
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -162,6 +169,21 @@ class ScoreDistribution:
         return None if d is None else (d if isinstance(d, cls) else cls(**d))
 
 
+def normalise_maps(maps: torch.Tensor, normalise: str = "none") -> torch.Tensor:
+    """Score maps [N, h, w] as the distributions use them: ``"none"`` as they are; ``"minmax"`` each image's map
+    rescaled to [0, 1], ``(S - min S) / (max S - min S)`` (a constant map becomes all 0)."""
+    if normalise not in NORMALISATIONS:
+        raise InterpError(f"normalise={normalise!r} is not one of {list(NORMALISATIONS)}")
+    if normalise == "none" or maps.numel() == 0:
+        return maps
+    flat = maps.flatten(1)
+    low, high = flat.min(1, keepdim=True).values, flat.max(1, keepdim=True).values
+    span = high - low
+    scaled = torch.where(span > 0, (flat - low) / torch.where(span > 0, span, torch.ones_like(span)),
+                         torch.zeros_like(flat))
+    return scaled.view_as(maps)
+
+
 def fg_bg_distributions(maps: torch.Tensor, regions: Regions, bins: int = 40) -> Tuple[ScoreDistribution,
                                                                                     ScoreDistribution]:
     """Scores of inside (foreground) and outside (background) cells, over the images with a region."""
@@ -187,6 +209,9 @@ class PatchScoreResult(StudyResult):
         fg, bg: distributions inside / outside the regions (None without regions).
         boxes_input: per image the region boxes in input pixels [[x0, y0, x1, y1], ...] (empty without boxes).
         excluded: images without a usable region, by reason (empty without regions).
+        normalise: "none" or "minmax" (each image's map rescaled to [0, 1] before the distributions; ``maps``
+            stay the raw cosines).
+        cell_rule: how the regions' cells were decided ("touch" or "majority"; None without regions).
     """
 
     study = "patch_score"
@@ -203,6 +228,8 @@ class PatchScoreResult(StudyResult):
     bg: Optional[ScoreDistribution] = None
     boxes_input: List = field(default_factory=list)
     excluded: Dict[str, int] = field(default_factory=dict)
+    normalise: str = "none"
+    cell_rule: Optional[str] = None
 
     def __post_init__(self):
         self.scores = ScoreDistribution.from_dict(self.scores)
@@ -216,7 +243,8 @@ class PatchScoreResult(StudyResult):
 
 def patch_score_study(source: ActivationSource, *, hook: str = FINAL, reference: str = "cls",
                       selective: Optional[SelectiveCLS] = None, regions: Optional[Regions] = None,
-                      bins: int = 40, batch_size: Optional[int] = None, progress: bool = True) -> PatchScoreResult:
+                      bins: int = 40, normalise: str = "none", batch_size: Optional[int] = None,
+                      progress: bool = True) -> PatchScoreResult:
     """Patch Score maps of every image, with foreground/background distributions when regions are given.
 
     Args:
@@ -228,22 +256,26 @@ def patch_score_study(source: ActivationSource, *, hook: str = FINAL, reference:
         regions: foreground cells per image (:func:`~interp.studies.objects.boxes.regions_from_boxes` or
             :func:`~interp.studies.objects.boxes.regions_from_masks`), in the source's image order.
         bins: histogram bins over [-1, 1].
+        normalise: ``"none"`` (default) or ``"minmax"``: the distributions of each image's map rescaled to [0, 1].
     """
     if regions is not None and regions.inside.shape[0] != len(source):
         raise InterpError(f"regions cover {regions.inside.shape[0]} images but the source has {len(source)}")
+    normalise_maps(torch.zeros(0), normalise)  # a bad option is refused before the pass
     maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)
+    values = normalise_maps(maps, normalise)
     fg = bg = None
     if regions is not None:
-        fg, bg = fg_bg_distributions(maps, regions, bins)
+        fg, bg = fg_bg_distributions(values, regions, bins)
     selective_params = (selective or SelectiveCLS()).params() if reference == "selective" else None
+    cell_rule = regions.cell_rule if regions is not None else None
     params = {"hook": hook, "reference": reference, "selective": selective_params, "bins": bins,
-              "regions": regions is not None}
+              "regions": regions is not None, "normalise": normalise, "cell_rule": cell_rule}
     return PatchScoreResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
         ids=list(source.ids), hook=hook, reference=reference, selective=selective_params,
         grid=list(source.layout.grid), patch_size=list(source.patch_size),
         maps=maps.tolist(), top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [],
-        scores=ScoreDistribution.of(maps, bins), fg=fg, bg=bg,
+        scores=ScoreDistribution.of(values, bins), fg=fg, bg=bg,
         boxes_input=regions.boxes_input if regions is not None else [],
-        excluded=regions.excluded_counts() if regions is not None else {},
+        excluded=regions.excluded_counts() if regions is not None else {}, normalise=normalise, cell_rule=cell_rule,
     )

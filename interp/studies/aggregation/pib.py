@@ -125,11 +125,12 @@ class PiBResult(StudyResult):
 
 
 def load_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path], single_object: bool,
-                 max_box_fraction: Optional[float]) -> Regions:
-    """Regions of the source's images from a box table or box file, through the source's preprocessing."""
+                 max_box_fraction: Optional[float], cell_rule: str = "touch") -> Regions:
+    """Regions of the source's images from a box table or box file, through the source's preprocessing
+    (``cell_rule``: :func:`~interp.studies.objects.boxes.box_cells`)."""
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
     return regions_from_boxes(source.ids, table, source.data_config(), tuple(source.layout.grid),
-                              single_object=single_object, max_box_fraction=max_box_fraction)
+                              single_object=single_object, max_box_fraction=max_box_fraction, cell_rule=cell_rule)
 
 
 class LastProtocolSource(LiveSource):

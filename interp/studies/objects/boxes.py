@@ -146,10 +146,25 @@ def input_geometry(transform, image_size: Tuple[int, int]) -> InputGeometry:
     return InputGeometry(sx, sy, ox, oy, tuple(int(v) for v in image_size), (h, w))
 
 
-def box_cells(box: Box, grid: Tuple[int, int], patch_size: Tuple[int, int]) -> torch.Tensor:
-    """Patch cells a box (in input pixels) overlaps with positive area. -> bool [h, w]."""
+CELL_RULES = ("touch", "majority")
+
+
+def _check_cell_rule(cell_rule: str) -> None:
+    if cell_rule not in CELL_RULES:
+        raise InterpError(f"cell_rule={cell_rule!r} is not one of {list(CELL_RULES)}")
+
+
+def box_cells(box: Box, grid: Tuple[int, int], patch_size: Tuple[int, int], cell_rule: str = "touch") -> torch.Tensor:
+    """Patch cells of a box (in input pixels) -> bool [h, w]. ``cell_rule``: ``"touch"``, a cell the box overlaps
+    with positive area; ``"majority"``, a cell more than half of whose area lies inside the box."""
+    _check_cell_rule(cell_rule)
     gh, gw = grid
     ph, pw = patch_size
+    if cell_rule == "majority":
+        cols, rows = np.arange(gw) * pw, np.arange(gh) * ph
+        ox = np.clip(np.minimum(box.x1, cols + pw) - np.maximum(box.x0, cols), 0, None)  # [w] overlap widths
+        oy = np.clip(np.minimum(box.y1, rows + ph) - np.maximum(box.y0, rows), 0, None)  # [h] overlap heights
+        return torch.from_numpy(oy[:, None] * ox[None, :] > 0.5 * ph * pw)
     mask = torch.zeros(gh, gw, dtype=torch.bool)
     c0, c1 = max(0, math.floor(box.x0 / pw)), min(gw, math.ceil(box.x1 / pw))
     r0, r1 = max(0, math.floor(box.y0 / ph)), min(gh, math.ceil(box.y1 / ph))
@@ -194,12 +209,14 @@ class Regions:
         reasons: per image None (usable) or the exclusion reason (one of ``reason_names``).
         boxes_input: per image the kept boxes in input pixels (clipped), as [x0, y0, x1, y1] lists.
         reason_names: the reasons this kind of region can give (``BOX_REASONS`` or ``MASK_REASONS``).
+        cell_rule: how a cell was decided to be inside ("touch" or "majority"; :func:`box_cells`).
     """
 
     inside: torch.Tensor
     reasons: List[Optional[str]]
     boxes_input: List[List[List[float]]]
     reason_names: Tuple[str, ...] = BOX_REASONS
+    cell_rule: str = "touch"
 
     @property
     def usable(self) -> torch.Tensor:
@@ -216,7 +233,8 @@ class Regions:
 
 
 def regions_from_boxes(ids: Sequence[str], table: BoxTable, data_cfg: dict, grid: Tuple[int, int], *,
-                       single_object: bool = False, max_box_fraction: Optional[float] = None) -> Regions:
+                       single_object: bool = False, max_box_fraction: Optional[float] = None,
+                       cell_rule: str = "touch") -> Regions:
     """Map each image's boxes onto the patch grid through the model's preprocessing.
 
     Filters, in this order: no box listed -> ``no_box``; with ``single_object``, more than one box ->
@@ -229,7 +247,10 @@ def regions_from_boxes(ids: Sequence[str], table: BoxTable, data_cfg: dict, grid
         table: from :func:`read_boxes`.
         data_cfg: the model's timm data config (``interp.models.data_config(model)`` or a cache's).
         grid: patch grid ``(h, w)``.
+        cell_rule: ``"touch"`` (a cell the box overlaps, default) or ``"majority"`` (most of the cell's area
+            inside one box); see :func:`box_cells`.
     """
+    _check_cell_rule(cell_rule)
     if max_box_fraction is not None and (isinstance(max_box_fraction, bool) or not isinstance(
             max_box_fraction, (int, float)) or not 0 < max_box_fraction <= 1):
         raise InterpError(f"max_box_fraction={max_box_fraction!r}: give a share of the image area in (0, 1] "
@@ -265,18 +286,23 @@ def regions_from_boxes(ids: Sequence[str], table: BoxTable, data_cfg: dict, grid
                 if not mapped:
                     reason = "cropped_away"
                 for m in mapped:
-                    inside[i] |= box_cells(m, grid, patch)
+                    inside[i] |= box_cells(m, grid, patch, cell_rule)
                     kept.append(m.as_list())
         reasons.append(reason)
         boxes_input.append(kept)
-    return Regions(inside, reasons, boxes_input)
+    return Regions(inside, reasons, boxes_input, cell_rule=cell_rule)
 
 
 def regions_from_masks(ids: Sequence[str], mask_dir: Union[str, Path], data_cfg: dict,
-                       grid: Tuple[int, int]) -> Regions:
-    """Foreground cells from mask images (``mask_dir/<image stem>.png``, nonzero = foreground, same size as
-    the image). The mask goes through the preprocessing geometry (nearest pixel); a cell is inside when any
-    of its input pixels is foreground. Images without a mask file -> ``no_mask``."""
+                       grid: Tuple[int, int], cell_rule: str = "touch") -> Regions:
+    """Foreground cells from mask images (``mask_dir/<image stem>.png``, the image's size; palette masks by
+    index, void not foreground: :func:`~interp.studies.objects.box_files.read_label_mask`). The mask goes
+    through the preprocessing geometry (nearest pixel); a cell is inside when any of its input pixels is
+    foreground (``cell_rule="touch"``) or more than half of them are (``"majority"``). Images without a mask
+    file -> ``no_mask``."""
+    from .seg_scoring import mask_to_input
+
+    _check_cell_rule(cell_rule)
     files = mask_files(mask_dir)
     transform = eval_transform(data_cfg)
     ph, pw = patch_size_of(data_cfg, grid)
@@ -290,14 +316,8 @@ def regions_from_masks(ids: Sequence[str], mask_dir: Union[str, Path], data_cfg:
             continue
         mask = read_mask(path)  # [H0, W0]
         geometry = input_geometry(transform, (mask.shape[1], mask.shape[0]))
-        # Nearest original pixel under each input pixel centre; pixels outside the image stay background.
-        u = (np.arange(gw * pw) + 0.5 - geometry.offset_x) / geometry.scale_x
-        v = (np.arange(gh * ph) + 0.5 - geometry.offset_y) / geometry.scale_y
-        cols, rows = np.floor(u).astype(int), np.floor(v).astype(int)
-        ok_c, ok_r = (cols >= 0) & (cols < mask.shape[1]), (rows >= 0) & (rows < mask.shape[0])
-        pixels = np.zeros((gh * ph, gw * pw), dtype=bool)
-        pixels[np.ix_(ok_r, ok_c)] = mask[np.ix_(rows[ok_r], cols[ok_c])]
-        cells = pixels.reshape(gh, ph, gw, pw).any(axis=(1, 3))
+        pixels = mask_to_input(mask, geometry).numpy().reshape(gh, ph, gw, pw)  # outside the image: background
+        cells = pixels.any(axis=(1, 3)) if cell_rule == "touch" else pixels.mean(axis=(1, 3)) > 0.5
         inside[i] = torch.from_numpy(cells)
         reasons.append(None if cells.any() else "cropped_away")
-    return Regions(inside, reasons, [[] for _ in ids], MASK_REASONS)
+    return Regions(inside, reasons, [[] for _ in ids], MASK_REASONS, cell_rule)
