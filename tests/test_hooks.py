@@ -100,6 +100,7 @@ def test_fused_kernel_kept_when_no_pattern_hook(monkeypatch):
 def test_exact_ordered_hook_names():
     model = make_model("vit", depth=1)
     assert model.hook_names() == [
+        "hook_patch_embed",
         "hook_embed",
         "blocks.0.hook_resid_pre",
         "blocks.0.attn.hook_q",
@@ -283,5 +284,31 @@ def test_blocks_needed_is_the_stop_layer_every_hook_fires_by():
     from interp.hooks.names import blocks_needed
 
     assert blocks_needed(["hook_embed"]) == 0
+    assert blocks_needed(["hook_patch_embed"]) == 0
     assert blocks_needed(["blocks.3.hook_resid_post", "blocks.0.mlp.hook_post"]) == 4
     assert blocks_needed(["blocks.3.hook_resid_post", "hook_norm_final"]) is None  # needs the whole forward
+
+
+@pytest.mark.parametrize("family", ["vit", "dinov2_reg", "clip"])
+def test_patch_embed_hook_is_the_patch_embedding_before_position_embedding(family):
+    """``hook_patch_embed`` [b, P, d]: timm's patch-embedding output (no prefix rows, no position embedding);
+    an edit through it reaches the rest of the forward (here: zeroing it leaves prefix + position only)."""
+    model = make_model(family)
+    x = images(2)
+    _, cache = model.run_with_cache(x, names_filter=["hook_patch_embed", "hook_embed"])
+    lay = model.layout
+    expected = model.timm_model.patch_embed(x)
+    assert cache["hook_patch_embed"].shape == (2, lay.n_patches, model.d_model)
+    torch.testing.assert_close(cache["hook_patch_embed"], expected)
+    zeroed = model.run_with_hooks(x, fwd_hooks=[("hook_patch_embed", lambda t, hook: torch.zeros_like(t))],
+                                  stop_at_layer=0)
+    tm = model.timm_model
+    torch.testing.assert_close(zeroed, tm.norm_pre(tm._pos_embed(torch.zeros_like(expected))))
+
+
+def test_patch_embed_hook_with_dynamic_img_size():
+    model = make_model("dinov2", dynamic_img_size=True)
+    x = images(1, size=112)
+    _, cache = model.run_with_cache(x, names_filter=["hook_patch_embed"])
+    assert cache["hook_patch_embed"].shape == (1, 64, model.d_model)
+    torch.testing.assert_close(cache["hook_patch_embed"], model.timm_model.patch_embed(x).flatten(1, 2))

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import CacheError
 from ..models.layout import TokenLayout
-from .format import DTYPES, is_attention_map, token_axis, token_rows
+from .format import DTYPES, PATCH_ONLY_HOOKS, is_attention_map, token_axis, token_rows
 
 _TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 
@@ -56,7 +56,9 @@ class Extractor:
     def select(self, hook: str, act: torch.Tensor) -> torch.Tensor:
         """The stored part of one activation [b, ...]: token rows (a view) or per-token norms (float32)."""
         axis = token_axis(hook)  # per image; +1 for the batch axis
-        if axis is not None:
+        if hook in PATCH_ONLY_HOOKS:
+            pass  # [b, P, d]: patch rows only, stored whole
+        elif axis is not None:
             n = act.shape[axis + 1]
             if n != self.layout.n_tokens:
                 raise CacheError(f"{hook} has {n} rows on its token axis but the token layout has "

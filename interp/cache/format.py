@@ -65,6 +65,11 @@ _TOKEN_AXIS_BY_SUFFIX = {"hook_attn_scores": 1, "hook_pattern": 1, "hook_pooled"
                          "hook_selective_votes": None}
 
 
+# Hooks whose token axis holds the patches only ([P, d] per image, no prefix rows): stored whole whatever
+# ``--tokens`` says (their rows are not the layout's), per-token norms with ``--norms-only``.
+PATCH_ONLY_HOOKS = ("hook_patch_embed",)
+
+
 def acts_path(hook: str) -> str:
     return f"{ACTS}/{hook}"
 

@@ -62,7 +62,8 @@ def _command(name: str, module: str) -> StudyCommand:
 
 # study -> the commands module of its theme (the themes of interp/studies/; probes share study_objects)
 _A, _L, _O = "study_artifacts", "study_aggregation", "study_objects"
-_MODULES = {"norms": _A, "neurons": _A, "ablate": _A, "relocate": _A, "registers": _A, "patch-score": _L,
+_MODULES = {"norms": _A, "neurons": _A, "ablate": _A, "relocate": _A, "registers": _A, "redundancy": _A,
+            "patch-score": _L,
             "pib": _L, "masking": _L, "selective-cls": _L, "probes": _O, "lost": _O, "segment": _O}
 STUDIES: Dict[str, StudyCommand] = {name: _command(name, _MODULES[name]) for name in DESCRIPTORS}
 

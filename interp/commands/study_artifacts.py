@@ -1,6 +1,7 @@
-"""The artifact studies (docs/methods.md sections 1-2): ``interp study norms|neurons|ablate|relocate|registers MODEL``.
+"""The artifact studies (docs/methods.md sections 1-2): ``interp study norms|neurons|redundancy|ablate|relocate|registers
+MODEL``.
 
-norms and neurons read a live model (``--images``) or a cache (``--cache``); ablate, relocate and registers
+norms, neurons and redundancy read a live model (``--images``) or a cache (``--cache``); ablate, relocate and registers
 re-run the model with an edit, so they take ``--images`` and the neurons to edit (``--neurons``).
 
     interp study neurons vit_small_patch14_dinov2 --images photos/ --out runs/dino --top-k 50
@@ -72,6 +73,17 @@ def add_neurons_arguments(p) -> None:
                    help="outlier positions: all tokens above the threshold (default, reference) or patches only")
     p.add_argument("--max-images", type=positive_int, default=None,
                    help="score on a seeded random subset of this many images")
+
+
+def add_redundancy_arguments(p) -> None:
+    """Arguments of ``interp study redundancy`` (the registry adds the parser)."""
+    p.description = ("Cosine similarity of each patch token's input patch embedding to its 4 grid neighbours, "
+                     "normal vs high-norm tokens (Darcet et al., Fig. 5a).")
+    add_study_args(p)
+    _detection_args(p)
+    p.add_argument("--embedding", choices=("patch", "position"), default="patch",
+                   help="patch: the patch-embedding output before the position embedding (hook_patch_embed; "
+                        "default, the paper's); position: after it (hook_embed)")
 
 
 def add_ablate_arguments(p) -> None:
@@ -161,6 +173,16 @@ def run_neurons(args) -> int:
                            max_images=args.max_images, seed=args.seed, batch_size=args.batch_size,
                            progress=args.progress)
     print(", ".join(f"{e['layer']}:{e['neuron']}" for e in result.neurons) or result.message)
+    return _finish(result, args, images)
+
+
+def run_redundancy(args) -> int:
+    from ..studies.artifacts.redundancy import redundancy_study
+
+    threshold, _, source, images = _prepare(args)
+    result = redundancy_study(source, threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
+                              embedding=args.embedding, batch_size=args.batch_size, progress=args.progress)
+    print(result.summary())
     return _finish(result, args, images)
 
 

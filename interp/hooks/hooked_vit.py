@@ -29,14 +29,15 @@ from .intervene import InterventionMixin
 from .names import block_hook
 from .points import BLOCK_HOOK_ORDER, block_forward, install
 
-ROOT_HOOKS_BEFORE = ("hook_embed",)
+ROOT_HOOKS_BEFORE = ("hook_patch_embed", "hook_embed")
 ROOT_HOOKS_AFTER = ("hook_norm_final", "hook_selective_votes", "hook_pooled", "hook_logits")
 
 
 class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModule):
     """A timm ViT with hook points on every block.
 
-    Hook names (shapes for batch b, tokens t = prefix + patches, width d, heads h):
+    Hook names (shapes for batch b, tokens t = prefix + patches, P patches, width d, heads h):
+    ``hook_patch_embed`` [b, P, d] (the patch embedding's output, before prefix tokens and position embedding),
     ``hook_embed`` [b, t, d]; per block i: ``blocks.{i}.hook_resid_pre`` [b, t, d],
     ``blocks.{i}.attn.hook_q|hook_k|hook_v|hook_z`` [b, t, h, dh],
     ``blocks.{i}.attn.hook_attn_scores|hook_pattern`` [b, h, t, t] (computed only when hooked),
@@ -128,13 +129,24 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images [b, 3, H, W] -> token sequence [b, t, d] after pos-embed, test-time registers and norm_pre."""
         m = self.timm_model
-        x = m.patch_drop(m._pos_embed(m.patch_embed(x)))
+        x = m.patch_drop(m._pos_embed(self._patch_embed(x)))
         n_extra = self.edit_state.n_extra_tokens
         if n_extra:
             n_prefix = m.num_prefix_tokens
             zeros = x.new_zeros(x.shape[0], n_extra, x.shape[-1])
             x = torch.cat([x[:, :n_prefix], zeros, x[:, n_prefix:]], dim=1)
         return self.hook_embed(m.norm_pre(x))
+
+    def _patch_embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images -> timm's patch embedding, through ``hook_patch_embed`` as [b, P, d] (row-major patches).
+
+        With ``dynamic_img_size`` timm's patch embedding returns [b, h, w, d]; the hook sees it flattened and
+        what it returns is put back in that shape for ``_pos_embed``."""
+        e = self.timm_model.patch_embed(x)
+        if e.ndim == 4:
+            b, h, w, d = e.shape
+            return self.hook_patch_embed(e.reshape(b, h * w, d)).reshape(b, h, w, d)
+        return self.hook_patch_embed(e)
 
     def _residual_stream(self, x: torch.Tensor, n_blocks: Optional[int] = None) -> torch.Tensor:
         """Images [b, 3, H, W] -> residual stream [b, t, d] after blocks ``[0, n_blocks)`` (all by default)."""

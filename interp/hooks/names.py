@@ -21,6 +21,12 @@ EVERY_BLOCK = "*"  # pass as the layer to get a glob pattern over all blocks: re
 _BLOCK_RE = re.compile(r"blocks\.(\d+)\.")
 
 
+# Root hooks that fire before block 0 (a forward with stop_at_layer=0 runs them): the patch embedding's output
+# [b, P, d] (before prefix tokens and position embedding) and the token sequence entering block 0 [b, t, d].
+PATCH_EMBED = "hook_patch_embed"
+EMBED = "hook_embed"
+EMBEDDING_HOOKS = (PATCH_EMBED, EMBED)
+
 # The two residual-stream points per block where norms are tracked: after attention, after the MLP.
 RESID_STAGES = ("resid_mid", "resid_post")
 
@@ -116,7 +122,7 @@ def blocks_needed(hook_names: Sequence[str]) -> Optional[int]:
         block = block_of(name)
         if block is not None:
             needed = max(needed, block + 1)
-        elif name != "hook_embed":
+        elif name not in EMBEDDING_HOOKS:
             return None
     return needed
 

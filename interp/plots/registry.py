@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 from matplotlib.figure import Figure
 
 from ..studies.core.result import StudyResult
-from . import aggregation, causal, norms, objects, probes
+from . import aggregation, causal, norms, objects, probes, redundancy
 
 
 class FigureSpec(NamedTuple):
@@ -35,6 +35,7 @@ FIGURES: Dict[str, List[FigureSpec]] = {
     "ablate": [FigureSpec("ablation_bars", causal.ablation_bars)],
     "relocate": [FigureSpec("relocation_maps", causal.relocation_maps, True)],
     "registers": [FigureSpec("register_summary", causal.register_summary)],
+    "redundancy": [FigureSpec("neighbour_similarity", redundancy.neighbour_similarity)],
     "patch_score": [FigureSpec("score_distributions", aggregation.score_distributions),
                     FigureSpec("score_maps", aggregation.score_maps_of_patch_score)],
     "pib": [FigureSpec("pib", aggregation.pib_bars_if_any), FigureSpec("score_maps", aggregation.score_maps_if_pib)],

@@ -52,6 +52,17 @@ def neurons_hooks(n_layers: int, options: Mapping) -> List[str]:
     return [resid_post(detect)] + [mlp_post(i) for i in range(highest + 1)]
 
 
+def redundancy_hooks(n_layers: int, options: Mapping) -> List[str]:
+    """The input patch embedding (``hook_patch_embed``; ``hook_embed`` for ``embedding="position"``) and the
+    detection block's output."""
+    from ...hooks.names import EMBED, PATCH_EMBED, resid_post
+    from .presets import resolve_preset
+
+    opts = resolve_preset(options.get("preset"), detect_layer=options.get("detect_layer"))
+    embed = EMBED if options.get("embedding") == "position" else PATCH_EMBED
+    return [embed, resid_post(block_index(opts.get("detect_layer"), n_layers, -1))]
+
+
 def score_hooks(n_layers: int, options: Mapping) -> List[str]:
     """The Patch Score's patch tokens (``hook``) and the hook its global vector is read from (``reference``)."""
     from ..aggregation.patch_score import needed_hooks
@@ -140,6 +151,11 @@ DESCRIPTORS: Dict[str, StudyDescriptor] = {d.name: d for d in (
                     "move the high-norm tokens onto a chosen mask", "relocate"),
     StudyDescriptor("registers", _S + "artifacts.registers:register_study", _S + "artifacts.registers:RegisterResult",
                     "test-time register: move the high norm into an extra token", "registers"),
+    StudyDescriptor("redundancy", _S + "artifacts.redundancy:redundancy_study",
+                    _S + "artifacts.redundancy:RedundancyResult",
+                    "cosine of each input patch embedding to its 4 neighbours, normal vs high-norm tokens",
+                    "redundancy", redundancy_hooks,
+                    "`hook_patch_embed` (`hook_embed` with `--embedding position`), `blocks.{D}.hook_resid_post`"),
     StudyDescriptor("patch-score", _S + "aggregation.patch_score:patch_score_study", _S + "aggregation.patch_score:PatchScoreResult",
                     "Patch Score maps cos(patch, global vector), fg/bg distributions", "patch_score", score_hooks,
                     _SCORE_DOC),
