@@ -90,6 +90,9 @@ def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, ca
     assert "6. Linear probes per token group" in page and "7. LOST object discovery" in page
     assert '<p class="caveat">Not scored: too few images (n=4) for a probe score; need &gt;= 16' in page
     assert report["probes"]["too_few"].startswith("too few images (n=4)")
+    redundancy = report["redundancy"]   # the planted high-norm tokens are flat patches: redundant ones
+    assert redundancy["high_norm"]["median"] > 0.99 > redundancy["normal"]["median"]
+    assert "redundant patches (median cosine to the 4 neighbouring input patches)" in page
     for name in STUDY_FILES:
         assert json.loads((tmp_path / name).read_text())["study"] == name[:-5]
 
@@ -102,8 +105,10 @@ def test_report_without_artifacts_skips_the_causal_studies(tmp_path):
     assert "no register neurons" in summary["skipped"]
     assert summary["top_k"] == 10 and summary["highest_layer"] == summary["detect_layer"] == 1
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["lost.json", "neurons.json", "norms.json",
-                                                                "probes.json", "report.json"]
+                                                                "probes.json", "redundancy.json", "report.json"]
     assert summary["probes"]["position"]["high_norm"]["score"] is None  # no artifacts: an empty group, no number
+    assert summary["redundancy"]["high_norm"]["median"] is None and summary["redundancy"]["normal"]["n_tokens"] > 0
+    assert "high-norm - (no token in this group)" in (tmp_path / "index.html").read_text(encoding="utf-8")
     page = (tmp_path / "index.html").read_text(encoding="utf-8")
     assert "Skipped" in page and "No high-norm tokens found" in page and "Synthetic" not in page
     assert all((tmp_path / src).is_file() for src in image_sources(tmp_path / "index.html"))

@@ -31,13 +31,13 @@ def test_the_report_runs_10_forwards_per_image(tmp_path, one_thread):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run_report(model, out_dir=tmp_path, progress=False)
-    # baseline 1 (detection + causal baselines), observational 1 (norms, neurons, probes, LOST),
+    # baseline 1 (detection + causal baselines), observational 1 (norms, neurons, probes, LOST, redundancy),
     # ablation 1 target + 5 controls, test-time register 1, relocation 1
     assert seen[0] / len(sample_image_paths()) == 10
     # one way to save: every study JSON of the report lists its figures and its skipped images
     import json
 
-    for name in ("norms", "neurons", "ablate", "registers", "relocate", "probes", "lost"):
+    for name in ("norms", "neurons", "ablate", "registers", "relocate", "probes", "lost", "redundancy"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["skipped"] == [] and data["figure_files"], name
         assert all((tmp_path / f).is_file() for f in data["figure_files"]), name

@@ -162,6 +162,20 @@ def add_threshold_arg(parser: argparse.ArgumentParser, default=None, flag: str =
                                      "(bimodal split)" + ("" if default is None else f"; default {default}"))
 
 
+PRESET_NAMES = ("jiang-openclip-b16, jiang-openai-clip-b16, jiang-dinov2-l14, jiang-openclip-l14, darcet, "
+                "reassessment")
+
+
+def add_detection_args(parser: argparse.ArgumentParser) -> None:
+    """``--threshold``, ``--preset``, ``--detect-layer``: what a ``DetectionSpec`` holds (the studies resolve it)."""
+    add_threshold_arg(parser, help="outlier norm threshold: a norm value > 0, pNN (e.g. p98) or auto (default, or "
+                                   "the preset's)")
+    parser.add_argument("--preset", default=None,
+                        help=f"published settings: {PRESET_NAMES} (explicit flags win)")
+    parser.add_argument("--detect-layer", type=int, default=None,
+                        help="block whose output decides outliers (default: last; negative counts from the end)")
+
+
 def add_strict_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true",
                         help="stop at the first unreadable image (default: skip it, warn, list it under 'skipped')")

@@ -1,5 +1,6 @@
-"""``interp compare MODEL [MODEL ...] --images DIR``: the norms battery and the linear probes on several
-models, one table (the reassessment's).
+"""``interp compare MODEL [MODEL ...] --images DIR``: the norms battery, the redundancy measure and the linear
+probes on several models, one table (its columns: ``interp.report.compare.COLUMN_DOCS``). The high-norm tokens
+of every model follow one detection rule (``--threshold``, ``--preset``, ``--detect-layer``: a ``DetectionSpec``).
 
 Per-model options take one value per MODEL, in order, ``-`` meaning "none" for that model; a single value
 applies to every model:
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .common import (add_batch_size_arg, add_device_arg, add_output_args, add_overwrite_arg, add_seed_arg,
-                     add_strict_arg, add_threshold_arg, check_device, threshold_value, write_outputs)
+                     add_strict_arg, add_detection_args, check_device, threshold_value, write_outputs)
 from .values import existing_path, positive_int
 
 NONE = "-"  # in a per-model list: no value for this model
@@ -36,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--img-size", nargs="+", default=None, metavar="SIZE|-",
                    help=f"input size in pixels: one for all models, or one per model ('{NONE}': the model's own)")
     add_device_arg(p)
-    add_threshold_arg(p, default="auto")
+    add_detection_args(p)
     add_batch_size_arg(p)
     add_seed_arg(p)
     p.add_argument("--no-probes", dest="probes", action="store_false", default=True,
@@ -98,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     from .output import atomic_output_dir, check_output_folder
 
     weights, sizes = _check_values(args)
+    from ..studies.core.presets import resolve_preset
+
+    resolve_preset(args.preset)  # an unknown preset is refused before torch and any model
     if args.out:
         from .common import refuse_existing_file
 
@@ -107,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import load
     from ..models import sample_image_paths
     from ..report.compare import compare_models
+    from ..studies.core.detection import DetectionSpec
 
     staged = atomic_output_dir(args.out, "compare.json", what="comparison") if args.out else contextlib.nullcontext()
     with staged as staging:
@@ -115,9 +120,10 @@ def run(args: argparse.Namespace) -> int:
                   for name, w, size in zip(args.models, weights, sizes)]
         labels = _labels(args.models, weights, args.pretrained)
         images = args.images or sample_image_paths()
-        result = compare_models(models, images, threshold=threshold_value(args.threshold),
-                                batch_size=args.batch_size, progress=args.progress, probes=args.probes,
-                                probe_tokens=args.probe_tokens, strict=args.strict, names=labels, seed=args.seed)
+        spec = DetectionSpec(threshold_value(args.threshold), args.detect_layer, args.preset)
+        result = compare_models(models, images, detection=spec, batch_size=args.batch_size, progress=args.progress,
+                                probes=args.probes, probe_tokens=args.probe_tokens, strict=args.strict, names=labels,
+                                seed=args.seed)
         print(result.table())
         if staging is not None:
             write_outputs(result, staging)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from ..errors import InterpError
-from .common import (NEURONS_SYNTAX, add_study_args, add_threshold_arg, model_from_args, parse_neurons,
+from .common import (NEURONS_SYNTAX, add_detection_args, add_study_args, model_from_args, parse_neurons,
                      source_from_args, threshold_value, write_outputs)
 from .values import nonnegative_int, positive_int, register_count
 
@@ -32,16 +32,6 @@ def parse_target(text: Optional[str], grid):
 
 
 # ----------------------------------------------------------------------------------------- parsers
-def _detection_args(p) -> None:
-    add_threshold_arg(p, help="outlier norm threshold: a norm value > 0, pNN (e.g. p98) or auto (default, or "
-                              "the preset's)")
-    p.add_argument("--preset", default=None,
-                   help="published settings: jiang-openclip-b16, jiang-openai-clip-b16, jiang-dinov2-l14, "
-                        "jiang-openclip-l14, darcet, reassessment (explicit flags win)")
-    p.add_argument("--detect-layer", type=int, default=None,
-                   help="block whose output decides outliers (default: last; negative counts from the end)")
-
-
 def _neurons_arg(p) -> None:
     p.add_argument("--neurons", default=None, help=f"the register neurons to edit (required): {NEURONS_SYNTAX}")
     p.add_argument("--force", action="store_true",
@@ -53,7 +43,7 @@ def add_norms_arguments(p) -> None:
     p.description = ("Per-block patch-token norms of the un-normalised residual stream, outlier "
                      "maps at the detection block, the emergence layer and CLS attention.")
     add_study_args(p)
-    _detection_args(p)
+    add_detection_args(p)
 
 
 def add_neurons_arguments(p) -> None:
@@ -61,7 +51,7 @@ def add_neurons_arguments(p) -> None:
     p.description = ("Score every MLP neuron of blocks <= --highest-layer by its mean |activation| "
                      "on the outlier patches and keep the --top-k best.")
     add_study_args(p)
-    _detection_args(p)
+    add_detection_args(p)
     p.add_argument("--highest-layer", type=int, default=None, help="last block scored (default: the detection block)")
     p.add_argument("--top-k", type=positive_int, default=None, help="neurons kept (default 10, or the preset's)")
     p.add_argument("--sparsity-filter", action="store_true", default=None,
@@ -80,7 +70,7 @@ def add_redundancy_arguments(p) -> None:
     p.description = ("Cosine similarity of each patch token's input patch embedding to its 4 grid neighbours, "
                      "normal vs high-norm tokens (Darcet et al., Fig. 5a).")
     add_study_args(p)
-    _detection_args(p)
+    add_detection_args(p)
     p.add_argument("--embedding", choices=("patch", "position"), default="patch",
                    help="patch: the patch-embedding output before the position embedding (hook_patch_embed; "
                         "default, the paper's); position: after it (hook_embed)")
@@ -91,7 +81,7 @@ def add_ablate_arguments(p) -> None:
     p.description = ("Zero (or mean-ablate) --neurons and --controls random neuron sets from the "
                      "same blocks; compare outliers, max norm and top-1 with the unablated model.")
     add_study_args(p, cache_ok=False)
-    _detection_args(p)
+    add_detection_args(p)
     _neurons_arg(p)
     p.add_argument("--controls", type=nonnegative_int, default=5,
                    help="random control neuron sets of the same size and blocks (default 5)")
@@ -104,7 +94,7 @@ def add_relocate_arguments(p) -> None:
     p.description = ("Write the register neurons' maximum on the --target patches and zero them "
                      "elsewhere; measure the IoU of the new outliers with the target.")
     add_study_args(p, cache_ok=False)
-    _detection_args(p)
+    add_detection_args(p)
     _neurons_arg(p)
     p.add_argument("--target", default="smiley",
                    help="smiley (default), box:TOP,LEFT,HEIGHT,WIDTH or indices:I,J,... (flat patch indices)")
@@ -117,7 +107,7 @@ def add_registers_arguments(p) -> None:
     p.description = ("Append test-time register token(s) fed by the register neurons; compare "
                      "patch outliers and norms with and without.")
     add_study_args(p, cache_ok=False)
-    _detection_args(p)
+    add_detection_args(p)
     _neurons_arg(p)
     p.add_argument("--n-registers", type=register_count, default=1, help="test-time register tokens (default 1)")
     p.add_argument("--value", choices=("layer_max", "neuron_max"), default="layer_max",

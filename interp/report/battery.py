@@ -30,7 +30,8 @@ from ..studies.core.outliers import Detection, ThresholdSpec
 from ..studies.core.result import jsonable
 from ..studies.core.source import ImagesSpec, LiveSource, open_source
 from .html import write_html
-from .summary import SYNTHETIC_NOTE, build_summary, lost_summary, planted_comparison, probes_summary
+from .summary import (SYNTHETIC_NOTE, build_summary, lost_summary, planted_comparison, probes_summary,
+                      redundancy_summary)
 
 N_STAGES = 5
 DISPLAY_LIMIT = 8  # images un-normalised for the map figures (the figures draw at most this many)
@@ -80,10 +81,11 @@ class BatteryResults:
     skipped: Optional[str] = None
     probes: object = None
     lost: object = None
+    redundancy: object = None
 
     def results(self) -> List:
         return [r for r in (self.norms, self.neurons, self.ablation, self.register, self.relocation, self.probes,
-                            self.lost) if r is not None]
+                            self.lost, self.redundancy) if r is not None]
 
 
 def _say(progress: bool, text: str) -> None:
@@ -160,7 +162,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     results = run_readings(source, readings, desc="observational pass", **common)
     out = BatteryResults(found, results[0], results[1])
     if objects:
-        out.probes, out.lost = results[2:4]
+        out.probes, out.lost, out.redundancy = results[2:5]
     if not out.neurons.neurons:
         out.skipped = (f"no register neurons to test ({out.neurons.message or 'nothing ranked'}); the ablation, "
                        "test-time register and relocation studies need neurons and were not run")
@@ -182,18 +184,20 @@ REPORT_PROBE_TOKENS = 2000  # training tokens of the report's probes (a seeded s
 
 
 def object_readings(source: LiveSource, detection: Detection, options: ReportOptions) -> List:
-    """The report's last two sections as readings of the observational pass, on the same source and
-    detection: the linear probes (position and pixels per token group, the label too when the images carry
-    one) on a capped token sample, and LOST's seeds, masks and boxes (no CorLoc: the report has no
-    ground-truth boxes)."""
+    """The report's last two sections and its redundancy row as readings of the observational pass, on the same
+    source and detection: the linear probes (position and pixels per token group, the label too when the images
+    carry one) on a capped token sample, LOST's seeds, masks and boxes (no CorLoc: the report has no
+    ground-truth boxes), and the input patches' neighbour similarity per token group."""
     from .compare import PROBE_OPTIONS
+    from ..studies.artifacts.redundancy import redundancy_reading
     from ..studies.objects.lost import lost_reading
     from ..studies.probes.token_probes import probes_reading
 
     return [probes_reading(source, detection=detection, seed=options.seed, batch_size=options.batch_size,
                            probe_options=PROBE_OPTIONS, max_train_tokens=REPORT_PROBE_TOKENS,
                            max_test_tokens=REPORT_PROBE_TOKENS // 2),
-            lost_reading(source, seed=options.seed)]
+            lost_reading(source, seed=options.seed),
+            redundancy_reading(source, detection, warn=False)]
 
 
 def write_results(results: BatteryResults, source: LiveSource, out: Path) -> Dict[str, List[str]]:
@@ -245,6 +249,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
     summary = build_summary(model, source, r.norms, r.neurons, r.ablation, r.register, r.relocation, r.skipped)
     summary["planted"] = planted_comparison(model, source, r.norms, r.neurons) if truth is not None else None
     summary["probes"], summary["lost"] = probes_summary(r.probes), lost_summary(r.lost)
+    summary["redundancy"] = redundancy_summary(r.redundancy)
     summary["files"] = {"index": "index.html", "results": [f"{x.study}.json" for x in r.results()],
                         "figures": [f for names in figures.values() for f in names]}
     summary["skipped_images"] = [{"image": image, "reason": reason} for image, reason in source.skipped]

@@ -1,14 +1,16 @@
-"""Cross-model comparison (docs/methods.md section 6): the same norms battery and the same linear probes on
-several models, one table (the reassessment's table).
+"""Cross-model comparison (docs/methods.md section 6): the same norms battery, the same redundancy measure and
+the same linear probes on several models, one table. It is this project's summary over the reassessment's
+protocol, not a reproduction of any one published table (no paper has exactly these columns).
 
 Protocol (Baxevanakis et al.): token norms before the final LayerNorm; last-block CLS->patch attention
-averaged over heads; high-norm = above each model's own threshold (default: automatic bimodal split; pass
-"p98" for the per-model 98th percentile of the reassessment). The probes (:mod:`interp.studies.probes.token_probes`) read
-the last block's residual stream with the same detection, on a capped number of tokens (``probe_tokens``) so
-the table stays quick on small models: position (top-1) and pixels (R^2) on normal / high-norm patches, and the
-image label from one CLS / normal / high-norm token when the images carry labels. ``-`` = empty group (e.g.
-no high-norm tokens), too few images or tokens for a score (:data:`~interp.studies.probes.token_probes.MIN_IMAGES`), or a
-probe that could not run; the reason is printed under the table. The ``*_chance`` columns give the chance levels.
+averaged over heads; high-norm = above each model's own threshold, one :class:`DetectionSpec` for every model
+(default: the automatic two-mode split at the last block; ``preset="reassessment"`` or ``threshold="p98"`` for
+the per-model 98th percentile, ``preset="darcet"`` for 150 at the last block). The probes
+(:mod:`interp.studies.probes.token_probes`) read the last block's residual stream with the same detection, on a
+capped number of tokens (``probe_tokens``) so the table stays quick on small models.
+
+Columns: :data:`COLUMN_DOCS`, one line each (the README's table is :func:`column_table`); ``-`` = no value
+(an empty or too small token group, too few images for a probe, no label), the reason printed under the table.
 """
 from __future__ import annotations
 
@@ -16,12 +18,17 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from ..studies.artifacts.norms import norms_study
-from ..studies.core.outliers import detect
+from ..studies.artifacts.redundancy import redundancy_study
+from ..studies.core.detection import DetectionSpec, RunOptions, spec_of, threshold_param
+from ..studies.core.outliers import ThresholdSpec
 from ..studies.probes.token_probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
 from ..studies.core.source import open_source
 
-NORM_COLUMNS = ("model", "artifacts", "threshold", "outlier_%", "max/median", "emergence", "cls_attn_on_outliers")
+NORM_COLUMNS = ("model", "artifacts", "threshold", "outlier_%", "max/median", "emergence", "cls_attn_on_outliers",
+                "redund_normal", "redund_high")
+# redundancy column -> token group of a RedundancyResult
+REDUNDANCY_COLUMNS = {"redund_normal": "normal", "redund_high": "high_norm"}
 # probe column -> (probe, token group) of a ProbesResult
 PROBE_COLUMNS = {"pos_normal": ("position", "normal"), "pos_high": ("position", "high_norm"),
                  "pix_normal": ("pixels", "normal"), "pix_high": ("pixels", "high_norm"),
@@ -29,9 +36,34 @@ PROBE_COLUMNS = {"pos_normal": ("position", "normal"), "pos_high": ("position", 
                  "glob_high": ("label", "high_norm")}
 CHANCE_COLUMNS = {"pos_chance": ("position", "normal"), "glob_chance": ("label", "cls")}
 COLUMNS = NORM_COLUMNS + tuple(PROBE_COLUMNS) + tuple(CHANCE_COLUMNS)
+COLUMN_DOCS = {
+    "model": "the model (with its weights file when one was given)",
+    "artifacts": "whether the detection found register artifacts (artifacts_found)",
+    "threshold": "the resolved norm threshold at the detection block (-: auto found no separated mode)",
+    "outlier_%": "share of patch tokens above the threshold, in percent",
+    "max/median": "max over median patch norm at the detection block",
+    "emergence": "block and step (attn or mlp) where the max patch norm jumps",
+    "cls_attn_on_outliers": "share of the last block's CLS->patch attention (head mean) on the outliers",
+    "redund_normal": "median cosine of a normal token's input patch embedding to its 4 neighbours",
+    "redund_high": "median cosine of a high-norm token's input patch embedding to its 4 neighbours",
+    "pos_normal": "position probe top-1 on normal patch tokens",
+    "pos_high": "position probe top-1 on high-norm patch tokens",
+    "pix_normal": "pixel-reconstruction probe R^2 on normal patch tokens",
+    "pix_high": "pixel-reconstruction probe R^2 on high-norm patch tokens",
+    "glob_cls": "image-label probe top-1 from the CLS token",
+    "glob_normal": "image-label probe top-1 from one normal patch token",
+    "glob_high": "image-label probe top-1 from one high-norm patch token",
+    "pos_chance": "chance level of the position probe",
+    "glob_chance": "chance level of the label probe",
+}
 # the probes' budget in the table: fewer Adam steps than a probes study (100 instead of 300) keeps a small
 # model's row to seconds on a CPU; pass probe_options to change it
 PROBE_OPTIONS = {"min_steps": 100}
+
+
+def column_table() -> str:
+    """The README's markdown table of the comparison's columns (from :data:`COLUMN_DOCS`)."""
+    return "| column | what it is |\n|---|---|\n" + "".join(f"| `{c}` | {COLUMN_DOCS[c]} |\n" for c in COLUMNS)
 
 
 @dataclass
@@ -40,7 +72,7 @@ class ComparisonResult(StudyResult):
 
     study = "compare"
     rows: List[Dict] = field(default_factory=list)
-    notes: Dict[str, Dict[str, str]] = field(default_factory=dict)  # model -> {probe column: why it is "-"}
+    notes: Dict[str, Dict[str, str]] = field(default_factory=dict)  # model -> {column: why it is "-"}
 
     def table(self) -> str:
         """The rows as an aligned plain-text table (the probe columns when the rows have them)."""
@@ -48,7 +80,7 @@ class ComparisonResult(StudyResult):
         cells = [list(columns)] + [[_fmt(r.get(c)) for c in columns] for r in self.rows]
         widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-        for r in self.rows:  # why a probe cell is "-": one line per model and reason
+        for r in self.rows:  # why a cell is "-": one line per model and reason
             by_reason: Dict[str, List[str]] = {}
             for col, note in self.notes.get(r["model"], {}).items():
                 by_reason.setdefault(note, []).append(col)
@@ -82,6 +114,17 @@ def summary_row(name: str, result) -> Dict:
     }
 
 
+def redundancy_columns(result) -> Dict:
+    """The redundancy columns of one comparison row from a RedundancyResult (the groups' medians)."""
+    return {col: result.groups[group]["median"] for col, group in REDUNDANCY_COLUMNS.items()}
+
+
+def redundancy_notes(result) -> Dict[str, str]:
+    """{redundancy column: why it has no number} (an empty or too small token group)."""
+    return {col: result.groups[group]["note"] for col, group in REDUNDANCY_COLUMNS.items()
+            if result.groups[group]["median"] is None and result.groups[group]["note"]}
+
+
 def probe_columns(result) -> Dict:
     """The probe columns of one comparison row from a ProbesResult (None for an empty group)."""
     def score(probe: str, group: str, attr: str = "score"):
@@ -99,30 +142,42 @@ def probe_notes(result) -> Dict[str, str]:
     return {col: e.note for col, e in entries.items() if e is not None and e.score is None and e.note}
 
 
-def compare_models(models: Sequence, images, *, threshold="auto", batch_size: int = 16, progress: bool = True,
+def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpec] = None,
+                   threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
+                   preset: Optional[str] = None, batch_size: int = 16, progress: bool = True,
                    names: Optional[Sequence[str]] = None, probes: bool = True, probe_tokens: int = 2000,
                    probe_options: Optional[Dict] = None, seed: int = 0, strict: bool = False) -> ComparisonResult:
-    """Run the norms study (and, with ``probes``, the linear probes on at most ``probe_tokens`` training
-    tokens, fitted with ``probe_options`` (default :data:`PROBE_OPTIONS`)) on each HookedViT over the same
-    images and collect one row per model. Unreadable images are left out and listed in ``skipped``
+    """Run the norms and redundancy studies (and, with ``probes``, the linear probes on at most ``probe_tokens``
+    training tokens, fitted with ``probe_options`` (default :data:`PROBE_OPTIONS`)) on each HookedViT over the
+    same images and collect one row per model (columns: :data:`COLUMN_DOCS`).
+
+    The high-norm tokens of every model follow one detection rule: ``detection`` (a :class:`DetectionSpec`) or
+    ``threshold`` / ``detect_layer`` / ``preset`` (not both), resolved once and applied to each model (a
+    percentile or "auto" is each model's own). Unreadable images are left out and listed in ``skipped``
     (``strict``: stop at the first one instead)."""
+    spec = spec_of(detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
     probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
     rows, skipped, notes = [], [], {}
     for i, model in enumerate(models):
         name = names[i] if names else model.model_name
         source = open_source(model=model, images=images, batch_size=batch_size, strict=strict)
         skipped = skipped or skipped_records(source)
-        source = source.held_if_small()  # decoded once for the three passes
-        found = detect(source, threshold, batch_size=batch_size, progress=progress)
+        source = source.held_if_small()  # decoded once for every pass
+        found = spec.detect(source, RunOptions(batch_size, progress=progress))
         result = norms_study(source, detection=found, batch_size=batch_size, progress=progress)
         rows.append(summary_row(name, result))
+        redundancy = redundancy_study(source, detection=found, batch_size=batch_size, progress=progress,
+                                      warn=False)  # the artifacts column says it
+        rows[-1].update(redundancy_columns(redundancy))
+        notes[name] = redundancy_notes(redundancy)
         if probes:
             probed = probes_study(source, detection=found, seed=seed, batch_size=batch_size, progress=progress,
                                   max_train_tokens=probe_tokens, max_test_tokens=max(probe_tokens // 2, 1),
                                   probe_options=probe_options)
             rows[-1].update(probe_columns(probed))
-            notes[name] = probe_notes(probed)
-    params = {"models": [r["model"] for r in rows], "threshold": threshold, "batch_size": batch_size,
-              "probes": probes, "probe_tokens": probe_tokens, "probe_options": probe_options, "seed": seed}
+            notes[name].update(probe_notes(probed))
+    params = {"models": [r["model"] for r in rows], "threshold": threshold_param(spec.threshold),
+              "detect_layer": spec.layer, "preset": spec.preset, "batch_size": batch_size, "probes": probes,
+              "probe_tokens": probe_tokens, "probe_options": probe_options, "seed": seed}
     return ComparisonResult(model=",".join(params["models"]), fingerprint="", params=params, seed=None, rows=rows,
                             skipped=skipped, notes=notes)

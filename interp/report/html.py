@@ -83,6 +83,11 @@ def summary_rows(s: Dict) -> List[Tuple[str, str]]:
     if rl:
         rows.append(("relocation IoU", f"{_num(rl['mean_iou'])} (on images with outliers: "
                      f"{_num(rl['mean_iou_active'])})"))
+    red = s.get("redundancy")
+    if red:
+        cells = [f"{name} {_num(red[g]['median'])} (n={red[g]['n_tokens']})" if red[g]["median"] is not None else
+                 f"{name} - ({red[g]['note']})" for g, name in (("normal", "normal"), ("high_norm", "high-norm"))]
+        rows.append(("redundant patches (median cosine to the 4 neighbouring input patches)", "; ".join(cells)))
     p = s.get("planted")
     if p:
         rows.append(("planted layer recovered", f"{_num(p['layer_recovered'])} (planted {p['layer']}, found "

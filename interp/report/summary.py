@@ -128,3 +128,12 @@ def lost_summary(lost) -> Optional[Dict]:
         return None
     return {"hook": lost.hook, "k": lost.k, "n_images": len(lost.ids), "tied_seeds": int(sum(lost.degenerate)),
             "corloc": lost.corloc, "degenerate": lost.all_degenerate, "note": lost.note}
+
+
+def redundancy_summary(redundancy) -> Optional[Dict]:
+    """{group: {"n_tokens", "mean", "median", "note"}} and the hook of a RedundancyResult (None when it did not
+    run)."""
+    if redundancy is None:
+        return None
+    return {"hook": redundancy.hook, **{group: {k: g[k] for k in ("n_tokens", "mean", "median", "note")}
+                                        for group, g in redundancy.groups.items()}}

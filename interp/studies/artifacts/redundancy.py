@@ -25,13 +25,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..._progress import tqdm
 from ...errors import InterpError
 from ...hooks.names import EMBED, PATCH_EMBED
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ..core.outliers import ThresholdSpec
+from ..core.passes import Reader, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.source import ActivationSource, n_batches
+from ..core.source import ActivationSource
 
 EMBEDDINGS = {"patch": PATCH_EMBED, "position": EMBED}  # where the input patch embedding is read
 GROUPS = ("normal", "high_norm")
@@ -123,11 +123,54 @@ class RedundancyResult(OutlierStudyResult):
         return f"cosine to the 4 neighbouring input patches ({self.hook}): " + "; ".join(parts)
 
 
+def redundancy_reading(source: ActivationSource, detection, *, embedding: str = "patch", bins: int = HIST_BINS,
+                       min_tokens: int = MIN_GROUP_TOKENS, warn: bool = True) -> Reading:
+    """:func:`redundancy_study` around its pass, for a resolved ``detection`` (a
+    :class:`~interp.studies.core.outliers.Detection` on ``source``): the reader that keeps each batch's
+    per-token neighbour similarity [b, P], then the :class:`RedundancyResult` (for a shared pass,
+    :mod:`interp.studies.core.passes`)."""
+    if embedding not in EMBEDDINGS:
+        raise InterpError(f"embedding={embedding!r}: use one of {sorted(EMBEDDINGS)}")
+    if bins < 1 or min_tokens < 1:
+        raise InterpError(f"bins ({bins}) and min_tokens ({min_tokens}) must be >= 1")
+    hook = EMBEDDINGS[embedding]
+    source.require([hook])
+    det = detection.check(source)
+    parts: List[torch.Tensor] = []
+
+    def reducers(layout):
+        rows = slice(None) if hook == PATCH_EMBED else layout.patch_slice  # hook_patch_embed holds patches only
+        return {hook: lambda t: neighbour_similarity(t[:, rows], layout.grid)}
+
+    def finish() -> RedundancyResult:
+        grid = tuple(source.layout.grid)
+        similarity = torch.cat(parts) if parts else torch.zeros(0, grid[0] * grid[1])  # [N, P]
+        outliers = det.outliers
+        if outliers.shape != similarity.shape:
+            raise InterpError(f"the detection holds {tuple(outliers.shape)} patch norms but the source gives "
+                              f"{tuple(similarity.shape)} patch similarities; detect on the same source")
+        edges = np.linspace(-1.0, 1.0, bins + 1)
+        values, mask = similarity.numpy(), outliers.numpy()
+        groups = {"normal": group_summary(values[~mask], edges, min_tokens),
+                  "high_norm": group_summary(values[mask], edges, min_tokens)}
+        means = [groups[g]["mean"] for g in GROUPS]
+        params = {**detection_params(det), "embedding": embedding, "bins": bins, "min_tokens": min_tokens}
+        return RedundancyResult(
+            model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
+            ids=list(source.ids), skipped=skipped_records(source), **detection_header(det, "redundancy", warn=warn),
+            embedding=embedding, hook=hook, grid=list(grid), groups=groups, hist_edges=edges.tolist(),
+            difference=None if None in means else means[1] - means[0],
+            similarity_maps=similarity.reshape(-1, *grid).tolist(),
+            outlier_maps=outliers.reshape(-1, *grid).int().tolist())
+
+    return Reading([Reader([hook], lambda batch: parts.append(batch.acts[hook]), reduce=reducers)], finish)
+
+
 def redundancy_study(source: ActivationSource, *, detection: DetectionLike = None,
                      threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
                      preset: Optional[str] = None, embedding: str = "patch", bins: int = HIST_BINS,
                      min_tokens: int = MIN_GROUP_TOKENS, batch_size: Optional[int] = None,
-                     progress: bool = True) -> RedundancyResult:
+                     progress: bool = True, warn: bool = True) -> RedundancyResult:
     """Neighbour similarity of the input patch embeddings, normal vs high-norm patch tokens.
 
     Args:
@@ -138,43 +181,13 @@ def redundancy_study(source: ActivationSource, *, detection: DetectionLike = Non
         embedding: ``"patch"`` (default, before the position embedding) or ``"position"`` (after it).
         bins: histogram bins over [-1, 1].
         min_tokens: fewest tokens a group needs for its statistics.
+        warn: raise the detection header's warning (no artifacts, a threshold inside the bulk) with
+            ``warnings.warn`` too (it is in ``warning`` either way).
     """
-    if embedding not in EMBEDDINGS:
+    if embedding not in EMBEDDINGS:  # before the detection pass
         raise InterpError(f"embedding={embedding!r}: use one of {sorted(EMBEDDINGS)}")
-    if bins < 1 or min_tokens < 1:
-        raise InterpError(f"bins ({bins}) and min_tokens ({min_tokens}) must be >= 1")
-    hook = EMBEDDINGS[embedding]
-    source.require([hook])
+    source.require([EMBEDDINGS[embedding]])
     det = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
                        options=RunOptions(batch_size, progress=progress))
-    bs = batch_size or source.batch_size
-
-    def reducers(layout):
-        grid = layout.grid
-        if hook == PATCH_EMBED:
-            return {hook: lambda t: neighbour_similarity(t, grid)}
-        return {hook: lambda t: neighbour_similarity(t[:, layout.patch_slice], grid)}
-
-    parts = [batch.acts[hook] for batch in tqdm(source.batches([hook], bs, reduce=reducers), disable=not progress,
-                                                total=n_batches(source, bs), desc="neighbour similarity",
-                                                unit="batch", leave=False)]
-    grid = tuple(source.layout.grid)
-    similarity = torch.cat(parts) if parts else torch.zeros(0, grid[0] * grid[1])  # [N, P]
-    outliers = det.outliers
-    if outliers.shape != similarity.shape:
-        raise InterpError(f"the detection holds {tuple(outliers.shape)} patch norms but the source gives "
-                          f"{tuple(similarity.shape)} patch similarities; detect on the same source")
-    edges = np.linspace(-1.0, 1.0, bins + 1)
-    values = similarity.numpy()
-    mask = outliers.numpy()
-    groups = {"normal": group_summary(values[~mask], edges, min_tokens),
-              "high_norm": group_summary(values[mask], edges, min_tokens)}
-    means = [groups[g]["mean"] for g in GROUPS]
-    params = {**detection_params(det), "embedding": embedding, "bins": bins, "min_tokens": min_tokens}
-    return RedundancyResult(
-        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
-        ids=list(source.ids), skipped=skipped_records(source), **detection_header(det, "redundancy"),
-        embedding=embedding, hook=hook, grid=list(grid), groups=groups, hist_edges=edges.tolist(),
-        difference=None if None in means else means[1] - means[0],
-        similarity_maps=similarity.reshape(-1, *grid).tolist(), outlier_maps=outliers.reshape(-1, *grid).int().tolist(),
-    )
+    reading = redundancy_reading(source, det, embedding=embedding, bins=bins, min_tokens=min_tokens, warn=warn)
+    return run_readings(source, [reading], batch_size, progress, desc="neighbour similarity")[0]

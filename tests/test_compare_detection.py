@@ -1,0 +1,66 @@
+"""interp compare: one detection rule (a DetectionSpec: threshold, preset, block) for every model, the
+redundancy columns, and documented columns that claim no published table."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import interp
+from interp.cli import main
+from interp.models import sample_image_paths
+from interp.report.compare import COLUMN_DOCS, COLUMNS, column_table, compare_models
+from interp.studies.core.detection import DetectionSpec
+
+from conftest import make_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_preset_sets_every_models_detection_and_the_redundancy_columns_fill():
+    result = compare_models([interp.load("planted_vit"), make_model("vit")], sample_image_paths(), progress=False,
+                            names=["planted", "vit"], preset="darcet", probes=False)
+    rows = {r["model"]: r for r in result.rows}
+    assert rows["planted"]["threshold"] == rows["vit"]["threshold"] == 150.0
+    assert result.params["preset"] == "darcet" and result.params["threshold"] == 150.0
+    assert result.params["detect_layer"] == -1     # the preset's: the last block of each model
+    # the planted model's high-norm tokens are its flat patches: redundant, unlike its normal ones
+    assert rows["planted"]["redund_high"] > 0.99 > rows["planted"]["redund_normal"]
+    assert rows["vit"]["redund_high"] is None and rows["vit"]["redund_normal"] is not None
+    assert "- vit redund_high: no token in this group" in result.table()
+
+
+def test_the_detection_is_one_spec_not_parsed_here():
+    models, photos = [interp.load("planted_vit")], sample_image_paths()
+    spec = compare_models(models, photos, progress=False, probes=False, detection=DetectionSpec("p98", layer=-2))
+    loose = compare_models(models, photos, progress=False, probes=False, threshold="p98", detect_layer=-2)
+    assert spec.rows == loose.rows and spec.params["threshold"] == "p98" and spec.params["detect_layer"] == -2
+    with pytest.raises(interp.InterpError, match="not both"):
+        compare_models(models, photos, progress=False, detection=DetectionSpec("p98"), threshold=150)
+    with pytest.raises(interp.InterpError, match="threshold"):
+        compare_models(models, photos, progress=False, threshold=-3)
+
+
+def test_every_column_is_documented_in_the_readme_and_no_published_table_is_claimed():
+    assert set(COLUMN_DOCS) == set(COLUMNS)
+    readme = (ROOT / "README.md").read_text()
+    assert column_table() in readme
+    import interp.commands.compare as command
+    import interp.report.compare as report
+
+    for doc in (command.__doc__, report.__doc__):
+        assert "reassessment's table" not in doc and "(the reassessment's)" not in doc
+    assert "not a reproduction of any one published table" in report.__doc__
+
+
+def test_cli_preset_and_detect_layer(capsys, tmp_path):
+    assert main(["compare", "planted_vit", "--preset", "darcet", "--detect-layer", "-1", "--no-probes",
+                 "--no-progress", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    header, row = out.splitlines()[:2]
+    assert header.split()[:3] == ["model", "artifacts", "threshold"] and row.split()[2] == "150"
+    import json
+
+    assert json.loads((tmp_path / "compare.json").read_text())["params"]["preset"] == "darcet"
+    assert main(["compare", "planted_vit", "--preset", "nope"]) == 1   # refused before any model is loaded
+    assert "interp: error: unknown preset 'nope'" in capsys.readouterr().err
