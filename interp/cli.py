@@ -23,7 +23,7 @@ from typing import List, Optional
 
 from .errors import InterpError, UsageError
 
-COMMANDS = ("hooks", "cache", "patch", "study", "report", "compare", "explore")
+COMMANDS = ("hooks", "cache", "patch", "study", "report", "compare", "explore", "classifier")
 
 
 class Parser(argparse.ArgumentParser):

@@ -278,12 +278,14 @@ def test_neurons_study_preset_fills_defaults_and_explicit_flags_win(planted_cach
 
     model, _ = planted_cache
     source = open_source(model=model, images=interp.load_images(interp.models.sample_image_paths()[:2], model))
-    # jiang-openclip-b16: threshold 30, detect -1, highest 5 (capped at this model's last block), top_k 10
-    r = neurons_study(source, preset="openclip_b16", top_k=7, progress=False)
+    # jiang-dinov2-l14: threshold 150, detect -2, highest 17 (beyond this model's blocks: given), top_k 50
+    r = neurons_study(source, preset="dinov2_l14", top_k=7, highest_layer=3, progress=False)
     assert (r.preset, r.threshold, r.threshold_method, r.top_k, r.sparsity) == (
-        "jiang-openclip-b16", 30.0, "fixed", 7, "per_image")
-    assert r.highest_layer == model.n_layers - 1 and r.detect_layer == model.n_layers - 1
-    assert r.params["preset"] == "jiang-openclip-b16" and r.params["top_k"] == 7 and r.params["threshold"] == 30.0
+        "jiang-dinov2-l14", 150.0, "fixed", 7, "per_image")
+    assert r.highest_layer == 3 and r.detect_layer == model.n_layers - 2
+    assert r.params["preset"] == "jiang-dinov2-l14" and r.params["top_k"] == 7 and r.params["threshold"] == 150.0
+    with pytest.raises(InterpError, match="planted_vit is not one"):  # CLIP presets need a QuickGELU CLIP
+        neurons_study(source, preset="openclip_b16", progress=False)
     r = neurons_study(source, preset="darcet", threshold=500.0, sparsity="pooled", positions="patches",
                       progress=False)
     assert (r.threshold, r.sparsity, r.positions, r.top_k) == (500.0, "pooled", "patches", 10)

@@ -210,6 +210,17 @@ def check_register_tokens(model: nn.Module, state_dict: dict, name: str, label: 
         f"{hint} (or pass weights trained with registers = {have})")
 
 
+def _fit_head_to_weights(model: nn.Module, state_dict: dict) -> None:
+    """Size the head to an OpenAI/open_clip checkpoint's image projection ``visual.proj`` [width, D], which timm's
+    conversion makes the head: a CLIP name's default tag may be a 1000-class fine-tune (vit_base_patch16_clip_224)."""
+    for key in ("visual.proj", "module.visual.proj"):
+        proj = state_dict.get(key)
+        if isinstance(proj, torch.Tensor) and proj.dim() == 2:
+            if int(model.num_classes) != int(proj.shape[1]) and hasattr(model, "reset_classifier"):
+                model.reset_classifier(int(proj.shape[1]))
+            return
+
+
 def check_finite(model: nn.Module, label: str) -> None:
     """Raise when loaded weights hold NaN or infinite values (a damaged file), naming the tensors."""
     bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
@@ -322,6 +333,8 @@ def create_timm_vit(
         state_dict = read_state_dict(local)
         label = f"weight file {Path(local).name!r}"
         check_register_tokens(model, state_dict, name, label)
+        if "num_classes" not in timm_kwargs:  # the file's head, unless the user asked for one
+            _fit_head_to_weights(model, state_dict)
         if "img_size" not in timm_kwargs:  # the file's resolution, unless the user asked for one
             _fit_to_weights(model, state_dict, name, label)
         load_weights_file(model, state_dict, entry_module, label=str(local))

@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional, Union
 
 from ...errors import InterpError
 from .outliers import Detection, ThresholdSpec, artifact_status, detect, parse_threshold, resolve_layer, resolve_threshold
-from .presets import resolve_preset
+from .presets import check_preset_model, resolve_preset
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,7 @@ class DetectionSpec:
         """One pass over ``source``: the resolved :class:`Detection` (it remembers the preset)."""
         o = options or RunOptions()
         spec = self.resolved()
+        check_preset_model(spec.preset, getattr(source, "model", None))
         found = detect(source, spec.threshold, spec.layer, o.batch_for(source), o.progress)
         return replace(found, preset=spec.preset)
 
@@ -128,6 +129,7 @@ def spec_of(detection: DetectionLike, *, threshold: Optional[ThresholdSpec] = No
 def detection_from_norms(source, spec: DetectionSpec, norms) -> Detection:
     """The Detection of ``spec`` (resolved) from detection-layer patch norms [N, P] a study's own baseline
     pass already computed on ``source`` (so it needs no detection pass of its own)."""
+    check_preset_model(spec.preset, getattr(source, "model", None))
     return Detection(layer=resolve_layer(spec.layer, source.n_layers), spec=spec.threshold,
                      threshold=resolve_threshold(norms.numpy().ravel(), spec.threshold), norms=norms,
                      ids=tuple(source.ids), fingerprint=source.fingerprint, preset=spec.preset)

@@ -44,6 +44,46 @@ ALIASES = {"openclip-b16": "jiang-openclip-b16", "openai-clip-b16": "jiang-opena
            "dinov2-l14": "jiang-dinov2-l14", "openclip-l14": "jiang-openclip-l14"}
 
 
+# Jiang et al.'s loader builds every CLIP with QuickGELU (open_clip's force_quick_gelu), laion2b weights included,
+# so their numbers are those of the QuickGELU architecture: preset -> (timm model that runs it, its weights).
+CLIP_PRESETS = {
+    "jiang-openclip-b16": ("vit_base_patch16_clip_quickgelu_224", "the laion2b weights (open_clip ViT-B-16 "
+                           "laion2b_s34b_b88k, weights=FILE; CLI --weights FILE)"),
+    "jiang-openai-clip-b16": ("vit_base_patch16_clip_quickgelu_224", "the OpenAI weights "
+                              "(vit_base_patch16_clip_quickgelu_224.openai, or weights=FILE)"),
+    "jiang-openclip-l14": ("vit_large_patch14_clip_quickgelu_224", "the laion2b weights (open_clip ViT-L-14 "
+                           "laion2b_s32b_b82k, weights=FILE; CLI --weights FILE)"),
+}
+
+
+def check_preset_model(name: Optional[str], model) -> None:
+    """Refuse a model a CLIP preset's numbers were not measured on, in one line naming the model to use.
+
+    Under ``jiang-openclip-b16``, ``jiang-openai-clip-b16`` and ``jiang-openclip-l14`` the model must be a CLIP image
+    tower (a LayerNorm before the blocks) whose MLPs compute QuickGELU; both are read from the modules, not the
+    name. ``model``: a HookedViT or timm ViT; None (a cache source, no module to read) is not checked. Other
+    presets take any model.
+    """
+    from ...models.support import is_clip_tower, mlp_activation
+
+    if name is None or model is None:
+        return
+    key = _canonical(name)
+    if key not in CLIP_PRESETS:
+        return
+    fit, weights = CLIP_PRESETS[key]
+    module = getattr(model, "timm_model", model)
+    shown = getattr(model, "model_name", None) or type(module).__name__
+    if not is_clip_tower(module):
+        raise InterpError(f"preset {key} holds Jiang et al.'s numbers for a CLIP image tower, and {shown} is not "
+                          f"one (no LayerNorm before the blocks): load {fit} with {weights}, or drop the preset "
+                          "and give --threshold/--detect-layer for this model")
+    act = mlp_activation(module)
+    if act != "quick_gelu":
+        raise InterpError(f"preset {key} runs CLIP with QuickGELU MLPs, as Jiang et al.'s loader does, but "
+                          f"{shown}'s MLP activation is {act}: load {fit} with {weights}")
+
+
 def preset_names() -> list:
     """Names accepted by :func:`resolve_preset` (aliases excluded)."""
     return sorted(PRESETS)

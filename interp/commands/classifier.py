@@ -1,0 +1,110 @@
+"""``interp classifier zeroshot``: build a zero-shot classifier file from an open_clip model's text tower (the
+file ``--classifier`` takes), for the timm image tower of the same model.
+
+Arguments are checked before torch or open_clip is imported: the classes file (one name a line; blank lines and
+``#`` comments skipped; duplicates refused), the checkpoint, the output file.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import List
+
+from .common import add_device_arg, refuse_existing_file
+from .values import existing_file, positive_int
+
+MAX_CLASS_NAME = 200  # characters; a longer "name" is a wrong file (a list on one line, a binary file)
+
+
+def class_names_file(text: str) -> List[str]:
+    """argparse type of ``--classes``: the class names of a UTF-8 text file, one a line, in file order (blank lines
+    and lines starting with ``#`` skipped). Refused: no names, a duplicate (both line numbers), a name over
+    ``MAX_CLASS_NAME`` characters, a file that is not UTF-8 text."""
+    existing_file(text)
+    try:
+        raw = Path(text).read_bytes()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: {e.strerror}") from None
+    try:
+        lines = raw.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not UTF-8 text; give one class name per line") from None
+    seen, names = {}, []
+    for number, line in enumerate(lines, 1):
+        name = line.strip()
+        if not name or name.startswith("#"):
+            continue
+        if "\0" in name or len(name) > MAX_CLASS_NAME:
+            raise argparse.ArgumentTypeError(f"{text!r} line {number} is not a class name (binary or over "
+                                             f"{MAX_CLASS_NAME} characters); give one class name per line")
+        if name in seen:
+            raise argparse.ArgumentTypeError(f"{text!r} names {name!r} twice (lines {seen[name]} and {number}); "
+                                             "each class once")
+        seen[name] = number
+        names.append(name)
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} holds no class names (one per line; # starts a comment)")
+    return names
+
+
+def register(sub) -> None:
+    p = sub.add_parser("classifier", help="build classifier files (--classifier) for the studies",
+                       description="Classifier files for the studies that measure behaviour (--classifier).")
+    actions = p.add_subparsers(dest="classifier_command", metavar="ACTION", required=True)
+    z = actions.add_parser(
+        "zeroshot", help="a zero-shot classifier from an open_clip model's text tower",
+        description="Encode every class name in each prompt template with the open_clip model's text tower, "
+                    "average the L2-normalised prompt embeddings per class and normalise again (open_clip's "
+                    "build_zero_shot_classifier), and write them with the model's logit scale as a classifier "
+                    "file for the timm image tower of the same model (its name is printed). Needs the openclip "
+                    "extra: pip install 'interp[openclip]'.")
+    z.add_argument("--open-clip", required=True, metavar="NAME", dest="open_clip",
+                   help="open_clip model name, e.g. ViT-B-16 (ViT-B-16-quickgelu: QuickGELU, as Jiang et al. run it)")
+    weights = z.add_mutually_exclusive_group(required=True)
+    weights.add_argument("--pretrained", metavar="TAG", default=None,
+                         help="open_clip pretrained tag, e.g. laion2b_s34b_b88k (downloaded, or open_clip's cache)")
+    weights.add_argument("--checkpoint", metavar="FILE", default=None, type=existing_file,
+                         help="local open_clip checkpoint (open_clip_pytorch_model.bin, .safetensors, .pt)")
+    classes = z.add_mutually_exclusive_group(required=True)
+    classes.add_argument("--classes", metavar="FILE", type=class_names_file, default=None,
+                         help="text file, one class name per line (blank lines and # comments skipped)")
+    classes.add_argument("--imagenet-classes", action="store_true",
+                         help="open_clip's 1000 ImageNet class names (those of its zero-shot evaluation)")
+    z.add_argument("--templates", choices=("openai", "simple"), default="openai",
+                   help="prompt templates: openai = open_clip's 80 ImageNet templates (default), simple = its 7")
+    z.add_argument("--out", required=True, metavar="FILE", help="classifier file to write (.pt)")
+    z.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    z.add_argument("--classes-per-batch", type=positive_int, default=10,
+                   help="classes encoded per text forward (all their prompts at once; default 10)")
+    add_device_arg(z)
+    z.set_defaults(func=run_zeroshot)
+
+
+def run_zeroshot(args) -> int:
+    refuse_existing_file(args.out, args.overwrite)  # before open_clip, torch and the model
+    from ..console import info
+    from ..models.open_clip_bridge import (load_open_clip, require_open_clip, save_classifier_file, timm_spec,
+                                           zeroshot_classifier)
+    from .common import check_device
+
+    open_clip = require_open_clip()
+    check_device(args.device)
+    names = list(open_clip.IMAGENET_CLASSNAMES) if args.imagenet_classes else args.classes
+    clip, tokenizer, described = load_open_clip(args.open_clip, pretrained=args.pretrained,
+                                                checkpoint=args.checkpoint, device=args.device)
+    name, kwargs = timm_spec(clip)  # refused here, before the text passes, when the tower has no timm twin
+    classifier = zeroshot_classifier(clip, tokenizer, names, args.templates, model=name, source=described,
+                                     device=args.device, classes_per_batch=args.classes_per_batch,
+                                     progress=bool(getattr(args, "progress", False)))
+    out = save_classifier_file(classifier, args.out)
+    info(f"wrote {out}: zero-shot classifier, {len(names)} classes x {classifier['weight'].shape[1]} dims, "
+         f"logit scale {classifier['logit_scale']:.4g}, {classifier['source']}")
+    weights = args.checkpoint or "the same open_clip checkpoint"
+    extra = {k: v for k, v in kwargs.items() if k != "num_classes"}
+    if extra:  # a size timm has no name for: its architecture is in the kwargs
+        info(f"its image tower in interp: interp.load({name!r}, weights=<{weights}>, num_classes="
+             f"{kwargs['num_classes']}, {', '.join(f'{k}={v!r}' for k, v in extra.items())})")
+    else:
+        info(f"its image tower in interp: {name} --weights <{weights}> (timm converts the open_clip keys; "
+             "the head is CLIP's projection)")
+    return 0
