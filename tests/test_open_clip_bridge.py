@@ -255,3 +255,24 @@ def test_a_pretrained_tag_offline_and_unknown_names_get_one_line(tmp_path, monke
     assert main(base + ["--open-clip", "ViT-B-61", "--pretrained", "openai"]) == 1
     assert "unknown open_clip model 'ViT-B-61'; did you mean: ViT-B-16" in capsys.readouterr().err
     assert not (tmp_path / "zs.pt").exists()
+
+
+def test_offline_a_cached_checkpoint_is_found_without_the_network(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from interp.models.open_clip_bridge import _cached_open_clip_file
+
+    asked = []
+    cached = tmp_path / "open_clip_model.safetensors"
+    cached.write_bytes(b"x")
+
+    def lookup(repo, filename, **kw):
+        asked.append((repo, filename))
+        return str(cached) if filename == "open_clip_model.safetensors" else None
+
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lookup)
+    hub = open_clip.get_pretrained_cfg("ViT-B-16", "laion2b_s34b_b88k")["hf_hub"]
+    assert _cached_open_clip_file(open_clip, "ViT-B-16", "laion2b_s34b_b88k") == str(cached)
+    assert asked == [(hub.rstrip("/"), "open_clip_model.safetensors")]
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: None)
+    assert _cached_open_clip_file(open_clip, "ViT-B-16", "laion2b_s34b_b88k") is None
