@@ -78,6 +78,7 @@ def test_auto_finds_outliers_on_wide_log_normal_bulks(share, sigma, ratio):
     assert s.mode_ratio == pytest.approx(ratio, rel=0.1)
     assert s.lower.sigma == pytest.approx(sigma, rel=0.1)
     assert s.separation >= 2 and s.bic_one - s.bic_two > 10
+    assert s.cut_rule == "f1"  # realistic bulks are never degenerate: the F1-optimal cut
     assert "separation D" in thr.describe() and "modes at" in thr.describe()
 
 

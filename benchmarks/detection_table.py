@@ -1,0 +1,207 @@
+"""Detection table: does ``--threshold auto`` find the outliers, and only where there are some?
+
+Prints a markdown table (and writes ``results/detection_table.json``) of the automatic split
+(:func:`interp.studies.core.norm_split.split_norms` through :func:`~interp.studies.core.outliers.resolve_threshold`) on
+
+* synthetic norms: a log-normal bulk (median 50, log-sigma 0.15 / 0.30 / 0.45) with 1 / 2 / 3 % outliers in a
+  tight mode (log-sigma 0.10) at 3 / 5 / 8x the median, 100k tokens each: artifacts yes/no, precision and recall
+  of the tokens above the cut against the planted outlier labels, and the same for the best cut chosen knowing
+  the labels (how separable the two sets are at all);
+* negatives without a separate mode (single log-normals, log-t, long right tails, gamma): artifacts must be "no";
+* the bundled ``planted_vit`` on the bundled photos: precision and recall against its planted mask
+  (``planted_truth(model).artifact_mask``), with the cut the F1 rule alone gives (before the degenerate-bulk rule);
+* ViTs with seeded random weights (``pretrained=False``: no weights can be downloaded here) on the bundled
+  photos, whose norms have no artifact mode: artifacts must be "no". These are not the trained models.
+
+Usage: ``python benchmarks/detection_table.py [--n 100000] [--no-models]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+MEDIAN = 50.0
+OUTLIER_SIGMA = 0.10
+SPREADS = (0.15, 0.30, 0.45)
+RATIOS = (3, 5, 8)
+SHARES = (0.01, 0.02, 0.03)
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def planted_norms(share: float, sigma: float, ratio: float, n: int, seed: int = 0):
+    """(norms [n], outlier labels [n] bool): log-normal bulk + a tight mode at ``ratio`` x the median."""
+    rng = np.random.default_rng(seed)
+    k = int(round(share * n))
+    norms = np.concatenate([MEDIAN * np.exp(sigma * rng.standard_normal(n - k)),
+                            ratio * MEDIAN * np.exp(OUTLIER_SIGMA * rng.standard_normal(k))])
+    return norms, np.arange(n) >= n - k
+
+
+def precision_recall(norms: np.ndarray, labels: np.ndarray, cut: float):
+    """Precision and recall of the tokens above ``cut`` against ``labels`` (None when none is above)."""
+    above = norms > cut
+    tp = int((above & labels).sum())
+    precision = tp / int(above.sum()) if above.any() else None
+    return precision, tp / max(int(labels.sum()), 1)
+
+
+def best_cut(norms: np.ndarray, labels: np.ndarray):
+    """(precision, recall) of the cut with the best F1, chosen knowing the labels."""
+    order = np.argsort(-norms)
+    tp = np.cumsum(labels[order])
+    k = np.arange(1, norms.size + 1)
+    i = int(np.argmax(2 * tp / (k + labels.sum())))
+    return float(tp[i] / k[i]), float(tp[i] / labels.sum())
+
+
+def _skew_normal(rng, a, n):
+    d = a / math.sqrt(1 + a * a)
+    return d * np.abs(rng.standard_normal(n)) + math.sqrt(1 - d * d) * rng.standard_normal(n)
+
+
+def _pareto_tail(rng, n):
+    x = MEDIAN * np.exp(0.3 * rng.standard_normal(n))
+    x[: n // 10] = MEDIAN * (1 + rng.pareto(3, n // 10))
+    return x
+
+
+NEGATIVES = {
+    "log-normal 0.15": lambda rng, n: MEDIAN * np.exp(0.15 * rng.standard_normal(n)),
+    "log-normal 0.30": lambda rng, n: MEDIAN * np.exp(0.30 * rng.standard_normal(n)),
+    "log-normal 0.45": lambda rng, n: MEDIAN * np.exp(0.45 * rng.standard_normal(n)),
+    "log-t df 3 (0.30)": lambda rng, n: MEDIAN * np.exp(0.3 * rng.standard_t(3, n)),
+    "log-t df 5 (0.30)": lambda rng, n: MEDIAN * np.exp(0.3 * rng.standard_t(5, n)),
+    "log-skew-normal (a=10, 0.45)": lambda rng, n: MEDIAN * np.exp(0.45 * _skew_normal(rng, 10, n)),
+    "log-normal 0.30 + 10 % Pareto tail": _pareto_tail,
+    "gamma k=1": lambda rng, n: rng.gamma(1.0, MEDIAN, n),
+    "gamma k=2": lambda rng, n: rng.gamma(2.0, MEDIAN, n),
+    "gamma k=5": lambda rng, n: rng.gamma(5.0, MEDIAN, n),
+}
+
+
+def _fmt(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def synthetic_rows(n: int):
+    from interp.studies.core.outliers import resolve_threshold
+
+    rows = []
+    for sigma in SPREADS:
+        for ratio in RATIOS:
+            for share in SHARES:
+                norms, labels = planted_norms(share, sigma, ratio, n)
+                thr = resolve_threshold(norms, "auto")
+                p, r = precision_recall(norms, labels, thr.value) if thr.artifacts_found else (None, None)
+                bp, br = best_cut(norms, labels)
+                rows.append({"bulk log-sigma": sigma, "ratio": ratio, "share %": 100 * share,
+                             "artifacts": thr.artifacts_found, "precision": p, "recall": r,
+                             "best-cut precision": bp, "best-cut recall": br,
+                             "cut / median": thr.value / MEDIAN if thr.artifacts_found else None,
+                             "cut rule": thr.split.cut_rule})
+    return rows
+
+
+def negative_rows(n: int):
+    from interp.studies.core.outliers import resolve_threshold
+
+    rows = []
+    for name, draw in NEGATIVES.items():
+        for seed in (0, 1):
+            thr = resolve_threshold(draw(np.random.default_rng(seed), n), "auto")
+            rows.append({"distribution": name, "seed": seed, "artifacts": thr.artifacts_found,
+                         "why": thr.split.reason.split(";")[0]})
+    return rows
+
+
+def _photo_norms(model):
+    """(last-block patch norms [N, P], the source) of ``model`` on the bundled photos."""
+    from interp.models import sample_image_paths
+    from interp.studies import open_source
+    from interp.studies.core.outliers import detect
+
+    source = open_source(model=model, images=sample_image_paths(), batch_size=4)
+    return detect(source, "auto", progress=False), source
+
+
+def model_rows():
+    import torch
+
+    import interp
+    from interp.models.planted import planted_truth
+    from interp.studies.core import norm_split
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    rows = []
+    model = interp.load("planted_vit")
+    found, source = _photo_norms(model)
+    truth = planted_truth(model)
+    mask = torch.cat([truth.artifact_mask(model, x) for _, x in source.image_batches()]).reshape(found.norms.shape)
+    norms, labels = found.norms.numpy().ravel(), mask.numpy().ravel()
+    split = found.threshold.split
+    p, r = precision_recall(norms, labels, found.threshold.value)
+    f1_cut = math.exp(norm_split._best_cut(split.lower, split.upper))
+    p_old, r_old = precision_recall(norms, labels, f1_cut)
+    rows.append({"model": "planted_vit (synthetic), bundled photos", "tokens": int(norms.size),
+                 "planted %": 100 * float(labels.mean()), "artifacts": found.artifacts_found,
+                 "flagged %": 100 * found.threshold.share_above, "cut": found.threshold.value,
+                 "precision": p, "recall": r, "cut rule": split.cut_rule,
+                 "note": f"the F1 rule alone (before the degenerate-bulk rule): cut {f1_cut:.1f}, precision "
+                         f"{p_old:.3f}, recall {r_old:.3f}"})
+    for name, kwargs in (("vit_small_patch14_dinov2", dict(img_size=224)), ("vit_small_patch16_224", {})):
+        model = interp.load(name, pretrained=False, seed=0, **kwargs)
+        found, _ = _photo_norms(model)
+        split = found.threshold.split
+        rows.append({"model": f"{name}, RANDOM weights (seed 0), bundled photos",
+                     "tokens": int(found.norms.numel()), "planted %": None, "artifacts": found.artifacts_found,
+                     "flagged %": 100 * found.threshold.share_above, "cut": None, "precision": None,
+                     "recall": None, "cut rule": split.cut_rule,
+                     "note": f"{split.describe()}; rejected: {split.reason.split(';')[0]}"})
+    return rows
+
+
+def markdown(synthetic, negatives, models) -> str:
+    out = ["| bulk log-sigma | ratio | share | artifacts | precision | recall | best cut P / R | cut / median |",
+           "|---|---|---|---|---|---|---|---|"]
+    for row in synthetic:
+        out.append(f"| {row['bulk log-sigma']:.2f} | {row['ratio']}x | {row['share %']:.0f} % | "
+                   f"{'yes' if row['artifacts'] else 'no'} | {_fmt(row['precision'])} | {_fmt(row['recall'])} | "
+                   f"{row['best-cut precision']:.3f} / {row['best-cut recall']:.3f} | {_fmt(row['cut / median'], 2)} |")
+    out += ["", "| negative (no separate mode) | seed | artifacts | why |", "|---|---|---|---|"]
+    for row in negatives:
+        out.append(f"| {row['distribution']} | {row['seed']} | {'yes' if row['artifacts'] else 'no'} | {row['why']} |")
+    if models:
+        out += ["", "| model | tokens | planted | artifacts | flagged | cut | precision | recall | cut rule | note |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for row in models:
+            planted = "-" if row["planted %"] is None else f"{row['planted %']:.1f} %"
+            out.append(f"| {row['model']} | {row['tokens']} | {planted} | {'yes' if row['artifacts'] else 'no'} | "
+                       f"{row['flagged %']:.1f} % | {_fmt(row['cut'], 1)} | {_fmt(row['precision'])} | "
+                       f"{_fmt(row['recall'])} | {row['cut rule'] or '-'} | {row['note']} |")
+        out.append("\nReal DINOv2 ViT-S/14 weights: not measured (no network here: the weights cannot be downloaded).")
+    return "\n".join(out)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=100_000, help="tokens per synthetic case (default 100000)")
+    parser.add_argument("--no-models", action="store_true", help="skip planted_vit and the random-weight ViTs")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    synthetic, negatives = synthetic_rows(args.n), negative_rows(args.n // 2)
+    models = [] if args.no_models else model_rows()
+    print(markdown(synthetic, negatives, models))
+    result = {"n": args.n, "synthetic": synthetic, "negatives": negatives, "models": models,
+              "seconds": time.perf_counter() - start}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "detection_table.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
