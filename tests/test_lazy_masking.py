@@ -67,7 +67,7 @@ def test_k0_reproduces_the_unmasked_model_one_forward_per_config(vit):
     source.labels, source.class_names = reference.tolist(), []
     calls = []
     with vit.hooks(fwd_hooks=[("hook_embed", lambda t, hook: calls.append(t.shape[0]))]):
-        result = masking_study(source, fractions=[0.0, 0.5], fill="mean", progress=False)
+        result = masking_study(source, fractions=[0.0, 0.5], fill="mean", orders=("top", "bottom"), progress=False)
     # 2 batches (2 + 1 images): one unmasked forward each, then one forward per (fraction, order).
     assert calls == [2, 1] + [2] * 4 + [1] * 4
     assert result.curves["top"]["agreement"][0] == 1.0 and result.curves["bottom"]["agreement"][0] == 1.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 from ..console import add_output_args
 from ..errors import InterpError, OutputError, UsageError
@@ -155,9 +155,10 @@ def add_batch_size_arg(parser: argparse.ArgumentParser, batch_size: int = 16) ->
 
 
 def add_threshold_arg(parser: argparse.ArgumentParser, default=None, flag: str = "--threshold",
-                      help: str = "") -> None:
-    """``--threshold`` checked at parse time: auto, pNN (0 < NN < 100) or a positive norm value."""
-    parser.add_argument(flag, type=threshold_arg, default=default,
+                      help: str = "", aliases: Sequence[str] = ()) -> None:
+    """``--threshold`` (and any former names in ``aliases``) checked at parse time: auto, pNN (0 < NN < 100) or a
+    positive norm value."""
+    parser.add_argument(flag, *aliases, type=threshold_arg, default=default,
                         help=help or "outlier norm threshold: a norm value > 0, pNN (percentile, e.g. p98) or auto "
                                      "(bimodal split)" + ("" if default is None else f"; default {default}"))
 

@@ -3,7 +3,8 @@
     interp study patch-score MODEL --images DIR [--boxes FILE | --masks DIR] --out OUT [--cell-rule majority]
         [--normalise minmax]
     interp study pib MODEL --images DIR --boxes FILE --out OUT
-    interp study masking MODEL --images DIR --out OUT [--fractions 0 0.1 ...] [--fill zero|mean|blur]
+    interp study masking MODEL --images DIR --out OUT [--fractions 0 0.1 ... | --steps 7] [--fill zero|mean|blur]
+        [--orders top bottom random] [--threshold p98] [--detect-layer N] [--preset NAME]
     interp study selective-cls MODEL --images DIR --boxes FILE --out OUT [--k 1 7 98]
 
 Each writes ``<study>.json`` and PNG figures into ``--out``.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from .common import add_study_args, add_threshold_arg, model_from_args, source_from_args, threshold_value, write_outputs
+from ..errors import UsageError
 from .values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
                      positive_float, positive_int)
 
@@ -113,13 +115,19 @@ def run_masking(args) -> int:
     from ..plots import aggregation as plots
     from ..studies.aggregation.masking import masking_study
 
+    from ..studies.aggregation.masking import DEFAULT_FRACTIONS, fraction_steps
+
+    if args.steps is not None and args.fractions is not None:
+        raise UsageError("give --fractions or --steps, not both")
+    fractions = fraction_steps(args.steps) if args.steps is not None else args.fractions or list(DEFAULT_FRACTIONS)
     model = model_from_args(args)
     source = source_from_args(args, model)
-    threshold = threshold_value(args.outlier_threshold)
-    result = masking_study(source, fractions=args.fractions, fill=args.fill, blur_sigma=args.blur_sigma,
+    threshold = None if args.threshold is None else threshold_value(args.threshold)
+    result = masking_study(source, fractions=fractions, fill=args.fill, blur_sigma=args.blur_sigma,
                            reference=args.reference, hook=args.hook, selective=_selective(args, args.selective_k),
-                           outlier_threshold=threshold, batch_size=args.batch_size, progress=args.progress)
-    for order in ("top", "bottom"):
+                           threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
+                           orders=args.orders, seed=args.seed, batch_size=args.batch_size, progress=args.progress)
+    for order in result.orders:
         values = " ".join(f"{v:.3f}" for v in result.curves[order][result.metric])
         print(f"{result.metric} masking {order}-k at {result.fractions}: {values}")
     write_outputs(result, args.out, [("masking_curves", plots.masking_curves(result))])
@@ -190,14 +198,24 @@ def add_masking_arguments(p) -> None:
                      "counts per masked fraction, for both orders.")
     add_study_args(p, cache_ok=False)
     _add_score_args(p)
-    p.add_argument("--fractions", type=masked_fraction, nargs="+", default=[round(0.1 * i, 1) for i in range(10)],
+    p.add_argument("--fractions", type=masked_fraction, nargs="+", default=None,
                    help="shares of patches to mask (default 0 0.1 ... 0.9)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="mask the fractions k/STEPS, k = 0 .. STEPS-1 (7: the LaSt paper's steps of 1/7)")
+    p.add_argument("--orders", nargs="+", choices=("top", "bottom", "random"), default=["top", "bottom", "random"],
+                   help="masking orders: highest score first, lowest first, and the seeded random control "
+                        "(--seed; default all three)")
     p.add_argument("--fill", choices=("zero", "mean", "blur"), default="zero",
                    help="zero (0 in normalised space), mean (dataset mean per channel) or blur")
     p.add_argument("--blur-sigma", type=positive_float, default=None, help="blur sigma in pixels (default patch size / 2)")
-    add_threshold_arg(p, default="p98", flag="--outlier-threshold",
-                      help="outlier token norm at the last block: a number > 0, pNN (percentile of the unmasked "
-                           "run) or auto; default p98")
+    add_threshold_arg(p, aliases=("--outlier-threshold",),
+                      help="outlier token norm at the detection block: a number > 0, pNN (percentile of the unmasked "
+                           "run) or auto; default p98, or the preset's (--outlier-threshold: its former name)")
+    p.add_argument("--detect-layer", type=int, default=None,
+                   help="block whose output decides outliers (default: last; negative counts from the end)")
+    p.add_argument("--preset", default=None,
+                   help="published detection settings (e.g. darcet, reassessment, jiang-openclip-b16); explicit "
+                        "flags win")
 
 
 def add_selective_cls_arguments(p) -> None:

@@ -64,21 +64,34 @@ def score_distributions(result) -> Figure:
     return fig
 
 
+def _counting_label(value: Optional[float], rule) -> str:
+    """``142.3 (p98)``: the counting threshold and the rule it came from."""
+    number = "?" if value is None else f"{value:.4g}"
+    return number if rule is None or str(rule) == number else f"{number} ({rule})"
+
+
 def masking_curves(result) -> Figure:
-    """Metric (accuracy or agreement) and outliers per image vs masked fraction, top-k vs bottom-k."""
+    """Metric (accuracy or agreement) and outliers per image vs masked fraction: top-k and bottom-k by score, and
+    the seeded random order (the control) when the result has it."""
     fig = Figure(figsize=(8.0, 3.2), layout="constrained")
     ax_metric, ax_out = fig.subplots(1, 2)
     fractions = np.asarray(result.fractions) * 100
-    for order, style in (("top", "-o"), ("bottom", "-s")):
+    styles = {"top": ("-o", "mask top-k by score"), "bottom": ("-s", "mask bottom-k by score"),
+              "random": ("--^", "mask k at random (control)")}
+    for order, (style, label) in styles.items():
+        if order not in result.curves:
+            continue
         curve = result.curves[order]
-        ax_metric.plot(fractions, curve[result.metric], style, label=f"mask {order}-k by score")
-        ax_out.plot(fractions, curve["outliers_per_image"], style, label=f"mask {order}-k by score")
+        ax_metric.plot(fractions, curve[result.metric], style, label=label)
+        ax_out.plot(fractions, curve["outliers_per_image"], style, label=label)
     ax_metric.set_xlabel("patches masked (%)")
     ax_metric.set_ylabel("top-1 accuracy" if result.metric == "accuracy" else "top-1 agreement with unmasked")
     ax_metric.set_ylim(-0.02, 1.02)
     ax_metric.legend(fontsize=8, loc="best", framealpha=0.7)  # one legend: both panels share the styles
     ax_out.set_xlabel("patches masked (%)")
-    ax_out.set_ylabel(f"outlier tokens / image (norm > {result.outlier_rule})")
+    rule = result.params.get("threshold")
+    ax_out.set_ylabel(f"outlier tokens / image (norm > {_counting_label(result.counting_threshold, rule)}, "
+                      f"block {result.detect_layer})")
     fig.suptitle(f"{result.model}: masking probe (fill={result.fill}, reference={result.reference})")
     return fig
 

@@ -6,7 +6,9 @@ Two passes over the images:
 1. Unmasked forward: Patch Score maps (:mod:`interp.studies.aggregation.patch_score`), top-1 predictions, last-block
    patch-token norms (for a percentile outlier threshold) and, for ``fill="mean"``, the dataset mean.
 2. For each batch, one forward per (fraction, order): the ``round(fraction * n_patches)`` patches of highest
-   (``top``) or lowest (``bottom``) score are replaced, on the input grid of the model's patch size
+   (``top``) or lowest (``bottom``) score, or of a seeded random order (``random``, the control: one
+   permutation per image drawn from ``seed``, so the masked sets grow nested over the fractions as they do for
+   the score orders), are replaced, on the input grid of the model's patch size
    (cell (r, c) = input pixels ``[r*ph, (r+1)*ph) x [c*pw, (c+1)*pw)``), by the fill:
 
    * ``zero``: 0 in normalised input space (the normalisation mean colour);
@@ -16,8 +18,14 @@ Two passes over the images:
 
 Reported per (order, fraction): accuracy (when the image folder gives labels), top-1 agreement with the
 unmasked model, and the mean number of outlier patch tokens per image: patch tokens whose norm at the
-last block's ``hook_resid_post`` exceeds ``outlier_threshold`` (a number, ``"pNN"`` = the NN-th percentile of
-the unmasked run's patch-token norms there, or ``"auto"``; see :mod:`interp.studies.core.outliers`).
+detection block's ``hook_resid_post`` exceed the detection threshold. Outliers follow the one detection
+contract (:mod:`interp.studies.core.detection`: ``detection=`` a Detection or DetectionSpec, or ``threshold``,
+``detect_layer``, ``preset``); the threshold is resolved on the unmasked run's patch-token norms (default
+``"p98"`` at the last block when neither a threshold nor a preset is given) and counted with the causal studies'
+counting threshold (the 99th percentile when "auto" finds no separated mode).
+
+Fractions: the default is 0, 0.1, ..., 0.9; the LaSt paper's masking curve (its Fig. 2b) is drawn at steps of
+1/7, ``fractions=fraction_steps(7)`` (0, 1/7, ..., 6/7; CLI ``--steps 7``).
 
 Labels: image-folder class names that are integers are taken as the model's class indices; otherwise the
 sorted folder index is used (right when the folders are the model's full class list, e.g. ImageNet synsets).
@@ -41,15 +49,31 @@ from ..._progress import tqdm
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ...hooks.names import resid_post
+from ..core.detection import DetectionLike, DetectionSpec, detection_from_norms, detection_header, detection_params
 from ..core.forward import run_hooks
-from ..core.outliers import ThresholdSpec, resolve_threshold
+from ..core.outliers import Detection, ThresholdSpec, resolve_layer
 from .patch_score import FINAL, needed_hooks, score_maps_from_acts
 from ..core.source import live_model, n_batches
-from ..core.result import StudyResult
+from ..core.result import OutlierStudyResult
 
 FILLS = ("zero", "mean", "blur")
-ORDERS = ("top", "bottom")
+ORDERS = ("top", "bottom", "random")
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))
+DEFAULT_THRESHOLD = "p98"  # masking's own default when neither a threshold nor a preset is given
+
+
+def fraction_steps(n: int) -> List[float]:
+    """Fractions ``k / n`` for k = 0 .. n - 1 (``fraction_steps(7)``: the paper's steps of 1/7)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InterpError(f"steps={n!r}: give a whole number of steps >= 1 (e.g. 7 for fractions k/7)")
+    return [k / n for k in range(n)]
+
+
+def random_keys(n_images: int, grid: Tuple[int, int], seed: int) -> torch.Tensor:
+    """Seeded uniform keys [N, h, w]: the ``random`` order masks each image's highest keys first (one
+    permutation per image, the same whatever the batch size)."""
+    generator = torch.Generator().manual_seed(int(seed))
+    return torch.rand(n_images, *grid, generator=generator)
 
 
 # ---------------------------------------------------------------------------------------------- masking
@@ -60,14 +84,19 @@ def n_masked(fraction: float, n_patches: int) -> int:
     return int(round(fraction * n_patches))
 
 
-def cells_to_mask(scores: torch.Tensor, k: int, order: str) -> torch.Tensor:
-    """The k highest (``top``) or lowest (``bottom``) score cells of each image. scores [b, h, w] -> bool [b, h, w].
+def cells_to_mask(scores: torch.Tensor, k: int, order: str, keys: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The k highest (``top``) or lowest (``bottom``) score cells of each image, or (``random``) the k cells of
+    highest ``keys`` (:func:`random_keys`, same shape). scores [b, h, w] -> bool [b, h, w].
 
     Ties keep row-major order (stable sort)."""
     if order not in ORDERS:
         raise InterpError(f"order={order!r} is not one of {list(ORDERS)}")
+    if order == "random":
+        if keys is None or keys.shape != scores.shape:
+            raise InterpError("order='random' needs keys of the scores' shape (random_keys(n, grid, seed))")
+        scores = keys
     flat = scores.flatten(1)
-    ranked = torch.sort(flat, dim=1, descending=(order == "top"), stable=True).indices[:, :k]
+    ranked = torch.sort(flat, dim=1, descending=(order != "bottom"), stable=True).indices[:, :k]
     mask = torch.zeros_like(flat, dtype=torch.bool)
     mask.scatter_(1, ranked, True)
     return mask.view_as(scores)
@@ -116,17 +145,20 @@ def target_classes(source) -> Optional[torch.Tensor]:
 
 # ---------------------------------------------------------------------------------------------- result
 @dataclass
-class MaskingResult(StudyResult):
-    """Result of :func:`masking_study`.
+class MaskingResult(OutlierStudyResult):
+    """Result of :func:`masking_study` (the detection header of :class:`OutlierStudyResult` describes the
+    outliers it counts).
 
     Attributes:
         fractions: masked share of patches; n_masked: patches masked per fraction.
-        curves: order ("top"/"bottom") -> {"accuracy": [...] or None, "agreement": [...],
+        orders: the orders run ("top", "bottom", "random"); seed: the random order's seed.
+        curves: order -> {"accuracy": [...] or None, "agreement": [...],
             "outliers_per_image": [...]}, one value per fraction.
         unmasked: {"accuracy": ... or None, "outliers_per_image": ...} of the unmasked run.
         metric: "accuracy" when labels exist, else "agreement" (the curve plots show this one).
         fill_value: the per-channel fill in normalised space (``zero``/``mean``; None for ``blur``).
-        outlier_threshold: the resolved norm threshold; outlier_rule: how it was set ("p98", "150", "auto").
+        counting_threshold: the norm the outliers are counted above (``threshold``, or the 99th percentile of
+            the unmasked norms when "auto" finds no separated mode).
     """
 
     study = "masking"
@@ -144,8 +176,15 @@ class MaskingResult(StudyResult):
     metric: str = "agreement"
     curves: Dict[str, Dict[str, Optional[List[float]]]] = field(default_factory=dict)
     unmasked: Dict[str, Optional[float]] = field(default_factory=dict)
-    outlier_threshold: Optional[float] = None
-    outlier_rule: str = "p98"
+    orders: List[str] = field(default_factory=lambda: list(ORDERS))
+    counting_threshold: Optional[float] = None
+
+    @classmethod
+    def _aliases(cls, data: dict) -> dict:
+        """Results written before the detection contract: ``outlier_threshold`` was the counting threshold."""
+        if "outlier_threshold" in data and "counting_threshold" not in data:
+            data["counting_threshold"] = data["outlier_threshold"]
+        return data
 
 
 # ---------------------------------------------------------------------------------------------- study
@@ -159,18 +198,17 @@ class _Unmasked:
 
 @torch.no_grad()
 def _unmasked_pass(source, hook: str, reference: str, selective: Optional[SelectiveCLS], batch_size: int,
-                   progress: bool) -> _Unmasked:
+                   progress: bool, detect_hook: str) -> _Unmasked:
     model = source.model
     score_hooks = needed_hooks(hook, reference)
-    last = resid_post(model.n_layers - 1)
     scores, preds, norms = [], [], []
     channel_sum, n_pixels = None, 0
     for _, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size), disable=not progress,
                      desc="masking: unmasked pass", unit="batch", leave=False):
-        run = run_hooks(model, x, score_hooks + [last], logits=True)
+        run = run_hooks(model, x, score_hooks + [detect_hook], logits=True)
         scores.append(score_maps_from_acts(run.acts, run.layout, hook, reference, selective))
         preds.append(run.logits.argmax(-1))
-        norms.append(run.acts[last][:, run.layout.patch_slice].norm(dim=-1))
+        norms.append(run.acts[detect_hook][:, run.layout.patch_slice].norm(dim=-1))
         s = x.double().sum(dim=(0, 2, 3)).cpu()
         channel_sum = s if channel_sum is None else channel_sum + s
         n_pixels += x.shape[0] * x.shape[2] * x.shape[3]
@@ -188,24 +226,59 @@ def _forward_counting_outliers(model, x: torch.Tensor, hook: str, threshold: flo
     return run.logits.argmax(-1), run.acts[hook].long()
 
 
+def _masking_spec(source, detection: DetectionLike, threshold: Optional[ThresholdSpec], detect_layer: Optional[int],
+                  preset: Optional[str]) -> DetectionSpec:
+    """The resolved spec of the outliers masking counts (a Detection is checked against the source first)."""
+    if isinstance(detection, Detection):
+        found = detection.check(source, detect_layer, threshold)
+        return DetectionSpec(found.spec, found.layer, found.preset)
+    if detection is not None and not isinstance(detection, DetectionSpec):
+        raise InterpError(f"detection= takes a Detection or a DetectionSpec, not {type(detection).__name__}")
+    if isinstance(detection, DetectionSpec):
+        if threshold is not None or detect_layer is not None or preset is not None:
+            raise InterpError("give the threshold, detection layer and preset in the DetectionSpec or as "
+                              "arguments, not both")
+        return detection.resolved()
+    if threshold is None and preset is None:
+        threshold = DEFAULT_THRESHOLD
+    return DetectionSpec(threshold, detect_layer, preset).resolved()
+
+
 def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fill: str = "zero",
                   blur_sigma: Optional[float] = None, reference: str = "cls", hook: str = FINAL,
-                  selective: Optional[SelectiveCLS] = None, outlier_threshold: ThresholdSpec = "p98",
+                  selective: Optional[SelectiveCLS] = None, detection: DetectionLike = None,
+                  threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
+                  preset: Optional[str] = None, orders: Sequence[str] = ORDERS, seed: int = 0,
+                  outlier_threshold: Optional[ThresholdSpec] = None,
                   batch_size: Optional[int] = None, progress: bool = True) -> MaskingResult:
     """Masking probe on a live source (module docstring).
 
     Args:
         source: a live source (``open_source(model=..., images=...)``); labels from an image-folder layout.
-        fractions: shares of the patches to mask, each in [0, 1] (default 0, 0.1, ..., 0.9).
+        fractions: shares of the patches to mask, each in [0, 1] (default 0, 0.1, ..., 0.9;
+            :func:`fraction_steps` (7) for the paper's steps of 1/7).
         fill: ``zero``, ``mean`` or ``blur``.
         blur_sigma: Gaussian sigma in input pixels for ``blur`` (default: half the patch size).
         reference, hook, selective: the Patch Score that orders the patches.
-        outlier_threshold: a norm, ``"pNN"`` or ``"auto"`` at the last block's ``hook_resid_post``.
+        detection, threshold, detect_layer, preset: the outliers counted (module docstring); ``threshold`` a
+            norm, ``"pNN"`` or ``"auto"`` (default ``"p98"``), ``detect_layer`` the block (default the last).
+        orders: which of ``top``, ``bottom``, ``random`` to run (default all three).
+        seed: seed of the ``random`` order.
+        outlier_threshold: the former name of ``threshold`` (kept as an alias).
         batch_size: images per forward (default: the source's).
     """
     model = live_model(source, "masking probe")
     if fill not in FILLS:
         raise InterpError(f"fill={fill!r} is not one of {list(FILLS)}")
+    if outlier_threshold is not None:
+        if threshold is not None and threshold != outlier_threshold:
+            raise InterpError("give threshold= or its former name outlier_threshold=, not both")
+        threshold = outlier_threshold
+    orders = list(dict.fromkeys(orders))
+    for order in orders:
+        if order not in ORDERS:
+            raise InterpError(f"order {order!r} is not one of {list(ORDERS)}")
+    spec = _masking_spec(source, detection, threshold, detect_layer, preset)
     fractions = [float(f) for f in fractions]
     bs = batch_size or source.batch_size
     grid = tuple(source.layout.grid)
@@ -214,23 +287,26 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
     ks = [n_masked(f, n_patches) for f in fractions]
     sigma = float(blur_sigma) if blur_sigma is not None else patch[0] / 2.0
 
-    base = _unmasked_pass(source, hook, reference, selective, bs, progress)
-    threshold = resolve_threshold(base.norms.reshape(-1).numpy(), outlier_threshold)
-    thr = threshold.value
+    detect_hook = resid_post(resolve_layer(spec.layer, model.n_layers))
+    base = _unmasked_pass(source, hook, reference, selective, bs, progress, detect_hook)
+    found = detection if isinstance(detection, Detection) else detection_from_norms(source, spec, base.norms)
+    header = detection_header(found, "masking")
+    thr = found.counting_threshold()
+    keys = random_keys(len(source), grid, seed)
     fill_value = torch.zeros_like(base.channel_mean) if fill == "zero" else base.channel_mean
 
-    last = resid_post(model.n_layers - 1)
-    preds = {(o, i): [] for o in ORDERS for i in range(len(ks))}
-    outliers = {(o, i): [] for o in ORDERS for i in range(len(ks))}
+    preds = {(o, i): [] for o in orders for i in range(len(ks))}
+    outliers = {(o, i): [] for o in orders for i in range(len(ks))}
     with torch.no_grad():
         for start, x in tqdm(source.image_batches(bs), total=n_batches(source, bs), disable=not progress,
                              desc="masking: masked runs", unit="batch", leave=False):
             scores = base.scores[start:start + len(x)]
             fill_images = gaussian_blur(x, sigma) if fill == "blur" else fill_value.to(x.device)
             for i, k in enumerate(ks):
-                for order in ORDERS:
-                    masked = mask_images(x, cells_to_mask(scores, k, order), fill_images, patch)
-                    top1, n_outliers = _forward_counting_outliers(model, masked, last, thr)
+                for order in orders:
+                    cells = cells_to_mask(scores, k, order, keys[start:start + len(x)])
+                    masked = mask_images(x, cells, fill_images, patch)
+                    top1, n_outliers = _forward_counting_outliers(model, masked, detect_hook, thr)
                     preds[(order, i)].append(top1)
                     outliers[(order, i)].append(n_outliers)
 
@@ -240,7 +316,7 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
         return float((p == ref).float().mean())
 
     curves: Dict[str, Dict[str, Optional[List[float]]]] = {}
-    for order in ORDERS:
+    for order in orders:
         p = [torch.cat(preds[(order, i)]) for i in range(len(ks))]
         o = [torch.cat(outliers[(order, i)]) for i in range(len(ks))]
         curves[order] = {
@@ -251,13 +327,13 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
     unmasked = {"accuracy": None if labels is None else rate(base.preds, labels),
                 "outliers_per_image": float((base.norms > thr).sum(1).float().mean())}
     params = {"fractions": fractions, "fill": fill, "blur_sigma": sigma if fill == "blur" else None,
-              "reference": reference, "hook": hook, "outlier_threshold": str(outlier_threshold),
+              "reference": reference, "hook": hook, **detection_params(found), "orders": orders, "seed": seed,
               "selective": (selective or SelectiveCLS()).params() if reference == "selective" else None}
     return MaskingResult(
-        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
-        fractions=fractions, n_masked=ks, n_images=len(source), n_patches=n_patches, grid=list(grid),
+        model=source.model_name, fingerprint=source.fingerprint, params=params,
+        seed=seed if "random" in orders else None, **header, orders=orders, fractions=fractions, n_masked=ks, n_images=len(source), n_patches=n_patches, grid=list(grid),
         patch_size=list(patch), fill=fill, fill_value=None if fill == "blur" else fill_value.tolist(),
         blur_sigma=sigma if fill == "blur" else None, reference=reference, hook=hook,
         metric="accuracy" if labels is not None else "agreement", curves=curves, unmasked=unmasked,
-        outlier_threshold=thr if math.isfinite(thr) else None, outlier_rule=str(outlier_threshold),
+        counting_threshold=float(thr),
     )
