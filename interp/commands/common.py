@@ -210,12 +210,31 @@ def source_from_args(args: argparse.Namespace, model):
 def write_outputs(result, out_dir, figures=()) -> None:
     """Write ``<study>.json`` (with the list of its figure files) and the given (name, matplotlib figure)
     pairs as PNGs into ``out_dir`` (:func:`interp.report.save.save_result`; under the CLI, the staging folder of
-    :func:`output.atomic_output_dir`)."""
-    from ..console import info
+    :func:`output.atomic_output_dir`). A study command saves with :func:`save_study` instead."""
     from ..report.save import save_result
+
+    _said_written(result, out_dir, save_result(result, out_dir, figures=list(figures)))
+
+
+def save_study(result, args: argparse.Namespace, images=None, **figure_options) -> None:
+    """How every ``interp study`` command saves: the figures of the plots registry (drawn over ``images``, with
+    ``figure_options`` such as ``n_maps``), then ``<study>.json`` into ``args.out``, written once. The images
+    ``source_from_args`` skipped (``args.skipped``) are the result's ``skipped`` field and the seed of
+    ``--no-pretrained`` weights goes in as ``weights_seed`` (None for loaded weights)."""
+    from ..report.save import save_result
+
+    extra = None
+    if hasattr(args, "skipped"):  # set by source_from_args
+        result.skipped = list(args.skipped)
+        extra = {"weights_seed": getattr(args, "weights_seed", None)}
+    _said_written(result, args.out, save_result(result, args.out, images, extra=extra,
+                                                figure_options=figure_options))
+
+
+def _said_written(result, out_dir, written) -> None:
+    from ..console import info
     from .output import shown
 
-    written = save_result(result, out_dir, figures=list(figures))
     info(f"wrote {shown(Path(out_dir) / (result.study + '.json'))}"
          + (f" and {len(written)} figure(s)" if written else ""))
 
@@ -282,19 +301,6 @@ def prepare_report_dir(out_dir, overwrite: bool) -> list:
         return [files.get("index", "index.html"), *files.get("results", []), *files.get("figures", [])]
     except (OSError, ValueError, AttributeError, TypeError):
         return ["index.html"]
-
-
-def record_skipped(out_dir, result_name: str, args: argparse.Namespace) -> None:
-    """Add ``"skipped": [{"image", "reason"}]`` (unreadable images left out) and ``"weights_seed"`` (the seed of
-    --no-pretrained random weights, None for loaded weights) to the study JSON just written into ``out_dir``."""
-    import json
-
-    path = Path(out_dir) / f"{result_name}.json"
-    if path.exists() and hasattr(args, "skipped"):
-        data = json.loads(path.read_text())
-        data["skipped"] = args.skipped
-        data["weights_seed"] = getattr(args, "weights_seed", None)
-        path.write_text(json.dumps(data, indent=1))
 
 
 # the same text as interventions.neuron_sets.NEURONS_SYNTAX, kept here: importing that package imports torch

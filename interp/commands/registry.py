@@ -1,36 +1,45 @@
 """The table of ``interp study NAME`` commands, derived from the studies' descriptors
-(:data:`interp.studies.core.descriptors.DESCRIPTORS`: name, help, hooks read from a cache, live-only or not); a row
-adds only where its arguments and its run live on the command line.
+(:data:`interp.studies.core.descriptors.DESCRIPTORS`: name, study function, help, hooks read from a cache,
+live-only or not); a row adds only the two command-line functions of the study.
+
+Dispatch goes through the descriptor: ``interp study NAME`` calls ``run(args, study)`` with the study function
+the descriptor names (imported when the command runs), so no command imports or names its study itself.
 
 Adding a study to the command line: its descriptor in ``interp/studies/core/descriptors.py``, then
-``interp/commands/study_<x>.py`` with ``add_<x>_arguments(parser)`` and ``run_<x>(args) -> int`` and a row below.
+``add_<x>_arguments(parser)`` and ``run_<x>(args, <x>_study) -> int`` in ``interp/commands/study_<theme>.py``
+and its row in :data:`_COMMANDS` below.
 
 Nothing here imports torch: the parsers are built from this table without loading a model.
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping
 
 from ..errors import InterpError
 from ..studies.core.descriptors import DESCRIPTORS, StudyDescriptor, descriptor
 from ..studies.core.descriptors import required_hooks  # noqa: F401  (the name Python users and tests know)
+from . import study_aggregation as _L, study_artifacts as _A, study_objects as _O
+
 
 @dataclass(frozen=True)
 class StudyCommand:
-    """One ``interp study NAME``: the study's descriptor plus where its command-line pieces live.
+    """One ``interp study NAME``: the study's descriptor plus its two command-line functions.
 
     Attributes:
-        descriptor: the study (name, help, hooks read from a cache, live-only, JSON name).
-        module: module under ``interp.commands`` with the two functions below.
-        add_arguments: name of ``(argparse parser) -> None`` in ``module`` (sets the parser's description too).
-        run: name of ``(args) -> int`` in ``module``.
+        descriptor: the study (name, function, help, hooks read from a cache, live-only, JSON name).
+        add_arguments: ``(argparse parser) -> None`` (sets the parser's description too).
+        run: ``(args, study function) -> exit code``; :meth:`__call__` passes the descriptor's function.
     """
 
     descriptor: StudyDescriptor
-    module: str
-    add_arguments: str
-    run: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Callable], int]
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        """Run the command on parsed ``args`` with the study function its descriptor names."""
+        return self.run(args, self.descriptor.study_function())
 
     @property
     def name(self) -> str:
@@ -55,17 +64,19 @@ class StudyCommand:
         return self.descriptor.json_name
 
 
-def _command(name: str, module: str) -> StudyCommand:
-    stem = name.replace("-", "_")
-    return StudyCommand(DESCRIPTORS[name], module, f"add_{stem}_arguments", f"run_{stem}")
-
-
-# study -> the commands module of its theme (the themes of interp/studies/; probes share study_objects)
-_A, _L, _O = "study_artifacts", "study_aggregation", "study_objects"
-_MODULES = {"norms": _A, "neurons": _A, "ablate": _A, "relocate": _A, "registers": _A, "redundancy": _A,
-            "patch-score": _L,
-            "pib": _L, "masking": _L, "selective-cls": _L, "probes": _O, "lost": _O, "segment": _O}
-STUDIES: Dict[str, StudyCommand] = {name: _command(name, _MODULES[name]) for name in DESCRIPTORS}
+# study -> (add_arguments, run), from the commands module of its theme (the themes of interp/studies/)
+_COMMANDS = {
+    "norms": (_A.add_norms_arguments, _A.run_norms), "neurons": (_A.add_neurons_arguments, _A.run_neurons),
+    "ablate": (_A.add_ablate_arguments, _A.run_ablate), "relocate": (_A.add_relocate_arguments, _A.run_relocate),
+    "registers": (_A.add_registers_arguments, _A.run_registers),
+    "redundancy": (_A.add_redundancy_arguments, _A.run_redundancy),
+    "patch-score": (_L.add_patch_score_arguments, _L.run_patch_score), "pib": (_L.add_pib_arguments, _L.run_pib),
+    "masking": (_L.add_masking_arguments, _L.run_masking),
+    "selective-cls": (_L.add_selective_cls_arguments, _L.run_selective_cls),
+    "probes": (_O.add_probes_arguments, _O.run_probes), "lost": (_O.add_lost_arguments, _O.run_lost),
+    "segment": (_O.add_segment_arguments, _O.run_segment),
+}
+STUDIES: Dict[str, StudyCommand] = {name: StudyCommand(DESCRIPTORS[name], *_COMMANDS[name]) for name in DESCRIPTORS}
 
 
 def study_command(name: str) -> StudyCommand:

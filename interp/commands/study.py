@@ -1,32 +1,28 @@
 """``interp study NAME MODEL ...``: run one study and write its JSON result and figures.
 
-The studies come from one table, :data:`interp.commands.registry.STUDIES` (name -> module with
-``add_arguments(parser)`` and ``run(args)``, one-line help, hooks read from a cache). Before the study's own
-run, the output is checked (an existing ``<study>.json`` is not replaced without ``--overwrite``); the study
-then writes into a staging folder that replaces the old result only once it is complete
+The studies come from one table, :data:`interp.commands.registry.STUDIES` (name -> the study's descriptor with
+``add_arguments(parser)`` and ``run(args, study function)``; the function is the one the descriptor names).
+Before the study's own run, the output is checked (an existing ``<study>.json`` is not replaced without
+``--overwrite``); the study then writes into a staging folder that replaces the old result only once it is complete
 (:func:`interp.commands.output.atomic_output_dir`, which also locks the result against a second run).
 """
 from __future__ import annotations
-
-import importlib
 
 from .registry import STUDIES, StudyCommand
 
 
 def _run_study(command: StudyCommand):
     def run(args) -> int:
-        from .common import prepare_study_output, record_skipped
+        from .common import prepare_study_output
         from .output import atomic_output_dir
 
         name = command.result_name
         old_figures = prepare_study_output(args, name)
-        module = importlib.import_module(f"interp.commands.{command.module}")
         out = args.out
         with atomic_output_dir(out, f"{name}.json", replaces=old_figures, what=f"{name} result") as staging:
             args.out = str(staging)  # the study writes its JSON and figures here; moved into `out` when complete
             try:
-                code = getattr(module, command.run)(args)
-                record_skipped(staging, name, args)
+                code = command(args)  # the study function comes from the descriptor
             finally:
                 args.out = out
         return code
@@ -39,8 +35,7 @@ def register(sub) -> None:
                        description="Run one study on a model over images (or a cache) and write JSON + PNGs.")
     studies = p.add_subparsers(dest="study", metavar="NAME")
     for command in STUDIES.values():
-        module = importlib.import_module(f"interp.commands.{command.module}")
         parser = studies.add_parser(command.name, help=command.help)
-        getattr(module, command.add_arguments)(parser)
+        command.add_arguments(parser)
         parser.set_defaults(func=_run_study(command))
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_study_args, add_threshold_arg, model_from_args, source_from_args, threshold_value, write_outputs
+from .common import add_study_args, add_threshold_arg, model_from_args, save_study, source_from_args, threshold_value
 from ..errors import UsageError
 from .values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
                      positive_float, positive_int)
@@ -63,10 +63,8 @@ def _selective(args, k: int):
 
 
 # ---------------------------------------------------------------------------------------------- commands
-def run_patch_score(args) -> int:
+def run_patch_score(args, patch_score_study) -> int:
     from ..errors import InterpError
-    from ..plots import aggregation as plots
-    from ..studies.aggregation.patch_score import patch_score_study
     from ..studies.aggregation.pib import load_regions
     from ..studies.objects.boxes import regions_from_masks
 
@@ -86,16 +84,11 @@ def run_patch_score(args) -> int:
     if result.fg is not None:
         print(f"Patch Score ({args.reference}): foreground mean {result.fg.mean}, background mean {result.bg.mean}; "
               f"excluded {result.excluded}")
-    figures = [("score_distributions", plots.score_distributions(result)),
-               ("score_maps", plots.score_maps(result, n=args.n_maps, only_with_boxes=regions is not None))]
-    write_outputs(result, args.out, figures)
+    save_study(result, args, n_maps=args.n_maps)
     return 0
 
 
-def run_pib(args) -> int:
-    from ..plots import aggregation as plots
-    from ..studies.aggregation.pib import pib_study
-
+def run_pib(args, pib_study) -> int:
     model = model_from_args(args)
     source = source_from_args(args, model)
     result = pib_study(source, args.boxes, reference=args.reference, hook=args.hook,
@@ -104,17 +97,11 @@ def run_pib(args) -> int:
                        seed=args.seed, batch_size=args.batch_size, progress=args.progress,
                        protocol=args.protocol)
     print(result.summary())
-    figures = []
-    if result.pib is not None:
-        figures = [("pib", plots.pib_bars(result)), ("score_maps", plots.score_maps(result, n=args.n_maps))]
-    write_outputs(result, args.out, figures)
+    save_study(result, args, n_maps=args.n_maps)
     return 0
 
 
-def run_masking(args) -> int:
-    from ..plots import aggregation as plots
-    from ..studies.aggregation.masking import masking_study
-
+def run_masking(args, masking_study) -> int:
     from ..studies.aggregation.masking import DEFAULT_FRACTIONS, fraction_steps
 
     if args.steps is not None and args.fractions is not None:
@@ -130,14 +117,11 @@ def run_masking(args) -> int:
     for order in result.orders:
         values = " ".join(f"{v:.3f}" for v in result.curves[order][result.metric])
         print(f"{result.metric} masking {order}-k at {result.fractions}: {values}")
-    write_outputs(result, args.out, [("masking_curves", plots.masking_curves(result))])
+    save_study(result, args)
     return 0
 
 
-def run_selective_cls(args) -> int:
-    from ..plots import aggregation as plots
-    from ..studies.aggregation.selective_cls import selective_cls_study
-
+def run_selective_cls(args, selective_cls_study) -> int:
     model = model_from_args(args)
     source = source_from_args(args, model)
     result = selective_cls_study(source, args.boxes, ks=args.k, selective=_selective(args, 1),
@@ -147,10 +131,7 @@ def run_selective_cls(args) -> int:
                                  protocol=args.protocol)
     print(result.table())
     print(f"{result.n_used} of {result.n_images} images with a usable box; excluded: {result.excluded}")
-    figures = []
-    if any(r["pib"] is not None for r in result.rows):
-        figures = [("pib", plots.pib_bars(result)), ("score_distributions", plots.score_distributions(result))]
-    write_outputs(result, args.out, figures)
+    save_study(result, args)
     return 0
 
 

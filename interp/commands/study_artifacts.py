@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 from ..errors import InterpError
 from .common import (NEURONS_SYNTAX, add_detection_args, add_study_args, model_from_args, parse_neurons,
-                     source_from_args, threshold_value, write_outputs)
+                     save_study, source_from_args, threshold_value)
 from .values import nonnegative_int, positive_int, register_count
 
 def parse_target(text: Optional[str], grid):
@@ -137,15 +137,11 @@ def _prepare(args):
 
 
 def _finish(result, args, images) -> int:
-    from ..plots.artifacts import study_figures
-
-    write_outputs(result, args.out, study_figures(result, images))
+    save_study(result, args, images)
     return 0
 
 
-def run_norms(args) -> int:
-    from ..studies.artifacts.norms import norms_study
-
+def run_norms(args, norms_study) -> int:
     threshold, _, source, images = _prepare(args)
     result = norms_study(source, threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
                          batch_size=args.batch_size, progress=args.progress)
@@ -153,9 +149,7 @@ def run_norms(args) -> int:
     return _finish(result, args, images)
 
 
-def run_neurons(args) -> int:
-    from ..studies.artifacts.neurons import neurons_study
-
+def run_neurons(args, neurons_study) -> int:
     threshold, _, source, images = _prepare(args)
     result = neurons_study(source, threshold=threshold, detect_layer=args.detect_layer,
                            highest_layer=args.highest_layer, top_k=args.top_k, sparsity_filter=args.sparsity_filter,
@@ -166,9 +160,7 @@ def run_neurons(args) -> int:
     return _finish(result, args, images)
 
 
-def run_redundancy(args) -> int:
-    from ..studies.artifacts.redundancy import redundancy_study
-
+def run_redundancy(args, redundancy_study) -> int:
     threshold, _, source, images = _prepare(args)
     result = redundancy_study(source, threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
                               embedding=args.embedding, batch_size=args.batch_size, progress=args.progress)
@@ -176,9 +168,7 @@ def run_redundancy(args) -> int:
     return _finish(result, args, images)
 
 
-def run_ablate(args) -> int:
-    from ..studies.artifacts.ablate import ablation_study
-
+def run_ablate(args, ablation_study) -> int:
     threshold, neurons, source, images = _prepare(args)
     result = ablation_study(source, neurons, mode=args.mode, n_controls=args.controls, seed=args.seed,
                             threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
@@ -188,9 +178,7 @@ def run_ablate(args) -> int:
     return _finish(result, args, images)
 
 
-def run_relocate(args) -> int:
-    from ..studies.artifacts.relocate import relocation_study
-
+def run_relocate(args, relocation_study) -> int:
     threshold, neurons, source, images = _prepare(args)
     target = parse_target(args.target, source.layout.grid)
     result = relocation_study(source, neurons, target=target, value=args.value, threshold=threshold,
@@ -200,9 +188,7 @@ def run_relocate(args) -> int:
     return _finish(result, args, images)
 
 
-def run_registers(args) -> int:
-    from ..studies.artifacts.registers import register_study
-
+def run_registers(args, register_study) -> int:
     threshold, neurons, source, images = _prepare(args)
     result = register_study(source, neurons, n_registers=args.n_registers, value=args.value, threshold=threshold,
                             detect_layer=args.detect_layer, preset=args.preset, batch_size=args.batch_size,

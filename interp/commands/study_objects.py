@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import add_study_args, add_threshold_arg, model_from_args, source_from_args, threshold_value, write_outputs
+from .common import add_study_args, add_threshold_arg, model_from_args, save_study, source_from_args, threshold_value
 from .values import existing_file, existing_path, finite_float, open_fraction, positive_int, register_count
 
 OVERLAY_IMAGES = 8  # images drawn by the LOST and segmentation figures
@@ -29,12 +29,9 @@ def _test_time_register(args):
     return TestTimeRegister(parse_neurons(args.neurons), n_registers=args.n_registers)
 
 
-def _figures(result, source):
-    """The registered figures of ``result``, drawn over the source's images when it has them (live)."""
-    from ..plots.registry import study_figures
-
-    images = source.display_images(OVERLAY_IMAGES) if source.is_live else None
-    return study_figures(result, images)
+def _save(result, args, source) -> None:
+    """``result`` with its registered figures, drawn over the source's images when it has them (live)."""
+    save_study(result, args, source.display_images(OVERLAY_IMAGES) if source.is_live else None)
 
 
 def _neurons_args(p, what: str) -> None:
@@ -83,9 +80,8 @@ PIXELS_FROM_CACHE = ("pixels: skipped, a cache holds no input images; add --imag
                      "written from) for the pixel probe")
 
 
-def run_probes(args) -> int:
+def run_probes(args, probes_study) -> int:
     from ..errors import UsageError
-    from ..studies.probes.token_probes import probes_study
 
     if not args.images and not args.cache:
         raise UsageError("give --images (a live run) or --cache (an interp cache file)")
@@ -106,7 +102,7 @@ def run_probes(args) -> int:
             print(f"{probe:8s} {group:9s} n={entry.n:<6d} {value}")
     for note in result.notes:
         print(note)
-    write_outputs(result, args.out, _figures(result, source))
+    _save(result, args, source)
     return 0
 
 
@@ -123,15 +119,13 @@ def add_lost_arguments(p) -> None:
     _neurons_args(p, "LOST")
 
 
-def run_lost(args) -> int:
-    from ..studies.objects.lost import lost_study
-
+def run_lost(args, lost_study) -> int:
     model = model_from_args(args)
     source = source_from_args(args, model)
     result = lost_study(source, args.layer, args.k, args.boxes, intervention=_test_time_register(args),
                         seed=args.seed, batch_size=args.batch_size, progress=args.progress)
     print(result.summary())
-    write_outputs(result, args.out, _figures(result, source))
+    _save(result, args, source)
     return 0
 
 
@@ -161,9 +155,8 @@ def add_segment_arguments(p) -> None:
     _neurons_args(p, "the segmentation")
 
 
-def run_segment(args) -> int:
+def run_segment(args, segmentation_variants) -> int:
     from ..interventions.selective_cls import SelectiveCLS
-    from ..studies.objects.segmentation import segmentation_variants
 
     model = model_from_args(args)
     source = source_from_args(args, model)
@@ -173,5 +166,5 @@ def run_segment(args) -> int:
                                    average=args.average, frame=args.frame, batch_size=args.batch_size,
                                    progress=args.progress)
     print(result.summary())
-    write_outputs(result, args.out, _figures(result, source))
+    _save(result, args, source)
     return 0

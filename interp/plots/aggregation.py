@@ -170,14 +170,14 @@ def pib_bars_if_any(result) -> Optional[Figure]:
     return pib_bars(result) if result.pib is not None else None
 
 
-def score_maps_if_pib(result) -> Optional[Figure]:
-    """The PiB result's score maps, or None without a PiB."""
-    return score_maps(result) if result.pib is not None else None
+def score_maps_if_pib(result, n_maps: int = 8) -> Optional[Figure]:
+    """The PiB result's score maps (the first ``n_maps`` images with a box), or None without a PiB."""
+    return score_maps(result, n=n_maps) if result.pib is not None else None
 
 
-def score_maps_of_patch_score(result) -> Figure:
-    """Patch Score maps: only the images with boxes when the result has foreground cells."""
-    return score_maps(result, only_with_boxes=result.fg is not None)
+def score_maps_of_patch_score(result, n_maps: int = 8) -> Figure:
+    """Patch Score maps of ``n_maps`` images: only the images with boxes when the result has foreground cells."""
+    return score_maps(result, n=n_maps, only_with_boxes=result.fg is not None)
 
 
 def distributions_if_pib(result) -> Optional[Figure]:

@@ -21,11 +21,13 @@ from . import aggregation, causal, norms, objects, probes, redundancy
 
 
 class FigureSpec(NamedTuple):
-    """One figure of a study: its file stem, its maker, and whether the maker takes the images (overlays)."""
+    """One figure of a study: its file stem, its maker, whether the maker takes the images (overlays), and the
+    keyword options it takes from the caller (e.g. ``n_maps``: how many images a map figure draws)."""
 
     stem: str
     make: Callable[..., Optional[Figure]]
     takes_images: bool = False
+    options: Tuple[str, ...] = ()
 
 
 FIGURES: Dict[str, List[FigureSpec]] = {
@@ -37,8 +39,9 @@ FIGURES: Dict[str, List[FigureSpec]] = {
     "registers": [FigureSpec("register_summary", causal.register_summary)],
     "redundancy": [FigureSpec("neighbour_similarity", redundancy.neighbour_similarity)],
     "patch_score": [FigureSpec("score_distributions", aggregation.score_distributions),
-                    FigureSpec("score_maps", aggregation.score_maps_of_patch_score)],
-    "pib": [FigureSpec("pib", aggregation.pib_bars_if_any), FigureSpec("score_maps", aggregation.score_maps_if_pib)],
+                    FigureSpec("score_maps", aggregation.score_maps_of_patch_score, options=("n_maps",))],
+    "pib": [FigureSpec("pib", aggregation.pib_bars_if_any),
+            FigureSpec("score_maps", aggregation.score_maps_if_pib, options=("n_maps",))],
     "masking": [FigureSpec("masking_curves", aggregation.masking_curves)],
     "selective_cls": [FigureSpec("pib", aggregation.pib_bars_if_any),
                       FigureSpec("score_distributions", aggregation.distributions_if_pib)],
@@ -59,11 +62,12 @@ def has_figures(study: str) -> bool:
     return study in FIGURES
 
 
-def study_figures(result: StudyResult, images=None) -> List[Tuple[str, Figure]]:
-    """Every figure of one study result as (file stem, Figure) pairs, e.g. for ``write_outputs``.
+def study_figures(result: StudyResult, images=None, **options) -> List[Tuple[str, Figure]]:
+    """Every figure of one study result as (file stem, Figure) pairs, e.g. for ``save_result``.
 
     Args:
         images: for the map figures, the images the study ran on (Tensor[N, 3, H, W] in 0..1 or PIL list).
+        options: figure options (``n_maps=``); each maker gets those its :class:`FigureSpec` names.
 
     Raises:
         ValueError: ``result`` is not a study result, or its study has no figures.
@@ -71,6 +75,8 @@ def study_figures(result: StudyResult, images=None) -> List[Tuple[str, Figure]]:
     study = result.study if isinstance(result, StudyResult) else None
     if study not in FIGURES:
         raise ValueError(f"no artifact figures for a {study!r} result (expected one of {sorted(FIGURES)})")
-    figures = [(spec.stem, spec.make(result, images) if spec.takes_images else spec.make(result))
-               for spec in FIGURES[study]]
+    figures = []
+    for spec in FIGURES[study]:
+        args = (result, images) if spec.takes_images else (result,)
+        figures.append((spec.stem, spec.make(*args, **{k: options[k] for k in spec.options if k in options})))
     return [(stem, fig) for stem, fig in figures if fig is not None]

@@ -20,20 +20,22 @@ FIGURES_KEY = "figure_files"  # in a saved study JSON: the PNGs written with it
 
 def save_result(result: StudyResult, out: Union[str, Path], images=None,
                 figures: Optional[Sequence[Tuple[str, Any]]] = None,
-                extra: Optional[Dict[str, Any]] = None) -> List[str]:
+                extra: Optional[Dict[str, Any]] = None,
+                figure_options: Optional[Dict[str, Any]] = None) -> List[str]:
     """Write ``result``'s figures and JSON into the folder ``out``; returns the figure file names.
 
     Args:
         images: the images the study ran on (Tensor[N, 3, H, W] in 0..1), for the overlay figures.
         figures: (file stem, Figure) pairs to write instead of the registry's (a command's own options).
         extra: keys added to the JSON (e.g. the seed of random weights).
+        figure_options: options of the registry's figures (``n_maps``; :func:`~interp.plots.registry.study_figures`).
     """
     from ..plots.registry import has_figures, study_figures
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     if figures is None:
-        figures = study_figures(result, images) if has_figures(result.study) else []
+        figures = study_figures(result, images, **(figure_options or {})) if has_figures(result.study) else []
     names = []
     for stem, fig in figures:
         fig.savefig(folder / f"{stem}.png", dpi=110, bbox_inches="tight")

@@ -95,7 +95,8 @@ class StudyDescriptor:
 
     Attributes:
         name: the study's name on the command line (``patch-score``).
-        function: ``"module:function"`` of the study (``source, ...) -> result``).
+        function: ``"module:function"`` of the study (``source, ...) -> result``): what ``interp study NAME``
+            runs (the command gets it from here, imported when it runs).
         result: ``"module:Class"`` of its result (a :class:`~interp.studies.core.result.StudyResult`).
         summary: one line: what it measures.
         hooks: ``(n_layers, options) -> [hook names]`` it reads from a cache; None: it re-runs the model.
@@ -173,7 +174,7 @@ DESCRIPTORS: Dict[str, StudyDescriptor] = {d.name: d for d in (
     StudyDescriptor("lost", _S + "objects.lost:lost_study", _S + "objects.lost:LostResult",
                     "LOST object discovery: seed, mask, box per image, CorLoc", "lost", lost_hooks,
                     "`blocks.{L}.attn.hook_k` for `--layer L` (default last)"),
-    StudyDescriptor("segment", _S + "objects.segmentation:segmentation_study", _S + "objects.segmentation:SegmentationResult",
+    StudyDescriptor("segment", _S + "objects.segmentation:segmentation_variants", _S + "objects.segmentation:SegmentationResult",
                     "coarse segmentation from Patch Scores, Jaccard vs masks", "segmentation", score_hooks,
                     _SCORE_DOC),
 )}
