@@ -141,6 +141,7 @@ def timm_spec(source: Source, quick_gelu: Optional[bool] = None) -> Tuple[str, D
     when the tower uses QuickGELU) and ``num_classes`` = the projection width (timm's head is CLIP's ``proj``);
     other sizes get the same family with the architecture in the kwargs. ``quick_gelu``: see :func:`tower_config`.
     """
+    import timm
     from timm.models import is_model
 
     cfg = tower_config(source, quick_gelu)
@@ -148,9 +149,7 @@ def timm_spec(source: Source, quick_gelu: Optional[bool] = None) -> Tuple[str, D
     size = _SIZES.get((cfg["width"], cfg["layers"]))
     name = f"vit_{size}_patch{cfg['patch_size']}_clip{act}_{cfg['image_size']}" if size else None
     if name and is_model(name):
-        with torch.device("meta"):  # timm's defaults of that name, to pass only what differs from them
-            import timm
-
+        with torch.device("meta"):  # timm's defaults of that name (no memory), to pass only what differs
             ref = timm.create_model(name, pretrained=False, num_classes=cfg["embed_dim"])
         ref_cfg = dict(heads=int(ref.blocks[0].attn.num_heads),
                        mlp_ratio=ref.blocks[0].mlp.fc1.out_features / cfg["width"])
