@@ -113,3 +113,22 @@ def test_the_command_table_and_library_api_come_from_the_descriptors():
     assert interp.studies.required_hooks("lost", 4, {"layer": -2}) == ["blocks.2.attn.hook_k"]
     with pytest.raises(InterpError, match="re-runs the model"):
         interp.studies.required_hooks("masking", 4)
+
+
+def test_run_options_hold_only_what_a_pass_reads(planted, one_thread):
+    """RunOptions has no dead field: batch size and progress bars, both read by a detection pass (device and seed
+    were fields nothing read: a study runs where its model is, and each study takes its own seed=)."""
+    import dataclasses
+
+    source, _ = planted
+    assert [f.name for f in dataclasses.fields(RunOptions)] == ["batch_size", "progress"]
+    sizes = []
+    hook = source.model.timm_model.patch_embed.register_forward_pre_hook(lambda m, inp: sizes.append(len(inp[0])))
+    try:
+        one = DetectionSpec().detect(source, RunOptions(batch_size=1, progress=False))
+        assert sizes == [1] * len(source)
+        sizes.clear()
+        assert DetectionSpec().detect(source, RunOptions(batch_size=3, progress=False)).threshold == one.threshold
+        assert sizes == [3, len(source) - 3]
+    finally:
+        hook.remove()

@@ -5,7 +5,7 @@
   preset it came from); studies take either, so one detection pass serves a whole battery.
 * :func:`detection_header` is the one result header (``detect_layer``, ``threshold`` = the resolved value or
   None, ``threshold_method``, ``artifacts_found``, ``warning``, ``preset``): the same meaning in every result.
-* :class:`RunOptions`: batch size, device, progress bars and seed.
+* :class:`RunOptions`: batch size and progress bars of a pass.
 
 >>> from interp.studies.artifacts.norms import norms_study
 >>> spec = DetectionSpec(preset="darcet")                 # threshold 150 at the last block
@@ -27,19 +27,21 @@ from .presets import check_preset_model, resolve_preset
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a study runs (never what it computes).
+    """How a pass runs (never what it computes): what :meth:`DetectionSpec.detect` and the studies' own
+    detection passes read.
 
     Attributes:
         batch_size: images per forward (None: the source's).
-        device: where the model runs (None: where it is).
         progress: show progress bars.
-        seed: seed of whatever a study draws at random (controls, image subsets, probe splits).
+
+    No device and no seed here, on purpose: a study runs where its source's model is (move the model before,
+    ``interp.load(..., device=...)`` or ``model.to(...)``; no study moves a model it was given), and each study
+    that draws at random takes its own ``seed=`` (what it seeds differs: ablation controls, image subsets,
+    probe splits), recorded in its result.
     """
 
     batch_size: Optional[int] = None
-    device: Optional[str] = None
     progress: bool = True
-    seed: int = 0
 
     def batch_for(self, source) -> int:
         return int(self.batch_size or source.batch_size)
