@@ -20,7 +20,7 @@ from interp.studies.objects.box_files import read_label_mask, read_mask
 from interp.studies.objects.boxes import eval_transform, input_geometry
 from interp.studies.objects.seg_scoring import (class_areas, input_to_original, mask_to_input, reduce_areas,
                                                 upsample_nearest)
-from interp.studies.objects.segmentation import foreground_cells, segmentation_study
+from interp.studies.objects.segmentation import segmentation_study
 
 # Pascal VOC's palette: index 0 black (background), 1 dark red (aeroplane), 255 cream (void border).
 VOC_PALETTE = [0, 0, 0, 128, 0, 0, 0, 128, 0] + [0, 0, 0] * 252 + [224, 224, 192]
@@ -78,7 +78,8 @@ def test_class_areas_and_reductions_equal_mmsegmentation_on_crafted_masks():
     assert per_image["miou"] != pytest.approx(out["miou"], abs=1e-6)   # the two reductions differ here
     # a class absent from prediction and label in one image is left out of that image's mean (nan-mean)
     empty = class_areas(np.zeros((3, 3), bool), np.zeros((3, 3), bool))
-    assert reduce_areas([empty], "image")["miou"] == 1.0 and reduce_areas([empty], "image")["class_iou"]["foreground"] is None
+    alone = reduce_areas([empty], "image")
+    assert alone["miou"] == 1.0 and alone["class_iou"]["foreground"] is None
     with pytest.raises(InterpError, match="average="):
         reduce_areas(areas, "pixels")
 
@@ -172,12 +173,41 @@ def test_segment_cli_average_and_frame_options(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main(["study", "segment", "planted_vit", "--images", str(paths[0].parent), "--masks", str(masks),
-                     "--out", str(out), "--average", "dataset", "--frame", "full", "--no-selective",
+                     "--out", str(out), "--average", "dataset", "--frame", "full", "--no-crop", "--no-selective",
                      "--no-progress"]) == 0
     result = SegmentationResult.from_json(out / "segmentation.json")
-    assert result.average == "dataset" and result.frame == "full" and result.n_scored == 2
+    assert result.average == "dataset" and result.frame == "full" and result.n_scored == 2 and not result.crop
+    assert result.unseen_share[:2] == [0.0, 0.0]
     assert result.areas[2:] == [None, None]                       # the other sample photos have no mask
     inter = np.sum([a["intersection"] for a in result.areas[:2]], axis=0)
     union = np.sum([a["union"] for a in result.areas[:2]], axis=0)
     assert result.miou == pytest.approx(float(np.mean(inter / union)))
     assert (out / "segmentation_overlays.png").exists()
+
+
+def test_no_crop_shows_the_model_each_whole_image(tmp_path):
+    from timm.data import create_transform
+
+    from interp.studies.objects.whole_image import whole_image_source
+
+    model, paths, masks, truth = _study_inputs(tmp_path, n=2)
+    source = open_source(model=model, images=[str(p) for p in paths])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        whole = segmentation_study(source, masks, frame="full", crop=False, progress=False)
+    assert whole.crop is False and whole.params["crop"] is False
+    assert whole.unseen_share == [0.0, 0.0] and not any("does not show" in str(w.message) for w in caught)
+    for i, p in enumerate(paths):                     # every non-void original pixel is scored
+        inter, union = whole.areas[i]["intersection"], whole.areas[i]["union"]
+        assert sum(union) + sum(inter) == 2 * int((truth[p.stem] != 255).sum())
+    view = whole_image_source(source)
+    cfg = view.data_config()
+    assert cfg["crop_mode"] == "squash" and cfg["crop_pct"] == 1.0 and source.data_config()["crop_pct"] == 0.9
+    expected = create_transform(**cfg, is_training=False)(Image.open(paths[1]).convert("RGB"))
+    _, x = next(view.image_batches(2))
+    assert torch.allclose(x[1], expected, atol=1e-6)   # chelsea (385 x 256) squashed whole into 224 x 224
+    cropped = segmentation_study(source, masks, progress=False)
+    assert whole.foreground != cropped.foreground      # the model saw other pixels
+    with pytest.raises(InterpError, match="live source over image files"):
+        segmentation_study(open_source(model=model, images=torch.zeros(1, 3, 224, 224)), masks, crop=False,
+                           progress=False)

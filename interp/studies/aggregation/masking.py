@@ -331,7 +331,8 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
               "selective": (selective or SelectiveCLS()).params() if reference == "selective" else None}
     return MaskingResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params,
-        seed=seed if "random" in orders else None, **header, orders=orders, fractions=fractions, n_masked=ks, n_images=len(source), n_patches=n_patches, grid=list(grid),
+        seed=seed if "random" in orders else None, **header, orders=orders, fractions=fractions, n_masked=ks,
+        n_images=len(source), n_patches=n_patches, grid=list(grid),
         patch_size=list(patch), fill=fill, fill_value=None if fill == "blur" else fill_value.tolist(),
         blur_sigma=sigma if fill == "blur" else None, reference=reference, hook=hook,
         metric="accuracy" if labels is not None else "agreement", curves=curves, unmasked=unmasked,

@@ -8,7 +8,8 @@ upsampled (nearest) to the model-input size [H, W] and compared, pixel by pixel,
 * ``frame="input"`` (default): in the model-input frame, the ground truth mapped through the model's
   resize/crop (nearest original pixel under each input pixel centre; what the crop removed is not scored);
   ``frame="full"``: on the whole original image at the mask's resolution (pixels the crop cut away count as
-  predicted background; ``unseen_share`` says how many).
+  predicted background; ``unseen_share`` says how many). ``crop=False`` shows the model each whole image
+  (resized to its input size, nothing cropped), so every pixel is seen and scored.
 * mIoU over the two classes background and foreground, void pixels left out; ``average="image"`` (default)
   averages each image's mIoU, ``average="dataset"`` sums the intersections and unions over the dataset first.
 * ``jaccard``: the foreground class's IoU per image, ``|pred & gt| / |pred | gt|`` over the scored pixels.
@@ -41,7 +42,9 @@ import torch
 from ...errors import InterpError
 from .box_files import coco_annotations, coco_images, mask_files, read_json_file, read_label_mask
 from .boxes import eval_transform, input_geometry, match_boxes
-from .seg_scoring import AVERAGES, CLASSES, FRAMES, image_miou, mask_to_input, reduce_areas, score_image, upsample_nearest  # noqa: F401
+from .whole_image import whole_image_source
+from .seg_scoring import (AVERAGES, FRAMES, image_miou, mask_to_input, reduce_areas, score_image,  # noqa: F401
+                          upsample_nearest)  # mask_to_input and upsample_nearest: re-exported (their former home)
 from ..aggregation.patch_score import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
 from ..core.result import StudyResult
 from ..core.source import ActivationSource, live_model, n_batches
@@ -136,6 +139,7 @@ class SegmentationResult(StudyResult):
         mean_jaccard: mean over the images with a number; n_evaluated: how many.
         foreground_share: per image the share of cells called foreground.
         frame: "input" (the model-input frame; ``input_size`` [H, W]) or "full" (each original image).
+        crop: False when the model saw each whole image (no centre crop; ``crop=False``).
         unseen_share: per image the share of its scored ground-truth pixels the model input does not show
             (cut away by the crop; counted as predicted background in the full frame, 0 in the input frame).
     """
@@ -148,6 +152,7 @@ class SegmentationResult(StudyResult):
     grid: List[int] = field(default_factory=list)
     input_size: List[int] = field(default_factory=list)
     frame: str = "input"
+    crop: bool = True
     average: str = "image"
     miou: Optional[float] = None
     class_iou: Dict[str, Optional[float]] = field(default_factory=dict)
@@ -199,7 +204,7 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
 
 def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, reference: str = "cls",
                        hook: str = FINAL, selective=None, k_std: float = 1.0, average: str = "image",
-                       frame: str = "input", intervention=None, batch_size: Optional[int] = None,
+                       frame: str = "input", crop: bool = True, intervention=None, batch_size: Optional[int] = None,
                        progress: bool = True, _gt=None, _maps: Optional[torch.Tensor] = None) -> SegmentationResult:
     """mIoU and Jaccard of the thresholded Patch Score map against ground-truth masks, per image and overall.
 
@@ -211,11 +216,16 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
         average: "image" (mean of per-image mIoU) or "dataset" (intersections and unions summed first).
         frame: "input" (the model-input frame; the crop's removed border is not scored) or "full" (the whole
             original image; what the preprocessing cut away counts as predicted background).
+        crop: False: the model sees each whole image, resized to its input size without the centre crop
+            (aspect not kept; :mod:`~interp.studies.objects.whole_image`), so every pixel is seen and scored
+            (live source over image files only).
         intervention: an edit (e.g. a ``TestTimeRegister``; live source only) active while the maps are computed.
         _gt, _maps: private (:func:`segmentation_variants`): the ground-truth masks and score maps, already read.
     """
     _check_choice("average", average, AVERAGES)
     _check_choice("frame", frame, FRAMES)
+    if not crop:
+        source = whole_image_source(source)
     gt = _read_ground_truth(source, masks) if _gt is None else _gt
     if _maps is not None:
         maps = _maps
@@ -260,11 +270,12 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
     used = [s for s in jaccard if s is not None]
     spec = None if intervention is None else {"kind": intervention.kind, **intervention.params()}
     params = {"reference": reference, "hook": hook, "k_std": k_std, "average": average, "frame": frame,
-              "masks": str(masks), "intervention": spec}
+              "crop": crop, "masks": str(masks), "intervention": spec}
     return SegmentationResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None, ids=list(source.ids),
         hook=hook, reference=reference, k_std=k_std, grid=list(source.layout.grid), input_size=list(input_size),
-        frame=frame, average=average, miou=reduced["miou"], class_iou=reduced["class_iou"], image_miou=per_image,
+        frame=frame, crop=crop, average=average, miou=reduced["miou"], class_iou=reduced["class_iou"],
+        image_miou=per_image,
         areas=areas, n_scored=len(scored), unseen_share=unseen,
         jaccard=jaccard, foreground_share=shares, mean_jaccard=sum(used) / len(used) if used else None,
         n_evaluated=len(used), foreground=[c.int().tolist() for c in cell_masks], intervention=spec,
@@ -294,8 +305,10 @@ def segmentation_variants(source: ActivationSource, masks: Union[str, Path], *, 
     SelectiveCLS vector (when ``selective`` is given and ``reference`` is not already ``selective``) and with
     the ``intervention`` (e.g. a test-time register, live source only): LaSt Table 6 with and without the fixes.
 
-    ``options`` go to :func:`segmentation_study` (hook, k_std, average, frame, batch_size, progress). Each variant holds the
-    :data:`VARIANT_FIELDS`."""
+    ``options`` go to :func:`segmentation_study` (hook, k_std, average, frame, crop, batch_size, progress).
+    Each variant holds the :data:`VARIANT_FIELDS`."""
+    if not options.get("crop", True):
+        source = whole_image_source(source)  # once, for every variant
     gt = _read_ground_truth(source, masks)  # read once for every variant
     with_selective = selective is not None and reference != "selective"
     maps = None
