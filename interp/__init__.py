@@ -16,6 +16,9 @@ _LAZY = {
     "load_images": ("interp.models.preprocessing", "load_images"),
     "HookedViT": ("interp.hooks.hooked_vit", "HookedViT"),
     "TokenLayout": ("interp.models.layout", "TokenLayout"),
+    # classifier files (zero-shot matrix, linear head, DINOv2 linear head) for the behaviour metrics
+    "load_classifier": ("interp.models.classifier", "load_classifier"),
+    "save_classifier": ("interp.models.classifier", "save_classifier"),
     "InterpError": ("interp.errors", "InterpError"),
     "ModelLoadError": ("interp.errors", "ModelLoadError"),
     "UnsupportedModelError": ("interp.errors", "UnsupportedModelError"),
@@ -30,7 +33,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "load", "load_images", "HookedViT", "TokenLayout", "InterpError", "ModelLoadError",
+    "load", "load_images", "HookedViT", "TokenLayout", "load_classifier", "save_classifier", "InterpError", "ModelLoadError",
     "UnsupportedModelError", "HookNameError", "ImageError", "CacheError", "PatchError", "explore", "__version__",
 ]
 
@@ -39,6 +42,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time the names come
     from .errors import (CacheError, HookNameError, ImageError, InterpError, ModelLoadError, PatchError,
                          UnsupportedModelError)
     from .hooks.hooked_vit import HookedViT
+    from .models.classifier import load_classifier, save_classifier
     from .models.layout import TokenLayout
     from .models.preprocessing import load_images
 

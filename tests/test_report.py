@@ -86,6 +86,10 @@ def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, ca
     assert effects["target"] == 0 < effects["baseline"] and effects["control_mean"] >= 0.9 * effects["baseline"]
     assert report["test_time_register"]["outliers_after"] == 0
     assert report["relocation"]["mean_iou_active"] >= 0.9
+    behaviour = report["behaviour"]  # a random head classifies nothing: the pooled cosine, never an accuracy
+    assert behaviour["metric"] == "pooled_cosine" and "planted_vit is synthetic" in behaviour["note"]
+    assert behaviour["ablation"]["baseline"] == pytest.approx(1.0) and report["test_time_register"]["top1_agreement"] is None
+    assert "cosine of the pooled vector to the unedited one" in page
     assert report["probes"]["position"]["high_norm"]["n"] > 0 and report["lost"]["n_images"] == 4
     assert "6. Linear probes per token group" in page and "7. LOST object discovery" in page
     assert '<p class="caveat">Not scored: too few images (n=4) for a probe score; need &gt;= 16' in page

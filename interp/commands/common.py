@@ -149,6 +149,25 @@ def add_study_args(parser: argparse.ArgumentParser, cache_ok: bool = True, image
     add_output_args(parser)
 
 
+def add_classifier_arg(parser: argparse.ArgumentParser) -> None:
+    """``--classifier FILE``: the class logits of the behaviour metrics (:mod:`interp.models.classifier`)."""
+    parser.add_argument("--classifier", type=existing_file, default=None, metavar="FILE",
+                        help="classifier file (zero-shot matrix, linear head, or a DINOv2 released linear head) "
+                             "whose class logits give top-1 agreement and accuracy; without it they exist only for "
+                             "a classification head (else the pooled vector's cosine to the unedited one)")
+
+
+def print_behaviour(result) -> None:
+    """The behaviour note (why there is no agreement or accuracy) or the classifier file the metrics went
+    through, in one line; nothing for the model's own classification head with labels."""
+    clf = result.classifier or {}
+    if result.behaviour_note:
+        print(f"note: {result.behaviour_note}")
+    elif clf.get("kind") not in (None, "model_head"):
+        print(f"behaviour through the {clf['kind']} classifier {clf.get('path') or clf.get('source') or ''} "
+              f"({clf['n_classes']} classes)")
+
+
 def add_batch_size_arg(parser: argparse.ArgumentParser, batch_size: int = 16) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=batch_size,
                         help=f"images per forward pass (default {batch_size}; lower it when memory is short)")

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import (REPORT_MARKER, add_batch_size_arg, add_model_args, add_output_args, add_overwrite_arg,
-                     add_strict_arg, add_threshold_arg, model_from_args, prepare_report_dir, threshold_value)
+from .common import (REPORT_MARKER, add_batch_size_arg, add_classifier_arg, add_model_args, add_output_args,
+                     add_overwrite_arg, add_strict_arg, add_threshold_arg, model_from_args, prepare_report_dir,
+                     threshold_value)
 from .values import existing_path, nonnegative_int, positive_int
 
 
@@ -35,6 +36,7 @@ def register(sub) -> None:
                    help="register neurons kept (default: 10; the planted count for planted_vit)")
     p.add_argument("--controls", type=nonnegative_int, default=5,
                    help="random control neuron sets in the ablation (default 5)")
+    add_classifier_arg(p)
     add_batch_size_arg(p)
     add_strict_arg(p)
     add_overwrite_arg(p, "a report written before into --out (its own files are removed first; a non-empty "
@@ -59,7 +61,8 @@ def run(args) -> int:
         model = model_from_args(args)
         options = ReportOptions(threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
                                 highest_layer=args.highest_layer, top_k=args.top_k, n_controls=args.controls,
-                                seed=args.seed, batch_size=args.batch_size, progress_bars=args.progress)
+                                seed=args.seed, batch_size=args.batch_size, progress_bars=args.progress,
+                                classifier=args.classifier)
         # progress_requested drives the stage lines; the bars follow the terminal check (args.progress)
         summary = run_report(model, images=args.images, out_dir=staging, options=options,
                              progress=args.progress_requested, strict=args.strict)
@@ -72,5 +75,7 @@ def run(args) -> int:
     found = ("artifacts (high-norm tokens) found" if summary["artifacts_found"] else "no artifacts (no high-norm "
              "tokens) found" if summary["threshold"] is None else f"no artifacts found: {summary['detection_reason']}")
     print(f"{summary['model']}: {found} ({summary['n_images']} images, {summary['seconds']:.1f} s)")
+    if (summary.get("behaviour") or {}).get("note"):
+        print(f"note: {summary['behaviour']['note']}")
     print(f"report: {index.resolve()}")
     return 0

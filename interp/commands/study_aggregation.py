@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_study_args, add_threshold_arg, model_from_args, save_study, source_from_args, threshold_value
+from .common import (add_classifier_arg, add_study_args, add_threshold_arg, model_from_args, print_behaviour,
+                     save_study, source_from_args, threshold_value)
 from ..errors import UsageError
 from .values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
                      positive_float, positive_int)
@@ -113,10 +114,12 @@ def run_masking(args, masking_study) -> int:
     result = masking_study(source, fractions=fractions, fill=args.fill, blur_sigma=args.blur_sigma,
                            reference=args.reference, hook=args.hook, selective=_selective(args, args.selective_k),
                            threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
-                           orders=args.orders, seed=args.seed, batch_size=args.batch_size, progress=args.progress)
+                           orders=args.orders, seed=args.seed, classifier=args.classifier, batch_size=args.batch_size,
+                           progress=args.progress)
     for order in result.orders:
         values = " ".join(f"{v:.3f}" for v in result.curves[order][result.metric])
         print(f"{result.metric} masking {order}-k at {result.fractions}: {values}")
+    print_behaviour(result)
     save_study(result, args)
     return 0
 
@@ -128,8 +131,9 @@ def run_selective_cls(args, selective_cls_study) -> int:
                                  reference=args.reference, single_object=args.single_object,
                                  max_box_fraction=args.max_box_fraction, n_boot=args.n_boot, level=args.level,
                                  seed=args.seed, batch_size=args.batch_size, progress=args.progress,
-                                 protocol=args.protocol)
+                                 protocol=args.protocol, classifier=args.classifier)
     print(result.table())
+    print_behaviour(result)
     print(f"{result.n_used} of {result.n_images} images with a usable box; excluded: {result.excluded}")
     save_study(result, args)
     return 0
@@ -178,6 +182,7 @@ def add_masking_arguments(p) -> None:
     p.description = ("Masking probe (docs/methods.md section 3): accuracy or agreement and outlier "
                      "counts per masked fraction, for both orders.")
     add_study_args(p, cache_ok=False)
+    add_classifier_arg(p)
     _add_score_args(p)
     p.add_argument("--fractions", type=masked_fraction, nargs="+", default=None,
                    help="shares of patches to mask (default 0 0.1 ... 0.9)")
@@ -203,6 +208,7 @@ def add_selective_cls_arguments(p) -> None:
     """Arguments of ``interp study selective-cls`` (the registry adds the parser)."""
     p.description = ("The measured effect of SelectiveCLS(k) on a frozen model, one table.")
     add_study_args(p, cache_ok=False)
+    add_classifier_arg(p)
     p.add_argument("--boxes", required=True, type=existing_file, help="box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON")
     p.add_argument("--k", type=positive_int, nargs="+", default=[1, 7, 98], help="SelectiveCLS k values (default 1 7 98)")
     _add_selective_params(p)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from ..errors import InterpError
-from .common import (NEURONS_SYNTAX, add_detection_args, add_study_args, model_from_args, parse_neurons,
-                     save_study, source_from_args, threshold_value)
+from .common import (NEURONS_SYNTAX, add_classifier_arg, add_detection_args, add_study_args, model_from_args,
+                     parse_neurons, print_behaviour, save_study, source_from_args, threshold_value)
 from .values import nonnegative_int, positive_int, register_count
 
 def parse_target(text: Optional[str], grid):
@@ -36,6 +36,7 @@ def _neurons_arg(p) -> None:
     p.add_argument("--neurons", default=None, help=f"the register neurons to edit (required): {NEURONS_SYNTAX}")
     p.add_argument("--force", action="store_true",
                    help="use a neurons.json ranked on another model's weights (refused by default)")
+    add_classifier_arg(p)  # every study that edits neurons measures behaviour
 
 
 def add_norms_arguments(p) -> None:
@@ -172,9 +173,10 @@ def run_ablate(args, ablation_study) -> int:
     threshold, neurons, source, images = _prepare(args)
     result = ablation_study(source, neurons, mode=args.mode, n_controls=args.controls, seed=args.seed,
                             threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
-                            batch_size=args.batch_size, progress=args.progress)
+                            classifier=args.classifier, batch_size=args.batch_size, progress=args.progress)
     oc = result.summary["outlier_count"]
     print(f"outliers: baseline {oc['baseline']}, ablated {oc['target']}, controls {oc['control_mean']}")
+    print_behaviour(result)
     return _finish(result, args, images)
 
 
@@ -182,18 +184,20 @@ def run_relocate(args, relocation_study) -> int:
     threshold, neurons, source, images = _prepare(args)
     target = parse_target(args.target, source.layout.grid)
     result = relocation_study(source, neurons, target=target, value=args.value, threshold=threshold,
-                              detect_layer=args.detect_layer, preset=args.preset, batch_size=args.batch_size,
-                              progress=args.progress)
+                              detect_layer=args.detect_layer, preset=args.preset, classifier=args.classifier,
+                              batch_size=args.batch_size, progress=args.progress)
     print(f"mean IoU with the target: {result.mean_iou:.3f}")
+    print_behaviour(result)
     return _finish(result, args, images)
 
 
 def run_registers(args, register_study) -> int:
     threshold, neurons, source, images = _prepare(args)
     result = register_study(source, neurons, n_registers=args.n_registers, value=args.value, threshold=threshold,
-                            detect_layer=args.detect_layer, preset=args.preset, batch_size=args.batch_size,
-                            progress=args.progress)
+                            detect_layer=args.detect_layer, preset=args.preset, classifier=args.classifier,
+                            batch_size=args.batch_size, progress=args.progress)
     print(f"patch outliers: {result.baseline['outlier_count']} -> {result.with_register['outlier_count']}")
+    print_behaviour(result)
     return _finish(result, args, images)
 
 

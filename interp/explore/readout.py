@@ -16,25 +16,9 @@ import torch
 from torch import nn
 
 from ..errors import InterpError
-from ..models.planted import planted_truth
+from ..models.heads import HEAD_KINDS, classify_head  # noqa: F401  (classify_head: read here too)
 
-HEAD_CHOICES = ("auto", "classifier", "embedding")
-_FINE_TUNED = ("_ft_", "ft_in", "in1k", "in12k", "in21k", "in22k")
-
-
-def classify_head(model, random_weights: bool = False) -> tuple:
-    """("classifier" | "embedding", why) for a ``HookedViT``'s head."""
-    m = model.timm_model
-    name = str(model.model_name).lower()
-    if planted_truth(model) is not None:
-        return "embedding", "planted_vit is synthetic: its head has random weights and classifies nothing"
-    if getattr(m, "num_classes", 0) == 0 or isinstance(getattr(m, "head", None), nn.Identity):
-        return "embedding", "the model has no classification head (identity head: the output is the pooled vector)"
-    if random_weights:
-        return "embedding", "random weights: the head classifies nothing"
-    if "clip" in name and not any(tag in name for tag in _FINE_TUNED):
-        return "embedding", "a CLIP image tower: its head projects into the joint image-text space, not onto classes"
-    return "classifier", f"{m.num_classes}-way classification head"
+HEAD_CHOICES = ("auto",) + HEAD_KINDS
 
 
 @dataclass

@@ -85,8 +85,9 @@ def masking_curves(result) -> Figure:
         ax_metric.plot(fractions, curve[result.metric], style, label=label)
         ax_out.plot(fractions, curve["outliers_per_image"], style, label=label)
     ax_metric.set_xlabel("patches masked (%)")
-    ax_metric.set_ylabel("top-1 accuracy" if result.metric == "accuracy" else "top-1 agreement with unmasked")
-    ax_metric.set_ylim(-0.02, 1.02)
+    ax_metric.set_ylabel({"accuracy": "top-1 accuracy", "agreement": "top-1 agreement with unmasked"}.get(
+        result.metric, "cosine of the pooled vector to unmasked"))
+    ax_metric.set_ylim(-0.02 if result.metric != "pooled_cosine" else None, 1.02)
     ax_metric.legend(fontsize=8, loc="best", framealpha=0.7)  # one legend: both panels share the styles
     ax_out.set_xlabel("patches masked (%)")
     rule = result.params.get("threshold")

@@ -57,6 +57,7 @@ ABLATION_METRICS = {
     "max_norm": "max patch-token L2 norm",
     "top1_agreement": "share of images with unchanged top-1 (0-1)",
     "accuracy": "top-1 accuracy (0-1)",
+    "pooled_cosine": "cosine of the pooled vector to the unablated one",  # shown when there are no class logits
 }
 
 
@@ -69,6 +70,8 @@ def ablation_bars(ablation_result) -> Figure:
     title = (f"{r.model}: {r.mode}-ablation of {n_target} register neurons vs {n_controls} random same-block "
              f"controls ({r.n_images} images, block {r.detect_layer})")
     metrics = [m for m in ABLATION_METRICS if r.summary.get(m, {}).get("baseline") is not None]
+    if "top1_agreement" in metrics and "pooled_cosine" in metrics:
+        metrics.remove("pooled_cosine")
     if not metrics:
         return message_figure(title, "no ablation measurements in this result")
     fig = Figure(figsize=(3.3 * len(metrics) + 0.5, 4.0), layout="constrained")
@@ -196,6 +199,8 @@ def register_summary(register_result) -> Figure:
         ax.set_ylim(0, 1.05)
         ax.set_ylabel("CLS attention on register, last block (0-1)")
         ax.set_title("attention sink", fontsize=10)
-    agree = r.with_register.get("top1_agreement")
-    fig.suptitle(title + ("" if agree is None else f"\ntop-1 unchanged on {100 * agree:.0f} % of images"), fontsize=10)
+    agree, cosine = r.with_register.get("top1_agreement"), r.with_register.get("pooled_cosine")
+    behaviour = ("" if agree is None else f"\ntop-1 unchanged on {100 * agree:.0f} % of images") or \
+        ("" if cosine is None else f"\npooled vector's cosine to the unedited one: {cosine:.3f} (mean over images)")
+    fig.suptitle(title + behaviour, fontsize=10)
     return fig

@@ -49,6 +49,8 @@ class ReportOptions:
         top_k: neurons kept (default: the number of planted neurons for the planted model, else 10).
         n_controls, seed: random control neuron sets of the ablation.
         batch_size: images per forward.
+        classifier: a classifier file (path, dict or :func:`interp.load_classifier`) for the causal stages'
+            top-1 agreement and accuracy (without one: only for a head that is a classifier).
         progress_bars: the studies' progress bars (None: follow ``run_report``'s ``progress``, which also
             prints one line per stage; the CLI passes False when stderr is not a terminal).
     """
@@ -62,6 +64,7 @@ class ReportOptions:
     seed: int = 0
     batch_size: int = 16
     progress_bars: Optional[bool] = None
+    classifier: object = None
 
     def bars(self, progress: bool) -> bool:
         """Whether the studies draw progress bars, given ``run_report``'s ``progress``."""
@@ -146,7 +149,10 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
                                       highest_layer=o.highest_layer, top_k=o.top_k)
     # one unedited forward per image gives the detection's norms and the causal studies' baseline
     spec = DetectionSpec(settings["threshold"], settings.get("detect_layer"), settings["preset"]).resolved()
-    baseline = baseline_pass(source, resolve_layer(spec.layer, source.n_layers), **common)
+    from ..studies.core.behaviour import behaviour_readout
+
+    clf = behaviour_readout(source, o.classifier).classifier  # bound (and checked) once, before any forward
+    baseline = baseline_pass(source, resolve_layer(spec.layer, source.n_layers), classifier=clf, **common)
     found = detection_from_norms(source, spec, baseline.patch_norms)
     highest = min(settings.get("highest_layer", found.layer), source.n_layers - 1)
     _say(progress, f"interp report [1/{N_STAGES}] norms: per-block patch norms of {source.model_name} "
@@ -172,11 +178,12 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     _say(progress, f"interp report [3/{N_STAGES}] ablate: {len(out.neurons.neurons)} neurons vs {o.n_controls} "
                    "random controls")
     out.ablation = ablation_study(source, chosen, n_controls=o.n_controls, seed=o.seed, detection=found,
-                                  baseline=baseline, **common)
+                                  baseline=baseline, classifier=clf, **common)
     _say(progress, f"interp report [4/{N_STAGES}] registers: test-time register with these neurons")
-    out.register = register_study(source, chosen, detection=found, baseline=baseline, **common)
+    out.register = register_study(source, chosen, detection=found, baseline=baseline, classifier=clf, **common)
     _say(progress, f"interp report [5/{N_STAGES}] relocate: moving the high norm onto a smiley")
-    out.relocation = relocation_study(source, chosen, detection=found, baseline=baseline, **common)
+    out.relocation = relocation_study(source, chosen, detection=found, baseline=baseline, classifier=clf,
+                                      **common)
     return out
 
 

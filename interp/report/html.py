@@ -79,6 +79,7 @@ def summary_rows(s: Dict) -> List[Tuple[str, str]]:
     if r:
         rows.append(("test-time register", f"outliers {r['outliers_before']} \u2192 {r['outliers_after']}; register "
                      f"norm {_num(r['register_norm_mean'])} (max patch {_num(r['max_patch_norm_after'])})"))
+    rows += _behaviour_rows(s.get("behaviour"))
     rl = s["relocation"]
     if rl:
         rows.append(("relocation IoU", f"{_num(rl['mean_iou'])} (on images with outliers: "
@@ -98,6 +99,29 @@ def summary_rows(s: Dict) -> List[Tuple[str, str]]:
     if s["skipped"]:
         rows.append(("stages 3-5", "not run (no register neurons)"))
     return rows
+
+
+BEHAVIOUR_LABELS = {"accuracy": "top-1 accuracy", "top1_agreement": "top-1 agreement with the unedited model",
+                    "pooled_cosine": "cosine of the pooled vector to the unedited one"}
+
+
+def _behaviour_rows(b) -> list:
+    """Rows for the behaviour readout: the metric that exists (never an accuracy without class logits)."""
+    if not b:
+        return []
+    parts = []
+    if b["ablation"]:
+        a = b["ablation"]
+        parts.append(f"ablation: baseline {_num(a['baseline'])}, register neurons {_num(a['target'])}, controls "
+                     f"{_num(a['control_mean'])}")
+    if b["test_time_register"]:
+        r = b["test_time_register"]
+        parts.append(f"test-time register: {_num(r['baseline'])} \u2192 {_num(r['with_register'])}")
+    clf = b.get("classifier") or {}
+    used = (f"{clf.get('kind')} classifier {clf.get('path') or clf.get('source') or ''}".strip()
+            if clf.get("kind") not in (None, "model_head") else "the model's head")
+    rows = [(f"behaviour ({BEHAVIOUR_LABELS[b['metric']]}, through {used})", "; ".join(parts))]
+    return rows + ([("behaviour note", b["note"])] if b.get("note") else [])
 
 
 def embedded_image(folder: Optional[Path], name: str) -> str:

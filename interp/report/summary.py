@@ -50,6 +50,27 @@ def _condition_summary(ablation) -> Dict:
     return {metric: values for metric, values in ablation.summary.items() if values.get("baseline") is not None}
 
 
+def behaviour_summary(ablation, register) -> Optional[Dict]:
+    """The behaviour readout of the causal stages: which classifier, why there is no accuracy (``note``), and the
+    metric that exists (accuracy, else top-1 agreement, else the pooled vector's cosine to the unedited one) for
+    the ablation (baseline / register neurons / controls) and the test-time register (without / with)."""
+    first = ablation or register
+    if first is None:
+        return None
+    record = (register.with_register if register is not None else ablation.conditions.get("target", {}))
+    metric = ("pooled_cosine" if record.get("top1_agreement") is None else
+              "top1_agreement" if record.get("accuracy") is None else "accuracy")
+    out = {"classifier": first.classifier, "note": first.behaviour_note, "metric": metric, "ablation": None,
+           "test_time_register": None}
+    if ablation is not None:
+        s = ablation.summary.get(metric, {})
+        out["ablation"] = {k: s.get(k) for k in ("baseline", "target", "control_mean", "control_std")}
+    if register is not None:
+        out["test_time_register"] = {"baseline": register.baseline.get(metric),
+                                     "with_register": register.with_register.get(metric)}
+    return out
+
+
 def input_geometry(source) -> Dict:
     """What the model saw: input size [h, w] in pixels, patch size [h, w], patch grid [h, w], prefix tokens."""
     layout = source.layout
@@ -104,7 +125,9 @@ def build_summary(model, source, norms, neurons, ablation, register, relocation,
             "register_norm_mean": float(np.mean(norms_reg)) if norms_reg else None,
             "register_norm_min": float(np.min(norms_reg)) if norms_reg else None,
             "top1_agreement": register.with_register["top1_agreement"],
+            "pooled_cosine": register.with_register.get("pooled_cosine"),
         }
+    summary["behaviour"] = behaviour_summary(ablation, register)
     if relocation is not None:
         summary["relocation"] = {"mean_iou": relocation.mean_iou, "mean_iou_active": relocation.mean_iou_active,
                                  "cls_attention_argmax_on_target": relocation.cls_attention_argmax_on_target}

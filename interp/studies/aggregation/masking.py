@@ -16,8 +16,9 @@ Two passes over the images:
    * ``blur``: the same pixels of a Gaussian-blurred copy of the image (``blur_sigma`` pixels,
      default half the patch size; replicate padding).
 
-Reported per (order, fraction): accuracy (when the image folder gives labels), top-1 agreement with the
-unmasked model, and the mean number of outlier patch tokens per image: patch tokens whose norm at the
+Reported per (order, fraction): accuracy (when the image folder gives labels) and top-1 agreement with the
+unmasked model through a real classifier, the pooled vector's cosine to the unmasked one (always;
+:mod:`interp.studies.core.behaviour`), and the mean number of outlier patch tokens per image: patch tokens whose norm at the
 detection block's ``hook_resid_post`` exceed the detection threshold. Outliers follow the one detection
 contract (:mod:`interp.studies.core.detection`: ``detection=`` a Detection or DetectionSpec, or ``threshold``,
 ``detect_layer``, ``preset``); the threshold is resolved on the unmasked run's patch-token norms (default
@@ -50,6 +51,8 @@ from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ...hooks.names import resid_post
 from ..core.detection import DetectionLike, DetectionSpec, detection_from_norms, detection_header, detection_params
+from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout, headline_metric
+from ..core.behaviour import target_classes  # noqa: F401  (its home is core.behaviour; imported from here too)
 from ..core.forward import run_hooks
 from ..core.outliers import Detection, ThresholdSpec, resolve_layer
 from .patch_score import FINAL, needed_hooks, score_maps_from_acts
@@ -132,17 +135,6 @@ def gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
                     groups=c)
 
 
-def target_classes(source) -> Optional[torch.Tensor]:
-    """Model class index of each image from the image-folder layout, or None without labels (module doc)."""
-    labels = source.labels
-    if labels is None:
-        return None
-    names = list(source.class_names)
-    if names and all(n.isdigit() for n in names):
-        return torch.tensor([int(names[label]) for label in labels])
-    return torch.tensor(labels)
-
-
 # ---------------------------------------------------------------------------------------------- result
 @dataclass
 class MaskingResult(OutlierStudyResult):
@@ -152,10 +144,15 @@ class MaskingResult(OutlierStudyResult):
     Attributes:
         fractions: masked share of patches; n_masked: patches masked per fraction.
         orders: the orders run ("top", "bottom", "random"); seed: the random order's seed.
-        curves: order -> {"accuracy": [...] or None, "agreement": [...],
-            "outliers_per_image": [...]}, one value per fraction.
+        curves: order -> {"accuracy": [...] or None, "agreement": [...] or None, "pooled_cosine": [...],
+            "outliers_per_image": [...]}, one value per fraction (accuracy and agreement only through a real
+            classifier).
         unmasked: {"accuracy": ... or None, "outliers_per_image": ...} of the unmasked run.
-        metric: "accuracy" when labels exist, else "agreement" (the curve plots show this one).
+        metric: "accuracy" when labels and a real classifier exist, else "agreement", else "pooled_cosine"
+            (the curve plots show this one).
+        conditions: "unmasked" and "<order>@<fraction>" -> behaviour metrics
+            (``interp.studies.core.behaviour.METRICS``); classifier: which classifier they used;
+            behaviour_note: why there is no agreement or accuracy.
         fill_value: the per-channel fill in normalised space (``zero``/``mean``; None for ``blur``).
         counting_threshold: the norm the outliers are counted above (``threshold``, or the 99th percentile of
             the unmasked norms when "auto" finds no separated mode).
@@ -178,6 +175,9 @@ class MaskingResult(OutlierStudyResult):
     unmasked: Dict[str, Optional[float]] = field(default_factory=dict)
     orders: List[str] = field(default_factory=lambda: list(ORDERS))
     counting_threshold: Optional[float] = None
+    conditions: Dict[str, Dict] = field(default_factory=dict)
+    classifier: Optional[Dict] = None
+    behaviour_note: Optional[str] = None
 
     @classmethod
     def _aliases(cls, data: dict) -> dict:
@@ -191,39 +191,43 @@ class MaskingResult(OutlierStudyResult):
 @dataclass
 class _Unmasked:
     scores: torch.Tensor       # [N, h, w]
-    preds: torch.Tensor        # [N]
+    preds: torch.Tensor        # [N] top-1 class (of the classifier when one is given)
+    pooled: torch.Tensor       # [N, d'] the pooled vector hook_pooled
     norms: torch.Tensor        # [N, n_patches] last-block patch-token norms
     channel_mean: torch.Tensor  # [C] mean of the images in normalised space
 
 
 @torch.no_grad()
 def _unmasked_pass(source, hook: str, reference: str, selective: Optional[SelectiveCLS], batch_size: int,
-                   progress: bool, detect_hook: str) -> _Unmasked:
+                   progress: bool, detect_hook: str, classifier=None) -> _Unmasked:
     model = source.model
     score_hooks = needed_hooks(hook, reference)
-    scores, preds, norms = [], [], []
+    scores, preds, norms, pooled = [], [], [], []
     channel_sum, n_pixels = None, 0
     for _, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size), disable=not progress,
                      desc="masking: unmasked pass", unit="batch", leave=False):
-        run = run_hooks(model, x, score_hooks + [detect_hook], logits=True)
+        run = run_hooks(model, x, score_hooks + [detect_hook], logits=True, classifier=classifier)
         scores.append(score_maps_from_acts(run.acts, run.layout, hook, reference, selective))
         preds.append(run.logits.argmax(-1))
+        pooled.append(run.pooled)
         norms.append(run.acts[detect_hook][:, run.layout.patch_slice].norm(dim=-1))
         s = x.double().sum(dim=(0, 2, 3)).cpu()
         channel_sum = s if channel_sum is None else channel_sum + s
         n_pixels += x.shape[0] * x.shape[2] * x.shape[3]
-    return _Unmasked(torch.cat(scores), torch.cat(preds), torch.cat(norms), (channel_sum / n_pixels).float())
+    return _Unmasked(torch.cat(scores), torch.cat(preds), torch.cat(pooled), torch.cat(norms),
+                     (channel_sum / n_pixels).float())
 
 
 @torch.no_grad()
-def _forward_counting_outliers(model, x: torch.Tensor, hook: str, threshold: float) -> Tuple[torch.Tensor,
-                                                                                           torch.Tensor]:
-    """One forward: (top-1 class [b], number of patch tokens whose norm at ``hook`` exceeds threshold [b])."""
+def _forward_counting_outliers(model, x: torch.Tensor, hook: str, threshold: float,
+                               classifier=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward: (logits [b, C], pooled [b, d'], number of patch tokens whose norm at ``hook`` exceeds
+    threshold [b])."""
     def count(layout):
         return {hook: lambda t: (t[:, layout.patch_slice].float().norm(dim=-1) > threshold).sum(1)}
 
-    run = run_hooks(model, x, [hook], count, logits=True)
-    return run.logits.argmax(-1), run.acts[hook].long()
+    run = run_hooks(model, x, [hook], count, logits=True, classifier=classifier)
+    return run.logits, run.pooled, run.acts[hook].long()
 
 
 def _masking_spec(source, detection: DetectionLike, threshold: Optional[ThresholdSpec], detect_layer: Optional[int],
@@ -250,7 +254,8 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
                   threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
                   preset: Optional[str] = None, orders: Sequence[str] = ORDERS, seed: int = 0,
                   outlier_threshold: Optional[ThresholdSpec] = None,
-                  batch_size: Optional[int] = None, progress: bool = True) -> MaskingResult:
+                  batch_size: Optional[int] = None, progress: bool = True,
+                  classifier: ClassifierLike = None) -> MaskingResult:
     """Masking probe on a live source (module docstring).
 
     Args:
@@ -266,6 +271,7 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
         seed: seed of the ``random`` order.
         outlier_threshold: the former name of ``threshold`` (kept as an alias).
         batch_size: images per forward (default: the source's).
+        classifier: a classifier file whose class logits give top-1 agreement and accuracy.
     """
     model = live_model(source, "masking probe")
     if fill not in FILLS:
@@ -279,6 +285,8 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
         if order not in ORDERS:
             raise InterpError(f"order {order!r} is not one of {list(ORDERS)}")
     spec = _masking_spec(source, detection, threshold, detect_layer, preset)
+    readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
+    meter = BehaviourMeter(readout)
     fractions = [float(f) for f in fractions]
     bs = batch_size or source.batch_size
     grid = tuple(source.layout.grid)
@@ -288,43 +296,42 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
     sigma = float(blur_sigma) if blur_sigma is not None else patch[0] / 2.0
 
     detect_hook = resid_post(resolve_layer(spec.layer, model.n_layers))
-    base = _unmasked_pass(source, hook, reference, selective, bs, progress, detect_hook)
+    base = _unmasked_pass(source, hook, reference, selective, bs, progress, detect_hook, readout.classifier)
     found = detection if isinstance(detection, Detection) else detection_from_norms(source, spec, base.norms)
     header = detection_header(found, "masking")
     thr = found.counting_threshold()
     keys = random_keys(len(source), grid, seed)
     fill_value = torch.zeros_like(base.channel_mean) if fill == "zero" else base.channel_mean
 
-    preds = {(o, i): [] for o in orders for i in range(len(ks))}
     outliers = {(o, i): [] for o in orders for i in range(len(ks))}
+    names = {(o, i): f"{o}@{f:g}" for o in orders for i, f in enumerate(fractions)}
     with torch.no_grad():
         for start, x in tqdm(source.image_batches(bs), total=n_batches(source, bs), disable=not progress,
                              desc="masking: masked runs", unit="batch", leave=False):
             scores = base.scores[start:start + len(x)]
+            base_top1, base_pooled = base.preds[start:start + len(x)], base.pooled[start:start + len(x)]
+            meter.add("unmasked", start, base_top1, base_pooled, base_top1, base_pooled)
             fill_images = gaussian_blur(x, sigma) if fill == "blur" else fill_value.to(x.device)
             for i, k in enumerate(ks):
                 for order in orders:
                     cells = cells_to_mask(scores, k, order, keys[start:start + len(x)])
                     masked = mask_images(x, cells, fill_images, patch)
-                    top1, n_outliers = _forward_counting_outliers(model, masked, detect_hook, thr)
-                    preds[(order, i)].append(top1)
+                    logits, pooled, n_outliers = _forward_counting_outliers(model, masked, detect_hook, thr,
+                                                                            readout.classifier)
+                    meter.add(names[(order, i)], start, logits, pooled, base_top1, base_pooled)
                     outliers[(order, i)].append(n_outliers)
-
-    labels = target_classes(source)
-
-    def rate(p: torch.Tensor, ref: torch.Tensor) -> float:
-        return float((p == ref).float().mean())
 
     curves: Dict[str, Dict[str, Optional[List[float]]]] = {}
     for order in orders:
-        p = [torch.cat(preds[(order, i)]) for i in range(len(ks))]
         o = [torch.cat(outliers[(order, i)]) for i in range(len(ks))]
+        m = [meter.metrics(names[(order, i)]) for i in range(len(ks))]
         curves[order] = {
-            "accuracy": None if labels is None else [rate(pi, labels) for pi in p],
-            "agreement": [rate(pi, base.preds) for pi in p],
+            "accuracy": None if m[0]["accuracy"] is None else [mi["accuracy"] for mi in m],
+            "agreement": None if m[0]["top1_agreement"] is None else [mi["top1_agreement"] for mi in m],
+            "pooled_cosine": [mi["pooled_cosine"] for mi in m],
             "outliers_per_image": [float(oi.float().mean()) for oi in o],
         }
-    unmasked = {"accuracy": None if labels is None else rate(base.preds, labels),
+    unmasked = {"accuracy": meter.metrics("unmasked")["accuracy"],
                 "outliers_per_image": float((base.norms > thr).sum(1).float().mean())}
     params = {"fractions": fractions, "fill": fill, "blur_sigma": sigma if fill == "blur" else None,
               "reference": reference, "hook": hook, **detection_params(found), "orders": orders, "seed": seed,
@@ -335,6 +342,7 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
         n_images=len(source), n_patches=n_patches, grid=list(grid),
         patch_size=list(patch), fill=fill, fill_value=None if fill == "blur" else fill_value.tolist(),
         blur_sigma=sigma if fill == "blur" else None, reference=reference, hook=hook,
-        metric="accuracy" if labels is not None else "agreement", curves=curves, unmasked=unmasked,
-        counting_threshold=float(thr),
+        metric={"top1_agreement": "agreement"}.get(headline_metric(readout), headline_metric(readout)),
+        curves=curves, unmasked=unmasked, counting_threshold=float(thr),
+        conditions=meter.conditions(), classifier=readout.record(), behaviour_note=readout.note,
     )

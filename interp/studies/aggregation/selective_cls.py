@@ -9,7 +9,11 @@ normed patch tokens, which is what the head then sees). Columns:
 * PiB / CI and fg/bg Patch Score means over the images that pass the box filters (:mod:`interp.studies.aggregation.pib`);
   None without boxes;
 * ``top1_agreement``: share of all images where the row's top-1 class equals the baseline's;
-* ``accuracy``: top-1 accuracy when the image folder gives labels (see :func:`interp.studies.aggregation.masking.target_classes`).
+* ``accuracy``: top-1 accuracy when the image folder gives labels (see :func:`interp.studies.core.behaviour.target_classes`).
+
+Both only through a real classifier (a classifier file, or a head that is one; :mod:`interp.studies.core.behaviour`),
+else None and the table shows the pooled vector's cosine to the baseline's instead. ``conditions`` holds every
+row's behaviour metrics under its row name.
 
 Per batch of images: one baseline forward, then one forward per k under ``model.intervene(SelectiveCLS(k))``.
 
@@ -29,8 +33,8 @@ from ..._progress import tqdm
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ..objects.boxes import BoxTable
+from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
 from ..core.forward import run_hooks
-from .masking import target_classes
 from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, needed_hooks,
                           score_maps_from_acts)
 from .pib import LastProtocolSource, pib_from_maps, protocol_regions
@@ -52,6 +56,8 @@ class SelectiveCLSResult(StudyResult):
         distributions: per row {"fg": ScoreDistribution, "bg": ScoreDistribution} (None without boxes).
         hits: per row, per image PiB hit (None for images the box filters excluded).
         n_images, n_used, excluded: images in the source / with a usable box / excluded by reason.
+        conditions: row name -> behaviour metrics (``interp.studies.core.behaviour.METRICS``); classifier: which
+            classifier they used; behaviour_note: why there is no agreement or accuracy.
     """
 
     study = "selective_cls"
@@ -68,20 +74,30 @@ class SelectiveCLSResult(StudyResult):
     ids: List[str] = field(default_factory=list)
     distributions: List[Optional[Dict]] = field(default_factory=list)
     hits: List[List[Optional[bool]]] = field(default_factory=list)
+    conditions: Dict[str, Dict] = field(default_factory=dict)
+    classifier: Optional[Dict] = None
+    behaviour_note: Optional[str] = None
 
     def __post_init__(self):
         self.distributions = [None if d is None else {key: ScoreDistribution.from_dict(v) for key, v in d.items()}
                               for d in self.distributions]
 
     def table(self) -> str:
-        """The rows as an aligned text table (None shown as '-')."""
+        """The rows as an aligned text table (None shown as '-'); without class logits the pooled vector's cosine
+        to the baseline's replaces top-1 agreement and accuracy."""
         def cell(v) -> str:
             if v is None:
                 return "-"
             return f"{v:.3f}" if isinstance(v, float) else str(v)
 
-        cells = [list(self.columns)] + [[cell(row.get(c)) for c in self.columns] for row in self.rows]
-        widths = [max(len(r[i]) for r in cells) for i in range(len(self.columns))]
+        columns = list(self.columns)
+        values = [dict(row) for row in self.rows]
+        if self.conditions and all(row.get("top1_agreement") is None for row in self.rows):
+            columns = [c for c in columns if c not in ("top1_agreement", "accuracy")] + ["pooled_cosine"]
+            for row in values:
+                row["pooled_cosine"] = self.conditions.get(row["row"], {}).get("pooled_cosine")
+        cells = [columns] + [[cell(row.get(c)) for c in columns] for row in values]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
         lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
@@ -97,29 +113,29 @@ def _check_ks(ks: Sequence[int], n_patches: int) -> List[int]:
 
 
 def _forward_rows(source, model, specs: Sequence[SelectiveCLS], reference: str, batch_size: Optional[int],
-                  progress: bool):
-    """Patch Score maps [N, h, w] and top-1 predictions [N] per row: baseline, then one row per spec."""
+                  progress: bool, meter: BehaviourMeter, names: Sequence[str]):
+    """Patch Score maps [N, h, w] per row (baseline, then one row per spec); each row's behaviour goes to
+    ``meter`` under its name in ``names``."""
     n_rows = 1 + len(specs)
     maps: List[List[torch.Tensor]] = [[] for _ in range(n_rows)]
-    preds: List[List[torch.Tensor]] = [[] for _ in range(n_rows)]
     baseline_hooks = needed_hooks(FINAL, reference)
-    for _, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size), disable=not progress,
-                     desc="selective-cls", unit="batch", leave=False):
-        run = run_hooks(model, x, baseline_hooks, logits=True)
-        maps[0].append(score_maps_from_acts(run.acts, run.layout, FINAL, reference))
-        preds[0].append(run.logits.argmax(-1))
+    clf = meter.readout.classifier
+    for start, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size),
+                         disable=not progress, desc="selective-cls", unit="batch", leave=False):
+        base = run_hooks(model, x, baseline_hooks, logits=True, classifier=clf)
+        maps[0].append(score_maps_from_acts(base.acts, base.layout, FINAL, reference))
+        meter.add(names[0], start, base.logits, base.pooled, base.logits, base.pooled)
         for row, spec in enumerate(specs, start=1):
-            run = run_hooks(model, x, [FINAL], interventions=[spec], logits=True)
+            run = run_hooks(model, x, [FINAL], interventions=[spec], logits=True, classifier=clf)
             maps[row].append(score_maps_from_acts(run.acts, run.layout, FINAL, "selective", spec))
-            preds[row].append(run.logits.argmax(-1))
-    return [torch.cat(m) for m in maps], [torch.cat(p) for p in preds]
+            meter.add(names[row], start, run.logits, run.pooled, base.logits, base.pooled)
+    return [torch.cat(m) for m in maps]
 
 
-def _table_row(name: str, k: Optional[int], row_maps, row_preds, baseline_preds, labels, regions, pib: Dict):
+def _table_row(name: str, k: Optional[int], row_maps, behaviour: Dict, regions, pib: Dict):
     """One table row (a dict keyed by COLUMNS), its fg/bg distributions and PiB summary (None without boxes)."""
     entry = {"row": name, "k": k, "pib": None, "pib_ci_low": None, "pib_ci_high": None, "fg_score_mean": None,
-             "bg_score_mean": None, "top1_agreement": float((row_preds == baseline_preds).float().mean()),
-             "accuracy": None if labels is None else float((row_preds == labels).float().mean())}
+             "bg_score_mean": None, "top1_agreement": behaviour["top1_agreement"], "accuracy": behaviour["accuracy"]}
     if regions is None:
         return entry, None, None
     summary = pib_from_maps(row_maps, regions, pib["n_boot"], pib["level"], pib["seed"])
@@ -134,7 +150,7 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
                         single_object: bool = True, max_box_fraction: Optional[float] = 0.25,
                         n_boot: int = 1000, level: float = 0.95, seed: int = 0, bins: int = 40,
                         batch_size: Optional[int] = None, progress: bool = True,
-                        protocol: str = "model") -> SelectiveCLSResult:
+                        protocol: str = "model", classifier: ClassifierLike = None) -> SelectiveCLSResult:
     """PiB, Patch Score distributions and top-1 agreement with and without ``SelectiveCLS(k)`` (module doc).
 
     Args:
@@ -146,6 +162,7 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
         reference: the baseline's global vector, ``cls`` or ``pooled``.
         single_object, max_box_fraction, n_boot, level, seed: PiB protocol (:func:`interp.studies.aggregation.pib.pib_study`).
         protocol: ``"model"`` (the model's transform) or ``"last"`` (the LaSt reference's, as in ``pib_study``).
+        classifier: a classifier file whose class logits give top-1 agreement and accuracy.
     """
     regions = None
     if boxes is not None:
@@ -163,13 +180,15 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
     template.pop("k")
     specs = [SelectiveCLS(k=k, **template) for k in ks]
 
-    maps, preds = _forward_rows(source, model, specs, reference, batch_size, progress)
-    labels = target_classes(source)
+    readout = behaviour_readout(source, classifier)
+    meter = BehaviourMeter(readout)
+    names = ["baseline"] + [f"k={k}" for k in ks]
+    maps = _forward_rows(source, model, specs, reference, batch_size, progress, meter, names)
     pib = {"n_boot": n_boot, "level": level, "seed": seed, "bins": bins}
     rows, distributions, hits, summary = [], [], [], None
-    for row, (row_maps, row_preds) in enumerate(zip(maps, preds)):
-        name, k = ("baseline", None) if row == 0 else (f"k={ks[row - 1]}", ks[row - 1])
-        entry, dist, row_summary = _table_row(name, k, row_maps, row_preds, preds[0], labels, regions, pib)
+    for row, row_maps in enumerate(maps):
+        name, k = names[row], None if row == 0 else ks[row - 1]
+        entry, dist, row_summary = _table_row(name, k, row_maps, meter.metrics(name), regions, pib)
         rows.append(entry)
         distributions.append(dist)
         hits.append(row_summary.hits if row_summary is not None else [])
@@ -183,5 +202,6 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
         rows=rows, ks=ks, reference=reference, selective=template, n_images=len(source),
         n_used=summary.n_used if summary is not None else 0,
         excluded=regions.excluded_counts() if regions is not None else {}, level=level, n_boot=n_boot,
-        ids=list(source.ids), distributions=distributions, hits=hits,
+        ids=list(source.ids), distributions=distributions, hits=hits, conditions=meter.conditions(),
+        classifier=readout.record(), behaviour_note=readout.note,
     )

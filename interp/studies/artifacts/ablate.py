@@ -2,8 +2,9 @@
 
 The target neuron set is ablated (zero or mean); each control ablates as many random neurons drawn from
 the same layers (excluding the targets), one draw per seed. Effects per condition: outlier count and max
-patch norm at the detection layer, top-1 agreement with the unablated model, and accuracy when the images
-come in an image-folder layout (``DIR/<class>/img``) whose class order matches the model's classes.
+patch norm at the detection layer, and the behaviour metrics of :mod:`interp.studies.core.behaviour` (top-1
+agreement with the unablated model and accuracy through a real classifier; the pooled vector's cosine to the
+unablated one and its norm always).
 """
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import numpy as np
-import torch
 from ..._progress import tqdm
 
 from ...interventions import NeuronAblation
-from ..core.forward import Baseline, forward_summary
+from ..core.behaviour import METRICS, BehaviourMeter, ClassifierLike, behaviour_readout
+from ..core.forward import Baseline, baseline_summary, forward_summary
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ..core.outliers import ThresholdSpec
 from ..core.result import OutlierStudyResult, skipped_records
@@ -44,8 +45,11 @@ class AblationResult(OutlierStudyResult):
     """Result of :func:`ablation_study`.
 
     Attributes:
-        conditions: name -> {"outlier_count", "max_norm", "top1_agreement", "accuracy"}; names are
-            "baseline", "target" and "control_<i>".
+        conditions: name -> {"outlier_count", "max_norm", and the behaviour metrics (``METRICS``:
+            "top1_agreement", "accuracy", "pooled_cosine", "pooled_cosine_min", "pooled_norm"; agreement and
+            accuracy None without a real classifier)}; names are "baseline", "target" and "control_<i>".
+        classifier: which classifier the behaviour metrics used; behaviour_note: why there is no agreement or
+            accuracy (None when both exist).
         controls: the neuron sets of the controls, as {layer: [neuron, ...]}.
         summary: metric -> {"baseline", "target", "control_mean", "control_std"}.
         counting_threshold: the norm the outlier counts use: ``threshold``, or the 99th percentile of the
@@ -60,6 +64,8 @@ class AblationResult(OutlierStudyResult):
     controls: List[Dict] = field(default_factory=list)
     conditions: Dict[str, Dict] = field(default_factory=dict)
     summary: Dict[str, Dict] = field(default_factory=dict)
+    classifier: Optional[Dict] = None
+    behaviour_note: Optional[str] = None
 
 
 def ablation_study(
@@ -74,6 +80,7 @@ def ablation_study(
     detection: DetectionLike = None,
     preset: Optional[str] = None,
     baseline: Optional[Baseline] = None,
+    classifier: ClassifierLike = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> AblationResult:
@@ -89,19 +96,23 @@ def ablation_study(
         detection: the unablated model's detection on this source, when already computed (saves a pass).
         preset: published detection settings (:mod:`interp.studies.core.presets`); explicit arguments win.
         baseline: the unablated forwards (:func:`~interp.studies.core.forward.baseline_pass`), when already made
-            (saves one forward per image).
+            (saves one forward per image), made with the same ``classifier``.
+        classifier: a classifier file (path, dict or :func:`interp.load_classifier`) whose class logits give
+            agreement and accuracy; without one they exist only for a head that is a classifier.
 
     Without artifacts (no separated high-norm mode) the study still runs; its result then carries
     ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
     """
     model = live_model(source, "ablation study")
+    readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
     neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
     found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
                          options=RunOptions(batch_size, progress=progress))
     detect = found.layer
     header = detection_header(found, "ablate")
     thr_value = found.counting_threshold()
-    baseline = baseline.check(source, detect) if baseline is not None else None
+    clf = readout.classifier
+    baseline = baseline.check(source, detect, clf) if baseline is not None else None
     controls = random_controls(neurons, model.d_mlp, n_controls, seed)
 
     def ablation(ns: Neurons) -> NeuronAblation:
@@ -112,31 +123,27 @@ def ablation_study(
     conditions = {"baseline": [], "target": [ablation(neurons)]}
     for i, ctrl in enumerate(controls):
         conditions[f"control_{i}"] = [ablation(ctrl)]
-    labels = source.labels
-    totals = {name: {"outliers": 0, "max_norm": 0.0, "agree": 0, "correct": 0} for name in conditions}
+    totals = {name: {"outliers": 0, "max_norm": 0.0} for name in conditions}
+    meter = BehaviourMeter(readout)
     n = 0
     for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="ablation",
                          total=n_batches(source, batch_size), unit="batch"):
-        outs = {name: baseline.rows(start, len(x)) if name == "baseline" and baseline is not None
-                else forward_summary(model, x, source.interventions + tuple(ivs), detect)
-                for name, ivs in conditions.items()}
-        base_top1 = outs["baseline"].logits.argmax(-1)
-        y = torch.tensor(labels[start:start + len(x)]) if labels is not None else None
+        outs = {name: forward_summary(model, x, source.interventions + tuple(ivs), detect, classifier=clf)
+                for name, ivs in conditions.items() if name != "baseline"}
+        outs = {"baseline": baseline.rows(start, len(x)) if baseline is not None else
+                baseline_summary(model, x, source.interventions, detect, clf), **outs}
+        base = outs["baseline"]
         for name, out in outs.items():
             t = totals[name]
             t["outliers"] += int((out.patch_norms > thr_value).sum())
             t["max_norm"] = max(t["max_norm"], float(out.patch_norms.max()))
-            top1 = out.logits.argmax(-1)
-            t["agree"] += int((top1 == base_top1).sum())
-            if y is not None:
-                t["correct"] += int((top1 == y).sum())
+            meter.add(name, start, out.logits, out.pooled, base.logits, base.pooled)
         n += len(x)
 
-    table = {name: {"outlier_count": t["outliers"], "max_norm": t["max_norm"], "top1_agreement": t["agree"] / n,
-                    "accuracy": t["correct"] / n if labels is not None else None}
+    table = {name: {"outlier_count": t["outliers"], "max_norm": t["max_norm"], **meter.metrics(name)}
              for name, t in totals.items()}
     summary = {}
-    for metric in ("outlier_count", "max_norm", "top1_agreement", "accuracy"):
+    for metric in ("outlier_count", "max_norm") + METRICS:
         ctrl = [table[f"control_{i}"][metric] for i in range(n_controls)]
         ctrl = [v for v in ctrl if v is not None]
         summary[metric] = {"baseline": table["baseline"][metric], "target": table["target"][metric],
@@ -149,4 +156,5 @@ def ablation_study(
                           neurons={str(k): v for k, v in neurons.items()}, mode=mode,
                           counting_threshold=float(thr_value), n_images=n,
                           controls=[{str(k): v for k, v in c.items()} for c in controls],
-                          conditions=table, summary=summary)
+                          conditions=table, summary=summary, classifier=readout.record(),
+                          behaviour_note=readout.note)

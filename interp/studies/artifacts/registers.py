@@ -2,7 +2,8 @@
 measure whether the high norm leaves the patches for the new register token.
 
 Reports, with and without the register: patch outliers and max patch norm at the detection layer, the
-register token's norm, CLS attention share on the register token (last block), and top-1 agreement.
+register token's norm, CLS attention share on the register token (last block), and the behaviour metrics of
+:mod:`interp.studies.core.behaviour` (top-1 agreement through a real classifier; pooled-vector cosine always).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from ..._progress import tqdm
 
 from ...interventions import TestTimeRegister
 from ...hooks.names import attn_pattern, resid_post
-from ..core.forward import Baseline, run_hooks
+from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
+from ..core.forward import Baseline, baseline_summary, run_hooks
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ..core.outliers import ThresholdSpec
 from ..core.result import OutlierStudyResult, skipped_records
@@ -26,7 +28,11 @@ class RegisterResult(OutlierStudyResult):
     """Result of :func:`register_study`.
 
     Attributes:
-        baseline / with_register: {"outlier_count", "max_patch_norm", "top1_agreement"} over all images.
+        baseline / with_register: {"outlier_count", "max_patch_norm", and the behaviour metrics
+            (``interp.studies.core.behaviour.METRICS``)} over all images; ``conditions`` holds the same two
+            records under "baseline" and "with_register" (the shape every behaviour study shares).
+        classifier: which classifier the behaviour metrics used; behaviour_note: why there is no agreement or
+            accuracy (None when both exist).
         register_norm: per image, the test-time register token's norm at the detection layer.
         cls_attention_on_register: per image, CLS attention (last block, head mean) on the register token.
         outlier_maps_after: [N][h][w] 0/1 patch outliers with the register.
@@ -44,6 +50,9 @@ class RegisterResult(OutlierStudyResult):
     register_norm: List[float] = field(default_factory=list)
     cls_attention_on_register: List[float] = field(default_factory=list)
     outlier_maps_after: List = field(default_factory=list)
+    conditions: Dict[str, Dict] = field(default_factory=dict)
+    classifier: Optional[Dict] = None
+    behaviour_note: Optional[str] = None
 
 
 @torch.no_grad()
@@ -58,6 +67,7 @@ def register_study(
     detection: DetectionLike = None,
     preset: Optional[str] = None,
     baseline: Optional[Baseline] = None,
+    classifier: ClassifierLike = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> RegisterResult:
@@ -66,31 +76,32 @@ def register_study(
     The outlier threshold is resolved on the unedited model's detection-layer norms (99th percentile when
     "auto" finds no bimodal split); pass ``detection`` when it is already computed on this source. ``preset``:
     published detection settings (explicit arguments win). Without artifacts the result carries
-    ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
+    ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``). ``classifier``: a
+    classifier file whose class logits give top-1 agreement and accuracy (module doc of ``behaviour``).
     """
     model = live_model(source, "test-time register study")
+    readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
     found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
                          options=RunOptions(batch_size, progress=progress))
     header = detection_header(found, "registers")
     detect = found.layer
     thr_value = found.counting_threshold()
-    baseline = baseline.check(source, detect) if baseline is not None else None
+    clf = readout.classifier
+    meter = BehaviourMeter(readout)
+    baseline = baseline.check(source, detect, clf) if baseline is not None else None
     ttr = TestTimeRegister(neurons, n_registers=n_registers, value=value)
     last = model.n_layers - 1
-    stats = {k: {"outliers": 0, "max": 0.0, "agree": 0} for k in ("baseline", "with_register")}
+    stats = {k: {"outliers": 0, "max": 0.0} for k in ("baseline", "with_register")}
     reg_norm, reg_attn, maps = [], [], []
     grid = tuple(source.layout.grid)
     has_cls = source.layout.cls_index is not None
     for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="test-time register",
                          total=n_batches(source, batch_size), unit="batch"):
-        if baseline is not None:
-            base_logits, base_patch = baseline.logits[start:start + len(x)], baseline.patch_norms[start:start + len(x)]
-        else:
-            base = run_hooks(model, x, [resid_post(detect)], interventions=source.interventions, logits=True)
-            base_logits = base.logits
-            base_patch = base.acts[resid_post(detect)][:, base.layout.patch_slice].norm(dim=-1)
+        rows = baseline.rows(start, len(x)) if baseline is not None else \
+            baseline_summary(model, x, source.interventions, detect, clf)
+        base_logits, base_pooled, base_patch = rows.logits, rows.pooled, rows.patch_norms
         names = [resid_post(detect)] + ([attn_pattern(last)] if has_cls else [])
-        run = run_hooks(model, x, names, interventions=source.interventions + (ttr,), logits=True)
+        run = run_hooks(model, x, names, interventions=source.interventions + (ttr,), logits=True, classifier=clf)
         lay, logits, cache = run.layout, run.logits, run.acts
         resid = cache[resid_post(detect)]
         patch = resid[:, lay.patch_slice].norm(dim=-1)
@@ -99,14 +110,13 @@ def register_study(
         if lay.cls_index is not None:
             pattern = cache[attn_pattern(last)].float().mean(1)  # [b, t, t]
             reg_attn += pattern[:, lay.cls_index, reg_rows].sum(-1).tolist()
-        top1 = base_logits.argmax(-1)
-        for key, norms, lg in (("baseline", base_patch, base_logits), ("with_register", patch, logits)):
+        for key, norms, lg, pooled in (("baseline", base_patch, base_logits, base_pooled),
+                                       ("with_register", patch, logits, run.pooled)):
             stats[key]["outliers"] += int((norms > thr_value).sum())
             stats[key]["max"] = max(stats[key]["max"], float(norms.max()))
-            stats[key]["agree"] += int((lg.argmax(-1) == top1).sum())
+            meter.add(key, start, lg, pooled, base_logits, base_pooled)
         maps.append((patch > thr_value).reshape(-1, *grid))
-    n = len(source)
-    table = {k: {"outlier_count": v["outliers"], "max_patch_norm": v["max"], "top1_agreement": v["agree"] / n}
+    table = {k: {"outlier_count": v["outliers"], "max_patch_norm": v["max"], **meter.metrics(k)}
              for k, v in stats.items()}
     params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "n_registers": n_registers,
               "value": value, **detection_params(found), "batch_size": batch_size}
@@ -117,4 +127,5 @@ def register_study(
         baseline=table["baseline"],
         with_register=table["with_register"], register_norm=reg_norm, cls_attention_on_register=reg_attn,
         outlier_maps_after=torch.cat(maps).int().tolist() if maps else [],
+        conditions=table, classifier=readout.record(), behaviour_note=readout.note,
     )

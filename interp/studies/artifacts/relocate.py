@@ -2,7 +2,8 @@
 zero them elsewhere; the high-norm tokens (and attention sinks) should appear exactly on the target mask.
 
 Reports, per image, the IoU between the outlier map after relocation and the mask, and where CLS attends
-before and after (share of the last block's CLS->patch attention on the mask, head mean).
+before and after (share of the last block's CLS->patch attention on the mask, head mean), and the behaviour
+metrics of :mod:`interp.studies.core.behaviour` for the unedited ("baseline") and relocated ("relocated") runs.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from ..._progress import tqdm
 from ...errors import InterpError
 from ...interventions import Relocation, masks
 from ..core.detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
-from ..core.forward import Baseline, forward_summary
+from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
+from ..core.forward import Baseline, baseline_summary, forward_summary
 from ..core.metrics import iou
 from ..core.outliers import Detection, ThresholdSpec, resolve_layer
 from ..core.result import OutlierStudyResult, skipped_records
@@ -38,6 +40,8 @@ class RelocationResult(OutlierStudyResult):
             patch lies on the target after relocation.
         counting_threshold: the norm the outlier maps use: the unedited model's ``threshold``, or the 99th
             percentile of its norms when "auto" finds no separated mode.
+        conditions: {"baseline", "relocated"} -> behaviour metrics (``interp.studies.core.behaviour.METRICS``);
+        classifier: which classifier they used; behaviour_note: why there is no agreement or accuracy.
     """
 
     study = "relocate"
@@ -54,6 +58,9 @@ class RelocationResult(OutlierStudyResult):
     cls_attention_on_target_before: List[float] = field(default_factory=list)
     cls_attention_on_target_after: List[float] = field(default_factory=list)
     cls_attention_argmax_on_target: Optional[float] = None
+    conditions: Dict[str, Dict] = field(default_factory=dict)
+    classifier: Optional[Dict] = None
+    behaviour_note: Optional[str] = None
 
 
 def relocation_study(
@@ -67,6 +74,7 @@ def relocation_study(
     preset: Optional[str] = None,
     detection: DetectionLike = None,
     baseline: Optional[Baseline] = None,
+    classifier: ClassifierLike = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> RelocationResult:
@@ -76,8 +84,10 @@ def relocation_study(
     from ``threshold``/``detect_layer``/``preset``; default "auto"): its threshold, or the 99th percentile of its
     norms when "auto" finds no separated mode, so a model without artifacts of its own still gets maps.
     Without artifacts the result carries ``artifacts_found=False`` and a ``warning`` (also ``warnings.warn``).
+    ``classifier``: a classifier file whose class logits give top-1 agreement and accuracy.
     """
     model = live_model(source, "relocation study")
+    readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
     if isinstance(detection, Detection):
         found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
         spec, detect = None, found.layer
@@ -92,14 +102,19 @@ def relocation_study(
         raise InterpError("the target mask has no cell: there is nothing to relocate onto (give a target with "
                           "at least one patch, e.g. --target smiley)")
     last = model.n_layers - 1
-    baseline = baseline.check(source, detect) if baseline is not None else None
+    clf = readout.classifier
+    meter = BehaviourMeter(readout)
+    baseline = baseline.check(source, detect, clf) if baseline is not None else None
     reloc = Relocation(neurons, target=target, value=value)
     before, after, att_before, att_after = [], [], [], []
     for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="relocation",
                          total=n_batches(source, batch_size), unit="batch"):
         b = baseline.rows(start, len(x)) if baseline is not None else \
-            forward_summary(model, x, source.interventions, detect, attention_layers=[last])
-        a = forward_summary(model, x, source.interventions + (reloc,), detect, attention_layers=[last])
+            baseline_summary(model, x, source.interventions, detect, clf)
+        a = forward_summary(model, x, source.interventions + (reloc,), detect, attention_layers=[last],
+                            classifier=clf)
+        meter.add("baseline", start, b.logits, b.pooled, b.logits, b.pooled)
+        meter.add("relocated", start, a.logits, a.pooled, b.logits, b.pooled)
         before.append(b.patch_norms)
         after.append(a.patch_norms)
         if last in b.cls_attention:
@@ -133,4 +148,5 @@ def relocation_study(
         outlier_maps_before=maps_before.int().tolist(), outlier_maps_after=maps_after.int().tolist(),
         cls_attention_on_target_before=share_before, cls_attention_on_target_after=share_after,
         cls_attention_argmax_on_target=argmax_on,
+        conditions=meter.conditions(), classifier=readout.record(), behaviour_note=readout.note,
     )

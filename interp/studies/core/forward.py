@@ -7,7 +7,10 @@ the device/dtype move, the stop layer and the token layout are decided in one pl
 * the layout comes from the input size and the edits in force (``run_layout``), never from a model
   attribute remembered from an earlier forward;
 * the forward stops after the last block a hook needs, unless logits are asked for;
-* interventions are explicit: they are applied for this forward only (``model.intervene``) and undone.
+* interventions are explicit: they are applied for this forward only (``model.intervene``) and undone;
+* with a classifier file (:mod:`interp.models.classifier`) the logits are its class logits, not the head's
+  output; whenever logits are asked for, the pooled vector ``hook_pooled`` [b, d'] is kept too (the
+  representation metrics of :mod:`interp.studies.core.behaviour`).
 
 >>> from interp.interventions import NeuronAblation, TestTimeRegister
 >>> run = run_hooks(model, images, ["blocks.3.hook_resid_post"], interventions=[TestTimeRegister({2: [17]})])
@@ -27,6 +30,7 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 import torch
 
 from ...hooks.names import attn_pattern, blocks_needed, resid_post
+from ...models.classifier import HOOK_POOLED, Classifier
 from ...models.layout import TokenLayout
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
@@ -50,12 +54,15 @@ class Run:
     Attributes:
         acts: hook -> float32 CPU tensor [b, ...] (reduced when a reducer was given).
         layout: token layout of this forward (its input size and edits).
-        logits: [b, n_classes] float32 CPU when asked for, else None.
+        logits: [b, C] float32 CPU when asked for (a classifier's class logits when one was given, else the
+            head's output), else None.
+        pooled: the pooled vector ``hook_pooled`` [b, d'] float32 CPU whenever logits are, else None.
     """
 
     acts: Dict[str, torch.Tensor]
     layout: TokenLayout
     logits: Optional[torch.Tensor] = None
+    pooled: Optional[torch.Tensor] = None
 
 
 def model_input(model, x: torch.Tensor) -> torch.Tensor:
@@ -73,7 +80,7 @@ def _kept(value):
 
 @torch.no_grad()
 def run_hooks(model, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducers = None,
-              interventions: Sequence = (), logits: bool = False) -> Run:
+              interventions: Sequence = (), logits: bool = False, classifier: Optional[Classifier] = None) -> Run:
     """One forward of ``model`` on images ``x`` [b, 3, H, W] under ``interventions``.
 
     Args:
@@ -81,37 +88,57 @@ def run_hooks(model, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducer
         reduce: hook -> function applied to the activation inside the hook (so the full tensor is never
             held), or a function ``layout -> {hook: fn}`` for reducers that slice tokens with this run's layout.
             A function may return a dict of tensors (several reductions of one hook; ``passes.read_pass``).
-        logits: also return the logits (runs the whole model; otherwise it stops after the last needed block).
+        logits: also return the logits and the pooled vector (runs the whole model; otherwise it stops after
+            the last needed block).
+        classifier: a classifier (:func:`interp.load_classifier`; bound to ``model`` here if it is not yet):
+            ``run.logits`` are its class logits [b, C]. Implies ``logits``.
     """
     hooks = list(dict.fromkeys(hooks))
     x = model_input(model, x)
+    logits = logits or classifier is not None
+    if classifier is not None and classifier.bound_to is None:
+        classifier = classifier.bind(model)
     kept: Dict[str, torch.Tensor] = {}
+    read: Dict[str, torch.Tensor] = {}  # what the readout needs, kept apart from the study's own hooks
     with model.intervene(*interventions):
         layout = model.layout_for(tuple(x.shape[-2:]))
         fns = (reduce(layout) if callable(reduce) else reduce) or {}
+        head_fns = classifier.reducers(model, layout) if classifier is not None else {}
 
         def keep(tensor, hook):
             fn = fns.get(hook.name)
             kept[hook.name] = _kept(fn(tensor) if fn else tensor)
 
+        def keep_readout(tensor, hook):
+            fn = head_fns.get(hook.name)
+            read[hook.name] = _kept(fn(tensor) if fn else tensor)
+
+        readout = ([HOOK_POOLED] if logits else []) + (classifier.hooks() if classifier is not None else [])
+        fwd = [(h, keep) for h in hooks] + [(h, keep_readout) for h in dict.fromkeys(readout)]
         stop = None if logits else blocks_needed(hooks)
-        out = model.run_with_hooks(x, fwd_hooks=[(h, keep) for h in hooks], stop_at_layer=stop)
-    return Run({h: kept[h] for h in hooks}, layout, out.float().cpu() if logits else None)
+        out = model.run_with_hooks(x, fwd_hooks=fwd, stop_at_layer=stop)
+    if not logits:
+        return Run({h: kept[h] for h in hooks}, layout)
+    class_logits = classifier.logits(read) if classifier is not None else out.float().cpu()
+    return Run({h: kept[h] for h in hooks}, layout, class_logits, read[HOOK_POOLED])
 
 
 @dataclass
 class ForwardSummary:
-    """logits [b, c]; patch_norms [b, P] at the detection layer; cls_attention {layer: [b, P]} (head mean)."""
+    """logits [b, c] (a classifier's when one was given); patch_norms [b, P] at the detection layer;
+    cls_attention {layer: [b, P]} (head mean); pooled [b, d'] (``hook_pooled``)."""
 
     logits: torch.Tensor
     patch_norms: torch.Tensor
     cls_attention: Dict[int, torch.Tensor] = field(default_factory=dict)
+    pooled: Optional[torch.Tensor] = None
 
 
 def forward_summary(model, x: torch.Tensor, interventions: Sequence = (), detect_layer: int = -1,
-                    attention_layers: Sequence[int] = ()) -> ForwardSummary:
-    """Logits, detection-layer patch norms and CLS->patch attention rows of one forward of ``model`` on ``x``
-    with ``interventions`` applied; patch slices follow the edited layout."""
+                    attention_layers: Sequence[int] = (), classifier: Optional[Classifier] = None) -> ForwardSummary:
+    """Logits, detection-layer patch norms, CLS->patch attention rows and the pooled vector of one forward of
+    ``model`` on ``x`` with ``interventions`` applied; patch slices follow the edited layout. ``classifier``:
+    the logits are its class logits."""
     norm_hook = resid_post(detect_layer % model.n_layers)
     lay = run_layout(model, tuple(x.shape[-2:]), interventions)
     layers = list(attention_layers) if lay.cls_index is not None else []
@@ -123,8 +150,9 @@ def forward_summary(model, x: torch.Tensor, interventions: Sequence = (), detect
         return fns
 
     run = run_hooks(model, x, [norm_hook] + [attn_pattern(l) for l in layers], reducers, interventions,
-                    logits=True)
-    return ForwardSummary(run.logits, run.acts[norm_hook], {l: run.acts[attn_pattern(l)] for l in layers})
+                    logits=True, classifier=classifier)
+    return ForwardSummary(run.logits, run.acts[norm_hook], {l: run.acts[attn_pattern(l)] for l in layers},
+                          run.pooled)
 
 
 @dataclass
@@ -134,8 +162,10 @@ class Baseline:
 
     Attributes:
         layer: the detection block of ``patch_norms``; attention_layer: the block of ``cls_attention``.
-        logits [N, c]; patch_norms [N, P]; cls_attention [N, P] (head mean) or None for a model without CLS.
+        logits [N, c] (the classifier's class logits when made with one); patch_norms [N, P]; cls_attention
+        [N, P] (head mean) or None for a model without CLS; pooled [N, d'] (``hook_pooled``).
         ids, fingerprint: the source's images and weights (checked when a study is handed this baseline).
+        classifier: the fingerprint of the classifier the logits come from (None: the model's head).
     """
 
     layer: int
@@ -145,36 +175,55 @@ class Baseline:
     cls_attention: Optional[torch.Tensor]
     ids: Tuple[str, ...]
     fingerprint: str
+    pooled: Optional[torch.Tensor] = None
+    classifier: Optional[str] = None
 
     def rows(self, start: int, n: int) -> ForwardSummary:
         """The summary of images ``start .. start + n`` (one batch of the source)."""
         attn = {} if self.cls_attention is None else {self.attention_layer: self.cls_attention[start:start + n]}
-        return ForwardSummary(self.logits[start:start + n], self.patch_norms[start:start + n], attn)
+        pooled = None if self.pooled is None else self.pooled[start:start + n]
+        return ForwardSummary(self.logits[start:start + n], self.patch_norms[start:start + n], attn, pooled)
 
-    def check(self, source, layer: int) -> "Baseline":
-        """This baseline, after checking it was made on ``source`` at detection block ``layer``."""
+    def check(self, source, layer: int, classifier: Optional[Classifier] = None) -> "Baseline":
+        """This baseline, after checking it was made on ``source`` at detection block ``layer`` with
+        ``classifier``."""
         from ...errors import InterpError
 
         if tuple(source.ids) != self.ids or source.fingerprint != self.fingerprint or layer != self.layer:
             raise InterpError("this baseline was made on other images, weights or detection block than the study "
                               "uses; make it with baseline_pass(source, layer) on the same source")
+        if (None if classifier is None else classifier.fingerprint) != self.classifier:
+            raise InterpError("this baseline was made with another classifier than the study uses; make it with "
+                              "baseline_pass(source, layer, classifier=...) with the same classifier")
         return self
 
 
-def baseline_pass(source, layer: int, batch_size: Optional[int] = None, progress: bool = True) -> Baseline:
-    """One unedited forward per image of a live ``source``: logits, block ``layer``'s patch norms and the last
-    block's CLS->patch attention (what the causal studies compare their edited runs with)."""
+def baseline_summary(model, x: torch.Tensor, interventions: Sequence, layer: int,
+                     classifier: Optional[Classifier] = None) -> ForwardSummary:
+    """The unedited forward of one batch exactly as :func:`baseline_pass` makes it (the last block's attention
+    pattern computed too), so a study without a shared baseline gets the same numbers, to the last bit."""
+    return forward_summary(model, x, interventions, layer, attention_layers=[model.n_layers - 1],
+                           classifier=classifier)
+
+
+def baseline_pass(source, layer: int, batch_size: Optional[int] = None, progress: bool = True,
+                  classifier: Optional[Classifier] = None) -> Baseline:
+    """One unedited forward per image of a live ``source``: logits (``classifier``'s class logits when given),
+    the pooled vector, block ``layer``'s patch norms and the last block's CLS->patch attention (what the causal
+    studies compare their edited runs with)."""
     from ..._progress import tqdm
     from .source import n_batches  # here: source imports this module
 
     model = source.model
     last = model.n_layers - 1
     bs = batch_size or source.batch_size
-    parts = [forward_summary(model, x, source.interventions, layer, attention_layers=[last])
+    classifier = classifier.bind(model) if classifier is not None and classifier.bound_to is None else classifier
+    parts = [baseline_summary(model, x, source.interventions, layer, classifier)
              for _, x in tqdm(source.image_batches(bs), disable=not progress, desc="baseline", unit="batch",
                               total=n_batches(source, bs), leave=False)]
     if not parts:
         raise ValueError("baseline_pass needs at least one image")
     attn = torch.cat([p.cls_attention[last] for p in parts]) if last in parts[0].cls_attention else None
     return Baseline(layer, last, torch.cat([p.logits for p in parts]), torch.cat([p.patch_norms for p in parts]),
-                    attn, tuple(source.ids), source.fingerprint)
+                    attn, tuple(source.ids), source.fingerprint, torch.cat([p.pooled for p in parts]),
+                    None if classifier is None else classifier.fingerprint)
