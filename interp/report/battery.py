@@ -135,6 +135,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     """The stages of :func:`run_battery`."""
     from ..studies.artifacts.neurons import neurons_reading, resolve_neuron_options
     from ..studies.artifacts.ablate import ablation_study
+    from ..studies.core.behaviour import behaviour_readout
     from ..studies.core.detection import DetectionSpec, detection_from_norms
     from ..studies.core.forward import baseline_pass
     from ..studies.core.outliers import resolve_layer
@@ -149,8 +150,6 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
                                       highest_layer=o.highest_layer, top_k=o.top_k)
     # one unedited forward per image gives the detection's norms and the causal studies' baseline
     spec = DetectionSpec(settings["threshold"], settings.get("detect_layer"), settings["preset"]).resolved()
-    from ..studies.core.behaviour import behaviour_readout
-
     clf = behaviour_readout(source, o.classifier).classifier  # bound (and checked) once, before any forward
     baseline = baseline_pass(source, resolve_layer(spec.layer, source.n_layers), classifier=clf, **common)
     found = detection_from_norms(source, spec, baseline.patch_norms)
