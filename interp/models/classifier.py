@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Union
@@ -207,9 +208,15 @@ class Classifier:
         return {**out, **{k: v for k, v in optional.items() if v is not None}}
 
     def save(self, path: Union[str, Path]) -> Path:
+        """Write the file through a temporary file renamed into place (a crash leaves no half-written file)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(self.to_dict(), path)
+        tmp = path.with_name(path.name + ".partial")
+        try:
+            torch.save(self.to_dict(), tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
 
