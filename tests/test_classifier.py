@@ -212,6 +212,22 @@ def test_a_baseline_made_with_another_classifier_is_refused(tmp_path):
                        progress=False)
 
 
+def test_folder_labels_follow_the_classifiers_class_names():
+    from types import SimpleNamespace
+
+    from interp.studies.core.behaviour import target_classes
+
+    def folders(names, labels):
+        return SimpleNamespace(labels=labels, class_names=names)
+
+    assert target_classes(folders(["Dog", "tabby_cat"], [0, 1, 1]), ["tabby cat", "fox", "dog"]).tolist() == [2, 0, 0]
+    assert target_classes(folders(["3", "7"], [1, 0]), ["a"] * 10).tolist() == [7, 3]       # class indices
+    assert target_classes(folders(["n01", "n02", "n03"], [2, 0]), ["x", "y", "z"]).tolist() == [2, 0]  # full list
+    assert target_classes(folders(["n01", "n02"], [1, 0]), ["x", "y", "z"]) is None          # names nothing
+    assert target_classes(folders(["b", "a"], [1, 0])).tolist() == [1, 0]                    # model head: as before
+    assert target_classes(folders([], None), ["x"]) is None
+
+
 # ---------------------------------------------------------------------------------------------- bad files
 def test_bad_classifier_files_are_refused_in_one_line(tmp_path):
     model = clip_like()

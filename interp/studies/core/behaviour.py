@@ -15,7 +15,8 @@ a result stores about the classifier used.
 
 Labels: from an image-folder layout ``DIR/<class>/img``. With a classifier file that names its classes, a
 folder is the class of that name (case-insensitive; "_" read as " "); otherwise folder names that are integers
-are class indices, else the sorted folder index is used (right when the folders are the full class list).
+are class indices, else the sorted folder index is used (right when the folders are the full class list, e.g.
+ImageNet's synset folders; with a classifier file only when there are as many folders as classes).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def target_classes(source, class_names: Optional[Sequence[str]] = None) -> Optio
             return torch.tensor([wanted[label] for label in labels])
     if names and all(n.isdigit() for n in names):
         return torch.tensor([int(names[label]) for label in labels])
-    return None if class_names else torch.tensor(labels)
+    return None if class_names and len(names) != len(class_names) else torch.tensor(labels)
 
 
 @dataclass(frozen=True)
