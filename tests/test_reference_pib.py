@@ -8,8 +8,9 @@ import pytest
 import torch
 from PIL import Image
 
+import interp
 from interp.errors import InterpError
-from interp.studies.aggregation.pib_protocol import last_box_cells, last_keep, last_regions, last_transform
+from interp.studies.aggregation.pib_protocol import last_box_cells, last_keep, last_regions
 from reference import last_patch_hit as ref
 
 
@@ -106,6 +107,26 @@ def test_regions_follow_cells_and_reasons():
     expected = ref.bbox_to_patch_set([48, 48, 80, 80], 256, 256)
     assert set(torch.nonzero(inside[0].flatten()).flatten().tolist()) == expected
     assert not inside[1:].any()  # kept image 3 maps to no cell: stays usable, never a hit
+
+
+def last_transform(mean, std):
+    """The reference's image transform (its ``imagenet_dataloader.py``): torchvision ``Resize(256)`` (bilinear,
+    shorter side), ``CenterCrop(224)``, ``ToTensor``, ``Normalize``; interp's ``LAST_PREPROCESS`` must equal it."""
+    from torchvision import transforms as T
+
+    return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(mean=mean, std=std)])
+
+
+def test_the_general_eval_transform_is_the_references():
+    from conftest import make_model
+    from interp.models import preprocessing
+    from interp.studies.aggregation.pib_protocol import LAST_PREPROCESS
+
+    model = make_model("vit", depth=1)
+    img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (375, 500, 3), dtype=np.uint8))
+    cfg = interp.models.data_config(model)
+    ours = preprocessing(model, LAST_PREPROCESS)(img)
+    assert torch.allclose(ours, last_transform(cfg["mean"], cfg["std"])(img), atol=1e-6)
 
 
 def test_transform_crop_matches_box_geometry():

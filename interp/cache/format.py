@@ -56,8 +56,8 @@ ATTRIBUTES = (
 JSON_ATTRIBUTES = ("weights_source", "data_config", "input_size", "layout", "hooks", "token_rows", "shard", "shards")
 
 # Settings a resumed run must share with the file it continues.
-RESUME_KEYS = ("architecture_fingerprint", "weights_fingerprint", "input_size", "layout", "hooks", "dtype",
-               "tokens", "norms_only", "n_images", "images_sha256", "shard")
+RESUME_KEYS = ("architecture_fingerprint", "weights_fingerprint", "input_size", "data_config", "layout", "hooks",
+               "dtype", "tokens", "norms_only", "n_images", "images_sha256", "shard")
 
 # Per-image token axis of hooks whose token axis is not the first one (None: no full token axis; stored
 # whole). Attention scores/patterns are [h, t_query, t_key]; token selection applies to the query axis.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -38,6 +38,7 @@ class ImageSource:
 
     ids: List[str]
     input_size: Tuple[int, int]
+    data_config: Optional[dict] = None  # the preprocessing the images get, when not the model's own
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -55,7 +56,9 @@ class ImageSource:
 class FileImages(ImageSource):
     """Image files read with the model's timm preprocessing. Unreadable files are skipped (or raise if strict)."""
 
-    def __init__(self, paths: Sequence[Path], transform, input_size: Tuple[int, int], strict: bool = False):
+    def __init__(self, paths: Sequence[Path], transform, input_size: Tuple[int, int], strict: bool = False,
+                 data_config: Optional[dict] = None):
+        self.data_config = data_config
         self.paths = [Path(p) for p in paths]
         self.ids = [str(p) for p in self.paths]
         self.transform = transform
@@ -72,7 +75,7 @@ class FileImages(ImageSource):
         return batch
 
     def subset(self, start: int, stop: int) -> "FileImages":
-        return FileImages(self.paths[start:stop], self.transform, self.input_size, self.strict)
+        return FileImages(self.paths[start:stop], self.transform, self.input_size, self.strict, self.data_config)
 
 
 class TensorImages(ImageSource):
@@ -102,14 +105,21 @@ class TensorImages(ImageSource):
 ImagesArg = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
 
 
-def image_source(images: ImagesArg, model, strict: bool = False) -> ImageSource:
-    """An :class:`ImageSource` for a directory, a ``.txt``/``.lst`` list file, a list of paths or a Tensor."""
-    if isinstance(images, torch.Tensor):
-        return TensorImages(images)
-    from ..models import data_config, list_images, preprocessing
+def image_source(images: ImagesArg, model, strict: bool = False, preprocess=None) -> ImageSource:
+    """An :class:`ImageSource` for a directory, a ``.txt``/``.lst`` list file, a list of paths or a Tensor.
+    ``preprocess``: files are decoded with that eval transform (:class:`~interp.models.preprocessing.EvalTransform`
+    or its name) instead of the model's own; its ``data_config`` is what the cache records."""
+    from ..models import data_config, eval_transform, list_images, preprocessing
 
+    transform = eval_transform(preprocess)
+    if isinstance(images, torch.Tensor):
+        if transform is not None:
+            raise ImageError(f"preprocess={transform.name!r} decodes image files; a tensor is already preprocessed")
+        return TensorImages(images)
     paths = list_images(images)
     if not paths:
         raise ImageError("no image paths given")
-    input_size = tuple(int(s) for s in data_config(model)["input_size"][-2:])
-    return FileImages(paths, preprocessing(model), input_size, strict=strict)
+    config = data_config(model, transform)
+    input_size = tuple(int(s) for s in config["input_size"][-2:])
+    return FileImages(paths, preprocessing(model, transform), input_size, strict=strict,
+                      data_config=config if transform is not None else None)

@@ -35,6 +35,7 @@ def write(
     progress: bool = True,
     distributed: Optional[bool] = None,
     weights_source: Optional[dict] = None,
+    preprocess=None,
 ) -> WriteSummary:
     """Cache hook activations of ``model`` over ``images`` into the HDF5 file ``path``.
 
@@ -60,6 +61,9 @@ def write(
         weights_source: where the model's weights came from, recorded so that a mismatch can say how to
             load them again: ``interp.cache.format.weights_source(pretrained=..., weights=..., seed=...)``
             (the CLI fills it in; unknown fields are None).
+        preprocess: decode the files with a paper's eval transform (``"resize256-crop224"``, an
+            ``interp.models.EvalTransform``) instead of the model's own; recorded in the ``data_config``
+            attribute (its ``preprocess`` key), and a study asking for another one is refused.
 
     Returns:
         WriteSummary (this rank's shard under ``torchrun``).
@@ -78,7 +82,7 @@ def write(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     hook_names = model.resolve_hooks(hooks)
-    source = image_source(images, model, strict=strict)
+    source = image_source(images, model, strict=strict, preprocess=preprocess)
     options = dict(batch_size=batch_size, dtype=dtype, tokens=tokens, norms_only=norms_only,
                    compression=compression, resume=resume, overwrite=overwrite, progress=progress,
                    weights_source=weights_source)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 
-from .common import add_model_args, add_output_args, add_strict_arg, model_from_args
+from .common import (add_model_args, add_output_args, add_preprocess_args, add_strict_arg, model_from_args,
+                     preprocess_arg)
 from .values import existing_path, image_list_file, positive_int
 
 
@@ -37,6 +38,7 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted FILE.h5 (same settings)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing FILE.h5")
     add_strict_arg(p)
+    add_preprocess_args(p)
     add_output_args(p)
     p.set_defaults(func=run)
 
@@ -47,6 +49,7 @@ def run(args) -> int:
 
     if args.device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"  # one GPU per torchrun rank
+    preprocess = preprocess_arg(args)
     if not args.hooks and not args.for_studies:
         raise UsageError("say what to cache: --hooks PATTERN... and/or --for STUDY[,STUDY...] (e.g. --for norms)")
     check_output_file(args.out, overwrite=args.overwrite, resume=args.resume, example="acts.h5",
@@ -73,6 +76,7 @@ def run(args) -> int:
         # Recorded so that a mismatch can say how to load these weights again (seed: random weights).
         weights_source=weights_source(pretrained=args.pretrained and not args.weights, weights=args.weights,
                                       seed=getattr(model, "init_seed", None)),
+        preprocess=preprocess,
     )
     if args.progress_requested and not args.progress:  # no bar (not a terminal): the summary line still shows
         import sys

@@ -11,7 +11,7 @@ from typing import Dict, List, Sequence
 from ..console import add_output_args
 from ..errors import InterpError, OutputError, UsageError
 from .values import (device_arg, existing_file, existing_path, finite_float, fraction, image_list_file,
-                     nonnegative_int, open_fraction, positive_float, positive_int, threshold_arg)
+                     nonnegative_int, open_fraction, positive_float, positive_int, threshold_arg, transform_arg)
 
 
 def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False) -> None:
@@ -143,6 +143,7 @@ def add_study_args(parser: argparse.ArgumentParser, cache_ok: bool = True, image
             src.add_argument("--cache", type=existing_file,
                              help="an interp cache file (.h5) to read activations from")
     parser.add_argument("--out", required=True, help="output directory for <study>.json and PNGs")
+    add_preprocess_args(parser)
     add_batch_size_arg(parser)
     add_strict_arg(parser)
     add_overwrite_arg(parser, "an existing <study>.json in --out (and the figures it lists)")
@@ -166,6 +167,37 @@ def print_behaviour(result) -> None:
     elif clf.get("kind") not in (None, "model_head"):
         print(f"behaviour through the {clf['kind']} classifier {clf.get('path') or clf.get('source') or ''} "
               f"({clf['n_classes']} classes)")
+
+
+def add_preprocess_args(parser: argparse.ArgumentParser) -> None:
+    """``--resize N [--crop M]`` or ``--transform NAME``: a paper's eval preprocessing instead of timm's own."""
+    parser.add_argument("--resize", type=positive_int, default=None, metavar="N",
+                        help="eval preprocessing: resize the shorter side to N px, then center-crop (--crop, default "
+                             "N); e.g. --resize 256 --crop 224 as Jiang et al., LOST and DINOv2's evaluation "
+                             "(default: timm's own transform for the model)")
+    parser.add_argument("--crop", type=positive_int, default=None, metavar="M",
+                        help="center crop M x M after --resize (the model's input size)")
+    parser.add_argument("--transform", type=transform_arg, default=None, metavar="NAME",
+                        help="the same by name: model (timm's own) or resizeN-cropM, e.g. resize256-crop224")
+
+
+def preprocess_arg(args: argparse.Namespace):
+    """The eval transform name the preprocessing options ask for (None: not given), checked without torch:
+    one of ``--transform`` or ``--resize``/``--crop``; ``--crop`` needs ``--resize`` and must fit in it."""
+    from .._transforms import check_sizes
+
+    name, resize, crop = (getattr(args, k, None) for k in ("transform", "resize", "crop"))
+    if name is not None and (resize is not None or crop is not None):
+        raise UsageError(f"give --transform {name} or --resize/--crop, not both")
+    if crop is not None and resize is None:
+        raise UsageError(f"--crop {crop} needs --resize too (e.g. --resize 256 --crop {crop})")
+    if resize is None:
+        return name
+    try:
+        check_sizes(resize, resize if crop is None else crop)
+    except ValueError as e:
+        raise UsageError(f"--resize/--crop: {e}") from None
+    return f"resize{resize}-crop{resize if crop is None else crop}"
 
 
 def add_batch_size_arg(parser: argparse.ArgumentParser, batch_size: int = 16) -> None:
@@ -217,12 +249,14 @@ def source_from_args(args: argparse.Namespace, model):
 
     cache = getattr(args, "cache", None)
     source = open_source(model=model, images=None if cache else args.images, cache=cache,
-                         batch_size=args.batch_size, strict=getattr(args, "strict", False))
+                         batch_size=args.batch_size, strict=getattr(args, "strict", False),
+                         preprocess=preprocess_arg(args))
     study = getattr(args, "study", None)
     if not source.is_live and study in STUDIES:
         check_cache_serves(source, study, model.n_layers, vars(args))
     args.skipped = [{"image": image, "reason": reason} for image, reason in source.skipped]
     args.weights_seed = getattr(model, "init_seed", None)
+    args.preprocess = source.preprocess
     return source
 
 
@@ -245,7 +279,8 @@ def save_study(result, args: argparse.Namespace, images=None, **figure_options) 
     extra = None
     if hasattr(args, "skipped"):  # set by source_from_args
         result.skipped = list(args.skipped)
-        extra = {"weights_seed": getattr(args, "weights_seed", None)}
+        extra = {"weights_seed": getattr(args, "weights_seed", None),
+                 "preprocess": getattr(args, "preprocess", None)}  # "model" or an eval transform's name
     _said_written(result, args.out, save_result(result, args.out, images, extra=extra,
                                                 figure_options=figure_options))
 
@@ -277,6 +312,7 @@ def prepare_study_output(args: argparse.Namespace, result_name: str) -> list:
 
     from .output import check_output_folder
 
+    preprocess_arg(args)  # bad --resize/--crop/--transform: refused here, before torch
     check_output_folder(args.out)
     path = Path(args.out) / f"{result_name}.json"
     if not path.exists():

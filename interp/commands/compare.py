@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from .common import (add_batch_size_arg, add_device_arg, add_output_args, add_overwrite_arg, add_seed_arg,
-                     add_strict_arg, add_detection_args, check_device, threshold_value, write_outputs)
+                     add_strict_arg, add_detection_args, add_preprocess_args, check_device, preprocess_arg,
+                     threshold_value, write_outputs)
 from .values import existing_path, positive_int
 
 NONE = "-"  # in a per-model list: no value for this model
@@ -38,6 +39,7 @@ def register(sub) -> None:
                    help=f"input size in pixels: one for all models, or one per model ('{NONE}': the model's own)")
     add_device_arg(p)
     add_detection_args(p)
+    add_preprocess_args(p)
     add_batch_size_arg(p)
     add_seed_arg(p)
     p.add_argument("--no-probes", dest="probes", action="store_false", default=True,
@@ -99,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from .output import atomic_output_dir, check_output_folder
 
     weights, sizes = _check_values(args)
+    preprocess = preprocess_arg(args)
     from ..studies.core.presets import resolve_preset
 
     resolve_preset(args.preset)  # an unknown preset is refused before torch and any model
@@ -123,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         spec = DetectionSpec(threshold_value(args.threshold), args.detect_layer, args.preset)
         result = compare_models(models, images, detection=spec, batch_size=args.batch_size, progress=args.progress,
                                 probes=args.probes, probe_tokens=args.probe_tokens, strict=args.strict, names=labels,
-                                seed=args.seed)
+                                seed=args.seed, preprocess=preprocess)
         print(result.table())
         if staging is not None:
             write_outputs(result, staging)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .common import (REPORT_MARKER, add_batch_size_arg, add_classifier_arg, add_model_args, add_output_args,
-                     add_overwrite_arg, add_strict_arg, add_threshold_arg, model_from_args, prepare_report_dir,
-                     threshold_value)
+                     add_overwrite_arg, add_preprocess_args, add_strict_arg, add_threshold_arg, model_from_args,
+                     prepare_report_dir, preprocess_arg, threshold_value)
 from .values import existing_path, nonnegative_int, positive_int
 
 
@@ -37,6 +37,7 @@ def register(sub) -> None:
     p.add_argument("--controls", type=nonnegative_int, default=5,
                    help="random control neuron sets in the ablation (default 5)")
     add_classifier_arg(p)
+    add_preprocess_args(p)
     add_batch_size_arg(p)
     add_strict_arg(p)
     add_overwrite_arg(p, "a report written before into --out (its own files are removed first; a non-empty "
@@ -50,6 +51,7 @@ def run(args) -> int:
     from .output import atomic_output_dir
 
     threshold = None if args.threshold is None else threshold_value(args.threshold)  # fails before the model
+    preprocess = preprocess_arg(args)
     if args.model is None:
         if args.weights:
             raise UsageError("--weights needs a MODEL name (the default planted_vit is built by construction)")
@@ -65,7 +67,7 @@ def run(args) -> int:
                                 classifier=args.classifier)
         # progress_requested drives the stage lines; the bars follow the terminal check (args.progress)
         summary = run_report(model, images=args.images, out_dir=staging, options=options,
-                             progress=args.progress_requested, strict=args.strict)
+                             progress=args.progress_requested, strict=args.strict, preprocess=preprocess)
     index = Path(args.out) / "index.html"
     if summary["synthetic"]:
         print(f"note: {SYNTHETIC_NOTE}")

@@ -168,3 +168,14 @@ def register_count(text: str) -> int:
     if value > MAX_REGISTERS:
         raise _fail(text, f"expected at most {MAX_REGISTERS} test-time registers (published models use 1-16)")
     return value
+
+
+def transform_arg(text: str) -> str:
+    """``--transform``: ``model`` or ``resizeN[-cropM]`` (checked without torch), returned lower-cased."""
+    from .._transforms import parse_transform_name
+
+    try:
+        parse_transform_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text.strip().lower()

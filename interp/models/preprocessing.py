@@ -1,12 +1,23 @@
-"""Images -> model input: timm's own preprocessing (resize, center crop, normalise) for a model."""
+"""Images -> model input: timm's own preprocessing (resize, center crop, normalise) for a model, or a paper's
+eval transform (:class:`EvalTransform`: resize the shorter side to N, center-crop M, the model's normalisation).
+
+timm's own transform for DINOv2 built at 224 px resizes the shorter side to 224 and crops nothing more
+(``crop_pct`` 1.0); Jiang et al., LOST and the DINOv2 evaluations use resize 256 + center crop 224:
+
+>>> cfg = data_config(model, "resize256-crop224")
+>>> cfg["input_size"], cfg["preprocess"], preprocessing(model, cfg["preprocess"]).transforms[0].size
+((3, 224, 224), 'resize256-crop224', 256)
+"""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .._transforms import INTERPOLATIONS, MODEL_TRANSFORM, check_sizes, parse_transform_name
 from ..errors import ImageError, ImageTooLargeError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
@@ -26,8 +37,70 @@ def _timm_module(model):
     return getattr(model, "timm_model", model)
 
 
-def data_config(model) -> dict:
-    """timm's data config (input_size, interpolation, mean, std, crop_pct, crop_mode) for ``model``."""
+@dataclass(frozen=True)
+class EvalTransform:
+    """A paper's eval preprocessing: resize the shorter side to ``resize`` px, center-crop ``crop`` x ``crop``,
+    the model's mean/std; ``interpolation`` None = the model's own (timm's data config). Built with timm's own
+    transform (so box mapping, which reads the transform, follows it exactly).
+
+    Named ``resize{N}-crop{M}`` (``-bilinear``... when the interpolation is set), e.g. ``resize256-crop224``."""
+
+    resize: int
+    crop: int
+    interpolation: Optional[str] = None
+
+    def __post_init__(self):
+        if not (isinstance(self.resize, int) and isinstance(self.crop, int)):
+            raise ImageError(f"resize {self.resize!r} and crop {self.crop!r} must be whole numbers of pixels")
+        if self.interpolation is not None and self.interpolation not in INTERPOLATIONS:
+            raise ImageError(f"interpolation {self.interpolation!r}: use one of {INTERPOLATIONS}")
+        try:
+            check_sizes(self.resize, self.crop)
+        except ValueError as e:
+            raise ImageError(str(e)) from None
+
+    @property
+    def name(self) -> str:
+        return f"resize{self.resize}-crop{self.crop}" + (f"-{self.interpolation}" if self.interpolation else "")
+
+
+TransformSpec = Union[None, str, EvalTransform]
+
+
+def eval_transform(spec: TransformSpec = None, resize: Optional[int] = None,
+                   crop: Optional[int] = None) -> Optional[EvalTransform]:
+    """The :class:`EvalTransform` of a name (``"resize256-crop224"``, ``"resize224"``: crop = resize; ``"model"``
+    or None: timm's own, returned as None) or of ``resize``/``crop`` (crop defaults to the resize)."""
+    if isinstance(spec, EvalTransform) or spec is None:
+        found = spec
+    else:
+        try:
+            parsed = parse_transform_name(spec)
+        except ValueError as e:
+            raise ImageError(str(e)) from None
+        found = None if parsed is None else EvalTransform(*parsed)
+    if resize is None and crop is None:
+        return found
+    if found is not None:
+        raise ImageError(f"give a transform name ({found.name}) or resize/crop, not both")
+    if resize is None:
+        raise ImageError(f"crop {crop} needs a resize too (e.g. resize 256, crop {crop})")
+    return EvalTransform(int(resize), int(resize if crop is None else crop))
+
+
+def transform_name(config: dict) -> str:
+    """The preprocessing a data config describes: an :class:`EvalTransform` name or ``"model"``."""
+    return config.get("preprocess") or MODEL_TRANSFORM
+
+
+def data_config(model, preprocess: TransformSpec = None) -> dict:
+    """timm's data config (input_size, interpolation, mean, std, crop_pct, crop_mode) for ``model``; with
+    ``preprocess`` (an :class:`EvalTransform` or its name) the one of that transform, which also holds
+    ``"preprocess"``: its name.
+
+    Raises:
+        ImageError: the transform's crop is not the model's input size and the model takes no other size.
+    """
     from timm.data import resolve_data_config
 
     timm_model = _timm_module(model)
@@ -36,14 +109,29 @@ def data_config(model) -> dict:
     img_size = getattr(getattr(timm_model, "patch_embed", None), "img_size", None)
     if img_size is not None:
         cfg["input_size"] = (cfg["input_size"][0], int(img_size[0]), int(img_size[1]))
+    t = eval_transform(preprocess)
+    if t is None:
+        return cfg
+    if tuple(cfg["input_size"][1:]) != (t.crop, t.crop) and not getattr(timm_model, "dynamic_img_size", False):
+        raise ImageError(f"the {t.name} transform feeds {t.crop} x {t.crop} images but "
+                         f"{getattr(model, 'model_name', type(timm_model).__name__)} takes "
+                         f"{cfg['input_size'][1]} x {cfg['input_size'][2]}: build it at that size "
+                         f"(--img-size {t.crop}) or crop {cfg['input_size'][1]}")
+    # timm resizes the shorter side to floor(crop / crop_pct): crop / (resize + 0.5) gives exactly `resize`
+    cfg.update(input_size=(cfg["input_size"][0], t.crop, t.crop), crop_pct=t.crop / (t.resize + 0.5),
+               crop_mode="center", preprocess=t.name)
+    if t.interpolation:
+        cfg["interpolation"] = t.interpolation
     return cfg
 
 
-def preprocessing(model):
-    """The eval transform (PIL image -> Tensor[3, H, W]) timm uses for ``model``."""
+def preprocessing(model, preprocess: TransformSpec = None):
+    """The eval transform (PIL image -> Tensor[3, H, W]) timm uses for ``model``, or ``preprocess``'s."""
     from timm.data import create_transform
 
-    return create_transform(**data_config(model), is_training=False)
+    cfg = data_config(model, preprocess)
+    cfg.pop("preprocess", None)
+    return create_transform(**cfg, is_training=False)
 
 
 def list_images(source: Union[PathLike, Sequence[PathLike]]) -> List[Path]:
@@ -164,7 +252,7 @@ def check_decodes(path: PathLike) -> None:
 
 
 def load_images(paths: Union[PathLike, Iterable[PathLike]], model, strict: bool = False,
-                skipped: Optional[List[Tuple[str, str]]] = None) -> torch.Tensor:
+                skipped: Optional[List[Tuple[str, str]]] = None, preprocess: TransformSpec = None) -> torch.Tensor:
     """Read image files into one batch with the model's preprocessing, skipping unreadable files.
 
     Args:
@@ -173,6 +261,8 @@ def load_images(paths: Union[PathLike, Iterable[PathLike]], model, strict: bool 
         model: a ``HookedViT`` or timm ViT; its data config sets size, crop and normalisation.
         strict: stop at the first unreadable file (``ImageError`` naming it) instead of skipping it.
         skipped: a list to which ``(path, reason)`` is appended for each skipped file (each also warns once).
+        preprocess: a paper's eval transform instead of timm's own (:class:`EvalTransform` or its name,
+            e.g. ``"resize256-crop224"``).
 
     Returns:
         Tensor[B, 3, H, W] (float32, on the CPU) of the readable images, in order (B = files - skipped).
@@ -183,7 +273,7 @@ def load_images(paths: Union[PathLike, Iterable[PathLike]], model, strict: bool 
     files = list_images(paths)
     if not files:
         raise ImageError("no image paths given")
-    pixels, _, unreadable = decode_images(files, preprocessing(model), strict)
+    pixels, _, unreadable = decode_images(files, preprocessing(model, preprocess), strict)
     for i, reason in unreadable:
         skip_image(str(files[i]), reason, skipped)
     if not pixels:

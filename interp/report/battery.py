@@ -96,14 +96,15 @@ def _say(progress: bool, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def report_source(model, images: Optional[ImagesSpec], batch_size: int, strict: bool = False) -> LiveSource:
+def report_source(model, images: Optional[ImagesSpec], batch_size: int, strict: bool = False,
+                  preprocess=None) -> LiveSource:
     """The one live source every stage reads: the images (default: the bundled samples) decoded once when
     there are at most ``HOLD_LIMIT`` of them (``LiveSource.held_if_small``). Unreadable images are skipped and
     listed in ``source.skipped`` (``strict``: the first one stops the run)."""
     from ..models import sample_image_paths
 
     source = open_source(model=model, images=sample_image_paths() if images is None else images,
-                         batch_size=batch_size, strict=strict)
+                         batch_size=batch_size, strict=strict, preprocess=preprocess)
     return source.held_if_small()
 
 
@@ -217,7 +218,7 @@ def write_results(results: BatteryResults, source: LiveSource, out: Path) -> Dic
 
 def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[str, Path] = "report",
                options: Optional[ReportOptions] = None, *, progress: bool = True, strict: bool = False,
-               **option_values) -> Dict:
+               preprocess=None, **option_values) -> Dict:
     """Run norms -> neurons -> ablation -> test-time register -> relocation and write the report.
 
     Args:
@@ -229,6 +230,8 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
             ``highest_layer=``, ``top_k=``, ``n_controls=``, ``seed=``, ``batch_size=``) override its fields.
         progress: one line per stage on stderr, and the studies' progress bars.
         strict: stop at the first unreadable image (default: skip it with a warning; listed under "skipped_images").
+        preprocess: a paper's eval transform for the image files (``"resize256-crop224"``; default timm's own),
+            recorded as report.json's ``preprocess``.
 
     Returns:
         The report.json summary (a dict), with ``"planted"`` holding the ground-truth comparison for a
@@ -247,7 +250,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
         _say(progress, f"interp report: note: {SYNTHETIC_NOTE}")
     if options.top_k is None and truth is not None:  # else 10, or the preset's
         options = dataclasses.replace(options, top_k=len(truth.neurons))
-    source = report_source(model, images, options.batch_size, strict)
+    source = report_source(model, images, options.batch_size, strict, preprocess)
     results = run_battery(source, options, progress, objects=True)
     figures = write_results(results, source, out)
 

@@ -23,6 +23,7 @@ from ..studies.core.detection import DetectionSpec, RunOptions, spec_of, thresho
 from ..studies.core.outliers import ThresholdSpec
 from ..studies.probes.token_probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
+from ..models.preprocessing import eval_transform
 from ..studies.core.source import open_source
 
 NORM_COLUMNS = ("model", "artifacts", "threshold", "outlier_%", "max/median", "emergence", "cls_attn_on_outliers",
@@ -142,25 +143,33 @@ def probe_notes(result) -> Dict[str, str]:
     return {col: e.note for col, e in entries.items() if e is not None and e.score is None and e.note}
 
 
+def preprocess_name(preprocess) -> str:
+    """``"model"`` or the eval transform's name."""
+    t = eval_transform(preprocess)
+    return "model" if t is None else t.name
+
+
 def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpec] = None,
                    threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
                    preset: Optional[str] = None, batch_size: int = 16, progress: bool = True,
                    names: Optional[Sequence[str]] = None, probes: bool = True, probe_tokens: int = 2000,
-                   probe_options: Optional[Dict] = None, seed: int = 0, strict: bool = False) -> ComparisonResult:
+                   probe_options: Optional[Dict] = None, seed: int = 0, strict: bool = False,
+                   preprocess=None) -> ComparisonResult:
     """Run the norms and redundancy studies (and, with ``probes``, the linear probes on at most ``probe_tokens``
     training tokens, fitted with ``probe_options`` (default :data:`PROBE_OPTIONS`)) on each HookedViT over the
     same images and collect one row per model (columns: :data:`COLUMN_DOCS`).
 
     The high-norm tokens of every model follow one detection rule: ``detection`` (a :class:`DetectionSpec`) or
     ``threshold`` / ``detect_layer`` / ``preset`` (not both), resolved once and applied to each model (a
-    percentile or "auto" is each model's own). Unreadable images are left out and listed in ``skipped``
+    percentile or "auto" is each model's own). ``preprocess``: one eval transform for every model's images
+    (``"resize256-crop224"``; default each model's own). Unreadable images are left out and listed in ``skipped``
     (``strict``: stop at the first one instead)."""
     spec = spec_of(detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
     probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
     rows, skipped, notes = [], [], {}
     for i, model in enumerate(models):
         name = names[i] if names else model.model_name
-        source = open_source(model=model, images=images, batch_size=batch_size, strict=strict)
+        source = open_source(model=model, images=images, batch_size=batch_size, strict=strict, preprocess=preprocess)
         skipped = skipped or skipped_records(source)
         source = source.held_if_small()  # decoded once for every pass
         found = spec.detect(source, RunOptions(batch_size, progress=progress))
@@ -178,6 +187,7 @@ def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpe
             notes[name].update(probe_notes(probed))
     params = {"models": [r["model"] for r in rows], "threshold": threshold_param(spec.threshold),
               "detect_layer": spec.layer, "preset": spec.preset, "batch_size": batch_size, "probes": probes,
-              "probe_tokens": probe_tokens, "probe_options": probe_options, "seed": seed}
+              "probe_tokens": probe_tokens, "probe_options": probe_options, "seed": seed,
+              "preprocess": preprocess_name(preprocess)}
     return ComparisonResult(model=",".join(params["models"]), fingerprint="", params=params, seed=None, rows=rows,
                             skipped=skipped, notes=notes)

@@ -49,8 +49,10 @@ def _geometry(s: Dict) -> str:
     others = s["n_prefix"] - 1 - s["n_registers"]
     kinds = (["CLS"] + [plural(s["n_registers"], "register")] * bool(s["n_registers"])
              + [f"{others} other"] * bool(others))
-    return (f"{h} x {w} px, {patch} patches \u2192 {gh} x {gw} grid, {plural(s['n_prefix'], 'prefix token')} "
-            f"({' + '.join(kinds)})")
+    pre = s.get("preprocess") or "model"
+    how = "timm's own preprocessing" if pre == "model" else f"eval transform {pre}"
+    return (f"{h} x {w} px ({how}), {patch} patches \u2192 {gh} x {gw} grid, "
+            f"{plural(s['n_prefix'], 'prefix token')} ({' + '.join(kinds)})")
 
 
 def summary_rows(s: Dict) -> List[Tuple[str, str]]:

@@ -18,12 +18,12 @@ from typing import Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ...errors import ImageError, InterpError
+from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ..objects.box_files import match_boxes
 from ..objects.boxes import BoxTable, Regions, original_size, read_boxes, regions_from_boxes
 from .patch_score import FINAL, compute_score_maps
-from .pib_protocol import LAST_CROP, LAST_MAX_BOX_FRACTION, last_grid, last_regions, last_transform
+from .pib_protocol import LAST_MAX_BOX_FRACTION, LAST_PREPROCESS, last_grid, last_regions
 from ..core.result import StudyResult
 from ..core.source import ActivationSource, LiveSource
 
@@ -133,36 +133,17 @@ def load_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path], si
                               single_object=single_object, max_box_fraction=max_box_fraction, cell_rule=cell_rule)
 
 
-class LastProtocolSource(LiveSource):
-    """A live source over image files that feeds the model the LaSt reference's transform (``Resize(256)`` +
-    ``CenterCrop(224)``, the model's mean/std) instead of the model's own; ids, labels and skips as ``source``."""
-
-    def __init__(self, source: LiveSource):
-        if not isinstance(source, LiveSource) or source._paths is None:
-            raise InterpError("protocol='last' re-reads the image files with the reference transform: give a live "
-                              "source over image files (CLI --images DIR), not a cache or a tensor")
-        cfg = source.data_config()
-        self.__dict__.update(source.__dict__)
-        self._transform = last_transform(cfg["mean"], cfg["std"])  # layout: from _image_size (224 x 224)
-
-    def _image_size(self):
-        return (LAST_CROP, LAST_CROP)
-
-    def image_batches(self, batch_size: Optional[int] = None):
-        """(start index, images [b, 3, 224, 224] under the reference transform, on the model's device)."""
-        from PIL import Image
-
-        bs = batch_size or self.batch_size
-        param = next(self.model.parameters())
-        for start in range(0, len(self.ids), bs):
-            batch = []
-            for path in self._paths[start:start + bs]:
-                try:
-                    with Image.open(path) as im:  # the reference's loader: PIL convert("RGB"), alpha dropped
-                        batch.append(self._transform(im.convert("RGB")))
-                except Exception as e:  # PIL raises many types for broken files
-                    raise ImageError(f"cannot read image {str(path)!r} ({type(e).__name__}: {e})") from e
-            yield start, torch.stack(batch).to(device=param.device, dtype=param.dtype)
+def last_protocol_source(source: LiveSource) -> LiveSource:
+    """The live source over image files that feeds the model the LaSt reference's images (``Resize(256)`` +
+    ``CenterCrop(224)``, bilinear, the model's mean/std: the eval transform ``LAST_PREPROCESS``); ids, labels and
+    skips as ``source``."""
+    if not isinstance(source, LiveSource) or source.ids and not source.reads_files:
+        raise InterpError("protocol='last' re-reads the image files with the reference transform: give a live "
+                          "source over image files (CLI --images DIR), not a cache or a tensor")
+    if source.transform not in (None, LAST_PREPROCESS):
+        raise InterpError(f"protocol='last' feeds the reference's {LAST_PREPROCESS.name} images; the source was "
+                          f"opened with {source.transform.name}: leave --resize/--crop/--transform out")
+    return source.with_preprocess(LAST_PREPROCESS)
 
 
 def last_protocol_regions(source: ActivationSource, table: BoxTable) -> Regions:
@@ -185,13 +166,13 @@ def last_protocol_regions(source: ActivationSource, table: BoxTable) -> Regions:
 def protocol_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path], protocol: str,
                      single_object: bool, max_box_fraction: Optional[float]):
     """(source, regions, single_object, max_box_fraction) as a PiB protocol uses them: ``"model"`` keeps the
-    source and the filters given; ``"last"`` wraps the source in :class:`LastProtocolSource` and applies the
+    source and the filters given; ``"last"`` reads the source through :func:`last_protocol_source` and applies the
     reference's filters (one box, area < 25 %)."""
     if protocol not in PROTOCOLS:
         raise InterpError(f"protocol={protocol!r}: use one of {PROTOCOLS}")
     if protocol == "model":
         return source, load_regions(source, boxes, single_object, max_box_fraction), single_object, max_box_fraction
-    source = LastProtocolSource(source)
+    source = last_protocol_source(source)
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
     return source, last_protocol_regions(source, table), True, LAST_MAX_BOX_FRACTION
 

@@ -29,10 +29,14 @@ from typing import List, Optional, Sequence, Set, Tuple
 import torch
 
 from ...errors import InterpError
+from ...models.preprocessing import EvalTransform
 
 LAST_RESIZE = 256
 LAST_CROP = 224
 LAST_MAX_BOX_FRACTION = 0.25
+# the reference's images: torchvision's Resize(256) (bilinear, shorter side) + CenterCrop(224), the model's
+# mean/std; the general eval transform of interp.models.preprocessing with that interpolation
+LAST_PREPROCESS = EvalTransform(LAST_RESIZE, LAST_CROP, "bilinear")
 
 
 def _xyxy(box) -> Tuple[float, float, float, float]:
@@ -120,11 +124,3 @@ def last_regions(boxes_per_image: Sequence[Optional[Sequence]], sizes: Sequence[
             cells = list(last_box_cells(boxes[0], size, patch_size, crop=crop))
             inside[i].view(-1)[cells] = True
     return inside, reasons
-
-
-def last_transform(mean: Sequence[float], std: Sequence[float], resize: int = LAST_RESIZE, crop: int = LAST_CROP):
-    """The reference's image transform: ``Resize(resize)`` (bilinear, shorter side), ``CenterCrop(crop)``,
-    ``ToTensor``, ``Normalize(mean, std)``; pass the model's own mean/std (the reference's are ImageNet's)."""
-    from torchvision import transforms as T
-
-    return T.Compose([T.Resize(resize), T.CenterCrop(crop), T.ToTensor(), T.Normalize(mean=mean, std=std)])

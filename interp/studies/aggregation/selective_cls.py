@@ -37,7 +37,7 @@ from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
 from ..core.forward import run_hooks
 from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, needed_hooks,
                           score_maps_from_acts)
-from .pib import LastProtocolSource, pib_from_maps, protocol_regions
+from .pib import last_protocol_source, pib_from_maps, protocol_regions
 from ..core.result import StudyResult
 from ..core.source import live_model, n_batches
 
@@ -169,7 +169,7 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
         source, regions, single_object, max_box_fraction = protocol_regions(source, boxes, protocol, single_object,
                                                                              max_box_fraction)
     elif protocol == "last":
-        source = LastProtocolSource(source)
+        source = last_protocol_source(source)
     elif protocol != "model":
         raise InterpError(f"protocol={protocol!r}: use 'model' or 'last'")
     model = live_model(source, "selective-cls study (with and without SelectiveCLS)")

@@ -7,6 +7,7 @@ import torch
 
 from ...errors import InterpError
 from ...models.layout import TokenLayout
+from ...models.preprocessing import transform_name
 from .forward import Reducers
 from .source import ActivationSource, Batch, token_norms
 
@@ -48,6 +49,11 @@ class CacheSource(ActivationSource):
         if cfg is None:
             raise InterpError("this cache does not record its data config; run with --images and the model instead")
         return dict(cfg)
+
+    @property
+    def preprocess(self) -> str:
+        """The preprocessing the cache's images went through (``"model"`` for a cache that does not say)."""
+        return transform_name(self.reader.meta.get("data_config") or {})
 
     @property
     def image_size(self) -> Tuple[int, int]:

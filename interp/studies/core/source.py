@@ -38,7 +38,8 @@ from ...models.fingerprint import weights_fingerprint
 from ...models.layout import TokenLayout
 from .forward import Reducers, run_hooks, run_layout
 from ...models.preprocessing import data_config as model_data_config
-from ...models.preprocessing import list_images, load_images, readable_images, tensor_image_id
+from ...models.preprocessing import (TransformSpec, eval_transform, list_images, load_images, readable_images,
+                                     tensor_image_id, transform_name)
 
 ImagesSpec = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
 
@@ -129,6 +130,12 @@ class ActivationSource:
         raise NotImplementedError
 
     @property
+    def preprocess(self) -> str:
+        """The preprocessing the images went through: ``"model"`` (timm's own) or an eval transform's name
+        (``"resize256-crop224"``, :class:`~interp.models.preprocessing.EvalTransform`)."""
+        return transform_name(self.data_config())
+
+    @property
     def image_size(self) -> Tuple[int, int]:
         """(H, W) of the model input in pixels."""
         return tuple(int(v) for v in self.data_config()["input_size"][-2:])
@@ -190,11 +197,17 @@ class LiveSource(ActivationSource):
         strict: stop at the first unreadable file. Otherwise unreadable files (truncated ones included) are
             found up front (decoded once, JPEGs at 1/8 scale), left out of ``ids`` and listed in ``skipped`` as
             (path, reason), one warning each.
+        preprocess: decode files with a paper's eval transform (:class:`~interp.models.preprocessing.EvalTransform`
+            or its name, ``"resize256-crop224"``) instead of timm's own; not for a tensor (already preprocessed).
     """
 
     def __init__(self, model, images: ImagesSpec, batch_size: int = 16, strict: bool = False,
-                 interventions: Sequence = ()):
+                 interventions: Sequence = (), preprocess: TransformSpec = None):
         self.model = model
+        self.transform = eval_transform(preprocess)
+        if self.transform is not None and isinstance(images, torch.Tensor):
+            raise InterpError(f"preprocess={self.transform.name!r} decodes image files; a tensor is already "
+                              "preprocessed: give image paths, or preprocess the tensor yourself")
         self.interventions = tuple(interventions)
         self.batch_size = batch_size
         self.model_name = model.model_name
@@ -235,7 +248,7 @@ class LiveSource(ActivationSource):
 
     def data_config(self) -> dict:
         if self._config is None:
-            self._config = model_data_config(self.model)
+            self._config = model_data_config(self.model, self.transform)
         return dict(self._config)
 
     @property
@@ -252,6 +265,21 @@ class LiveSource(ActivationSource):
         std = torch.tensor(cfg["std"], dtype=torch.float32).view(1, 3, 1, 1)
         _, x = next(self.image_batches(limit))
         return (x.detach().float().cpu() * std + mean).clamp(0, 1)
+
+    @property
+    def reads_files(self) -> bool:
+        """True when the images are files decoded per pass (not a tensor given or held in memory)."""
+        return self._paths is not None and self._tensor is None
+
+    def with_preprocess(self, preprocess: TransformSpec) -> "LiveSource":
+        """This source (same files, ids and labels) decoding them with ``preprocess`` instead."""
+        if not self.reads_files:
+            raise InterpError("another preprocessing needs the image files: this source holds decoded pixels")
+        copy = object.__new__(LiveSource)
+        copy.__dict__.update(self.__dict__)
+        copy.transform, copy._config = eval_transform(preprocess), None
+        copy.data_config()  # a transform the model cannot take is refused now
+        return copy
 
     def with_interventions(self, *interventions) -> "LiveSource":
         """This source (same images, ids and labels) running its forwards under ``interventions`` too."""
@@ -274,6 +302,7 @@ class LiveSource(ActivationSource):
         pixels = torch.cat([x.cpu() for _, x in self.image_batches()]) if self.ids else torch.zeros(0, 3, 1, 1)
         copy = LiveSource(self.model, pixels, batch_size=self.batch_size, interventions=self.interventions)
         copy.ids, copy.labels, copy.class_names = list(self.ids), self.labels, list(self.class_names)
+        copy.transform = self.transform  # what the held pixels went through (data_config below says it too)
         copy.skipped = list(self.skipped)
         copy._config = self._config
         return copy
@@ -295,7 +324,7 @@ class LiveSource(ActivationSource):
         fails now changed on disk since: it stops the run, as dropping it here would shift every later image
         against the source's ids."""
         try:
-            return load_images(paths, self.model, strict=True)
+            return load_images(paths, self.model, strict=True, preprocess=self.transform)
         except ImageError as e:
             raise ImageError(f"{e.__cause__ or e} (it decoded when the run started: was it changed "
                              "while the run was going?)") from e
@@ -318,11 +347,14 @@ def live_model(source: ActivationSource, study: str):
 
 
 def open_source(model=None, images: Optional[ImagesSpec] = None, cache: Union[str, Path, None] = None,
-                batch_size: int = 16, strict: bool = False, interventions: Sequence = ()) -> ActivationSource:
+                batch_size: int = 16, strict: bool = False, interventions: Sequence = (),
+                preprocess: TransformSpec = None) -> ActivationSource:
     """A live source (``model`` + ``images``) or a cache source (``cache``, checked against ``model`` if given).
 
     ``strict``: a live source stops at the first unreadable image instead of skipping and recording it.
-    ``interventions``: a live source runs every forward under them (a cache cannot)."""
+    ``interventions``: a live source runs every forward under them (a cache cannot).
+    ``preprocess``: a paper's eval transform (``"resize256-crop224"``, an ``EvalTransform``) instead of timm's
+    own; a cache written with another preprocessing is refused, naming both (None: whatever it was written with)."""
     if (images is None) == (cache is None):
         raise InterpError("give exactly one of images= (live run) or cache= (an interp cache file)")
     if cache is not None:
@@ -332,7 +364,14 @@ def open_source(model=None, images: Optional[ImagesSpec] = None, cache: Union[st
 
         from .cache_source import CacheSource
 
-        return CacheSource(cache_mod.open(cache, model=model))
+        source = CacheSource(cache_mod.open(cache, model=model))
+        asked = eval_transform(preprocess)
+        if preprocess is not None and source.preprocess != (asked.name if asked else "model"):
+            raise InterpError(f"the cache {str(cache)!r} was written with the {source.preprocess!r} preprocessing, "
+                              f"not the {asked.name if asked else 'model'!r} one asked for: write a cache with that "
+                              "preprocessing or leave it out")
+        return source
     if model is None:
         raise InterpError("a live run needs model=")
-    return LiveSource(model, images, batch_size=batch_size, strict=strict, interventions=interventions)
+    return LiveSource(model, images, batch_size=batch_size, strict=strict, interventions=interventions,
+                      preprocess=preprocess)
