@@ -97,8 +97,9 @@ def run_zeroshot(args) -> int:
                                      device=args.device, classes_per_batch=args.classes_per_batch,
                                      progress=bool(getattr(args, "progress", False)))
     out = save_classifier_file(classifier, args.out)
-    info(f"wrote {out}: zero-shot classifier, {len(names)} classes x {classifier['weight'].shape[1]} dims, "
-         f"logit scale {classifier['logit_scale']:.4g}, {classifier['source']}")
+    info(f"wrote {out}: zero-shot classifier, {classifier.n_classes} classes x {classifier.dim} dims, "
+         f"logit scale {classifier.logit_scale:.4g}, {classifier.source} (give it to the studies as "
+         "--classifier FILE)")
     weights = args.checkpoint or "the same open_clip checkpoint"
     extra = {k: v for k, v in kwargs.items() if k != "num_classes"}
     if extra:  # a size timm has no name for: its architecture is in the kwargs

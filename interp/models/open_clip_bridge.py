@@ -12,8 +12,9 @@ the class text embeddings with open_clip's own ``build_zero_shot_classifier`` (:
     clip = open_clip.create_model("ViT-B-16", pretrained="laion2b_s34b_b88k")   # or a --checkpoint file
     timm_spec(clip)          # ("vit_base_patch16_clip_224", {"num_classes": 512}); *_quickgelu_* for QuickGELU
     tower = vision_tower(clip)            # timm VisionTransformer; its head is CLIP's projection [b, 512]
-    clf = zeroshot_classifier(clip, open_clip.get_tokenizer("ViT-B-16"), ["tench", "goldfish"])
-    # logits = clf["logit_scale"] * normalize(tower(x)) @ clf["weight"].T   == open_clip's zero-shot logits
+    clf = zeroshot_classifier(clip, open_clip.get_tokenizer("ViT-B-16"), ["tench", "goldfish"])  # a Classifier
+    clf.apply(tower(x))      # logit_scale * normalize(tower(x)) @ weight.T == open_clip's zero-shot logits [b, 2]
+    save_classifier_file(clf, "zeroshot.pt")   # the file --classifier / interp.load_classifier take
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ from torch import nn
 from ..errors import InterpError, ModelLoadError
 from .support import activation_kind
 
-CLASSIFIER_FORMAT = 1
 TEMPLATE_SETS = ("openai", "simple")  # open_clip's OPENAI_IMAGENET_TEMPLATES (80) / SIMPLE_IMAGENET_TEMPLATES (7)
 PREFIX = "visual."  # open_clip's image tower keys
 OPEN_CLIP_HEAD_WIDTH = 64  # open_clip's default width per attention head (CLIPVisionCfg.head_width)
@@ -301,14 +301,15 @@ def zeroshot_weights(clip: nn.Module, tokenizer, class_names: Sequence[str],
 def zeroshot_classifier(clip: nn.Module, tokenizer, class_names: Sequence[str],
                         templates: Union[str, Sequence] = "openai", *, model: Optional[str] = None,
                         source: Optional[str] = None, device: Union[str, torch.device] = "cpu",
-                        classes_per_batch: int = 10, progress: bool = False) -> Dict[str, Any]:
-    """A zero-shot classifier (the dict a classifier file holds; write it with :func:`save_classifier_file`).
-
-    Keys: ``interp_classifier`` (format 1), ``kind`` "zeroshot", ``weight`` [C, D] (rows L2-normalised, see
-    :func:`zeroshot_weights`), ``logit_scale`` (``clip.logit_scale.exp()``, the multiplier itself), ``class_names``,
-    ``model`` (the timm name of the image tower, default :func:`timm_spec`'s) and ``source`` (free text).
-    Applied as ``logit_scale * normalize(image_embedding) @ weight.T``, image_embedding = the timm head output.
+                        classes_per_batch: int = 10, progress: bool = False):
+    """A zero-shot :class:`~interp.models.classifier.Classifier` (kind "zeroshot"): ``weight`` [C, D] the class
+    embeddings of :func:`zeroshot_weights` (rows L2-normalised), ``logit_scale`` = ``clip.logit_scale.exp()`` (the
+    multiplier itself), ``class_names``, ``model`` (the timm name of the image tower, default :func:`timm_spec`'s)
+    and ``source`` (free text). Its logits are ``logit_scale * normalize(image_embedding) @ weight.T`` with the
+    image embedding = the timm tower's head output; write it with :func:`save_classifier_file`.
     """
+    from .classifier import FORMAT_VERSION, load_classifier
+
     if getattr(clip, "logit_bias", None) is not None:
         raise InterpError("this open_clip model has a logit bias (SigLIP: sigmoid logits); a zero-shot "
                           "classifier file holds softmax-CLIP logits only (scale * cosine)")
@@ -320,19 +321,24 @@ def zeroshot_classifier(clip: nn.Module, tokenizer, class_names: Sequence[str],
     chosen = prompt_templates(templates)
     weight = zeroshot_weights(clip, tokenizer, names, chosen, device, classes_per_batch, progress)
     n_templates = f"{len(chosen)} templates" + (f" ({templates})" if isinstance(templates, str) else "")
-    return {"interp_classifier": CLASSIFIER_FORMAT, "kind": "zeroshot", "weight": weight,
-            "logit_scale": float(clip.logit_scale.detach().float().exp()), "class_names": names,
-            "model": model if model is not None else timm_spec(clip)[0],
-            "source": f"{source or 'open_clip ' + type(clip).__name__}, {n_templates}"}
+    return load_classifier({
+        "interp_classifier": FORMAT_VERSION, "kind": "zeroshot", "weight": weight,
+        "logit_scale": float(clip.logit_scale.detach().float().exp()), "class_names": names,
+        "model": model if model is not None else timm_spec(clip)[0],
+        "source": f"{source or 'open_clip ' + type(clip).__name__}, {n_templates}"})
 
 
-def save_classifier_file(classifier: Dict[str, Any], path: Union[str, Path]) -> Path:
-    """Write a classifier dict with ``torch.save`` through a temporary file renamed into place (a crash leaves
-    either no file or the whole one). Returns the path."""
+def save_classifier_file(classifier, path: Union[str, Path]) -> Path:
+    """Write a classifier (a :class:`~interp.models.classifier.Classifier` or a file's dict, checked by
+    ``load_classifier``) with its own ``save``, into a temporary file renamed into place: a crash leaves either no
+    file or the whole one. Returns the path."""
+    from .classifier import load_classifier
+
+    checked = load_classifier(classifier)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        torch.save(classifier, str(tmp))
+        checked.save(tmp)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
