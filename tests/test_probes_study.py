@@ -141,10 +141,12 @@ def test_a_group_with_few_held_out_tokens_is_not_scored_and_the_figure_draws_who
     assert result.too_few is None and normal.score is not None and normal.n >= MIN_GROUP_TOKENS
     assert high.score is None and 0 < high.n < MIN_GROUP_TOKENS
     assert high.note == f"too few held-out high-norm tokens (n={high.n}) for a probe score; need >= {MIN_GROUP_TOKENS}"
+    # the pixel panel draws the mean L2 error (issue 16 section 3), whole, not R^2 (-19.857 here)
     shown = ProbesResult(model="m", fingerprint="", params={}, seed=0, hook="h", pixels={
-        "normal": GroupScore(256, -19.857, -0.336), "high_norm": GroupScore(1, note=high.note)})
+        "normal": GroupScore(256, -19.857, -0.336, l2_error=25.23, chance_l2_error=18.38, mse=1.08),
+        "high_norm": GroupScore(1, note=high.note)})
     ax = probe_bars(shown).axes[0]
-    assert ax.get_ylim()[0] < -19.857                                    # the bar is drawn whole, not clipped
+    assert [round(bar.get_height(), 2) for bar in ax.patches] == [25.23] and ax.get_ylim()[1] > 25.23
     assert any("too few held-out" in t.get_text().replace("\n", " ") for t in ax.texts)
 
 

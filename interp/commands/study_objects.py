@@ -1,6 +1,7 @@
 """``interp study probes|lost|segment``: what the artifact tokens hold and what they break (issue 11).
 
     interp study probes MODEL --images DIR|--cache FILE --out OUT [--hook H] [--layer N] [--position-loss ce+mse]
+        [--detect-layer N] [--threshold T] [--preset P] [--test-images DIR | --split FILE] [--epochs N] [--patience N]
     interp study lost MODEL --images DIR --out OUT [--boxes FILE] [--layer N] [--k 100] [--neurons 2:17,...]
     interp study segment MODEL --images DIR --masks DIR|COCO.json --out OUT [--reference cls|pooled|selective]
         [--average image|dataset] [--frame input|full] [--no-crop] [--neurons 2:17,...]
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import add_study_args, add_threshold_arg, model_from_args, save_study, source_from_args, threshold_value
-from .values import existing_file, existing_path, finite_float, open_fraction, positive_int, register_count
+from .common import add_detection_args, add_study_args, model_from_args, save_study, source_from_args, threshold_value
+from .values import (existing_file, existing_path, finite_float, nonnegative_float, open_fraction, positive_float,
+                     positive_int, register_count)
 
 OVERLAY_IMAGES = 8  # images drawn by the LOST and segmentation figures
 
@@ -44,8 +46,8 @@ def _neurons_args(p, what: str) -> None:
 # ---------------------------------------------------------------------------------------------- probes
 def add_probes_arguments(p) -> None:
     """Arguments of ``interp study probes`` (the registry adds the parser)."""
-    p.description = ("Linear probes per token group (normal / high-norm patches, CLS, registers): position, "
-                     "pixels and the image label from one token (Darcet et al. Table 1b).")
+    p.description = ("Linear probes per token group (normal / high-norm patches, CLS, registers): position and "
+                     "pixels (Darcet et al. Fig. 5b) and the image label from one token (their Table 1).")
     add_study_args(p, images_with_cache="the images the cache was written from, for the pixel probe")
     p.add_argument("--hook", default=None, help="probed tokens (default blocks.{layer}.hook_resid_post)")
     p.add_argument("--layer", type=int, default=-1, help="block of the default hook (negative counts from the end)")
@@ -53,12 +55,28 @@ def add_probes_arguments(p) -> None:
                    default=["position", "pixels", "label"], help="probes to train (default all)")
     p.add_argument("--position-loss", choices=("ce", "ce+mse"), default="ce",
                    help="ce (Darcet) or ce+mse (the reassessment: + 0.5 x MSE of (row, col))")
-    add_threshold_arg(p, default="auto", help="high-norm tokens: a norm value > 0, pNN (the reassessment: p98) or "
-                                              "auto (bimodal split; default)")
+    add_detection_args(p)  # --threshold, --preset, --detect-layer: outliers on that block's un-normalised output
     p.add_argument("--max-train-tokens", type=positive_int, default=50_000, help="training tokens kept (seeded sample)")
     p.add_argument("--max-test-tokens", type=positive_int, default=20_000, help="test tokens kept per group")
-    p.add_argument("--test-fraction", type=open_fraction, default=0.25,
-                   help="share of images held out (split by image)")
+    sets = p.add_argument_group("train and test images (default: a seeded random split by image)")
+    sets.add_argument("--test-fraction", type=open_fraction, default=None,
+                      help="share of images held out by the random split (default 0.25)")
+    sets.add_argument("--test-images", type=existing_path, default=None,
+                      help="held-out images (folder, list file or image); --images are then the training images")
+    sets.add_argument("--split", type=existing_file, default=None,
+                      help="a split file: lines 'train PATH' / 'test PATH' (or JSON {\"train\": [...], \"test\": "
+                           "[...]}) naming the images of --images / --cache, or alone the images to run on")
+    budget = p.add_argument_group("probe budget (position and label probes; the pixel probe is closed-form ridge)")
+    budget.add_argument("--epochs", type=positive_int, default=None, help="passes over the training tokens (default 30)")
+    budget.add_argument("--min-steps", type=positive_int, default=None, help="at least this many Adam steps (default 300)")
+    budget.add_argument("--lr", type=positive_float, default=None, help="Adam learning rate, cosine-decayed (default 0.01)")
+    budget.add_argument("--weight-decay", type=nonnegative_float, default=None, help="AdamW weight decay (default 0)")
+    budget.add_argument("--ridge", type=nonnegative_float, default=None,
+                        help="relative L2 penalty of the pixel probe (default 1e-4)")
+    budget.add_argument("--patience", type=positive_int, default=None,
+                        help="early stopping: stop after this many passes without a better validation loss")
+    budget.add_argument("--val-fraction", type=open_fraction, default=None,
+                        help="share of the training images set aside as the validation set of --patience (default 0.1)")
 
 
 def cache_images(source, images, model):
@@ -78,32 +96,88 @@ def cache_images(source, images, model):
 
 PIXELS_FROM_CACHE = ("pixels: skipped, a cache holds no input images; add --images (the images the cache was "
                      "written from) for the pixel probe")
+BUDGET_FLAGS = ("epochs", "min_steps", "lr", "weight_decay", "ridge", "patience", "val_fraction")
+
+
+def _check_probe_sets(args) -> None:
+    """The image-set flags that cannot go together, refused before the model is built."""
+    from ..errors import UsageError
+
+    if not args.images and not args.cache and not args.split:
+        raise UsageError("give --images (a live run), --cache (an interp cache file) or --split FILE")
+    if args.test_images and args.split:
+        raise UsageError("give the held-out images by --test-images or by --split, not both")
+    if args.test_images and (args.cache or not args.images):
+        raise UsageError("--test-images needs --images (the training images) and no --cache; with a cache, "
+                         "name the held-out images by --split FILE")
+    if args.test_fraction is not None and (args.test_images or args.split):
+        raise UsageError("--test-fraction sets the random split; --test-images / --split give the sets instead")
+    if args.val_fraction is not None and args.patience is None:
+        raise UsageError("--val-fraction sets the validation set of early stopping; give --patience N too")
+
+
+def _probe_sets(args):
+    """(train image entries or None, test image entries or None, folders their labels come from): the
+    explicit sets of --test-images / --split. A live run opens one source over both sets (args.images)."""
+    from ..models import list_images
+    from ..studies.probes.image_sets import read_split
+
+    if args.test_images:
+        train, test = [str(p) for p in list_images(args.images)], [str(p) for p in list_images(args.test_images)]
+        roots = [args.images, args.test_images]
+        args.images = train + test
+        return train, test, roots
+    if args.split:
+        train, test = read_split(args.split)
+        if not args.images and not args.cache:
+            args.images = train + test
+            return train, test, []
+        return train, test, [args.images] if args.images else []
+    return None, None, []
 
 
 def run_probes(args, probes_study) -> int:
-    from ..errors import UsageError
+    _check_probe_sets(args)  # before torch is imported
+    from ..studies.probes.image_sets import set_labels
 
-    if not args.images and not args.cache:
-        raise UsageError("give --images (a live run) or --cache (an interp cache file)")
+    threshold = None if args.threshold is None else threshold_value(args.threshold)
+    images_arg = args.images
+    train, test, roots = _probe_sets(args)
     model = model_from_args(args)
     source = source_from_args(args, model)
+    # two folders (--images + --test-images): one class index per class name across both
+    labels = set_labels(source.ids, roots)[0] if len(roots) > 1 else None
     pixels = None
-    if args.cache and args.images and "pixels" in args.tasks:
-        pixels = cache_images(source, args.images, model)
+    if args.cache and images_arg and "pixels" in args.tasks:
+        pixels = cache_images(source, images_arg, model)
+    budget = {k: getattr(args, k) for k in BUDGET_FLAGS if getattr(args, k) is not None}
     result = probes_study(source, args.hook, layer=args.layer, tasks=args.tasks, position_loss=args.position_loss,
-                          threshold=threshold_value(args.threshold), test_fraction=args.test_fraction,
-                          max_train_tokens=args.max_train_tokens, max_test_tokens=args.max_test_tokens,
-                          images=pixels, seed=args.seed, batch_size=args.batch_size, progress=args.progress)
+                          threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
+                          test_images=test, train_images=train, test_fraction=args.test_fraction,
+                          labels=labels, max_train_tokens=args.max_train_tokens, max_test_tokens=args.max_test_tokens,
+                          images=pixels, seed=args.seed, batch_size=args.batch_size, probe_options=budget,
+                          progress=args.progress)
     if not source.is_live and pixels is None:  # the library's note gives Python advice; the CLI gives its own
         result.notes = [PIXELS_FROM_CACHE if n.startswith("pixels: skipped") else n for n in result.notes]
+    print(f"high-norm patches: {result.outliers_from}; {result.n_train_images} training, {result.n_val_images} "
+          f"validation, {result.n_test_images} held-out images ({result.split} split)")
     for probe in ("position", "pixels", "label"):
         for group, entry in getattr(result, probe).items():
-            value = entry.note if entry.score is None else f"{entry.score:.3f} (chance {entry.chance:.3f})"
-            print(f"{probe:8s} {group:9s} n={entry.n:<6d} {value}")
+            print(f"{probe:8s} {group:9s} n={entry.n:<6d} {probe_line(probe, entry)}")
     for note in result.notes:
         print(note)
     _save(result, args, source)
     return 0
+
+
+def probe_line(probe: str, entry) -> str:
+    """One group's figures in words (pixels: the L2 error first, then MSE and R^2), or why it has none."""
+    if entry.score is None:
+        return ("NOT SCORED: " if entry.too_few else "") + (entry.note or "no score")
+    if probe == "pixels":
+        return (f"L2 error {entry.l2_error:.4g} (chance {entry.chance_l2_error:.4g}), MSE {entry.mse:.4g}, "
+                f"R^2 {entry.score:.3f} (chance {entry.chance:.3f})")
+    return f"{entry.score:.3f} (chance {entry.chance:.3f})"
 
 
 # ---------------------------------------------------------------------------------------------- lost

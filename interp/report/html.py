@@ -204,10 +204,16 @@ def study_explanations(s: Dict) -> Dict[str, List[str]]:
     return out
 
 
-def _probe_sentence(name: str, groups: Dict) -> str:
-    cells = [f"{g.replace('_', '-')}: " + (v["note"] or "empty") if v["score"] is None else
-             f"{g.replace('_', '-')} {_num(v['score'])} (chance {_num(v['chance'])}, n={v['n']})"
-             for g, v in groups.items()]
+def _probe_sentence(name: str, groups: Dict, value: str = "score", chance: str = "chance") -> str:
+    """One probe's groups in words: ``value`` (chance ``chance``) per group, or why it has none (a group with
+    too little data is marked NOT SCORED). A summary without ``value`` (written before pixel groups had an L2
+    error) shows its ``score``."""
+    def number(v: Dict) -> str:
+        key, ref = (value, chance) if v.get(value) is not None else ("score", "chance")
+        return f"{_num(v[key])} (chance {_num(v.get(ref))}, n={v['n']})"
+
+    cells = [f"{g.replace('_', '-')}: " + ("NOT SCORED, " if v.get("not_scored") else "") + (v["note"] or "empty")
+             if v["score"] is None else f"{g.replace('_', '-')} {number(v)}" for g, v in groups.items()]
     return f"{name}: " + "; ".join(cells) + "." if cells else ""
 
 
@@ -228,7 +234,8 @@ def object_sections(s: Dict, figures: Dict[str, List[str]], folder: Optional[Pat
             if s.get("synthetic"):
                 text.append(PLANTED_PROBES_CAVEAT)
             text += [_probe_sentence("Position (top-1)", p["position"]),
-                     _probe_sentence("Pixels (R\u00b2)", p["pixels"]),
+                     _probe_sentence("Pixels (mean L2 error per token, normalised input; lower is better)",
+                                     p["pixels"], "l2_error", "chance_l2_error"),
                      _probe_sentence("Label from one token (top-1)", p["label"])]
         parts.append(_section("6. Linear probes per token group", text + list(p["notes"]), figures.get("probes", []),
                               "probes.json", folder, caveat))

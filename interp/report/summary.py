@@ -137,13 +137,24 @@ def build_summary(model, source, norms, neurons, ablation, register, relocation,
 
 
 def probes_summary(probes) -> Optional[Dict]:
-    """{probe: {group: {"n", "score", "chance", "note"}}} of a ProbesResult (None when it did not run)."""
+    """{probe: {group: {"n", "score", "chance", "note", "not_scored"}}} of a ProbesResult (None when it did not
+    run); pixel groups add ``l2_error``, ``chance_l2_error`` and ``mse`` (the normalised input space of
+    ``pixel_space``). ``not_scored`` marks a group with data but too little for a score (its ``note`` says
+    why); ``unscored`` lists them, ``too_few`` says why nothing was scored."""
     if probes is None:
         return None
-    return {probe: {group: {"n": g.n, "score": g.score, "chance": g.chance, "note": g.note}
-                    for group, g in getattr(probes, probe).items()}
-            for probe in ("position", "pixels", "label")} | {"hook": probes.hook, "notes": list(probes.notes),
-                                                             "too_few": probes.too_few}
+
+    def entry(probe, g) -> Dict:
+        out = {"n": g.n, "score": g.score, "chance": g.chance, "note": g.note, "not_scored": g.too_few}
+        if probe == "pixels":
+            out.update(l2_error=g.l2_error, chance_l2_error=g.chance_l2_error, mse=g.mse)
+        return out
+
+    return {probe: {group: entry(probe, g) for group, g in getattr(probes, probe).items()}
+            for probe in ("position", "pixels", "label")} | {
+        "hook": probes.hook, "outliers_from": probes.outliers_from, "pixel_space": probes.pixel_space,
+        "n_train_images": probes.n_train_images, "n_test_images": probes.n_test_images, "split": probes.split,
+        "notes": list(probes.notes), "unscored": list(probes.unscored), "too_few": probes.too_few}
 
 
 def lost_summary(lost) -> Optional[Dict]:

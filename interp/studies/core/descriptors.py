@@ -71,10 +71,15 @@ def score_hooks(n_layers: int, options: Mapping) -> List[str]:
 
 
 def probes_hooks(n_layers: int, options: Mapping) -> List[str]:
-    """The probed tokens: ``hook`` when given, else block ``layer``'s residual stream (default the last)."""
+    """The probed tokens (``hook`` when given, else block ``layer``'s residual stream, default the last) and the
+    detection block's output, which decides the high-norm patches (``detect_layer``, or the preset's; default
+    the last block)."""
     from ...hooks.names import resid_post
+    from .presets import resolve_preset
 
-    return [options.get("hook") or resid_post(block_index(options.get("layer"), n_layers, -1))]
+    detect = resolve_preset(options.get("preset"), detect_layer=options.get("detect_layer")).get("detect_layer")
+    return [options.get("hook") or resid_post(block_index(options.get("layer"), n_layers, -1)),
+            resid_post(block_index(detect, n_layers, -1))]
 
 
 def lost_hooks(n_layers: int, options: Mapping) -> List[str]:
@@ -169,8 +174,8 @@ DESCRIPTORS: Dict[str, StudyDescriptor] = {d.name: d for d in (
                     "PiB, score distributions and agreement with/without SelectiveCLS", "selective_cls"),
     StudyDescriptor("probes", _S + "probes.token_probes:probes_study", _S + "probes.token_probes:ProbesResult",
                     "linear probes per token group: position, pixels, image label", "probes", probes_hooks,
-                    "`--hook`, or `blocks.{L}.hook_resid_post` for `--layer L` (default last); pixel probes need "
-                    "`--images`"),
+                    "`--hook`, or `blocks.{L}.hook_resid_post` for `--layer L` (default last), and "
+                    "`blocks.{D}.hook_resid_post` for `--detect-layer D` (default last); pixel probes need `--images`"),
     StudyDescriptor("lost", _S + "objects.lost:lost_study", _S + "objects.lost:LostResult",
                     "LOST object discovery: seed, mask, box per image, CorLoc", "lost", lost_hooks,
                     "`blocks.{L}.attn.hook_k` for `--layer L` (default last)"),

@@ -4,7 +4,9 @@ Two tasks:
 
 * ``classify``: softmax regression trained with Adam on shuffled mini-batches (a fixed budget: ``epochs``
   passes, at least ``min_steps`` steps, cosine-decayed learning rate, optional weight decay), scored by top-1
-  accuracy. An optional auxiliary regression head (``aux_targets``) adds ``aux_weight`` x MSE to the loss:
+  accuracy. With ``validation=`` data and ``patience``, training stops early: after each pass over the
+  training data the validation loss is measured, and when it has not improved for ``patience`` passes the
+  weights of the best pass are kept (:attr:`LinearProbe.training` records the schedule actually run). An optional auxiliary regression head (``aux_targets``) adds ``aux_weight`` x MSE to the loss:
   the reassessment's position probe (cross-entropy + 0.5 x regression of the (row, col)).
 * ``regress``: ridge regression solved in closed form from ``X^T X`` and ``X^T Y`` accumulated chunk by chunk
   (the least-squares optimum that a gradient-trained linear probe approaches, without an epoch budget that
@@ -113,6 +115,9 @@ class LinearProbe:
         mean, std: [d] training-feature statistics; weight: [d, k]; bias: [k] (float32, CPU).
         n_classes: classes (the first ``n_classes`` outputs are logits; any further outputs are the auxiliary
             regression head); None for ``regress``.
+        training: ``classify``: ``steps``, ``passes`` (over the training data), ``patience``, ``stopped_early``,
+            ``best_pass`` and ``val_loss`` (the kept weights' validation loss; None without validation data);
+            ``regress``: ``{"closed_form": True}`` (no epochs).
     """
 
     task: str
@@ -121,6 +126,7 @@ class LinearProbe:
     weight: torch.Tensor
     bias: torch.Tensor
     n_classes: Optional[int] = None
+    training: Dict[str, Any] = field(default_factory=dict)  # the schedule actually run (see fit_probe)
 
     @torch.no_grad()
     def outputs(self, x: ArrayLike, batch_size: int = 65536) -> torch.Tensor:
@@ -205,13 +211,37 @@ def _fit_ridge(x: torch.Tensor, y: torch.Tensor, mean: torch.Tensor, std: torch.
     return weight.float().cpu(), y_mean.float()
 
 
+def _loss(out: torch.Tensor, y: torch.Tensor, aux: Optional[torch.Tensor], n_classes: int,
+          aux_weight: float) -> torch.Tensor:
+    """Cross-entropy of the first n_classes outputs (+ aux_weight x MSE of the auxiliary head), mean over rows."""
+    loss = torch.nn.functional.cross_entropy(out[:, :n_classes], y.long())
+    if aux is not None:
+        loss = loss + aux_weight * torch.nn.functional.mse_loss(out[:, n_classes:], aux.float())
+    return loss
+
+
+@torch.no_grad()
+def _validation_loss(weight, bias, val, m, s, n_classes: int, aux_weight: float, batch_size: int) -> float:
+    """The loss of (weight, bias) on the validation data (x [v, d], y [v], aux [v, a] or None), mean over rows."""
+    x, y, aux = val
+    total = 0.0
+    for i in range(0, x.shape[0], batch_size):
+        xs = (x[i:i + batch_size].to(m.device).float() - m) / s
+        part = _loss(xs @ weight + bias, y[i:i + batch_size].to(m.device), None if aux is None else
+                     aux[i:i + batch_size].to(m.device), n_classes, aux_weight)
+        total += float(part) * min(batch_size, x.shape[0] - i)
+    return total / x.shape[0]
+
+
 def _fit_softmax(x: torch.Tensor, y: torch.Tensor, aux: Optional[torch.Tensor], n_classes: int, *,
                  mean: torch.Tensor, std: torch.Tensor, aux_weight: float, epochs: int, min_steps: int,
-                 batch_size: int, lr: float, weight_decay: float, seed: int,
-                 device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Adam on shuffled mini-batches of standardised x [n, d] -> (weight [d, k], bias [k]).
+                 batch_size: int, lr: float, weight_decay: float, seed: int, device: torch.device,
+                 val=None, patience: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, Any]]:
+    """Adam on shuffled mini-batches of standardised x [n, d] -> (weight [d, k], bias [k], schedule record).
 
-    k = n_classes (+ aux width). Loss: cross-entropy (+ aux_weight x MSE of the auxiliary head)."""
+    k = n_classes (+ aux width). Loss: cross-entropy (+ aux_weight x MSE of the auxiliary head). ``val``:
+    (x [v, d], y [v], aux [v, a] or None), measured after every pass; with ``patience`` the run stops when it
+    has not improved for that many passes and the best pass's weights are returned."""
     n, d = x.shape
     k = n_classes + (aux.shape[1] if aux is not None else 0)
     weight = torch.zeros(d, k, device=device, requires_grad=True)
@@ -221,37 +251,55 @@ def _fit_softmax(x: torch.Tensor, y: torch.Tensor, aux: Optional[torch.Tensor], 
     total = max(epochs * per_epoch, min_steps)
     gen = torch.Generator().manual_seed(seed)
     m, s = mean.to(device), std.to(device)
-    step = 0
-    while step < total:
+    step = passes = best_pass = 0
+    best = (math.inf, None, None)  # validation loss, weight, bias of the best pass
+    stopped = False
+    while step < total and not stopped:
         order = torch.randperm(n, generator=gen)
         for i in range(0, n, batch_size):
             if step >= total:
                 break
             idx = order[i:i + batch_size]
             xs = (x[idx].to(device).float() - m) / s
-            out = xs @ weight + bias
-            loss = torch.nn.functional.cross_entropy(out[:, :n_classes], y[idx].to(device).long())
-            if aux is not None:
-                loss = loss + aux_weight * torch.nn.functional.mse_loss(out[:, n_classes:], aux[idx].to(device).float())
+            loss = _loss(xs @ weight + bias, y[idx].to(device), None if aux is None else aux[idx].to(device),
+                         n_classes, aux_weight)
             for group in opt.param_groups:
                 group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / total))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             step += 1
-    return weight.detach().cpu(), bias.detach().cpu()
+        passes += 1
+        if val is not None:
+            current = _validation_loss(weight, bias, val, m, s, n_classes, aux_weight, batch_size)
+            if current < best[0]:
+                best, best_pass = (current, weight.detach().clone(), bias.detach().clone()), passes
+            stopped = patience is not None and passes - best_pass >= patience
+    record = {"steps": step, "passes": passes, "patience": patience, "stopped_early": stopped,
+              "best_pass": best_pass if val is not None else None,
+              "val_loss": best[0] if val is not None and math.isfinite(best[0]) else None}
+    if patience is not None and best[1] is not None:
+        return best[1].cpu(), best[2].cpu(), record
+    return weight.detach().cpu(), bias.detach().cpu(), record
 
 
 def fit_probe(x: ArrayLike, y: ArrayLike, task: str = "classify", *, n_classes: Optional[int] = None,
               aux_targets: Optional[ArrayLike] = None, aux_weight: float = 0.5, epochs: int = 30,
               min_steps: int = 300, batch_size: int = 4096, lr: float = 1e-2, weight_decay: float = 0.0,
-              ridge: float = 1e-4, seed: int = 0, device: Union[str, torch.device, None] = None) -> LinearProbe:
+              ridge: float = 1e-4, seed: int = 0, device: Union[str, torch.device, None] = None,
+              validation: Optional[Tuple[ArrayLike, ArrayLike]] = None, aux_validation: Optional[ArrayLike] = None,
+              patience: Optional[int] = None) -> LinearProbe:
     """Fit a linear probe on features x [n, d] to targets y ([n] class ids, or [n] / [n, k] values).
 
     Args:
         n_classes: classes of a ``classify`` probe (default: max(y) + 1).
         aux_targets: [n, a] values an auxiliary linear head regresses with ``aux_weight`` x MSE (classify only).
-        epochs, min_steps, batch_size, lr, weight_decay: the mini-batch Adam budget (classify).
+        epochs, min_steps, batch_size, lr, weight_decay: the mini-batch Adam budget (classify): at least
+            ``epochs`` passes and ``min_steps`` steps, the learning rate cosine-decayed over them.
+        validation: (x_val [v, d], y_val [v]) held-out training data (e.g. other images than x's), its loss
+            measured after every pass (classify); ``aux_validation`` [v, a]: its auxiliary targets.
+        patience: stop when the validation loss has not improved for this many passes and keep the best pass's
+            weights (classify; needs ``validation``). None: the whole budget runs.
         ridge: relative L2 penalty of the closed-form regression (regress).
         device: where mini-batches are computed (default CPU); x itself is never copied there whole.
     """
@@ -266,15 +314,28 @@ def fit_probe(x: ArrayLike, y: ArrayLike, task: str = "classify", *, n_classes: 
     if task == "regress":
         y2 = y.reshape(y.shape[0], -1)
         weight, bias = _fit_ridge(x, y2, mean, std, ridge, device, batch_size)
-        return LinearProbe("regress", mean, std, weight, bias)
+        return LinearProbe("regress", mean, std, weight, bias, training={"closed_form": True, "ridge": ridge})
     if y.is_floating_point() and not torch.equal(y, y.round()):
         raise InterpError("classify needs integer class ids as targets; use task='regress' for real values")
     n_classes = int(n_classes if n_classes is not None else int(y.max()) + 1)
+    if patience is not None and (validation is None or int(patience) < 1):
+        raise InterpError(f"patience={patience!r}: early stopping needs validation=(x_val, y_val) and patience >= 1")
     aux = None if aux_targets is None else _as_tensor(aux_targets).reshape(x.shape[0], -1)
-    weight, bias = _fit_softmax(x, y, aux, n_classes, mean=mean, std=std, aux_weight=aux_weight, epochs=epochs,
-                                min_steps=min_steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                                seed=seed, device=device)
-    return LinearProbe("classify", mean, std, weight, bias, n_classes)
+    val = None
+    if validation is not None:
+        x_val, y_val = _as_tensor(validation[0]), _as_tensor(validation[1])
+        if x_val.ndim != 2 or x_val.shape[1] != x.shape[1] or x_val.shape[0] != y_val.shape[0] or not len(y_val):
+            raise InterpError(f"validation must be (x_val [v, {x.shape[1]}], y_val [v]) with v > 0; got "
+                              f"{tuple(x_val.shape)} and {tuple(y_val.shape)}")
+        aux_val = None if aux is None or aux_validation is None else _as_tensor(aux_validation).reshape(len(y_val), -1)
+        if (aux is None) != (aux_val is None):
+            raise InterpError("aux_validation must be given with aux_targets (and only then)")
+        val = (x_val, y_val, aux_val)
+    weight, bias, record = _fit_softmax(x, y, aux, n_classes, mean=mean, std=std, aux_weight=aux_weight,
+                                        epochs=epochs, min_steps=min_steps, batch_size=batch_size, lr=lr,
+                                        weight_decay=weight_decay, seed=seed, device=device, val=val,
+                                        patience=None if patience is None else int(patience))
+    return LinearProbe("classify", mean, std, weight, bias, n_classes, training=record)
 
 
 def linear_probe(features: ArrayLike, targets: ArrayLike, *, task: str = "classify", test_fraction: float = 0.25,

@@ -1,0 +1,156 @@
+"""The tokens the probes study fits and scores: which patches are high-norm, and the reader of one streaming
+pass (alone or shared with other studies, :mod:`interp.studies.core.passes`) that keeps a seeded sample of
+each image's patch tokens (with their input pixels) and one token per kind per image.
+
+High-norm patches are decided on the un-normalised residual stream of a detection block, through the one
+detection contract (:mod:`interp.studies.core.detection`), never from the norms of the probed hook: probing
+``hook_norm_final`` must not pick outliers after the final LayerNorm (which evens the norms out).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ...errors import InterpError
+from ...models.preprocessing import patch_pixels
+from ..aggregation.patch_score import split_tokens
+from ..core.detection import DetectionLike, RunOptions, as_detection
+from ..core.outliers import Detection, ThresholdSpec
+from ..core.passes import Reader
+from ..core.source import ActivationSource
+from .scores import Split
+
+TRAIN, TEST, VAL = 0, 1, 2  # an image's role in the probes study
+
+
+def high_norm_mask(source: ActivationSource, outliers: Optional[torch.Tensor] = None,
+                   detection: DetectionLike = None, *, threshold: Optional[ThresholdSpec] = None,
+                   detect_layer: Optional[int] = None, preset: Optional[str] = None,
+                   options: Optional[RunOptions] = None) -> Tuple[torch.Tensor, Optional[Detection]]:
+    """(Bool[N, P] high-norm patches, the Detection they came from or None for a given mask).
+
+    ``outliers``: a given Bool[N, t] or [N, P] mask (then no detection argument may be given). Otherwise
+    :func:`~interp.studies.core.detection.as_detection` resolves ``detection`` / ``threshold`` /
+    ``detect_layer`` / ``preset`` on ``source`` (the block's ``hook_resid_post``; default "auto" at the last
+    block, or the preset's)."""
+    n, layout = len(source), source.layout
+    if outliers is None:
+        found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+                             options=options)
+        return found.outliers, found
+    if detection is not None or threshold is not None or detect_layer is not None or preset is not None:
+        raise InterpError("give outliers= (a mask) or a detection (detection=, threshold=, detect_layer=, "
+                          "preset=), not both")
+    mask = torch.as_tensor(outliers).bool()
+    if mask.ndim == 2 and mask.shape[1] == layout.n_tokens and mask.shape[1] != layout.n_patches:
+        mask = mask[:, layout.patch_slice]
+    if tuple(mask.shape) != (n, layout.n_patches):
+        raise InterpError(f"outliers must be bool [N, t] or [N, P] = [{n}, {layout.n_patches}], got "
+                          f"{tuple(mask.shape)}")
+    return mask, None
+
+
+def _pick(rng: np.random.Generator, idx: np.ndarray, cap: int) -> np.ndarray:
+    return idx if idx.size <= cap else np.sort(rng.choice(idx, size=cap, replace=False))
+
+
+@dataclass
+class _Tokens:
+    """Sampled tokens of one side, gathered image by image (see :class:`~.scores.Split`)."""
+
+    x: List[torch.Tensor] = field(default_factory=list)
+    pos: List[torch.Tensor] = field(default_factory=list)
+    high: List[torch.Tensor] = field(default_factory=list)
+    px: List[torch.Tensor] = field(default_factory=list)
+
+    def add(self, patches, pixels, high, idx) -> None:
+        sel = torch.from_numpy(idx)
+        self.x.append(patches[sel])
+        self.pos.append(sel)
+        self.high.append(high[sel])
+        if pixels is not None:
+            self.px.append(pixels[sel])
+
+    def split(self, d: int) -> Split:
+        if not self.x:
+            return Split(torch.zeros(0, d), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.bool))
+        return Split(torch.cat(self.x), torch.cat(self.pos), torch.cat(self.high),
+                     torch.cat(self.px) if self.px else None)
+
+
+def _label_tokens(tokens: Optional[torch.Tensor], patches: torch.Tensor, high: torch.Tensor, layout,
+                  rng: np.random.Generator) -> Dict[str, torch.Tensor]:
+    """One token per kind for one image: tokens [t, d] (all rows) or None, patches [P, d], high [P]."""
+    out: Dict[str, torch.Tensor] = {}
+    if tokens is not None and layout.cls_index is not None:
+        out["cls"] = tokens[layout.cls_index]
+    if tokens is not None and layout.register_slice.stop > layout.register_slice.start:
+        out["register"] = tokens[layout.register_slice.start]
+    for kind, idx in (("normal", np.flatnonzero(~high.numpy())), ("high_norm", np.flatnonzero(high.numpy()))):
+        if idx.size:
+            out[kind] = patches[int(rng.choice(idx))]
+    return out
+
+
+@dataclass
+class Collected:
+    """What one pass kept: the three sides' token samples, one token per kind per image
+    (kind -> [(image index, Tensor[d])], when labels exist) and whether input pixels were available."""
+
+    train: Split
+    val: Split
+    test: Split
+    label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]]
+    has_pixels: bool
+
+
+class TokenSample:
+    """The probes' token pass as a :class:`~interp.studies.core.passes.Reader` (``self.reader``): each batch's
+    patch tokens of ``hook`` sampled per image and role, their input pixels (the forward's inputs on a live
+    source, else ``images``), and one token per kind per image when ``want_labels``.
+
+    ``roles`` [N]: TRAIN, TEST or VAL per image; ``caps``: tokens kept per image and role (test images keep up
+    to that many of each group). The sample of image g uses rng([seed, g]), so it does not depend on the batch
+    size or on which other studies share the pass."""
+
+    def __init__(self, source: ActivationSource, hook: str, images: Optional[torch.Tensor], high_mask: torch.Tensor,
+                 roles: torch.Tensor, want_labels: bool, caps: Dict[int, int], seed: int, want_pixels: bool = True):
+        self.layout, self.hook, self.images, self.want_pixels = source.layout, hook, images, want_pixels
+        self.high_mask, self.roles, self.want_labels, self.caps, self.seed = high_mask, roles, want_labels, caps, seed
+        self.sides = {TRAIN: _Tokens(), TEST: _Tokens(), VAL: _Tokens()}
+        self.label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
+        self.has_pixels = want_pixels and (images is not None or source.is_live) and len(source) > 0
+        self.d = 0
+        self.reader = Reader([hook], self.fold, images=want_pixels and images is None and source.is_live)
+
+    def fold(self, batch) -> None:
+        layout, start, tokens = self.layout, batch.start, batch.acts[self.hook]
+        imgs = None
+        if self.want_pixels:
+            imgs = self.images[start:start + len(batch)].float() if self.images is not None else batch.images
+        patches = split_tokens(tokens, layout)[1]
+        self.d = patches.shape[-1]
+        pixels = patch_pixels(imgs, layout.grid) if imgs is not None else None
+        for i in range(tokens.shape[0]):
+            g, high = start + i, self.high_mask[start + i]
+            rng = np.random.default_rng([self.seed, g])
+            role = int(self.roles[g])
+            if role == TEST:
+                idx = np.concatenate([_pick(rng, np.flatnonzero(~high.numpy()), self.caps[TEST]),
+                                      _pick(rng, np.flatnonzero(high.numpy()), self.caps[TEST])])
+            else:
+                idx = _pick(rng, np.arange(len(high)), self.caps[role])
+            self.sides[role].add(patches[i], None if pixels is None else pixels[i], high, idx)
+            if self.want_labels:
+                full = tokens[i] if tokens.shape[1] == layout.n_tokens else None
+                for kind, vec in _label_tokens(full, patches[i], high, layout, rng).items():
+                    self.label_tokens.setdefault(kind, []).append((g, vec.clone()))
+
+    def collected(self) -> Collected:
+        """What the pass kept (call after it)."""
+        s = self.sides
+        return Collected(s[TRAIN].split(self.d), s[VAL].split(self.d), s[TEST].split(self.d), self.label_tokens,
+                         self.has_pixels)
