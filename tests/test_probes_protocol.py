@@ -246,3 +246,19 @@ def test_the_probes_name_darcets_fig_5b_and_table_1():
     assert [str(f) for f in files if old in f.read_text(encoding="utf-8").lower()] == []
     assert "Fig. 5b" in PANELS["position"].title and "Fig. 5b" in PANELS["pixels"].title
     assert "Table 1" in PANELS["label"].title
+
+
+def test_cli_cache_with_a_split_file_and_its_images_for_the_pixels(photos16, tmp_path):
+    names = sorted(p.name for p in list_images(photos16))
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"train": names[4:], "test": names[:4]}))
+    cache = tmp_path / "acts.h5"
+    assert main(["cache", "planted_vit", "--images", str(photos16), "--for", "probes", "--out", str(cache),
+                 "--no-progress"]) == 0
+    out = tmp_path / "o"
+    assert main(["study", "probes", "planted_vit", "--cache", str(cache), "--images", str(photos16), "--split",
+                 str(split), "--detect-layer", "-1", "--tasks", "position", "pixels", "--epochs", "1",
+                 "--min-steps", "5", "--out", str(out), *SMALL]) == 0
+    result = ProbesResult.from_json(out / "probes.json")
+    assert sorted(Path(i).name for i in result.test_ids) == names[:4] and result.split == "given"
+    assert result.pixels["normal"].l2_error is not None and result.detect_layer == 5
