@@ -140,3 +140,13 @@ def test_cli_refuses_bad_preprocessing_options_before_torch():
         lines = run.stderr.strip().splitlines()
         assert run.returncode == 2 and lines[0].startswith("interp: error: ") and words in lines[0], run.stderr
         assert lines[-1] == "False", "torch was imported before the refusal"
+
+
+def test_the_pixel_probe_reads_a_caches_images_with_its_transform(tmp_path):
+    from interp.commands.study_objects import cache_images
+
+    model = make_model("vit", depth=1)
+    interp.cache.write(model, sample_image_paths(), hooks="blocks.0.hook_resid_post", path=tmp_path / "a.h5",
+                       preprocess="resize256-crop224", progress=False)
+    pixels = cache_images(open_source(cache=tmp_path / "a.h5", model=model), "interp/data/samples", model)
+    assert torch.equal(pixels, interp.load_images(sample_image_paths(), model, preprocess="resize256-crop224"))

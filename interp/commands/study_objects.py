@@ -81,7 +81,8 @@ def add_probes_arguments(p) -> None:
 
 def cache_images(source, images, model):
     """The input images of a cache source, read from ``images`` (a folder or list file) in the cache's order,
-    preprocessed for ``model``: Tensor[N, 3, H, W]. Every cached image must be among them."""
+    preprocessed for ``model`` as the cache's were (its recorded transform): Tensor[N, 3, H, W]. Every cached image
+    must be among them."""
     from ..errors import UsageError
     from ..models import list_images, load_images
 
@@ -91,7 +92,7 @@ def cache_images(source, images, model):
     if missing:
         raise UsageError(f"--images {images!r} lacks {len(missing)} of the cache's {len(wanted)} images "
                          f"(first: {missing[0]!r}); pass the images the cache was written from")
-    return load_images([given[w] for w in wanted], model, strict=True)
+    return load_images([given[w] for w in wanted], model, strict=True, preprocess=source.preprocess)  # as cached
 
 
 PIXELS_FROM_CACHE = ("pixels: skipped, a cache holds no input images; add --images (the images the cache was "
