@@ -39,6 +39,8 @@ def test_random_order_is_seeded_nested_and_not_the_score_order():
         not torch.equal(sets[2], cells_to_mask(scores, 7, "bottom"))
     with pytest.raises(InterpError, match="keys"):
         cells_to_mask(scores, 3, "random")
+    with pytest.raises(InterpError, match="order"):
+        cells_to_mask(scores, 3, "sideways")
 
 
 def test_fraction_steps_of_sevenths():
@@ -100,9 +102,13 @@ def test_outliers_follow_the_detection_contract(vit):
     assert shared.threshold == pytest.approx(found.threshold.value) and shared.detect_layer == 0
     with pytest.raises(InterpError, match="disagrees"):
         masking_study(source, fractions=[0.0], detection=found, detect_layer=1, progress=False)
-    alias = masking_study(source, fractions=[0.0], outlier_threshold=value, detect_layer=0, orders=("top",),
+    alias = masking_study(source, fractions=[0.0], outlier_threshold=value, detect_layer=0, orders="top",
                           progress=False)
-    assert alias.threshold == pytest.approx(value)
+    assert alias.threshold == pytest.approx(value) and alias.orders == ["top"]
+    with pytest.raises(InterpError, match="at least one"):
+        masking_study(source, fractions=[0.0], orders=(), progress=False)
+    with pytest.raises(InterpError, match="not both"):
+        masking_study(source, fractions=[0.0], threshold=1.0, outlier_threshold=2.0, progress=False)
 
 
 def test_old_results_load_and_cli_options(tmp_path):

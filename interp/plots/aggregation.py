@@ -88,7 +88,8 @@ def masking_curves(result) -> Figure:
     ax_metric.set_ylabel({"accuracy": "top-1 accuracy", "agreement": "top-1 agreement with unmasked"}.get(
         result.metric, "cosine of the pooled vector to unmasked"))
     ax_metric.set_ylim(-0.02 if result.metric != "pooled_cosine" else None, 1.02)
-    ax_metric.legend(fontsize=8, loc="best", framealpha=0.7)  # one legend: both panels share the styles
+    if ax_metric.get_legend_handles_labels()[0]:
+        ax_metric.legend(fontsize=8, loc="best", framealpha=0.7)  # one legend: both panels share the styles
     ax_out.set_xlabel("patches masked (%)")
     rule = result.params.get("threshold")
     ax_out.set_ylabel(f"outlier tokens / image (norm > {_counting_label(result.counting_threshold, rule)}, "

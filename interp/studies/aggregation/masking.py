@@ -280,7 +280,9 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
         if threshold is not None and threshold != outlier_threshold:
             raise InterpError("give threshold= or its former name outlier_threshold=, not both")
         threshold = outlier_threshold
-    orders = list(dict.fromkeys(orders))
+    orders = list(dict.fromkeys([orders] if isinstance(orders, str) else orders))
+    if not orders:
+        raise InterpError(f"orders=[]: give at least one of {list(ORDERS)}")
     for order in orders:
         if order not in ORDERS:
             raise InterpError(f"order {order!r} is not one of {list(ORDERS)}")
