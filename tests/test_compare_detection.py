@@ -64,3 +64,16 @@ def test_cli_preset_and_detect_layer(capsys, tmp_path):
     assert json.loads((tmp_path / "compare.json").read_text())["params"]["preset"] == "darcet"
     assert main(["compare", "planted_vit", "--preset", "nope"]) == 1   # refused before any model is loaded
     assert "interp: error: unknown preset 'nope'" in capsys.readouterr().err
+
+
+def test_cli_probe_budget_options_reach_the_probes(capsys, tmp_path):
+    """The probes' budget flags (the same as interp study probes) on compare: recorded in compare.json's
+    probe_options over compare's own default (min_steps 100)."""
+    import json
+
+    assert main(["compare", "planted_vit", "--epochs", "2", "--lr", "0.05", "--no-progress",
+                 "--out", str(tmp_path)]) == 0
+    params = json.loads((tmp_path / "compare.json").read_text())["params"]
+    assert params["probe_options"] == {"min_steps": 100, "epochs": 2, "lr": 0.05}
+    assert main(["compare", "planted_vit", "--val-fraction", "0.2"]) == 2
+    assert "give --patience N too" in capsys.readouterr().err

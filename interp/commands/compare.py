@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from .common import (add_batch_size_arg, add_device_arg, add_output_args, add_overwrite_arg, add_seed_arg,
-                     add_strict_arg, add_detection_args, add_preprocess_args, check_device, preprocess_arg,
-                     threshold_value, write_outputs)
+                     add_strict_arg, add_detection_args, add_preprocess_args, add_probe_budget_args, check_device,
+                     preprocess_arg, probe_budget, threshold_value, write_outputs)
 from .values import existing_path, positive_int
 
 NONE = "-"  # in a per-model list: no value for this model
@@ -46,6 +46,7 @@ def register(sub) -> None:
                    help="skip the linear probes (position / pixels / global per token group)")
     p.add_argument("--probe-tokens", type=positive_int, default=2000,
                    help="training tokens of each probe (seeded sample)")
+    add_probe_budget_args(p)
     add_strict_arg(p)
     p.add_argument("--out", default=None, help="write compare.json into this folder")
     add_overwrite_arg(p, "an existing compare.json in --out")
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     weights, sizes = _check_values(args)
     preprocess = preprocess_arg(args)
+    budget = probe_budget(args)
     from ..studies.core.presets import resolve_preset
 
     resolve_preset(args.preset)  # an unknown preset is refused before torch and any model
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     from ..api import load
     from ..models import sample_image_paths
-    from ..report.compare import compare_models
+    from ..report.compare import PROBE_OPTIONS, compare_models
     from ..studies.core.detection import DetectionSpec
 
     staged = atomic_output_dir(args.out, "compare.json", what="comparison") if args.out else contextlib.nullcontext()
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         spec = DetectionSpec(threshold_value(args.threshold), args.detect_layer, args.preset)
         result = compare_models(models, images, detection=spec, batch_size=args.batch_size, progress=args.progress,
                                 probes=args.probes, probe_tokens=args.probe_tokens, strict=args.strict, names=labels,
-                                seed=args.seed, preprocess=preprocess)
+                                seed=args.seed, preprocess=preprocess, probe_options={**PROBE_OPTIONS, **budget})
         print(result.table())
         if staging is not None:
             write_outputs(result, staging)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import add_detection_args, add_study_args, model_from_args, save_study, source_from_args, threshold_value
-from .values import (existing_file, existing_path, finite_float, nonnegative_float, open_fraction, positive_float,
-                     positive_int, register_count)
+from .common import (add_detection_args, add_probe_budget_args, add_study_args, model_from_args, probe_budget,
+                     save_study, source_from_args, threshold_value)
+from .values import existing_file, existing_path, finite_float, open_fraction, positive_int, register_count
 
 OVERLAY_IMAGES = 8  # images drawn by the LOST and segmentation figures
 
@@ -66,17 +66,7 @@ def add_probes_arguments(p) -> None:
     sets.add_argument("--split", type=existing_file, default=None,
                       help="a split file: lines 'train PATH' / 'test PATH' (or JSON {\"train\": [...], \"test\": "
                            "[...]}) naming the images of --images / --cache, or alone the images to run on")
-    budget = p.add_argument_group("probe budget (position and label probes; the pixel probe is closed-form ridge)")
-    budget.add_argument("--epochs", type=positive_int, default=None, help="passes over the training tokens (default 30)")
-    budget.add_argument("--min-steps", type=positive_int, default=None, help="at least this many Adam steps (default 300)")
-    budget.add_argument("--lr", type=positive_float, default=None, help="Adam learning rate, cosine-decayed (default 0.01)")
-    budget.add_argument("--weight-decay", type=nonnegative_float, default=None, help="AdamW weight decay (default 0)")
-    budget.add_argument("--ridge", type=nonnegative_float, default=None,
-                        help="relative L2 penalty of the pixel probe (default 1e-4)")
-    budget.add_argument("--patience", type=positive_int, default=None,
-                        help="early stopping: stop after this many passes without a better validation loss")
-    budget.add_argument("--val-fraction", type=open_fraction, default=None,
-                        help="share of the training images set aside as the validation set of --patience (default 0.1)")
+    add_probe_budget_args(p)
 
 
 def cache_images(source, images, model):
@@ -97,7 +87,6 @@ def cache_images(source, images, model):
 
 PIXELS_FROM_CACHE = ("pixels: skipped, a cache holds no input images; add --images (the images the cache was "
                      "written from) for the pixel probe")
-BUDGET_FLAGS = ("epochs", "min_steps", "lr", "weight_decay", "ridge", "patience", "val_fraction")
 
 
 def _check_probe_sets(args) -> None:
@@ -113,8 +102,7 @@ def _check_probe_sets(args) -> None:
                          "name the held-out images by --split FILE")
     if args.test_fraction is not None and (args.test_images or args.split):
         raise UsageError("--test-fraction sets the random split; --test-images / --split give the sets instead")
-    if args.val_fraction is not None and args.patience is None:
-        raise UsageError("--val-fraction sets the validation set of early stopping; give --patience N too")
+    probe_budget(args)  # --val-fraction without --patience: refused here
 
 
 def _probe_sets(args):
@@ -151,7 +139,7 @@ def run_probes(args, probes_study) -> int:
     pixels = None
     if args.cache and images_arg and "pixels" in args.tasks:
         pixels = cache_images(source, images_arg, model)
-    budget = {k: getattr(args, k) for k in BUDGET_FLAGS if getattr(args, k) is not None}
+    budget = probe_budget(args)
     result = probes_study(source, args.hook, layer=args.layer, tasks=args.tasks, position_loss=args.position_loss,
                           threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
                           test_images=test, train_images=train, test_fraction=args.test_fraction,
