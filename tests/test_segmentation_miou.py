@@ -173,10 +173,10 @@ def test_segment_cli_average_and_frame_options(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main(["study", "segment", "planted_vit", "--images", str(paths[0].parent), "--masks", str(masks),
-                     "--out", str(out), "--average", "dataset", "--frame", "full", "--no-crop", "--no-selective",
+                     "--out", str(out), "--average", "dataset", "--frame", "full", "--whole-image", "--no-selective",
                      "--no-progress"]) == 0
     result = SegmentationResult.from_json(out / "segmentation.json")
-    assert result.average == "dataset" and result.frame == "full" and result.n_scored == 2 and not result.crop
+    assert result.average == "dataset" and result.frame == "full" and result.n_scored == 2 and result.whole_image
     assert result.unseen_share[:2] == [0.0, 0.0]
     assert result.areas[2:] == [None, None]                       # the other sample photos have no mask
     inter = np.sum([a["intersection"] for a in result.areas[:2]], axis=0)
@@ -185,7 +185,7 @@ def test_segment_cli_average_and_frame_options(tmp_path):
     assert (out / "segmentation_overlays.png").exists()
 
 
-def test_no_crop_shows_the_model_each_whole_image(tmp_path):
+def test_whole_image_shows_the_model_each_image_uncropped(tmp_path):
     from timm.data import create_transform
 
     from interp.studies.objects.whole_image import whole_image_source
@@ -194,8 +194,8 @@ def test_no_crop_shows_the_model_each_whole_image(tmp_path):
     source = open_source(model=model, images=[str(p) for p in paths])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        whole = segmentation_study(source, masks, frame="full", crop=False, progress=False)
-    assert whole.crop is False and whole.params["crop"] is False
+        whole = segmentation_study(source, masks, frame="full", whole_image=True, progress=False)
+    assert whole.whole_image is True and whole.params["whole_image"] is True
     assert whole.unseen_share == [0.0, 0.0] and not any("does not show" in str(w.message) for w in caught)
     for i, p in enumerate(paths):                     # every non-void original pixel is scored
         inter, union = whole.areas[i]["intersection"], whole.areas[i]["union"]
@@ -209,5 +209,5 @@ def test_no_crop_shows_the_model_each_whole_image(tmp_path):
     cropped = segmentation_study(source, masks, progress=False)
     assert whole.foreground != cropped.foreground      # the model saw other pixels
     with pytest.raises(InterpError, match="live source over image files"):
-        segmentation_study(open_source(model=model, images=torch.zeros(1, 3, 224, 224)), masks, crop=False,
+        segmentation_study(open_source(model=model, images=torch.zeros(1, 3, 224, 224)), masks, whole_image=True,
                            progress=False)

@@ -4,7 +4,7 @@
         [--detect-layer N] [--threshold T] [--preset P] [--test-images DIR | --split FILE] [--epochs N] [--patience N]
     interp study lost MODEL --images DIR --out OUT [--boxes FILE] [--layer N] [--k 100] [--neurons 2:17,...]
     interp study segment MODEL --images DIR --masks DIR|COCO.json --out OUT [--reference cls|pooled|selective]
-        [--average image|dataset] [--frame input|full] [--no-crop] [--neurons 2:17,...]
+        [--average image|dataset] [--frame input|full] [--whole-image] [--neurons 2:17,...]
 
 Each writes ``<study>.json`` (``probes.json``, ``lost.json``, ``segmentation.json``) and its PNG figures
 (:mod:`interp.plots.registry`) into ``--out``. With ``--neurons`` (the register neurons of a test-time
@@ -211,7 +211,7 @@ def add_segment_arguments(p) -> None:
     p.add_argument("--frame", choices=("input", "full"), default="input",
                    help="score in the model-input frame, the crop's border left out (input, default), or on the "
                         "whole original image, what the crop cut away counted as background (full)")
-    p.add_argument("--no-crop", dest="crop", action="store_false", default=True,
+    p.add_argument("--whole-image", action="store_true", default=False,
                    help="show the model each whole image, resized to its input size without the centre crop "
                         "(aspect not kept), so every pixel is seen and scored")
     p.add_argument("--selective-k", type=positive_int, default=1,
@@ -227,13 +227,13 @@ def run_segment(args, segmentation_variants) -> int:
 
     model = model_from_args(args)
     source = source_from_args(args, model)
-    if not args.crop:
+    if args.whole_image:
         source = whole_image_source(source)  # the figures show what the model saw
     selective = SelectiveCLS(k=args.selective_k) if args.with_selective or args.reference == "selective" else None
     result = segmentation_variants(source, args.masks, reference=args.reference, selective=selective,
                                    intervention=_test_time_register(args), hook=args.hook, k_std=args.k_std,
-                                   average=args.average, frame=args.frame, crop=args.crop, batch_size=args.batch_size,
-                                   progress=args.progress)
+                                   average=args.average, frame=args.frame, whole_image=args.whole_image,
+                                   batch_size=args.batch_size, progress=args.progress)
     print(result.summary())
     _save(result, args, source)
     return 0

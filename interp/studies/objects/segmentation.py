@@ -8,7 +8,7 @@ upsampled (nearest) to the model-input size [H, W] and compared, pixel by pixel,
 * ``frame="input"`` (default): in the model-input frame, the ground truth mapped through the model's
   resize/crop (nearest original pixel under each input pixel centre; what the crop removed is not scored);
   ``frame="full"``: on the whole original image at the mask's resolution (pixels the crop cut away count as
-  predicted background; ``unseen_share`` says how many). ``crop=False`` shows the model each whole image
+  predicted background; ``unseen_share`` says how many). ``whole_image=True`` shows the model each whole image
   (resized to its input size, nothing cropped), so every pixel is seen and scored.
 * mIoU over the two classes background and foreground, void pixels left out; ``average="image"`` (default)
   averages each image's mIoU, ``average="dataset"`` sums the intersections and unions over the dataset first.
@@ -139,7 +139,7 @@ class SegmentationResult(StudyResult):
         mean_jaccard: mean over the images with a number; n_evaluated: how many.
         foreground_share: per image the share of cells called foreground.
         frame: "input" (the model-input frame; ``input_size`` [H, W]) or "full" (each original image).
-        crop: False when the model saw each whole image (no centre crop; ``crop=False``).
+        whole_image: True when the model saw each whole image (no centre crop).
         unseen_share: per image the share of its scored ground-truth pixels the model input does not show
             (cut away by the crop; counted as predicted background in the full frame, 0 in the input frame).
     """
@@ -152,7 +152,7 @@ class SegmentationResult(StudyResult):
     grid: List[int] = field(default_factory=list)
     input_size: List[int] = field(default_factory=list)
     frame: str = "input"
-    crop: bool = True
+    whole_image: bool = False
     average: str = "image"
     miou: Optional[float] = None
     class_iou: Dict[str, Optional[float]] = field(default_factory=dict)
@@ -204,8 +204,9 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
 
 def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, reference: str = "cls",
                        hook: str = FINAL, selective=None, k_std: float = 1.0, average: str = "image",
-                       frame: str = "input", crop: bool = True, intervention=None, batch_size: Optional[int] = None,
-                       progress: bool = True, _gt=None, _maps: Optional[torch.Tensor] = None) -> SegmentationResult:
+                       frame: str = "input", whole_image: bool = False, intervention=None,
+                       batch_size: Optional[int] = None, progress: bool = True, _gt=None,
+                       _maps: Optional[torch.Tensor] = None) -> SegmentationResult:
     """mIoU and Jaccard of the thresholded Patch Score map against ground-truth masks, per image and overall.
 
     Args:
@@ -216,7 +217,7 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
         average: "image" (mean of per-image mIoU) or "dataset" (intersections and unions summed first).
         frame: "input" (the model-input frame; the crop's removed border is not scored) or "full" (the whole
             original image; what the preprocessing cut away counts as predicted background).
-        crop: False: the model sees each whole image, resized to its input size without the centre crop
+        whole_image: True: the model sees each whole image, resized to its input size without the centre crop
             (aspect not kept; :mod:`~interp.studies.objects.whole_image`), so every pixel is seen and scored
             (live source over image files only).
         intervention: an edit (e.g. a ``TestTimeRegister``; live source only) active while the maps are computed.
@@ -224,7 +225,7 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
     """
     _check_choice("average", average, AVERAGES)
     _check_choice("frame", frame, FRAMES)
-    if not crop:
+    if whole_image:
         source = whole_image_source(source)
     gt = _read_ground_truth(source, masks) if _gt is None else _gt
     if _maps is not None:
@@ -270,11 +271,11 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
     used = [s for s in jaccard if s is not None]
     spec = None if intervention is None else {"kind": intervention.kind, **intervention.params()}
     params = {"reference": reference, "hook": hook, "k_std": k_std, "average": average, "frame": frame,
-              "crop": crop, "masks": str(masks), "intervention": spec}
+              "whole_image": whole_image, "masks": str(masks), "intervention": spec}
     return SegmentationResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None, ids=list(source.ids),
         hook=hook, reference=reference, k_std=k_std, grid=list(source.layout.grid), input_size=list(input_size),
-        frame=frame, crop=crop, average=average, miou=reduced["miou"], class_iou=reduced["class_iou"],
+        frame=frame, whole_image=whole_image, average=average, miou=reduced["miou"], class_iou=reduced["class_iou"],
         image_miou=per_image,
         areas=areas, n_scored=len(scored), unseen_share=unseen,
         jaccard=jaccard, foreground_share=shares, mean_jaccard=sum(used) / len(used) if used else None,
@@ -305,9 +306,10 @@ def segmentation_variants(source: ActivationSource, masks: Union[str, Path], *, 
     SelectiveCLS vector (when ``selective`` is given and ``reference`` is not already ``selective``) and with
     the ``intervention`` (e.g. a test-time register, live source only): LaSt Table 6 with and without the fixes.
 
-    ``options`` go to :func:`segmentation_study` (hook, k_std, average, frame, crop, batch_size, progress).
+    ``options`` go to :func:`segmentation_study` (hook, k_std, average, frame, whole_image, batch_size,
+    progress).
     Each variant holds the :data:`VARIANT_FIELDS`."""
-    if not options.get("crop", True):
+    if options.get("whole_image", False):
         source = whole_image_source(source)  # once, for every variant
     gt = _read_ground_truth(source, masks)  # read once for every variant
     with_selective = selective is not None and reference != "selective"

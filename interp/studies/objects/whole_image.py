@@ -24,7 +24,7 @@ class WholeImageSource(LiveSource):
 
     def __init__(self, source: LiveSource):
         if not isinstance(source, LiveSource) or source._paths is None or source._tensor is not None:
-            raise InterpError("scoring the whole image (crop=False, CLI --no-crop) re-reads the image files without "
+            raise InterpError("scoring the whole image (whole_image=True, CLI --whole-image) re-reads the image files without "
                               "the centre crop: give a live source over image files (CLI --images), not a cache "
                               "or a tensor")
         self.__dict__.update(source.__dict__)
