@@ -138,6 +138,12 @@ def test_a_clip_like_head_without_classifier_gets_cosine_and_a_note_never_accura
     assert target["pooled_cosine_min"] == pytest.approx(float(cos.min()), abs=1e-6)
     assert target["pooled_norm"] == pytest.approx(float(edited["hook_pooled"].norm(dim=-1).mean()), rel=1e-5)
     assert result.conditions["baseline"]["pooled_cosine"] == pytest.approx(1.0)
+    from matplotlib.text import Text
+
+    from interp.plots.causal import ablation_bars
+
+    titles = [t.get_text() for t in ablation_bars(result).findobj(Text)]  # the cosine panel, no accuracy panel
+    assert "pooled cosine" in titles and "accuracy" not in titles and "top1 agreement" not in titles
 
 
 def test_a_zeroshot_file_gives_accuracy_equal_to_a_hand_computation(tmp_path):
