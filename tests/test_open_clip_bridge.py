@@ -202,6 +202,8 @@ def test_classifier_zeroshot_command_writes_the_classifier_file(tmp_path, tiny_c
     assert written["source"] == "open_clip interp-test-tiny tiny.pt, 7 templates (simple)"
     assert main(argv) == 1  # the file exists: refused before any work
     assert "already exists" in capsys.readouterr().err
+    assert main(argv + ["--overwrite", "--quiet"]) == 0 and capsys.readouterr().out == ""
+    assert torch.equal(torch.load(out, weights_only=True)["weight"], written["weight"])
 
 
 @pytest.mark.parametrize("text,message", [

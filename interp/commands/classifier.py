@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import List
 
+from ..console import add_output_args
 from .common import add_device_arg, refuse_existing_file
 from .values import existing_file, positive_int
 
@@ -74,9 +75,10 @@ def register(sub) -> None:
                    help="prompt templates: openai = open_clip's 80 ImageNet templates (default), simple = its 7")
     z.add_argument("--out", required=True, metavar="FILE", help="classifier file to write (.pt)")
     z.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    z.add_argument("--classes-per-batch", type=positive_int, default=10,
+    z.add_argument("--classes-per-batch", type=positive_int, default=10, metavar="N",
                    help="classes encoded per text forward (all their prompts at once; default 10)")
     add_device_arg(z)
+    add_output_args(z)
     z.set_defaults(func=run_zeroshot)
 
 
@@ -95,7 +97,7 @@ def run_zeroshot(args) -> int:
     name, kwargs = timm_spec(clip)  # refused here, before the text passes, when the tower has no timm twin
     classifier = zeroshot_classifier(clip, tokenizer, names, args.templates, model=name, source=described,
                                      device=args.device, classes_per_batch=args.classes_per_batch,
-                                     progress=bool(getattr(args, "progress", False)))
+                                     progress=args.progress)
     out = save_classifier_file(classifier, args.out)
     info(f"wrote {out}: zero-shot classifier, {classifier.n_classes} classes x {classifier.dim} dims, "
          f"logit scale {classifier.logit_scale:.4g}, {classifier.source} (give it to the studies as "
