@@ -53,8 +53,9 @@ def parse(html: str) -> BalancedParser:
 
 
 def result_classes():
-    for module in pkgutil.iter_modules(interp.studies.__path__):
-        importlib.import_module(f"interp.studies.{module.name}")
+    # every module of every theme package (core/, artifacts/, ...), whatever other tests imported before
+    for module in pkgutil.walk_packages(interp.studies.__path__, "interp.studies."):
+        importlib.import_module(module.name)
 
     def subclasses(cls):
         for sub in cls.__subclasses__():

@@ -19,7 +19,9 @@ Per batch of images: one baseline forward, then one forward per k under ``model.
 
 >>> result = selective_cls_study(source, "boxes.csv", ks=[1, 7, 196], max_box_fraction=1, progress=False)
 >>> print(result.table().splitlines()[0])
-     row    k    pib  pib_ci_low  pib_ci_high  fg_score_mean  bg_score_mean  top1_agreement  accuracy
+     row    k    pib  pib_ci_low  pib_ci_high  fg_score_mean  bg_score_mean  pooled_cosine
+>>> result.behaviour_note is not None             # planted_vit's random head classifies nothing: no agreement
+True
 """
 from __future__ import annotations
 

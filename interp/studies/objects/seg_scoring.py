@@ -20,8 +20,13 @@ Frames (where the pixels are counted):
   the input pixel its centre falls on, and pixels the preprocessing cut away count as predicted background
   (with a transform that does not crop, the model saw and is scored on the whole image).
 
->>> inter, union = class_areas(pred, gt, valid)                # [2] and [2]: background, foreground
->>> reduce_areas([(inter, union)], "dataset")["miou"]
+>>> pred = np.array([[1, 1], [0, 0]], dtype=bool)
+>>> gt = np.array([[1, 0], [0, 0]], dtype=bool)
+>>> inter, union = class_areas(pred, gt)           # [2] and [2]: background, foreground
+>>> inter.tolist(), union.tolist()
+([2, 1], [3, 2])
+>>> round(reduce_areas([(inter, union)], "dataset")["miou"], 4)   # (2/3 + 1/2) / 2
+0.5833
 """
 from __future__ import annotations
 
