@@ -123,13 +123,14 @@ def test_report_page_says_once_why_stages_were_skipped_and_shows_the_input(tmp_p
     page = (tmp_path / "index.html").read_text()
     assert page.count("nothing to rank") == 1  # the neuron study's reason, in its own section only
     assert page.count(SKIPPED_STAGES) == 1 and page.count("were not run") == 0
-    assert "224 x 224 px, 14 px patches \u2192 16 x 16 grid, 5 prefix tokens (CLS + 4 registers)" in page
+    assert ("224 x 224 px (timm&#x27;s own preprocessing), 14 px patches \u2192 16 x 16 grid, 5 prefix tokens "
+            "(CLS + 4 registers)") in page
 
 
 def test_input_geometry_of_a_register_model():
     source = open_source(model=make_model("dinov2_reg"), images=images(1))
     assert input_geometry(source) == {"input_size": [224, 224], "patch_size": [14, 14], "grid": [16, 16],
-                                      "n_prefix": 5, "n_registers": 4}
+                                      "n_prefix": 5, "n_registers": 4, "preprocess": "model"}
 
 
 # ----------------------------------------------------------------------------------------- issue 18, point 19
