@@ -208,7 +208,8 @@ def _unmasked_pass(source, hook: str, reference: str, selective: Optional[Select
     channel_sum, n_pixels = None, 0
     for _, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size), disable=not progress,
                      desc="masking: unmasked pass", unit="batch", leave=False):
-        run = run_hooks(model, x, score_hooks + [detect_hook], logits=True, classifier=classifier)
+        run = run_hooks(model, x, score_hooks + [detect_hook], logits=True, classifier=classifier,
+                        interventions=source.interventions)
         scores.append(score_maps_from_acts(run.acts, run.layout, hook, reference, selective))
         preds.append(run.logits.argmax(-1))
         pooled.append(run.pooled)
@@ -221,14 +222,14 @@ def _unmasked_pass(source, hook: str, reference: str, selective: Optional[Select
 
 
 @torch.no_grad()
-def _forward_counting_outliers(model, x: torch.Tensor, hook: str, threshold: float,
-                               classifier=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One forward: (logits [b, C], pooled [b, d'], number of patch tokens whose norm at ``hook`` exceeds
-    threshold [b])."""
+def _forward_counting_outliers(model, x: torch.Tensor, hook: str, threshold: float, classifier=None,
+                               interventions: Sequence = ()) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward under ``interventions``: (logits [b, C], pooled [b, d'], number of patch tokens whose norm at
+    ``hook`` exceeds threshold [b])."""
     def count(layout):
         return {hook: lambda t: (t[:, layout.patch_slice].float().norm(dim=-1) > threshold).sum(1)}
 
-    run = run_hooks(model, x, [hook], count, logits=True, classifier=classifier)
+    run = run_hooks(model, x, [hook], count, logits=True, classifier=classifier, interventions=interventions)
     return run.logits, run.pooled, run.acts[hook].long()
 
 
@@ -320,8 +321,8 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
                 for order in orders:
                     cells = cells_to_mask(scores, k, order, keys[start:start + len(x)])
                     masked = mask_images(x, cells, fill_images, patch)
-                    logits, pooled, n_outliers = _forward_counting_outliers(model, masked, detect_hook, thr,
-                                                                            readout.classifier)
+                    logits, pooled, n_outliers = _forward_counting_outliers(
+                        model, masked, detect_hook, thr, readout.classifier, source.interventions)
                     meter.add(names[(order, i)], start, logits, pooled, base_top1, base_pooled)
                     outliers[(order, i)].append(n_outliers)
 

@@ -124,11 +124,12 @@ def _forward_rows(source, model, specs: Sequence[SelectiveCLS], reference: str, 
     clf = meter.readout.classifier
     for start, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size),
                          disable=not progress, desc="selective-cls", unit="batch", leave=False):
-        base = run_hooks(model, x, baseline_hooks, logits=True, classifier=clf)
+        base = run_hooks(model, x, baseline_hooks, logits=True, classifier=clf, interventions=source.interventions)
         maps[0].append(score_maps_from_acts(base.acts, base.layout, FINAL, reference))
         meter.add(names[0], start, base.logits, base.pooled, base.logits, base.pooled)
         for row, spec in enumerate(specs, start=1):
-            run = run_hooks(model, x, [FINAL], interventions=[spec], logits=True, classifier=clf)
+            run = run_hooks(model, x, [FINAL], interventions=source.interventions + (spec,), logits=True,
+                            classifier=clf)
             maps[row].append(score_maps_from_acts(run.acts, run.layout, FINAL, "selective", spec))
             meter.add(names[row], start, run.logits, run.pooled, base.logits, base.pooled)
     return [torch.cat(m) for m in maps]
