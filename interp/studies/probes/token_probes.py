@@ -197,19 +197,7 @@ def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, laye
     :class:`~interp.studies.core.passes.Reading` whose reader samples each batch's tokens and whose ``finish()``
     fits and scores the probes (so the probes can share one pass with other studies).
 
-    Args:
-        hook: the probed tokens (default ``blocks.{layer}.hook_resid_post``), all token rows for CLS/registers.
-        tasks: any of ``position``, ``pixels``, ``label``.
-        position_loss: ``ce`` (Darcet) or ``ce+mse`` (the reassessment: + 0.5 x MSE of (row, col)).
-        outliers: a given high-norm mask Bool[N, t] or [N, P]; else the detection decides.
-        detection / threshold / detect_layer / preset: the detection contract (a Detection made on this source,
-            a DetectionSpec, or the loose values; default "auto" at the last block's ``hook_resid_post``).
-        images: Tensor[N, 3, H, W] preprocessed inputs for the pixel probe on a cache source.
-        labels: [N] class ids (default ``source.labels``).
-        test_images / train_images: ids or paths of the held-out (and training) images among the source's;
-            None: a seeded random split holding out ``test_fraction`` (default 0.25) of the images.
-        probe_options: the fit budget (:data:`PROBE_OPTIONS`: epochs, min_steps, lr, weight_decay, batch_size,
-            ridge, aux_weight, device; patience + val_fraction for early stopping).
+    Args: those of :func:`probes_study`.
     """
     unknown = set(tasks) - set(TASKS)
     if unknown or position_loss not in POSITION_LOSSES:
