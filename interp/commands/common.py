@@ -172,13 +172,14 @@ def print_behaviour(result) -> None:
 
 def add_preprocess_args(parser: argparse.ArgumentParser) -> None:
     """``--resize N [--crop M]`` or ``--transform NAME``: a paper's eval preprocessing instead of timm's own."""
-    parser.add_argument("--resize", type=positive_int, default=None, metavar="N",
+    # dests of their own: a study may have a "crop" option of its own (segment's --no-crop)
+    parser.add_argument("--resize", dest="eval_resize", type=positive_int, default=None, metavar="N",
                         help="eval preprocessing: resize the shorter side to N px, then center-crop (--crop, default "
                              "N); e.g. --resize 256 --crop 224 as Jiang et al., LOST and DINOv2's evaluation "
                              "(default: timm's own transform for the model)")
-    parser.add_argument("--crop", type=positive_int, default=None, metavar="M",
+    parser.add_argument("--crop", dest="eval_crop", type=positive_int, default=None, metavar="M",
                         help="center crop M x M after --resize (the model's input size)")
-    parser.add_argument("--transform", type=transform_arg, default=None, metavar="NAME",
+    parser.add_argument("--transform", dest="eval_transform", type=transform_arg, default=None, metavar="NAME",
                         help="the same by name: model (timm's own) or resizeN-cropM, e.g. resize256-crop224")
 
 
@@ -187,7 +188,7 @@ def preprocess_arg(args: argparse.Namespace):
     one of ``--transform`` or ``--resize``/``--crop``; ``--crop`` needs ``--resize`` and must fit in it."""
     from .._transforms import check_sizes
 
-    name, resize, crop = (getattr(args, k, None) for k in ("transform", "resize", "crop"))
+    name, resize, crop = (getattr(args, k, None) for k in ("eval_transform", "eval_resize", "eval_crop"))
     if name is not None and (resize is not None or crop is not None):
         raise UsageError(f"give --transform {name} or --resize/--crop, not both")
     if crop is not None and resize is None:
