@@ -21,7 +21,7 @@ _LAZY = {
     "Detection": "core.outliers", "detect": "core.outliers",
     "StudyDescriptor": "core.descriptors", "DESCRIPTORS": "core.descriptors", "required_hooks": "core.descriptors",
     "run_hooks": "core.forward",
-    "linear_probe": "probes.linear_probe", "ProbeResult": "probes.linear_probe",
+    "linear_probe": "probes.linear_probe", "ProbeFit": "probes.linear_probe", "ProbeResult": "probes.linear_probe",
 }
 
 __all__ = sorted(_LAZY)

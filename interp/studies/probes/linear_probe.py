@@ -43,7 +43,7 @@ ArrayLike = Union[torch.Tensor, np.ndarray, Sequence]
 
 
 @dataclass
-class ProbeResult:
+class ProbeFit:
     """Scores of one linear probe (JSON-serialisable like the study results).
 
     Attributes:
@@ -76,9 +76,13 @@ class ProbeResult:
         return text
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ProbeResult":
+    def from_dict(cls, data: dict) -> "ProbeFit":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# The name before the probe kernel and the probes study (ProbesResult) were told apart; kept as an alias.
+ProbeResult = ProbeFit
 
 
 def _as_tensor(a: ArrayLike) -> torch.Tensor:
@@ -341,7 +345,7 @@ def fit_probe(x: ArrayLike, y: ArrayLike, task: str = "classify", *, n_classes: 
 def linear_probe(features: ArrayLike, targets: ArrayLike, *, task: str = "classify", test_fraction: float = 0.25,
                  seed: int = 0, groups: Optional[ArrayLike] = None, epochs: int = 30, min_steps: int = 300,
                  batch_size: int = 4096, lr: float = 1e-2, weight_decay: float = 0.0, ridge: float = 1e-4,
-                 device: Union[str, torch.device, None] = None) -> ProbeResult:
+                 device: Union[str, torch.device, None] = None) -> ProbeFit:
     """Train a linear probe on a seeded train split of (features [n, d], targets [n] or [n, k]) and score it.
 
     Args:
@@ -361,7 +365,7 @@ def linear_probe(features: ArrayLike, targets: ArrayLike, *, task: str = "classi
     params = {"test_fraction": test_fraction, "grouped": groups is not None, "epochs": epochs,
               "min_steps": min_steps, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay,
               "ridge": ridge}
-    return ProbeResult(task=task, test_score=probe.score(x_test, y_test), train_score=probe.score(x_train, y_train),
+    return ProbeFit(task=task, test_score=probe.score(x_test, y_test), train_score=probe.score(x_train, y_train),
                        chance=chance_score(task, y_train, y_test), n_train=len(train), n_test=len(test),
                        n_features=x.shape[1], n_outputs=n_classes if task == "classify" else
                        int(np.prod(y.shape[1:])) if y.ndim > 1 else 1, seed=seed, params=params)
