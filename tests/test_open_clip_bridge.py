@@ -138,7 +138,8 @@ def test_zeroshot_weights_are_open_clips_build_zero_shot_classifier_transposed()
     clip, tokenizer = tiny_clip(), open_clip.get_tokenizer("ViT-B-16")
     w = zeroshot_weights(clip, tokenizer, CLASSES, "simple", classes_per_batch=2)
     ref = open_clip.build_zero_shot_classifier(clip, tokenizer, CLASSES, open_clip.SIMPLE_IMAGENET_TEMPLATES)
-    assert w.shape == (3, 48) and torch.equal(w, ref.T.contiguous())
+    # the class batches differ (2 here, open_clip's default there): equal up to float32 rounding
+    assert w.shape == (3, 48) and torch.allclose(w, ref.T, rtol=0, atol=1e-6)
     assert zeroshot_classifier(clip, tokenizer, ["cat"], "openai").source.endswith(", 80 templates (openai)")
     with pytest.raises(InterpError, match="unknown template set"):
         zeroshot_weights(clip, tokenizer, CLASSES, "fancy")
