@@ -89,7 +89,7 @@ def test_a_staging_folder_left_by_a_killed_run_does_not_block_the_next(tmp_path,
     left = out / f"{STAGING_PREFIX}report-99999"  # what kill -9 in the middle of writing leaves
     left.mkdir()
     (left / "norms.json").write_text('{"half')
-    from interp.commands.common import prepare_report_dir
+    from interp.commands.saving import prepare_report_dir
 
     assert prepare_report_dir(out, overwrite=False) == []  # the folder counts as empty: no --overwrite needed
     with atomic_output_dir(out, "report.json") as staging:

@@ -16,7 +16,8 @@ from typing import List, Optional
 
 from .common import (add_batch_size_arg, add_device_arg, add_output_args, add_overwrite_arg, add_seed_arg,
                      add_strict_arg, add_detection_args, add_preprocess_args, add_probe_budget_args, check_device,
-                     preprocess_arg, probe_budget, threshold_value, write_outputs)
+                     preprocess_arg, probe_budget, threshold_value)
+from .saving import write_outputs
 from .values import existing_path, positive_int
 
 NONE = "-"  # in a per-model list: no value for this model
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_preset(args.preset)  # an unknown preset is refused before torch and any model
     if args.out:
-        from .common import refuse_existing_file
+        from .saving import refuse_existing_file
 
         check_output_folder(args.out)
         refuse_existing_file(Path(args.out) / "compare.json", args.overwrite)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import copy
 
-from .common import add_batch_size_arg, add_model_args, refuse_existing_file
+from .common import add_batch_size_arg, add_model_args
+from .saving import refuse_existing_file
 from .values import existing_file, existing_path, nonnegative_float
 
 

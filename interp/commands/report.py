@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import (REPORT_MARKER, add_batch_size_arg, add_classifier_arg, add_model_args, add_output_args,
-                     add_overwrite_arg, add_preprocess_args, add_strict_arg, add_threshold_arg, model_from_args,
-                     prepare_report_dir, preprocess_arg, threshold_value)
+from .common import (add_batch_size_arg, add_classifier_arg, add_model_args, add_output_args, add_overwrite_arg,
+                     add_preprocess_args, add_strict_arg, add_threshold_arg, model_from_args, preprocess_arg,
+                     threshold_value)
+from .saving import REPORT_MARKER, prepare_report_dir
 from .values import existing_path, nonnegative_int, positive_int
 
 

@@ -13,7 +13,7 @@ from .registry import STUDIES, StudyCommand
 
 def _run_study(command: StudyCommand):
     def run(args) -> int:
-        from .common import prepare_study_output
+        from .saving import prepare_study_output
         from .output import atomic_output_dir
 
         name = command.result_name

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-from .common import (add_classifier_arg, add_study_args, add_threshold_arg, model_from_args, print_behaviour,
-                     save_study, source_from_args, threshold_value)
+from .common import (add_classifier_arg, add_detection_args, add_study_args, model_from_args,
+                     print_behaviour, source_from_args, threshold_value)
+from .saving import save_study
 from ..errors import UsageError
 from .values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
                      positive_float, positive_int)
@@ -194,14 +195,10 @@ def add_masking_arguments(p) -> None:
     p.add_argument("--fill", choices=("zero", "mean", "blur"), default="zero",
                    help="zero (0 in normalised space), mean (dataset mean per channel) or blur")
     p.add_argument("--blur-sigma", type=positive_float, default=None, help="blur sigma in pixels (default patch size / 2)")
-    add_threshold_arg(p, aliases=("--outlier-threshold",),
-                      help="outlier token norm at the detection block: a number > 0, pNN (percentile of the unmasked "
-                           "run) or auto; default p98, or the preset's (--outlier-threshold: its former name)")
-    p.add_argument("--detect-layer", type=int, default=None,
-                   help="block whose output decides outliers (default: last; negative counts from the end)")
-    p.add_argument("--preset", default=None,
-                   help="published detection settings (e.g. darcet, reassessment, jiang-openclip-b16); explicit "
-                        "flags win")
+    add_detection_args(p, threshold_aliases=("--outlier-threshold",),
+                       threshold_help="outlier token norm at the detection block: a number > 0, pNN (percentile of "
+                                      "the unmasked run) or auto; default p98, or the preset's (--outlier-threshold: "
+                                      "its former name)")
 
 
 def add_selective_cls_arguments(p) -> None:

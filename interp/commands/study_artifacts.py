@@ -14,7 +14,8 @@ from typing import Dict, List, Optional
 
 from ..errors import InterpError
 from .common import (NEURONS_SYNTAX, add_classifier_arg, add_detection_args, add_study_args, model_from_args,
-                     parse_neurons, print_behaviour, save_study, source_from_args, threshold_value)
+                     parse_neurons, print_behaviour, source_from_args, threshold_value)
+from .saving import save_study
 from .values import nonnegative_int, positive_int, register_count
 
 def parse_target(text: Optional[str], grid):

@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .common import (add_detection_args, add_probe_budget_args, add_study_args, model_from_args, probe_budget,
-                     save_study, source_from_args, threshold_value)
+                     source_from_args, threshold_value)
+from .saving import save_study
 from .values import existing_file, existing_path, finite_float, open_fraction, positive_int, register_count
 
 OVERLAY_IMAGES = 8  # images drawn by the LOST and segmentation figures

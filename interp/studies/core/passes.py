@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-import torch
 
 from ...models.layout import TokenLayout
 from .forward import Reducer, Reducers, run_hooks
