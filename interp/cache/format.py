@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import h5py
@@ -67,7 +66,7 @@ _TOKEN_AXIS_BY_SUFFIX = {"hook_attn_scores": 1, "hook_pattern": 1, "hook_pooled"
 
 # Hooks whose token axis holds the patches only ([P, d] per image, no prefix rows): stored whole whatever
 # ``--tokens`` says (their rows are not the layout's), per-token norms with ``--norms-only``.
-PATCH_ONLY_HOOKS = ("hook_patch_embed",)
+PATCH_ONLY_HOOKS = ("hook_patch_embed",)  # hooks.names.PATCH_EMBED (that package imports transformer_lens)
 
 
 def acts_path(hook: str) -> str:

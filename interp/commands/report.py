@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .common import (add_batch_size_arg, add_classifier_arg, add_model_args, add_output_args, add_overwrite_arg,
-                     add_preprocess_args, add_strict_arg, add_threshold_arg, model_from_args, preprocess_arg,
+                     add_preprocess_args, add_strict_arg, add_detection_args, model_from_args, preprocess_arg,
                      threshold_value)
 from .saving import REPORT_MARKER, prepare_report_dir
 from .values import existing_path, nonnegative_int, positive_int
@@ -26,11 +26,7 @@ def register(sub) -> None:
     p.add_argument("--images", default=None, type=existing_path,
                    help="image directory, list file or image (default: bundled samples)")
     p.add_argument("--out", default="report", help="output directory (default: report/)")
-    add_threshold_arg(p, help="outlier threshold: a norm value > 0, pNN (e.g. p98) or auto (default, or the "
-                              "preset's)")
-    p.add_argument("--preset", default=None, help="published settings (jiang-*, darcet, reassessment); flags win")
-    p.add_argument("--detect-layer", type=int, default=None,
-                   help="block whose output decides outliers (default: last; negative counts from the end)")
+    add_detection_args(p)
     p.add_argument("--highest-layer", type=int, default=None,
                    help="last block scored for register neurons (default: the detection block)")
     p.add_argument("--top-k", type=positive_int, default=None,
@@ -51,7 +47,7 @@ def run(args) -> int:
     from ..errors import UsageError
     from .output import atomic_output_dir
 
-    threshold = None if args.threshold is None else threshold_value(args.threshold)  # fails before the model
+    threshold = threshold_value(args.threshold)  # fails before the model
     preprocess = preprocess_arg(args)
     if args.model is None:
         if args.weights:

@@ -111,7 +111,7 @@ def run_masking(args, masking_study) -> int:
     fractions = fraction_steps(args.steps) if args.steps is not None else args.fractions or list(DEFAULT_FRACTIONS)
     model = model_from_args(args)
     source = source_from_args(args, model)
-    threshold = None if args.threshold is None else threshold_value(args.threshold)
+    threshold = threshold_value(args.threshold)
     result = masking_study(source, fractions=fractions, fill=args.fill, blur_sigma=args.blur_sigma,
                            reference=args.reference, hook=args.hook, selective=_selective(args, args.selective_k),
                            threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,

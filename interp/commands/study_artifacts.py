@@ -126,7 +126,7 @@ def _required_neurons(args) -> Dict[int, List[int]]:
 
 def _prepare(args):
     """Validate the cheap arguments first, then build the model and its source."""
-    threshold = None if args.threshold is None else threshold_value(args.threshold)
+    threshold = threshold_value(args.threshold)
     neurons = _required_neurons(args) if hasattr(args, "neurons") else None
     model = model_from_args(args)
     if neurons is not None:

@@ -130,7 +130,7 @@ def run_probes(args, probes_study) -> int:
     _check_probe_sets(args)  # before torch is imported
     from ..studies.probes.image_sets import set_labels
 
-    threshold = None if args.threshold is None else threshold_value(args.threshold)
+    threshold = threshold_value(args.threshold)
     images_arg = args.images
     train, test, roots = _probe_sets(args)
     model = model_from_args(args)

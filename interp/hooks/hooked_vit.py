@@ -26,10 +26,10 @@ from .edit_state import EditState
 from .hook_registry import HookRegistry
 from .inputs import check_image_batch, model_img_size
 from .intervene import InterventionMixin
-from .names import block_hook
+from .names import EMBEDDING_HOOKS, block_hook
 from .points import BLOCK_HOOK_ORDER, block_forward, install
 
-ROOT_HOOKS_BEFORE = ("hook_patch_embed", "hook_embed")
+ROOT_HOOKS_BEFORE = EMBEDDING_HOOKS
 ROOT_HOOKS_AFTER = ("hook_norm_final", "hook_selective_votes", "hook_pooled", "hook_logits")
 
 

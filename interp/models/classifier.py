@@ -32,6 +32,7 @@ import hashlib
 import math
 import os
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Union
 
@@ -87,7 +88,7 @@ class Classifier:
     def dim(self) -> int:
         return int(self.weight.shape[1])
 
-    @property
+    @cached_property  # read by every baseline check and record; bind() makes a new object, so it stays right
     def fingerprint(self) -> str:
         """16 hex digits of a hash of the kind, its settings and the weight/bias values."""
         h = hashlib.sha256(f"{self.kind}:{self.logit_scale}:{self.n_blocks}:{self.avgpool}".encode())
@@ -145,11 +146,10 @@ class Classifier:
         if not self._hooks:
             raise ClassifierError(f"{self._name()} is not bound to a model: call .bind(model) first")
 
-    def hooks(self, model=None) -> List[str]:
-        """The hooks this classifier reads (binding to ``model`` first when it is given)."""
-        bound = self.bind(model) if model is not None else self
-        bound._check_bound()
-        return list(bound._hooks)
+    def hooks(self) -> List[str]:
+        """The hooks this (bound) classifier reads."""
+        self._check_bound()
+        return list(self._hooks)
 
     def reducers(self, model, layout) -> Dict[str, callable]:
         """hook -> reduction applied inside the hook (so only [b, D]-size values are kept). ``layout``: the

@@ -330,17 +330,8 @@ def zeroshot_classifier(clip: nn.Module, tokenizer, class_names: Sequence[str],
 
 def save_classifier_file(classifier, path: Union[str, Path]) -> Path:
     """Write a classifier (a :class:`~interp.models.classifier.Classifier` or a file's dict, checked by
-    ``load_classifier``) with its own ``save``, into a temporary file renamed into place: a crash leaves either no
-    file or the whole one. Returns the path."""
+    ``load_classifier``) with its own ``save`` (a temporary file renamed into place: a crash leaves either no
+    file or the whole one). Returns the path."""
     from .classifier import load_classifier
 
-    checked = load_classifier(classifier)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        checked.save(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    return load_classifier(classifier).save(Path(path))  # Classifier.save writes a temporary file renamed into place

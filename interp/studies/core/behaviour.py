@@ -30,7 +30,6 @@ from ...models.classifier import Classifier, load_classifier
 from ...models.heads import classify_head, head_output_width
 
 METRICS = ("top1_agreement", "accuracy", "pooled_cosine", "pooled_cosine_min", "pooled_norm")
-CLASS_METRICS = ("top1_agreement", "accuracy")
 ClassifierLike = Union[None, str, Classifier, dict]
 
 

@@ -8,7 +8,7 @@ import torch
 from ...errors import InterpError
 from ...models.layout import TokenLayout
 from ...models.preprocessing import transform_name
-from .forward import Reducers
+from .forward import Reducers, resolve_reducers
 from .source import ActivationSource, Batch, token_norms
 
 
@@ -70,7 +70,7 @@ class CacheSource(ActivationSource):
                               "(open_source(model=..., images=...); CLI --images)")
         self.require(hooks)
         hooks = list(hooks)
-        reduce = (reduce(self.layout) if callable(reduce) else reduce) or {}
+        reduce = resolve_reducers(reduce, self.layout)
         for start in range(0, len(self.ids), batch_size):
             stop = min(start + batch_size, len(self.ids))
             acts = {}

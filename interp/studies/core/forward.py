@@ -38,6 +38,12 @@ Reducer = Callable[[torch.Tensor], torch.Tensor]
 Reducers = Union[Mapping[str, Reducer], Callable[[TokenLayout], Mapping[str, Reducer]], None]
 
 
+def resolve_reducers(reduce: Reducers, layout: TokenLayout) -> Dict[str, Reducer]:
+    """The {hook: reducer} of ``reduce`` for a forward of ``layout`` (a mapping, a function of the layout, or
+    None)."""
+    return dict((reduce(layout) if callable(reduce) else reduce) or {})
+
+
 def run_layout(model, img_size: Tuple[int, int], interventions: Sequence = ()) -> TokenLayout:
     """Token layout of a forward of ``model`` on ``img_size`` inputs under ``interventions`` (and whatever
     the model has active already): read from the input size and the edit state, no forward is run."""
@@ -102,7 +108,7 @@ def run_hooks(model, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducer
     read: Dict[str, torch.Tensor] = {}  # what the readout needs, kept apart from the study's own hooks
     with model.intervene(*interventions):
         layout = model.layout_for(tuple(x.shape[-2:]))
-        fns = (reduce(layout) if callable(reduce) else reduce) or {}
+        fns = resolve_reducers(reduce, layout)
         head_fns = classifier.reducers(model, layout) if classifier is not None else {}
 
         def keep(tensor, hook):

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 
 from ...models.layout import TokenLayout
-from .forward import Reducer, Reducers, run_hooks
+from .forward import Reducer, Reducers, resolve_reducers, run_hooks
 from .source import ActivationSource, Batch, n_batches
 
 
@@ -49,7 +49,7 @@ class Reader:
     images: bool = False
 
     def reducers(self, layout: TokenLayout) -> Dict[str, Reducer]:
-        return dict((self.reduce(layout) if callable(self.reduce) else self.reduce) or {})
+        return resolve_reducers(self.reduce, layout)
 
 
 @dataclass
