@@ -40,7 +40,9 @@ from .summary import (SYNTHETIC_NOTE, build_summary, lost_summary, planted_compa
                       redundancy_summary)
 
 N_STAGES = len(SECTIONS)  # the console's steps = the page's sections
-REPORT_SAMPLES_DIR = SAMPLES_DIR / "more"  # the report's default adds these photos to the 4 samples
+# the report's default adds these photos to the 4 samples; a folder of its own, so that the samples folder given
+# as an image folder still holds 4
+REPORT_SAMPLES_DIR = SAMPLES_DIR.parent / "report_samples"
 DISPLAY_LIMIT = 8  # images un-normalised for the map figures (the figures draw at most this many)
 
 
@@ -105,7 +107,7 @@ def _say(progress: bool, text: str) -> None:
 
 def report_sample_paths() -> List[Path]:
     """The report's default images: ``interp.models.sample_image_paths()`` (4 photos), then the photos of
-    :data:`REPORT_SAMPLES_DIR` (public domain / CC0 from scikit-image, listed in the samples' LICENSE.md)."""
+    :data:`REPORT_SAMPLES_DIR` (public domain / CC0 from scikit-image, listed in its LICENSE.md)."""
     from ..models import sample_image_paths
 
     return sample_image_paths() + sorted(REPORT_SAMPLES_DIR.glob("*.jpg"))
