@@ -15,7 +15,7 @@ from interp.models.samples import SAMPLES_DIR
 from interp.report import write_html
 from interp.report.battery import REPORT_SAMPLES_DIR, report_sample_paths
 from interp.plots.common import near_one
-from interp.report.sections import SECTIONS, SMALL_SAMPLE, one_line_reasons, outlier_share_remark, section_index
+from interp.report.sections import SECTIONS, SKIPPED_STAGES, SMALL_SAMPLE, one_line_reasons, outlier_share_remark, section_index
 from interp.studies.probes.scores import MIN_IMAGES
 
 SAMPLE_NAMES = ["astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg"]
@@ -109,7 +109,8 @@ def test_probes_with_too_few_images_and_causal_stages_without_neurons_are_one_li
     body = section_html(page, "probes")
     assert body.count("<p") == 2 and '<p class="caveat">Not scored: too few images (n=4)' in body
     for key in ("ablate", "registers", "relocate"):
-        assert section_html(page, key).count("<p") == 1 and "Skipped: no register neurons" in page
+        assert section_html(page, key).count("<p") == 1 and "Skipped" in section_html(page, key)
+    assert page.count(SKIPPED_STAGES) == 1
 
 
 # ------------------------------------------------------------------------------------------ wording

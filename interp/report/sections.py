@@ -30,14 +30,18 @@ PAPERS_OUTLIER_SHARE = 0.02  # Darcet et al.: about 2 % of the tokens of a train
 FAR_ABOVE_PAPERS = 0.10  # an outlier share above this gets a remark (5x the papers' share)
 
 
-def numbered() -> List[Tuple[int, str, str]]:
-    """(number, key, title) of every section, numbered from 1 in page order."""
-    return [(i, key, title) for i, (key, title) in enumerate(SECTIONS, start=1)]
-
-
 def number_of(key: str) -> int:
     """The section number of a study key (``"neurons"`` -> 5)."""
     return [k for k, _ in SECTIONS].index(key) + 1
+
+
+SKIPPED_STAGES = (f"Skipped: the ablation, the test-time register and the relocation need register neurons, and "
+                  f"none were ranked (see {number_of('neurons')}.).")
+
+
+def numbered() -> List[Tuple[int, str, str]]:
+    """(number, key, title) of every section, numbered from 1 in page order."""
+    return [(i, key, title) for i, (key, title) in enumerate(SECTIONS, start=1)]
 
 
 def step_line(key: str, detail: str) -> str:
@@ -89,10 +93,9 @@ def one_line_reasons(s: Dict) -> Dict[str, str]:
                            "(lost.json holds them).")
         elif lost.get("degenerate"):
             out["lost"] = f"Degenerate result, not drawn: {lost['note'].removeprefix('degenerate: ')}"
-    if s.get("skipped"):
-        for key in CAUSAL:
-            out[key] = (f"Skipped: no register neurons were ranked (see {number_of('neurons')}.), and this study "
-                        "edits them.")
+    if s.get("skipped"):  # the reason once, in the first causal section
+        out.update({key: SKIPPED_STAGES if key == CAUSAL[0] else f"Skipped (see {number_of(CAUSAL[0])}.)."
+                    for key in CAUSAL})
     return out
 
 
