@@ -154,14 +154,12 @@ def _heading(key: str) -> str:
 
 
 def _section(key: str, sentences: List[str], figures: List[str], json_name: Optional[str],
-             folder: Optional[Path] = None, caveat: Optional[str] = None) -> str:
-    """One study's section: its sentences, then the caveat INSTEAD of the figures when there is one."""
+             folder: Optional[Path] = None) -> str:
+    """One study's section: its sentences, then its figures (a section with nothing to show on the data is
+    :func:`one_line_section`)."""
     parts = [_heading(key)]
     parts += [f"<p>{html.escape(t)}</p>" for t in sentences if t]
-    if caveat:
-        parts.append(f'<p class="caveat">{html.escape(caveat)}</p>')
-    else:
-        parts += [embedded_image(folder, name) for name in figures]
+    parts += [embedded_image(folder, name) for name in figures]
     if json_name:
         parts.append(f'<p class="files">data: <code>{html.escape(json_name)}</code> in the report folder</p>')
     parts.append("</section>")
