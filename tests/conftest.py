@@ -1,10 +1,17 @@
 """Shared fixtures: small random-init timm ViTs of every supported family (never downloaded weights)."""
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import time
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import interp
+from interp.cli import main
 
 # name -> timm kwargs for a small but structurally faithful config (fewer blocks, 224 px).
 FAMILIES = {
@@ -88,3 +95,19 @@ def photos16(tmp_path_factory):
 def labelled16(tmp_path_factory):
     """The 16 images of ``photos16`` in an image-folder layout of two classes (DIR/<class>/img)."""
     return photo_variants(tmp_path_factory.mktemp("labelled16"), classes=True)
+
+
+@pytest.fixture(scope="session")
+def default_report(tmp_path_factory):
+    """``interp report --out DIR`` on the bundled default (planted_vit, the bundled photos), run once per session
+    in-process: a namespace with ``out`` (the folder), ``stdout``, ``stderr``, ``seconds``, ``rc``, ``page`` (the
+    index.html text) and ``report`` (report.json)."""
+    out = tmp_path_factory.mktemp("default_report")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    start = time.monotonic()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = main(["report", "--out", str(out)])
+    seconds = time.monotonic() - start
+    return SimpleNamespace(out=out, stdout=stdout.getvalue(), stderr=stderr.getvalue(), seconds=seconds, rc=rc,
+                           page=(out / "index.html").read_text(encoding="utf-8"),
+                           report=json.loads((out / "report.json").read_text()))

@@ -164,7 +164,7 @@ def test_report_skips_records_and_refuses_or_replaces_existing_outputs(tmp_path,
     capsys.readouterr()
     assert main(["report", "--images", str(photos_with_broken), "--out", str(out), "--overwrite"]) == 0
     err = capsys.readouterr().err  # not a terminal: the stage lines, but no progress bar
-    assert "interp report [1/5] norms" in err and "batch/s" not in err and "it/s" not in err
+    assert "interp report [1/8] High-norm tokens (norms)" in err and "batch/s" not in err and "it/s" not in err
     assert not (out / "stale_figure.png").exists() and (out / "notes.txt").read_text() == "mine"
     summary = json.loads((out / "report.json").read_text())
     assert [Path(s["image"]).name for s in summary["skipped_images"]] == ["broken.jpg"] and summary["n_images"] == 2

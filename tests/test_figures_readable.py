@@ -15,7 +15,7 @@ from interp.plots import artifacts as plots
 from interp.plots.common import OVERLAY_COLORS, overlay_color
 from interp.plots.norms import _block_quantiles, _ridges
 from interp.report import write_html
-from interp.report.html import SKIPPED_STAGES
+from interp.report.sections import SKIPPED_STAGES
 from interp.report.summary import input_geometry
 from interp.studies import open_source
 from interp.studies.artifacts.norms import HIST_EDGES, norms_study

@@ -7,7 +7,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from interp.errors import InterpError
 from interp.models import planted_truth, sample_image_paths
 from interp.plots import artifacts as plots
 from interp.report import run_report
+from interp.report.battery import report_sample_paths
 from interp.studies import open_source
 from interp.studies.artifacts.neurons import NeuronsResult, neurons_study
 from interp.studies.artifacts.norms import NormsResult, norms_study
@@ -54,19 +54,19 @@ def figure_texts(fig: Figure) -> str:
 
 
 @pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
-def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, capsys):
-    start = time.monotonic()
-    assert main(["report", "--out", str(tmp_path)]) == 0
-    seconds = time.monotonic() - start
+def test_report_on_the_bundled_default_recovers_the_planted_circuit(default_report):
+    tmp_path, seconds = default_report.out, default_report.seconds  # one run per session (conftest.py)
+    assert default_report.rc == 0
     assert seconds < 180, f"interp report took {seconds:.0f} s"
-    out = capsys.readouterr()
     index = tmp_path / "index.html"
-    assert str(index.resolve()) in out.out and "synthetic" in out.out
-    assert "[1/5] norms" in out.err and "[5/5] relocate" in out.err  # one line per stage
+    assert str(index.resolve()) in default_report.stdout and "synthetic" in default_report.stdout
+    err = default_report.stderr  # one line per section
+    assert "[1/8] High-norm tokens (norms)" in err and "[8/8] Relocation onto a smiley (relocate)" in err
 
     sources = image_sources(index)
-    assert len(sources) == 8  # the five stages' 7 figures and the LOST boxes; not the probes' (4 images)
-    assert "lost_boxes.png" in sources and "probes.png" not in sources and (tmp_path / "probes.png").is_file()
+    assert len(sources) == 9  # the causal stages' 3 figures, norms' 3, neurons', redundancy's and the probes'
+    assert "probes.png" in sources and "neighbour_similarity.png" in sources
+    assert "lost_boxes.png" not in sources and (tmp_path / "lost_boxes.png").is_file()  # random weights
     for name, png in embedded_images(index).items():  # the page holds each figure, the folder a copy
         assert png.startswith(b"\x89PNG") and len(png) > 10_000 and png == (tmp_path / name).read_bytes(), name
     page = index.read_text(encoding="utf-8")
@@ -75,7 +75,7 @@ def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, ca
     report = json.loads((tmp_path / "report.json").read_text())
     truth = planted_truth(interp.load("planted_vit"))
     assert report["synthetic"] is True and report["model"] == "planted_vit"
-    assert report["n_images"] == len(sample_image_paths()) and report["artifacts_found"] is True
+    assert report["n_images"] == len(report_sample_paths()) and report["artifacts_found"] is True
     assert report["emergence"] == {"layer": truth.layer, "component": "mlp"}
     planted = report["planted"]
     assert planted["layer_recovered"] is True and planted["all_neurons_recovered"] is True
@@ -90,10 +90,9 @@ def test_report_on_the_bundled_default_recovers_the_planted_circuit(tmp_path, ca
     assert behaviour["metric"] == "pooled_cosine" and "planted_vit is synthetic" in behaviour["note"]
     assert behaviour["ablation"]["baseline"] == pytest.approx(1.0) and report["test_time_register"]["top1_agreement"] is None
     assert "cosine of the pooled vector to the unedited one" in page
-    assert report["probes"]["position"]["high_norm"]["n"] > 0 and report["lost"]["n_images"] == 4
-    assert "6. Linear probes per token group" in page and "7. LOST object discovery" in page
-    assert '<p class="caveat">Not scored: too few images (n=4) for a probe score; need &gt;= 16' in page
-    assert report["probes"]["too_few"].startswith("too few images (n=4)")
+    assert report["probes"]["position"]["high_norm"]["n"] > 0 and report["lost"]["n_images"] == report["n_images"]
+    assert "3. Linear probes per token group (probes)" in page and "4. LOST object discovery (lost)" in page
+    assert report["probes"]["too_few"] is None and "Not scored" not in page
     redundancy = report["redundancy"]   # the planted high-norm tokens are flat patches: redundant ones
     assert redundancy["high_norm"]["median"] > 0.99 > redundancy["normal"]["median"]
     assert "redundant patches (median cosine to the 4 neighbouring input patches)" in page

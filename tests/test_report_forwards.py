@@ -30,7 +30,7 @@ def test_the_report_runs_10_forwards_per_image(tmp_path, one_thread):
     seen = _count_image_forwards(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_report(model, out_dir=tmp_path, progress=False)
+        run_report(model, images=sample_image_paths(), out_dir=tmp_path, progress=False)  # 4 photos
     # baseline 1 (detection + causal baselines), observational 1 (norms, neurons, probes, LOST, redundancy),
     # ablation 1 target + 5 controls, test-time register 1, relocation 1
     assert seen[0] / len(sample_image_paths()) == 10

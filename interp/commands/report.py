@@ -18,13 +18,13 @@ from .values import existing_path, nonnegative_int, positive_int
 def register(sub) -> None:
     p = sub.add_parser(
         "report", help="run the artifact studies end to end and write an HTML report",
-        description="Run norms -> register neurons -> ablation -> test-time register -> relocation on MODEL over "
-                    "images and write each study's JSON, the figures, report.json and index.html. Without MODEL: "
-                    "the synthetic planted_vit (planted by construction, not a trained network) on the bundled "
-                    "sample photos.")
+        description="Run norms, redundancy, probes, LOST and register neurons (one unedited pass), then ablation "
+                    "-> test-time register -> relocation on MODEL over images and write each study's JSON, the "
+                    "figures, report.json and index.html. Without MODEL: the synthetic planted_vit (planted by "
+                    "construction, not a trained network) on the bundled sample photos (16).")
     add_model_args(p, model_optional=True)
     p.add_argument("--images", default=None, type=existing_path,
-                   help="image directory, list file or image (default: bundled samples)")
+                   help="image directory, list file or image (default: the 16 bundled photos)")
     p.add_argument("--out", default="report", help="output directory (default: report/)")
     add_detection_args(p)
     p.add_argument("--highest-layer", type=int, default=None,
@@ -73,7 +73,8 @@ def run(args) -> int:
               f"recovered: {len(p['neurons_recovered'])} of {len(p['neurons'])}")
     found = ("artifacts (high-norm tokens) found" if summary["artifacts_found"] else "no artifacts (no high-norm "
              "tokens) found" if summary["threshold"] is None else f"no artifacts found: {summary['detection_reason']}")
-    print(f"{summary['model']}: {found} ({summary['n_images']} images, {summary['seconds']:.1f} s)")
+    small = " (a small sample: every verdict is indicative only)" if summary.get("small_sample") else ""
+    print(f"{summary['model']}: {found} ({summary['n_images']} images{small}, {summary['seconds']:.1f} s)")
     if (summary.get("behaviour") or {}).get("note"):
         print(f"note: {summary['behaviour']['note']}")
     print(f"report: {index.resolve()}")

@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from .common import (MAX_PANELS, NO_ARTIFACTS, TARGET_COLOR, THRESHOLD_COLOR, message_figure, short_name,
-                     display_arrays, outline_legend, plural, _map_panel, _outline, _fmt, _use_log)
+                     display_arrays, near_one, outline_legend, plural, _map_panel, _outline, _fmt, _use_log)
 
 
 def neuron_scores(neurons_result, max_bars: int = 30) -> Figure:
@@ -44,11 +44,12 @@ def neuron_scores(neurons_result, max_bars: int = 30) -> Figure:
     return fig
 
 
-def _bar_label(ax, x: float, value: float, above: float) -> None:
+def _bar_label(ax, x: float, value: float, above: float, cosine: bool = False) -> None:
     """The bar's value written a few points above ``above`` (its top, or the highest dot drawn on it), so the
-    text never sits on a marker, on a linear or a log axis alike."""
-    ax.annotate(_fmt(value), (x, above), xytext=(0, 5), textcoords="offset points", ha="center", va="bottom",
-                fontsize=8)
+    text never sits on a marker, on a linear or a log axis alike (a ``cosine`` with the digits that differ
+    from 1)."""
+    ax.annotate(near_one(value, gap=False) if cosine else _fmt(value), (x, above), xytext=(0, 5),
+                textcoords="offset points", ha="center", va="bottom", fontsize=8)
 
 
 # ----------------------------------------------------------------------------------------- ablation
@@ -89,7 +90,8 @@ def ablation_bars(ablation_result) -> Figure:
             ax.plot(2 + np.asarray(jitter), points, "o", color="black", ms=3.5)
         for x, v in enumerate(heights):
             if v is not None and np.isfinite(v):
-                _bar_label(ax, x, v, max([v] + points) if x == 2 else v)  # above the control dots
+                _bar_label(ax, x, v, max([v] + points) if x == 2 else v,  # above the control dots
+                           cosine=metric == "pooled_cosine")
         ax.set_xticks(range(3), ["baseline", "register\nneurons", "controls\n(mean\u00b1std)"], fontsize=8)
         ax.set_ylabel(ABLATION_METRICS[metric], fontsize=9)
         top = max([v for v in heights + points if v is not None and np.isfinite(v)] + [1e-9])
@@ -201,6 +203,7 @@ def register_summary(register_result) -> Figure:
         ax.set_title("attention sink", fontsize=10)
     agree, cosine = r.with_register.get("top1_agreement"), r.with_register.get("pooled_cosine")
     behaviour = ("" if agree is None else f"\ntop-1 unchanged on {100 * agree:.0f} % of images") or \
-        ("" if cosine is None else f"\npooled vector's cosine to the unedited one: {cosine:.3f} (mean over images)")
+        ("" if cosine is None else
+         f"\npooled vector's cosine to the unedited one: {near_one(cosine)} (mean over images)")
     fig.suptitle(title + behaviour, fontsize=10)
     return fig

@@ -45,6 +45,24 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith(("s", "x", "ch", "sh")) else "s")
 
 
+def near_one(value: Optional[float], digits: int = 3, gap: bool = True) -> str:
+    """A cosine (or any value near 1) with enough decimals to differ from 1 and, with ``gap``, how far from 1.
+
+    Within 1e-9 of 1 (rounding noise of an unedited run) it prints "1"; more than 0.01 from 1 with ``digits``
+    significant digits; in between with two decimals past the first one that differs from 1:
+    ``near_one(0.9999690)`` is ``"0.999969 (1 - 3.1e-05)"``.
+    """
+    if value is None:
+        return "n/a"
+    off = 1.0 - float(value)
+    if abs(off) < 1e-9:
+        return "1"
+    if abs(off) > 0.01:
+        return f"{value:.{digits}g}"
+    text = f"{value:.{int(math.floor(-math.log10(abs(off)))) + 2}f}"
+    return f"{text} (1 {'-' if off > 0 else '+'} {abs(off):.2g})" if gap else text
+
+
 def short_name(image_id: str, width: int = 22) -> str:
     """The file stem of an image id, shortened to ``width`` characters."""
     stem = PurePath(str(image_id)).stem or str(image_id)

@@ -1,11 +1,13 @@
 """``interp report``: the whole artifact battery on one model, written as JSON, PNGs and one HTML page.
 
-Stages (docs/methods.md sections 1-2): high-norm tokens (norms) -> register neurons -> ablation against random
-controls -> test-time register -> relocation onto a smiley. The causal stages use the neurons the neuron
-study ranked; when it ranks none (no high-norm tokens), they are skipped with a note, never invented.
+Sections (``sections.SECTIONS``, numbered alike on the page and the console): high-norm tokens (norms),
+redundant patches, linear probes, LOST and register neurons from one unedited pass, then ablation against random
+controls -> test-time register -> relocation onto a smiley (docs/methods.md sections 1-2). The causal stages use
+the neurons the neuron study ranked; when it ranks none (no high-norm tokens), they are skipped with a note,
+never invented.
 
 Modules: ``battery`` (running the stages on one source), ``summary`` (report.json and the planted-truth
-comparison), ``html`` (the page).
+comparison), ``sections`` (the section list and the page's wording rules), ``html`` (the page).
 
 Example (not a doctest: a report takes ~20 s; ``tests/test_report.py`` runs it)::
 

@@ -1,5 +1,9 @@
-"""Running the artifact battery: norms -> register neurons -> ablation -> test-time register -> relocation
-on one model, then writing each study's JSON, the figures, ``report.json`` and ``index.html``.
+"""Running the artifact battery: norms, redundancy, probes, LOST and register neurons from one observational
+pass, then ablation -> test-time register -> relocation on one model (the page's sections 1-8,
+:mod:`interp.report.sections`), then writing each study's JSON, the figures, ``report.json`` and ``index.html``.
+
+Without images it reads the bundled photos: the 4 of ``interp.models.sample_image_paths()`` and the
+:data:`REPORT_SAMPLES_DIR` ones (16 in all, enough for probe scores).
 
 The images are decoded once (``LiveSource.held()``) and the high-norm tokens detected once, from the unedited
 baseline forward (:func:`~interp.studies.core.forward.baseline_pass`); every stage gets that one source and that
@@ -26,14 +30,19 @@ from pathlib import Path
 from typing import Dict, List, Optional, Union
 
 from ..models.planted import planted_truth
+from ..models.samples import SAMPLES_DIR
 from ..studies.core.outliers import Detection, ThresholdSpec
 from ..studies.core.result import jsonable
 from ..studies.core.source import ImagesSpec, LiveSource, open_source
 from .html import write_html
+from .sections import CAUSAL, SECTIONS, outlier_share_remark, section_index, small_sample, step_line
 from .summary import (SYNTHETIC_NOTE, build_summary, lost_summary, planted_comparison, probes_summary,
                       redundancy_summary)
 
-N_STAGES = 5
+N_STAGES = len(SECTIONS)  # the console's steps = the page's sections
+# the report's default adds these photos to the 4 samples; a folder of its own, so that the samples folder given
+# as an image folder still holds 4
+REPORT_SAMPLES_DIR = SAMPLES_DIR.parent / "report_samples"
 DISPLAY_LIMIT = 8  # images un-normalised for the map figures (the figures draw at most this many)
 
 
@@ -96,21 +105,27 @@ def _say(progress: bool, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def report_source(model, images: Optional[ImagesSpec], batch_size: int, strict: bool = False,
-                  preprocess=None) -> LiveSource:
-    """The one live source every stage reads: the images (default: the bundled samples) decoded once when
-    there are at most ``HOLD_LIMIT`` of them (``LiveSource.held_if_small``). Unreadable images are skipped and
-    listed in ``source.skipped`` (``strict``: the first one stops the run)."""
+def report_sample_paths() -> List[Path]:
+    """The report's default images: ``interp.models.sample_image_paths()`` (4 photos), then the photos of
+    :data:`REPORT_SAMPLES_DIR` (public domain / CC0 from scikit-image, listed in its LICENSE.md)."""
     from ..models import sample_image_paths
 
-    source = open_source(model=model, images=sample_image_paths() if images is None else images,
+    return sample_image_paths() + sorted(REPORT_SAMPLES_DIR.glob("*.jpg"))
+
+
+def report_source(model, images: Optional[ImagesSpec], batch_size: int, strict: bool = False,
+                  preprocess=None) -> LiveSource:
+    """The one live source every stage reads: the images (default: :func:`report_sample_paths`) decoded once
+    when there are at most ``HOLD_LIMIT`` of them (``LiveSource.held_if_small``). Unreadable images are skipped
+    and listed in ``source.skipped`` (``strict``: the first one stops the run)."""
+    source = open_source(model=model, images=report_sample_paths() if images is None else images,
                          batch_size=batch_size, strict=strict, preprocess=preprocess)
     return source.held_if_small()
 
 
 def run_battery(source: LiveSource, options: ReportOptions, progress: bool = True, *,
                 objects: bool = False) -> BatteryResults:
-    """Run the five stages on ``source``; the causal ones only when the neuron study ranks neurons.
+    """Run the stages on ``source``; the causal ones only when the neuron study ranks neurons.
     ``objects``: also the probes and LOST (:func:`object_readings`), read from the same observational pass.
 
     Forwards per image: one unedited pass (the detection's norms and the causal studies' baseline), one
@@ -155,16 +170,17 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     baseline = baseline_pass(source, resolve_layer(spec.layer, source.n_layers), classifier=clf, **common)
     found = detection_from_norms(source, spec, baseline.patch_norms)
     highest = min(settings.get("highest_layer", found.layer), source.n_layers - 1)
-    _say(progress, f"interp report [1/{N_STAGES}] norms: per-block patch norms of {source.model_name} "
-                   f"over {len(source)} images")
-    _say(progress, f"interp report [2/{N_STAGES}] neurons: ranking register neurons in blocks <= {highest}")
+    _say(progress, step_line("norms", f"per-block patch norms of {source.model_name} over {len(source)} images"))
     readings = [norms_reading(source, found, batch_size=o.batch_size),
                 neurons_reading(source, found, highest_layer=highest, top_k=settings["top_k"],
                                 positions=settings["positions"], sparsity=settings["sparsity"], seed=o.seed,
                                 batch_size=o.batch_size)]
     if objects:
-        _say(progress, "interp report [+] probes: position / pixels / label per token group; LOST object discovery")
+        _say(progress, step_line("redundancy", "input-patch similarity to the neighbours per token group"))
+        _say(progress, step_line("probes", "position / pixels / label per token group"))
+        _say(progress, step_line("lost", "seed and box from the last block's keys"))
         readings += object_readings(source, found, options)
+    _say(progress, step_line("neurons", f"ranking register neurons in blocks <= {highest} (the same pass)"))
     results = run_readings(source, readings, desc="observational pass", **common)
     out = BatteryResults(found, results[0], results[1])
     if objects:
@@ -172,16 +188,16 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     if not out.neurons.neurons:
         out.skipped = (f"no register neurons to test ({out.neurons.message or 'nothing ranked'}); the ablation, "
                        "test-time register and relocation studies need neurons and were not run")
-        _say(progress, f"interp report [3-5/{N_STAGES}] skipped: {out.skipped}")
+        for key in CAUSAL:
+            _say(progress, step_line(key, f"skipped: {out.skipped}" if key == CAUSAL[0] else "skipped"))
         return out
     chosen = out.neurons.neuron_dict()
-    _say(progress, f"interp report [3/{N_STAGES}] ablate: {len(out.neurons.neurons)} neurons vs {o.n_controls} "
-                   "random controls")
+    _say(progress, step_line("ablate", f"{len(out.neurons.neurons)} neurons vs {o.n_controls} random controls"))
     out.ablation = ablation_study(source, chosen, n_controls=o.n_controls, seed=o.seed, detection=found,
                                   baseline=baseline, classifier=clf, **common)
-    _say(progress, f"interp report [4/{N_STAGES}] registers: test-time register with these neurons")
+    _say(progress, step_line("registers", "test-time register with these neurons"))
     out.register = register_study(source, chosen, detection=found, baseline=baseline, classifier=clf, **common)
-    _say(progress, f"interp report [5/{N_STAGES}] relocate: moving the high norm onto a smiley")
+    _say(progress, step_line("relocate", "moving the high norm onto a smiley"))
     out.relocation = relocation_study(source, chosen, detection=found, baseline=baseline, classifier=clf,
                                       **common)
     return out
@@ -219,12 +235,12 @@ def write_results(results: BatteryResults, source: LiveSource, out: Path) -> Dic
 def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[str, Path] = "report",
                options: Optional[ReportOptions] = None, *, progress: bool = True, strict: bool = False,
                preprocess=None, **option_values) -> Dict:
-    """Run norms -> neurons -> ablation -> test-time register -> relocation and write the report.
+    """Run the battery (:func:`run_battery`) and write the report.
 
     Args:
         model: a HookedViT or a model name for ``interp.load``; None: the synthetic ``planted_vit``.
         images: what ``open_source`` takes (directory, list file, paths, or a preprocessed Tensor); None: the
-            bundled sample photos.
+            bundled photos (:func:`report_sample_paths`).
         out_dir: directory for ``index.html``, ``report.json``, each study's JSON and the PNGs.
         options: a :class:`ReportOptions`; ``option_values`` (``threshold=``, ``detect_layer=``,
             ``highest_layer=``, ``top_k=``, ``n_controls=``, ``seed=``, ``batch_size=``) override its fields.
@@ -262,6 +278,9 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
     summary["files"] = {"index": "index.html", "results": [f"{x.study}.json" for x in r.results()],
                         "figures": [f for names in figures.values() for f in names]}
     summary["skipped_images"] = [{"image": image, "reason": reason} for image, reason in source.skipped]
+    summary["small_sample"] = small_sample(summary["n_images"])
+    summary["outlier_share_remark"] = outlier_share_remark(summary)
+    summary["sections"] = section_index(summary)
     summary["seconds"] = round(time.monotonic() - started, 2)
     (out / "report.json").write_text(json.dumps(jsonable(summary), indent=1))
     write_html(out / "index.html", summary, figures)

@@ -1,7 +1,9 @@
-"""The report's self-contained ``index.html``: a summary table, then one section per study with its figures
-embedded (base64 PNG: the page is one file that can be mailed or moved alone) and the name of its JSON in the
-report folder; every text escaped. A section whose figure would say nothing on the data (too few images for
-the probes, a degenerate LOST) shows a one-line caveat instead of the figure."""
+"""The report's self-contained ``index.html``: a summary table, a table of contents, then one section per study
+(:data:`~interp.report.sections.SECTIONS`, the console's step numbers) with its figures embedded (base64 PNG:
+the page is one file that can be mailed or moved alone) and the name of its JSON in the report folder; every
+text escaped. A section that can say nothing on the data (too few images for the probes, LOST on random
+weights, the causal studies without neurons) is one line saying why
+(:func:`~interp.report.sections.one_line_reasons`)."""
 from __future__ import annotations
 
 import base64
@@ -12,8 +14,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .._version import __version__
-from ..plots.common import plural
-from ..studies.probes.token_probes import MIN_IMAGES
+from ..plots.common import near_one, plural
+from .sections import (CAUSAL, SECTIONS, SMALL_SAMPLE, number_of, numbered, one_line_reasons,
+                       outlier_share_remark, small_sample)
 from .summary import SYNTHETIC_NOTE
 
 PLANTED_PROBES_CAVEAT = ("Caveat: planted_vit's high-norm tokens are ordinary patch tokens with a planted direction "
@@ -36,10 +39,6 @@ def _neuron_list(entries: List[Dict], limit: int = 12) -> str:
     return text + (f" (+{len(entries) - limit} more)" if len(entries) > limit else "")
 
 
-SKIPPED_STAGES = ("Skipped: the ablation, the test-time register and the relocation need register neurons, and "
-                  "none were ranked (see 2.).")
-
-
 def _geometry(s: Dict) -> str:
     """'224 x 224 px, 16 px patches -> 14 x 14 grid, 5 prefix tokens (CLS + 4 registers)' ("n/a" when unknown)."""
     if s.get("input_size") is None:
@@ -57,26 +56,32 @@ def _geometry(s: Dict) -> str:
 
 def summary_rows(s: Dict) -> List[Tuple[str, str]]:
     """(label, value) rows of the summary table at the top of the page."""
+    small = small_sample(s["n_images"])
+    flag = f" (small sample: {s['n_images']} images)" if small else ""  # on every verdict row
     rows = [("model", f"{s['model']} (weights {s['fingerprint']})"),
             ("synthetic", "yes: planted by construction, not a trained network" if s["synthetic"] else "no"),
-            ("images", str(s["n_images"])),
+            ("images", str(s["n_images"]) + (f" (small sample: fewer than {SMALL_SAMPLE}; every verdict below "
+                                              "is indicative only)" if small else "")),
             ("input", _geometry(s)),
-            ("high-norm tokens found", _num(s["artifacts_found"])),
+            ("high-norm tokens found", _num(s["artifacts_found"]) + flag),
             ("threshold", f"{_num(s['threshold'])} ({s['threshold_method']}) at block {s['detect_layer']}"),
-            ("outlier fraction", f"{100 * s['outlier_fraction']:.2f} % of patch tokens")]
+            ("outlier fraction", f"{100 * s['outlier_fraction']:.2f} % of patch tokens"
+             + (f" (far above the papers' few per cent: see {number_of('norms')}.)" if outlier_share_remark(s)
+                else ""))]
     e = s["emergence"]
     rows.append(("emergence", "none" if not e else f"block {e['layer']}, {e['component']} step"))
     if s.get("no_artifacts_note"):
         rows.append(("register neurons", "none: the model shows no artifacts"
                      + (f" (neurons ranked under the threshold: {_neuron_list(s['neurons'])})" if s["neurons"] else "")))
     else:
-        rows.append(("register neurons", _neuron_list(s["neurons"]) if s["neurons"] else "none ranked (see 2.)"))
+        rows.append(("register neurons", (_neuron_list(s["neurons"]) + flag) if s["neurons"] else
+                     f"none ranked (see {number_of('neurons')}.)"))
     a = s["ablation"]
     if a:
         oc = a["effects"].get("outlier_count", {})
         rows.append(("ablation: outlier count", f"baseline {_num(oc.get('baseline'))}, register neurons "
                      f"{_num(oc.get('target'))}, controls {_num(oc.get('control_mean'))} \u00b1 "
-                     f"{_num(oc.get('control_std'))}"))
+                     f"{_num(oc.get('control_std'))}{flag}"))
     r = s["test_time_register"]
     if r:
         rows.append(("test-time register", f"outliers {r['outliers_before']} \u2192 {r['outliers_after']}; register "
@@ -84,22 +89,27 @@ def summary_rows(s: Dict) -> List[Tuple[str, str]]:
     rows += _behaviour_rows(s.get("behaviour"))
     rl = s["relocation"]
     if rl:
-        rows.append(("relocation IoU", f"{_num(rl['mean_iou'])} (on images with outliers: "
-                     f"{_num(rl['mean_iou_active'])})"))
+        active = rl.get("n_images_active")
+        rows.append(("relocation: IoU of the outliers with the smiley (0 none, 1 exactly on it)",
+                     f"mean IoU {_num(rl['mean_iou'])} over all {rl.get('n_images', s['n_images'])} images; mean IoU "
+                     f"{_num(rl['mean_iou_active'])} over the "
+                     f"{'' if active is None else f'{active} '}images that had outliers before{flag}"))
     red = s.get("redundancy")
     if red:
-        cells = [f"{name} {_num(red[g]['median'])} (n={red[g]['n_tokens']})" if red[g]["median"] is not None else
+        cells = [f"{name} {near_one(red[g]['median'])} (n={red[g]['n_tokens']})"
+                 if red[g]["median"] is not None else
                  f"{name} - ({red[g]['note']})" for g, name in (("normal", "normal"), ("high_norm", "high-norm"))]
         rows.append(("redundant patches (median cosine to the 4 neighbouring input patches)", "; ".join(cells)))
     p = s.get("planted")
     if p:
         rows.append(("planted layer recovered", f"{_num(p['layer_recovered'])} (planted {p['layer']}, found "
-                     f"{_num(p['emergence_layer'])} {p['emergence_component'] or ''})"))
+                     f"{_num(p['emergence_layer'])} {p['emergence_component'] or ''}){flag}"))
         rows.append(("planted neurons recovered", f"{len(p['neurons_recovered'])} of {len(p['neurons'])} "
-                     f"(planted {', '.join(str(n) for n in p['neurons'])} in block {p['layer']})"))
+                     f"(planted {', '.join(str(n) for n in p['neurons'])} in block {p['layer']}){flag}"))
         rows.append(("outlier map IoU vs planted", _num(p["outlier_iou_mean"])))
     if s["skipped"]:
-        rows.append(("stages 3-5", "not run (no register neurons)"))
+        first, last = number_of("ablate"), number_of("relocate")
+        rows.append((f"sections {first}-{last}", "not run (no register neurons)"))
     return rows
 
 
@@ -112,13 +122,14 @@ def _behaviour_rows(b) -> list:
     if not b:
         return []
     parts = []
+    num = near_one if b["metric"] == "pooled_cosine" else _num  # a cosine of 0.99997 is not "1"
     if b["ablation"]:
         a = b["ablation"]
-        parts.append(f"ablation: baseline {_num(a['baseline'])}, register neurons {_num(a['target'])}, controls "
-                     f"{_num(a['control_mean'])}")
+        parts.append(f"ablation: baseline {num(a['baseline'])}, register neurons {num(a['target'])}, controls "
+                     f"{num(a['control_mean'])}")
     if b["test_time_register"]:
         r = b["test_time_register"]
-        parts.append(f"test-time register: {_num(r['baseline'])} \u2192 {_num(r['with_register'])}")
+        parts.append(f"test-time register: {num(r['baseline'])} \u2192 {num(r['with_register'])}")
     clf = b.get("classifier") or {}
     used = (f"{clf.get('kind')} classifier {clf.get('path') or clf.get('source') or ''}".strip()
             if clf.get("kind") not in (None, "model_head") else "the model's head")
@@ -136,15 +147,19 @@ def embedded_image(folder: Optional[Path], name: str) -> str:
             f'data-file="{html.escape(name)}"></figure>')
 
 
-def _section(title: str, sentences: List[str], figures: List[str], json_name: Optional[str],
-             folder: Optional[Path] = None, caveat: Optional[str] = None) -> str:
-    """One study's section: its sentences, then the caveat INSTEAD of the figures when there is one."""
-    parts = [f"<section><h2>{html.escape(title)}</h2>"]
+def _heading(key: str) -> str:
+    """The section's anchor and numbered heading (the number of its console step)."""
+    return (f'<section id="{html.escape(key)}"><h2>{number_of(key)}. '
+            f'{html.escape(dict(SECTIONS)[key])}</h2>')
+
+
+def _section(key: str, sentences: List[str], figures: List[str], json_name: Optional[str],
+             folder: Optional[Path] = None) -> str:
+    """One study's section: its sentences, then its figures (a section with nothing to show on the data is
+    :func:`one_line_section`)."""
+    parts = [_heading(key)]
     parts += [f"<p>{html.escape(t)}</p>" for t in sentences if t]
-    if caveat:
-        parts.append(f'<p class="caveat">{html.escape(caveat)}</p>')
-    else:
-        parts += [embedded_image(folder, name) for name in figures]
+    parts += [embedded_image(folder, name) for name in figures]
     if json_name:
         parts.append(f'<p class="files">data: <code>{html.escape(json_name)}</code> in the report folder</p>')
     parts.append("</section>")
@@ -201,7 +216,30 @@ def study_explanations(s: Dict) -> Dict[str, List[str]]:
             "the high-norm tokens should then sit exactly on the smiley.",
             f"Mean IoU of the relocated outliers with the smiley: {_num(rl['mean_iou'])} over all images, "
             f"{_num(rl['mean_iou_active'])} over the images that had outliers before (where the neurons fire)."]
+    remark = outlier_share_remark(s)
+    if remark:
+        out["norms"].append(remark)
+    out["redundancy"] = _redundancy_sentences(s.get("redundancy"))
     return out
+
+
+def _redundancy_sentences(red: Optional[Dict]) -> List[str]:
+    """The redundancy section in words: what is measured, each group's median, and which group is the more
+    redundant."""
+    if not red:
+        return []
+    text = [f"Cosine similarity of each patch's input embedding ({red['hook']}) to those of its 4 grid neighbours, "
+            "averaged per patch, per token group. Darcet et al. find the high-norm tokens on patches nearly "
+            "identical to their neighbours (similarity about 1): redundant patches the model can overwrite."]
+    cells = [f"{name} {near_one(red[g]['median'])} (mean {near_one(red[g]['mean'])}, n={red[g]['n_tokens']})"
+             if red[g]["median"] is not None else f"{name}: {red[g]['note']}"
+             for g, name in (("normal", "normal"), ("high_norm", "high-norm"))]
+    text.append("Median similarity: " + "; ".join(cells) + ".")
+    hi, lo = red["high_norm"]["median"], red["normal"]["median"]
+    if hi is not None and lo is not None:
+        text.append(f"The high-norm tokens' patches are {'more' if hi > lo else 'not more'} redundant than the "
+                    "normal ones.")
+    return text
 
 
 def _probe_sentence(name: str, groups: Dict, value: str = "score", chance: str = "chance") -> str:
@@ -217,40 +255,49 @@ def _probe_sentence(name: str, groups: Dict, value: str = "score", chance: str =
     return f"{name}: " + "; ".join(cells) + "." if cells else ""
 
 
-def object_sections(s: Dict, figures: Dict[str, List[str]], folder: Optional[Path] = None) -> List[str]:
-    """The probes and LOST sections, when the report ran them (``s["probes"]``, ``s["lost"]``); each says in
-    one line, instead of a figure, when its result means nothing on these data."""
-    parts = []
+def object_sections(s: Dict, figures: Dict[str, List[str]], folder: Optional[Path] = None) -> Dict[str, str]:
+    """The probes and LOST sections (key -> HTML), when the report ran them (``s["probes"]``, ``s["lost"]``);
+    a section whose result means nothing on these data is one line (:func:`one_line_reasons`)."""
+    parts, why = {}, one_line_reasons(s)
     p = s.get("probes")
-    if p:
+    if p and "probes" not in why:
         text = [f"Linear probes on {p['hook']}, trained on the training images' tokens and scored per token group "
                 "on held-out images (a small seeded token sample). Darcet et al.: high-norm tokens hold little "
                 "local information (position, pixels) and much global information (the label)."]
-        caveat = None
-        if p.get("too_few"):
-            caveat = (f"Not scored: {p['too_few']} (interp report --images DIR with at least {MIN_IMAGES} images "
-                      "gives probe scores).")
-        else:
-            if s.get("synthetic"):
-                text.append(PLANTED_PROBES_CAVEAT)
-            text += [_probe_sentence("Position (top-1)", p["position"]),
-                     _probe_sentence("Pixels (mean L2 error per token, normalised input; lower is better)",
-                                     p["pixels"], "l2_error", "chance_l2_error"),
-                     _probe_sentence("Label from one token (top-1)", p["label"])]
-        parts.append(_section("6. Linear probes per token group", text + list(p["notes"]), figures.get("probes", []),
-                              "probes.json", folder, caveat))
+        if s.get("synthetic"):
+            text.append(PLANTED_PROBES_CAVEAT)
+        text += [_probe_sentence("Position (top-1)", p["position"]),
+                 _probe_sentence("Pixels (mean L2 error per token, normalised input; lower is better)",
+                                 p["pixels"], "l2_error", "chance_l2_error"),
+                 _probe_sentence("Label from one token (top-1)", p["label"])]
+        parts["probes"] = _section("probes", text + list(p["notes"]), figures.get("probes", []), "probes.json",
+                                   folder)
     lost = s.get("lost")
-    if lost:
+    if lost and "lost" not in why:
         text = [f"LOST on the keys {lost['hook']} (k={lost['k']}): the seed (star) is the patch with the fewest "
                 "positive key correlations; the box holds the seed's connected part of the mask (cells off it "
-                "dimmed). No ground-truth boxes here, so no CorLoc (interp study lost --boxes FILE gives it)."]
-        caveat = (f"Degenerate result, not drawn: {lost['note'].removeprefix('degenerate: ')}"
-                  if lost.get("degenerate") else None)
-        if not caveat:
-            text.append(lost.get("note") or f"{lost['tied_seeds']} of {lost['n_images']} images have all degrees "
-                                            "equal (a tied seed, not a discovery).")
-        parts.append(_section("7. LOST object discovery", text, figures.get("lost", []), "lost.json", folder, caveat))
+                "dimmed). No ground-truth boxes here, so no CorLoc (interp study lost --boxes FILE gives it).",
+                lost.get("note") or f"{lost['tied_seeds']} of {lost['n_images']} images have all degrees "
+                                     "equal (a tied seed, not a discovery)."]
+        parts["lost"] = _section("lost", text, figures.get("lost", []), "lost.json", folder)
     return parts
+
+
+def one_line_section(key: str, why: str, json_name: Optional[str]) -> str:
+    """A section that can say nothing on these data: its heading and one line saying why."""
+    files = (f'\n<p class="files">data: <code>{html.escape(json_name)}</code> in the report folder</p>'
+             if json_name else "")
+    return f'{_heading(key)}\n<p class="caveat">{html.escape(why)}</p>{files}\n</section>'
+
+
+def table_of_contents(s: Dict, present: List[str]) -> str:
+    """The page's table of contents: every section present, numbered as on the console, those reduced to one
+    line marked so."""
+    why = one_line_reasons(s)
+    items = [f'<li><a href="#{html.escape(key)}">{n}. {html.escape(title)}</a>'
+             + (' <span class="files">(one line: nothing to show on these data)</span>' if key in why else "")
+             + "</li>" for n, key, title in numbered() if key in present]
+    return '<nav class="toc"><h2>Contents</h2><ul>' + "".join(items) + "</ul></nav>"
 
 
 def _telling_norm_figures(s: Dict, figures: Dict[str, List[str]]) -> List[str]:
@@ -258,6 +305,28 @@ def _telling_norm_figures(s: Dict, figures: Dict[str, List[str]]) -> List[str]:
     section's sentence says there are none)."""
     none_above = not s.get("outlier_fraction")
     return [f for f in figures.get("norms", []) if not (none_above and f.startswith("outlier_maps"))]
+
+
+def _study_sections(s: Dict, figures: Dict[str, List[str]], folder: Path) -> Dict[str, str]:
+    """Study key -> its section's HTML, for every study the report ran (a one-line section for one that says
+    nothing on these data)."""
+    text, why = study_explanations(s), one_line_reasons(s)
+    out = {"norms": _section("norms", text["norms"], _telling_norm_figures(s, figures), "norms.json", folder),
+           # without ranked neurons the score chart is an empty message: the sentence says it in one line
+           "neurons": _section("neurons", text["neurons"], figures.get("neurons", []) if s["neurons"] else [],
+                               "neurons.json", folder)}
+    if s.get("redundancy"):
+        out["redundancy"] = _section("redundancy", text["redundancy"], figures.get("redundancy", []),
+                                     "redundancy.json", folder)
+    out.update(object_sections(s, figures, folder))
+    for key in ("ablate", "registers", "relocate"):
+        if key in text:
+            out[key] = _section(key, text[key], figures.get(key, []), f"{key}.json", folder)
+    for key, reason in why.items():
+        present = s.get(key) is not None if key in ("redundancy", "probes", "lost") else True
+        if present:
+            out[key] = one_line_section(key, reason, f"{key}.json" if key not in CAUSAL else None)
+    return out
 
 
 def write_html(path: Path, s: Dict, figures: Dict[str, List[str]]) -> None:
@@ -270,33 +339,25 @@ def write_html(path: Path, s: Dict, figures: Dict[str, List[str]]) -> None:
              "vertical-align:top}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}"
              ".warn{background:#fff4d6;border:1px solid #e0b84c;padding:.6em}.note{background:#eef3ff;"
              "border:1px solid #9ab;padding:.6em}.caveat{background:#fff4d6;border-left:4px solid #e0b84c;"
-             "padding:.4em .6em}.files{font-size:90%;color:#555}figure{margin:1em 0}</style>",
+             "padding:.4em .6em}.files{font-size:90%;color:#555}figure{margin:1em 0}"
+             ".toc{background:#f7f7f7;border:1px solid #ddd;padding:.2em 1em;margin:1em 0}.toc h2{margin:.4em 0}"
+             ".toc ul{margin:.3em 0 .6em;padding-left:1em;list-style:none}</style>",
              "</head><body>", f"<h1>{html.escape(title)}</h1>"]
     if s["synthetic"]:
         parts.append(f'<p class="warn"><strong>Synthetic model.</strong> {html.escape(SYNTHETIC_NOTE)}</p>')
     if s.get("no_artifacts_note"):
         parts.append(f'<p class="warn"><strong>No artifacts.</strong> {html.escape(s["no_artifacts_note"])}</p>')
+    if small_sample(s["n_images"]):
+        parts.append(f'<p class="warn"><strong>Small sample.</strong> {s["n_images"]} images: every verdict below '
+                     f'rests on fewer than {SMALL_SAMPLE} images and is indicative only (interp report --images DIR '
+                     'with more images).</p>')
     parts.append("<table><tbody>")
     for label, value in summary_rows(s):
         parts.append(f"<tr><th>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>")
     parts.append("</tbody></table>")
-    text, folder = study_explanations(s), path.parent
-    parts.append(_section("1. High-norm tokens (norms)", text["norms"], _telling_norm_figures(s, figures),
-                          "norms.json", folder))
-    # without ranked neurons the score chart is an empty message: the sentence says it in one line
-    parts.append(_section("2. Register neurons", text["neurons"], figures.get("neurons", []) if s["neurons"] else [],
-                          "neurons.json", folder))
-    if s["skipped"]:
-        parts.append(f'<section><h2>3-5. Ablation, test-time register, relocation</h2>'
-                     f'<p class="note">{html.escape(SKIPPED_STAGES)}</p></section>')
-    else:
-        parts.append(_section("3. Ablation against random controls", text.get("ablate", []),
-                              figures.get("ablate", []), "ablate.json", folder))
-        parts.append(_section("4. Test-time register", text.get("registers", []), figures.get("registers", []),
-                              "registers.json", folder))
-        parts.append(_section("5. Relocation onto a smiley", text.get("relocate", []), figures.get("relocate", []),
-                              "relocate.json", folder))
-    parts += object_sections(s, figures, folder)
+    sections = _study_sections(s, figures, path.parent)
+    parts.append(table_of_contents(s, list(sections)))
+    parts += [sections[key] for key, _ in SECTIONS if key in sections]
     parts.append(f'<p class="files">Summary: <code>report.json</code>, the figures as PNG files and each study\'s '
                  f'JSON are in the report folder. Written by interp {html.escape(__version__)} in '
                  f'{s["seconds"]:.1f} s.</p></body></html>')

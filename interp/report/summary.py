@@ -90,6 +90,7 @@ def build_summary(model, source, norms, neurons, ablation, register, relocation,
         "fingerprint": norms.fingerprint,
         "synthetic": synthetic,
         "synthetic_note": SYNTHETIC_NOTE if synthetic else None,
+        "random_weights": synthetic or getattr(model, "init_seed", None) is not None,
         "n_images": len(source),
         **input_geometry(source),
         "image_ids": list(source.ids),
@@ -132,6 +133,9 @@ def build_summary(model, source, norms, neurons, ablation, register, relocation,
     summary["behaviour"] = behaviour_summary(ablation, register)
     if relocation is not None:
         summary["relocation"] = {"mean_iou": relocation.mean_iou, "mean_iou_active": relocation.mean_iou_active,
+                                 "n_images": len(relocation.iou),
+                                 "n_images_active": sum(1 for m in relocation.outlier_maps_before
+                                                        if any(map(any, m))),
                                  "cls_attention_argmax_on_target": relocation.cls_attention_argmax_on_target}
     return summary
 
