@@ -316,8 +316,11 @@ class ExploreSession:
         Returns (JSON-able): ``norms`` [blocks][patches] (``hook_resid_post`` patch-token norms), ``outlier_count``
         and ``outliers`` [patches] at ``detect_layer`` above ``threshold``, ``curves`` (per block max/median patch
         norm after attention and after MLP), ``cls_attention`` [blocks][heads][patches], ``neuron_maps``,
-        ``prefix_norms``, ``logits``, ``readout`` (agreement or cosine over all loaded images), and ``baseline``
-        (the unedited ``norms``, ``curves``, ``outlier_count``).
+        ``prefix_norms``, ``logits``, ``readout`` (agreement or cosine over all loaded images), ``edits`` (the
+        edits in words, or "none"), and ``baseline`` (the unedited ``norms``, ``curves``, ``outlier_count``).
+
+        Raises (as InterpError): ``BadSpec`` for a spec or threshold that is not exact (see
+        :mod:`interp.explore.requests`), ``RequestTooLarge`` over its limits (interventions, ``max_seconds``).
         """
         started = time.perf_counter()
         index = self._check_image(index)
