@@ -163,13 +163,16 @@ def test_a_wildcard_address_accepts_ip_addresses_and_this_machines_name():
     assert not host_allowed("192.168.1.20:8765", "192.168.1.21") and host_allowed("192.168.1.21", "192.168.1.21")
 
 
-def test_a_client_that_leaves_mid_request_is_one_log_line(session, caplog):
-    app = build_app(session, TOKEN)
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/api/run", "raw_path": b"/api/run", "root_path": "", "query_string": b"",
+def _post_scope(path="/api/run"):
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
              "headers": [(b"host", b"127.0.0.1:8765"), (b"x-interp-token", TOKEN.encode()),
                          (b"content-type", b"application/json"), (b"content-length", b"100")],
              "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8765)}
+
+
+def test_a_client_that_leaves_mid_request_is_one_log_line(session, caplog):
+    app, scope = build_app(session, TOKEN), _post_scope()
     messages = [{"type": "http.request", "body": b'{"image": 0, ', "more_body": True}, {"type": "http.disconnect"}]
 
     async def receive():
@@ -183,6 +186,22 @@ def test_a_client_that_leaves_mid_request_is_one_log_line(session, caplog):
     lines = [r for r in caplog.records if r.name == "uvicorn.error"]
     assert len(lines) == 1 and lines[0].exc_info is None
     assert "closed the connection during POST /api/run" in lines[0].getMessage()
+
+
+def test_a_body_that_does_not_arrive_is_refused(session, monkeypatch):
+    import interp.explore.server as server_module
+
+    monkeypatch.setattr(server_module, "BODY_SECONDS", 0.01)
+    sent = []
+
+    async def receive():  # the client sends its head, then nothing
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(build_app(session, TOKEN)(_post_scope(), receive, send))
+    assert sent[0]["status"] == 408 and b"did not arrive within" in sent[1]["body"]
 
 
 @pytest.fixture(scope="module")
