@@ -13,10 +13,10 @@ Limits (no real use comes near them; the page sends at most two interventions):
   (:class:`RequestTooLarge`), checked at every block of every forward pass;
 * a threshold is a finite norm > 0; one above every norm is accepted and means "no outliers".
 
->>> check_spec([{"kind": "NeuronAblation", "neurons": {"2": [1.5]}}])
+>>> check_spec([{"kind": "NeuronAblation", "neurons": {"2": [1.5]}}])  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-interp.explore.requests.BadSpec: neuron indices must be JSON integers: neurons["2"] holds 1.5 (a float); write a whole number such as 17 (not 17.0, true or "17")
+interp.explore.requests.BadSpec: neuron indices must be JSON integers: neurons["2"] holds 1.5 (a float); ...
 """
 from __future__ import annotations
 

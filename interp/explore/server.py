@@ -29,7 +29,7 @@ from typing import Optional
 
 from ..errors import InterpError
 from .connections import IDLE_SECONDS, HostGuard, idle_closing_protocol
-from .requests import BadSpec, RequestTooLarge
+from .requests import RequestTooLarge
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "draw.js": "text/javascript; charset=utf-8",
@@ -143,8 +143,8 @@ def build_app(session, token: str, host: str = "127.0.0.1"):
                 LOG.warning("interp explore: the client closed the connection during %s %s; nothing was run",
                             request.method, request.url.path)
                 return Response(status_code=400)
-            except (BadSpec, RequestTooLarge) as e:
-                return JSONResponse({"error": str(e)}, status_code=413 if isinstance(e, RequestTooLarge) else 400)
+            except RequestTooLarge as e:  # over a limit of interp.explore.requests
+                return JSONResponse({"error": str(e)}, status_code=413)
             except InterpError as e:
                 status = 404 if str(e).startswith("unknown image") else 400
                 return JSONResponse({"error": str(e)}, status_code=status)
