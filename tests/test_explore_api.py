@@ -275,8 +275,8 @@ def test_cli_bad_arguments_are_one_line(argv, words, status, capsys):
     from interp.cli import main
 
     assert main(["explore", "--no-open", *argv]) == status
-    err = capsys.readouterr().err
-    assert err.startswith("interp: error:") and words in err and "Traceback" not in err
+    err = capsys.readouterr().err  # the error is the last line (a "preparing" status line may come first)
+    assert err.splitlines()[-1].startswith("interp: error:") and words in err and "Traceback" not in err
 
 
 def test_neurons_named_by_a_file_are_refused_before_any_read(served, tmp_path, monkeypatch):

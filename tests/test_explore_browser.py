@@ -158,3 +158,28 @@ def test_exported_patch_reproduces_the_pages_logits(browser, served):
     with torch.no_grad():
         logits = plain(session.pixels[page["image"]:page["image"] + 1].cpu())[0]
     assert torch.allclose(logits, torch.tensor(page["logits"]), atol=1e-4)
+
+
+def test_the_page_says_what_it_shows_in_words(browser, served):
+    """The threshold, the edits and the CLS attention in words; every non-constant activation map shows
+    structure (dense neurons were solid squares); the curve has an axis title and its grey band a legend."""
+    session, _ = served
+    wait_for(browser, "window.explorer && window.explorer.runs >= 1")
+    text = lambda element_id: browser.find_element("id", element_id).text  # noqa: E731
+    label = session.info()["threshold"].get("label")
+    assert text("threshold-note") == f"threshold at block 5: {label}" and "auto (auto)" not in text("threshold-note")
+    page = browser.execute_script("return window.explorer.last")
+    assert text("edits") == page["edits"] and "[" not in text("edits")
+    prefix = text("prefix")
+    assert "Of the CLS token's attention (mean over heads)" in prefix and "e-" not in prefix, prefix
+    for m in page["neuron_maps"]:
+        key = f"{m['layer']}:{m['neuron']}"
+        colours = browser.execute_script(
+            "const cv = document.querySelector(`#neurons canvas[data-key='" + key + "']`);"
+            "const d = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data, seen = new Set();"
+            "for (let i = 0; i < d.length; i += 4) seen.add(d[i] + ',' + d[i + 1] + ',' + d[i + 2]);"
+            "return Array.from(seen);")
+        if min(m["map"]) < max(m["map"]):  # its own scale: its lowest cell white, its highest dark red
+            assert "255,255,255" in colours and "103,0,13" in colours, (key, colours)
+    svg = browser.find_element("id", "curves").get_attribute("innerHTML")
+    assert "patch norm (log scale)" in svg and f"block {page['detect_layer']} (shown in the maps above)" in svg

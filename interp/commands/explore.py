@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from ..console import add_output_args
 from .common import NEURONS_SYNTAX, add_model_args, model_from_args, parse_neurons, threshold_value
-from .values import existing_path, port_number, positive_int, threshold_arg
+from .values import existing_path, port_number, positive_float, positive_int, threshold_arg
+
+# the explorer's request limits, said in --help (interp.explore.requests, .server, .connections hold them;
+# importing those here would import the web stack and torch before the arguments are checked)
+LIMITS = ("Requests are bounded: at most 16 interventions each (the page sends at most 2), neuron indices that "
+          "are JSON integers, a finite threshold > 0, a body of at most 16 MiB, and --max-seconds of model work "
+          "(413 beyond); idle connections close after 5 s, and a Host header other than the listening address "
+          "or localhost is refused (DNS-rebinding defence).")
+MAX_SECONDS = 600
 
 
 def register(sub) -> None:
@@ -16,7 +24,8 @@ def register(sub) -> None:
         description="Serve a local page over MODEL and the images: per-block patch norms, the norm and CLS "
                     "attention maps, the register neurons, and edits (ablation, test-time register, relocation, "
                     "SelectiveCLS) that re-run the forward. Listens on 127.0.0.1 and prints the URL with its "
-                    "access token. Without MODEL: the synthetic planted_vit on the bundled sample photos.")
+                    "access token. Without MODEL: the synthetic planted_vit on the bundled sample photos.",
+        epilog=LIMITS)
     add_model_args(p, model_optional=True)
     p.add_argument("--images", default=None, type=existing_path, help="image directory, list file or image (default: bundled samples)")
     p.add_argument("--neurons", default=None, metavar="FILE|L:N,...",
@@ -34,6 +43,10 @@ def register(sub) -> None:
     p.add_argument("--max-images", type=positive_int, default=64,
                    help="refuse more images than this (they are held in memory and re-run for each edit's readout)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="images per forward pass (default 16)")
+    p.add_argument("--max-seconds", type=positive_float, default=MAX_SECONDS,
+                   help=f"stop a request's model work after this many seconds and answer 413 (default "
+                        f"{MAX_SECONDS}: a toggle takes well under a second on planted_vit; raise it for a large "
+                        "model on many images on a CPU)")
     add_output_args(p)
     p.set_defaults(func=run)
 
@@ -64,14 +77,18 @@ def run(args) -> int:
     random_weights = not args.pretrained and not args.weights and args.model != "planted_vit"
     options = ExploreOptions(threshold=threshold, detect_layer=args.detect_layer, top_k=args.top_k,
                              neurons=neurons, batch_size=args.batch_size, head=args.head,
-                             random_weights=random_weights, max_images=args.max_images)
-    print(f"interp explore: preparing {args.model} (unedited runs, detection, neuron ranking)...", flush=True)
+                             random_weights=random_weights, max_images=args.max_images,
+                             max_seconds=args.max_seconds)
+    # status lines go to stderr, as interp report's stage lines do (stdout stays free); --quiet drops them
+    if args.progress_requested:
+        print(f"interp explore: preparing {args.model} (unedited runs, detection, neuron ranking)...",
+              file=sys.stderr, flush=True)
     session = ExploreSession(model, args.images, options, progress=args.progress)
     for text in session.warnings:
-        print(f"warning: {text}")
+        warnings.warn(text, stacklevel=1)  # one line on stderr: "interp: warning: ..."
     server = ExploreServer(session, host=args.host, port=args.port)
     try:
-        # the URL goes to stderr, as Jupyter's does, so --quiet keeps it
+        # the URL goes to stderr too, as Jupyter's does, and also under --quiet (it is what the command gives)
         print(f"interp explore: {len(session.source)} images; serving on {server.host}:{server.port} (Ctrl-C "
               f"stops)\n    {server.url}", file=sys.stderr, flush=True)
         if not args.no_open:

@@ -56,7 +56,7 @@ class Explorer:
 
 def explore(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, threshold="auto",
             detect_layer: Optional[int] = None, top_k: int = 10, head: str = "auto", max_images: int = 64,
-            host: str = "127.0.0.1", port: int = 0, height: int = 900) -> Explorer:
+            max_seconds: float = 600.0, host: str = "127.0.0.1", port: int = 0, height: int = 900) -> Explorer:
     """Start the explorer on ``model`` (a ``HookedViT`` or a name for ``interp.load``) over ``images``
     (default: the bundled sample photos) in a background thread, and return it (Jupyter shows the page).
 
@@ -65,6 +65,7 @@ def explore(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None
         threshold, detect_layer: outlier detection, as in the studies (default "auto" at the last block).
         head: read the output as a "classifier" or an "embedding" (default "auto": decided from the model).
         max_images: more images are refused (they are held in memory and re-run for each edit's readout).
+        max_seconds: a request's model work stops after this many seconds (``RequestTooLarge``, HTTP 413).
         host, port: where to listen (default 127.0.0.1, any free port).
     """
     from ..errors import InterpError
@@ -88,7 +89,7 @@ def explore(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None
 
         images = sample_image_paths()
     options = ExploreOptions(threshold=threshold, detect_layer=detect_layer, top_k=top_k, neurons=neurons, head=head,
-                             max_images=max_images)
+                             max_images=max_images, max_seconds=max_seconds)
     session = ExploreSession(model, images, options)
     return Explorer(session, ExploreServer(session, host=host, port=port).start(), height=height)
 

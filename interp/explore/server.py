@@ -8,12 +8,18 @@ Routes (all need the token: ``?token=...``, header ``X-Interp-Token: ...`` or ``
 * ``POST /api/run`` ``{"image": i, "interventions": [...], "threshold": t?}`` -> the maps of image i;
 * ``POST /api/export`` ``{"interventions": [...]}`` -> the patch file (``application/octet-stream``).
 
-Bad requests get a 4xx JSON ``{"error": "..."}``; the server keeps running.
+Bad requests get a 4xx JSON ``{"error": "..."}``; the server keeps running. Limits: a body of at most
+:data:`MAX_BODY` bytes, read within :data:`BODY_SECONDS`; the interventions and time per request of
+:mod:`interp.explore.requests` (413 beyond them); at most :data:`MAX_CONNECTIONS` connections at once (503);
+idle connections closed and other ``Host`` names refused (:mod:`interp.explore.connections`). A client that
+goes away mid-request is logged as one line.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import logging
 import secrets
 import socket
 import threading
@@ -22,12 +28,17 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import InterpError
+from .connections import IDLE_SECONDS, HostGuard, idle_closing_protocol
+from .requests import RequestTooLarge
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "draw.js": "text/javascript; charset=utf-8",
           "app.css": "text/css; charset=utf-8"}
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MAX_BODY = 16 * 1024 * 1024  # a drawn target or a mean-ablation spec is far smaller
+BODY_SECONDS = 60.0  # to send that body: a local page sends its few KB at once
+MAX_CONNECTIONS = 64  # open at once (a browser uses at most 6 per host); more get 503
+LOG = logging.getLogger("uvicorn.error")  # uvicorn's server log: one line each, at the server's log level
 
 
 def require_extra() -> None:
@@ -80,23 +91,45 @@ class TokenGuard:
         return await self.app(scope, receive, send)
 
 
-async def _json_body(request) -> dict:
-    body = await request.body()
-    if len(body) > MAX_BODY:
+def _not_json(name: str):
+    raise BadRequest(400, f"request body is not valid JSON: {name} is not a JSON number (numbers must be finite)")
+
+
+async def _read_body(request) -> bytes:
+    """The body, refused (413) as soon as it is over MAX_BODY, before all of it is read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
         raise BadRequest(413, f"request body over {MAX_BODY // (1024 * 1024)} MiB")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise BadRequest(413, f"request body over {MAX_BODY // (1024 * 1024)} MiB")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _json_body(request) -> dict:
     try:
-        data = json.loads(body or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest(400, f"request body is not valid JSON: {e}") from None
+        body = await asyncio.wait_for(_read_body(request), BODY_SECONDS)
+    except asyncio.TimeoutError:
+        raise BadRequest(408, f"the request body did not arrive within {BODY_SECONDS:g} s") from None
+    try:
+        data = json.loads(body or b"null", parse_constant=_not_json)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, an integer of > 4300 digits
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise BadRequest(400, f"request body is not valid JSON: {reason}") from None
     if not isinstance(data, dict):
         raise BadRequest(400, "request body must be a JSON object such as {\"image\": 0, \"interventions\": []}")
     return data
 
 
-def build_app(session, token: str):
-    """The Starlette app (wrapped in the token guard) serving ``session``."""
+def build_app(session, token: str, host: str = "127.0.0.1"):
+    """The Starlette app serving ``session`` behind the Host check (for ``host``, the address it listens on)
+    and the token guard."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
+    from starlette.requests import ClientDisconnect
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
@@ -106,6 +139,12 @@ def build_app(session, token: str):
                 return await handler(request)
             except BadRequest as e:
                 return JSONResponse({"error": str(e)}, status_code=e.status)
+            except ClientDisconnect:  # nothing to answer: say so in one line, not a traceback
+                LOG.warning("interp explore: the client closed the connection during %s %s; nothing was run",
+                            request.method, request.url.path)
+                return Response(status_code=400)
+            except RequestTooLarge as e:  # over a limit of interp.explore.requests
+                return JSONResponse({"error": str(e)}, status_code=413)
             except InterpError as e:
                 status = 404 if str(e).startswith("unknown image") else 400
                 return JSONResponse({"error": str(e)}, status_code=status)
@@ -153,7 +192,7 @@ def build_app(session, token: str):
     routes = [Route("/", guarded(index)), Route("/static/{name}", guarded(asset)),
               Route("/api/info", guarded(info)), Route("/api/image/{index}", guarded(image)),
               Route("/api/run", guarded(run), methods=["POST"]), Route("/api/export", guarded(export), methods=["POST"])]
-    return TokenGuard(Starlette(routes=routes), token)
+    return HostGuard(TokenGuard(Starlette(routes=routes), token), host)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -174,15 +213,18 @@ def bind(host: str, port: int) -> socket.socket:
 class ExploreServer:
     """uvicorn serving a session on one socket, in the foreground (:meth:`serve`) or a thread (:meth:`start`)."""
 
-    def __init__(self, session, host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None):
+    def __init__(self, session, host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None,
+                 idle_seconds: float = IDLE_SECONDS):
         import uvicorn
 
         self.token = token or secrets.token_hex(24)
         self.host = host
         self.socket = bind(host, port)
         self.port = int(self.socket.getsockname()[1])
-        config = uvicorn.Config(build_app(session, self.token), log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=2)
+        # idle connections close after idle_seconds, also those that never send a whole request
+        config = uvicorn.Config(build_app(session, self.token, host), log_level="warning", access_log=False,
+                                lifespan="off", timeout_graceful_shutdown=2, timeout_keep_alive=idle_seconds,
+                                http=idle_closing_protocol(idle_seconds), limit_concurrency=MAX_CONNECTIONS)
         self.server = uvicorn.Server(config)
         self.thread: Optional[threading.Thread] = None
 

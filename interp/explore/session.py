@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import threading
 import time
 import warnings
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -25,17 +25,16 @@ import torch
 from ..errors import InterpError
 from ..hooks.names import RESID_STAGES as STAGES, attn_pattern, mlp_post, resid_mid, resid_post, resid_stage
 from ..interventions import interventions_from_spec, masks
-from ..interventions.neuron_sets import NEURONS_SYNTAX
 from ..models.planted import planted_truth
 from ..models.preprocessing import list_images
 from ..studies.artifacts.neurons import neurons_study
 from ..studies.core.outliers import ThresholdSpec, detect
 from ..studies.core.source import open_source
 from .readout import HeadReadout, head_readout
+from .requests import MAX_SECONDS, RequestTooLarge, check_spec, check_threshold, describe_edits
 
 MAX_NEURON_MAPS = 32  # neuron activation maps per response (the ranked ones first, then edited ones)
 CACHE_SIZE = 64  # edited runs (per image and edit), parsed edits and readouts (per edit) kept, least recent out
-_NEURON_TEXT = re.compile(r"\s*\d+\s*:\s*\d+\s*(,\s*\d+\s*:\s*\d+\s*)*")  # "L:N,...": no file named
 
 
 @dataclass
@@ -49,6 +48,8 @@ class ExploreOptions:
         head: ``"auto"``, ``"classifier"`` or ``"embedding"`` (how to read the model's output; see
             :mod:`interp.explore.readout`); ``random_weights`` says the weights are random (no classifier).
         max_images: more images than this are refused (they are held in memory and re-run for each readout).
+        max_seconds: a request's model work (calibration, edited forward, readout) stops after this many
+            seconds with :class:`~interp.explore.requests.RequestTooLarge` (HTTP 413).
     """
 
     threshold: ThresholdSpec = "auto"
@@ -59,6 +60,7 @@ class ExploreOptions:
     head: str = "auto"
     random_weights: bool = False
     max_images: int = 64
+    max_seconds: float = MAX_SECONDS
 
 
 def _edit_key(spec: Sequence[Dict[str, Any]]) -> str:
@@ -74,18 +76,6 @@ def _lru(cache: "OrderedDict", key, make):
     while len(cache) > CACHE_SIZE:
         cache.popitem(last=False)
     return value
-
-
-def check_no_files(spec: Sequence[Any]) -> None:
-    """Refuse a spec whose ``neurons`` is not a {layer: [neuron]} object or ``"L:N,..."`` text, before anything
-    reads it: a string such as a neurons.json path would make the server read a file named by the request."""
-    for entry in spec:
-        neurons = entry.get("neurons") if isinstance(entry, dict) else None
-        if neurons is not None and not isinstance(neurons, dict) and not (
-                isinstance(neurons, str) and _NEURON_TEXT.fullmatch(neurons)):
-            raise InterpError("the explorer reads no files: 'neurons' must be an object {\"layer\": [neuron, ...]} "
-                              f"or {NEURONS_SYNTAX.split(' (')[0]}, not a file path or another value "
-                              "(load a neurons.json with --neurons when starting the explorer)")
 
 
 def _rounded(t: torch.Tensor, digits: int = 5) -> list:
@@ -112,6 +102,7 @@ class ExploreSession:
         self.model = model
         self.options = options or ExploreOptions()
         self.lock = threading.RLock()  # one forward at a time: hooks and edit state live on the model
+        self.clock = time.monotonic  # what the per-request time limit reads (tests replace it)
         n = images.shape[0] if isinstance(images, torch.Tensor) else len(list_images(images))
         if n > self.options.max_images:
             raise InterpError(f"{n} images: the explorer holds its images in memory and re-runs all of them for "
@@ -173,6 +164,7 @@ class ExploreSession:
             "has_cls": self.layout.cls_index is not None,
             "detect_layer": det.layer,
             "threshold": {"value": self.default_threshold, "spec": det.spec, "method": det.method,
+                          "label": self._threshold_label(),
                           "bimodal": det.threshold.bimodal, "artifacts_found": det.artifacts_found,
                           "note": None if det.artifacts_found else (
                               f"no artifacts: the patch norms at block {det.layer} have no separated high-norm "
@@ -183,6 +175,18 @@ class ExploreSession:
             "targets": {name: m.int().tolist() for name, m in presets.items()},
             "warnings": self.warnings,
         }
+
+    def _threshold_label(self) -> str:
+        """The threshold in words, e.g. ``"352 (auto: two-mode fit)"``."""
+        det, value = self.detection, self.default_threshold
+        if det.method == "auto":
+            how = ("auto: two-mode fit" if det.threshold.bimodal else
+                   "auto found no separate high-norm mode: 99th percentile of the patch norms")
+        elif det.method == "percentile":
+            how = f"{det.spec}: percentile of the patch norms"
+        else:
+            how = "fixed"
+        return f"{value:.0f} ({how})" if abs(value) >= 100 else f"{value:.3g} ({how})"
 
     def thumbnail(self, index: int) -> bytes:
         """PNG of image ``index`` as the model sees it (resized, cropped)."""
@@ -204,10 +208,7 @@ class ExploreSession:
 
     def interventions(self, spec: Sequence[Dict[str, Any]]) -> list:
         """The interventions of a patch-file spec list (calibrated on the loaded images when asked; cached)."""
-        if not isinstance(spec, list):
-            raise InterpError("'interventions' must be a list of {\"kind\": ..., params} objects (the patch-file "
-                              "spec, see interp.interventions.spec)")
-        check_no_files(spec)
+        check_spec(spec)
         return _lru(self._parsed, _edit_key(spec), lambda: self._parse(spec))
 
     def _parse(self, spec: list) -> list:
@@ -315,16 +316,17 @@ class ExploreSession:
         Returns (JSON-able): ``norms`` [blocks][patches] (``hook_resid_post`` patch-token norms), ``outlier_count``
         and ``outliers`` [patches] at ``detect_layer`` above ``threshold``, ``curves`` (per block max/median patch
         norm after attention and after MLP), ``cls_attention`` [blocks][heads][patches], ``neuron_maps``,
-        ``prefix_norms``, ``logits``, ``readout`` (agreement or cosine over all loaded images), and ``baseline``
-        (the unedited ``norms``, ``curves``, ``outlier_count``).
+        ``prefix_norms``, ``logits``, ``readout`` (agreement or cosine over all loaded images), ``edits`` (the
+        edits in words, or "none"), and ``baseline`` (the unedited ``norms``, ``curves``, ``outlier_count``).
+
+        Raises (as InterpError): ``BadSpec`` for a spec or threshold that is not exact (see
+        :mod:`interp.explore.requests`), ``RequestTooLarge`` over its limits (interventions, ``max_seconds``).
         """
         started = time.perf_counter()
         index = self._check_image(index)
         spec = list(spec) if isinstance(spec, tuple) else spec
-        thr = self.default_threshold if threshold is None else threshold
-        if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not thr == thr or thr < 0:
-            raise InterpError(f"threshold {threshold!r} must be a norm >= 0 (a number)")
-        with self.lock:
+        thr = self.default_threshold if threshold is None else check_threshold(threshold)
+        with self.lock, self._time_limit():
             ivs = self.interventions(spec)
             key = _edit_key(spec)
             edited, cached = self._cached_run(index, key, ivs)
@@ -336,13 +338,28 @@ class ExploreSession:
             "image": index, "id": self.source.ids[index], "n_blocks": self.model.n_layers, "grid": list(self.grid),
             "detect_layer": det, "threshold": float(thr), "default_threshold": self.default_threshold,
             "norms": edited["patch_norms"].tolist(), "outlier_count": int(outliers.sum()),
-            "outliers": outliers.int().tolist(),
+            "outliers": outliers.int().tolist(), "edits": describe_edits(spec),
             **{k: v for k, v in edited.items() if k != "patch_norms"},
             "readout": readout,
             "baseline": {"norms": base["patch_norms"].tolist(), "curves": base["curves"],
                          "outlier_count": int((base["patch_norms"][det] > thr).sum())},
             "cached": cached, "seconds": time.perf_counter() - started,
         }
+
+    @contextmanager
+    def _time_limit(self):
+        """Stop the model work inside after ``options.max_seconds`` (checked at every block's output, so also
+        in calibration and the readout): a request over the limit raises RequestTooLarge."""
+        limit = self.options.max_seconds
+        deadline = self.clock() + limit
+
+        def check(t, hook):
+            if self.clock() > deadline:
+                raise RequestTooLarge(f"this request ran past the explorer's limit of {limit:g} s and was stopped; "
+                                      "ask for fewer edits, or start the explorer with a larger --max-seconds")
+
+        with self.model.hooks(fwd_hooks=[(resid_post(l), check) for l in range(self.model.n_layers)]):
+            yield
 
     def _cached_run(self, index: int, key: str, ivs: list):
         cached = (index, key) in self._runs
@@ -355,7 +372,7 @@ class ExploreSession:
 
         from ..interventions import export as patch
 
-        with self.lock:  # save reads the model, which another request may be editing (model.intervene)
+        with self.lock, self._time_limit():  # save reads the model, which another request may be editing
             ivs = self.interventions(spec)
             if not ivs:
                 raise InterpError("no edits to export: switch some on first")

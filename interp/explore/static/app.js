@@ -81,14 +81,7 @@
       ctx.clearRect(0, 0, $("attn-map").width, $("attn-map").height);
       ctx.fillText("this model has no CLS token", 20, 40);
     }
-    let prefix = "prefix-token norms at block " + b + ": " +
-      r.prefix_labels.map((name, i) => name + " " + fmt(r.prefix_norms[b][i])).join(", ");
-    if (r.cls_attention_prefix) {
-      const rows = r.cls_attention_prefix[b];  // [heads][prefix]
-      prefix += "; CLS attention (head mean) on them: " + r.prefix_labels.map((name, i) =>
-        name + " " + fmt(rows.reduce((a, hrow) => a + hrow[i], 0) / rows.length)).join(", ");
-    }
-    $("prefix").textContent = prefix;
+    $("prefix").textContent = D.prefixSentence(r, b);
     renderCurves();
   }
 
@@ -99,10 +92,12 @@
     document.querySelectorAll("#neurons canvas").forEach((cv) => {
       const m = byKey[cv.dataset.key];
       if (!m) return;
-      const amax = Math.max.apply(null, m.map.map(Math.abs)), top = Math.max(1e-6, amax);
-      drawGrid(cv, m.map, -top, top, ramp([[33, 102, 172], [247, 247, 247], [178, 24, 43]]), { log: false });
-      cv.title = cv.dataset.key + ": max |activation| " + fmt(amax) + " (blue negative, red positive)";
-      cv.parentNode.nextSibling.textContent = "max |a| " + (amax === 0 ? "0" : fmt(amax));
+      // each map on its own scale, lowest to highest value: a dense neuron's variations show too
+      const lo = Math.min.apply(null, m.map), hi = Math.max.apply(null, m.map);
+      drawGrid(cv, m.map, lo, hi, D.activationRamp, { log: false });
+      const range = lo === hi ? fmt(lo) + " everywhere" : fmt(lo) + " to " + fmt(hi);
+      cv.title = cv.dataset.key + ": activation " + range + " (white: lowest, dark red: highest on this map)";
+      cv.parentNode.nextSibling.textContent = range;
     });
   }
 
@@ -155,8 +150,7 @@
       if (seq !== state.seq) return;  // a newer edit is on its way
       state.last = res;
       state.spec = spec;  // the edits the maps show
-      $("edits-json").textContent = JSON.stringify(spec, (key, v) =>
-        key === "target" && Array.isArray(v) ? "<" + v.flat().filter(Boolean).length + " cells>" : v);
+      $("edits").textContent = res.edits;
       renderMaps();
       renderNeurons();
       renderReadout();
@@ -318,7 +312,7 @@
     });
     $("threshold-num").addEventListener("change", (e) => {
       const v = Number(e.target.value);
-      if (isFinite(v) && v >= 0) { state.threshold = v; run(); }
+      if (isFinite(v) && v > 0) { state.threshold = v; run(); }
     });
     $("threshold-reset").addEventListener("click", () => { state.threshold = null; run(); });
     $("reset").addEventListener("click", () => {
@@ -364,8 +358,8 @@
     if (info.planted) notes.push(info.planted.note + "; planted neurons " + info.planted.neurons.map((n) => info.planted.layer + ":" + n).join(", "));
     if (info.threshold.note) notes.push(info.threshold.note);
     $("model-note").textContent = notes.join(". ");
-    $("threshold-note").textContent = "threshold at block " + info.detect_layer + ": " + info.threshold.method +
-      " (" + info.threshold.spec + ") = " + fmt(info.threshold.value) + (info.threshold.artifacts_found ? "" : " - no artifacts found");
+    $("threshold-note").textContent = "threshold at block " + info.detect_layer + ": " + info.threshold.label +
+      (info.threshold.artifacts_found ? "" : "; no artifacts found");
     $("block").max = String(info.n_blocks - 1);
     state.block = info.detect_layer;
     $("block").value = String(state.block);

@@ -44,40 +44,78 @@ window.interpDraw = (function () {
     }
   }
 
-  // per block max and median (resid_mid, then resid_post of each block): current solid, unedited dashed, log y
+  // per block max and median (resid_mid, then resid_post of each block): current solid, unedited dashed, log y;
+  // a legend on top names the lines and the grey band (the block the maps show)
   function curves(svg, current, baseline, L, block) {
-    const W = svg.width.baseVal.value, H = svg.height.baseVal.value, pad = { l: 50, r: 10, t: 10, b: 30 };
+    const W = svg.width.baseVal.value, H = svg.height.baseVal.value, pad = { l: 62, r: 10, t: 34, b: 30 };
     const series = (curves, key) => {
       const out = [];
       for (let l = 0; l < L; l++) out.push(curves.resid_mid[key][l], curves.resid_post[key][l]);
       return out;
     };
+    const MAX = "#e6550d", MEDIAN = "#3182bd";
     const lines = [
-      [series(current, "max"), "#e6550d", ""], [series(current, "median"), "#3182bd", ""],
-      [series(baseline, "max"), "#e6550d", "5,4"], [series(baseline, "median"), "#3182bd", "5,4"],
+      [series(current, "max"), MAX, ""], [series(current, "median"), MEDIAN, ""],
+      [series(baseline, "max"), MAX, "5,4"], [series(baseline, "median"), MEDIAN, "5,4"],
     ];
     const vals = lines.flatMap((s) => s[0]).filter((v) => v > 0);
     const lo = Math.log(Math.min.apply(null, vals)), hi = Math.log(Math.max.apply(null, vals));
     const x = (i) => pad.l + (i / Math.max(1, 2 * L - 1)) * (W - pad.l - pad.r);
     const y = (v) => H - pad.b - ((Math.log(Math.max(v, 1e-12)) - lo) / ((hi - lo) || 1)) * (H - pad.t - pad.b);
+    const text = (tx, ty, label, extra) => '<text x="' + tx + '" y="' + ty + '"' + (extra || "") + ">" + label + "</text>";
+    const seg = (x0, y0, colour, dash) => '<path d="M' + x0 + "," + y0 + "L" + (x0 + 22) + "," + y0 +
+      '" stroke="' + colour + '" stroke-width="2" stroke-dasharray="' + dash + '"/>';
     let s = "";
     const bx = (x(2 * block) + x(2 * block + 1)) / 2;
-    s += '<rect x="' + (bx - 12) + '" y="' + pad.t + '" width="24" height="' + (H - pad.t - pad.b) + '" fill="#eee"/>';
+    s += '<rect class="band" x="' + (bx - 12) + '" y="' + pad.t + '" width="24" height="' + (H - pad.t - pad.b) + '" fill="#eee"/>';
     lines.forEach(([pts, colour, dash]) => {
       const d = pts.map((v, i) => (i ? "L" : "M") + x(i).toFixed(1) + "," + y(v).toFixed(1)).join("");
       s += '<path d="' + d + '" fill="none" stroke="' + colour + '" stroke-width="2" stroke-dasharray="' + dash + '"/>';
     });
-    for (let l = 0; l < L; l++) s += '<text x="' + ((x(2 * l) + x(2 * l + 1)) / 2 - 4) + '" y="' + (H - 12) + '">' + l + "</text>";
-    s += '<text x="' + pad.l + '" y="' + (H - 1) + '">block (each: after attention, after MLP)</text>';
-    [lo, (lo + hi) / 2, hi].forEach((v) => {
-      s += '<text x="2" y="' + (y(Math.exp(v)) + 4) + '">' + fmt(Math.exp(v)) + "</text>";
-    });
+    for (let l = 0; l < L; l++) s += text((x(2 * l) + x(2 * l + 1)) / 2 - 4, H - 12, l);
+    s += text(pad.l, H - 1, "block (each: after attention, after MLP)");
+    [lo, (lo + hi) / 2, hi].forEach((v) => { s += text(pad.l - 40, y(Math.exp(v)) + 4, fmt(Math.exp(v))); });
+    const cy = (pad.t + H - pad.b) / 2;
+    s += text(12, cy, "patch norm (log scale)", ' class="axis-title" text-anchor="middle" transform="rotate(-90 12 ' + cy + ')"');
+    // legend: colour = statistic, stroke = run, grey band = the block the maps show
+    let lx = pad.l;
+    [[MAX, "", "max"], [MEDIAN, "", "median"], ["#444", "", "current run"], ["#444", "5,4", "unedited"]].forEach(
+      ([colour, dash, label]) => { s += seg(lx, 12, colour, dash) + text(lx + 26, 16, label); lx += 36 + 7 * label.length; });
+    s += '<rect x="' + lx + '" y="5" width="14" height="14" fill="#eee" stroke="#ccc"/>' +
+      text(lx + 18, 16, "block " + block + " (shown in the maps above)", ' class="band-label"');
     svg.innerHTML = s;
   }
+
+  // the prefix tokens at block b in words: their norms, and where the CLS token's attention goes
+  function prefixSentence(r, b) {
+    const labels = r.prefix_labels, norms = r.prefix_norms[b];
+    let text = "Prefix tokens at block " + b + ": norm " +
+      labels.map((name, i) => name + " " + fmt(norms[i])).join(", ") + ".";
+    if (r.cls_attention_prefix) {
+      const rows = r.cls_attention_prefix[b];  // [heads][prefix]: the CLS query's attention weights
+      const share = labels.map((_, i) => rows.reduce((a, hrow) => a + hrow[i], 0) / rows.length);
+      const to = (v, who, verb) => percent(v) + verb + who + (v < 1e-4 ? " (negligible)" : "");
+      const parts = labels.map((name, i) => to(share[i], name === "CLS" ? "itself" : name, i ? " to " : " goes to "));
+      parts.push(to(Math.max(0, 1 - share.reduce((a, v) => a + v, 0)), "the patch tokens", " to "));
+      text += " Of the CLS token's attention (mean over heads), " + parts.slice(0, -1).join(", ") + " and " +
+        parts[parts.length - 1] + ".";
+    }
+    return text;
+  }
+
+  // a share 0..1 as a percentage with sensible digits (below 0.01 %: "< 0.01 %")
+  function percent(v) {
+    if (v < 1e-4) return "< 0.01 %";
+    return (v < 0.01 ? (100 * v).toPrecision(2) : v < 0.999 ? (100 * v).toFixed(1) : "100") + " %";
+  }
+
+  // activation maps: white (lowest) to dark red (highest)
+  const activationRamp = ramp([[255, 255, 255], [252, 187, 161], [239, 59, 44], [103, 0, 13]]);
 
   function fmt(v) {
     if (v === null || v === undefined || !isFinite(v)) return String(v);
     return Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(3);
   }
-  return { ramp: ramp, viridis: viridis, magma: magma, drawGrid: drawGrid, curves: curves, fmt: fmt };
+  return { ramp: ramp, viridis: viridis, magma: magma, activationRamp: activationRamp, drawGrid: drawGrid,
+    curves: curves, prefixSentence: prefixSentence, percent: percent, fmt: fmt };
 })();
