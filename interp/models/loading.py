@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import ModelLoadError, UnsupportedModelError, close_matches
 from .pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .support import SUPPORTED_FAMILIES, check_supported
+from .torchvision_format import adopt_torchvision_config, convert_torchvision_vit, is_torchvision_vit
 
 _VIT_MODULES = ("timm.models.vision_transformer", "timm.models.deit")
 
@@ -272,7 +273,8 @@ def _offline_message(name: str) -> str:
         f"cannot download pretrained weights for {name!r}: the Hugging Face hub is unreachable and the "
         "weights are not in the local cache. Either pass a local file, "
         f"interp.load({name!r}, weights='path/to/model.safetensors') "
-        f"(CLI: --weights FILE; .safetensors/.pth/.bin; original DINOv2 and OpenAI CLIP files are converted), "
+        f"(CLI: --weights FILE; .safetensors/.pth/.bin; original DINOv2, OpenAI CLIP and torchvision ViT files are "
+        f"converted), "
         f"or use random weights with interp.load({name!r}, pretrained=False) (CLI: --no-pretrained)."
     )
 
@@ -341,6 +343,9 @@ def create_timm_vit(
     if local is not None:
         state_dict = read_state_dict(local)
         label = f"weight file {Path(local).name!r}"
+        if is_torchvision_vit(state_dict):  # torchvision's keys and transform, as timm's filter does for others
+            state_dict = convert_torchvision_vit(state_dict, model, name, label)
+            adopt_torchvision_config(model, state_dict, fit_head="num_classes" not in timm_kwargs)
         check_register_tokens(model, state_dict, name, label)
         if "num_classes" not in timm_kwargs:  # the file's head, unless the user asked for one
             _fit_head_to_weights(model, state_dict)
