@@ -28,7 +28,8 @@ def load(
         pretrained: hub weights (local HF cache when offline). Offline without cached weights this fails
             at once, saying to pass ``weights=`` or ``pretrained=False``.
         weights: a local ``.safetensors``/``.pth``/``.bin`` state dict; timm's checkpoint conversions
-            apply, so original DINOv2 and OpenAI CLIP files load too.
+            apply, so original DINOv2 and OpenAI CLIP files load too, and a torchvision ViT file (``vit_b_16``...)
+            loads into the timm name of its shape (``vit_base_patch16_224``...).
         device, dtype: placement and float type (``"float16"``, ``torch.bfloat16``...).
         seed: seed of the random weights (``pretrained=False`` without ``weights``), default 0: the same
             call gives the same weights (and weights fingerprint) in every run; kept as ``model.init_seed``.

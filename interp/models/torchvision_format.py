@@ -92,7 +92,7 @@ def convert_torchvision_vit(state_dict: dict, model: nn.Module, name: str, label
             if mapped is None:
                 unknown.append(key)
                 continue
-            out[f"blocks.{i}.{mapped}" + (f".{leaf}" if leaf else "")] = value
+            out[".".join(["blocks", i, mapped] + ([leaf] if leaf else []))] = value  # a state-dict key
         elif key in _ROOT_KEYS:
             out[_ROOT_KEYS[key]] = value
         else:
