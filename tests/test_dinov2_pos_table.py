@@ -111,6 +111,32 @@ def test_a_timm_format_file_keeps_timms_arithmetic_unless_asked(tmp_path):
     assert torch.allclose(asked.timm_model.pos_embed.detach(), dinov2_way, rtol=0, atol=1e-6)
 
 
+def test_hub_weights_go_through_the_same_choice(monkeypatch):
+    """The hub path (timm's load_pretrained, faked here: no network) resamples through pos_resample too."""
+    import timm.models
+
+    from interp.models import loading
+
+    native = interp.load(NAMES[False], pretrained=False, **SMALL).timm_model
+    with torch.no_grad():
+        native.pos_embed.normal_()
+    hub_sd = {k: v.clone() for k, v in native.state_dict().items()}
+
+    def fake_load_pretrained(model, pretrained_cfg=None, num_classes=None, filter_fn=None):
+        model.load_state_dict(filter_fn(dict(hub_sd), model))
+
+    monkeypatch.setattr(loading, "_hub_reachable", lambda *a, **k: True)
+    monkeypatch.setattr(timm.models, "load_pretrained", fake_load_pretrained)
+    timm_way = interp.load(NAMES[False], img_size=224, **SMALL)
+    assert timm_way.pos_resample == "timm"
+    assert torch.equal(timm_way.timm_model.pos_embed.detach(),
+                       resample_abs_pos_embed(hub_sd["pos_embed"], (16, 16), num_prefix_tokens=1))
+    asked = interp.load(NAMES[False], img_size=224, pos_resample="dinov2", **SMALL)
+    assert asked.pos_resample == "dinov2"
+    dinov2_way = interpolate_pos_encoding(hub_sd["pos_embed"], 256, 224, 224, PATCH, **PLAIN)
+    assert torch.allclose(asked.timm_model.pos_embed.detach(), dinov2_way, rtol=0, atol=1e-6)
+
+
 def test_the_table_at_its_own_size_is_not_resampled(tmp_path):
     path = save(dinov2_state_dict(registers=True), tmp_path / "d.pth")
     assert interp.load(NAMES[True], weights=path, img_size=518, **SMALL).pos_resample is None

@@ -30,5 +30,5 @@ def _pos_table_line(model) -> str:
     """How the weights' position table met the model's input size (``HookedViT.pos_resample``)."""
     how = getattr(model, "pos_resample", None)
     if how is None:
-        return "as trained (not resampled)" if getattr(model, "init_seed", None) is None else "random weights"
+        return "not resampled (the weights' own grid, or weights built at this size)"
     return f"resampled to {model.layout.grid[0]}x{model.layout.grid[1]} with {how} arithmetic (--pos-resample)"
