@@ -273,8 +273,8 @@ def _offline_message(name: str) -> str:
         f"cannot download pretrained weights for {name!r}: the Hugging Face hub is unreachable and the "
         "weights are not in the local cache. Either pass a local file, "
         f"interp.load({name!r}, weights='path/to/model.safetensors') "
-        f"(CLI: --weights FILE; .safetensors/.pth/.bin; original DINOv2, OpenAI CLIP and torchvision ViT files are "
-        f"converted), "
+        "(CLI: --weights FILE; .safetensors/.pth/.bin; original DINOv2, OpenAI CLIP and torchvision ViT files are "
+        "converted), "
         f"or use random weights with interp.load({name!r}, pretrained=False) (CLI: --no-pretrained)."
     )
 
