@@ -18,6 +18,7 @@ def load(
     device: Union[str, torch.device] = "cpu",
     dtype=None,
     seed: Optional[int] = None,
+    pos_resample: str = "auto",
     **timm_kwargs,
 ) -> HookedViT:
     """Build a timm ViT and instrument it.
@@ -27,10 +28,15 @@ def load(
         pretrained: hub weights (local HF cache when offline). Offline without cached weights this fails
             at once, saying to pass ``weights=`` or ``pretrained=False``.
         weights: a local ``.safetensors``/``.pth``/``.bin`` state dict; timm's checkpoint conversions
-            apply, so original DINOv2 and OpenAI CLIP files load too.
+            apply, so original DINOv2 and OpenAI CLIP files load too, and a torchvision ViT file (``vit_b_16``...)
+            loads into the timm name of its shape (``vit_base_patch16_224``...).
         device, dtype: placement and float type (``"float16"``, ``torch.bfloat16``...).
         seed: seed of the random weights (``pretrained=False`` without ``weights``), default 0: the same
             call gives the same weights (and weights fingerprint) in every run; kept as ``model.init_seed``.
+        pos_resample: how a position table trained for another size is resampled to ``img_size``: ``"auto"``
+            (an original DINOv2 file with DINOv2's own arithmetic, ``"dinov2"`` or ``"dinov2_reg"``; any other
+            weights timm's), ``"timm"``, ``"dinov2"`` or ``"dinov2_reg"``; the method used is kept as
+            ``model.pos_resample`` (None when the table was not resampled).
         **timm_kwargs: forwarded to ``timm.create_model`` (``img_size=224``, ``dynamic_img_size=True``,
             ``depth=2`` for quick experiments...).
 
@@ -38,5 +44,5 @@ def load(
         HookedViT in eval mode.
     """
     timm_model = create_timm_vit(name, pretrained=pretrained, weights=weights, device=device, dtype=dtype,
-                                 seed=seed, **timm_kwargs)
+                                 seed=seed, pos_resample=pos_resample, **timm_kwargs)
     return HookedViT.from_timm(timm_model, name=name)

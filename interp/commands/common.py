@@ -29,6 +29,10 @@ def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False
                         help="input size in pixels (timm img_size; resamples the position embedding)")
     parser.add_argument("--depth", type=positive_int, default=None,
                         help="keep only the first N blocks (quick tests)")
+    parser.add_argument("--pos-resample", default="auto", choices=("auto", "timm", "dinov2", "dinov2_reg"),
+                        help="how --weights' position table is resampled to --img-size: auto (default: DINOv2's "
+                             "own arithmetic for an original DINOv2 file, timm's otherwise), timm, dinov2 or "
+                             "dinov2_reg")
     add_seed_arg(parser)
 
 
@@ -105,7 +109,7 @@ def model_from_args(args: argparse.Namespace, dtype=None):
         kwargs["depth"] = args.depth
     check_device(args.device)
     model = load(args.model, pretrained=args.pretrained, weights=args.weights, device=args.device, dtype=dtype,
-                 seed=getattr(args, "seed", None), **kwargs)
+                 seed=getattr(args, "seed", None), pos_resample=getattr(args, "pos_resample", "auto"), **kwargs)
     check_model_args(args, model)
     return model
 
@@ -282,6 +286,7 @@ def source_from_args(args: argparse.Namespace, model):
         check_cache_serves(source, study, model.n_layers, vars(args))
     args.skipped = [{"image": image, "reason": reason} for image, reason in source.skipped]
     args.weights_seed = getattr(model, "init_seed", None)
+    args.pos_resampled = getattr(model, "pos_resample", None)
     args.preprocess = source.preprocess
     return source
 

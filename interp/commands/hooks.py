@@ -18,8 +18,17 @@ def run(args) -> int:
     names = model.resolve_hooks(args.pattern) if args.pattern else model.hook_names()
     print(f"# {model!r}")
     print(f"# layout: {model.layout.to_dict()}")
+    print(f"# position table: {_pos_table_line(model)}")
     width = max(len(n) for n in names)
     for n in names:
         shape = list(shapes[n]) if n in shapes else "(fires only while SelectiveCLS is active)"
         print(f"{n:<{width}}  {shape}")
     return 0
+
+
+def _pos_table_line(model) -> str:
+    """How the weights' position table met the model's input size (``HookedViT.pos_resample``)."""
+    how = getattr(model, "pos_resample", None)
+    if how is None:
+        return "not resampled (the weights' own grid, or weights built at this size)"
+    return f"resampled to {model.layout.grid[0]}x{model.layout.grid[1]} with {how} arithmetic (--pos-resample)"

@@ -66,7 +66,7 @@ def _models(args):
     check_device(args.device)
     torch.manual_seed(args.seed)
     plain = create_timm_vit(args.model, pretrained=args.pretrained, weights=args.weights, device=args.device,
-                            seed=args.seed, **kwargs)
+                            seed=args.seed, pos_resample=getattr(args, "pos_resample", "auto"), **kwargs)
     hooked = HookedViT.from_timm(copy.deepcopy(plain), name=args.model)
     check_model_args(args, hooked)
     return plain, hooked

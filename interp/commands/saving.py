@@ -23,13 +23,15 @@ def save_study(result, args: argparse.Namespace, images=None, **figure_options) 
     """How every ``interp study`` command saves: the figures of the plots registry (drawn over ``images``, with
     ``figure_options`` such as ``n_maps``), then ``<study>.json`` into ``args.out``, written once. The images
     ``source_from_args`` skipped (``args.skipped``) are the result's ``skipped`` field and the seed of
-    ``--no-pretrained`` weights goes in as ``weights_seed`` (None for loaded weights)."""
+    ``--no-pretrained`` weights goes in as ``weights_seed`` (None for loaded weights), and how the weights'
+    position table was resampled to the model's size as ``pos_resample`` (None when it was not)."""
     from ..report.save import save_result
 
     extra = None
     if hasattr(args, "skipped"):  # set by source_from_args
         result.skipped = list(args.skipped)
         extra = {"weights_seed": getattr(args, "weights_seed", None),
+                 "pos_resample": getattr(args, "pos_resampled", None),  # how the position table met --img-size
                  "preprocess": getattr(args, "preprocess", None)}  # "model" or an eval transform's name
     _said_written(result, args.out, save_result(result, args.out, images, extra=extra,
                                                 figure_options=figure_options))

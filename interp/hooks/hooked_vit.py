@@ -51,6 +51,8 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
         edit_state: the structural edits in force (:class:`EditState`); only ``intervene`` changes it.
         force_patterns: compute attention patterns even when unhooked (e.g. for nnsight observers).
         init_seed: seed of the random weights ``interp.load(..., pretrained=False)`` built (None otherwise).
+        pos_resample: how the weights' position table was resampled to this size (``"timm"``, ``"dinov2"``,
+            ``"dinov2_reg"``; None when it was not).
     """
 
     def __init__(self, timm_model: nn.Module, name: Optional[str] = None):
@@ -67,6 +69,7 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
         self.edit_state = EditState()
         self.force_patterns = False
         self.init_seed = getattr(timm_model, "interp_init_seed", None)
+        self.pos_resample = getattr(timm_model, "interp_pos_resample", None)
         self._input_hw: Optional[Tuple[int, int]] = None
         self._index_hook_points(self._firing_order())
         self.eval()

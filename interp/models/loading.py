@@ -17,7 +17,9 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError, UnsupportedModelError, close_matches
+from .pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .support import SUPPORTED_FAMILIES, check_supported
+from .torchvision_format import adopt_torchvision_config, convert_torchvision_vit, is_torchvision_vit
 
 _VIT_MODULES = ("timm.models.vision_transformer", "timm.models.deit")
 
@@ -271,7 +273,8 @@ def _offline_message(name: str) -> str:
         f"cannot download pretrained weights for {name!r}: the Hugging Face hub is unreachable and the "
         "weights are not in the local cache. Either pass a local file, "
         f"interp.load({name!r}, weights='path/to/model.safetensors') "
-        f"(CLI: --weights FILE; .safetensors/.pth/.bin; original DINOv2 and OpenAI CLIP files are converted), "
+        "(CLI: --weights FILE; .safetensors/.pth/.bin; original DINOv2, OpenAI CLIP and torchvision ViT files are "
+        "converted), "
         f"or use random weights with interp.load({name!r}, pretrained=False) (CLI: --no-pretrained)."
     )
 
@@ -284,6 +287,7 @@ def create_timm_vit(
     device: Union[str, torch.device] = "cpu",
     dtype=None,
     seed: Optional[int] = None,
+    pos_resample: str = "auto",
     **timm_kwargs,
 ) -> nn.Module:
     """Build the timm ViT ``name`` in eval mode with the requested weights.
@@ -298,6 +302,10 @@ def create_timm_vit(
         seed: seed of the random weights when there are no weights to load (``pretrained=False``, no
             ``weights``); default 0, so the same call builds the same model in every run. Recorded as the
             module's ``interp_init_seed`` (None when weights were loaded). The global RNG is left as it was.
+        pos_resample: how a position table trained for another grid is resampled to the model's:
+            ``"auto"`` (DINOv2's own arithmetic for an original DINOv2 file, timm's otherwise), ``"timm"``,
+            ``"dinov2"`` or ``"dinov2_reg"`` (see :mod:`interp.models.pos_table`). The method used is recorded
+            as the module's ``interp_pos_resample`` (None when the table was not resampled).
         **timm_kwargs: passed to ``timm.create_model`` (``img_size``, ``dynamic_img_size``, ``num_classes``, ``depth``...).
     """
     import timm
@@ -312,6 +320,8 @@ def create_timm_vit(
             model = planted_vit(**timm_kwargs, **({} if seed is None else {"seed": seed}))
         return model.to(device=device, dtype=_resolve_dtype(dtype))
     check_model_name(name)
+    if pos_resample not in POS_RESAMPLE_CHOICES:
+        raise ModelLoadError(f"unknown pos_resample {pos_resample!r}; use one of {', '.join(POS_RESAMPLE_CHOICES)}")
     random_init = weights is None and not pretrained
     init_seed = (0 if seed is None else int(seed)) if random_init else None
     try:
@@ -321,6 +331,7 @@ def create_timm_vit(
     except Exception as e:
         raise ModelLoadError(f"timm could not build {name!r} with {timm_kwargs}: {e}") from e
     model.interp_init_seed = init_seed
+    model.interp_pos_resample = None
     check_supported(model)
     entry_module = model_entrypoint(name.split(".")[0]).__module__
     local, reachable = weights, None
@@ -332,20 +343,31 @@ def create_timm_vit(
     if local is not None:
         state_dict = read_state_dict(local)
         label = f"weight file {Path(local).name!r}"
+        if is_torchvision_vit(state_dict):  # torchvision's keys and transform, as timm's filter does for others
+            state_dict = convert_torchvision_vit(state_dict, model, name, label)
+            adopt_torchvision_config(model, state_dict, fit_head="num_classes" not in timm_kwargs)
         check_register_tokens(model, state_dict, name, label)
         if "num_classes" not in timm_kwargs:  # the file's head, unless the user asked for one
             _fit_head_to_weights(model, state_dict)
         if "img_size" not in timm_kwargs:  # the file's resolution, unless the user asked for one
             _fit_to_weights(model, state_dict, name, label)
+        state_dict, model.interp_pos_resample = resample_positions(
+            model, state_dict, weights_grid(state_dict, model), pos_resample, label)
         load_weights_file(model, state_dict, entry_module, label=str(local))
         check_finite(model, label)
     elif reachable:
         try:
             from timm.models import load_pretrained
 
-            load_pretrained(model, pretrained_cfg=model.pretrained_cfg,
-                            num_classes=model.num_classes, filter_fn=getattr(
-                                __import__(entry_module, fromlist=["x"]), "checkpoint_filter_fn", None))
+            timm_filter = getattr(__import__(entry_module, fromlist=["x"]), "checkpoint_filter_fn", None)
+
+            def hub_filter(sd, module):  # the position table first (its method recorded), then timm's conversion
+                sd, module.interp_pos_resample = resample_positions(
+                    module, sd, weights_grid(sd, module), pos_resample, f"the hub weights of {name!r}")
+                return timm_filter(sd, module) if timm_filter is not None else sd
+
+            load_pretrained(model, pretrained_cfg=model.pretrained_cfg, num_classes=model.num_classes,
+                            filter_fn=hub_filter)
         except Exception as e:
             raise ModelLoadError(_offline_message(name) + f" (hub error: {e})") from e
         check_finite(model, f"the hub weights of {name!r}")
