@@ -17,8 +17,12 @@
 Images are decoded by :func:`interp.models.preprocessing.open_image` (the reference's ``convert("RGB")``; a
 transparent image is composited on white first).
 
->>> x, size = lost_input("examples/VOC07_000236.jpg", 16)     # Tensor[3, Hp, Wp], (W, H)
->>> lost_box([0, 0, 32, 24], 16, (500, 375))                 # cells -> pixels, clipped to the image
+>>> from PIL import Image
+>>> Image.new("RGB", (500, 375)).save("a.png")
+>>> x, size = lost_input("a.png", 16)                    # Tensor[3, Hp, Wp] (padded), original (W, H)
+>>> tuple(x.shape), size
+((3, 384, 512), (500, 375))
+>>> lost_box([0, 0, 32, 24], 16, (500, 375))            # cells -> pixels, clipped to the image
 [0.0, 0.0, 500.0, 375.0]
 """
 from __future__ import annotations

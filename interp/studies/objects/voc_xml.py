@@ -11,7 +11,10 @@ Objects flagged ``difficult`` or ``truncated`` are kept, as LOST's default run k
 The files are parsed with ``xml.etree``; a file with a document type declaration (``<!DOCTYPE``) or an entity
 declaration (``<!ENTITY``) is refused before parsing, and so is one over :data:`MAX_XML_BYTES`.
 
->>> table = read_voc_xml("VOC2007/Annotations")            # a folder of .xml files, or one file
+>>> _ = open("000005.xml", "w").write("<annotation><filename>000005.jpg</filename><size><width>500</width>"
+...     "<height>375</height></size><object><difficult>0</difficult><bndbox><xmin>263</xmin><ymin>211</ymin>"
+...     "<xmax>324</xmax><ymax>339</ymax></bndbox></object></annotation>")
+>>> table = read_voc_xml("000005.xml")            # one file, or a folder of them (VOC's Annotations)
 >>> table["000005.jpg"].size, table["000005.jpg"].boxes[0]
 ((500, 375), Box(x0=262.0, y0=210.0, x1=324.0, y1=339.0))
 """
