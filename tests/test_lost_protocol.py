@@ -150,6 +150,9 @@ def test_voc_xml_refusals(tmp_path, text):
     (tmp_path / "a.xml").write_text(text)
     with pytest.raises(InterpError):
         read_boxes(tmp_path / "a.xml")
+    (tmp_path / "a.xml").write_bytes(text.encode("utf-16"))  # another encoding hides nothing
+    with pytest.raises(InterpError):
+        read_boxes(tmp_path / "a.xml")
 
 
 def test_coco_lost_convention_drops_crowd_and_rounds(tmp_path):
@@ -182,3 +185,16 @@ def test_cli_protocol_lost_and_its_refusals(tmp_path, capsys):
     assert (out / "lost_boxes.png").exists()
     assert main(args + ["--protocol", "lost", "--resize", "256", "--crop", "224", "--out", str(tmp_path / "o2")]) == 2
     assert "full-resolution" in capsys.readouterr().err
+
+
+def test_protocol_lost_with_a_test_time_register(tmp_path):
+    from interp.interventions import TestTimeRegister
+
+    write_images(tmp_path / "images", SIZES[:2])
+    model = dino_model(depth=3)
+    source = open_source(model, images=tmp_path / "images")
+    result = lost_study(source, protocol="lost", intervention=TestTimeRegister({1: [5, 17]}), progress=False)
+    assert result.intervention["kind"] == "TestTimeRegister" and len(result.edited["box_cells"]) == 2
+    assert [list(np.shape(m)) for m in result.edited["masks"]] == result.grids
+    with pytest.raises(InterpError, match="full-resolution|full resolution"):
+        lost_study(source.with_preprocess("resize256-crop224"), protocol="lost", progress=False)

@@ -28,7 +28,7 @@ from ...errors import InterpError
 from .box_types import BoxTable, ImageBoxes, _make_box, _normalise_key, check_box_in_image, image_size_of
 
 MAX_XML_BYTES = 1_000_000  # a VOC annotation is a few kB
-_REFUSED = (b"<!DOCTYPE", b"<!ENTITY")
+_REFUSED = ("<!DOCTYPE", "<!ENTITY")
 
 
 def _text(node: ET.Element, tag: str, where: str) -> str:
@@ -44,7 +44,12 @@ def _parse(path: Path) -> ET.Element:
         raise InterpError(f"{path}: {path.stat().st_size:,} bytes is too large for a VOC annotation file "
                           f"(at most {MAX_XML_BYTES:,})")
     data = path.read_bytes()
-    if any(marker in data.upper() for marker in _REFUSED):
+    try:  # checked as text, so that another encoding (UTF-16) cannot hide a declaration from the check
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InterpError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); VOC annotations are "
+                          "ASCII") from None
+    if any(marker in text.upper() for marker in _REFUSED):
         raise InterpError(f"{path}: XML with a DOCTYPE or ENTITY declaration is refused (VOC annotation files "
                           "have none)")
     try:
