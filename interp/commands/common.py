@@ -176,7 +176,7 @@ def add_preprocess_args(parser: argparse.ArgumentParser) -> None:
     # dests of their own: a study may have a "crop" option of its own (segment's --no-crop)
     parser.add_argument("--resize", dest="eval_resize", type=positive_int, default=None, metavar="N",
                         help="eval preprocessing: resize the shorter side to N px, then center-crop (--crop, default "
-                             "N); e.g. --resize 256 --crop 224 as Jiang et al., LOST and DINOv2's evaluation "
+                             "N); e.g. --resize 256 --crop 224 as Jiang et al. and DINOv2's evaluation "
                              "(default: timm's own transform for the model)")
     parser.add_argument("--crop", dest="eval_crop", type=positive_int, default=None, metavar="M",
                         help="center crop M x M after --resize (the model's input size)")

@@ -2,7 +2,8 @@
 
     interp study probes MODEL --images DIR|--cache FILE --out OUT [--hook H] [--layer N] [--position-loss ce+mse]
         [--detect-layer N] [--threshold T] [--preset P] [--test-images DIR | --split FILE] [--epochs N] [--patience N]
-    interp study lost MODEL --images DIR --out OUT [--boxes FILE] [--layer N] [--k 100] [--neurons 2:17,...]
+    interp study lost MODEL --images DIR --out OUT [--boxes FILE|DIR] [--layer N] [--k 100] [--protocol model|lost]
+        [--ties index|torch] [--neurons 2:17,...]
     interp study segment MODEL --images DIR --masks DIR|COCO.json --out OUT [--reference cls|pooled|selective]
         [--average image|dataset] [--frame input|full] [--whole-image] [--neurons 2:17,...]
 
@@ -176,21 +177,55 @@ def add_lost_arguments(p) -> None:
     p.description = ("LOST object discovery (Simeoni et al.) on the keys of one block: seed, mask and box per "
                      "image, CorLoc with --boxes (Darcet et al. Table 3).")
     add_study_args(p, cache_ok=True)
-    p.add_argument("--boxes", default=None, type=existing_file,
-                   help="ground-truth boxes (CSV/JSON/COCO, original pixels) for CorLoc")
+    p.add_argument("--boxes", default=None, type=existing_path,
+                   help="ground-truth boxes for CorLoc (original pixels): CSV/JSON/COCO, a VOC .xml file or a "
+                        "folder of them (VOC's Annotations)")
     p.add_argument("--layer", type=int, default=-1, help="block whose keys are used (default: the last)")
     p.add_argument("--k", type=positive_int, default=100, help="lowest-degree patches considered at seed expansion")
+    p.add_argument("--protocol", choices=("model", "lost"), default="model",
+                   help="model: the model's own transform, batched (default); lost: LOST's own (each image at full "
+                        "resolution, zero-padded to the patch size, the position table resampled per image as "
+                        "DINO does; COCO crowd boxes dropped; LOST's IoU). Load the model at its own size")
+    p.add_argument("--ties", choices=("index", "torch"), default="index",
+                   help="order of patches of equal degree: index (default, reproducible) or torch (LOST's unstable "
+                        "torch.argsort; its order depends on the device)")
     _neurons_args(p, "LOST")
 
 
+def _check_lost_args(args) -> None:
+    """Flag combinations ``--protocol lost`` cannot take, refused before the model is built."""
+    from ..errors import UsageError
+
+    if args.protocol != "lost":
+        return
+    if args.cache:
+        raise UsageError("--protocol lost reads each image file at full resolution: give --images, not --cache")
+    if args.eval_resize or args.eval_crop or args.eval_transform:
+        raise UsageError("--protocol lost feeds full-resolution images (no resize or crop): leave "
+                         "--resize/--crop/--transform out")
+
+
 def run_lost(args, lost_study) -> int:
+    _check_lost_args(args)
     model = model_from_args(args)
     source = source_from_args(args, model)
     result = lost_study(source, args.layer, args.k, args.boxes, intervention=_test_time_register(args),
-                        seed=args.seed, batch_size=args.batch_size, progress=args.progress)
+                        seed=args.seed, batch_size=args.batch_size, progress=args.progress, protocol=args.protocol,
+                        ties=args.ties)
     print(result.summary())
-    _save(result, args, source)
+    _save_lost(result, args, source)
     return 0
+
+
+def _save_lost(result, args, source) -> None:
+    """``_save``; under ``--protocol lost`` the figure is drawn over the padded full-resolution images."""
+    if result.protocol != "lost":
+        _save(result, args, source)
+        return
+    from ..studies.objects.lost_protocol import display_image
+
+    ids = result.ids[:OVERLAY_IMAGES]
+    save_study(result, args, [display_image(i, int(result.patch_size[0])) for i in ids] if ids else None)
 
 
 # ---------------------------------------------------------------------------------------------- segment

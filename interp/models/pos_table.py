@@ -14,11 +14,34 @@ resamples it at every forward (``interpolate_pos_encoding`` in facebookresearch/
 An interp model has a fixed input size, and DINOv2's table at a given size is a function of that size only, so
 resampling it once here gives DINOv2's forward at that size. The CLS row (and, in timm's layout, every prefix
 row) is kept as it is.
+
+For LOST's protocol (one full-resolution image at a time) a table is resampled per input grid, as DINO
+(v1) does it on the fly: :func:`dino_pos_table` and the context :func:`input_grid`.
+
+DINO (``facebookresearch/dino`` ``vision_transformer.py``, ``VisionTransformer.interpolate_pos_encoding``, commit
+04c0ad957c9f; the models LOST runs) resamples its square ``M x M`` patch table for an ``h x w`` grid thus:
+
+* the table is returned unchanged when the grid is the table's own (its ``npatch == N and w == h``);
+* otherwise the prefix row (CLS) is kept and the patch rows, as a ``[1, D, M, M]`` image, go through
+  ``F.interpolate(mode="bicubic", scale_factor=((h + 0.1) / M, (w + 0.1) / M))`` (no antialias, corners not
+  aligned). The output is ``floor(M * (g + 0.1) / M) = g`` cells per axis; because the *scale factor* (not the
+  size) is given, torch samples the source at ``(i + 0.5) / s - 0.5`` with ``s = (g + 0.1) / M``, which is not
+  ``size=(h, w)``'s ``(i + 0.5) * M / g - 0.5``: the two differ (timm's ``resample_abs_pos_embed`` takes the
+  size, and antialiases).
+
+DINOv2 (``facebookresearch/dinov2`` ``models/vision_transformer.py``) uses the same call with its
+``interpolate_offset`` (0.1) and ``interpolate_antialias`` (True for the ``_reg`` models, which give
+``size=`` instead of an offset): :func:`dino_pos_table` takes both as arguments.
+
+>>> table = torch.randn(1, 1 + 14 * 14, 8)                    # CLS row + a 14 x 14 table
+>>> dino_pos_table(table, (14, 14), (20, 31), n_prefix=1).shape
+torch.Size([1, 621, 8])
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from contextlib import contextmanager
+from typing import Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,31 +51,78 @@ from ..errors import ModelLoadError
 
 POS_RESAMPLE_METHODS = ("timm", "dinov2", "dinov2_reg")
 POS_RESAMPLE_CHOICES = ("auto",) + POS_RESAMPLE_METHODS
+DINO_OFFSET = 0.1
+
+
+def dino_pos_table(pos_embed: torch.Tensor, table_grid: Tuple[int, int], grid: Tuple[int, int], n_prefix: int = 1,
+                   offset: Optional[float] = DINO_OFFSET, antialias: bool = False) -> torch.Tensor:
+    """DINO's ``interpolate_pos_encoding`` (module docstring) for a table of any grid.
+
+    Args:
+        pos_embed: [1, n_prefix + gh * gw, D], the table of a ``table_grid = (gh, gw)`` grid, prefix rows first.
+        grid: the input's patch grid ``(h, w)``.
+        n_prefix: rows of ``pos_embed`` before the patch rows (1 for a CLS row, 0 for ``no_embed_class``).
+        offset: added to the grid before dividing by the table's grid (DINO: 0.1); None gives ``size=grid``.
+        antialias: F.interpolate's antialias (DINO: False; DINOv2's ``_reg`` models: True).
+
+    Returns:
+        [1, n_prefix + h * w, D] in ``pos_embed``'s dtype (the interpolation runs in float32).
+    """
+    gh, gw = (int(g) for g in table_grid)
+    h, w = (int(g) for g in grid)
+    if (h, w) == (gh, gw):
+        return pos_embed
+    prefix, patches = pos_embed[:, :n_prefix], pos_embed[:, n_prefix:]
+    dim = patches.shape[-1]
+    image = patches.float().reshape(1, gh, gw, dim).permute(0, 3, 1, 2)
+    if offset is None:
+        out = F.interpolate(image, size=(h, w), mode="bicubic", antialias=antialias)
+    else:
+        out = F.interpolate(image, scale_factor=((h + offset) / gh, (w + offset) / gw), mode="bicubic",
+                            antialias=antialias)
+    if tuple(out.shape[-2:]) != (h, w):  # DINO asserts the same
+        raise ValueError(f"resampling the {gh}x{gw} position table gave {tuple(out.shape[-2:])}, not {(h, w)}")
+    out = out.permute(0, 2, 3, 1).reshape(1, h * w, dim).to(pos_embed.dtype)
+    return torch.cat([prefix, out], dim=1)
+
+
+@contextmanager
+def input_grid(model, grid: Tuple[int, int], offset: Optional[float] = DINO_OFFSET,
+               antialias: bool = False) -> Iterator[None]:
+    """Inside, the HookedViT ``model`` takes inputs of ``grid * patch size`` pixels: its timm module's position
+    table is :func:`dino_pos_table` of its own table for that grid, and its patch embedding's ``img_size`` /
+    ``grid_size`` are that size; all restored on exit. One grid at a time (the model is changed in place)."""
+    tm = model.timm_model
+    pe = tm.patch_embed
+    ph, pw = (int(p) for p in pe.patch_size)
+    saved = (tm.pos_embed, pe.img_size, pe.grid_size, pe.num_patches)
+    h, w = (int(g) for g in grid)
+    try:
+        if tm.pos_embed is not None:
+            n_prefix = 0 if getattr(tm, "no_embed_class", False) else int(tm.num_prefix_tokens)
+            table = dino_pos_table(tm.pos_embed.detach(), tuple(pe.grid_size), (h, w), n_prefix, offset, antialias)
+            tm.pos_embed = nn.Parameter(table, requires_grad=False)
+        pe.img_size, pe.grid_size, pe.num_patches = (h * ph, w * pw), (h, w), h * w
+        yield
+    finally:
+        tm.pos_embed, pe.img_size, pe.grid_size, pe.num_patches = saved
 
 
 def resample_pos_table(pos: torch.Tensor, grid: Tuple[int, int], n_prefix: int, method: str) -> torch.Tensor:
-    """A position table ``[1, n_prefix + M*M, d]`` resampled to ``[1, n_prefix + g_h*g_w, d]`` by ``method``.
+    """A square position table ``[1, n_prefix + M*M, d]`` resampled to ``[1, n_prefix + g_h*g_w, d]`` by ``method``
+    (``"dinov2"``: offset 0.1, no antialias; ``"dinov2_reg"`` and ``"timm"``: the output size, antialiased).
 
     Computed in float32 and returned in ``pos``'s dtype. ``n_prefix`` rows (CLS) are not resampled.
     """
     if method not in POS_RESAMPLE_METHODS:
         raise ValueError(f"unknown position-table resampling {method!r}; use one of {POS_RESAMPLE_METHODS}")
-    prefix, table = pos[:, :n_prefix], pos[:, n_prefix:]
-    n, dim = int(table.shape[1]), int(table.shape[-1])
+    n = int(pos.shape[1]) - n_prefix
     side = math.isqrt(n)
     if side * side != n:
         raise ValueError(f"the position table holds {n} patch rows: not a square grid")
-    gh, gw = int(grid[0]), int(grid[1])
-    square = table.float().reshape(1, side, side, dim).permute(0, 3, 1, 2)
     if method == "dinov2":
-        out = F.interpolate(square, scale_factor=(float(gh + 0.1) / side, float(gw + 0.1) / side),
-                            mode="bicubic", antialias=False)
-    else:  # "dinov2_reg" and "timm": an output size, antialiased
-        out = F.interpolate(square, size=(gh, gw), mode="bicubic", antialias=True)
-    if tuple(out.shape[-2:]) != (gh, gw):  # DINOv2 asserts the same: the offset keeps floor((g+0.1)/M*M) = g
-        raise ValueError(f"resampling gave a {tuple(out.shape[-2:])} grid, not {(gh, gw)}")
-    out = out.permute(0, 2, 3, 1).reshape(1, gh * gw, dim).to(pos.dtype)
-    return torch.cat([prefix, out], dim=1)
+        return dino_pos_table(pos, (side, side), grid, n_prefix, offset=DINO_OFFSET, antialias=False)
+    return dino_pos_table(pos, (side, side), grid, n_prefix, offset=None, antialias=True)
 
 
 def resample_positions(model: nn.Module, state_dict: dict, source_grid: Optional[Tuple[int, int]], choice: str,

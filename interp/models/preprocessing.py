@@ -2,7 +2,7 @@
 eval transform (:class:`EvalTransform`: resize the shorter side to N, center-crop M, the model's normalisation).
 
 timm's own transform for DINOv2 built at 224 px resizes the shorter side to 224 and crops nothing more
-(``crop_pct`` 1.0); Jiang et al., LOST and the DINOv2 evaluations use resize 256 + center crop 224:
+(``crop_pct`` 1.0); Jiang et al. and the DINOv2 evaluations use resize 256 + center crop 224:
 
 >>> cfg = data_config(model, "resize256-crop224")
 >>> cfg["input_size"], cfg["preprocess"], preprocessing(model, cfg["preprocess"]).transforms[0].size

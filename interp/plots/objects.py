@@ -47,8 +47,8 @@ def _cells_panel(ax, cells: np.ndarray, image: Optional[np.ndarray]) -> Tuple[fl
 
 def _lost_panel(ax, run: Dict, i: int, grid: Sequence[int], image: Optional[np.ndarray]) -> None:
     """Image i of one LOST run: cells off the mask dimmed, the box in cyan, the seed as a yellow star."""
-    h, w = grid
-    mask = np.asarray(run["masks"][i], dtype=bool) if run.get("masks") else np.ones((h, w), dtype=bool)
+    mask = np.asarray(run["masks"][i], dtype=bool) if run.get("masks") else np.ones(tuple(grid), dtype=bool)
+    h, w = mask.shape  # the image's own grid (LOST's protocol: one per image)
     width, height = _cells_panel(ax, mask, image)
     sx, sy = width / w, height / h
     x0, y0, x1, y1 = run["box_cells"][i]

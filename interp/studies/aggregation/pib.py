@@ -20,8 +20,7 @@ import torch
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
-from ..objects.box_files import match_boxes
-from ..objects.boxes import BoxTable, Regions, original_size, read_boxes, regions_from_boxes
+from ..objects.boxes import BoxTable, Regions, matched_entries, original_size, read_boxes, regions_from_boxes
 from .patch_score import FINAL, compute_score_maps
 from .pib_protocol import LAST_MAX_BOX_FRACTION, LAST_PREPROCESS, last_grid, last_regions
 from ..core.result import StudyResult
@@ -154,9 +153,7 @@ def last_protocol_regions(source: ActivationSource, table: BoxTable) -> Regions:
     if tuple(source.layout.grid) != (n, n):
         raise InterpError(f"protocol='last' feeds 224 x 224 images; the model's grid is {tuple(source.layout.grid)}"
                           f", not {n} x {n}: load the model with img_size=224 (CLI --img-size 224)")
-    entries = match_boxes(source.ids, table)
-    if table and source.ids and all(e is None for e in entries):
-        raise InterpError("no image matches a key of the box file; box keys must end the image paths")
+    entries = matched_entries(source.ids, table)
     boxes = [e.boxes if e is not None else None for e in entries]
     sizes = [original_size(i, e) if e is not None and e.boxes else (1, 1) for i, e in zip(source.ids, entries)]
     inside, reasons = last_regions(boxes, sizes, patch)

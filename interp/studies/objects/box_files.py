@@ -9,7 +9,16 @@ Box files (coordinates in pixels of the ORIGINAL image, pixel-edge convention: a
   (optional ``"width"``, ``"height"``; a record without coordinates lists an image with no box), or
   ``{"boxes": [...same records...]}``.
 * COCO instances JSON (``images`` + ``annotations``; ``bbox`` is ``[x, y, w, h]``): every annotation is a
-  box (crowd ones included); images without annotations are listed with no box.
+  box (crowd ones included, unless read with ``convention="lost"``); images without annotations are listed
+  with no box.
+* Pascal VOC XML (``Annotations/*.xml``: one ``.xml`` file or a folder of them; ``voc_xml.py``): VOC's 1-based
+  inclusive ``xmin ymin xmax ymax`` become pixel edges ``xmin - 1, ymin - 1, xmax, ymax``.
+
+Conventions (``read_boxes(path, convention=...)``): ``"interp"`` (default) reads every box as written;
+``"lost"`` applies LOST's ground-truth rules to COCO files (``valeoai/LOST`` ``datasets.py``
+``extract_gt_COCO``: crowd annotations, ``iscrowd == 1``, dropped; corners ``x, y, x + w, y + h`` rounded to
+whole pixels with Python's ``round``). VOC XML is converted the same way under both (LOST's ``xmin - 1``,
+``ymin - 1`` is the pixel-edge conversion); CSV and simple JSON are pixel edges already.
 
 The ``image`` key matches an image path when its path components end the image's path: ``001.jpg`` matches
 ``/data/val/cat/001.jpg``, and so does ``cat/001.jpg``. A key that matches two images is an error.
@@ -22,94 +31,13 @@ from __future__ import annotations
 
 import csv
 import json
-import math
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ...errors import InterpError
-
-
-@dataclass(frozen=True)
-class Box:
-    """An axis-aligned box ``[x0, x1] x [y0, y1]`` in pixel-edge coordinates (x right, y down)."""
-
-    x0: float
-    y0: float
-    x1: float
-    y1: float
-
-    @property
-    def area(self) -> float:
-        return max(0.0, self.x1 - self.x0) * max(0.0, self.y1 - self.y0)
-
-    def as_list(self) -> List[float]:
-        return [self.x0, self.y0, self.x1, self.y1]
-
-
-@dataclass
-class ImageBoxes:
-    """The boxes of one image and, when the file gives it, the original image size ``(width, height)``."""
-
-    boxes: List[Box] = field(default_factory=list)
-    size: Optional[Tuple[int, int]] = None
-
-
-BoxTable = Dict[str, ImageBoxes]  # image key (as written in the box file) -> boxes
-
-
-MAX_IMAGE_PIXELS = 100_000_000  # an image size a box or mask file may state (a mask of it is held in memory)
-
-
-def _number(value, what: str, where: str) -> float:
-    """A finite number from a box/mask file (JSON booleans and text refused: they are not coordinates)."""
-    if isinstance(value, bool):
-        raise InterpError(f"{where}: {what} must be a number, got the boolean {value}")
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise InterpError(f"{where}: {what} must be a number, got {value!r}") from None
-    if not math.isfinite(out):
-        raise InterpError(f"{where}: {what} must be a finite number, got {value!r}")
-    return out
-
-
-def image_size_of(width, height, where: str) -> Tuple[int, int]:
-    """A stated original image size ``(width, height)``: whole positive pixel counts, at most
-    ``MAX_IMAGE_PIXELS`` pixels. Raises InterpError naming ``where`` otherwise."""
-    w, h = _number(width, "width", where), _number(height, "height", where)
-    if w < 1 or h < 1 or w != int(w) or h != int(h):
-        raise InterpError(f"{where}: width and height must be whole pixel counts >= 1, got {width!r} x {height!r}")
-    if w * h > MAX_IMAGE_PIXELS:
-        raise InterpError(f"{where}: an image of {int(w)} x {int(h)} pixels is more than {MAX_IMAGE_PIXELS:,} "
-                          "pixels; check the width/height (they are the original image's size in pixels)")
-    return int(w), int(h)
-
-
-def _make_box(x0, y0, x1, y1, where: str) -> Box:
-    box = Box(*(_number(v, name, where) for v, name in ((x0, "x0"), (y0, "y0"), (x1, "x1"), (y1, "y1"))))
-    if not (box.x1 > box.x0 and box.y1 > box.y0):
-        raise InterpError(f"{where}: a box needs x1 > x0 and y1 > y0 (pixel corners), got {box.as_list()}")
-    return box
-
-
-def check_box_in_image(box: Box, size: Tuple[int, int], where: str) -> None:
-    """Refuse a box that misses its ``(width, height)`` image or reaches far outside it (more than half the
-    image beyond an edge: coordinates in other units, or crafted), instead of a silently empty region."""
-    w, h = size
-    if box.x1 <= 0 or box.y1 <= 0 or box.x0 >= w or box.y0 >= h:
-        raise InterpError(f"{where}: box {box.as_list()} lies outside its {w} x {h} image; box coordinates are "
-                          "pixels of the original image (x0, y0, x1, y1)")
-    if box.x0 < -w / 2 or box.y0 < -h / 2 or box.x1 > 1.5 * w or box.y1 > 1.5 * h:
-        raise InterpError(f"{where}: box {box.as_list()} reaches far outside its {w} x {h} image; box coordinates "
-                          "are pixels of the original image (x0, y0, x1, y1)")
-
-
-def _normalise_key(key: str) -> str:
-    key = str(key).replace("\\", "/")
-    while key.startswith("./"):
-        key = key[2:]
-    return key
+from .box_types import (MAX_IMAGE_PIXELS, Box, BoxTable, ImageBoxes, _make_box, _normalise_key,  # noqa: F401
+                        _number, check_box_in_image, image_size_of)  # (re-exported)
+from .voc_xml import read_voc_xml
 
 
 def _add_record(table: BoxTable, rec: dict, where: str) -> None:
@@ -159,7 +87,10 @@ def coco_annotations(data: dict, path: Path) -> list:
     return anns
 
 
-def _read_coco(data: dict, path: Path) -> BoxTable:
+CONVENTIONS = ("interp", "lost")
+
+
+def _read_coco(data: dict, path: Path, convention: str = "interp") -> BoxTable:
     table: BoxTable = {}
     by_id = {}
     for image_id, key, size in coco_images(data, path, need_size=False):
@@ -174,20 +105,32 @@ def _read_coco(data: dict, path: Path) -> BoxTable:
             raise InterpError(f"{where}: 'bbox' must be [x, y, width, height], got {bbox!r}")
         x, y, w, h = (_number(v, name, where) for v, name in zip(bbox, ("x", "y", "width", "height")))
         entry = table[by_id[ann["image_id"]]]
-        box = _make_box(x, y, x + w, y + h, where)
+        corners = [x, y, x + w, y + h]
+        if convention == "lost":
+            if ann.get("iscrowd") == 1:
+                continue
+            corners = [int(round(v)) for v in corners]
+        box = _make_box(*corners, where)
         if entry.size is not None:
             check_box_in_image(box, entry.size, where)
         entry.boxes.append(box)
     return table
 
 
-def read_boxes(path: Union[str, Path]) -> BoxTable:
-    """Read a box file (CSV, simple JSON or COCO instances JSON; formats in the module docstring).
+def read_boxes(path: Union[str, Path], convention: str = "interp") -> BoxTable:
+    """Read a box file (CSV, simple JSON, COCO instances JSON, or VOC XML: one file or a folder of them;
+    formats and ``convention`` in the module docstring).
 
     Returns:
         image key -> :class:`ImageBoxes` (boxes in original pixels).
     """
+    if convention not in CONVENTIONS:
+        raise InterpError(f"convention={convention!r}: use one of {list(CONVENTIONS)}")
     path = Path(path)
+    if path.is_dir() or path.suffix.lower() == ".xml":
+        if not path.exists():
+            raise InterpError(f"box file {str(path)!r} does not exist")
+        return read_voc_xml(path)
     if not path.is_file():
         raise InterpError(f"box file {str(path)!r} does not exist")
     table: BoxTable = {}
@@ -209,10 +152,11 @@ def read_boxes(path: Union[str, Path]) -> BoxTable:
             raise InterpError(f"{path} is not a readable CSV ({e})") from None
         return table
     if path.suffix.lower() != ".json":
-        raise InterpError(f"box file {str(path)!r}: use a .csv or .json file (formats: interp.studies.objects.boxes)")
+        raise InterpError(f"box file {str(path)!r}: use a .csv, .json or .xml file, or a folder of VOC .xml files "
+                          "(formats: interp.studies.objects.box_files)")
     data = read_json_file(path)
     if isinstance(data, dict) and "images" in data and "annotations" in data:
-        return _read_coco(data, path)
+        return _read_coco(data, path, convention)
     records = data.get("boxes") if isinstance(data, dict) else data
     if not isinstance(records, list):
         raise InterpError(f"{path}: expected a list of box records, {{'boxes': [...]}} or COCO instances JSON")

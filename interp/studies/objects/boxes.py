@@ -199,6 +199,37 @@ def original_size(image_id: str, entry: Optional[ImageBoxes] = None) -> Tuple[in
                           "width,height to the box file or replace the image") from None
 
 
+def matched_entries(ids: Sequence[str], table: BoxTable) -> List[Optional[ImageBoxes]]:
+    """:func:`match_boxes`, refusing a box file none of whose keys names an image of ``ids`` (a box file for
+    other images, or keys that do not end the image paths) instead of an empty evaluation."""
+    entries = match_boxes(ids, table)
+    if table and ids and all(e is None for e in entries):
+        raise InterpError(f"no image matches a key of the box file (keys like {next(iter(table))!r}, images like "
+                          f"{ids[0]!r}); box keys must end the image paths, e.g. 'class/file.jpg' or 'file.jpg'")
+    return entries
+
+
+def checked_size(image_id: str, entry: ImageBoxes) -> Tuple[int, int]:
+    """The original ``(width, height)`` of an image with boxes (:func:`original_size`), each of its boxes
+    checked to lie on it (:func:`check_box_in_image`: a box off the image or reaching far outside it is
+    refused)."""
+    size = original_size(image_id, entry)
+    for b in entry.boxes:
+        check_box_in_image(b, size, f"box file entry of {image_id!r}")
+    return size
+
+
+def check_mask_size(mask_shape: Sequence[int], image_id: str, what: str) -> None:
+    """Refuse a ground-truth mask [H0, W0] whose size is not its image's (when the image file can be read):
+    a mask of another size would be mapped through the wrong geometry and scored silently wrong."""
+    if not Path(image_id).is_file():
+        return
+    width, height = original_size(image_id)
+    if (int(mask_shape[1]), int(mask_shape[0])) != (width, height):
+        raise InterpError(f"{what} is {mask_shape[1]} x {mask_shape[0]} pixels but its image {image_id!r} is "
+                          f"{width} x {height}; give each image's mask at the image's own size")
+
+
 # ---------------------------------------------------------------------------------------------- regions
 @dataclass
 class Regions:
@@ -257,10 +288,7 @@ def regions_from_boxes(ids: Sequence[str], table: BoxTable, data_cfg: dict, grid
                           "(e.g. 0.25), or None to keep every box")
     transform = eval_transform(data_cfg)
     patch = patch_size_of(data_cfg, grid)
-    entries = match_boxes(ids, table)
-    if table and ids and all(e is None for e in entries):
-        raise InterpError(f"no image matches a key of the box file (keys like {next(iter(table))!r}, images like "
-                          f"{ids[0]!r}); box keys must end the image paths, e.g. 'class/file.jpg' or 'file.jpg'")
+    entries = matched_entries(ids, table)
     inside = torch.zeros(len(ids), *grid, dtype=torch.bool)
     reasons: List[Optional[str]] = []
     boxes_input: List[List[List[float]]] = []
@@ -272,9 +300,7 @@ def regions_from_boxes(ids: Sequence[str], table: BoxTable, data_cfg: dict, grid
         elif single_object and len(entry.boxes) > 1:
             reason = "several_boxes"
         else:
-            width, height = original_size(image_id, entry)
-            for b in entry.boxes:
-                check_box_in_image(b, (width, height), f"box file entry of {image_id!r}")
+            width, height = checked_size(image_id, entry)
             boxes = entry.boxes
             if max_box_fraction is not None:
                 boxes = [b for b in boxes if b.area <= max_box_fraction * width * height]
@@ -315,6 +341,7 @@ def regions_from_masks(ids: Sequence[str], mask_dir: Union[str, Path], data_cfg:
             reasons.append("no_mask")
             continue
         mask = read_mask(path)  # [H0, W0]
+        check_mask_size(mask.shape, image_id, f"mask {str(path)!r}")
         geometry = input_geometry(transform, (mask.shape[1], mask.shape[0]))
         pixels = mask_to_input(mask, geometry).numpy().reshape(gh, ph, gw, pw)  # outside the image: background
         cells = pixels.any(axis=(1, 3)) if cell_rule == "touch" else pixels.mean(axis=(1, 3)) > 0.5

@@ -41,7 +41,7 @@ import torch
 
 from ...errors import InterpError
 from .box_files import coco_annotations, coco_images, mask_files, read_json_file, read_label_mask
-from .boxes import eval_transform, input_geometry, match_boxes
+from .boxes import check_mask_size, eval_transform, input_geometry, match_boxes
 from .whole_image import whole_image_source
 from .seg_scoring import (AVERAGES, FRAMES, image_miou, mask_to_input, reduce_areas, score_image,  # noqa: F401
                           upsample_nearest)  # mask_to_input and upsample_nearest: re-exported (their former home)
@@ -91,6 +91,10 @@ def read_coco_polygons(path: Union[str, Path]) -> Dict[str, Tuple[Tuple[int, int
                                             and math.isfinite(v) for v in p) for p in seg):
             raise InterpError(f"{path}: annotation {i}: 'segmentation' must be a list of polygons "
                               "[x0, y0, x1, y1, ...] of finite numbers")
+        short = [len(p) for p in seg if len(p) < 6 or len(p) % 2]
+        if short:
+            raise InterpError(f"{path}: annotation {i}: a polygon of {short[0]} numbers; a polygon is x, y pairs "
+                              "of at least 3 points (an even count >= 6)")
         if ann.get("image_id") not in names:
             raise InterpError(f"{path}: annotation {i} refers to image_id {ann.get('image_id')!r}, not in 'images'")
         table[names[ann["image_id"]]][1].extend(seg)
@@ -108,15 +112,24 @@ def ground_truth_labels(ids: Sequence[str], masks: Union[str, Path]) -> List[Opt
         table = read_coco_polygons(masks)
         entries = match_boxes(ids, table)  # matching only uses the keys: same rule as box files
         out: List[Optional[GroundTruth]] = []
-        for e in entries:
+        for image_id, e in zip(ids, entries):
             fg = None if e is None else rasterise_polygons(e[1], e[0])
+            if fg is not None:
+                check_mask_size(fg.shape, image_id, f"{masks}: the image record of {image_id!r} (width x height)")
             out.append(None if fg is None else (fg, np.zeros_like(fg)))
         return out
     if not masks.is_dir():
         raise InterpError(f"masks={str(masks)!r}: give a folder of PNG masks (matched by file stem) or a COCO "
                           "instances JSON with polygon segmentations")
     files = mask_files(masks)
-    return [None if (path := files.get(Path(image_id).stem)) is None else read_label_mask(path) for image_id in ids]
+    out = []
+    for image_id in ids:
+        path = files.get(Path(image_id).stem)
+        labels = None if path is None else read_label_mask(path)
+        if labels is not None:
+            check_mask_size(labels[0].shape, image_id, f"mask {str(path)!r}")
+        out.append(labels)
+    return out
 
 
 def ground_truth_masks(ids: Sequence[str], masks: Union[str, Path]) -> List[Optional[np.ndarray]]:
