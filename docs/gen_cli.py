@@ -26,7 +26,7 @@ from mkdocs.plugins import event_priority
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- cli-reference -->"
-WIDTH = 100  # help text is wrapped at this width, whatever the terminal the build runs in
+WIDTH = 80  # help text is wrapped at this width, whatever the terminal the build runs in
 ROLE = re.compile(r":(?:class|func|meth|data|attr|mod|exc|obj):`(~?)([^`]+)`")
 
 

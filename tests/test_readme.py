@@ -44,6 +44,18 @@ def test_written_files_outside_ignored_paths_are_reported(tmp_path):
     assert not_ignored(written_files(root)) == ["bias.safetensors"]
 
 
+def test_readme_blocks_skipped_as_run_in_docs_are_run_there():
+    """A README block marked ``skip (runs in docs...)`` is not run twice: each of its commands is a command of
+    a block of docs/ that runs (tests/test_docs_site.py)."""
+    in_docs = {tuple(shlex.split(c, comments=True)) for page in (REPO / "docs").glob("*.md")
+               for b in code_blocks(page.read_text(encoding="utf-8")) if b.skip is None and b.lang == "bash"
+               for c in shell_commands(b.code)}
+    moved = [b for b in code_blocks(README.read_text(encoding="utf-8")) if (b.skip or "").startswith("runs in docs")]
+    assert moved, "the README's command-line tour runs in docs/ and says so"
+    missing = [c for b in moved for c in shell_commands(b.code) if tuple(shlex.split(c, comments=True)) not in in_docs]
+    assert missing == [], f"README commands run nowhere: {missing}"
+
+
 @pytest.mark.slow
 def test_readme_examples_run(tmp_path, monkeypatch):
     """Every python and bash block of README.md runs in order, from a copy of the repository root, on the
