@@ -43,8 +43,8 @@ def test_the_detection_is_one_spec_not_parsed_here():
 
 def test_every_column_is_documented_in_the_readme_and_no_published_table_is_claimed():
     assert set(COLUMN_DOCS) == set(COLUMNS)
-    readme = (ROOT / "README.md").read_text()
-    assert column_table() in readme
+    page = (ROOT / "docs" / "studies-compare.md").read_text()  # the columns' table moved from the README
+    assert column_table() in page
     import interp.commands.compare as command
     import interp.report.compare as report
 

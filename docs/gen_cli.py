@@ -1,0 +1,122 @@
+"""MkDocs hook: the CLI reference page (``docs/cli.md``) is generated from ``interp``'s own argparse parsers,
+and ``>>>`` examples in docstrings show as code in the API reference.
+
+``docs/cli.md`` holds the marker ``<!-- cli-reference -->``; at build time it is replaced by one section per
+command and sub-command (``interp study norms``, ``interp patch export``, ...), each the ``--help`` text that
+command prints. Building the parsers imports no torch (``interp/cli.py``), so neither does the docs build.
+The checkout the docs are built from is documented, not an installed copy: its root goes first on the path.
+
+The docstrings write examples as bare ``>>>`` lines (they run as doctests) and cross-references as Sphinx
+roles (``:class:`~pkg.Name` ``); in Markdown the first would run into the paragraph around them and the second
+show as typed, so :class:`DoctestBlocks` fences each run of ``>>>`` lines as ``pycon`` and shows a role as the
+name in code.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import sys
+from pathlib import Path
+from typing import Iterator, List, Tuple
+
+from markdown import Extension
+from markdown.preprocessors import Preprocessor
+from mkdocs.plugins import event_priority
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = "<!-- cli-reference -->"
+WIDTH = 80  # help text is wrapped at this width, whatever the terminal the build runs in
+ROLE = re.compile(r":(?:class|func|meth|data|attr|mod|exc|obj):`(~?)([^`]+)`")
+
+
+def subcommands(parser: argparse.ArgumentParser) -> List[Tuple[str, argparse.ArgumentParser]]:
+    """The (name, parser) pairs of ``parser``'s sub-commands, in the order they were added."""
+    found = []
+    for action in parser._actions:  # argparse keeps sub-parsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            found += [(a.dest, action.choices[a.dest]) for a in action._choices_actions]
+    return found
+
+
+def walk(parser: argparse.ArgumentParser, words: Tuple[str, ...] = ("interp",)
+         ) -> Iterator[Tuple[Tuple[str, ...], argparse.ArgumentParser]]:
+    """Every parser of the command tree, depth first: (the command's words, its parser)."""
+    yield words, parser
+    for name, child in subcommands(parser):
+        yield from walk(child, words + (name,))
+
+
+def help_text(parser: argparse.ArgumentParser) -> str:
+    """``parser.format_help()`` at :data:`WIDTH` columns."""
+    shown = parser.formatter_class
+    parser.formatter_class = functools.partial(shown, width=WIDTH)
+    try:
+        return parser.format_help()
+    finally:
+        parser.formatter_class = shown
+
+
+def cli_reference() -> str:
+    """The Markdown of the CLI reference: a heading and a text block of ``--help`` per command."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from interp.cli import build_parser
+
+    parts = []
+    for words, parser in walk(build_parser()):
+        level = "#" * min(len(words) + 1, 4)
+        parts.append(f"{level} `{' '.join(words)}`\n\n```text\n{help_text(parser).rstrip()}\n```\n")
+    return "\n".join(parts)
+
+
+def _role_as_code(match: re.Match) -> str:
+    """``:class:`~a.b.C` `` -> `` `C` ``; without ``~`` the whole dotted name."""
+    name = match.group(2)
+    return f"`{name.rsplit('.', 1)[-1] if match.group(1) else name}`"
+
+
+class _FenceDoctests(Preprocessor):
+    """Wrap each run of ``>>>`` lines (with the continuation and output lines up to a blank line) in a fence;
+    outside code, show Sphinx roles as code."""
+
+    def run(self, lines: List[str]) -> List[str]:
+        out, fenced, in_example = [], False, False
+        for line in lines:
+            stripped = line.lstrip()
+            if stripped.startswith(("```", "~~~")) and not in_example:
+                fenced = not fenced
+            elif not fenced and not in_example and stripped.startswith(">>>"):
+                indent = line[: len(line) - len(stripped)]
+                out += ["", f"{indent}```pycon"]
+                in_example = True
+            elif in_example and not stripped:
+                out.append(f"{indent}```")
+                in_example = False
+            if not fenced and not in_example:
+                line = ROLE.sub(_role_as_code, line)
+            out.append(line)
+        if in_example:
+            out.append(f"{indent}```")
+        return out
+
+
+class DoctestBlocks(Extension):
+    """Markdown extension: docstring examples (``>>>`` lines) become ``pycon`` code blocks."""
+
+    def extendMarkdown(self, md) -> None:
+        md.preprocessors.register(_FenceDoctests(md), "interp_doctests", 29)  # before the fence extensions
+
+
+@event_priority(100)  # before mkdocstrings reads the extension list for its own Markdown
+def on_config(config):
+    """MkDocs event: add :class:`DoctestBlocks` to the site's Markdown extensions."""
+    config.markdown_extensions.append(DoctestBlocks())
+    return config
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    """MkDocs event: fill the marker of the CLI page."""
+    if MARKER in markdown:
+        return markdown.replace(MARKER, cli_reference())
+    return markdown
