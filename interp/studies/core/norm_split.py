@@ -7,10 +7,16 @@ all of these hold (each one's failure is named in ``reason``):
 
 * **model selection**: BIC prefers two components over one by at least ``MIN_BIC_GAIN``;
 * **minority**: the upper component holds at most ``MAX_UPPER_WEIGHT`` of the tokens (and at least
-  ``MIN_UPPER_TOKENS`` of them);
+  ``MIN_UPPER_TOKENS`` tokens lie above the cut);
 * **separation**: Ashman's D = sqrt(2) |mu_2 - mu_1| / sqrt(s_1^2 + s_2^2) >= ``MIN_SEPARATION`` (two modes
   that overlap, or a heavy tail modelled by a wide second Gaussian over the same centre, have a small D);
 * **ratio**: the upper mode's typical norm is at least ``MIN_MODE_RATIO`` times the bulk's.
+
+Norms [N images, P patches] are first divided by each image's scale (its 10th-percentile norm over the median
+image's, ``normalisation="per_image_p10"``), so images whose bulks differ in scale share one fit and each image
+gets its own cut (:meth:`NormSplit.image_thresholds`); a three-component fit (bulk and two upper modes, e.g.
+3x and 8x) replaces the two-component one when BIC prefers it by ``MIN_BIC_GAIN`` and it passes the same
+tests. ``docs/methods.md`` section 1 gives the measurements behind both.
 
 A mixture was chosen over a density-valley rule because a 1 % mode sitting on the tail of a wide bulk
 (log-sigma 0.45, 3x) shows as a shoulder, not a valley, while the mixture still resolves it; BIC (on all

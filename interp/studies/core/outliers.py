@@ -77,12 +77,10 @@ class Threshold:
     def mask(self, norms) -> "torch.Tensor | np.ndarray":
         """Bool mask of the outliers among ``norms`` [N, P] (a tensor or an array, answered in kind): above
         each image's own cut when there are per-image cuts, else above ``value``."""
-        if self.image_values is None:
-            return norms > self.value
-        cuts = np.asarray(self.image_values, dtype=np.float64)
-        if isinstance(norms, torch.Tensor):
-            return norms.double() > torch.from_numpy(cuts)[:, None]
-        return np.asarray(norms) > cuts[:, None]
+        cuts = self.value if self.image_values is None else np.asarray(self.image_values, np.float64)[:, None]
+        if isinstance(norms, torch.Tensor):  # compared in float64, as detect_norms compares arrays
+            return norms.double() > (torch.from_numpy(cuts) if self.image_values is not None else cuts)
+        return np.asarray(norms, dtype=np.float64) > cuts
 
     @property
     def bimodal(self) -> bool:
