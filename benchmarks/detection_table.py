@@ -8,6 +8,9 @@ Prints a markdown table (and writes ``results/detection_table.json``) of the aut
   of the tokens above the cut against the planted outlier labels, and the same for the best cut chosen knowing
   the labels (how separable the two sets are at all);
 * negatives without a separate mode (single log-normals, log-t, long right tails, gamma): artifacts must be "no";
+* shapes of [images, patches] norms (:func:`shape_rows`): each image's scale varying (log-uniform x0.5..x2,
+  artifacts scaling with it, or of fixed norm), two artifact modes (3x and 8x), a heavy-tailed bulk, 0.1-0.5 %
+  shares, 1-4 images, 3 tokens in one image; and negatives of the same shapes (scaled bulks, no artifacts);
 * the bundled ``planted_vit`` on the bundled photos: precision and recall against its planted mask
   (``planted_truth(model).artifact_mask``), with the cut the F1 rule alone gives (before the degenerate-bulk rule);
 * ViTs with seeded random weights (``pretrained=False``: no weights can be downloaded here) on the bundled
@@ -119,6 +122,68 @@ def negative_rows(n: int):
     return rows
 
 
+def scene(n_images: int, n_patches: int, sigma: float, modes=(), scale: float = 1.0, seed: int = 0,
+          fixed_norm: bool = False, df: float = 0.0):
+    """(norms [N, P], labels [N, P]): a log-normal bulk (log-t with ``df`` > 0) whose median is MEDIAN times a
+    per-image factor log-uniform in [1/scale, scale]; ``modes``: (ratio, share) of artifact modes (share >= 1:
+    that many tokens), log-sigma OUTLIER_SIGMA around ratio x the image's median (x MEDIAN if ``fixed_norm``)."""
+    rng = np.random.default_rng(seed)
+    factor = np.exp(rng.uniform(-math.log(scale), math.log(scale), n_images))[:, None]
+    z = rng.standard_t(df, (n_images, n_patches)) if df else rng.standard_normal((n_images, n_patches))
+    norms, labels = MEDIAN * factor * np.exp(sigma * z), np.zeros((n_images, n_patches), bool)
+    free, used = rng.permutation(n_images * n_patches), 0
+    for ratio, share in modes:
+        k = int(share) if share >= 1 else int(round(share * n_images * n_patches))
+        i, j = np.unravel_index(free[used:used + k], norms.shape)
+        used += k
+        base = MEDIAN if fixed_norm else MEDIAN * factor[i, 0]
+        norms[i, j], labels[i, j] = ratio * base * np.exp(OUTLIER_SIGMA * rng.standard_normal(k)), True
+    return norms, labels
+
+
+SHAPES = [(f"scale x0.5-2, log-sigma {s}, {r}x, 2 %", dict(n_images=64, n_patches=256, sigma=s, modes=[(r, .02)],
+                                                             scale=2.0)) for s in (0.15, 0.30) for r in (3, 5, 8)]
+SHAPES += [(f"scale x0.5-2, log-sigma {s}, no artifacts", dict(n_images=64, n_patches=256, sigma=s, scale=2.0))
+           for s in (0.15, 0.30, 0.45)]
+SHAPES += [("scale x0.5-2, log-t df 3 (0.30), no artifacts", dict(n_images=64, n_patches=256, sigma=0.3, scale=2.0, df=3)),
+           ("scale x0.5-2, 0.15, 5x 2 % of FIXED norm", dict(n_images=64, n_patches=256, sigma=0.15, modes=[(5, .02)],
+                                                            scale=2.0, fixed_norm=True))]
+SHAPES += [(f"two modes 3x {a:g} % + 8x {b:g} %, log-sigma {s}", dict(n_images=64, n_patches=256, sigma=s,
+                                                                      modes=[(3, a / 100), (8, b / 100)]))
+           for s in (0.15, 0.30) for a, b in ((1, 1), (2, 0.5))]
+SHAPES += [("log-t df 5 bulk (0.20), 8x 2 %", dict(n_images=64, n_patches=256, sigma=0.2, modes=[(8, .02)], df=5)),
+           ("log-t df 3 bulk (0.20), 8x 2 %", dict(n_images=64, n_patches=256, sigma=0.2, modes=[(8, .02)], df=3))]
+SHAPES += [(f"{100 * sh:g} %, 5x, log-sigma 0.30", dict(n_images=100, n_patches=1024, sigma=0.3, modes=[(5, sh)]))
+           for sh in (0.001, 0.002, 0.005)]
+SHAPES += [("1 image, 3 tokens at 8x, 0.15", dict(n_images=1, n_patches=256, sigma=0.15, modes=[(8, 3)])),
+           ("1 image, 3 tokens at 8x, 0.30", dict(n_images=1, n_patches=1369, sigma=0.3, modes=[(8, 3)])),
+           ("1 image, no artifacts, 0.30", dict(n_images=1, n_patches=1369, sigma=0.3)),
+           ("2 images, scale x0.5-2, 5x 1 %, 0.30", dict(n_images=2, n_patches=1369, sigma=0.3, modes=[(5, .01)],
+                                                        scale=2.0)),
+           ("4 images, 5x 2 %, 0.30", dict(n_images=4, n_patches=256, sigma=0.3, modes=[(5, .02)]))]
+
+
+def shape_rows(seeds=(0, 1)):
+    """One row per shape and seed: verdict, precision and recall of the outlier mask (per-image cuts where
+    the threshold has them), the split's normalisation."""
+    from interp.studies.core.outliers import resolve_threshold
+
+    rows = []
+    for name, kwargs in SHAPES:
+        for seed in seeds:
+            norms, labels = scene(seed=seed, **kwargs)
+            thr = resolve_threshold(norms, "auto")
+            mask = thr.mask(norms) if hasattr(thr, "mask") else norms > thr.value  # the code before had no mask
+            tp = int((mask & labels).sum())
+            found = bool(thr.artifacts_found)
+            rows.append({"shape": name, "seed": seed, "tokens": int(norms.size), "planted": int(labels.sum()),
+                         "artifacts": found, "precision": tp / max(int(mask.sum()), 1) if found else None,
+                         "recall": tp / max(int(labels.sum()), 1) if found else None,
+                         "normalisation": getattr(thr.split, "normalisation", "none (pooled)"),
+                         "why": "" if found else thr.split.reason.split(";")[0]})
+    return rows
+
+
 def _photo_norms(model):
     """(last-block patch norms [N, P], the source) of ``model`` on the bundled photos."""
     from interp.models import sample_image_paths
@@ -144,8 +209,10 @@ def model_rows():
     mask = torch.cat([truth.artifact_mask(model, x) for _, x in source.image_batches()]).reshape(found.norms.shape)
     norms, labels = found.norms.numpy().ravel(), mask.numpy().ravel()
     split = found.threshold.split
-    p, r = precision_recall(norms, labels, found.threshold.value)
-    f1_cut = math.exp(norm_split._best_cut(split.lower, split.upper))
+    flagged = found.outliers.numpy().ravel()  # per-image cuts where the threshold has them
+    tp = int((flagged & labels).sum())
+    p, r = tp / max(int(flagged.sum()), 1), tp / max(int(labels.sum()), 1)
+    f1_cut = math.exp(norm_split._best_cut(split.lower, split.upper, *getattr(split, "more_upper", ())))
     p_old, r_old = precision_recall(norms, labels, f1_cut)
     rows.append({"model": "planted_vit (synthetic), bundled photos", "tokens": int(norms.size),
                  "planted %": 100 * float(labels.mean()), "artifacts": found.artifacts_found,
@@ -165,7 +232,7 @@ def model_rows():
     return rows
 
 
-def markdown(synthetic, negatives, models) -> str:
+def markdown(synthetic, negatives, models, shapes=()) -> str:
     out = ["| bulk log-sigma | ratio | share | artifacts | precision | recall | best cut P / R | cut / median |",
            "|---|---|---|---|---|---|---|---|"]
     for row in synthetic:
@@ -175,6 +242,13 @@ def markdown(synthetic, negatives, models) -> str:
     out += ["", "| negative (no separate mode) | seed | artifacts | why |", "|---|---|---|---|"]
     for row in negatives:
         out.append(f"| {row['distribution']} | {row['seed']} | {'yes' if row['artifacts'] else 'no'} | {row['why']} |")
+    if shapes:
+        out += ["", "| shape | seed | tokens | planted | artifacts | precision | recall | normalisation | why not |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for row in shapes:
+            out.append(f"| {row['shape']} | {row['seed']} | {row['tokens']} | {row['planted']} | "
+                       f"{'yes' if row['artifacts'] else 'no'} | {_fmt(row['precision'])} | {_fmt(row['recall'])} | "
+                       f"{row['normalisation']} | {row['why']} |")
     if models:
         out += ["", "| model | tokens | planted | artifacts | flagged | cut | precision | recall | cut rule | note |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
@@ -193,10 +267,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-models", action="store_true", help="skip planted_vit and the random-weight ViTs")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    synthetic, negatives = synthetic_rows(args.n), negative_rows(args.n // 2)
+    synthetic, negatives, shapes = synthetic_rows(args.n), negative_rows(args.n // 2), shape_rows()
     models = [] if args.no_models else model_rows()
-    print(markdown(synthetic, negatives, models))
-    result = {"n": args.n, "synthetic": synthetic, "negatives": negatives, "models": models,
+    print(markdown(synthetic, negatives, models, shapes))
+    result = {"n": args.n, "synthetic": synthetic, "negatives": negatives, "shapes": shapes, "models": models,
               "seconds": time.perf_counter() - start}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "detection_table.json").write_text(json.dumps(result, indent=1))

@@ -222,6 +222,13 @@ def norm_profile(norms_result) -> Figure:
         ax.axvspan(max(x0, -0.5), x1, color="gold", alpha=0.35, zorder=0)
         handles.append(Patch(color="gold", alpha=0.35,
                              label=f"emergence: block {layer} {comp} step (max/median \u00d7{ratio:.1f})"))
+    found = getattr(r, "emergence_detected", None)  # results saved before the field existed lack it
+    if found:
+        x = found["layer"] + (AFTER_ATTN if found["component"] == "attention" else AFTER_MLP)
+        ax.axvline(x, color="tab:green", ls="--", lw=1.2, zorder=1)
+        handles.append(Line2D([], [], color="tab:green", ls="--",
+                              label=f"detected tokens separate: block {found['layer']} {found['component']} "
+                                    f"(D {found['separation']:.1f}, \u00d7{found['ratio']:.1f})"))
     if r.cls_attention_max is not None:
         twin = ax.twinx()
         twin.plot([i + AFTER_ATTN for i in range(n_layers)], r.cls_attention_max, "x--", color="tab:purple", lw=1,

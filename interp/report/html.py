@@ -70,6 +70,8 @@ def summary_rows(s: Dict) -> List[Tuple[str, str]]:
                 else ""))]
     e = s["emergence"]
     rows.append(("emergence", "none" if not e else f"block {e['layer']}, {e['component']} step"))
+    d = s.get("emergence_detected")
+    rows.append(("detected tokens separate", "none" if not d else f"block {d['layer']}, {d['component']} step"))
     if s.get("no_artifacts_note"):
         rows.append(("register neurons", "none: the model shows no artifacts"
                      + (f" (neurons ranked under the threshold: {_neuron_list(s['neurons'])})" if s["neurons"] else "")))

@@ -102,6 +102,8 @@ def build_summary(model, source, norms, neurons, ablation, register, relocation,
         "outlier_fraction": norms.outlier_fraction,
         "outlier_counts": norms.outlier_counts,
         "emergence": None if not emergence else {"layer": emergence["layer"], "component": emergence["component"]},
+        "emergence_detected": {k: v for k, v in (getattr(norms, "emergence_detected", None) or {}).items()
+                               if k in ("layer", "component")} or None,
         "neurons": neurons.neurons,
         "neurons_message": neurons.message or None,
         "no_artifacts_note": None if norms.artifacts_found else NO_ARTIFACTS_NOTE.format(

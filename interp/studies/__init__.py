@@ -18,7 +18,7 @@ _LAZY = {
     "ActivationSource": "core.source", "Batch": "core.source", "CacheSource": "core.cache_source", "LiveSource": "core.source",
     "open_source": "core.source",
     "DetectionSpec": "core.detection", "RunOptions": "core.detection",
-    "Detection": "core.outliers", "detect": "core.outliers",
+    "Detection": "core.outliers", "detect": "core.outliers", "detect_norms": "core.outliers",
     "StudyDescriptor": "core.descriptors", "DESCRIPTORS": "core.descriptors", "required_hooks": "core.descriptors",
     "run_hooks": "core.forward",
     "linear_probe": "probes.linear_probe", "ProbeFit": "probes.linear_probe", "ProbeResult": "probes.linear_probe",

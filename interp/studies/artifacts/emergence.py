@@ -12,6 +12,11 @@ Per layer and stage (``resid_mid``: after the attention step; ``resid_post``: af
 The emergence step (:func:`find_emergence`) is the step (attention or MLP of one block) where the max patch
 norm jumps relative to the median patch norm: a stream that grows everywhere is not an emergence.
 
+Beside it, :func:`find_detected_emergence` follows the tokens the detection found (their positions, at every
+step): the first step from which their log norms stay separated from the other patches' (Ashman's D >= 2 and
+at least 2x the others' typical norm, the two-mode test's own bars) up to the detection block. It finds a 3x
+artifact over a wide bulk, where the max-norm jump stays under its factor.
+
 >>> acc = EmergenceAccumulator(n_layers=2)
 >>> flat, spike = torch.ones(1, 4), torch.tensor([[1.0, 1.0, 1.0, 9.0]])    # patch norms [b, P]
 >>> acc.update("resid_mid", 0, flat); acc.update("resid_post", 0, flat)
@@ -23,6 +28,7 @@ norm jumps relative to the median patch norm: a stream that grows everywhere is 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -30,6 +36,7 @@ import torch
 
 from ...errors import InterpError
 from ...hooks.names import RESID_STAGES
+from ..core.norm_split import MIN_MODE_RATIO, MIN_SEPARATION
 
 STAGES = RESID_STAGES  # "resid_mid", "resid_post"
 
@@ -46,6 +53,7 @@ class EmergenceCurves:
     max_patch_norm: Dict[str, List[Optional[float]]]
     median_patch_norm: Dict[str, List[Optional[float]]]
     cls_attention_max: Optional[List[Optional[float]]]
+    detected: Optional[Dict[str, List[Optional[Dict]]]] = None
 
 
 class EmergenceAccumulator:
@@ -58,13 +66,17 @@ class EmergenceAccumulator:
         self._count = {s: torch.zeros(self.n_layers, dtype=torch.long) for s in STAGES}
         self._attn = torch.zeros(self.n_layers, dtype=torch.float64)
         self._attn_count = torch.zeros(self.n_layers, dtype=torch.long)
+        # per stage, [L, 2 groups (detected, other), 3 moments (count, sum, sum of squares of log norm)]
+        self._groups = {s: torch.zeros(self.n_layers, 2, 3, dtype=torch.float64) for s in STAGES}
 
     def _check(self, layer: int) -> None:
         if not 0 <= layer < self.n_layers:
             raise InterpError(f"layer {layer} is out of range for {self.n_layers} layers")
 
-    def update(self, stage: str, layer: int, patch_norms: torch.Tensor) -> None:
-        """Add one batch of patch-token norms [b, P] (patch tokens only) of ``blocks.{layer}.hook_{stage}``."""
+    def update(self, stage: str, layer: int, patch_norms: torch.Tensor,
+               detected: Optional[torch.Tensor] = None) -> None:
+        """Add one batch of patch-token norms [b, P] (patch tokens only) of ``blocks.{layer}.hook_{stage}``;
+        ``detected``: Bool[b, P], the detection's outliers (at the detection block) of these images."""
         if stage not in STAGES:
             raise InterpError(f"stage {stage!r}: use one of {STAGES}")
         self._check(layer)
@@ -74,6 +86,12 @@ class EmergenceAccumulator:
         self._max[stage][layer] += norms.max(dim=1).values.sum()
         self._median[stage][layer] += torch.quantile(norms, 0.5, dim=1).sum()
         self._count[stage][layer] += norms.shape[0]
+        if detected is not None:
+            logs = norms.clamp_min(1e-30).log()
+            for g, mask in enumerate((detected, ~detected)):
+                vals = logs[mask.to(torch.bool)]
+                self._groups[stage][layer, g] += torch.stack([torch.tensor(float(vals.numel()), dtype=torch.float64),
+                                                              vals.sum(), (vals ** 2).sum()])
 
     def update_attention(self, layer: int, cls_to_patches: torch.Tensor) -> None:
         """Add CLS->patch attention of one batch: [b, h, P] (averaged over heads here) or [b, P] head means."""
@@ -91,11 +109,57 @@ class EmergenceAccumulator:
             return [float(t / c) if c > 0 else None for t, c in zip(total, count)]
 
         measured = bool((self._attn_count > 0).any())
+        grouped = any(bool((self._groups[s][:, 0, 0] > 0).any()) for s in STAGES)
         return EmergenceCurves(
             max_patch_norm={s: mean(self._max[s], self._count[s]) for s in STAGES},
             median_patch_norm={s: mean(self._median[s], self._count[s]) for s in STAGES},
             cls_attention_max=mean(self._attn, self._attn_count) if measured else None,
+            detected={s: [_separation(g) for g in self._groups[s]] for s in STAGES} if grouped else None,
         )
+
+
+def _separation(moments: torch.Tensor) -> Optional[Dict]:
+    """{"separation" (Ashman's D), "ratio"} of the detected vs the other tokens' log norms, from their
+    [2, 3] moments (count, sum, sum of squares); None when either group is empty."""
+    (n1, s1, q1), (n0, s0, q0) = moments.tolist()
+    if n1 < 1 or n0 < 1:
+        return None
+    m1, m0 = s1 / n1, s0 / n0
+    v1, v0 = max(q1 / n1 - m1 * m1, 0.0), max(q0 / n0 - m0 * m0, 0.0)
+    d = math.sqrt(2) * (m1 - m0) / max(math.sqrt(v1 + v0), 1e-12)
+    return {"separation": d, "ratio": math.exp(m1 - m0)}
+
+
+def find_detected_emergence(curves: EmergenceCurves, detect_layer: int, *, artifacts_found: bool = True,
+                            min_separation: float = MIN_SEPARATION, min_ratio: float = MIN_MODE_RATIO) -> Optional[Dict]:
+    """The first step (attention or MLP of one block) from which the detected tokens stay separated from the
+    other patch tokens through ``detect_layer``'s output: Ashman's D of their log norms >= ``min_separation``
+    and their geometric-mean norm >= ``min_ratio`` x the others' at that step and every later one.
+
+    Returns:
+        None (no artifacts, nothing detected, or never separated), or ``{"layer", "component", "separation",
+        "ratio", "min_separation", "min_ratio", "steps"}`` (``steps``: ``[layer, component, D, ratio]`` at
+        every point up to the detection block).
+    """
+    if not artifacts_found or curves.detected is None:
+        return None
+    steps = []
+    for layer in range(min(detect_layer + 1, len(curves.detected["resid_post"]))):
+        for stage, component in (("resid_mid", "attention"), ("resid_post", "mlp")):
+            found = curves.detected[stage][layer]
+            steps.append([layer, component, None if found is None else found["separation"],
+                          None if found is None else found["ratio"]])
+    first = None
+    for i, (_, _, d, ratio) in enumerate(steps):
+        if d is not None and d >= min_separation and ratio >= min_ratio:
+            first = i if first is None else first
+        else:
+            first = None
+    if first is None:
+        return None
+    layer, component, d, ratio = steps[first]
+    return {"layer": layer, "component": component, "separation": d, "ratio": ratio,
+            "min_separation": min_separation, "min_ratio": min_ratio, "steps": steps}
 
 
 def find_emergence(curves: EmergenceCurves, *, factor: float = 2.0, artifacts_found: bool = True) -> Optional[Dict]:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ...hooks.names import RESID_STAGES as STAGES, attn_pattern, resid_post, resid_stage
-from .emergence import EmergenceAccumulator, find_emergence
+from .emergence import EmergenceAccumulator, find_detected_emergence, find_emergence
 from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
 from ..core.outliers import Detection, ThresholdSpec
 from ..core.passes import Reader, Reading, run_readings
@@ -67,6 +67,10 @@ class NormsResult(OutlierStudyResult):
             ``emergence_factor`` relative to the median patch norm, measured as Jiang et al. do
             (:func:`interp.studies.artifacts.emergence.find_emergence`): {"layer", "component", "jump", "factor",
             "relative_max", "steps"}; None when no artifacts were found.
+        emergence_detected: the first step from which the detected tokens' norms stay separated from the other
+            patches' through the detection block (Ashman's D >= 2 and >= 2x, docs/methods.md section 2;
+            :func:`~interp.studies.artifacts.emergence.find_detected_emergence`): {"layer", "component",
+            "separation", "ratio", "min_separation", "min_ratio", "steps"}; None when none is found.
         emergence_curves: the per-layer means over images (Jiang et al.'s notebook): "max_patch_norm" and
             "median_patch_norm" (stage -> [L], each image's max / median patch norm) and "cls_attention_max"
             ([L], each image's max over patches of the head-mean CLS->patch attention; None without patterns).
@@ -92,6 +96,7 @@ class NormsResult(OutlierStudyResult):
     histograms: Dict = field(default_factory=dict)
     hist_edges: List[float] = field(default_factory=list)
     emergence: Optional[Dict] = None
+    emergence_detected: Optional[Dict] = None
     emergence_curves: Dict = field(default_factory=dict)
     cls_attention_max: Optional[List[float]] = None
     cls_attention_on_outliers: Optional[List[float]] = None
@@ -133,7 +138,7 @@ class _LayerTally:
         for i in range(self.n_layers):
             for s in STAGES:
                 norms = batch.acts[resid_stage(i, s)]  # [b, t]
-                self.emergence.update(s, i, norms[:, patches])
+                self.emergence.update(s, i, norms[:, patches], outliers)
                 for k, sl in token_kinds(batch.layout).items():
                     vals = norms[:, sl].reshape(-1).numpy()
                     if vals.size:
@@ -237,6 +242,7 @@ def _norms_result(source: ActivationSource, det: Detection, tally: "_LayerTally"
     header = detection_header(det, "norms", warn=False)
     emergence = find_emergence(curves, factor=emergence_factor, artifacts_found=header["artifacts_found"]) \
         if n_layers else None
+    emergence_detected = find_detected_emergence(curves, det.layer, artifacts_found=header["artifacts_found"])
     n_images = tally.n_images
     n_patch_tokens = max(n_images * lay.n_patches, 1)
     params = {**detection_params(det), "emergence_factor": emergence_factor, "attention": attention, "batch_size": batch_size}
@@ -253,7 +259,7 @@ def _norms_result(source: ActivationSource, det: Detection, tally: "_LayerTally"
         median_patch_norm={s: [stats[s]["patches"][i]["median"] for i in range(n_layers)] for s in STAGES},
         histograms={s: [_trim(c) for c in tally.counts[s]["patches"]] for s in STAGES},
         hist_edges=HIST_EDGES.tolist(),
-        emergence=emergence,
+        emergence=emergence, emergence_detected=emergence_detected,
         emergence_curves={"max_patch_norm": curves.max_patch_norm, "median_patch_norm": curves.median_patch_norm,
                           "cls_attention_max": curves.cls_attention_max},
         cls_attention_max=tally.attn_max.tolist() if use_attention else None,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional, Union
 
 from ...errors import InterpError
-from .outliers import Detection, ThresholdSpec, artifact_status, detect, parse_threshold, resolve_layer, resolve_threshold
+from .outliers import Detection, ThresholdSpec, artifact_status, detect, detect_norms, parse_threshold, resolve_layer
 from .presets import check_preset_model, resolve_preset
 
 
@@ -133,7 +133,7 @@ def detection_from_norms(source, spec: DetectionSpec, norms) -> Detection:
     pass already computed on ``source`` (so it needs no detection pass of its own)."""
     check_preset_model(spec.preset, getattr(source, "model", None))
     return Detection(layer=resolve_layer(spec.layer, source.n_layers), spec=spec.threshold,
-                     threshold=resolve_threshold(norms.numpy().ravel(), spec.threshold), norms=norms,
+                     threshold=detect_norms(norms, spec.threshold).threshold, norms=norms,
                      ids=tuple(source.ids), fingerprint=source.fingerprint, preset=spec.preset)
 
 

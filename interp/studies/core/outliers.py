@@ -47,7 +47,10 @@ class Threshold:
     """A resolved outlier threshold and what it says about artifacts.
 
     Attributes:
-        value: norm above which a patch token is an outlier (inf when "auto" finds no separated mode).
+        value: norm above which a patch token is an outlier (inf when "auto" finds no separated mode). For
+            "auto" on norms [N, P] each image has its own cut (``image_values``) and ``value`` is the cut of an
+            image whose scale (10th-percentile norm) is the median image's: the one number studies that count
+            outliers in other forwards (ablation, relocation, registers, masking) count above.
         method: "fixed", "percentile" or "auto".
         split: the two-mode test on the same norms (:func:`~interp.studies.core.norm_split.split_norms`); it
             decides "auto" and the percentile case, and is only a diagnostic for a fixed value.
@@ -57,6 +60,8 @@ class Threshold:
             minority mode (the split was accepted) and are a minority.
         reason: one sentence with the numbers saying why artifacts were or were not found.
         warning: a caveat that does not change ``artifacts_found`` (the threshold lies inside the bulk), or None.
+        image_values: "auto" on norms [N, P]: each image's own cut ([N], ``value`` x the image's scale, see
+            :class:`~interp.studies.core.norm_split.NormSplit`); None for a fixed or percentile threshold.
     """
 
     value: float
@@ -67,6 +72,15 @@ class Threshold:
     artifacts_found: bool = False
     reason: str = ""
     warning: Optional[str] = None
+    image_values: Optional[Tuple[float, ...]] = None
+
+    def mask(self, norms) -> "torch.Tensor | np.ndarray":
+        """Bool mask of the outliers among ``norms`` [N, P] (a tensor or an array, answered in kind): above
+        each image's own cut when there are per-image cuts, else above ``value``."""
+        cuts = self.value if self.image_values is None else np.asarray(self.image_values, np.float64)[:, None]
+        if isinstance(norms, torch.Tensor):  # compared in float64, as detect_norms compares arrays
+            return norms.double() > (torch.from_numpy(cuts) if self.image_values is not None else cuts)
+        return np.asarray(norms, dtype=np.float64) > cuts
 
     @property
     def bimodal(self) -> bool:
@@ -96,6 +110,7 @@ class Threshold:
         return {"method": self.method, "value": self.value if math.isfinite(self.value) else None,
                 "n_tokens": self.n_tokens, "n_above": self.n_above, "share_above": self.share_above,
                 "artifacts_found": self.artifacts_found, "reason": self.reason, "warning": self.warning,
+                "image_values": None if self.image_values is None else list(self.image_values),
                 "split": self.split.to_dict()}
 
 
@@ -130,14 +145,15 @@ def parse_threshold(spec: ThresholdSpec) -> Tuple[str, Optional[float]]:
 
 
 def _bulk_above(value: float, norms: np.ndarray, split: NormSplit) -> Optional[float]:
-    """Share of the tokens above ``value`` that are bulk tokens under the split (below its cut); None when
-    the split was rejected (there is no bulk/mode boundary to compare with) or nothing is above."""
+    """Share of the tokens above ``value`` that are bulk tokens under the split (below their image's cut);
+    None when the split was rejected (there is no bulk/mode boundary to compare with) or nothing is above.
+    ``norms``: [N, P] (or one pool of tokens when the split has no per-image scales)."""
     above = int((norms > value).sum())
     if not split.accepted or above == 0:
         return None
-    if value >= split.threshold:
-        return 0.0
-    return int(((norms > value) & (norms <= split.threshold)).sum()) / above
+    cuts = split.image_thresholds(1)[:, None]  # [N, 1], or [1, 1] without per-image scales
+    bulk = norms.reshape(cuts.shape[0], -1) <= cuts
+    return int(((norms.reshape(bulk.shape) > value) & bulk).sum()) / above
 
 
 def percentile_value(norms: np.ndarray, p: float) -> float:
@@ -146,8 +162,11 @@ def percentile_value(norms: np.ndarray, p: float) -> float:
 
 
 def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> Threshold:
-    """Threshold for ``spec`` on the detection layer's patch norms (any shape, all images) and the verdict on
-    artifacts (see :class:`Threshold`): the one place where thresholds are resolved and judged.
+    """Threshold for ``spec`` on the detection layer's patch norms and the verdict on artifacts (see
+    :class:`Threshold`): the one place where thresholds are resolved and judged.
+
+    ``patch_norms``: [N images, P patches] (the split normalises each image by its scale, "per_image_p10"),
+    or any other shape (one pool of tokens, no per-image scale).
 
     * ``"auto"``: the cut of an accepted two-mode split (:func:`~interp.studies.core.norm_split.split_norms`);
       artifacts when it is accepted, none (value inf) when it is rejected.
@@ -160,9 +179,11 @@ def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> 
     under the split carries a ``warning``.
     """
     method, asked = parse_threshold(spec)
-    norms = np.asarray(patch_norms).ravel()
-    split = split_norms(norms)
+    grid = np.asarray(patch_norms, dtype=np.float64)
+    split = split_norms(grid)
+    norms = grid.ravel()
     n = int(norms.size)
+    per_image = method == "auto" and split.accepted and split.image_scales is not None
     if method == "fixed":
         value, name = asked, f"the fixed threshold {asked:.4g}"
     elif method == "percentile":
@@ -170,15 +191,18 @@ def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> 
         name = f"the percentile threshold p{asked:g} ({value:.4g})"
     else:
         value, name = split.threshold, "the automatic split"
-    above = int((norms > value).sum())
+    image_values = tuple(map(float, split.image_thresholds())) if per_image else None
+    above = int((grid > np.asarray(image_values)[:, None]).sum()) if per_image else int((norms > value).sum())
     share = above / n if n else 0.0
-    bulk = _bulk_above(value, norms, split) if method != "auto" else None
+    bulk = _bulk_above(value, grid, split) if method != "auto" else None
     inside = bulk is not None and bulk >= MAX_BULK_ABOVE
     warning = None
     if method == "auto":
         found = split.accepted and above > 0
-        reason = (f"{100 * share:.2f} % of the patch tokens are above the automatic split at {value:.4g} "
-                  f"({split.describe()}; {split.reason})" if found else
+        at = (f"their image's cut of the automatic split ({value:.4g} for the median image's scale)" if per_image
+              else f"the automatic split at {value:.4g}")
+        reason = (f"{100 * share:.2f} % of the patch tokens are above {at} ({split.describe()}; {split.reason})"
+                  if found else
                   f"automatic split rejected: {split.reason}; {split.describe()}")
     elif n == 0:
         found, reason = False, "there are no patch tokens to test"
@@ -204,7 +228,43 @@ def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> 
             warning = (f"the threshold {value:.4g} lies inside the bulk: {100 * bulk:.1f} % of the tokens above "
                        f"it are below the automatic split at {split.threshold:.4g}")
     return Threshold(value=float(value), method=method, split=split, n_tokens=n, n_above=above,
-                     artifacts_found=found, reason=reason, warning=warning)
+                     artifacts_found=found, reason=reason, warning=warning, image_values=image_values)
+
+
+@dataclass(frozen=True)
+class NormsDetection:
+    """The verdict and the outliers of :func:`detect_norms`.
+
+    Attributes:
+        threshold: the resolved :class:`Threshold` (verdict, reason, the split's diagnostics).
+        outliers: Bool[N, P], the tokens above their image's cut (numpy).
+    """
+
+    threshold: Threshold
+    outliers: np.ndarray
+
+    @property
+    def artifacts_found(self) -> bool:
+        return self.threshold.artifacts_found
+
+    def describe(self) -> str:
+        return self.threshold.describe()
+
+
+def detect_norms(norms, threshold: ThresholdSpec = "auto") -> NormsDetection:
+    """High-norm tokens among patch norms computed elsewhere: the verdict and outlier mask :func:`detect`
+    gives on a source whose detection-block norms are ``norms`` (it calls this function).
+
+    Args:
+        norms: [N images, P patches] positive norms (numpy array or tensor).
+        threshold: a norm, ``"pNN"`` or ``"auto"`` (see :func:`resolve_threshold`).
+    """
+    grid = norms.detach().cpu().double().numpy() if isinstance(norms, torch.Tensor) else np.asarray(norms, float)
+    if grid.ndim != 2:
+        raise InterpError(f"norms must be [N images, P patches], got shape {tuple(grid.shape)}; "
+                          "reshape a single image to [1, P]")
+    found = resolve_threshold(grid, threshold)
+    return NormsDetection(found, found.mask(grid))
 
 
 def resolve_layer(layer: Optional[int], n_layers: int) -> int:
@@ -258,8 +318,8 @@ class Detection:
 
     @property
     def outliers(self) -> torch.Tensor:
-        """Bool[N, P]: patch tokens above the threshold."""
-        return self.norms > self.threshold.value
+        """Bool[N, P]: patch tokens above the threshold (their image's own cut under "auto")."""
+        return self.threshold.mask(self.norms)
 
     @property
     def artifacts_found(self) -> bool:
@@ -300,7 +360,7 @@ def detect(source: ActivationSource, threshold: ThresholdSpec = "auto", layer: O
     """
     block = resolve_layer(layer, source.n_layers)
     norms = detection_norms(source, block, batch_size or source.batch_size, progress)  # [N, P]
-    return Detection(layer=block, spec=threshold, threshold=resolve_threshold(norms.numpy().ravel(), threshold),
+    return Detection(layer=block, spec=threshold, threshold=detect_norms(norms, threshold).threshold,
                      norms=norms, ids=tuple(source.ids), fingerprint=source.fingerprint)
 
 
