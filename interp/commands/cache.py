@@ -46,6 +46,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..errors import UsageError
     from .output import check_output_file
+    from .prechecks import check_cache_lock
 
     if args.device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"  # one GPU per torchrun rank
@@ -54,6 +55,7 @@ def run(args) -> int:
         raise UsageError("say what to cache: --hooks PATTERN... and/or --for STUDY[,STUDY...] (e.g. --for norms)")
     check_output_file(args.out, overwrite=args.overwrite, resume=args.resume, example="acts.h5",
                       hint="pass --resume to continue it, --overwrite to replace it, or choose another path")
+    check_cache_lock(args.out)  # another writer: said before torch loads, not after the model is built
     if args.for_studies:
         from .registry import STUDIES
 
