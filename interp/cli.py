@@ -56,8 +56,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     a Ctrl-C after the command is done, during Python's shutdown, also exits 130 without a traceback)."""
     try:
         return _main(argv)
-    except KeyboardInterrupt:
-        print("interp: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a command may say what was kept and how to continue (interp cache)
+        print("interp: interrupted" + (f": {e.args[0]}" if e.args else ""), file=sys.stderr)
         return 130
     finally:
         if argv is None:
@@ -75,6 +75,8 @@ def _main(argv: Optional[List[str]]) -> int:
         return 2
     from . import console
     from .commands.prechecks import check_before_torch
+
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for "rerun with --resume" hints
 
     shown_format = warnings.formatwarning
     console.configure(args)  # one-line warnings; args.progress: bars only on a terminal; --quiet

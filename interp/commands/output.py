@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Sequence
 
-from ..errors import OutputError
+from ..errors import OutputError, OutputPathError
 
 STAGING_PREFIX = ".interp-staging-"  # staging and backup folders inside an output folder (hidden, ours)
 _SHOWN: Dict[Path, Path] = {}  # active staging folder -> the output folder it stands for (for messages)
@@ -71,7 +71,7 @@ def _check_ancestor(path: Path, flag: str) -> Path:
     """The nearest existing folder at or above ``path``; refuses a path under a regular file."""
     base = _nearest_existing(path)
     if not base.is_dir():
-        raise OutputError(f"{flag} {str(path)!r} lies under {str(base)!r}, which is a file, not a folder; "
+        raise OutputPathError(f"{flag} {str(path)!r} lies under {str(base)!r}, which is a file, not a folder; "
                           "choose a path outside it")
     return base
 
@@ -80,7 +80,7 @@ def check_output_folder(path, flag: str = "--out") -> None:
     """Before any work: ``path`` is a folder that exists or can be created, and is writable."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise OutputError(f"{flag} {str(path)!r} is a file; give a folder (it is created if missing)")
+        raise OutputPathError(f"{flag} {str(path)!r} is a file; give a folder (it is created if missing)")
     _check_writable(_check_ancestor(path, flag), flag, path)
 
 
@@ -91,7 +91,7 @@ def check_output_file(path, flag: str = "--out", overwrite: bool = False, resume
     ``overwrite`` (or ``resume``, which continues it)."""
     path = Path(path)
     if path.is_dir():
-        raise OutputError(f"{flag} {str(path)!r} is a folder; give a file path, e.g. {str(path / example)!r}")
+        raise OutputPathError(f"{flag} {str(path)!r} is a folder; give a file path, e.g. {str(path / example)!r}")
     if path.exists() and not (overwrite or resume):
         raise OutputError(f"{flag} {str(path)!r} already exists; {hint}")
     _check_writable(_check_ancestor(path.parent, flag), flag, path)
