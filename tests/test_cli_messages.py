@@ -65,7 +65,7 @@ def test_a_cache_of_another_seed_is_refused_with_the_seed_to_pass(tmp_path, caps
     code = main(["study", "norms", *MODEL, "--seed", "3", "--cache", str(cache), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1, err
-    assert "the weights differ." in err[0] and "differ only by their seed" in err[0] and "pass --seed 0" in err[0]
+    assert "the weights differ." in err[0] and "differ only by their seed" in err[0] and "rerun with --no-pretrained --seed 0" in err[0]
     assert "`interp cache vit_tiny_patch16_224 --images DIR" in err[0]
     assert main(["study", "norms", *MODEL, "--seed", "0", "--cache", str(cache), "--out", str(tmp_path / "o"),
                  "--quiet"]) == 0

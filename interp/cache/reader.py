@@ -322,7 +322,8 @@ def check_model(meta: dict, model, path) -> None:
     file_seed, run_seed = src.get("seed"), getattr(model, "init_seed", None)
     if same_arch and src.get("pretrained") is False and None not in (file_seed, run_seed) and file_seed != run_seed:
         advice = (f"Both are random weights that differ only by their seed: the cache was written with --seed "
-                  f"{file_seed}, this model was built with --seed {run_seed}; pass --seed {file_seed}. ")
+                  f"{file_seed}, this model was built with --seed {run_seed}; rerun with --no-pretrained --seed "
+                  f"{file_seed} (interp.load({fp['model_name']!r}, pretrained=False, seed={file_seed})). ")
     else:
         advice = weights_advice(meta)
     raise CacheError(
