@@ -2,7 +2,9 @@
 exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
 
 Building the parsers imports neither torch, timm nor nnsight (a command imports them when it runs), so
-``interp --help`` and argument errors answer at once; ``tests/test_cli_policies.py`` checks it.
+``interp --help`` and argument errors answer at once; ``tests/test_cli_policies.py`` checks it. The model
+name(s), image folders and output checks run before torch too (:mod:`interp.commands.prechecks`,
+``tests/test_cli_fast_feedback.py``).
 
 Errors: every problem interp knows about (an :class:`~interp.errors.InterpError`) is one line on stderr,
 ``interp: error: ...``; exit status 2 for a bad command-line value or path (argparse's and
@@ -54,8 +56,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     a Ctrl-C after the command is done, during Python's shutdown, also exits 130 without a traceback)."""
     try:
         return _main(argv)
-    except KeyboardInterrupt:
-        print("interp: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a command may say what was kept and how to continue (interp cache)
+        print("interp: interrupted" + (f": {e.args[0]}" if e.args else ""), file=sys.stderr)
         return 130
     finally:
         if argv is None:
@@ -72,10 +74,14 @@ def _main(argv: Optional[List[str]]) -> int:
         parser.print_help()
         return 2
     from . import console
+    from .commands.prechecks import check_before_torch
+
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for "rerun with --resume" hints
 
     shown_format = warnings.formatwarning
     console.configure(args)  # one-line warnings; args.progress: bars only on a terminal; --quiet
     try:
+        check_before_torch(args)  # model names, image folders: a mistake costs a second, not a torch import
         if args.quiet:  # no info lines: what a command prints on stdout is dropped (stderr still shows)
             with contextlib.redirect_stdout(io.StringIO()):
                 return int(args.func(args) or 0)

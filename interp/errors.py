@@ -61,3 +61,8 @@ class UsageError(InterpError):
 
 class OutputError(InterpError):
     """An output cannot be written: read-only or full disk, a path under a regular file, a locked folder."""
+
+
+class OutputPathError(OutputError, UsageError):
+    """An output path of the wrong kind (a file where a folder is wanted, a folder where a file is, a path under
+    a regular file): a bad command-line value, exit status 2."""

@@ -21,7 +21,8 @@ import h5py
 import numpy as np
 
 from ..errors import CacheError
-from .format import CHECKSUMS, IDS, INDEX, acts_path, damaged
+from ..models.layout import TokenLayout
+from .format import CHECKSUMS, IDS, INDEX, SKIPPED, SKIPPED_FIELDS, acts_path, damaged, token_rows
 
 # What h5py raises when HDF5 meets damaged metadata: OSError, KeyError (an object that cannot be opened),
 # RuntimeError (a chunk index that cannot be read).
@@ -200,6 +201,20 @@ def validate_meta(meta: dict, path) -> None:
         raise damaged(path, f"attribute 'dtype' is {meta['dtype']!r}")
     if "model_depth" in meta and meta["model_depth"] is not None:
         integer("model_depth", 1)
+    if meta.get("token_rows") is not None:
+        _check_token_rows(meta, path)
+
+
+def _check_token_rows(meta: dict, path) -> None:
+    """``token_rows`` is the [start, stop) its layout and ``tokens`` mode give (an edited one would say
+    "complete" and then hand the studies zero tokens)."""
+    try:
+        rows = token_rows(TokenLayout.from_dict(meta["layout"]), meta["tokens"])
+    except (KeyError, TypeError, ValueError, CacheError) as e:
+        raise damaged(path, f"attributes 'layout'/'tokens' do not describe a token layout ({e})") from None
+    if list(meta["token_rows"]) != [rows.start, rows.stop]:
+        raise damaged(path, f"attribute 'token_rows' is {meta['token_rows']!r}, but its layout and "
+                            f"tokens={meta['tokens']!r} give [{rows.start}, {rows.stop}]")
 
 
 # ---------------------------------------------------------------------------------------------- structure
@@ -209,6 +224,9 @@ def check_structure(h5, meta: dict, path) -> None:
     needed = [(acts_path(h), f"hook {h}") for h in meta["hooks"]] + [(IDS, "/ids"), (INDEX, "/index")]
     if int(meta["format_version"]) >= 2:
         needed.append((CHECKSUMS, "/checksums"))
+    for name in SKIPPED_FIELDS:  # any length: the skipped images are not rows
+        if f"{SKIPPED}/{name}" not in h5:
+            raise damaged(path, f"/{SKIPPED}/{name} (the list of skipped images) is missing")
     for name, what in needed:
         if name not in h5:
             raise damaged(path, f"{what} is missing")

@@ -311,16 +311,28 @@ def _to_torch(values: np.ndarray) -> torch.Tensor:
 
 
 def check_model(meta: dict, model, path) -> None:
-    """Raise :class:`CacheError` unless ``model`` has the weights the cache was written with."""
+    """Raise :class:`CacheError` unless ``model`` has the weights the cache was written with: one line saying
+    what differs, how to load the cache's weights again (the seed alone when only the random-weights seed
+    differs), and the command that writes a cache for this model."""
     fp = model_fingerprints(model)
     if fp["weights_fingerprint"] == meta.get("weights_fingerprint"):
         return
-    what = "architecture" if fp["architecture_fingerprint"] != meta.get("architecture_fingerprint") else "weights"
+    same_arch = fp["architecture_fingerprint"] == meta.get("architecture_fingerprint")
+    src = meta.get("weights_source") if isinstance(meta.get("weights_source"), dict) else {}
+    file_seed, run_seed = src.get("seed"), getattr(model, "init_seed", None)
+    if same_arch and src.get("pretrained") is False and None not in (file_seed, run_seed) and file_seed != run_seed:
+        advice = (f"Both are random weights that differ only by their seed: the cache was written with --seed "
+                  f"{file_seed}, this model was built with --seed {run_seed}; rerun with --no-pretrained --seed "
+                  f"{file_seed} (interp.load({fp['model_name']!r}, pretrained=False, seed={file_seed})). ")
+    else:
+        advice = weights_advice(meta)
     raise CacheError(
         f"{str(path)!r} was written by model {meta.get('model_name')!r} (weights {meta.get('weights_fingerprint')}, "
-        f"architecture {meta.get('architecture_fingerprint')}), but the model passed is {fp['model_name']!r} "
-        f"(weights {fp['weights_fingerprint']}, architecture {fp['architecture_fingerprint']}): the {what} differ. "
-        f"{weights_advice(meta)}Open the cache with the model that wrote it, or without model=."
+        f"architecture {meta.get('architecture_fingerprint')}), but this model is {fp['model_name']!r} "
+        f"(weights {fp['weights_fingerprint']}, architecture {fp['architecture_fingerprint']}): "
+        f"{'the weights differ' if same_arch else 'the architecture differs'}. {advice}Use the model that wrote "
+        f"it, or write a cache for this one: `interp cache {fp['model_name']} --images DIR --for STUDY --out NEW.h5` "
+        "(in Python: interp.cache.open(path) without model= skips this check)."
     )
 
 

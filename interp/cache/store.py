@@ -311,12 +311,18 @@ class CacheFile:
 
         A disk without room for the batch is refused before HDF5 writes a byte of it (HDF5 is not safe to
         keep using after a failed write)."""
-        integrity.free_space_or_error(self.path.parent, batch.nbytes + _SPACE_MARGIN, "the next batch",
-                                      f"the {self.n_written} rows committed so far are kept; free space, then "
-                                      "rerun with --resume")
+        if self.path != self.final:  # an overwrite in progress: its rows go with it, the old file stays
+            kept = (f"nothing of this run is kept (an unfinished --overwrite is discarded) and the old "
+                    f"{str(self.final)!r} is unchanged; free space, then rerun with --overwrite")
+        else:
+            kept = f"the {self.n_written} rows committed so far are kept; free space, then rerun with --resume"
+        integrity.free_space_or_error(self.path.parent, batch.nbytes + _SPACE_MARGIN, "the next batch", kept)
         try:
             self._commit(batch)
         except (OSError, RuntimeError) as e:
+            if self.path != self.final:
+                raise CacheError(f"cannot write a batch to {str(self.final)!r} ({integrity.hdf5_reason(e)}): "
+                                 f"{kept}") from None
             raise write_error(self.final, e, f"write a batch (the {self.n_written} rows committed before it are "
                                              "kept) to") from None
 

@@ -46,6 +46,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..errors import UsageError
     from .output import check_output_file
+    from .prechecks import check_cache_lock
 
     if args.device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"  # one GPU per torchrun rank
@@ -54,6 +55,7 @@ def run(args) -> int:
         raise UsageError("say what to cache: --hooks PATTERN... and/or --for STUDY[,STUDY...] (e.g. --for norms)")
     check_output_file(args.out, overwrite=args.overwrite, resume=args.resume, example="acts.h5",
                       hint="pass --resume to continue it, --overwrite to replace it, or choose another path")
+    check_cache_lock(args.out)  # another writer: said before torch loads, not after the model is built
     if args.for_studies:
         from .registry import STUDIES
 
@@ -69,17 +71,42 @@ def run(args) -> int:
         from .registry import hooks_for_studies
 
         hooks += [h for h in hooks_for_studies(args.for_studies, model.n_layers) if h not in hooks]
-    summary = write(
-        model, args.images or args.image_list, hooks=hooks, path=args.out, batch_size=args.batch_size,
-        dtype=args.dtype, tokens=args.tokens, norms_only=args.norms_only, compression=args.compression,
-        resume=args.resume, overwrite=args.overwrite, strict=args.strict, progress=args.progress,
-        # Recorded so that a mismatch can say how to load these weights again (seed: random weights).
-        weights_source=weights_source(pretrained=args.pretrained and not args.weights, weights=args.weights,
-                                      seed=getattr(model, "init_seed", None)),
-        preprocess=preprocess,
-    )
+    replacing = os.path.exists(args.out) and not args.resume
+    try:
+        summary = write(
+            model, args.images or args.image_list, hooks=hooks, path=args.out, batch_size=args.batch_size,
+            dtype=args.dtype, tokens=args.tokens, norms_only=args.norms_only, compression=args.compression,
+            resume=args.resume, overwrite=args.overwrite, strict=args.strict, progress=args.progress,
+            # Recorded so that a mismatch can say how to load these weights again (seed: random weights).
+            weights_source=weights_source(pretrained=args.pretrained and not args.weights, weights=args.weights,
+                                          seed=getattr(model, "init_seed", None)),
+            preprocess=preprocess,
+        )
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(interrupted_note(args, replacing)) from None
     if args.progress_requested and not args.progress:  # no bar (not a terminal): the summary line still shows
         import sys
 
         print(summary.line(), file=sys.stderr)
     return 0 if summary.complete else 1
+
+
+def interrupted_note(args, replacing: bool) -> str:
+    """What an interrupted ``interp cache`` kept, and the command that continues it."""
+    import shlex
+
+    from ..cache.integrity import open_read_only
+
+    if replacing:
+        return f"{args.out} is unchanged (an interrupted --overwrite keeps the old file)"
+    if not os.path.exists(args.out):
+        return f"nothing was committed to {args.out}; rerun the command to start again"
+    argv = [a for a in getattr(args, "argv", []) if a != "--overwrite"] or ["cache", args.model, "..."]
+    resume = shlex.join(["interp", *argv, *([] if "--resume" in argv else ["--resume"])])
+    try:
+        h5, _ = open_read_only(args.out)
+        with h5:
+            kept = f"{int(h5.attrs['n_written'])} of {int(h5.attrs['n_images'])} images are committed in {args.out}"
+    except Exception:  # noqa: BLE001 - the note must not hide the interrupt; the resume run checks the file
+        kept = f"the rows committed to {args.out} so far are kept"
+    return f"{kept}; continue with `{resume}`"

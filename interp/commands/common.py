@@ -8,8 +8,8 @@ from typing import Dict, List, Sequence
 
 from ..console import add_output_args
 from ..errors import InterpError, UsageError
-from .values import (device_arg, existing_file, existing_path, nonnegative_float, nonnegative_int, open_fraction,
-                     positive_float, positive_int, threshold_arg, transform_arg)
+from .values import (device_arg, existing_file, existing_path, image_size_arg, nonnegative_float, open_fraction,
+                     positive_float, positive_int, seed_arg, threshold_arg, transform_arg)
 
 
 def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False) -> None:
@@ -25,7 +25,7 @@ def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False
     parser.add_argument("--no-pretrained", dest="pretrained", action="store_false",
                         help="random weights (no download)")
     add_device_arg(parser)
-    parser.add_argument("--img-size", type=positive_int, default=None,
+    parser.add_argument("--img-size", type=image_size_arg, default=None,
                         help="input size in pixels (timm img_size; resamples the position embedding)")
     parser.add_argument("--depth", type=positive_int, default=None,
                         help="keep only the first N blocks (quick tests)")
@@ -37,7 +37,7 @@ def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False
 
 
 def add_seed_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=nonnegative_int, default=0,
+    parser.add_argument("--seed", type=seed_arg, default=0,
                         help="seed of every random draw of the run: the random weights of --no-pretrained (the same "
                              "seed gives the same model in every command) and the study's own sampling (default 0)")
 
@@ -83,6 +83,10 @@ def check_model_args(args: argparse.Namespace, model) -> None:
     """Right after the model is built, before any forward pass: block numbers within the model's depth and a
     ``--hook`` that names one of its hooks (close matches otherwise)."""
     n = model.n_layers
+    if 0 in tuple(model.layout.grid):  # an input smaller than one patch: timm builds it, the forward fails
+        patch = tuple(getattr(model.timm_model.patch_embed, "patch_size", ()))
+        raise UsageError(f"--img-size {getattr(args, 'img_size', None)} is smaller than one patch of {args.model} "
+                         f"({'x'.join(map(str, patch)) or '?'} px): give at least {max(patch, default=1)}")
     for attr, flag in LAYER_OPTIONS:
         value = getattr(args, attr, None)
         if value is not None and not -n <= int(value) < n:

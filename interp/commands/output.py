@@ -3,6 +3,7 @@ writer per result at a time.
 
 - :func:`check_output_file` / :func:`check_output_folder`: before torch is imported, refuse an output that
   cannot be written (an existing file or folder in the way, a path under a regular file, a read-only folder).
+- :func:`atomic_file`: one output file (a patch) written to a temporary name and renamed into place.
 - :func:`atomic_output_dir`: a context manager for one result in a folder (a study's ``<study>.json`` and its
   figures, or a whole report). It takes the result's lock (``<folder>/<marker>.lock``, the cache's
   :class:`~interp.cache.lock.WriterLock`), yields an empty staging folder inside ``out`` to write into, and on
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Sequence
 
-from ..errors import OutputError
+from ..errors import OutputError, OutputPathError
 
 STAGING_PREFIX = ".interp-staging-"  # staging and backup folders inside an output folder (hidden, ours)
 _SHOWN: Dict[Path, Path] = {}  # active staging folder -> the output folder it stands for (for messages)
@@ -64,14 +65,15 @@ def _check_writable(folder: Path, flag: str, given) -> None:
         if e.errno in _NO_SPACE:
             raise OutputError(f"{flag} {str(given)!r}: no space left on the device of {str(folder)!r}; "
                               "free some space or choose another location") from None
-        raise
+        raise OutputError(f"{flag} {str(given)!r}: cannot create a file in {str(folder)!r} ({e.strerror}); "
+                          "choose a folder on an ordinary writable disk") from None
 
 
 def _check_ancestor(path: Path, flag: str) -> Path:
     """The nearest existing folder at or above ``path``; refuses a path under a regular file."""
     base = _nearest_existing(path)
     if not base.is_dir():
-        raise OutputError(f"{flag} {str(path)!r} lies under {str(base)!r}, which is a file, not a folder; "
+        raise OutputPathError(f"{flag} {str(path)!r} lies under {str(base)!r}, which is a file, not a folder; "
                           "choose a path outside it")
     return base
 
@@ -80,7 +82,7 @@ def check_output_folder(path, flag: str = "--out") -> None:
     """Before any work: ``path`` is a folder that exists or can be created, and is writable."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise OutputError(f"{flag} {str(path)!r} is a file; give a folder (it is created if missing)")
+        raise OutputPathError(f"{flag} {str(path)!r} is a file; give a folder (it is created if missing)")
     _check_writable(_check_ancestor(path, flag), flag, path)
 
 
@@ -91,7 +93,7 @@ def check_output_file(path, flag: str = "--out", overwrite: bool = False, resume
     ``overwrite`` (or ``resume``, which continues it)."""
     path = Path(path)
     if path.is_dir():
-        raise OutputError(f"{flag} {str(path)!r} is a folder; give a file path, e.g. {str(path / example)!r}")
+        raise OutputPathError(f"{flag} {str(path)!r} is a folder; give a file path, e.g. {str(path / example)!r}")
     if path.exists() and not (overwrite or resume):
         raise OutputError(f"{flag} {str(path)!r} already exists; {hint}")
     _check_writable(_check_ancestor(path.parent, flag), flag, path)
@@ -110,9 +112,48 @@ def output_error(e: OSError, out: Path, what: str) -> Optional[OutputError]:
     if e.errno in _NOT_WRITABLE and (about_out or name is None):
         return OutputError(f"cannot write the {what} into {str(out)!r} ({e.strerror}); {unchanged}: "
                            "choose a writable --out")
+    if e.errno == errno.EFBIG:
+        return OutputError(f"a file of the {what} is larger than this system allows (the file size limit, "
+                           f"`ulimit -f`, or the file system's) while writing into {str(out)!r}; {unchanged}: "
+                           "raise the limit or choose another --out")
     if e.errno == errno.ENOTDIR and about_out:
         return OutputError(f"--out {str(out)!r} lies under a file, not a folder; choose a path outside it")
     return None
+
+
+def _write_errno(e: BaseException, tmp: Path) -> Optional[int]:
+    """The errno behind a failed write: an OSError's own, the "os error N" a Rust writer (safetensors) quotes, or
+    EFBIG when ``tmp`` reached the file size limit (torch.save says only "unexpected pos")."""
+    if isinstance(e, OSError) and e.errno:
+        return e.errno
+    quoted = re.search(r"os error (\d+)", str(e))
+    if quoted:
+        return int(quoted.group(1))
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and os.path.exists(tmp) and os.path.getsize(tmp) >= limit:
+        return errno.EFBIG
+    return None
+
+
+@contextmanager
+def atomic_file(path, what: str = "file") -> Iterator[Path]:
+    """Write one output file whole or not at all: yields a temporary path beside ``path`` to write, renamed onto
+    ``path`` on success; on failure it is removed (an existing ``path`` stays as it was) and a full disk, a file
+    size limit or a read-only folder is one :class:`OutputError` line."""
+    path = Path(os.path.abspath(path))
+    tmp = path.with_name(f"{STAGING_PREFIX}{os.getpid()}-{path.name}")  # same suffix: writers choose by it
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except Exception as e:
+        code = _write_errno(e, tmp)
+        tmp.unlink(missing_ok=True)
+        error = output_error(OSError(code, os.strerror(code), str(tmp)), path, what) if code else None
+        if error is None:
+            raise
+        raise error from None
 
 
 def _stale(out: Path, stem: str) -> Iterator[Path]:

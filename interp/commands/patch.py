@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 
 from .common import add_batch_size_arg, add_model_args
+from .output import atomic_file
 from .saving import refuse_existing_file
 from .values import existing_file, existing_path, nonnegative_float
 
@@ -82,12 +83,16 @@ def run_export(args) -> int:
     images = load_images(args.calibration_images, model) if args.calibration_images else None
     interventions = interventions_from_spec(args.interventions, model=model, calibration_images=images,
                                             batch_size=args.batch_size)
+    what = "edited weights" if args.as_weights else "patch"
+    with atomic_file(args.out, what) as tmp:  # a failed write (full disk, ulimit -f) leaves --out as it was
+        if args.as_weights:
+            patch.export_weights(interventions, model, tmp)
+        else:
+            patch.save(interventions, tmp, model)
     if args.as_weights:
-        out = patch.export_weights(interventions, model, args.out)
-        print(f"wrote edited weights {out} (load with timm.create_model({args.model!r}) + load_state_dict)")
+        print(f"wrote edited weights {args.out} (load with timm.create_model({args.model!r}) + load_state_dict)")
     else:
-        out = patch.save(interventions, args.out, model)
-        print(f"wrote patch {out} ({', '.join(iv.kind for iv in interventions)})")
+        print(f"wrote patch {args.out} ({', '.join(iv.kind for iv in interventions)})")
     return 0
 
 

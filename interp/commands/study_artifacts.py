@@ -143,6 +143,9 @@ def _finish(result, args, images) -> int:
     return 0
 
 
+SHOWN_NEURONS = 50  # neuron ids printed on the terminal; neurons.json holds them all
+
+
 def run_norms(args, norms_study) -> int:
     threshold, _, source, images = _prepare(args)
     result = norms_study(source, threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
@@ -158,7 +161,12 @@ def run_neurons(args, neurons_study) -> int:
                            sparsity=args.sparsity, positions=args.positions, preset=args.preset,
                            max_images=args.max_images, seed=args.seed, batch_size=args.batch_size,
                            progress=args.progress)
-    print(", ".join(f"{e['layer']}:{e['neuron']}" for e in result.neurons) or result.message)
+    if args.top_k is not None and result.neurons and args.top_k > result.top_k:
+        print(f"note: --top-k {args.top_k} is more than the {result.top_k} neurons of blocks 0..{result.highest_layer}"
+              f": all {result.top_k} are ranked (neurons.json records top_k {result.top_k})")
+    shown = [f"{e['layer']}:{e['neuron']}" for e in result.neurons[:SHOWN_NEURONS]]
+    more = len(result.neurons) - len(shown)
+    print(", ".join(shown) + (f" ... and {more} more (all in neurons.json)" if more > 0 else "") or result.message)
     return _finish(result, args, images)
 
 

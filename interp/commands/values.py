@@ -53,6 +53,13 @@ port_number = _bounded("port_number", _int, lambda v: 0 <= v <= 65535, "expected
                        "A TCP port 0..65535 (--port; 0: any free one).")
 nonnegative_int = _bounded("nonnegative_int", _int, lambda v: v >= 0, "expected a whole number >= 0",
                            "A whole number >= 0 (--controls, --seed, --n-maps).")
+MAX_SEED = 2**32 - 1  # every RNG interp seeds takes it (torch, numpy); 2**70 overflowed torch's seed
+seed_arg = _bounded("seed_arg", _int, lambda v: 0 <= v <= MAX_SEED, f"expected a whole number 0..{MAX_SEED}",
+                    "A random seed 0..2**32-1 (--seed).")
+MAX_IMG_SIZE = 4096  # 85,000 tokens at patch 14 already; 100000 px asked timm for a 30 GB position embedding
+image_size_arg = _bounded("image_size_arg", _int, lambda v: 1 <= v <= MAX_IMG_SIZE,
+                          f"expected an input size in pixels 1..{MAX_IMG_SIZE}",
+                          "An input size in pixels (--img-size); at least one patch is checked once the model is built.")
 positive_float = _bounded("positive_float", _float, lambda v: v > 0, "expected a number > 0",
                           "A finite number > 0 (--sigma, --eps, --blur-sigma).")
 nonnegative_float = _bounded("nonnegative_float", _float, lambda v: v >= 0, "expected a number >= 0",

@@ -17,10 +17,9 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .._image_files import list_images
 from .._transforms import INTERPOLATIONS, MODEL_TRANSFORM, check_sizes, parse_transform_name
 from ..errors import ImageError, ImageTooLargeError
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 PathLike = Union[str, Path]
 
@@ -132,27 +131,6 @@ def preprocessing(model, preprocess: TransformSpec = None):
     cfg = data_config(model, preprocess)
     cfg.pop("preprocess", None)
     return create_transform(**cfg, is_training=False)
-
-
-def list_images(source: Union[PathLike, Sequence[PathLike]]) -> List[Path]:
-    """Image files of a directory (recursively, sorted), a text file listing paths, or a list of paths."""
-    if isinstance(source, (str, Path)):
-        source = Path(source)
-        if source.is_dir():
-            files = sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-            if not files:
-                raise ImageError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) under {str(source)!r}")
-            return files
-        if source.suffix.lower() in (".txt", ".lst"):
-            base = source.parent
-            lines = [l.strip() for l in source.read_text().splitlines() if l.strip() and not l.startswith("#")]
-            return [Path(l) if Path(l).is_absolute() else base / l for l in lines]
-        if not source.exists():
-            kind = "image file" if source.suffix.lower() in IMAGE_SUFFIXES else "folder or image file"
-            raise ImageError(f"{kind} {str(source)!r} does not exist (current folder: {Path.cwd()}); give "
-                             "an image folder, a list file (.txt) or image paths")
-        return [source]
-    return [Path(p) for p in source]
 
 
 _HIGH_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")

@@ -214,8 +214,9 @@ def neurons_reading(source: ActivationSource, found: Detection, *, highest_layer
             return NeuronsResult(**base, message=f"no outliers at block {detect}: no token exceeds the threshold "
                                  f"{thr.value:.4g}; nothing to rank")
         table = scores.acc.finalize()  # [highest + 1, d_mlp] float64
+        kept = min(top_k, table.numel())  # a --top-k above the neurons that exist records the count kept
         return NeuronsResult(
-            **base, n_images_with_outliers=len(scores.used), n_outlier_tokens=scores.acc.n_outlier_tokens,
+            **{**base, "top_k": kept, "params": {**params, "top_k": kept}}, n_images_with_outliers=len(scores.used), n_outlier_tokens=scores.acc.n_outlier_tokens,
             image_ids=[source.ids[i] for i in scores.used], neurons=rank_neurons(table, top_k, highest),
             layer_max_score=[float(v) for v in table.clamp_min(0).max(1).values],
         )

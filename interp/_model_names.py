@@ -1,0 +1,80 @@
+"""timm's model names without importing timm, so the command line refuses a mistyped model name in about a
+second instead of after torch and timm load (10-15 s).
+
+The names ship in ``interp/data/timm_models.json`` (``{"timm": version, "models": {name: module}}``, every
+registered timm entry point with the last part of its module: ``vision_transformer``, ``resnet``...).
+Regenerate it after a timm upgrade with ``python -m interp._model_names`` (``tests/test_cli_fast_feedback.py``
+checks that it equals the installed timm's). The list is used only while the installed timm is the version it
+was made from; the check of :func:`interp.models.loading.check_model_name` still runs once timm is imported.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Dict, Optional
+
+from .errors import ModelLoadError, UnsupportedModelError, close_matches
+
+NAMES_FILE = Path(__file__).parent / "data" / "timm_models.json"
+PLANTED_NAME = "planted_vit"  # interp.models.planted.PLANTED_NAME (that module imports torch)
+VIT_MODULES = ("vision_transformer", "deit")  # interp.models.loading._VIT_MODULES, last parts
+DEPRECATED_MODULE = "_registry"  # timm registers its deprecated names there; timm.list_models() leaves them out
+
+
+def installed_timm_version() -> Optional[str]:
+    """The installed timm's version from its package metadata (no import); None when timm is not installed."""
+    try:
+        return metadata.version("timm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@lru_cache(maxsize=1)
+def shipped_names() -> Optional[Dict[str, str]]:
+    """{timm model name: module} of the shipped list, or None when it does not describe the installed timm."""
+    try:
+        data = json.loads(NAMES_FILE.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("timm") != installed_timm_version():
+        return None
+    return dict(data["models"])
+
+
+def check_model_name_fast(name: str) -> bool:
+    """Refuse an unknown timm name (with close matches) or a timm model that is not a ViT, the way
+    :func:`interp.models.loading.check_model_name` does, from the shipped list. Returns False when the list
+    cannot tell (another timm version): the check after import decides then."""
+    names = shipped_names()
+    if names is None:
+        return False
+    if name == PLANTED_NAME:
+        return True
+    base = name.split(".")[0]
+    module = names.get(base)
+    if module is None:
+        listed = [n for n, m in names.items() if m != DEPRECATED_MODULE]  # what timm.list_models() gives
+        hints = close_matches(base, listed, n=5)
+        hint = f" Did you mean: {', '.join(hints)}?" if hints else ""
+        raise ModelLoadError(f"unknown timm model {name!r}.{hint}")
+    if module not in VIT_MODULES:
+        raise UnsupportedModelError(f"{name!r} is a {module} model, not a ViT. interp instruments timm's "
+                                    "VisionTransformer models (vit_*, deit3_*, *_dinov2, *_clip_*)")
+    return True
+
+
+def generate() -> dict:
+    """The list for the installed timm (imports timm)."""
+    import timm
+    from timm.models import _registry
+
+    return {"timm": timm.__version__,
+            "models": {n: _registry._model_entrypoints[n].__module__.rsplit(".", 1)[-1]
+                       for n in sorted(_registry._model_entrypoints)}}
+
+
+if __name__ == "__main__":
+    NAMES_FILE.write_text(json.dumps(generate(), indent=0, sort_keys=True) + "\n")
+    print(f"wrote {NAMES_FILE}")

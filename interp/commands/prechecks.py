@@ -1,0 +1,84 @@
+"""What the command line checks after parsing and before torch is imported (torch and timm take 10-15 s to load):
+the model name(s) against timm's shipped name list, the images an ``--images``/``--image-list`` names (they exist
+and at least one opens as an image; all of them with ``--strict``), and the writer lock of an ``interp cache``
+output. The same checks run again where the work happens; these only make a mistake cost a second."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .._image_files import LIST_SUFFIXES, list_images
+from .._model_names import check_model_name_fast
+from ..errors import ImageError
+
+HEADERS_CHECKED = 64  # image headers opened before the run (PIL reads a few hundred bytes of each)
+
+
+def check_before_torch(args: argparse.Namespace) -> None:
+    """Every pre-check that applies to the parsed ``args`` (a command without these options passes)."""
+    names = [getattr(args, "model", None), *(getattr(args, "models", None) or [])]
+    for name in names:
+        if isinstance(name, str):
+            check_model_name_fast(name)
+    strict = bool(getattr(args, "strict", False))
+    for flag, attr in (("--images", "images"), ("--image-list", "image_list")):
+        value = getattr(args, attr, None)
+        if isinstance(value, str):
+            check_images(value, flag, strict)
+
+
+def check_images(path: str, flag: str = "--images", strict: bool = False) -> int:
+    """``path`` names at least one readable image: a folder with image files, a list file whose paths exist,
+    or an image file. Opens up to :data:`HEADERS_CHECKED` image headers (the first of each kind of failure is
+    named); with ``strict`` every listed path must exist and every checked header open. Returns the number of
+    images named. Raises ImageError (one line; the status the run would give, 1) otherwise."""
+    try:
+        files = list_images(path)
+    except ImageError as e:
+        raise ImageError(f"{flag} {path!r}: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ImageError(f"{flag} {path!r}: cannot read the list ({getattr(e, 'strerror', None) or e})") from None
+    listed = Path(path).suffix.lower() in LIST_SUFFIXES and not Path(path).is_dir()
+    if not files:
+        raise ImageError(f"{flag} {path!r} lists no image paths; give one image path per line")
+    missing = [f for f in files if not f.is_file()]
+    if missing and (strict or len(missing) == len(files)):
+        what = f"of its {len(files)} listed paths" if listed else "image file(s)"
+        raise ImageError(f"{flag} {path!r}: {len(missing)} {what} do not exist, e.g. {str(missing[0])!r}"
+                         + (" (--strict stops at the first)" if strict and len(missing) < len(files) else ""))
+    checked = [f for f in files if f.is_file()][:HEADERS_CHECKED]
+    problems = [(f, why) for f, why in ((f, _header_problem(f)) for f in checked) if why]
+    if problems and (strict or len(problems) == len(checked)):
+        f, why = problems[0]
+        scope = "" if len(checked) == len(files) else f" (of the first {len(checked)} checked)"
+        raise ImageError(f"{flag} {path!r}: {len(problems)} file(s){scope} do not open as images, e.g. "
+                         f"{str(f)!r} ({why}); give image files (jpg, png, ...)")
+    return len(files)
+
+
+def _header_problem(path: Path):
+    """Why ``path`` does not open as an image (PIL reads its header only), or None."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.size  # noqa: B018  (the header is parsed on open; size proves it)
+    except Image.DecompressionBombError:
+        return None  # a real image, too large: the run skips it and says so
+    except Exception as e:  # PIL raises many types for broken files
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
+    return None
+
+
+def check_cache_lock(out: str) -> None:
+    """Refuse at once when another process is writing the cache ``out`` (its :class:`WriterLock` is held)."""
+    from ..cache.lock import WriterLock, lock_path  # torch-free: interp.cache resolves its heavy names lazily
+
+    if not lock_path(out).exists():  # a writer keeps its lock file while it runs
+        return
+    lock = WriterLock(out)
+    try:
+        lock.acquire()
+    except OSError:
+        return  # a folder that cannot hold the lock: the output checks say it
+    lock.release()
