@@ -199,8 +199,11 @@ def test_study_causal_cli_commands(tmp_path, photo_dir):
     ([], "needs --neurons"),
 ])
 def test_study_neurons_argument_errors(tmp_path, capsys, args, message):
+    images = tmp_path / "images"  # one readable image: the image pre-check passes, the neurons are refused
+    images.mkdir()
+    shutil.copy(sample_image_paths()[0], images)
     for study in ("ablate", "relocate", "registers"):
-        rc = main(["study", study, "planted_vit", "--images", str(tmp_path), "--out", str(tmp_path / "o"), *args])
+        rc = main(["study", study, "planted_vit", "--images", str(images), "--out", str(tmp_path / "o"), *args])
         assert rc == 1
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
