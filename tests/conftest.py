@@ -1,6 +1,9 @@
 """Shared fixtures: small random-init timm ViTs of every supported family (never downloaded weights)."""
 from __future__ import annotations
 
+import sys
+import warnings
+
 import pytest
 import torch
 
@@ -49,6 +52,20 @@ def vit():
 @pytest.fixture
 def reg_vit():
     return make_model("dinov2_reg")
+
+
+@pytest.fixture
+def shown_warnings():
+    """Warnings printed on ``sys.stderr`` as a plain interpreter prints them (Python's default filter: once per
+    place), for in-process CLI tests (``interp.cli.main`` with ``capsys``); pytest otherwise records them."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    with warnings.catch_warnings():  # restores pytest's filters and showwarning afterwards
+        warnings.resetwarnings()
+        warnings.simplefilter("default")
+        warnings.showwarning = show
+        yield
 
 
 @pytest.fixture
