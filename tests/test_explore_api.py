@@ -56,7 +56,7 @@ def request(server, path, body=None, token=True, raw=None, headers=None):
         hdrs["Content-Type"] = "application/json"
     req = urllib.request.Request(url, data=data, headers=hdrs, method="POST" if data is not None else "GET")
     try:
-        with urllib.request.urlopen(req, timeout=60) as res:
+        with urllib.request.urlopen(req, timeout=600) as res:  # a safety net against a hung server only
             status, payload, kind = res.status, res.read(), res.headers.get("Content-Type", "")
     except urllib.error.HTTPError as e:
         status, payload, kind = e.code, e.read(), e.headers.get("Content-Type", "")
