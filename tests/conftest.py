@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
+import sys
 import time
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -24,18 +27,26 @@ FAMILIES = {
 }
 
 
+_BUILT: dict = {}  # (family, seed, overrides) -> the model built first; tests get copies of it
+
+
 def make_model(family: str = "vit", seed: int = 0, **overrides) -> "interp.HookedViT":
-    """A random-init HookedViT of ``family`` with a fixed seed (float32, eval mode)."""
-    name, kwargs = FAMILIES[family]
+    """A random-init HookedViT of ``family`` with a fixed seed (float32, eval mode): a fresh copy of the one
+    built the first time (building initialises every weight, a copy is several times faster), with the global
+    RNG seeded as building leaves it (``interp.load`` forks the RNG, so that state is ``manual_seed(seed)``)."""
+    key = (family, seed, repr(sorted(overrides.items())))
     torch.manual_seed(seed)
-    model = interp.load(name, pretrained=False, seed=seed, **{**kwargs, **overrides})
-    # LayerScale in DINOv2/DeiT-III starts at 1e-5/1e-6; make blocks matter so tests can see edits.
-    with torch.no_grad():
-        for block in model.timm_model.blocks:
-            for ls in (block.ls1, block.ls2):
-                if hasattr(ls, "gamma"):
-                    ls.gamma.fill_(0.5)
-    return model
+    if key not in _BUILT:
+        name, kwargs = FAMILIES[family]
+        model = interp.load(name, pretrained=False, seed=seed, **{**kwargs, **overrides})
+        # LayerScale in DINOv2/DeiT-III starts at 1e-5/1e-6; make blocks matter so tests can see edits.
+        with torch.no_grad():
+            for block in model.timm_model.blocks:
+                for ls in (block.ls1, block.ls2):
+                    if hasattr(ls, "gamma"):
+                        ls.gamma.fill_(0.5)
+        _BUILT[key] = model
+    return copy.deepcopy(_BUILT[key])
 
 
 def images(n: int = 2, size: int = 224, seed: int = 0) -> torch.Tensor:
@@ -56,6 +67,20 @@ def vit():
 @pytest.fixture
 def reg_vit():
     return make_model("dinov2_reg")
+
+
+@pytest.fixture
+def shown_warnings():
+    """Warnings printed on ``sys.stderr`` as a plain interpreter prints them (Python's default filter: once per
+    place), for in-process CLI tests (``interp.cli.main`` with ``capsys``); pytest otherwise records them."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    with warnings.catch_warnings():  # restores pytest's filters and showwarning afterwards
+        warnings.resetwarnings()
+        warnings.simplefilter("default")
+        warnings.showwarning = show
+        yield
 
 
 @pytest.fixture

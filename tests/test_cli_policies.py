@@ -119,18 +119,19 @@ def test_load_images_skips_and_records_or_stops_when_strict(photos_with_broken):
         assert interp.load_images(sample_image_paths()[:1], model).shape[0] == 1
 
 
-def test_study_skips_records_and_warns_once_strict_stops(tmp_path, photos_with_broken):
-    run = [sys.executable, "-m", "interp", "study", "norms", "planted_vit", "--images", str(photos_with_broken)]
-    done = subprocess.run([*run, "--out", str(tmp_path / "a")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    warning_lines = [line for line in done.stderr.splitlines() if "broken.jpg" in line]
+def test_study_skips_records_and_warns_once_strict_stops(tmp_path, photos_with_broken, capsys, shown_warnings):
+    run = ["study", "norms", "planted_vit", "--images", str(photos_with_broken)]
+    assert main([*run, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    warning_lines = [line for line in err.splitlines() if "broken.jpg" in line]
     assert len(warning_lines) == 1 and warning_lines[0].startswith("interp: warning: ")
-    assert "warnings.warn" not in done.stderr and ".py:" not in done.stderr
+    assert "warnings.warn" not in err and ".py:" not in err
     data = json.loads((tmp_path / "a" / "norms.json").read_text())
     assert [Path(s["image"]).name for s in data["skipped"]] == ["broken.jpg"] and "cannot read" in data["skipped"][0]["reason"]
 
-    strict = subprocess.run([*run, "--out", str(tmp_path / "b"), "--strict"], capture_output=True, text=True)
-    assert strict.returncode == 1 and "broken.jpg" in strict.stderr and "interp: error:" in strict.stderr
+    assert main([*run, "--out", str(tmp_path / "b"), "--strict"]) == 1
+    err = capsys.readouterr().err
+    assert "broken.jpg" in err and "interp: error:" in err
     assert not (tmp_path / "b" / "norms.json").exists()
 
 

@@ -73,8 +73,9 @@ def browser(served, tmp_path_factory):
     driver.quit()
 
 
-def wait_for(driver, script, timeout=20.0):
-    """Poll a JS expression until it is truthy; returns its value."""
+def wait_for(driver, script, timeout=600.0):
+    """Poll a JS expression until it is truthy; returns its value (``timeout``: a safety net against a hung page,
+    not a speed limit)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = driver.execute_script(f"return {script};")
@@ -146,7 +147,7 @@ def test_exported_patch_reproduces_the_pages_logits(browser, served):
     browser.find_element("id", "selcls").click()  # SelectiveCLS on top of the ablation
     wait_for(browser, f"window.explorer.runs > {done}")
     browser.find_element("id", "export").click()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 600  # a safety net: the loop ends when the file is there
     path = Path(browser.downloads) / "explore-patch.safetensors"
     while not path.is_file() and time.monotonic() < deadline:
         time.sleep(0.05)

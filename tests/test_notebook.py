@@ -28,7 +28,7 @@ def executed(tmp_path_factory):
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), \
         "commit the notebook without outputs (Kernel > Restart & Clear Output)"
     workdir = tmp_path_factory.mktemp("notebook")
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+    client = nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3",  # per cell: a safety net only
                                      resources={"metadata": {"path": str(workdir)}})
     client.execute()  # raises CellExecutionError naming the cell on any exception
     return nb

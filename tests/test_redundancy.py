@@ -3,8 +3,6 @@ high-norm tokens, on constructed embeddings and on the planted model whose high-
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -128,16 +126,17 @@ def test_cache_gives_the_live_numbers_and_a_cache_without_the_hook_is_refused(tm
         redundancy_study(open_source(cache=tmp_path / "b.h5", model=model), progress=False)
 
 
-def test_cli_writes_the_json_and_the_figure(tmp_path):
+def test_cli_writes_the_json_and_the_figure(tmp_path, capsys):
+    from interp.cli import main
+    from interp.models import sample_image_paths
+
     out = tmp_path / "red"
-    proc = subprocess.run([sys.executable, "-m", "interp", "study", "redundancy", "planted_vit", "--images",
-                           "interp/data/samples", "--out", str(out), "--no-progress"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    assert main(["study", "redundancy", "planted_vit", "--images", str(sample_image_paths()[0].parent),
+                 "--out", str(out), "--no-progress"]) == 0
     data = json.loads((out / "redundancy.json").read_text())
     assert data["study"] == "redundancy" and data["figure_files"] == ["neighbour_similarity.png"]
     assert data["groups"]["high_norm"]["mean"] > data["groups"]["normal"]["mean"]
-    assert "high_norm: mean" in proc.stdout
+    assert "high_norm: mean" in capsys.readouterr().out
 
 
 def test_the_patch_embedding_caches_whole_under_every_tokens_mode(tmp_path):
