@@ -213,7 +213,8 @@ def model_rows():
     tp = int((flagged & labels).sum())
     p, r = tp / max(int(flagged.sum()), 1), tp / max(int(labels.sum()), 1)
     f1_cut = math.exp(norm_split._best_cut(split.lower, split.upper, *getattr(split, "more_upper", ())))
-    p_old, r_old = precision_recall(norms, labels, f1_cut)
+    scales = np.ones(found.norms.shape[0]) if split.image_scales is None else np.asarray(split.image_scales)
+    p_old, r_old = precision_recall((found.norms.numpy() / scales[:, None]).ravel(), labels, f1_cut)
     rows.append({"model": "planted_vit (synthetic), bundled photos", "tokens": int(norms.size),
                  "planted %": 100 * float(labels.mean()), "artifacts": found.artifacts_found,
                  "flagged %": 100 * found.threshold.share_above, "cut": found.threshold.value,

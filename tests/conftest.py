@@ -5,6 +5,7 @@ import contextlib
 import copy
 import io
 import json
+import signal
 import sys
 import time
 import warnings
@@ -15,6 +16,13 @@ import torch
 
 import interp
 from interp.cli import main
+
+def sigint_as_default() -> None:
+    """``preexec_fn`` of a child the test interrupts: Ctrl-C handled as an interactive shell would. A shell
+    running the suite as a background job (``cmd &``, nohup) makes its children ignore SIGINT, and Python then
+    keeps ignoring it: the child would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 
 # name -> timm kwargs for a small but structurally faithful config (fewer blocks, 224 px).
 FAMILIES = {

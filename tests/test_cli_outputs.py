@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import sigint_as_default
 
 from interp.cli import main
 from interp.commands import output
@@ -227,7 +228,7 @@ def _interrupt(argv, wait_for: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run ``python ARGV``, send SIGINT once ``wait_for`` shows on stderr, return the result."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=cwd, env=env)
+                            cwd=cwd, env=env, preexec_fn=sigint_as_default)
     seen = ""
     while wait_for not in seen:
         line = proc.stderr.readline()  # blocks until the child writes a line, or returns "" when it has ended

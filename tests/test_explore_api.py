@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import sigint_as_default
 
 pytest.importorskip("starlette", reason="the explore extra (pip install -e '.[explore]') is not installed")
 pytest.importorskip("uvicorn", reason="the explore extra (pip install -e '.[explore]') is not installed")
@@ -230,7 +231,7 @@ def test_python_entry_point_serves_and_stops(one_thread):
     try:
         assert callable(interp.explore) and ex.running and ex.url.startswith("http://127.0.0.2:")
         assert f'src="{ex.url}"' in ex._repr_html_()
-        with urllib.request.urlopen(ex.url, timeout=30) as res:
+        with urllib.request.urlopen(ex.url, timeout=600) as res:
             assert res.status == 200
         assert ex.run(1)["image"] == 1
     finally:
@@ -244,7 +245,7 @@ def test_cli_prints_a_token_url_and_serves(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "interp", "explore", "--no-open", "--no-progress",
                              "--neurons", "2:17,2:101"], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env)
+                            text=True, env=env, preexec_fn=sigint_as_default)
     try:
         url = None
         while url is None:
@@ -254,12 +255,12 @@ def test_cli_prints_a_token_url_and_serves(tmp_path):
             if "?token=" in line:
                 url = line.strip()
         assert url and url.startswith("http://127.0.0.1:"), "no URL printed"
-        with urllib.request.urlopen(url.replace("/?", "/api/info?"), timeout=30) as res:
+        with urllib.request.urlopen(url.replace("/?", "/api/info?"), timeout=600) as res:
             info = json.loads(res.read())
         assert info["model"] == "planted_vit" and len(info["images"]) == 4
         assert [(n["layer"], n["neuron"]) for n in info["neurons"]["list"]] == [(2, 17), (2, 101)]
         with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(url.split("?")[0] + "api/info", timeout=30)
+            urllib.request.urlopen(url.split("?")[0] + "api/info", timeout=600)
         assert e.value.code == 401
     finally:
         proc.send_signal(signal.SIGINT)

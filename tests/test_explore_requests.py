@@ -211,8 +211,8 @@ def served(session):
     server.stop()
 
 
-def _closed_by_server(sock, timeout=30.0) -> bool:
-    """Whether the server closes ``sock`` (reads until EOF) before ``timeout``."""
+def _closed_by_server(sock, timeout=600.0) -> bool:
+    """Whether the server closes ``sock`` (reads until EOF); ``timeout`` is a safety net against a hang only."""
     sock.settimeout(timeout)
     try:
         while sock.recv(4096):
@@ -242,7 +242,7 @@ def test_a_disconnect_on_the_real_server_logs_no_traceback(served):
             sock.sendall(b"POST /api/run HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 100\r\nX-Interp-Token: " + served.token.encode() + b"\r\n\r\n{\"image\"")
             time.sleep(0.2)  # let the server start reading the body
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 600  # a safety net only: the line comes within the server's read
         while not records and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:

@@ -165,6 +165,15 @@ def test_coco_lost_convention_drops_crowd_and_rounds(tmp_path):
     assert [b.as_list() for b in lost] == ref.extract_gt_coco(objects) == [[10, 20, 41, 61]]
 
 
+def test_coco_lost_convention_keeps_the_file_when_a_sub_pixel_box_rounds_to_nothing(tmp_path):
+    objects = [{"id": 1, "image_id": 7, "bbox": [10.4, 20.5, 30.2, 40.7], "iscrowd": 0, "category_id": 1},
+               {"id": 2, "image_id": 7, "bbox": [5.1, 5.1, 0.2, 0.2], "iscrowd": 0, "category_id": 1}]
+    coco = {"images": [{"id": 7, "file_name": "a.jpg", "width": 100, "height": 100}], "annotations": objects}
+    (tmp_path / "c.json").write_text(json.dumps(coco))
+    lost = read_boxes(tmp_path / "c.json", convention="lost")["a.jpg"].boxes  # LOST's box [5, 5, 5, 5] never hits
+    assert [b.as_list() for b in lost] == [[10, 20, 41, 61]]
+
+
 def test_ties_torch_is_the_reference_call():
     degrees = torch.tensor([3, 1, 1, 2, 1, 3, 0, 1])
     assert degree_order(degrees).tolist() == [6, 1, 2, 4, 7, 3, 0, 5]

@@ -48,7 +48,7 @@ def check_images(path: str, flag: str = "--images", strict: bool = False) -> int
                          + (" (--strict stops at the first)" if strict and len(missing) < len(files) else ""))
     checked = [f for f in files if f.is_file()][:HEADERS_CHECKED]
     problems = [(f, why) for f, why in ((f, _header_problem(f)) for f in checked) if why]
-    if problems and (strict or len(problems) == len(checked)):
+    if problems and (strict or (len(problems) == len(checked) == len(files))):
         f, why = problems[0]
         scope = "" if len(checked) == len(files) else f" (of the first {len(checked)} checked)"
         raise ImageError(f"{flag} {path!r}: {len(problems)} file(s){scope} do not open as images, e.g. "

@@ -114,7 +114,7 @@ def adopt_torchvision_config(model: nn.Module, state_dict: dict, fit_head: bool)
         model.reset_classifier(int(head.shape[0]))
     grid = _grid(state_dict)
     patch = int(model.patch_embed.patch_size[-1])
-    v1 = grid is not None and grid * patch == 224
+    v1 = grid is not None and grid * patch == 224 and int(model.embed_dim) != 1280  # vit_h_14 has no V1 weights
     model.pretrained_cfg = {**(getattr(model, "pretrained_cfg", None) or {}), "mean": IMAGENET_MEAN,
                             "std": IMAGENET_STD, "interpolation": "bilinear" if v1 else "bicubic",
                             "crop_pct": 224 / 256 if v1 else 1.0, "crop_mode": "center"}

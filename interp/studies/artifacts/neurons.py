@@ -28,7 +28,7 @@ import numpy as np
 
 from ...hooks.names import mlp_post, resid_post
 from ..core.detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params
-from ..core.outliers import Detection, ThresholdSpec, resolve_layer
+from ..core.outliers import Detection, Threshold, ThresholdSpec, resolve_layer
 from ..core.presets import resolve_preset
 from .register_scores import RegisterScoreAccumulator, rank_neurons
 from ..core.result import OutlierStudyResult, skipped_records
@@ -100,7 +100,7 @@ class _NeuronScores:
     """The scoring pass of :func:`score_register_neurons` as a reader (blocks ``0..highest``' MLP activations
     and the detection block's token norms) and what it folded: ``acc`` and the used image indices."""
 
-    def __init__(self, source: ActivationSource, detect: int, highest: int, threshold: float, *,
+    def __init__(self, source: ActivationSource, detect: int, highest: int, threshold: "float | Threshold", *,
                  positions: str = "all", sparsity: Optional[str] = None, chosen: Optional[set] = None):
         self.hooks = [mlp_post(l) for l in range(highest + 1)]
         self.det_hook, self.highest, self.threshold = resid_post(detect), highest, threshold
@@ -121,7 +121,9 @@ class _NeuronScores:
                                                 positions=self.positions, sparsity=self.sparsity,
                                                 patch_slice=self.patch_slice)
         acts = {l: batch.acts[h][rows] for l, h in enumerate(self.hooks)}  # {l: [b, t, m]}
-        hit = self.acc.update(acts, batch.acts[self.det_hook][rows], self.threshold)  # [b]
+        cut = self.threshold.cuts([batch.start + j for j in rows]) if isinstance(self.threshold, Threshold) \
+            else self.threshold  # "auto": each image above its own cut, as the detection's outliers
+        hit = self.acc.update(acts, batch.acts[self.det_hook][rows], cut)  # [b]
         self.used += [batch.start + j for j, h in zip(rows, hit.tolist()) if h]
 
 
@@ -206,7 +208,7 @@ def neurons_reading(source: ActivationSource, found: Detection, *, highest_layer
     if not np.isfinite(thr.value):
         return Reading([], lambda: NeuronsResult(**base, message=f"no outliers at block {detect}: the detection "
                        "layer's norm distribution has no separated high-norm mode; nothing to rank"))
-    scores = _NeuronScores(source, detect, highest, thr.value, positions=positions, sparsity=sparsity,
+    scores = _NeuronScores(source, detect, highest, thr, positions=positions, sparsity=sparsity,
                            chosen=_choose_images(len(source), max_images, seed))
 
     def finish() -> NeuronsResult:

@@ -131,7 +131,7 @@ class _LayerTally:
         self.attn_share = np.zeros(self.n_layers)
         self.emergence = EmergenceAccumulator(self.n_layers)
 
-    def add(self, batch, outliers: torch.Tensor, threshold: float) -> None:
+    def add(self, batch, outliers: torch.Tensor, threshold: "float | torch.Tensor") -> None:
         """Fold one batch in; ``outliers`` Bool[b, P] are the batch's detection-layer outliers. Token rows are
         told apart with the batch's own layout (the forward that produced it)."""
         patches = batch.layout.patch_slice
@@ -145,7 +145,7 @@ class _LayerTally:
                         self.counts[s][k][i] += np.histogram(np.clip(vals, HIST_EDGES[0], HIST_EDGES[-1]),
                                                              HIST_EDGES)[0]
                         self.maxima[s][k][i] = max(self.maxima[s][k][i], float(vals.max()))
-            self.above[i] += int((batch.acts[resid_post(i)][:, patches] > threshold).sum())
+            self.above[i] += int((batch.acts[resid_post(i)][:, patches].double() > threshold).sum())
             if self.use_attention:
                 row = batch.acts[attn_pattern(i)][:, patches]  # [b, P]
                 self.emergence.update_attention(i, row)
@@ -225,7 +225,8 @@ def norms_reading(source: ActivationSource, det: Detection, *, emergence_factor:
     outliers = det.outliers  # [N, P]
 
     def fold(batch) -> None:
-        tally.add(batch, outliers[batch.start:batch.start + len(batch)], det.threshold.value)
+        rows = range(batch.start, batch.start + len(batch))  # each image above its own cut, as det.outliers
+        tally.add(batch, outliers[batch.start:batch.start + len(batch)], det.threshold.cuts(rows))
 
     return Reading([Reader(hooks, fold, reduce)],
                    lambda: _norms_result(source, det, tally, emergence_factor, attention, batch_size))

@@ -90,7 +90,7 @@ class RegisterScoreAccumulator:
         Args:
             acts: ``{layer: [b, t, m]}`` MLP activations for every layer ``0 .. n_layers - 1``.
             detection_norms: [b, t] token norms of the detection block's output (all tokens).
-            threshold: outlier norm (strict ``>``).
+            threshold: outlier norm (strict ``>``), or each image's own cut as a [b, 1] tensor.
 
         Returns:
             bool [b]: which images of the batch had outliers (were scored).
@@ -100,7 +100,8 @@ class RegisterScoreAccumulator:
             raise InterpError(f"activations of layers {missing} are missing; pass blocks.{{l}}.mlp.hook_post "
                               f"for every layer 0..{self.n_layers - 1}")
         norms = detection_norms.detach().cpu()
-        mask = self.outlier_mask(norms, float(threshold))  # [b, t]
+        cut = threshold if isinstance(threshold, torch.Tensor) else float(threshold)  # [b, 1] or one norm
+        mask = self.outlier_mask(norms, cut)  # [b, t]
         used = mask.any(dim=1)  # [b]
         self.n_images += int(norms.shape[0])
         if not bool(used.any()):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -73,6 +73,13 @@ class Threshold:
     reason: str = ""
     warning: Optional[str] = None
     image_values: Optional[Tuple[float, ...]] = None
+
+    def cuts(self, rows: Sequence[int]) -> "float | torch.Tensor":
+        """The cut of each image of ``rows`` (indices into the detected images) as a float64 [b, 1] tensor, to
+        compare with a batch's norms [b, t]; ``value`` itself when there are no per-image cuts."""
+        if self.image_values is None:
+            return self.value
+        return torch.tensor([self.image_values[i] for i in rows], dtype=torch.float64)[:, None]
 
     def mask(self, norms) -> "torch.Tensor | np.ndarray":
         """Bool mask of the outliers among ``norms`` [N, P] (a tensor or an array, answered in kind): above

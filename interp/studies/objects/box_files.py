@@ -110,6 +110,8 @@ def _read_coco(data: dict, path: Path, convention: str = "interp") -> BoxTable:
             if ann.get("iscrowd") == 1:
                 continue
             corners = [int(round(v)) for v in corners]
+            if corners[2] <= corners[0] or corners[3] <= corners[1]:
+                continue  # a sub-pixel box rounded to nothing: LOST keeps it, and it can never match
         box = _make_box(*corners, where)
         if entry.size is not None:
             check_box_in_image(box, entry.size, where)
