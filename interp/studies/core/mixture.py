@@ -40,23 +40,43 @@ def mixture_loglik(x: np.ndarray, params: np.ndarray) -> float:
     return total
 
 
+def _e_step(x: np.ndarray, w: np.ndarray, m: np.ndarray, s: np.ndarray) -> Tuple[float, np.ndarray]:
+    """Log-likelihood of ``x`` and the responsibility sums [K, 3] (sum r, sum r d, sum r d^2 with d = x - m_k:
+    centred on each component's mean, so the variance keeps its digits), in chunks of :data:`_CHUNK` values so
+    that memory stays bounded on millions of norms."""
+    loglik, sums = 0.0, np.zeros((w.size, 3))
+    base = (np.log(w) - np.log(s))[:, None]
+    for start in range(0, x.size, _CHUNK):
+        d = x[None, start:start + _CHUNK] - m[:, None]  # [K, c]
+        # log of w_k N(x; m_k, s_k) up to the shared -log(2 pi)/2, then the responsibilities
+        r = np.square(d / s[:, None])
+        np.multiply(r, -0.5, out=r)
+        r += base
+        top = r.max(0)
+        r -= top
+        np.exp(r, out=r)
+        total = r.sum(0)
+        loglik += float((top + np.log(total)).sum())
+        r /= total
+        sums[:, 0] += r.sum(1)
+        sums[:, 1] += (r * d).sum(1)
+        np.square(d, out=d)
+        sums[:, 2] += (r * d).sum(1)
+    return loglik - 0.5 * _LOG_2PI * x.size, sums
+
+
 def em(x: np.ndarray, params: np.ndarray, floor: float) -> Tuple[np.ndarray, float]:
     """EM from ``params`` [K, 3] to convergence (sigmas kept >= ``floor``); (params, loglik on x)."""
     w, m, s = (params[:, i].astype(np.float64).copy() for i in range(3))
     last = -np.inf
     for _ in range(_MAX_ITER):
-        # log of w_k N(x; m_k, s_k) up to the shared -log(2 pi)/2, then the responsibilities
-        logs = (np.log(w) - np.log(s))[:, None] - 0.5 * ((x[None, :] - m[:, None]) / s[:, None]) ** 2  # [K, n]
-        top = logs.max(0)
-        e = np.exp(logs - top)
-        total = e.sum(0)
-        loglik = float((top + np.log(total)).sum()) - 0.5 * _LOG_2PI * x.size
-        r = e / total
-        nk = r.sum(1)
+        loglik, sums = _e_step(x, w, m, s)
+        nk = sums[:, 0]
         if nk.min() < 1e-9:
             break
-        m = (r @ x) / nk
-        s = np.maximum(np.sqrt((r * (x[None, :] - m[:, None]) ** 2).sum(1) / nk), floor)
+        shift = sums[:, 1] / nk  # the new mean minus the old
+        m = m + shift
+        s = np.maximum(np.sqrt(np.maximum(sums[:, 2] / nk - shift * shift, 0.0)), floor)  # E_r[(x - m_new)^2]
         w = nk / x.size
         if loglik - last < _TOL * x.size:
             break
