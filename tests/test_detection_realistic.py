@@ -1,6 +1,6 @@
 """Detection on realistic norm distributions: a wide log-normal bulk (log-sigma 0.15-0.45) with 1-5 % outliers
 at 3-8x the median must be found by "auto"; single log-normals and heavy-tailed bulks must not; fixed values
-and percentiles mean what the papers mean (see interp.studies.core.outliers.resolve_threshold).
+and percentiles mean what the papers mean (see interp.studies.core.thresholds.resolve_threshold).
 
 Synthetic outliers: log-normal around ``ratio`` x the bulk median with log-sigma 0.10 (a tight mode, like
 the planted tokens and the artifacts of the papers' models).
@@ -17,7 +17,8 @@ import interp
 from interp.errors import InterpError
 from interp.studies import open_source
 from interp.studies.core.norm_split import MAX_FIT_POINTS, split_norms
-from interp.studies.core.outliers import MAX_ARTIFACT_SHARE, ThresholdError, detect, parse_threshold, resolve_threshold
+from interp.studies.core.outliers import detect
+from interp.studies.core.thresholds import MAX_ARTIFACT_SHARE, ThresholdError, parse_threshold, resolve_threshold
 
 MEDIAN = 50.0
 OUTLIER_SIGMA = 0.10

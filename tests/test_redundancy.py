@@ -12,7 +12,8 @@ from interp.studies import open_source
 from interp.studies.artifacts.redundancy import (MIN_GROUP_TOKENS, RedundancyResult, neighbour_similarity,
                                                  redundancy_study)
 from interp.studies.core.detection import DetectionSpec
-from interp.studies.core.outliers import Detection, resolve_threshold
+from interp.studies.core.outliers import Detection
+from interp.studies.core.thresholds import resolve_threshold
 
 
 def test_neighbour_similarity_is_the_mean_cosine_over_the_grid_neighbours():

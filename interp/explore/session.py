@@ -28,7 +28,8 @@ from ..interventions import interventions_from_spec, masks
 from ..models.planted import planted_truth
 from ..models.preprocessing import list_images
 from ..studies.artifacts.neurons import neurons_study
-from ..studies.core.outliers import ThresholdSpec, detect
+from ..studies.core.outliers import detect
+from ..studies.core.thresholds import ThresholdSpec
 from ..studies.core.source import open_source
 from .readout import HeadReadout, head_readout
 from .requests import MAX_SECONDS, RequestTooLarge, check_spec, check_threshold, describe_edits

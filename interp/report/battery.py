@@ -31,7 +31,8 @@ from typing import Dict, List, Optional, Union
 
 from ..models.planted import planted_truth
 from ..models.samples import SAMPLES_DIR
-from ..studies.core.outliers import Detection, ThresholdSpec
+from ..studies.core.outliers import Detection
+from ..studies.core.thresholds import ThresholdSpec
 from ..studies.core.result import jsonable
 from ..studies.core.source import ImagesSpec, LiveSource, open_source
 from .html import write_html

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 from ..studies.artifacts.norms import norms_study
 from ..studies.artifacts.redundancy import redundancy_study
 from ..studies.core.detection import DetectionSpec, RunOptions, spec_of, threshold_param
-from ..studies.core.outliers import ThresholdSpec
+from ..studies.core.thresholds import ThresholdSpec
 from ..studies.probes.token_probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
 from ..models.preprocessing import eval_transform

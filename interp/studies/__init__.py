@@ -18,7 +18,7 @@ _LAZY = {
     "ActivationSource": "core.source", "Batch": "core.source", "CacheSource": "core.cache_source", "LiveSource": "core.source",
     "open_source": "core.source",
     "DetectionSpec": "core.detection", "RunOptions": "core.detection",
-    "Detection": "core.outliers", "detect": "core.outliers", "detect_norms": "core.outliers",
+    "Detection": "core.outliers", "detect": "core.outliers", "detect_norms": "core.thresholds",
     "StudyDescriptor": "core.descriptors", "DESCRIPTORS": "core.descriptors", "required_hooks": "core.descriptors",
     "run_hooks": "core.forward",
     "linear_probe": "probes.linear_probe", "ProbeFit": "probes.linear_probe", "ProbeResult": "probes.linear_probe",
@@ -44,7 +44,7 @@ def __dir__() -> list:
 # Flat module paths of earlier versions -> their home; ``import interp.studies.norms`` gives the same module
 # object as ``import interp.studies.artifacts.norms``.
 MOVED = {
-    **{m: f"core.{m}" for m in ("source", "cache_source", "detection", "outliers", "norm_split", "result", "forward", "presets",
+    **{m: f"core.{m}" for m in ("source", "cache_source", "detection", "outliers", "thresholds", "norm_split", "result", "forward", "presets",
                                 "metrics", "descriptors")},
     **{m: f"artifacts.{m}" for m in ("norms", "emergence", "neurons", "register_scores", "ablate", "relocate",
                                      "registers")},

@@ -56,7 +56,8 @@ from ..core.detection import DetectionLike, DetectionSpec, detection_from_norms,
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout, headline_metric
 from ..core.behaviour import target_classes  # noqa: F401  (its home is core.behaviour; imported from here too)
 from ..core.forward import run_hooks
-from ..core.outliers import Detection, ThresholdSpec, resolve_layer
+from ..core.outliers import Detection, resolve_layer
+from ..core.thresholds import ThresholdSpec
 from .patch_score import FINAL, needed_hooks, score_maps_from_acts
 from ..core.source import live_model, n_batches
 from ..core.result import OutlierStudyResult

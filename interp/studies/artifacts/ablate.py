@@ -19,7 +19,7 @@ from ...interventions import NeuronAblation
 from ..core.behaviour import METRICS, BehaviourMeter, ClassifierLike, behaviour_readout
 from ..core.forward import Baseline, baseline_summary, forward_summary
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
-from ..core.outliers import ThresholdSpec
+from ..core.thresholds import ThresholdSpec
 from ..core.result import OutlierStudyResult, skipped_records
 from ..core.source import LiveSource, live_model, n_batches
 

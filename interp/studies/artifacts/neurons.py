@@ -28,7 +28,8 @@ import numpy as np
 
 from ...hooks.names import mlp_post, resid_post
 from ..core.detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params
-from ..core.outliers import Detection, Threshold, ThresholdSpec, resolve_layer
+from ..core.outliers import Detection, resolve_layer
+from ..core.thresholds import Threshold, ThresholdSpec
 from ..core.presets import resolve_preset
 from .register_scores import RegisterScoreAccumulator, rank_neurons
 from ..core.result import OutlierStudyResult, skipped_records

@@ -19,7 +19,8 @@ import torch
 from ...hooks.names import RESID_STAGES as STAGES, attn_pattern, resid_post, resid_stage
 from .emergence import EmergenceAccumulator, find_detected_emergence, find_emergence
 from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
-from ..core.outliers import Detection, ThresholdSpec
+from ..core.outliers import Detection
+from ..core.thresholds import ThresholdSpec
 from ..core.passes import Reader, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ..core.source import ActivationSource, token_norms
@@ -58,7 +59,7 @@ class NormsResult(OutlierStudyResult):
         threshold: outlier threshold at ``detect_layer`` (None = no outliers: distribution not bimodal under "auto").
         bimodal, mode_ratio: the two-mode test's verdict and fitted upper/lower mode ratio (a diagnostic for a
             fixed threshold, never a veto).
-        detection: the threshold's diagnostics (:meth:`~interp.studies.core.outliers.Threshold.to_dict`): share above
+        detection: the threshold's diagnostics (:meth:`~interp.studies.core.thresholds.Threshold.to_dict`): share above
             it, the verdict and its reason, and the two-mode fit (modes, separation, BIC, accepted, reason).
         detection_message: the same in one line, e.g. "block 11: artifacts found: 2.60 % of the patch tokens ...".
         outlier_maps: [N][h][w] 0/1 outliers at ``detect_layer`` (patch tokens).

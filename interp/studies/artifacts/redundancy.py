@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ...errors import InterpError
 from ...hooks.names import EMBED, PATCH_EMBED
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
-from ..core.outliers import ThresholdSpec
+from ..core.thresholds import ThresholdSpec
 from ..core.passes import Reader, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ..core.source import ActivationSource

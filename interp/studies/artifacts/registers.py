@@ -18,7 +18,7 @@ from ...hooks.names import attn_pattern, resid_post
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
 from ..core.forward import Baseline, baseline_summary, run_hooks
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
-from ..core.outliers import ThresholdSpec
+from ..core.thresholds import ThresholdSpec
 from ..core.result import OutlierStudyResult, skipped_records
 from ..core.source import LiveSource, live_model, n_batches
 

@@ -20,7 +20,8 @@ from ..core.detection import DetectionLike, as_detection, detection_from_norms, 
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
 from ..core.forward import Baseline, baseline_summary, forward_summary
 from ..core.metrics import iou
-from ..core.outliers import Detection, ThresholdSpec, resolve_layer
+from ..core.outliers import Detection, resolve_layer
+from ..core.thresholds import ThresholdSpec
 from ..core.result import OutlierStudyResult, skipped_records
 from ..core.source import LiveSource, live_model, n_batches
 

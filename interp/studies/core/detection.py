@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional, Union
 
 from ...errors import InterpError
-from .outliers import Detection, ThresholdSpec, artifact_status, detect, detect_norms, parse_threshold, resolve_layer
+from .outliers import Detection, artifact_status, detect, resolve_layer
+from .thresholds import ThresholdSpec, detect_norms, parse_threshold
 from .presets import check_preset_model, resolve_preset
 
 

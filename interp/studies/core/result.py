@@ -114,7 +114,7 @@ class OutlierStudyResult(StudyResult):
         detect_layer: the detection block (resolved, >= 0).
         threshold: the resolved norm threshold; None when "auto" finds no separated high-norm mode.
         threshold_method: "fixed", "percentile" or "auto".
-        artifacts_found: the threshold's verdict (:class:`~interp.studies.core.outliers.Threshold`): "auto" and
+        artifacts_found: the threshold's verdict (:class:`~interp.studies.core.thresholds.Threshold`): "auto" and
             percentiles need a separated minority high-norm mode; a fixed value needs a minority of tokens above it.
         warning: why the study's outliers are not register artifacts; when artifacts were found, the
             threshold's own caveat (it lies inside the bulk) or None.

@@ -58,7 +58,8 @@ import torch
 from ...errors import InterpError
 from ...models.preprocessing import patch_pixels  # noqa: F401  (its public home of earlier versions)
 from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params
-from ..core.outliers import Detection, ThresholdSpec, resid_post, resolve_layer
+from ..core.outliers import Detection, resid_post, resolve_layer
+from ..core.thresholds import ThresholdSpec
 from ..core.passes import Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ..core.source import ActivationSource

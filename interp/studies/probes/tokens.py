@@ -18,7 +18,8 @@ from ...errors import InterpError
 from ...models.preprocessing import patch_pixels
 from ..aggregation.patch_score import split_tokens
 from ..core.detection import DetectionLike, RunOptions, as_detection
-from ..core.outliers import Detection, ThresholdSpec
+from ..core.outliers import Detection
+from ..core.thresholds import ThresholdSpec
 from ..core.passes import Reader
 from ..core.source import ActivationSource
 from .scores import Split
