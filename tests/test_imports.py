@@ -27,7 +27,7 @@ ROOT = "interp"
 # Lower rank = lower layer; a module may import only modules of its own rank or lower.
 LAYERS = [
     ("interp.errors", "interp._version", "interp._progress", "interp._transforms", "interp._image_files",
-     "interp._model_names"),
+     "interp._model_names", "interp.values"),
     ("interp.models",),
     ("interp.hooks",),
     ("interp.cache",),

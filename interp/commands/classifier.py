@@ -13,7 +13,7 @@ from typing import List
 from ..console import add_output_args
 from .common import add_device_arg
 from .saving import refuse_existing_file
-from .values import existing_file, positive_int
+from ..values import existing_file, positive_int
 
 MAX_CLASS_NAME = 200  # characters; a longer "name" is a wrong file (a list on one line, a binary file)
 

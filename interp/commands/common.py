@@ -8,7 +8,7 @@ from typing import Dict, List, Sequence
 
 from ..console import add_output_args
 from ..errors import InterpError, UsageError
-from .values import (device_arg, existing_file, existing_path, image_size_arg, nonnegative_float, open_fraction,
+from ..values import (device_arg, existing_file, existing_path, image_size_arg, nonnegative_float, open_fraction,
                      positive_float, positive_int, seed_arg, threshold_arg, transform_arg)
 
 

@@ -18,7 +18,7 @@ from .common import (add_batch_size_arg, add_device_arg, add_output_args, add_ov
                      add_strict_arg, add_detection_args, add_preprocess_args, add_probe_budget_args, check_device,
                      preprocess_arg, probe_budget, threshold_value)
 from .saving import write_outputs
-from .values import existing_path, positive_int
+from ..values import existing_path, positive_int
 
 NONE = "-"  # in a per-model list: no value for this model
 
@@ -72,7 +72,7 @@ def per_model(values: Optional[List[str]], n_models: int, flag: str) -> List[Opt
 def _check_values(args) -> tuple:
     """Before torch: per-model lists of weights files (existing) and image sizes (positive integers)."""
     from ..errors import UsageError
-    from .values import existing_file
+    from ..values import existing_file
 
     weights = per_model(args.weights, len(args.models), "--weights")
     sizes = per_model(args.img_size, len(args.models), "--img-size")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..console import add_output_args
 from .common import NEURONS_SYNTAX, add_model_args, model_from_args, parse_neurons, threshold_value
-from .values import existing_path, port_number, positive_float, positive_int, threshold_arg
+from ..values import existing_path, port_number, positive_float, positive_int, threshold_arg
 
 # the explorer's request limits, said in --help (interp.explore.requests, .server, .connections hold them;
 # importing those here would import the web stack and torch before the arguments are checked)

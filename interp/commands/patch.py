@@ -6,7 +6,7 @@ import copy
 from .common import add_batch_size_arg, add_model_args
 from .output import atomic_file
 from .saving import refuse_existing_file
-from .values import existing_file, existing_path, nonnegative_float
+from ..values import existing_file, existing_path, nonnegative_float
 
 
 def register(sub) -> None:

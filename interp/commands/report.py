@@ -12,7 +12,7 @@ from .common import (add_batch_size_arg, add_classifier_arg, add_model_args, add
                      add_preprocess_args, add_strict_arg, add_detection_args, model_from_args, preprocess_arg,
                      threshold_value)
 from .saving import REPORT_MARKER, prepare_report_dir
-from .values import existing_path, nonnegative_int, positive_int
+from ..values import existing_path, nonnegative_int, positive_int
 
 
 def register(sub) -> None:

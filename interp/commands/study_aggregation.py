@@ -17,7 +17,7 @@ from .common import (add_classifier_arg, add_detection_args, add_study_args, mod
                      print_behaviour, source_from_args, threshold_value)
 from .saving import save_study
 from ..errors import UsageError
-from .values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
+from ..values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
                      positive_float, positive_int)
 
 

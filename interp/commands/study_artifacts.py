@@ -16,7 +16,7 @@ from ..errors import InterpError
 from .common import (NEURONS_SYNTAX, add_classifier_arg, add_detection_args, add_study_args, model_from_args,
                      parse_neurons, print_behaviour, source_from_args, threshold_value)
 from .saving import save_study
-from .values import nonnegative_int, positive_int, register_count
+from ..values import nonnegative_int, positive_int, register_count
 
 def parse_target(text: Optional[str], grid):
     """``--target`` in the one target grammar (:func:`interp.interventions.masks.parse_target`: ``smiley``,

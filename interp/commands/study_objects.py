@@ -18,7 +18,7 @@ from pathlib import Path
 from .common import (add_detection_args, add_probe_budget_args, add_study_args, model_from_args, probe_budget,
                      source_from_args, threshold_value)
 from .saving import save_study
-from .values import existing_file, existing_path, finite_float, open_fraction, positive_int, register_count
+from ..values import existing_file, existing_path, finite_float, open_fraction, positive_int, register_count
 
 OVERLAY_IMAGES = 8  # images drawn by the LOST and segmentation figures
 

@@ -179,7 +179,7 @@ def register_count(text: str) -> int:
 
 def transform_arg(text: str) -> str:
     """``--transform``: ``model`` or ``resizeN[-cropM]`` (checked without torch), returned lower-cased."""
-    from .._transforms import parse_transform_name
+    from ._transforms import parse_transform_name
 
     try:
         parse_transform_name(text)
