@@ -6,7 +6,7 @@ from typing import Optional, Union
 
 import torch
 
-from .hooks import HookedViT
+from .hooks.hooked_vit import HookedViT
 from .models.loading import create_timm_vit
 
 

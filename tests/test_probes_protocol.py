@@ -20,7 +20,9 @@ from interp.studies import CacheSource, open_source, required_hooks
 from interp.studies.core.detection import DetectionSpec
 from interp.studies.core.outliers import detect
 from interp.studies.core.result import OutlierStudyResult
-from interp.studies.probes import PIXEL_SPACE, ProbesResult, probes_study, read_split
+from interp.studies.probes.image_sets import read_split
+from interp.studies.probes.scores import PIXEL_SPACE
+from interp.studies.probes.token_probes import ProbesResult, probes_study
 from interp.studies.probes.linear_probe import fit_probe
 from interp.studies.probes.scores import GroupScore, pixel_errors
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from interp.hooks import HookedViT
+from interp.hooks.hooked_vit import HookedViT
 
 TL = "transformer-lens"
 PUBLIC_METHODS_USED = ("setup", "add_hook", "hooks", "run_with_hooks", "run_with_cache", "get_caching_hooks",

@@ -9,7 +9,13 @@ import os
 
 from .common import (add_model_args, add_output_args, add_preprocess_args, add_strict_arg, model_from_args,
                      preprocess_arg)
+from ..studies.declaration import declared, hooks_for_studies
 from ..values import existing_path, image_list_file, positive_int
+
+
+def _study_names(text: str) -> list:
+    """``--for norms, neurons`` -> ["norms", "neurons"]."""
+    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 def register(sub) -> None:
@@ -57,20 +63,17 @@ def run(args) -> int:
                       hint="pass --resume to continue it, --overwrite to replace it, or choose another path")
     check_cache_lock(args.out)  # another writer: said before torch loads, not after the model is built
     if args.for_studies:
-        from .registry import STUDIES
-
-        unknown = [s.strip() for s in args.for_studies.split(",") if s.strip() and s.strip() not in STUDIES]
+        studies = declared()
+        unknown = [s for s in _study_names(args.for_studies) if s not in studies]
         if unknown:
-            raise UsageError(f"--for {args.for_studies!r}: unknown study {unknown[0]!r}; known: {', '.join(STUDIES)}")
+            raise UsageError(f"--for {args.for_studies!r}: unknown study {unknown[0]!r}; known: {', '.join(studies)}")
     from ..cache import write  # imports torch: after the checks above
     from ..cache.format import weights_source
 
     model = model_from_args(args)
     hooks = list(args.hooks)
     if args.for_studies:
-        from .registry import hooks_for_studies
-
-        hooks += [h for h in hooks_for_studies(args.for_studies, model.n_layers) if h not in hooks]
+        hooks += [h for h in hooks_for_studies(_study_names(args.for_studies), model.n_layers) if h not in hooks]
     replacing = os.path.exists(args.out) and not args.resume
     try:
         summary = write(

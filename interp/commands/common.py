@@ -8,12 +8,13 @@ from typing import Dict, List, Sequence
 
 from ..console import add_output_args
 from ..errors import InterpError, UsageError
-from ..values import (device_arg, existing_file, existing_path, image_size_arg, nonnegative_float, open_fraction,
+from ..values import (NEURONS_SYNTAX, device_arg, existing_file, existing_path, image_size_arg, nonnegative_float, open_fraction,
                      positive_float, positive_int, seed_arg, threshold_arg, transform_arg)
 
 
-def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False) -> None:
-    """MODEL positional plus --weights, --pretrained/--no-pretrained, --device, --img-size, --depth."""
+def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False, seed: bool = True) -> None:
+    """MODEL positional plus --weights, --pretrained/--no-pretrained, --device, --img-size, --depth,
+    --pos-resample and (unless ``seed`` is False: a study's config declares it) --seed."""
     if model_optional:
         parser.add_argument("model", nargs="?", default=None, help="timm model name")
     else:
@@ -33,7 +34,8 @@ def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False
                         help="how --weights' position table is resampled to --img-size: auto (default: DINOv2's "
                              "own arithmetic for an original DINOv2 file, timm's otherwise), timm, dinov2 or "
                              "dinov2_reg")
-    add_seed_arg(parser)
+    if seed:
+        add_seed_arg(parser)
 
 
 def add_seed_arg(parser: argparse.ArgumentParser) -> None:
@@ -133,21 +135,25 @@ def threshold_value(text):
         return text
 
 
-def add_study_args(parser: argparse.ArgumentParser, cache_ok: bool = True, images_with_cache: str = "") -> None:
-    """Arguments of every ``interp study NAME``: model args, --images/--cache, --out, --batch-size, --seed,
-    --strict, --overwrite, --no-progress, --quiet. ``images_with_cache``: what --images adds to a --cache run
-    (then both may be given; the run checks that one is)."""
-    add_model_args(parser)
+def add_study_args(parser: argparse.ArgumentParser, inputs: str = "images_or_cache", cache_images: str = "") -> None:
+    """The inputs of every ``interp study NAME``: model args, --images/--cache, --out, preprocessing,
+    --batch-size, --strict, --overwrite, --no-progress, --quiet. ``inputs``: ``"images"`` (no cache),
+    ``"images_or_cache"`` (one of them), ``"images_and_cache"`` (--images adds to a --cache run what
+    ``cache_images`` says; the study checks that one is given). The study's own options (--seed among them) come
+    from its config."""
+    add_model_args(parser, seed=False)
     images_help = "image directory (DIR/<class>/img gives labels), list file or image"
-    if images_with_cache:
-        parser.add_argument("--images", type=existing_path, help=f"{images_help}; with --cache: {images_with_cache}")
-        parser.add_argument("--cache", type=existing_file, help="an interp cache file (.h5) to read activations from")
+    cache_help = "an interp cache file (.h5) to read activations from"
+    if inputs == "images_and_cache":
+        parser.add_argument("--images", type=existing_path, help=f"{images_help}; with --cache: {cache_images}")
+        parser.add_argument("--cache", type=existing_file, help=cache_help)
     else:
         src = parser.add_mutually_exclusive_group(required=True)
         src.add_argument("--images", type=existing_path, help=images_help)
-        if cache_ok:
-            src.add_argument("--cache", type=existing_file,
-                             help="an interp cache file (.h5) to read activations from")
+        if inputs == "images_or_cache":
+            src.add_argument("--cache", type=existing_file, help=cache_help)
+        else:
+            parser.set_defaults(cache=None)
     parser.add_argument("--out", required=True, help="output directory for <study>.json and PNGs")
     add_preprocess_args(parser)
     add_batch_size_arg(parser)
@@ -295,8 +301,6 @@ def source_from_args(args: argparse.Namespace, model):
     return source
 
 
-# the same text as interventions.neuron_sets.NEURONS_SYNTAX, kept here: importing that package imports torch
-NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
 
 
 def parse_neurons(text: str) -> Dict[int, List[int]]:

@@ -55,7 +55,7 @@ def _models(args):
     """(plain timm model, HookedViT over an identical copy) for the model arguments."""
     import torch
 
-    from ..hooks import HookedViT
+    from ..hooks.hooked_vit import HookedViT
     from ..models.loading import create_timm_vit
     from .common import check_device, check_model_args
 

@@ -3,11 +3,9 @@
 (unless ``--overwrite``) or is not ours to replace."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from ..errors import OutputError
-from .common import preprocess_arg
 
 
 def write_outputs(result, out_dir, figures=()) -> None:
@@ -19,22 +17,21 @@ def write_outputs(result, out_dir, figures=()) -> None:
     _said_written(result, out_dir, save_result(result, out_dir, figures=list(figures)))
 
 
-def save_study(result, args: argparse.Namespace, images=None, **figure_options) -> None:
-    """How every ``interp study`` command saves: the figures of the plots registry (drawn over ``images``, with
-    ``figure_options`` such as ``n_maps``), then ``<study>.json`` into ``args.out``, written once. The images
-    ``source_from_args`` skipped (``args.skipped``) are the result's ``skipped`` field and the seed of
-    ``--no-pretrained`` weights goes in as ``weights_seed`` (None for loaded weights), and how the weights'
-    position table was resampled to the model's size as ``pos_resample`` (None when it was not)."""
+def save_study(result, out_dir, source, model, **figure_options) -> None:
+    """How every ``interp study`` run saves: the figures the plots registry has for the result (map figures drawn
+    over the images :meth:`~interp.studies.core.result.StudyResult.figure_images` picks from ``source``; each
+    figure takes the ``figure_options`` it names, such as ``n_maps``), then ``<study>.json`` into ``out_dir``,
+    written once. The run's facts go in with it: the images ``source`` skipped (the result's ``skipped``), the
+    seed of ``--no-pretrained`` weights (``weights_seed``, None for loaded weights), how the weights' position
+    table was resampled to the model's size (``pos_resample``, None when it was not) and the preprocessing
+    (``preprocess``: "model" or an eval transform's name)."""
     from ..report.save import save_result
 
-    extra = None
-    if hasattr(args, "skipped"):  # set by source_from_args
-        result.skipped = list(args.skipped)
-        extra = {"weights_seed": getattr(args, "weights_seed", None),
-                 "pos_resample": getattr(args, "pos_resampled", None),  # how the position table met --img-size
-                 "preprocess": getattr(args, "preprocess", None)}  # "model" or an eval transform's name
-    _said_written(result, args.out, save_result(result, args.out, images, extra=extra,
-                                                figure_options=figure_options))
+    result.skipped = [{"image": image, "reason": reason} for image, reason in source.skipped]
+    extra = {"weights_seed": getattr(model, "init_seed", None), "pos_resample": getattr(model, "pos_resample", None),
+             "preprocess": source.preprocess}
+    written = save_result(result, out_dir, result.figure_images(source), extra=extra, figure_options=figure_options)
+    _said_written(result, out_dir, written)
 
 
 def _said_written(result, out_dir, written) -> None:
@@ -56,7 +53,7 @@ def refuse_existing_file(path, overwrite: bool, flag: str = "--out") -> None:
     check_output_file(path, flag, overwrite=overwrite, example=Path(str(path)).name or "out")
 
 
-def prepare_study_output(args: argparse.Namespace, result_name: str) -> list:
+def prepare_study_output(out, result_name: str, overwrite: bool) -> list:
     """Before any work: ``--out`` must be a writable folder, and ``--out/<result_name>.json`` is not replaced
     without ``--overwrite``. Returns the figure files the existing result lists (empty when there is none),
     which the new result replaces once it is complete (a failed run leaves the old result whole)."""
@@ -64,12 +61,11 @@ def prepare_study_output(args: argparse.Namespace, result_name: str) -> list:
 
     from .output import check_output_folder
 
-    preprocess_arg(args)  # bad --resize/--crop/--transform: refused here, before torch
-    check_output_folder(args.out)
-    path = Path(args.out) / f"{result_name}.json"
+    check_output_folder(out)
+    path = Path(out) / f"{result_name}.json"
     if not path.exists():
         return []
-    if not getattr(args, "overwrite", False):
+    if not overwrite:
         raise OutputError(f"{str(path)!r} already exists (a {result_name} result); pass --overwrite to replace it "
                          "and the figures it lists, or choose another --out")
     try:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..errors import InterpError
+from ..values import NEURONS_SYNTAX
 
-NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
 
 
 @dataclass(frozen=True)

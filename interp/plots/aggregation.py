@@ -16,6 +16,9 @@ from matplotlib.patches import Rectangle
 
 from ..studies.aggregation.patch_score import PatchScoreResult
 from ..studies.aggregation.selective_cls import SelectiveCLSResult
+from ..studies.aggregation.masking import MaskingResult
+from ..studies.aggregation.pib import PiBResult
+from .registry import figure
 
 
 
@@ -39,6 +42,7 @@ def _distribution_panels(result) -> List[Tuple[str, Dict[str, object]]]:
     return [(f"reference: {result.reference}", {"all patches": result.scores})]
 
 
+@figure(PatchScoreResult, "score_distributions")
 def score_distributions(result) -> Figure:
     """Patch Score histograms, foreground vs background (all patches when no region was given)."""
     panels = _distribution_panels(result)
@@ -70,6 +74,7 @@ def _counting_label(value: Optional[float], rule) -> str:
     return number if rule is None or str(rule) == number else f"{number} ({rule})"
 
 
+@figure(MaskingResult, "masking_curves")
 def masking_curves(result) -> Figure:
     """Metric (accuracy or agreement) and outliers per image vs masked fraction: top-k and bottom-k by score, and
     the seeded random order (the control) when the result has it."""
@@ -165,6 +170,8 @@ def score_maps(result, n: int = 8, cols: int = 4, only_with_boxes: bool = True) 
 
 
 # ------------------------------------------------------- makers for the registry's table (None: nothing to draw)
+@figure(PiBResult, "pib")
+@figure(SelectiveCLSResult, "pib")
 def pib_bars_if_any(result) -> Optional[Figure]:
     """PiB bars, or None for a result without a PiB (no boxes) or a SelectiveCLS result without one."""
     if isinstance(result, SelectiveCLSResult):
@@ -172,16 +179,19 @@ def pib_bars_if_any(result) -> Optional[Figure]:
     return pib_bars(result) if result.pib is not None else None
 
 
+@figure(PiBResult, "score_maps", options=("n_maps",))
 def score_maps_if_pib(result, n_maps: int = 8) -> Optional[Figure]:
     """The PiB result's score maps (the first ``n_maps`` images with a box), or None without a PiB."""
     return score_maps(result, n=n_maps) if result.pib is not None else None
 
 
+@figure(PatchScoreResult, "score_maps", options=("n_maps",))
 def score_maps_of_patch_score(result, n_maps: int = 8) -> Figure:
     """Patch Score maps of ``n_maps`` images: only the images with boxes when the result has foreground cells."""
     return score_maps(result, n=n_maps, only_with_boxes=result.fg is not None)
 
 
+@figure(SelectiveCLSResult, "score_distributions")
 def distributions_if_pib(result) -> Optional[Figure]:
     """A SelectiveCLS result's fg/bg score distributions, or None when no row has a PiB (no boxes)."""
     return score_distributions(result) if any(row.get("pib") is not None for row in result.rows) else None

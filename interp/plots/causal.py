@@ -8,8 +8,14 @@ from matplotlib.lines import Line2D
 
 from .common import (MAX_PANELS, NO_ARTIFACTS, TARGET_COLOR, THRESHOLD_COLOR, message_figure, short_name,
                      display_arrays, near_one, outline_legend, plural, _map_panel, _outline, _fmt, _use_log)
+from ..studies.artifacts.ablate import AblationResult
+from ..studies.artifacts.neurons import NeuronsResult
+from ..studies.artifacts.registers import RegisterResult
+from ..studies.artifacts.relocate import RelocationResult
+from .registry import figure
 
 
+@figure(NeuronsResult, "neuron_scores")
 def neuron_scores(neurons_result, max_bars: int = 30) -> Figure:
     """Bar charts of the ranked register neurons' scores and of each layer's best score."""
     r = neurons_result
@@ -62,6 +68,7 @@ ABLATION_METRICS = {
 }
 
 
+@figure(AblationResult, "ablation_bars")
 def ablation_bars(ablation_result) -> Figure:
     """Per metric: bars for the unablated baseline, the ablated target neurons, and the random controls
     (mean with a std error bar, each control as a dot)."""
@@ -106,6 +113,7 @@ def ablation_bars(ablation_result) -> Figure:
 
 
 # ----------------------------------------------------------------------------------------- relocation
+@figure(RelocationResult, "relocation_maps", images=True)
 def relocation_maps(relocation_result, images=None) -> Figure:
     """Outlier maps before (top row) and after (bottom row) relocation, the target mask outlined.
 
@@ -147,6 +155,7 @@ def relocation_maps(relocation_result, images=None) -> Figure:
 
 
 # ----------------------------------------------------------------------------------------- registers
+@figure(RegisterResult, "register_summary")
 def register_summary(register_result) -> Figure:
     """Patch outliers and max patch norm without vs with the test-time register, and the register token's
     norm (per image), at the detection block; CLS attention on the register when measured."""

@@ -16,6 +16,8 @@ from matplotlib.patches import Patch
 
 from .common import (MAX_PANELS, NO_ARTIFACTS, ATTN_COLOR, MLP_COLOR, THRESHOLD_COLOR, message_figure, short_name,
                      display_arrays, outline_legend, plural, _map_panel, _panel_grid, _plain_log_axis, _use_log)
+from ..studies.artifacts.norms import NormsResult
+from .registry import figure
 
 
 QUANTILES = (0.01, 0.25, 0.5, 0.75, 0.99)  # per block: the 1-99 % line, (quartiles), the median tick
@@ -83,84 +85,7 @@ def _ridges(result, stage: str, span, n_points: int = 240):
     return 10 ** grid, heights
 
 
-def norm_histograms(norms_result, stage: str = "resid_post") -> Figure:
-    """Patch-token norm distributions in a form that reads the same for 4 and for 50,000 images.
-    (Long on purpose: one figure's layout, panel by panel; the arithmetic lives in the helpers.)
-
-    Left: one ridge per block on a log norm axis (a smoothed density, see :func:`_ridges`; a line under it
-    spans 1-99 % of the tokens, a tick marks the median; right-hand labels: share of patch tokens above the
-    threshold). Right: the detection block's
-    survival curve (share of patch tokens with a norm >= x, log-log), where the high-norm mode is a shoulder
-    and the threshold a vertical line. Legends sit below the axes, never over data.
-    """
-    r = norms_result
-    stats = _block_quantiles(r, stage)
-    title = f"{r.model}: patch-token L2 norms per block ({stage}, {len(r.ids)} images)"
-    if stats is None:
-        return message_figure(title, "no norm histograms in this result", "the source held no patch tokens")
-    quantiles, lo, hi, totals = stats
-    n_layers = quantiles.shape[0]
-    fig = Figure(figsize=(11, max(3.8, 0.3 * n_layers + 2.2)), layout="constrained")
-    strip, tail = fig.subplots(1, 2, width_ratios=[1.5, 1])
-    ys = np.arange(n_layers)
-    span = (np.nanmin(lo) / 1.15, np.nanmax(hi) * 1.15)
-    xs_ridge, heights = _ridges(r, stage, span)
-    for i in range(n_layers):
-        top = i + 0.45 - 0.9 * heights[i]  # rows grow upwards on an inverted y axis
-        strip.fill_between(xs_ridge, i + 0.45, top, color=ATTN_COLOR, alpha=0.45, lw=0)
-        strip.plot(xs_ridge, top, color=ATTN_COLOR, lw=1)
-    strip.hlines(ys + 0.45, quantiles[:, 0], quantiles[:, 4], color="black", lw=1)
-    strip.plot(quantiles[:, 2], ys + 0.3, "|", color="black", ms=9, mew=2)
-    strip.set_xscale("log")
-    strip.set_xlim(*span)
-    _plain_log_axis(strip.xaxis, *span)
-    strip.set_xlabel("patch-token L2 norm (log scale)")
-    strip.set_ylabel("block (output)")
-    strip.set_yticks(ys if n_layers <= 16 else ys[::max(1, n_layers // 12)])
-    strip.set_ylim(n_layers - 0.5, -0.5)
-    strip.set_title(f"every block ({int(np.nanmax(totals))} patch tokens each)", fontsize=10)
-    handles = [Patch(facecolor=ATTN_COLOR, alpha=0.45, edgecolor=ATTN_COLOR,
-                     label="token density (height \u221d \u221a, per block)"),
-               Line2D([], [], color="black", lw=1, label="1-99 % of tokens"),
-               Line2D([], [], color="black", marker="|", ls="none", ms=9, mew=2, label="median")]
-    d = r.detect_layer
-    if r.threshold is not None:
-        strip.axvline(r.threshold, color=THRESHOLD_COLOR, ls=":", lw=1.5)
-        shares = list(r.outlier_fraction_per_layer)
-        if len(shares) == n_layers:
-            right = strip.secondary_yaxis("right")
-            right.set_yticks(strip.get_yticks(), [f"{100 * shares[int(i)]:.1f} %" for i in strip.get_yticks()],
-                             fontsize=8)
-            right.set_ylabel("patch tokens above threshold", fontsize=9)
-        handles.append(Line2D([], [], color=THRESHOLD_COLOR, ls=":", lw=1.5,
-                              label=f"threshold {r.threshold:.3g} ({r.threshold_method}, block {d})"))
-
-    xs, share = _survival(r, stage, d)
-    if xs is not None:
-        tail.step(xs, share, where="post", color=ATTN_COLOR, lw=1.8)
-        tail.set_xscale("log")
-        tail.set_yscale("log")
-        tail.set_xlim(*span)
-        _plain_log_axis(tail.xaxis, *span)
-        tail.set_ylim(0.5 / totals[d], 1.5)
-    tail.set_xlabel("patch-token L2 norm x (log scale)")
-    tail.set_ylabel("share of patch tokens with norm \u2265 x")
-    if r.threshold is not None:
-        tail.axvline(r.threshold, color=THRESHOLD_COLOR, ls=":", lw=1.5)
-        tail.axhline(max(r.outlier_fraction, 0.5 / max(totals[d], 1)), color=THRESHOLD_COLOR, lw=0.8, alpha=0.6)
-        tail.set_title(f"detection block {d}: {100 * r.outlier_fraction:.2f} % of patch tokens above", fontsize=10)
-    else:
-        tail.set_title(f"detection block {d}: {NO_ARTIFACTS}\n(no separated high-norm mode, mode ratio "
-                       f"{r.mode_ratio:.2f})", fontsize=10)
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.suptitle(title, fontsize=11)
-    return fig
-
-
-# x offsets inside block i's column [i - 0.5, i + 0.5]: the value after its attention step, after its MLP step
-AFTER_ATTN, AFTER_MLP = -0.2, 0.2
-
-
+@figure(NormsResult, "norm_profile")
 def norm_profile(norms_result) -> Figure:
     """Max and median patch norm through every block: per block (one tick each) the value after its attention
     step (circle, -> resid_mid) and after its MLP step (square, -> resid_post), the steps coloured apart, the
@@ -243,6 +168,86 @@ def norm_profile(norms_result) -> Figure:
     return fig
 
 
+@figure(NormsResult, "norm_histograms")
+def norm_histograms(norms_result, stage: str = "resid_post") -> Figure:
+    """Patch-token norm distributions in a form that reads the same for 4 and for 50,000 images.
+    (Long on purpose: one figure's layout, panel by panel; the arithmetic lives in the helpers.)
+
+    Left: one ridge per block on a log norm axis (a smoothed density, see :func:`_ridges`; a line under it
+    spans 1-99 % of the tokens, a tick marks the median; right-hand labels: share of patch tokens above the
+    threshold). Right: the detection block's
+    survival curve (share of patch tokens with a norm >= x, log-log), where the high-norm mode is a shoulder
+    and the threshold a vertical line. Legends sit below the axes, never over data.
+    """
+    r = norms_result
+    stats = _block_quantiles(r, stage)
+    title = f"{r.model}: patch-token L2 norms per block ({stage}, {len(r.ids)} images)"
+    if stats is None:
+        return message_figure(title, "no norm histograms in this result", "the source held no patch tokens")
+    quantiles, lo, hi, totals = stats
+    n_layers = quantiles.shape[0]
+    fig = Figure(figsize=(11, max(3.8, 0.3 * n_layers + 2.2)), layout="constrained")
+    strip, tail = fig.subplots(1, 2, width_ratios=[1.5, 1])
+    ys = np.arange(n_layers)
+    span = (np.nanmin(lo) / 1.15, np.nanmax(hi) * 1.15)
+    xs_ridge, heights = _ridges(r, stage, span)
+    for i in range(n_layers):
+        top = i + 0.45 - 0.9 * heights[i]  # rows grow upwards on an inverted y axis
+        strip.fill_between(xs_ridge, i + 0.45, top, color=ATTN_COLOR, alpha=0.45, lw=0)
+        strip.plot(xs_ridge, top, color=ATTN_COLOR, lw=1)
+    strip.hlines(ys + 0.45, quantiles[:, 0], quantiles[:, 4], color="black", lw=1)
+    strip.plot(quantiles[:, 2], ys + 0.3, "|", color="black", ms=9, mew=2)
+    strip.set_xscale("log")
+    strip.set_xlim(*span)
+    _plain_log_axis(strip.xaxis, *span)
+    strip.set_xlabel("patch-token L2 norm (log scale)")
+    strip.set_ylabel("block (output)")
+    strip.set_yticks(ys if n_layers <= 16 else ys[::max(1, n_layers // 12)])
+    strip.set_ylim(n_layers - 0.5, -0.5)
+    strip.set_title(f"every block ({int(np.nanmax(totals))} patch tokens each)", fontsize=10)
+    handles = [Patch(facecolor=ATTN_COLOR, alpha=0.45, edgecolor=ATTN_COLOR,
+                     label="token density (height \u221d \u221a, per block)"),
+               Line2D([], [], color="black", lw=1, label="1-99 % of tokens"),
+               Line2D([], [], color="black", marker="|", ls="none", ms=9, mew=2, label="median")]
+    d = r.detect_layer
+    if r.threshold is not None:
+        strip.axvline(r.threshold, color=THRESHOLD_COLOR, ls=":", lw=1.5)
+        shares = list(r.outlier_fraction_per_layer)
+        if len(shares) == n_layers:
+            right = strip.secondary_yaxis("right")
+            right.set_yticks(strip.get_yticks(), [f"{100 * shares[int(i)]:.1f} %" for i in strip.get_yticks()],
+                             fontsize=8)
+            right.set_ylabel("patch tokens above threshold", fontsize=9)
+        handles.append(Line2D([], [], color=THRESHOLD_COLOR, ls=":", lw=1.5,
+                              label=f"threshold {r.threshold:.3g} ({r.threshold_method}, block {d})"))
+
+    xs, share = _survival(r, stage, d)
+    if xs is not None:
+        tail.step(xs, share, where="post", color=ATTN_COLOR, lw=1.8)
+        tail.set_xscale("log")
+        tail.set_yscale("log")
+        tail.set_xlim(*span)
+        _plain_log_axis(tail.xaxis, *span)
+        tail.set_ylim(0.5 / totals[d], 1.5)
+    tail.set_xlabel("patch-token L2 norm x (log scale)")
+    tail.set_ylabel("share of patch tokens with norm \u2265 x")
+    if r.threshold is not None:
+        tail.axvline(r.threshold, color=THRESHOLD_COLOR, ls=":", lw=1.5)
+        tail.axhline(max(r.outlier_fraction, 0.5 / max(totals[d], 1)), color=THRESHOLD_COLOR, lw=0.8, alpha=0.6)
+        tail.set_title(f"detection block {d}: {100 * r.outlier_fraction:.2f} % of patch tokens above", fontsize=10)
+    else:
+        tail.set_title(f"detection block {d}: {NO_ARTIFACTS}\n(no separated high-norm mode, mode ratio "
+                       f"{r.mode_ratio:.2f})", fontsize=10)
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+# x offsets inside block i's column [i - 0.5, i + 0.5]: the value after its attention step, after its MLP step
+AFTER_ATTN, AFTER_MLP = -0.2, 0.2
+
+
+@figure(NormsResult, "outlier_maps", images=True)
 def outlier_maps(norms_result, images=None) -> Figure:
     """Outlier (high-norm) patches at the detection block for the first images, over the images if given.
 

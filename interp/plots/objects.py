@@ -18,6 +18,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from .common import MAX_PANELS, display_arrays, message_figure, short_name
+from ..studies.objects.lost import LostResult
+from ..studies.objects.segmentation import SegmentationResult
+from .registry import figure
 
 BOX_COLOR = "#00e5ff"
 SEED_COLOR = "yellow"
@@ -59,6 +62,7 @@ def _lost_panel(ax, run: Dict, i: int, grid: Sequence[int], image: Optional[np.n
             markeredgecolor="black")
 
 
+@figure(LostResult, "lost_boxes", images=True)
 def lost_boxes(result, images=None, n: int = MAX_PANELS) -> Figure:
     """LOST per image (up to ``n``): seed (star), mask M > 0 (the cells off it dimmed) and the seed component's
     box (cyan); a second row for the run under the intervention when the result has one. Titles flag tied
@@ -88,6 +92,7 @@ def lost_boxes(result, images=None, n: int = MAX_PANELS) -> Figure:
     return fig
 
 
+@figure(SegmentationResult, "segmentation_overlays", images=True)
 def segmentation_overlays(result, images=None, n: int = MAX_PANELS) -> Figure:
     """Foreground cells (score > mean + k std; the others dimmed) over each image (up to ``n``), one row per
     variant (the result's own reference first), with each image's mIoU and Jaccard in the title."""

@@ -17,6 +17,8 @@ from typing import Dict, List, NamedTuple
 from matplotlib.figure import Figure
 
 from .common import message_figure
+from ..studies.probes.token_probes import ProbesResult
+from .registry import figure
 
 
 class Panel(NamedTuple):
@@ -62,6 +64,7 @@ def _tick(name: str, entry) -> str:
     return f"{name.replace('_', '-')}\nn={entry.n}{mark}"
 
 
+@figure(ProbesResult, "probes")
 def probe_bars(result) -> Figure:
     """Bars of each probe's test figure per token group (accuracy; the pixels' mean L2 error), a dashed black
     tick at the group's chance level, and the reason (empty, too few tokens) in place of the bar for a group

@@ -12,10 +12,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .common import MLP_COLOR, ATTN_COLOR, message_figure, short_name
+from ..studies.artifacts.redundancy import RedundancyResult
+from .registry import figure
 
 GROUP_STYLE = {"normal": ("normal tokens", ATTN_COLOR), "high_norm": ("high-norm tokens", MLP_COLOR)}
 
 
+@figure(RedundancyResult, "neighbour_similarity")
 def neighbour_similarity(result) -> Optional[Figure]:
     """Density of the per-token neighbour similarity of each group (a group without statistics is named in
     the legend with its note instead of a curve); a message figure when neither group has one."""

@@ -1,12 +1,16 @@
-"""Which figures each study result gets: one explicit table from the result's ``study`` name to its figures.
+"""Which figures each study result gets: a figure maker registers itself for a result class where it is defined.
 
-To give a new study figures, write the figure functions (result -> Figure, or None when the result has
-nothing to draw) in a plots module and add the study's row to :data:`FIGURES` here. The figure modules do
-not import this one, so the table is complete as soon as this module is imported (no import side effects).
-Code outside the package may add rows with :func:`register_figures`.
+    @figure(NormsResult, "norm_profile")
+    def norm_profile(result) -> Figure: ...
 
->>> from interp.studies.artifacts.norms import norms_study
->>> norms_result = norms_study(source, progress=False)
+    @figure(NormsResult, "outlier_maps", images=True)     # drawn over the images the study ran on
+    def outlier_maps(result, images=None) -> Figure: ...
+
+A maker returns a Figure, or None when the result has nothing to draw. ``interp.plots`` imports every figure
+module, so ``import interp.plots`` registers them all; importing it also lets a study result draw its figures
+when a notebook displays it (:attr:`~interp.studies.core.result.StudyResult.html_figures`).
+
+>>> import interp.plots
 >>> [stem for stem, fig in study_figures(norms_result, images)]    # (file stem, Figure) pairs
 ['norm_profile', 'norm_histograms', 'outlier_maps']
 """
@@ -17,12 +21,11 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 from matplotlib.figure import Figure
 
 from ..studies.core.result import StudyResult
-from . import aggregation, causal, norms, objects, probes, redundancy
 
 
 class FigureSpec(NamedTuple):
-    """One figure of a study: its file stem, its maker, whether the maker takes the images (overlays), and the
-    keyword options it takes from the caller (e.g. ``n_maps``: how many images a map figure draws)."""
+    """One figure of a result class: its file stem, its maker, whether the maker takes the images (overlays), and
+    the keyword options it takes from the caller (e.g. ``n_maps``: how many images a map figure draws)."""
 
     stem: str
     make: Callable[..., Optional[Figure]]
@@ -30,36 +33,31 @@ class FigureSpec(NamedTuple):
     options: Tuple[str, ...] = ()
 
 
-FIGURES: Dict[str, List[FigureSpec]] = {
-    "norms": [FigureSpec("norm_profile", norms.norm_profile), FigureSpec("norm_histograms", norms.norm_histograms),
-              FigureSpec("outlier_maps", norms.outlier_maps, True)],
-    "neurons": [FigureSpec("neuron_scores", causal.neuron_scores)],
-    "ablate": [FigureSpec("ablation_bars", causal.ablation_bars)],
-    "relocate": [FigureSpec("relocation_maps", causal.relocation_maps, True)],
-    "registers": [FigureSpec("register_summary", causal.register_summary)],
-    "redundancy": [FigureSpec("neighbour_similarity", redundancy.neighbour_similarity)],
-    "patch_score": [FigureSpec("score_distributions", aggregation.score_distributions),
-                    FigureSpec("score_maps", aggregation.score_maps_of_patch_score, options=("n_maps",))],
-    "pib": [FigureSpec("pib", aggregation.pib_bars_if_any),
-            FigureSpec("score_maps", aggregation.score_maps_if_pib, options=("n_maps",))],
-    "masking": [FigureSpec("masking_curves", aggregation.masking_curves)],
-    "selective_cls": [FigureSpec("pib", aggregation.pib_bars_if_any),
-                      FigureSpec("score_distributions", aggregation.distributions_if_pib)],
-    "probes": [FigureSpec("probes", probes.probe_bars)],
-    "lost": [FigureSpec("lost_boxes", objects.lost_boxes, True)],
-    "segmentation": [FigureSpec("segmentation_overlays", objects.segmentation_overlays, True)],
-}
+FIGURES: Dict[type, List[FigureSpec]] = {}
 
 
-def register_figures(study: str, *makers: Tuple[str, Callable[..., Optional[Figure]], bool]) -> None:
-    """Add (or replace) the row of ``study`` in :data:`FIGURES`: (file stem, maker, takes images) each.
-    For studies defined outside the package; the package's own rows are written in the table above."""
-    FIGURES[study] = [FigureSpec(*m) for m in makers]
+def figure(result_class: type, stem: str, *, images: bool = False, options: Tuple[str, ...] = ()) -> Callable:
+    """Decorator: the maker is one figure (file ``<stem>.png``) of every ``result_class`` result, in the order the
+    makers are defined. Re-defining a stem replaces it."""
+    def register(make: Callable[..., Optional[Figure]]) -> Callable[..., Optional[Figure]]:
+        specs = [s for s in FIGURES.setdefault(result_class, []) if s.stem != stem]
+        FIGURES[result_class] = specs + [FigureSpec(stem, make, images, tuple(options))]
+        return make
+
+    return register
 
 
-def has_figures(study: str) -> bool:
-    """Whether results whose ``study`` is ``study`` have figures."""
-    return study in FIGURES
+def figure_specs(result: object) -> List[FigureSpec]:
+    """The figures registered for ``result``'s class (or the nearest base class that has some)."""
+    for cls in type(result).__mro__:
+        if cls in FIGURES:
+            return FIGURES[cls]
+    return []
+
+
+def has_figures(result: object) -> bool:
+    """Whether ``result`` (a study result) has registered figures."""
+    return bool(figure_specs(result))
 
 
 def study_figures(result: StudyResult, images=None, **options) -> List[Tuple[str, Figure]]:
@@ -70,13 +68,21 @@ def study_figures(result: StudyResult, images=None, **options) -> List[Tuple[str
         options: figure options (``n_maps=``); each maker gets those its :class:`FigureSpec` names.
 
     Raises:
-        ValueError: ``result`` is not a study result, or its study has no figures.
+        ValueError: ``result`` is not a study result, or its class has no figures.
     """
-    study = result.study if isinstance(result, StudyResult) else None
-    if study not in FIGURES:
-        raise ValueError(f"no artifact figures for a {study!r} result (expected one of {sorted(FIGURES)})")
+    specs = figure_specs(result) if isinstance(result, StudyResult) else []
+    if not specs:
+        known = sorted(cls.__name__ for cls in FIGURES)
+        raise ValueError(f"no figures for a {type(result).__name__} (results with figures: {', '.join(known)})")
     figures = []
-    for spec in FIGURES[study]:
+    for spec in specs:
         args = (result, images) if spec.takes_images else (result,)
         figures.append((spec.stem, spec.make(*args, **{k: options[k] for k in spec.options if k in options})))
     return [(stem, fig) for stem, fig in figures if fig is not None]
+
+
+def _notebook_figures(result: StudyResult) -> List[Tuple[str, Figure]]:
+    return study_figures(result) if has_figures(result) else []
+
+
+StudyResult.html_figures = staticmethod(_notebook_figures)  # a result shown in a notebook draws its figures

@@ -30,12 +30,12 @@ def save_result(result: StudyResult, out: Union[str, Path], images=None,
         extra: keys added to the JSON (e.g. the seed of random weights).
         figure_options: options of the registry's figures (``n_maps``; :func:`~interp.plots.registry.study_figures`).
     """
-    from ..plots.registry import has_figures, study_figures
+    from ..plots import has_figures, study_figures  # the package: every figure module registered
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     if figures is None:
-        figures = study_figures(result, images, **(figure_options or {})) if has_figures(result.study) else []
+        figures = study_figures(result, images, **(figure_options or {})) if has_figures(result) else []
     names = []
     for stem, fig in figures:
         fig.savefig(folder / f"{stem}.png", dpi=110, bbox_inches="tight")

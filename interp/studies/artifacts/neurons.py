@@ -35,6 +35,10 @@ from .register_scores import RegisterScoreAccumulator, rank_neurons
 from ..core.result import OutlierStudyResult, skipped_records
 from ..core.passes import Reader, Reading, read_pass, run_readings
 from ..core.source import ActivationSource, token_norms
+from ..declaration import study
+from .configs import NeuronsConfig
+
+SHOWN_NEURONS = 50  # neuron ids printed on the terminal
 
 
 @dataclass
@@ -63,6 +67,21 @@ class NeuronsResult(OutlierStudyResult):
     neurons: List[Dict] = field(default_factory=list)
     layer_max_score: List[float] = field(default_factory=list)
     message: str = ""
+
+    def console_lines(self, config=None) -> List[str]:
+        """A note when more neurons were asked for than exist, then the ranked neurons (the first
+        :data:`SHOWN_NEURONS`; neurons.json holds them all) or why there are none."""
+        asked = getattr(config, "top_k", None)
+        lines = []
+        if asked is not None and self.neurons and asked > self.top_k:
+            lines.append(f"note: --top-k {asked} is more than the {self.top_k} neurons of blocks "
+                         f"0..{self.highest_layer}: all {self.top_k} are ranked (neurons.json records top_k "
+                         f"{self.top_k})")
+        shown = [f"{e['layer']}:{e['neuron']}" for e in self.neurons[:SHOWN_NEURONS]]
+        more = len(self.neurons) - len(shown)
+        lines.append(", ".join(shown) + (f" ... and {more} more (all in neurons.json)" if more > 0 else "")
+                     or self.message)
+        return lines
 
     def neuron_dict(self) -> Dict[int, List[int]]:
         """``{layer: [neuron, ...]}`` of the ranked neurons (the form interventions take)."""
@@ -142,51 +161,40 @@ def score_register_neurons(source: ActivationSource, detect: int, highest: int, 
     return scores.acc, scores.used
 
 
-def neurons_study(
-    source: ActivationSource,
-    *,
-    threshold: Optional[ThresholdSpec] = None,
-    detect_layer: Optional[int] = None,
-    detection: DetectionLike = None,
-    highest_layer: Optional[int] = None,
-    top_k: Optional[int] = None,
-    positions: Optional[str] = None,
-    sparsity: Optional[str] = None,
-    sparsity_filter: Optional[bool] = None,
-    preset: Optional[str] = None,
-    max_images: Optional[int] = None,
-    seed: int = 0,
-    batch_size: int = 16,
-    progress: bool = True,
-) -> NeuronsResult:
+@study(NeuronsConfig)
+def neurons_study(source: ActivationSource, config: NeuronsConfig, *, detection: DetectionLike = None,
+                  progress: bool = True) -> NeuronsResult:
     """Rank register neurons.
 
     Args:
         source: live model over images, or a cache holding ``blocks.*.mlp.hook_post`` (layers <= highest_layer)
             and the detection layer's ``hook_resid_post`` (full vectors or ``--norms-only``).
-        threshold, detect_layer, detection: as in the norms study (default: last block, automatic bimodal
-            split); a given ``detection`` saves the threshold pass. Under "auto" without a separated high-norm
-            mode nothing is ranked; under a fixed or percentile threshold the ranking is made, with
-            ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
-        highest_layer: last layer whose neurons are scored (default: the detection layer; capped at the last).
-        top_k: how many neurons to return (default 10).
-        positions: ``"all"`` (default, reference) or ``"patches"`` (patch tokens only).
-        sparsity: ``"per_image"`` (reference notebook), ``"pooled"`` or ``"none"``; default none.
-        sparsity_filter: shorthand: True = ``"per_image"``, False = ``"none"`` (``sparsity`` wins).
-        preset: published settings (:func:`~interp.studies.core.presets.resolve_preset`); explicit arguments win.
-        max_images: score on a seeded random subset of this many images (deterministic for a seed).
+        config: the options (:class:`~interp.studies.artifacts.configs.NeuronsConfig`; or pass them as
+            keywords): ``threshold``, ``detect_layer``, ``preset`` as in the norms study (default: last block,
+            automatic bimodal split; under "auto" without a separated high-norm mode nothing is ranked; under a
+            fixed or percentile threshold the ranking is made, with ``artifacts_found=False`` and a ``warning``,
+            also raised with ``warnings.warn``); ``highest_layer`` the last layer whose neurons are scored
+            (default: the detection layer; capped at the last); ``top_k`` how many neurons to return (default
+            10); ``positions`` ``"all"`` (default, reference) or ``"patches"``; ``sparsity`` ``"per_image"``
+            (reference notebook), ``"pooled"`` or ``"none"`` (default none); ``sparsity_filter`` shorthand: True =
+            ``"per_image"``, False = ``"none"`` (``sparsity`` wins); ``max_images`` score on a seeded random
+            subset of this many images (deterministic for ``seed``). A preset's values fill what is not given.
+        detection: outliers already found on this source; saves the threshold pass.
+        progress: show progress bars.
     """
+    c, batch_size = config, source.batch_size
+    threshold, detect_layer, preset = c.threshold, c.detect_layer, c.preset
     opts = resolve_neuron_options(preset, threshold=threshold, detect_layer=detect_layer,
-                                  highest_layer=highest_layer, top_k=top_k, positions=positions,
-                                  sparsity=sparsity, sparsity_filter=sparsity_filter)
+                                  highest_layer=c.highest_layer, top_k=c.top_k, positions=c.positions,
+                                  sparsity=c.sparsity, sparsity_filter=c.sparsity_filter)
     if isinstance(detection, Detection):  # checked against the explicit arguments only
         found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
     else:
         spec = detection or DetectionSpec(opts["threshold"], opts.get("detect_layer"), opts["preset"])
         found = as_detection(source, spec, options=RunOptions(batch_size, progress=progress))
     reading = neurons_reading(source, found, highest_layer=opts.get("highest_layer"), top_k=opts["top_k"],
-                              positions=opts["positions"], sparsity=opts["sparsity"], max_images=max_images,
-                              seed=seed, batch_size=batch_size)
+                              positions=opts["positions"], sparsity=opts["sparsity"], max_images=c.max_images,
+                              seed=c.seed, batch_size=batch_size)
     return run_readings(source, [reading], batch_size, progress, "neuron scores")[0]
 
 

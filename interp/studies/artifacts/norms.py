@@ -20,10 +20,11 @@ from ...hooks.names import RESID_STAGES as STAGES, attn_pattern, resid_post, res
 from .emergence import EmergenceAccumulator, find_detected_emergence, find_emergence
 from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
 from ..core.outliers import Detection
-from ..core.thresholds import ThresholdSpec
 from ..core.passes import Reader, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ..core.source import ActivationSource, token_norms
+from ..declaration import study
+from .configs import NormsConfig
 
 # Log-spaced norm histogram bins shared by every layer: ~0.5 % wide, from 1e-3 to 1e6.
 HIST_EDGES = np.logspace(-3, 6, 4001)
@@ -102,6 +103,9 @@ class NormsResult(OutlierStudyResult):
     cls_attention_max: Optional[List[float]] = None
     cls_attention_on_outliers: Optional[List[float]] = None
 
+    def console_lines(self, config=None) -> List[str]:
+        return [self.detection_message]  # the verdict with the numbers behind it (share above, fitted modes)
+
     def outlier_map_tensor(self) -> torch.Tensor:
         """Outlier maps as Bool[N, h, w]."""
         return torch.tensor(self.outlier_maps, dtype=torch.bool).reshape(len(self.ids), *self.grid)
@@ -179,38 +183,32 @@ def _layer_hooks(source: ActivationSource, attention: bool) -> Tuple[List[str], 
     return hooks, reduce, use_attention
 
 
-def norms_study(
-    source: ActivationSource,
-    *,
-    threshold: Optional[ThresholdSpec] = None,
-    detect_layer: Optional[int] = None,
-    detection: DetectionLike = None,
-    preset: Optional[str] = None,
-    emergence_factor: float = 2.0,
-    attention: bool = True,
-    batch_size: int = 16,
-    progress: bool = True,
-) -> NormsResult:
+@study(NormsConfig)
+def norms_study(source: ActivationSource, config: NormsConfig, *, detection: DetectionLike = None,
+                progress: bool = True) -> NormsResult:
     """Norm statistics per layer and token kind, outliers, emergence layer and CLS attention.
 
     Args:
         source: a live model over images, or a cache with ``blocks.*.hook_resid_mid``/``hook_resid_post``
             (full activations or ``--norms-only``); attention needs ``blocks.*.attn.hook_pattern`` (live: always).
-        threshold: a norm, ``"pNN"`` (per-model percentile of the detection layer's patch norms) or ``"auto"``
-            (default; a two-mode fit on log norms, :func:`~interp.studies.core.norm_split.split_norms`; no outliers
-            when the distribution has no separated minority high-norm mode). A fixed value's outliers are the
-            tokens above it (artifacts when they are at most 20 % of the patch tokens); a percentile's are
-            artifacts when the two-mode test finds a separated mode.
-        detect_layer: block whose output decides outliers (default: the last; negative counts from the end).
+        config: the options (:class:`~interp.studies.artifacts.configs.NormsConfig`; or pass them as keywords):
+            ``threshold`` a norm, ``"pNN"`` (per-model percentile of the detection layer's patch norms) or
+            ``"auto"`` (default; a two-mode fit on log norms, :func:`~interp.studies.core.norm_split.split_norms`;
+            no outliers when the distribution has no separated minority high-norm mode; a fixed value's outliers
+            are the tokens above it, artifacts when they are at most 20 % of the patch tokens; a percentile's are
+            artifacts when the two-mode test finds a separated mode); ``detect_layer`` the block whose output
+            decides outliers (default: the last; negative counts from the end); ``preset`` published detection
+            settings (``darcet``, ``reassessment``, ``jiang-*``; explicit options win); ``emergence_factor`` how
+            much one step must raise the max patch norm to count as emergence; ``attention`` measure CLS->patch
+            attention per layer (skipped for caches without patterns).
         detection: outliers already found on this source (:func:`~interp.studies.core.outliers.detect`); saves
             the detection pass. ``threshold``/``detect_layer``, when also given, must agree with it.
-        preset: published detection settings (``darcet``, ``reassessment``, ``jiang-*``); explicit arguments win.
-        emergence_factor: how much one step must raise the max patch norm to count as emergence.
-        attention: measure CLS->patch attention per layer (skipped for caches without patterns).
+        progress: show progress bars.
     """
-    det = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+    batch_size = source.batch_size
+    det = as_detection(source, detection, **config.detection_options(),
                        options=RunOptions(batch_size, progress=progress))
-    reading = norms_reading(source, det, emergence_factor=emergence_factor, attention=attention,
+    reading = norms_reading(source, det, emergence_factor=config.emergence_factor, attention=config.attention,
                             batch_size=batch_size)
     return run_readings(source, [reading], batch_size, progress, "norms per layer")[0]
 

@@ -28,15 +28,16 @@ import torch.nn.functional as F
 from ...errors import InterpError
 from ...hooks.names import EMBED, PATCH_EMBED
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
-from ..core.thresholds import ThresholdSpec
 from ..core.passes import Reader, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ..core.source import ActivationSource
+from ..declaration import study
+from .configs import RedundancyConfig
 
 EMBEDDINGS = {"patch": PATCH_EMBED, "position": EMBED}  # where the input patch embedding is read
 GROUPS = ("normal", "high_norm")
-MIN_GROUP_TOKENS = 16  # fewer tokens in a group: no statistic, a note instead
-HIST_BINS = 40  # histogram bins over [-1, 1]
+MIN_GROUP_TOKENS = RedundancyConfig.min_tokens
+HIST_BINS = RedundancyConfig.bins
 
 
 def neighbour_similarity(embeddings: torch.Tensor, grid) -> torch.Tensor:
@@ -166,28 +167,28 @@ def redundancy_reading(source: ActivationSource, detection, *, embedding: str = 
     return Reading([Reader([hook], lambda batch: parts.append(batch.acts[hook]), reduce=reducers)], finish)
 
 
-def redundancy_study(source: ActivationSource, *, detection: DetectionLike = None,
-                     threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
-                     preset: Optional[str] = None, embedding: str = "patch", bins: int = HIST_BINS,
-                     min_tokens: int = MIN_GROUP_TOKENS, batch_size: Optional[int] = None,
+@study(RedundancyConfig)
+def redundancy_study(source: ActivationSource, config: RedundancyConfig, *, detection: DetectionLike = None,
                      progress: bool = True, warn: bool = True) -> RedundancyResult:
     """Neighbour similarity of the input patch embeddings, normal vs high-norm patch tokens.
 
     Args:
         source: a live model over images, or a cache with ``hook_patch_embed`` (``hook_embed`` for
             ``embedding="position"``) and the detection block's ``hook_resid_post``.
-        detection, threshold, detect_layer, preset: the high-norm tokens (the detection contract; see
-            :func:`~interp.studies.core.detection.as_detection`).
-        embedding: ``"patch"`` (default, before the position embedding) or ``"position"`` (after it).
-        bins: histogram bins over [-1, 1].
-        min_tokens: fewest tokens a group needs for its statistics.
+        config: the options (:class:`~interp.studies.artifacts.configs.RedundancyConfig`; or as keywords):
+            ``threshold``, ``detect_layer``, ``preset`` the high-norm tokens (the detection contract; see
+            :func:`~interp.studies.core.detection.as_detection`); ``embedding`` ``"patch"`` (default, before the
+            position embedding) or ``"position"`` (after it); ``bins`` histogram bins over [-1, 1];
+            ``min_tokens`` fewest tokens a group needs for its statistics.
+        detection: the high-norm tokens already found on this source.
         warn: raise the detection header's warning (no artifacts, a threshold inside the bulk) with
             ``warnings.warn`` too (it is in ``warning`` either way).
     """
+    embedding, bins, min_tokens, batch_size = config.embedding, config.bins, config.min_tokens, None
     if embedding not in EMBEDDINGS:  # before the detection pass
         raise InterpError(f"embedding={embedding!r}: use one of {sorted(EMBEDDINGS)}")
     source.require([EMBEDDINGS[embedding]])
-    det = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+    det = as_detection(source, detection, **config.detection_options(),
                        options=RunOptions(batch_size, progress=progress))
     reading = redundancy_reading(source, det, embedding=embedding, bins=bins, min_tokens=min_tokens, warn=warn)
     return run_readings(source, [reading], batch_size, progress, desc="neighbour similarity")[0]

@@ -6,12 +6,13 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 import numpy as np
 import torch
 
 R = TypeVar("R", bound="StudyResult")
+FIGURE_IMAGES = 8  # images drawn by the map figures of a study run
 
 
 def jsonable(obj: Any) -> Any:
@@ -51,6 +52,8 @@ class StudyResult:
     """
 
     study: ClassVar[str] = "study"
+    # (result) -> [(name, Figure)]: set by ``interp.plots`` when imported, so a notebook shows the figures
+    html_figures: ClassVar[Optional[Callable[["StudyResult"], List[Tuple[str, Any]]]]] = None
     model: str
     fingerprint: str
     params: Dict[str, Any]
@@ -94,6 +97,17 @@ class StudyResult:
     @classmethod
     def from_json(cls: Type[R], path: Union[str, Path]) -> R:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def console_lines(self, config: Any = None) -> List[str]:
+        """What ``interp study`` prints once the study is done (a line or a few: the headline figures), given the
+        study's ``config`` (what was asked for)."""
+        summary = getattr(self, "summary", None)
+        return [str(summary())] if callable(summary) else []
+
+    def figure_images(self, source) -> Any:
+        """The images the map figures are drawn over (``Tensor[n, 3, H, W]`` in 0..1; None without images):
+        the first of a live source's images, as the model saw them."""
+        return source.display_images(FIGURE_IMAGES) if source.is_live else None
 
     def _repr_html_(self) -> str:
         """Jupyter display: summary table and figures (see :func:`result_html`)."""
@@ -165,14 +179,6 @@ def _html_value(value: Any) -> str:
     return _html_scalar(value)
 
 
-def _result_figures(result: "StudyResult") -> List[Tuple[str, Any]]:
-    """(name, matplotlib Figure) pairs for ``result`` from the plots registry (imported here, only when a
-    notebook renders a result: studies never plot). A study without figures gives []."""
-    from ...plots.registry import has_figures, study_figures
-
-    return study_figures(result) if has_figures(result.study) else []
-
-
 def _figure_png_base64(fig: Any, dpi: int = 80) -> str:
     import base64
     import io
@@ -200,8 +206,10 @@ def result_html(result: "StudyResult") -> str:
                 parts.append(f"<pre>{escape(str(text_fn()))}</pre>")
             except Exception as e:  # a partial result: show what is there
                 parts.append(f"<p>({method} unavailable: {escape(type(e).__name__)}: {escape(str(e))})</p>")
+    if result.html_figures is None:
+        parts.append("<p>(figures: <code>import interp.plots</code> to draw them here)</p>")
     try:
-        figures = _result_figures(result)
+        figures = result.html_figures(result) if result.html_figures is not None else []
     except Exception as e:
         figures = []
         parts.append(f"<p>(figures unavailable: {escape(type(e).__name__)}: {escape(str(e))})</p>")

@@ -1,0 +1,150 @@
+"""The artifact studies' declarations (docs/methods.md sections 1-2): their options, the hooks they read from a
+cache, and what the command line says of them. Torch-free: ``interp study NAME --help`` reads them at once.
+
+norms, neurons and redundancy read a live model (``--images``) or a cache (``--cache``); ablate, relocate and
+registers re-run the model with an edit, so they take ``--images`` and the neurons to edit (``--neurons``).
+
+    interp study neurons vit_small_patch14_dinov2 --images photos/ --out runs/dino --top-k 50
+    interp study ablate vit_small_patch14_dinov2 --images photos/ --out runs/dino --neurons runs/dino/neurons.json
+    interp study relocate planted_vit --images photos/ --out runs/p --neurons 2:17,2:101 --target box:2,2,3,3
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, List, Optional, Tuple
+
+from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, mlp_post, resid_post, resid_stage
+from ...values import nonnegative_int, positive_int, register_count
+from ..core.options import DetectionOptions, NeuronsOptions, block_index
+from ..core.presets import resolve_preset
+from ..declaration import declare, option
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class NormsConfig(DetectionOptions):
+    """high-norm tokens: per-block norms, outliers, emergence layer
+
+    Per-block patch-token norms of the un-normalised residual stream, outlier maps at the detection block, the
+    emergence layer and CLS attention."""
+
+    name: ClassVar[str] = "norms"
+    inputs: ClassVar[str] = "images_or_cache"
+    full_vectors: ClassVar[bool] = False
+    cache_doc: ClassVar[str] = ("`blocks.{0..N-1}.hook_resid_mid`, `blocks.{0..N-1}.hook_resid_post` "
+                                "(a `--norms-only` cache is enough)")
+
+    emergence_factor: float = 2.0
+    attention: bool = True
+
+    def hooks(self, n_layers: int) -> List[str]:
+        """Per-block residual stream after attention and after the MLP (attention maps are optional extras)."""
+        return [resid_stage(i, stage) for i in range(n_layers) for stage in RESID_STAGES]
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class NeuronsConfig(DetectionOptions):
+    """rank register neurons (MLP neurons firing on high-norm tokens)
+
+    Score every MLP neuron of blocks <= --highest-layer by its mean |activation| on the outlier patches and keep
+    the --top-k best."""
+
+    name: ClassVar[str] = "neurons"
+    inputs: ClassVar[str] = "images_or_cache"
+    cache_doc: ClassVar[str] = "`blocks.{D}.hook_resid_post`, `blocks.{0..H}.mlp.hook_post`"
+    layer_options: ClassVar[Tuple[str, ...]] = ("detect_layer", "highest_layer")
+
+    highest_layer: Optional[int] = option(None, "last block scored (default: the detection block)")
+    top_k: Optional[int] = option(None, "neurons kept (default 10, or the preset's)", parse=positive_int)
+    sparsity_filter: Optional[bool] = option(
+        None, "the reference's filter: per image, a neuron scores 0 unless its activation is below 0.5 on at least "
+              "half of the image's tokens (same as --sparsity per_image)")
+    sparsity: Optional[str] = option(
+        None, "sparsity filter: per_image (reference), pooled (over all images at once) or none",
+        choices=("per_image", "pooled", "none"))
+    positions: Optional[str] = option(
+        None, "outlier positions: all tokens above the threshold (default, reference) or patches only",
+        choices=("all", "patches"))
+    max_images: Optional[int] = option(None, "score on a seeded random subset of this many images",
+                                       parse=positive_int)
+
+    def hooks(self, n_layers: int) -> List[str]:
+        """The detection block's output plus the MLP activations of every block up to ``highest_layer``."""
+        opts = resolve_preset(self.preset, detect_layer=self.detect_layer, highest_layer=self.highest_layer)
+        detect = block_index(opts.get("detect_layer"), n_layers, -1)
+        highest = opts.get("highest_layer")
+        highest = detect if highest is None else block_index(min(int(highest), n_layers - 1), n_layers, detect)
+        return [resid_post(detect)] + [mlp_post(i) for i in range(highest + 1)]
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class RedundancyConfig(DetectionOptions):
+    """cosine of each input patch embedding to its 4 neighbours, normal vs high-norm tokens
+
+    Cosine similarity of each patch token's input patch embedding to its 4 grid neighbours, normal vs high-norm
+    tokens (Darcet et al., Fig. 5a)."""
+
+    name: ClassVar[str] = "redundancy"
+    inputs: ClassVar[str] = "images_or_cache"
+    cache_doc: ClassVar[str] = ("`hook_patch_embed` (`hook_embed` with `--embedding position`), "
+                                "`blocks.{D}.hook_resid_post`")
+
+    bins: int = 40  # histogram bins over [-1, 1]
+    min_tokens: int = 16  # fewer tokens in a group: no statistic, a note instead
+    embedding: str = option("patch", "patch: the patch-embedding output before the position embedding "
+                                     "(hook_patch_embed; default, the paper's); position: after it (hook_embed)",
+                            choices=("patch", "position"))
+
+    def hooks(self, n_layers: int) -> List[str]:
+        """The input patch embedding (``hook_embed`` for ``embedding="position"``) and the detection block's
+        output."""
+        embed = EMBED if self.embedding == "position" else PATCH_EMBED
+        return [embed, resid_post(self.detect_block(n_layers))]
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class AblateConfig(DetectionOptions, NeuronsOptions):
+    """ablate register neurons vs random same-size controls
+
+    Zero (or mean-ablate) --neurons and --controls random neuron sets from the same blocks; compare outliers, max
+    norm and top-1 with the unablated model."""
+
+    name: ClassVar[str] = "ablate"
+
+    controls: int = option(5, "random control neuron sets of the same size and blocks (default 5)",
+                           parse=nonnegative_int)
+    mode: str = option("zero", "zero: set the neurons to 0 (default); mean: to their mean activation over the "
+                               "images", choices=("zero", "mean"))
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class RelocateConfig(DetectionOptions, NeuronsOptions):
+    """move the high-norm tokens onto a chosen mask
+
+    Write the register neurons' maximum on the --target patches and zero them elsewhere; measure the IoU of the
+    new outliers with the target."""
+
+    name: ClassVar[str] = "relocate"
+
+    target: object = option("smiley", "smiley (default), box:TOP,LEFT,HEIGHT,WIDTH or indices:I,J,... (flat patch "
+                                      "indices)")
+    value: str = option("neuron_max", "value written on the target (default neuron_max)",
+                        choices=("neuron_max", "layer_max"))
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class RegistersConfig(DetectionOptions, NeuronsOptions):
+    """test-time register: move the high norm into an extra token
+
+    Append test-time register token(s) fed by the register neurons; compare patch outliers and norms with and
+    without."""
+
+    name: ClassVar[str] = "registers"
+
+    n_registers: int = option(1, "test-time register tokens (default 1)", parse=register_count)
+    value: str = option("layer_max", "value written into the register (default layer_max, as the reference code)",
+                        choices=("layer_max", "neuron_max"))

@@ -1,0 +1,96 @@
+"""Option groups several studies share, as torch-free config dataclasses a study's config inherits from
+(:mod:`interp.studies.declaration`): the detection contract, the classifier of the behaviour metrics, the
+register neurons an edit uses.
+
+>>> from interp.studies.artifacts.configs import NormsConfig
+>>> NormsConfig(threshold="3.5").threshold       # a number given as text becomes a norm
+3.5
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
+
+from ...errors import InterpError, UsageError
+from ...values import NEURONS_SYNTAX, existing_file, threshold_arg
+from ..declaration import StudyConfig, option
+from .presets import PRESETS
+
+
+
+def block_index(value: Optional[int], n_layers: int, default: int) -> int:
+    """A block index as studies take it (None: ``default``; negative counts from the end) -> 0..n_layers-1."""
+    layer = default if value is None else int(value)
+    resolved = layer + n_layers if layer < 0 else layer
+    if not 0 <= resolved < n_layers:
+        raise InterpError(f"block {layer} is out of range for a model with {n_layers} blocks")
+    return resolved
+
+
+def _threshold_value(value: Any) -> Union[float, str, None]:
+    """A threshold as the studies take it: a float for a norm (``"3.5"`` -> 3.5), else ``"auto"`` / ``"pNN"``."""
+    if value is None or isinstance(value, (int, float)):
+        return None if value is None else float(value)
+    try:
+        text = threshold_arg(value)
+    except Exception as e:  # argparse.ArgumentTypeError: one line, the same words as the command line's
+        raise UsageError(f"--threshold: {e}") from None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectionOptions(StudyConfig):
+    """What counts as a high-norm token (:class:`~interp.studies.core.detection.DetectionSpec`): a threshold at
+    the detection block, filled in by a preset where not given."""
+
+    layer_options: ClassVar[Tuple[str, ...]] = ("detect_layer",)
+
+    threshold: Union[float, str, None] = option(
+        None, "outlier norm threshold: a norm value > 0, pNN (e.g. p98) or auto (default, or the preset's)",
+        parse=threshold_arg)
+    preset: Optional[str] = option(None, f"published settings: {', '.join(PRESETS)} (explicit flags win)")
+    detect_layer: Optional[int] = option(
+        None, "block whose output decides outliers (default: last; negative counts from the end)")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "threshold", _threshold_value(self.threshold))
+        super().__post_init__()
+
+    def detection_options(self) -> Dict[str, Any]:
+        """The three as the detection functions take them (``threshold``, ``detect_layer``, ``preset``)."""
+        return {"threshold": self.threshold, "detect_layer": self.detect_layer, "preset": self.preset}
+
+    def detect_block(self, n_layers: int) -> int:
+        """The detection block (0-based) on an ``n_layers``-block model, the preset's when not given."""
+        from .presets import resolve_preset
+
+        layer = resolve_preset(self.preset, detect_layer=self.detect_layer).get("detect_layer")
+        return block_index(layer, n_layers, -1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifierOption(StudyConfig):
+    """The class logits of the behaviour metrics (:mod:`interp.models.classifier`)."""
+
+    classifier: Optional[str] = option(
+        None, "classifier file (zero-shot matrix, linear head, or a DINOv2 released linear head) whose class "
+              "logits give top-1 agreement and accuracy; without it they exist only for a classification head "
+              "(else the pooled vector's cosine to the unedited one)", parse=existing_file, metavar="FILE")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeuronsOptions(ClassifierOption):
+    """The register neurons an edit uses (``--neurons``), required."""
+
+    neurons: Union[str, Dict[int, List[int]], None] = option(
+        None, f"the register neurons to edit (required): {NEURONS_SYNTAX}")
+    force: bool = option(False, "use a neurons.json ranked on another model's weights (refused by default)")
+
+    def check(self) -> None:
+        super().check()
+        if self.neurons is None or (isinstance(self.neurons, str) and not self.neurons.strip()):
+            raise UsageError(f"interp study {self.name} needs --neurons: {NEURONS_SYNTAX}; find them with "
+                             "`interp study neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json")

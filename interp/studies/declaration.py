@@ -1,0 +1,312 @@
+"""What a study is, declared once: a torch-free config dataclass per study (its options, their defaults, help
+text, parsers and checks), registered with :func:`declare`, and the study function bound to it with
+:func:`study`. The ``interp study NAME`` command line, ``interp cache --for``, the cache check and the
+docs' cache table are all generated from these declarations; nothing else names a study.
+
+One name per study: the config's ``name`` (``patch-score``) is the command; its underscore form
+(``patch_score``) is the study's module in its theme (``interp/studies/aggregation/patch_score.py``), the
+stem of its JSON file (``patch_score.json``) and the prefix of its function (``patch_score_study``).
+
+A study's config lives in its theme's ``configs.py`` (torch-free: ``interp --help`` reads every config without
+importing torch); its function, result class and figures import torch and live in the study's module::
+
+    # interp/studies/artifacts/configs.py
+    @declare
+    @dataclass(frozen=True, kw_only=True)
+    class NormsConfig(DetectionOptions):
+        \"\"\"high-norm tokens: per-block norms, outliers, emergence layer
+
+        Per-block patch-token norms of the un-normalised residual stream, ...\"\"\"
+        name: ClassVar[str] = "norms"
+        def hooks(self, n_layers): ...
+
+    # interp/studies/artifacts/norms.py
+    @study(NormsConfig)
+    def norms_study(source, config, *, detection=None, progress=True) -> NormsResult: ...
+
+    norms_study(source, threshold="p98", progress=False)   # keyword options build the config
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import pkgutil
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
+
+from ..errors import InterpError, UsageError
+from ..values import seed_arg
+
+LIVE_DOC = "none: they re-run the model (`--images`)"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one config field appears on the command line (kept in the field's ``metadata["flag"]``).
+
+    Attributes:
+        help: the help text.
+        flag: the option (default ``--`` + the field name with dashes).
+        aliases: former names still accepted.
+        parse: ``text -> value``, raising ``argparse.ArgumentTypeError`` (:mod:`interp.values`); default from
+            the field's type (``int``, ``float``, ``str``).
+        choices: the accepted values.
+        many: one or more values (``nargs="+"``; the field holds a tuple).
+        metavar: the value's name in ``--help``.
+        required: the command line must give it.
+        off: for a boolean that defaults to True: the flag that turns it off (``--no-selective``).
+        group: the ``--help`` section it is listed under.
+    """
+
+    help: str
+    flag: Optional[str] = None
+    aliases: Tuple[str, ...] = ()
+    parse: Optional[Callable[[str], Any]] = None
+    choices: Optional[Tuple[Any, ...]] = None
+    many: bool = False
+    metavar: Optional[str] = None
+    required: bool = False
+    off: Optional[str] = None
+    group: Optional[str] = None
+
+
+def option(default: Any, help: str, **flag: Any) -> Any:
+    """A config field with its command-line form: ``threshold: Optional[str] = option(None, "...", parse=...)``
+    (keyword arguments: :class:`Flag`'s)."""
+    return dataclasses.field(default=default, metadata={"flag": Flag(help=help, **flag)})
+
+
+def _base_type(hint: Any) -> Any:
+    """``Optional[int]`` -> ``int``; ``Tuple[float, ...]`` -> ``float``; other hints unchanged."""
+    args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, tuple) and args:
+        return _base_type(args[0])
+    return hint
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyConfig:
+    """The options of one study (subclass it, set ``name``, declare the fields with :func:`option`).
+
+    Class attributes:
+        name: the study's one name (``patch-score``).
+        inputs: what the command line reads: ``"images"`` (the study re-runs the model), ``"images_or_cache"``,
+            or ``"images_and_cache"`` (``--images`` adds to a ``--cache`` run what ``cache_images_help`` says).
+        full_vectors: a ``--norms-only`` cache cannot serve it.
+        cache_doc: the hooks it reads, in words, for the docs' cache table.
+        layer_options: fields holding block numbers, checked against the model's depth once it is built.
+    """
+
+    name: ClassVar[str] = ""
+    inputs: ClassVar[str] = "images"
+    full_vectors: ClassVar[bool] = True
+    cache_doc: ClassVar[str] = LIVE_DOC
+    layer_options: ClassVar[Tuple[str, ...]] = ()
+    cache_images_help: ClassVar[str] = ""
+
+    seed: int = option(0, "seed of every random draw of the run: the random weights of --no-pretrained (the same "
+                          "seed gives the same model in every command) and the study's own sampling (default 0)",
+                       parse=seed_arg)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    # ------------------------------------------------------------------ what a study overrides
+    def check(self) -> None:
+        """Refuse option values that cannot go together (a :class:`~interp.errors.UsageError`); torch-free."""
+
+    def check_inputs(self, images: Optional[Any], cache: Optional[str]) -> None:
+        """Refuse a run whose images / cache this study cannot take, before the model is built."""
+
+    def source_images(self, images: Any) -> Any:
+        """The images a live run opens, given ``--images`` (a study may widen them, e.g. by held-out images)."""
+        return images
+
+    def hooks(self, n_layers: int) -> Optional[List[str]]:
+        """The hooks it reads from a cache of a model with ``n_layers`` blocks; None: it re-runs the model."""
+        return None
+
+    # ------------------------------------------------------------------ derived
+    @classmethod
+    def live_only(cls) -> bool:
+        """True when the study re-runs the model (no cache serves it)."""
+        return cls.inputs == "images"
+
+    @classmethod
+    def json_name(cls) -> str:
+        """Stem of its JSON file and name of its module (``patch_score``)."""
+        return cls.name.replace("-", "_")
+
+    @classmethod
+    def summary(cls) -> str:
+        """One line: what it measures (the docstring's first line)."""
+        return (cls.__doc__ or "").strip().splitlines()[0].strip()
+
+    @classmethod
+    def description(cls) -> str:
+        """What ``interp study NAME --help`` says about it (the docstring after its first line)."""
+        lines = (cls.__doc__ or "").strip().splitlines()[1:]
+        return " ".join(line.strip() for line in lines if line.strip()) or cls.summary()
+
+    def required_hooks(self, n_layers: int) -> List[str]:
+        """:meth:`hooks`, without repeats; an error for a study that re-runs the model."""
+        hooks = None if self.live_only() else self.hooks(n_layers)
+        if hooks is None:
+            cacheable = ", ".join(n for n, c in declared().items() if not c.live_only())
+            raise InterpError(f"interp study {self.name} re-runs the model with an edit, so it reads no cache; "
+                              f"give it --images (cacheable studies: {cacheable})")
+        return list(dict.fromkeys(hooks))
+
+    def with_options(self, **options: Any) -> "StudyConfig":
+        """A copy with some options changed (checked again)."""
+        return dataclasses.replace(self, **options)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The options as JSON values."""
+        return {f.name: (list(v) if isinstance(v, tuple) else v)
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+
+    # ------------------------------------------------------------------ command line
+    @classmethod
+    def cli_fields(cls) -> List[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if "flag" in f.metadata]
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one option per field (in declaration order; grouped by :attr:`Flag.group`)."""
+        hints = typing.get_type_hints(cls)
+        groups: Dict[str, Any] = {}
+        for f in cls.cli_fields():
+            spec: Flag = f.metadata["flag"]
+            target = parser if spec.group is None else groups.setdefault(
+                spec.group, parser.add_argument_group(spec.group))
+            flag = spec.flag or "--" + f.name.replace("_", "-")
+            kind = _base_type(hints[f.name])
+            if kind is bool:
+                if spec.off:
+                    target.add_argument(spec.off, *spec.aliases, dest=f.name, action="store_false",
+                                        default=f.default, help=spec.help)
+                else:
+                    target.add_argument(flag, *spec.aliases, dest=f.name, action="store_true", default=f.default,
+                                        help=spec.help)
+                continue
+            kwargs: Dict[str, Any] = dict(dest=f.name, help=spec.help, required=spec.required,
+                                          type=spec.parse or (kind if kind in (int, float) else str))
+            kwargs["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
+            if spec.choices is not None:
+                kwargs["choices"] = spec.choices
+            if spec.many:
+                kwargs["nargs"] = "+"
+            if spec.metavar:
+                kwargs["metavar"] = spec.metavar
+            target.add_argument(flag, *spec.aliases, **kwargs)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "StudyConfig":
+        """The config of parsed command-line ``args`` (checked)."""
+        values = {}
+        for f in cls.cli_fields():
+            value = getattr(args, f.name)
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------------------------------- registry
+_DECLARED: Dict[str, Type[StudyConfig]] = {}
+_FUNCTIONS: Dict[Type[StudyConfig], Callable] = {}
+
+
+def declare(cls: Type[StudyConfig]) -> Type[StudyConfig]:
+    """Class decorator: register a study's config under its ``name`` (one class per name)."""
+    if not cls.name:
+        raise TypeError(f"{cls.__name__} declares no study name")
+    known = _DECLARED.get(cls.name)
+    if known is not None and known.__qualname__ != cls.__qualname__:
+        raise TypeError(f"study {cls.name!r} is declared twice: {known.__module__}.{known.__qualname__} and "
+                        f"{cls.__module__}.{cls.__qualname__}")
+    _DECLARED[cls.name] = cls
+    return cls
+
+
+def study(config_class: Type[StudyConfig]) -> Callable[[Callable], Callable]:
+    """Function decorator: the study function of ``config_class``. The function takes ``(source, config,
+    **keywords)``; the decorated function also takes the config's options as keywords
+    (``norms_study(source, threshold="p98")``), with or without a config to start from."""
+    names = {f.name for f in dataclasses.fields(config_class)}
+
+    def bind(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def run(source: Any, config: Optional[StudyConfig] = None, /, **keywords: Any) -> Any:
+            options = {k: keywords.pop(k) for k in list(keywords) if k in names}
+            if config is None:
+                config = config_class(**options)
+            elif not isinstance(config, config_class):
+                raise TypeError(f"{function.__name__} takes a {config_class.__name__}, got "
+                                f"{type(config).__name__}; pass options by keyword")
+            elif options:
+                config = config.with_options(**options)
+            return function(source, config, **keywords)
+
+        run.config_class = config_class
+        _FUNCTIONS[config_class] = run
+        return run
+
+    return bind
+
+
+def declared() -> Dict[str, Type[StudyConfig]]:
+    """Every declared study, name -> config class (imports each theme's torch-free ``configs`` module)."""
+    package = importlib.import_module(__package__)
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.ispkg and importlib.util.find_spec(f"{__package__}.{module.name}.configs") is not None:
+            importlib.import_module(f"{__package__}.{module.name}.configs")
+    return dict(_DECLARED)
+
+
+def config_class(name: str) -> Type[StudyConfig]:
+    """The config class of the study ``name``; an error listing the known studies otherwise."""
+    studies = declared()
+    try:
+        return studies[name]
+    except KeyError:
+        raise InterpError(f"unknown study {name!r}; known: {', '.join(studies)}") from None
+
+
+def study_function(config: Type[StudyConfig]) -> Callable:
+    """The study function bound to ``config`` (imports the study's module: its theme's ``<json_name>.py``)."""
+    theme = config.__module__.rpartition(".")[0]
+    importlib.import_module(f"{theme}.{config.json_name()}")
+    try:
+        return _FUNCTIONS[config]
+    except KeyError:
+        raise InterpError(f"{theme}.{config.json_name()} binds no function to {config.__name__} "
+                          "(decorate it with @study)") from None
+
+
+def required_hooks(name: str, n_layers: int, options: Optional[Dict[str, Any]] = None) -> List[str]:
+    """The hooks study ``name`` reads from a cache of an ``n_layers``-block model with ``options`` (the rest
+    default)."""
+    return config_class(name)(**dict(options or {})).required_hooks(n_layers)
+
+
+def hooks_for_studies(names: Sequence[str], n_layers: int) -> List[str]:
+    """The union (in order) of the hooks the studies ``names`` read with their default options."""
+    if not names:
+        raise UsageError("--for needs study names, e.g. --for norms,neurons")
+    return list(dict.fromkeys(h for name in names for h in required_hooks(name, n_layers)))
+
+
+def cache_table() -> str:
+    """The docs' markdown table of the hooks each study reads from a cache (studies with the same hooks share a
+    row; those that re-run the model come last)."""
+    rows: Dict[str, List[str]] = {}
+    for config in sorted(declared().values(), key=lambda c: c.live_only()):
+        rows.setdefault(config.cache_doc, []).append(f"`{config.name}`")
+    head = ("| study | hooks it reads (N blocks; D = detection block, default last; H = `--highest-layer`, "
+            "default D) |\n|---|---|\n")
+    return head + "".join(f"| {', '.join(names)} | {doc} |\n" for doc, names in rows.items())
