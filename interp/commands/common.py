@@ -173,12 +173,10 @@ def add_classifier_arg(parser: argparse.ArgumentParser) -> None:
 def print_behaviour(result) -> None:
     """The behaviour note (why there is no agreement or accuracy) or the classifier file the metrics went
     through, in one line; nothing for the model's own classification head with labels."""
-    clf = result.classifier or {}
-    if result.behaviour_note:
-        print(f"note: {result.behaviour_note}")
-    elif clf.get("kind") not in (None, "model_head"):
-        print(f"behaviour through the {clf['kind']} classifier {clf.get('path') or clf.get('source') or ''} "
-              f"({clf['n_classes']} classes)")
+    from ..studies.core.result import behaviour_lines  # torch: not on the CLI's start-up path
+
+    for line in behaviour_lines(result):
+        print(line)
 
 
 def add_preprocess_args(parser: argparse.ArgumentParser) -> None:
