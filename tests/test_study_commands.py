@@ -61,6 +61,7 @@ def test_lazy_study_figures_come_from_the_registry_with_the_command_options(tmp_
     from matplotlib.figure import Figure
 
     from interp.plots.registry import FIGURES, FigureSpec
+    from interp.studies.aggregation.patch_score import PatchScoreResult
 
     asked = []
 
@@ -68,7 +69,7 @@ def test_lazy_study_figures_come_from_the_registry_with_the_command_options(tmp_
         asked.append(n_maps)
         return Figure()
 
-    monkeypatch.setitem(FIGURES, "patch_score", [FigureSpec("my_maps", maps, options=("n_maps",))])
+    monkeypatch.setitem(FIGURES, PatchScoreResult, [FigureSpec("my_maps", maps, options=("n_maps",))])
     out = tmp_path / "out"
     assert main(["study", "patch-score", "planted_vit", "--images", str(TWO_PHOTOS[0]), "--out", str(out),
                  "--n-maps", "3", "--no-progress"]) == 0
