@@ -125,7 +125,7 @@ def test_truncated_jpeg_is_found_up_front_and_skipped(tmp_path):
 
 def test_truncated_jpeg_does_not_stop_a_live_study(tmp_path):
     from interp.studies.artifacts.norms import norms_study
-    from interp.studies.core.source import open_source
+    from interp.runtime.open import open_source
 
     folder = tmp_path / "photos"
     folder.mkdir()

@@ -193,9 +193,9 @@ def test_the_cache_refuses_an_existing_file_at_once(tmp_path):
     (["--highest-layer", "40"], "--highest-layer 40"),
 ])
 def test_block_numbers_are_checked_against_the_model_before_any_forward(tmp_path, capsys, monkeypatch, extra, word):
-    import interp.studies.neurons
+    import interp.studies.artifacts.neurons
 
-    monkeypatch.setattr(interp.studies.neurons, "neurons_study", lambda *a, **k: pytest.fail("the study ran"))
+    monkeypatch.setattr(interp.studies.artifacts.neurons, "neurons_study", lambda *a, **k: pytest.fail("the study ran"))
     assert main(_study("neurons", *extra, out=str(tmp_path / "o"))) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and word in err and "planted_vit has 6 blocks" in err

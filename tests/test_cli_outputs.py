@@ -251,7 +251,7 @@ def test_ctrl_c_during_a_study_exits_130_and_leaves_the_old_result(tmp_path):
     (out / "norms.json").write_text('{"old": true}')
     script = tmp_path / "run.py"  # the study's work, made long enough to be interrupted in the middle of it
     script.write_text("import sys, time\n"
-                      "import interp.studies.norms as norms\n"
+                      "import interp.studies.artifacts.norms as norms\n"
                       "def working(*a, **k):\n"
                       "    print('working', file=sys.stderr, flush=True)\n"
                       f"    {WAIT_FOREVER}"

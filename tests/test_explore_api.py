@@ -26,7 +26,7 @@ from interp.explore.session import ExploreOptions, ExploreSession  # noqa: E402
 from interp.studies.artifacts.ablate import ablation_study  # noqa: E402
 from interp.studies.artifacts.norms import norms_study  # noqa: E402
 from interp.studies.artifacts.registers import register_study  # noqa: E402
-from interp.studies.core.source import open_source  # noqa: E402
+from interp.runtime.open import open_source  # noqa: E402
 
 from conftest import images as random_images, make_model  # noqa: E402
 

@@ -32,6 +32,7 @@ LAYERS = [
     ("interp.hooks",),
     ("interp.cache",),
     ("interp.interventions", "interp.patch"),
+    ("interp.runtime",),
     ("interp.studies",),
     ("interp.plots",),
     ("interp.report", "interp.explore", "interp.commands", "interp.cli", "interp.console", "interp.__main__",
@@ -214,14 +215,3 @@ def test_version_is_defined_once_and_matches_pyproject():
     assert interp.__version__ == __version__
     pyproject = (PACKAGE_DIR.parent / "pyproject.toml").read_text(encoding="utf-8")
     assert f'\nversion = "{__version__}"\n' in pyproject
-
-
-def test_every_flat_study_path_of_earlier_versions_is_the_module_at_its_home():
-    import importlib
-
-    import interp.studies as studies
-
-    for old, home in studies.MOVED.items():
-        target = home if home.startswith("interp.") else f"interp.studies.{home}"
-        assert importlib.import_module(f"interp.studies.{old}") is importlib.import_module(target), old
-    from interp.studies.compare import compare_models  # noqa: F401  (README-era path of the comparison)

@@ -15,7 +15,7 @@ from interp.studies.objects.boxes import read_boxes, regions_from_boxes
 from interp.studies.aggregation.patch_score import (PatchScoreResult, compute_score_maps, patch_score_study,
                                         score_maps_from_acts)
 from interp.studies.aggregation.pib import PiBResult, bootstrap_ci, pib_study
-from interp.studies.core.source import open_source
+from interp.runtime.open import open_source
 
 
 def write_images(folder, n, size=(224, 224), seed=0):

@@ -278,7 +278,7 @@ def source_from_args(args: argparse.Namespace, model):
     A cache is checked up front against the hooks the study reads (``registry.required_hooks``), so a cache
     that cannot serve the study fails before any work. Unreadable images are skipped and kept in
     ``args.skipped`` (written into the study's JSON), or stop the run with ``--strict``."""
-    from ..studies.core.source import open_source
+    from ..runtime.open import open_source
     from .registry import STUDIES, check_cache_serves
 
     cache = getattr(args, "cache", None)

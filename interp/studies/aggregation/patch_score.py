@@ -38,7 +38,7 @@ from ...interventions.selective_cls import SelectiveCLS
 from ...models.layout import TokenLayout
 from ..objects.boxes import Regions
 from ..core.result import StudyResult
-from ..core.source import ActivationSource, n_batches
+from ...runtime.source import ActivationSource, n_batches
 
 REFERENCES = ("cls", "pooled", "selective")
 NORMALISATIONS = ("none", "minmax")

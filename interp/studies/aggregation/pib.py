@@ -24,7 +24,8 @@ from ..objects.boxes import BoxTable, Regions, matched_entries, original_size, r
 from .patch_score import FINAL, compute_score_maps
 from .pib_protocol import LAST_MAX_BOX_FRACTION, LAST_PREPROCESS, last_grid, last_regions
 from ..core.result import StudyResult
-from ..core.source import ActivationSource, LiveSource
+from ...runtime.live_source import LiveSource
+from ...runtime.source import ActivationSource
 
 PROTOCOLS = ("model", "last")
 

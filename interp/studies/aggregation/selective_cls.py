@@ -36,12 +36,12 @@ from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ..objects.boxes import BoxTable
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
-from ..core.forward import run_hooks
+from ...runtime.forward import run_hooks
 from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, needed_hooks,
                           score_maps_from_acts)
 from .pib import last_protocol_source, pib_from_maps, protocol_regions
 from ..core.result import StudyResult
-from ..core.source import live_model, n_batches
+from ...runtime.source import live_model, n_batches
 
 COLUMNS = ("row", "k", "pib", "pib_ci_low", "pib_ci_high", "fg_score_mean", "bg_score_mean", "top1_agreement",
            "accuracy")

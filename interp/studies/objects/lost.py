@@ -44,8 +44,8 @@ from .lost_protocol import (LOST_MEAN, LOST_STD, lost_box, lost_hits, lost_proto
 from ..core.outliers import resolve_layer
 from ..aggregation.pib import bootstrap_ci
 from ..core.result import StudyResult
-from ..core.passes import Reader, Reading, read_pass, run_readings
-from ..core.source import ActivationSource, live_model
+from ...runtime.passes import Reader, Reading, read_pass, run_readings
+from ...runtime.source import ActivationSource, live_model
 
 
 PROTOCOLS = ("model", "lost")
@@ -320,7 +320,7 @@ def lost_reading(source: ActivationSource, layer: int = -1, k: int = 100,
                  boxes: Union[BoxTable, str, Path, None] = None, *, iou: float = 0.5, n_boot: int = 1000,
                  level: float = 0.95, seed: int = 0, ties: str = "index") -> Reading:
     """:func:`lost_study` without an intervention, around its pass: the reader that runs LOST on each batch's
-    keys, then the :class:`LostResult` (for a shared pass, :mod:`interp.studies.core.passes`)."""
+    keys, then the :class:`LostResult` (for a shared pass, :mod:`interp.runtime.passes`)."""
     layer, hook = _key_hook(source, layer, k)
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
     if table is not None:  # impossible boxes and a box file for other images refused before the pass

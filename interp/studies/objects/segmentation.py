@@ -47,7 +47,7 @@ from .seg_scoring import (AVERAGES, FRAMES, image_miou, mask_to_input, reduce_ar
                           upsample_nearest)  # mask_to_input and upsample_nearest: re-exported (their former home)
 from ..aggregation.patch_score import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
 from ..core.result import StudyResult
-from ..core.source import ActivationSource, live_model, n_batches
+from ...runtime.source import ActivationSource, live_model, n_batches
 
 Polygons = List[List[float]]  # COCO polygons: flat [x0, y0, x1, y1, ...] in original pixels
 

@@ -14,7 +14,8 @@ import torch
 
 from ...errors import InterpError
 from ...models.preprocessing import decode_images
-from ..core.source import ActivationSource, LiveSource
+from ...runtime.live_source import LiveSource
+from ...runtime.source import ActivationSource
 from .boxes import eval_transform
 
 
