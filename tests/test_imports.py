@@ -26,8 +26,9 @@ ROOT = "interp"
 
 # Lower rank = lower layer; a module may import only modules of its own rank or lower.
 LAYERS = [
-    ("interp.errors", "interp._version", "interp._progress", "interp._transforms", "interp._image_files",
+    ("interp.errors", "interp._version", "interp._progress", "interp._transforms",
      "interp._model_names"),
+    ("interp.formats",),
     ("interp.models",),
     ("interp.hooks",),
     ("interp.cache",),

@@ -11,7 +11,8 @@ from conftest import images, make_model
 from interp.errors import InterpError
 from interp.interventions.selective_aggregation import selective_aggregate
 from interp.interventions.selective_cls import SelectiveCLS
-from interp.studies.objects.boxes import read_boxes, regions_from_boxes
+from interp.formats.box_files import read_boxes
+from interp.studies.core.regions import regions_from_boxes
 from interp.studies.aggregation.patch_score import (PatchScoreResult, compute_score_maps, patch_score_study,
                                         score_maps_from_acts)
 from interp.studies.aggregation.pib import PiBResult, bootstrap_ci, pib_study

@@ -151,7 +151,7 @@ def test_pib_study_protocol_last_equals_reference(tmp_path):
     from conftest import make_model
     from interp.studies.aggregation.patch_score import compute_score_maps
     from interp.studies.aggregation.pib import last_protocol_regions, pib_study
-    from interp.studies.objects.boxes import read_boxes
+    from interp.formats.box_files import read_boxes
     from interp.runtime.open import open_source
 
     model = make_model("vit", depth=2)  # patch 16, 224 px: the reference's 14 x 14 grid

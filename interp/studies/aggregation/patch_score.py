@@ -11,11 +11,12 @@ The patch tokens come from ``hook`` (default ``hook_norm_final``, the final norm
 Distributions (all patches, and foreground / background cells when regions are given) are of the raw
 cosines, or with ``normalise="minmax"`` of each image's map rescaled to [0, 1] (so images with different
 score ranges weigh alike). Which cells are foreground is the regions' rule (``cell_rule`` of
-:func:`~interp.studies.objects.boxes.regions_from_boxes`: a cell the box touches, or ``"majority"``: most of
+:func:`~interp.studies.core.regions.regions_from_boxes`: a cell the box touches, or ``"majority"``: most of
 the cell's area inside the box).
 
 >>> from interp.models import data_config
->>> from interp.studies.objects.boxes import read_boxes, regions_from_boxes
+>>> from interp.formats.box_files import read_boxes
+>>> from interp.studies.core.regions import regions_from_boxes
 >>> regions = regions_from_boxes(source.ids, read_boxes("boxes.csv"), data_config(model), model.layout.grid)
 >>> result = patch_score_study(source, reference="cls", regions=regions, progress=False)
 >>> len(result.maps), len(result.maps[0]), len(result.maps[0][0])      # [N][h][w] cosines
@@ -36,7 +37,7 @@ from ...errors import InterpError
 from ...interventions.selective_aggregation import selective_aggregate
 from ...interventions.selective_cls import SelectiveCLS
 from ...models.layout import TokenLayout
-from ..objects.boxes import Regions
+from ..core.regions import Regions
 from ..core.result import StudyResult
 from ...runtime.source import ActivationSource, n_batches
 
@@ -253,8 +254,8 @@ def patch_score_study(source: ActivationSource, *, hook: str = FINAL, reference:
         hook: patch tokens: ``hook_norm_final`` or ``blocks.{i}.hook_resid_post``.
         reference: ``cls``, ``pooled`` or ``selective`` (module docstring).
         selective: SelectiveCLS whose parameters (k, sigma, score, fft, eps) define the ``selective`` vector.
-        regions: foreground cells per image (:func:`~interp.studies.objects.boxes.regions_from_boxes` or
-            :func:`~interp.studies.objects.boxes.regions_from_masks`), in the source's image order.
+        regions: foreground cells per image (:func:`~interp.studies.core.regions.regions_from_boxes` or
+            :func:`~interp.studies.core.regions.regions_from_masks`), in the source's image order.
         bins: histogram bins over [-1, 1].
         normalise: ``"none"`` (default) or ``"minmax"``: the distributions of each image's map rescaled to [0, 1].
     """

@@ -3,7 +3,7 @@ the object's box, with a seeded bootstrap confidence interval.
 
 Reference protocol: images with exactly one annotated box (``single_object``), boxes under 25 % of the
 image area (``max_box_fraction``), each box mapped through the model's preprocessing onto the patch grid
-(:mod:`interp.studies.objects.boxes`); a patch is inside when its cell touches the box.
+(:mod:`interp.studies.core.regions`); a patch is inside when its cell touches the box.
 
 >>> result = pib_study(source, "boxes.csv", reference="cls", max_box_fraction=1, progress=False)
 >>> result.ci_low <= result.pib <= result.ci_high, result.excluded     # images dropped per reason
@@ -20,7 +20,9 @@ import torch
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
-from ..objects.boxes import BoxTable, Regions, matched_entries, original_size, read_boxes, regions_from_boxes
+from ...formats.box_files import matched_entries, original_size, read_boxes
+from ...formats.box_types import BoxTable
+from ..core.regions import Regions, regions_from_boxes
 from .patch_score import FINAL, compute_score_maps
 from .pib_protocol import LAST_MAX_BOX_FRACTION, LAST_PREPROCESS, last_grid, last_regions
 from ..core.result import StudyResult
@@ -127,7 +129,7 @@ class PiBResult(StudyResult):
 def load_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path], single_object: bool,
                  max_box_fraction: Optional[float], cell_rule: str = "touch") -> Regions:
     """Regions of the source's images from a box table or box file, through the source's preprocessing
-    (``cell_rule``: :func:`~interp.studies.objects.boxes.box_cells`)."""
+    (``cell_rule``: :func:`~interp.studies.core.regions.box_cells`)."""
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
     return regions_from_boxes(source.ids, table, source.data_config(), tuple(source.layout.grid),
                               single_object=single_object, max_box_fraction=max_box_fraction, cell_rule=cell_rule)
@@ -184,7 +186,7 @@ def pib_study(source: ActivationSource, boxes: Union[BoxTable, str, Path], *, re
 
     Args:
         source: live source over image files, or a cache of them (ids are the image paths).
-        boxes: a box file (CSV / JSON / COCO, see :mod:`interp.studies.objects.boxes`) or a table from ``read_boxes``.
+        boxes: a box file (CSV / JSON / COCO, see :mod:`interp.formats.box_files`) or a table from ``read_boxes``.
         reference, hook, selective: the Patch Score (:mod:`interp.studies.aggregation.patch_score`).
         single_object: keep only images with exactly one box (reference protocol).
         max_box_fraction: drop boxes larger than this share of the original image area (None: keep all).

@@ -34,7 +34,7 @@ from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
-from ..objects.boxes import BoxTable
+from ...formats.box_types import BoxTable
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
 from ...runtime.forward import run_hooks
 from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, needed_hooks,
@@ -158,7 +158,7 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
 
     Args:
         source: a live source over image files (labels from an image-folder layout give accuracy).
-        boxes: box file or table (:mod:`interp.studies.objects.boxes`); None skips the PiB and fg/bg columns.
+        boxes: box file or table (:mod:`interp.formats.box_files`); None skips the PiB and fg/bg columns.
         ks: the k values; each must be in [1, n_patches].
         selective: a ``SelectiveCLS`` whose sigma, score, fft and eps every row uses (its k is replaced by
             each of ``ks``); default ``SelectiveCLS()``, the LaSt reference code's arithmetic.

@@ -16,7 +16,7 @@ import torch
 from ...errors import InterpError
 from ..aggregation.patch_score import split_tokens
 from ..core.metrics import box_iou
-from .boxes import InputGeometry
+from ...models.geometry import InputGeometry
 
 TIES = ("index", "torch")
 
