@@ -212,9 +212,9 @@ def test_a_misspelled_hook_on_a_live_run_offers_close_matches_not_cache_advice(t
 def test_device_that_this_machine_lacks_is_one_line_naming_what_exists(tmp_path, capsys, monkeypatch):
     import torch
 
-    import interp.api
+    import interp.hooks.load
 
-    monkeypatch.setattr(interp.api, "load", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(interp.hooks.load, "load", lambda *a, **k: pytest.fail("the model was built"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for device in ("cuda", "cuda:1"):
         assert main(_study("norms", "--device", device, out=str(tmp_path / "o"))) == 2

@@ -14,7 +14,7 @@ from interp.formats.box_types import Box
 from interp.models.geometry import input_geometry
 from interp.models.preprocessing import timm_transform
 from interp.studies.objects.lost import LostResult, corloc_hits, input_to_original, lost_one, lost_study, seed_component
-from interp.studies.core.metrics import box_iou
+from interp.studies.core.stats import box_iou
 from reference.lost_object_discovery import keys_as_reference, lost as reference_lost
 
 GRID = (5, 6)

@@ -104,7 +104,7 @@ def check_model_args(args: argparse.Namespace, model) -> None:
 
 def model_from_args(args: argparse.Namespace, dtype=None):
     """Load the HookedViT the model arguments describe (the device checked first, block numbers after)."""
-    from ..api import load
+    from ..hooks.load import load
 
     kwargs = {}
     if getattr(args, "img_size", None):

@@ -255,7 +255,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
         The report.json summary (a dict), with ``"planted"`` holding the ground-truth comparison for a
         planted model and ``"files"`` the written files (relative to ``out_dir``).
     """
-    from ..api import load
+    from ..hooks.load import load
 
     started = time.monotonic()
     options = dataclasses.replace(options or ReportOptions(), **option_values)  # TypeError names a bad key

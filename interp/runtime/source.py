@@ -47,6 +47,19 @@ def token_norms(acts: torch.Tensor) -> torch.Tensor:
     return acts.float().norm(dim=-1)
 
 
+def split_tokens(tokens: torch.Tensor, layout: TokenLayout) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+    """(CLS row [b, d] or None, patch rows [b, n, d]) of tokens [b, t, d] (all rows, or patch rows only as a
+    cache written with ``tokens="patches"`` stores them)."""
+    t = tokens.shape[1]
+    if t == layout.n_tokens:
+        cls = tokens[:, layout.cls_index] if layout.cls_index is not None else None
+        return cls, tokens[:, layout.patch_slice]
+    if t == layout.n_patches:
+        return None, tokens
+    raise InterpError(f"tokens have {t} rows, but the layout has {layout.n_tokens} tokens ({layout.n_patches} "
+                      "patches); cache the hook with tokens='all'")
+
+
 @dataclass
 class Batch:
     """Activations of ``len(ids)`` consecutive images, starting at image ``start`` of the source.

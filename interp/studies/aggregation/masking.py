@@ -58,7 +58,7 @@ from ..core.behaviour import target_classes  # noqa: F401  (its home is core.beh
 from ...runtime.forward import run_hooks
 from ..core.outliers import Detection, resolve_layer
 from ..core.thresholds import ThresholdSpec
-from .patch_score import FINAL, needed_hooks, score_maps_from_acts
+from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
 from ...runtime.source import live_model, n_batches
 from ..core.result import OutlierStudyResult
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Union
 
-import numpy as np
 import torch
 
 from ...errors import InterpError
@@ -23,7 +22,8 @@ from ...interventions.selective_cls import SelectiveCLS
 from ...formats.box_files import matched_entries, original_size, read_boxes
 from ...formats.box_types import BoxTable
 from ..core.regions import Regions, regions_from_boxes
-from .patch_score import FINAL, compute_score_maps
+from ..core.stats import bootstrap_ci
+from ..core.score_maps import FINAL, compute_score_maps
 from .pib_protocol import LAST_MAX_BOX_FRACTION, LAST_PREPROCESS, last_grid, last_regions
 from ..core.result import StudyResult
 from ...runtime.live_source import LiveSource
@@ -38,21 +38,6 @@ def pib_hits(maps: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
     Ties go to the first patch in row-major order (``argmax``)."""
     top = maps.flatten(1).argmax(1)
     return inside.flatten(1).gather(1, top[:, None])[:, 0]
-
-
-def bootstrap_ci(hits: np.ndarray, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Tuple[float, float]:
-    """Percentile bootstrap interval of the mean of 0/1 ``hits`` (images resampled with replacement).
-
-    Returns (nan, nan) for no images."""
-    hits = np.asarray(hits, dtype=np.float64)
-    if hits.size == 0:
-        return float("nan"), float("nan")
-    if not 0 < level < 1:
-        raise InterpError(f"level must be in (0, 1), got {level}")
-    rng = np.random.default_rng(seed)
-    means = hits[rng.integers(0, hits.size, size=(int(n_boot), hits.size))].mean(axis=1)
-    alpha = (1.0 - level) / 2.0
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1.0 - alpha))
 
 
 @dataclass

@@ -37,8 +37,8 @@ from ...interventions.selective_cls import SelectiveCLS
 from ...formats.box_types import BoxTable
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
 from ...runtime.forward import run_hooks
-from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, needed_hooks,
-                          score_maps_from_acts)
+from .patch_score import ScoreDistribution, fg_bg_distributions
+from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
 from .pib import last_protocol_source, pib_from_maps, protocol_regions
 from ..core.result import StudyResult
 from ...runtime.source import live_model, n_batches

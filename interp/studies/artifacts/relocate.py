@@ -19,7 +19,7 @@ from ...interventions import Relocation, masks
 from ..core.detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
 from ...runtime.forward import Baseline, baseline_summary, forward_summary
-from ..core.metrics import iou
+from ..core.stats import iou
 from ..core.outliers import Detection, resolve_layer
 from ..core.thresholds import ThresholdSpec
 from ..core.result import OutlierStudyResult, skipped_records

@@ -44,7 +44,7 @@ from .lost_core import (TIES, LostOutput, cells_to_input, corloc_hits, degree_or
 from .lost_protocol import (LOST_MEAN, LOST_STD, lost_box, lost_hits, lost_protocol_features, lost_protocol_source,
                             pos_table_options)
 from ..core.outliers import resolve_layer
-from ..aggregation.pib import bootstrap_ci
+from ..core.stats import bootstrap_ci
 from ..core.result import StudyResult
 from ...runtime.passes import Reader, Reading, read_pass, run_readings
 from ...runtime.source import ActivationSource, live_model

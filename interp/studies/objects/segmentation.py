@@ -46,7 +46,7 @@ from ...models.geometry import input_geometry
 from ...models.preprocessing import timm_transform
 from .whole_image import whole_image_source
 from .seg_scoring import AVERAGES, FRAMES, image_miou, reduce_areas, score_image
-from ..aggregation.patch_score import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
+from ..core.score_maps import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
 from ..core.result import StudyResult
 from ...runtime.source import ActivationSource, live_model, n_batches
 
@@ -300,7 +300,7 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
 def _score_maps_together(source: ActivationSource, hook: str, references: Sequence[str], selective,
                          batch_size: Optional[int], progress: bool) -> Dict[str, torch.Tensor]:
     """Score maps [N, h, w] for several references from one pass over the source (as
-    :func:`~interp.studies.aggregation.patch_score.compute_score_maps` gives them one by one)."""
+    :func:`~interp.studies.core.score_maps.compute_score_maps` gives them one by one)."""
     from ..._progress import tqdm
 
     hooks = list(dict.fromkeys(h for ref in references for h in needed_hooks(hook, ref)))

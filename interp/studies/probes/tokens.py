@@ -16,7 +16,7 @@ import torch
 
 from ...errors import InterpError
 from ...models.preprocessing import patch_pixels
-from ..aggregation.patch_score import split_tokens
+from ...runtime.source import split_tokens
 from ..core.detection import DetectionLike, RunOptions, as_detection
 from ..core.outliers import Detection
 from ..core.thresholds import ThresholdSpec
