@@ -9,7 +9,7 @@ then is clipped to the input.
 >>> from interp.models.preprocessing import data_config, timm_transform
 >>> geometry = input_geometry(timm_transform(data_config(model)), (640, 480))   # original (width, height)
 >>> geometry.to_input(Box(0, 0, 640, 480))                                        # the centre crop keeps 224 x 224
-Box(x0=0.0, y0=0.0, x1=224.0, y1=224.0)
+Box(x0=0.0, y0=0.0, x1=224, y1=224)
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """One small interface for studies to read activations: a live HookedViT over images, or a cache file.
 
+>>> from interp.runtime.open import open_source
 >>> src = open_source(model=model, images=photos)            # runs the model batch by batch
 >>> summary = interp.cache.write(model, photos, hooks="blocks.5.hook_resid_post", path="acts.h5", progress=False)
 >>> src = open_source(cache="acts.h5", model=model)           # reads a cache lazily (fingerprint checked)
