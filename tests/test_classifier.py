@@ -21,7 +21,8 @@ from interp.studies.artifacts.ablate import ablation_study
 from interp.studies.artifacts.registers import register_study
 from interp.studies.artifacts.relocate import relocation_study
 from interp.studies.core.behaviour import METRICS
-from interp.studies.core.forward import baseline_pass, run_hooks
+from interp.runtime.forward import run_hooks
+from interp.runtime.passes import baseline_pass
 
 from conftest import images
 from reference.dinov2_linear_head import linear_head_logits

@@ -26,7 +26,7 @@ from interp.explore.session import ExploreOptions, ExploreSession  # noqa: E402
 from interp.studies.artifacts.ablate import ablation_study  # noqa: E402
 from interp.studies.artifacts.norms import norms_study  # noqa: E402
 from interp.studies.artifacts.registers import register_study  # noqa: E402
-from interp.studies.core.source import open_source  # noqa: E402
+from interp.runtime.open import open_source  # noqa: E402
 
 from conftest import images as random_images, make_model  # noqa: E402
 
@@ -227,9 +227,9 @@ def test_exported_patch_gives_a_plain_timm_model_the_edited_logits(served, tmp_p
 
 def test_python_entry_point_serves_and_stops(one_thread):
     with pytest.warns(UserWarning, match="listens on 127.0.0.2"):  # not 127.0.0.1: said out loud
-        ex = interp.explore(make_model("vit", depth=1), random_images(2), threshold="p99", host="127.0.0.2")
+        ex = interp.explore.start(make_model("vit", depth=1), random_images(2), threshold="p99", host="127.0.0.2")
     try:
-        assert callable(interp.explore) and ex.running and ex.url.startswith("http://127.0.0.2:")
+        assert ex.running and ex.url.startswith("http://127.0.0.2:")
         assert f'src="{ex.url}"' in ex._repr_html_()
         with urllib.request.urlopen(ex.url, timeout=600) as res:
             assert res.status == 200

@@ -8,7 +8,7 @@ from conftest import images, make_model
 from interp.errors import InterpError
 from interp.studies.aggregation.masking import (cells_to_mask, gaussian_blur, mask_images, masking_study, n_masked,
                                     target_classes)
-from interp.studies.core.source import open_source
+from interp.runtime.open import open_source
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from conftest import make_model
 from interp.errors import InterpError
 from interp.plots import aggregation as plots
 from interp.studies.aggregation.selective_cls import COLUMNS, SelectiveCLSResult, selective_cls_study
-from interp.studies.core.source import open_source
+from interp.runtime.open import open_source
 
 MODEL_ARGS = ["vit_small_patch16_224", "--no-pretrained", "--depth", "1"]
 

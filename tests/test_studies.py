@@ -21,7 +21,7 @@ from interp.studies.artifacts.ablate import ablation_study
 from interp.studies.artifacts.neurons import neurons_study
 from interp.studies.artifacts.norms import norms_study
 from interp.studies.artifacts.registers import register_study
-from interp.studies.core.metrics import iou
+from interp.studies.core.stats import iou
 from interp.studies.artifacts.relocate import relocation_study
 
 from conftest import images, make_model

@@ -106,7 +106,7 @@ def check_model_args(args: argparse.Namespace, model) -> None:
 
 def model_from_args(args: argparse.Namespace, dtype=None):
     """Load the HookedViT the model arguments describe (the device checked first, block numbers after)."""
-    from ..api import load
+    from ..hooks.load import load
 
     kwargs = {}
     if getattr(args, "img_size", None):
@@ -284,7 +284,7 @@ def source_from_args(args: argparse.Namespace, model):
     A cache is checked up front against the hooks the study reads (``registry.required_hooks``), so a cache
     that cannot serve the study fails before any work. Unreadable images are skipped and kept in
     ``args.skipped`` (written into the study's JSON), or stop the run with ``--strict``."""
-    from ..studies.core.source import open_source
+    from ..runtime.open import open_source
     from .registry import STUDIES, check_cache_serves
 
     cache = getattr(args, "cache", None)

@@ -30,7 +30,7 @@ from ..models.preprocessing import list_images
 from ..studies.artifacts.neurons import neurons_study
 from ..studies.core.outliers import detect
 from ..studies.core.thresholds import ThresholdSpec
-from ..studies.core.source import open_source
+from ..runtime.open import open_source
 from .readout import HeadReadout, head_readout
 from .requests import MAX_SECONDS, RequestTooLarge, check_spec, check_threshold, describe_edits
 

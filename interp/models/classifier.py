@@ -19,7 +19,7 @@ Optional: ``"class_names"`` (C names), ``"model"`` (the timm name it was built f
 DINOv2's released head files (plain ``{"weight", "bias"}`` state dicts, e.g. ``dinov2_vits14_linear4_head.pth``)
 are read as ``dinov2_linear`` with ``avgpool`` and ``n_blocks`` from the width: D = 2 d -> 1, D = 5 d -> 4.
 
->>> from interp.studies.core.forward import run_hooks
+>>> from interp.runtime.forward import run_hooks
 >>> path = save_classifier("head.pt", "linear", torch.randn(3, 192), torch.zeros(3))   # C=3 over D=192
 >>> clf = load_classifier(path).bind(model)       # checked against this model's widths (192: its pooled vector)
 >>> run = run_hooks(model, images, classifier=clf, logits=True)

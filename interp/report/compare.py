@@ -24,7 +24,7 @@ from ..studies.core.thresholds import ThresholdSpec
 from ..studies.probes.token_probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
 from ..models.preprocessing import eval_transform
-from ..studies.core.source import open_source
+from ..runtime.open import open_source
 
 NORM_COLUMNS = ("model", "artifacts", "threshold", "outlier_%", "max/median", "emergence", "cls_attn_on_outliers",
                 "redund_normal", "redund_high")

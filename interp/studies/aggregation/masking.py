@@ -55,11 +55,11 @@ from ...hooks.names import resid_post
 from ..core.detection import DetectionLike, DetectionSpec, detection_from_norms, detection_header, detection_params
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout, headline_metric
 from ..core.behaviour import target_classes  # noqa: F401  (its home is core.behaviour; imported from here too)
-from ..core.forward import run_hooks
+from ...runtime.forward import run_hooks
 from ..core.outliers import Detection, resolve_layer
 from ..core.thresholds import ThresholdSpec
-from .patch_score import FINAL, needed_hooks, score_maps_from_acts
-from ..core.source import live_model, n_batches
+from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
+from ...runtime.source import live_model, n_batches
 from ..core.result import OutlierStudyResult
 
 FILLS = ("zero", "mean", "blur")
