@@ -42,7 +42,21 @@ def test_one_name_for_command_module_function_result_and_json(name):
     result_class = function.__annotations__["return"]
     result_class = getattr(module, result_class) if isinstance(result_class, str) else result_class
     assert result_class.study == stem
+    assert result_class.__name__ == config.__name__[:-len("Config")] + "Result"
     assert result_class.__name__.lower() == stem.replace("_", "") + "result"
+
+
+def test_the_public_api_has_every_study_in_one_place():
+    import interp.studies as api
+
+    for config in declared().values():
+        stem, result = config.json_name(), config.__name__[:-len("Config")] + "Result"
+        assert {f"{stem}_study", result, config.__name__} <= set(api.__all__)
+        assert getattr(api, f"{stem}_study") is study_function(config)
+        assert getattr(api, config.__name__) is config and getattr(api, result).study == stem
+    assert api.detect.__name__ == "detect" and api.open_source.__name__ == "open_source"
+    with pytest.raises(AttributeError, match="no attribute 'norms'"):
+        api.norms  # the flat module paths of earlier versions are gone
 
 
 def test_every_result_class_has_registered_figures():

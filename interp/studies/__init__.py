@@ -1,42 +1,72 @@
 """Studies: each reads activations through an ActivationSource and returns a JSON-serialisable result.
 
-The names below are resolved lazily (PEP 562), so ``interp.studies.core.descriptors`` (what each study is and
-which hooks it reads) can be imported by the command line without importing torch. Each name is defined in the
-module given here (the activation sources and the forward primitive live in :mod:`interp.runtime`).
+The public API, one place for every study and the contract they share::
+
+    from interp.studies import norms_study, NormsResult, NormsConfig, detect, open_source
+
+- every declared study as ``<name>_study`` (the function), ``<Name>Result`` and ``<Name>Config``
+  (``patch_score_study``, ``PatchScoreResult``, ``PatchScoreConfig``), taken from the declarations
+  (:mod:`interp.studies.declaration`): a new study needs no line here;
+- the contract: activation sources (``open_source``, ``LiveSource``, ``CacheSource``, ...), the detection of
+  high-norm tokens (``detect``, ``Detection``, ``DetectionSpec``, ``detect_norms``), results (``StudyResult``),
+  the hooks a study reads (``required_hooks``) and the probe kernel (``linear_probe``).
+
+Names load on first use (PEP 562), so the command line reads the torch-free declarations under this package
+without importing torch.
 """
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Dict, Tuple
 
-# public name -> module that defines it
-_LAZY = {
+from .declaration import declared, study_function
+
+# the contract shared by the studies: public name -> module that defines it
+_CONTRACT = {
     "StudyResult": "interp.studies.core.result", "OutlierStudyResult": "interp.studies.core.result",
     "ActivationSource": "interp.runtime.source", "Batch": "interp.runtime.source",
     "CacheSource": "interp.runtime.cache_source", "LiveSource": "interp.runtime.live_source",
-    "open_source": "interp.runtime.open",
+    "open_source": "interp.runtime.open", "run_hooks": "interp.runtime.forward",
     "DetectionSpec": "interp.studies.core.detection", "RunOptions": "interp.studies.core.detection",
     "Detection": "interp.studies.core.outliers", "detect": "interp.studies.core.outliers",
     "detect_norms": "interp.studies.core.thresholds",
-    "StudyDescriptor": "interp.studies.core.descriptors", "DESCRIPTORS": "interp.studies.core.descriptors",
-    "required_hooks": "interp.studies.core.descriptors",
-    "run_hooks": "interp.runtime.forward",
+    "StudyConfig": "interp.studies.declaration", "required_hooks": "interp.studies.declaration",
     "linear_probe": "interp.studies.probes.linear_probe", "ProbeFit": "interp.studies.probes.linear_probe",
-    "ProbeResult": "interp.studies.probes.linear_probe",
 }
 
-__all__ = sorted(_LAZY)
+
+def _study_names() -> Dict[str, Tuple[str, Any]]:
+    """``{public name: (kind, config class)}`` for every declared study: its function, result and config."""
+    names: Dict[str, Tuple[str, Any]] = {}
+    for config in declared().values():
+        result = config.__name__[:-len("Config")] + "Result"
+        names.update({f"{config.json_name()}_study": ("function", config), result: ("result", config),
+                      config.__name__: ("config", config)})
+    return names
+
+
+def _resolve(name: str) -> Any:
+    if name in _CONTRACT:
+        return getattr(importlib.import_module(_CONTRACT[name]), name)
+    kind, config = _study_names()[name]
+    if kind == "config":
+        return config
+    function = study_function(config)
+    if kind == "function":
+        return function
+    return getattr(importlib.import_module(function.__module__), name)
+
+
+__all__ = sorted([*_CONTRACT, *_study_names()])
 
 
 def __getattr__(name: str) -> Any:
-    try:
-        module = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = _resolve(name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(__all__))
