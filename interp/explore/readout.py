@@ -16,7 +16,7 @@ METRIC_WORDS = {"classifier": "top-1 agreement with the unedited model",
                 "embedding": "cosine to the unedited pooled vector (mean over images)"}
 
 
-def compare(readout: BehaviourReadout, base: Dict[str, torch.Tensor], edited: Dict[str, torch.Tensor]) -> Dict:
+def compare_outputs(readout: BehaviourReadout, base: Dict[str, torch.Tensor], edited: Dict[str, torch.Tensor]) -> Dict:
     """{"kind", "metric", "value", "min", "n_images", "why", "accuracy", "baseline_accuracy", "accuracy_note",
     "behaviour_note", "metrics"} of the ``edited`` outputs against the ``base`` ones.
 

@@ -33,7 +33,7 @@ from ..studies.core.forward import run_hooks
 from ..studies.core.outliers import detect
 from ..studies.core.thresholds import ThresholdSpec
 from ..studies.core.source import open_source
-from .readout import compare
+from .readout import compare_outputs
 from .requests import MAX_SECONDS, RequestTooLarge, check_spec, check_threshold, describe_edits
 
 MAX_NEURON_MAPS = 32  # neuron activation maps per response (the ranked ones first, then edited ones)
@@ -304,7 +304,7 @@ class ExploreSession:
     def _readout(self, key: str, ivs: list) -> Dict[str, Any]:
         def compare():
             edited = self.baseline_outputs if not ivs else self._outputs(ivs)
-            return compare(self.readout, self.baseline_outputs, edited)
+            return compare_outputs(self.readout, self.baseline_outputs, edited)
 
         return _lru(self._readouts, key, compare)
 
