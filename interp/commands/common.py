@@ -160,8 +160,9 @@ def add_classifier_arg(parser: argparse.ArgumentParser) -> None:
     """``--classifier FILE``: the class logits of the behaviour metrics (:mod:`interp.models.classifier`)."""
     parser.add_argument("--classifier", type=existing_file, default=None, metavar="FILE",
                         help="classifier file (zero-shot matrix, linear head, or a DINOv2 released linear head) "
-                             "whose class logits give top-1 agreement and accuracy; without it they exist only for "
-                             "a classification head (else the pooled vector's cosine to the unedited one)")
+                             "whose class logits give top-1 agreement and accuracy (accuracy only when the image "
+                             "folders name its classes); without it they exist only for a classification head "
+                             "(else the pooled vector's cosine to the unedited one)")
 
 
 def print_behaviour(result) -> None:
