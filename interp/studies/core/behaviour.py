@@ -21,7 +21,8 @@ siblings is never a label. The class names (:func:`classifier_class_names`):
 * a classifier file: its ``class_names``; a DINOv2 released linear head (plain state dict, 1000 classes): the
   ImageNet-1k classes, in the order the DINOv2 heads were trained on (timm's ``imagenet-1k`` order);
 * the model's own classification head: ``pretrained_cfg["label_names"]``, else the ImageNet subset timm infers
-  from the number of classes (1000: ImageNet-1k, 11821: -12k, 21841: -22k);
+  from the number of classes (``timm.data.infer_imagenet_subset``: 1000: ImageNet-1k, 11821: -12k, 21841: -22k,
+  21843: Google's -21k);
 * an ImageNet class is named by its WordNet synset id (``n01440764``), its full description (``tench, Tinca
   tinca``) or any one of its comma-separated synonyms that no other class uses (``tench``; not ``crane``).
 
@@ -35,17 +36,14 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-from timm.data import ImageNetInfo
+from timm.data import ImageNetInfo, infer_imagenet_subset
 
 from ...models.classifier import RELEASED_DINOV2_SOURCE, Classifier, load_classifier
 from ...models.heads import classify_head, head_output_width
 
 METRICS = ("top1_agreement", "accuracy", "pooled_cosine", "pooled_cosine_min", "pooled_norm")
 ClassifierLike = Union[None, str, Classifier, dict]
-
-
 ClassNames = Sequence[Union[str, Sequence[str]]]  # per class: a name, or the names a folder may use for it
-IMAGENET_SIZES = {1000: "imagenet-1k", 11821: "imagenet-12k", 21841: "imagenet-22k"}
 
 
 def _norm_name(name: str) -> str:
@@ -55,7 +53,7 @@ def _norm_name(name: str) -> str:
 def imagenet_class_names(n_classes: int) -> Optional[List[Tuple[str, ...]]]:
     """Per class of timm's ImageNet subset of ``n_classes`` classes (None for another count): its synset id, its
     description and each comma-separated synonym of the description."""
-    subset = IMAGENET_SIZES.get(int(n_classes))
+    subset = infer_imagenet_subset({"num_classes": int(n_classes)})
     if subset is None:
         return None
     info = ImageNetInfo(subset)
@@ -78,10 +76,10 @@ def classifier_class_names(model, classifier: Optional[Classifier]) -> Tuple[Opt
     imagenet = imagenet_class_names(n)
     if given and len(given) == n:
         if imagenet is not None and [c[0] for c in imagenet] == given:
-            return imagenet, f"the model's ImageNet label names ({IMAGENET_SIZES[n]})"
+            return imagenet, "the model's ImageNet label names"
         return given, "the model's label names (pretrained_cfg)"
     if imagenet is not None:
-        return imagenet, f"the model's head has {n} classes: {IMAGENET_SIZES[n]} (timm's class order)"
+        return imagenet, f"the model's head: {n} ImageNet classes (timm's class order)"
     return None, f"the model's head names none of its {n} classes (no label_names)"
 
 
