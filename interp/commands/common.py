@@ -8,6 +8,7 @@ from typing import Dict, List, Sequence
 
 from ..console import add_output_args
 from ..errors import InterpError, UsageError
+from ..studies.core.options import CLASSIFIER_HELP
 from ..values import (NEURONS_SYNTAX, device_arg, existing_file, existing_path, image_size_arg, nonnegative_float, open_fraction,
                      positive_float, positive_int, seed_arg, threshold_arg, transform_arg)
 
@@ -164,10 +165,7 @@ def add_study_args(parser: argparse.ArgumentParser, inputs: str = "images_or_cac
 
 def add_classifier_arg(parser: argparse.ArgumentParser) -> None:
     """``--classifier FILE``: the class logits of the behaviour metrics (:mod:`interp.models.classifier`)."""
-    parser.add_argument("--classifier", type=existing_file, default=None, metavar="FILE",
-                        help="classifier file (zero-shot matrix, linear head, or a DINOv2 released linear head) "
-                             "whose class logits give top-1 agreement and accuracy; without it they exist only for "
-                             "a classification head (else the pooled vector's cosine to the unedited one)")
+    parser.add_argument("--classifier", type=existing_file, default=None, metavar="FILE", help=CLASSIFIER_HELP)
 
 
 def print_behaviour(result) -> None:

@@ -52,15 +52,17 @@ class Explorer:
 
 
 def start(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, threshold="auto",
-            detect_layer: Optional[int] = None, top_k: int = 10, head: str = "auto", max_images: int = 64,
-            max_seconds: float = 600.0, host: str = "127.0.0.1", port: int = 0, height: int = 900) -> Explorer:
+          detect_layer: Optional[int] = None, top_k: int = 10, classifier=None, max_images: int = 64,
+          max_seconds: float = 600.0, host: str = "127.0.0.1", port: int = 0, height: int = 900) -> Explorer:
     """Start the explorer on ``model`` (a ``HookedViT`` or a name for ``interp.load``) over ``images``
     (default: the bundled sample photos) in a background thread, and return it (Jupyter shows the page).
 
     Args:
         neurons: register neurons to list ({layer: [neuron]}); default: ranked by the neurons study on start.
         threshold, detect_layer: outlier detection, as in the studies (default "auto" at the last block).
-        head: read the output as a "classifier" or an "embedding" (default "auto": decided from the model).
+        classifier: a classifier file (path, dict or :func:`interp.load_classifier`) for the readout's class
+            logits, as the studies' ``classifier=``; default: the model's own head
+            (:mod:`interp.studies.core.behaviour`).
         max_images: more images are refused (they are held in memory and re-run for each edit's readout).
         max_seconds: a request's model work stops after this many seconds (``RequestTooLarge``, HTTP 413).
         host, port: where to listen (default 127.0.0.1, any free port).
@@ -85,7 +87,7 @@ def start(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, 
         from ..models.samples import sample_image_paths
 
         images = sample_image_paths()
-    options = ExploreOptions(threshold=threshold, detect_layer=detect_layer, top_k=top_k, neurons=neurons, head=head,
-                             max_images=max_images, max_seconds=max_seconds)
+    options = ExploreOptions(threshold=threshold, detect_layer=detect_layer, top_k=top_k, neurons=neurons,
+                             classifier=classifier, max_images=max_images, max_seconds=max_seconds)
     session = ExploreSession(model, images, options)
     return Explorer(session, ExploreServer(session, host=host, port=port).start(), height=height)

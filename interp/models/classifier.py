@@ -47,6 +47,7 @@ KINDS = ("zeroshot", "linear", "dinov2_linear")
 INPUTS = ("pooled", "head_output")
 HOOK_POOLED, HOOK_HEAD = "hook_pooled", "hook_logits"
 BLOCK_OUTPUTS = "blocks.*.hook_resid_post"  # resolved by the model: its blocks' outputs, in order
+RELEASED_DINOV2_SOURCE = "DINOv2 released linear head (plain state dict)"  # the source such a file is read with
 _MAKE_ONE = "make one with `interp classifier zeroshot` or interp.models.classifier.save_classifier"
 
 
@@ -260,7 +261,7 @@ def _from_dict(data, path: Optional[str]) -> Classifier:
     if "interp_classifier" not in data:
         if set(data) == {"weight", "bias"}:  # DINOv2's released head: kind and n_blocks from the shapes
             data = {"kind": "dinov2_linear", "weight": data["weight"], "bias": data["bias"], "avgpool": True,
-                    "source": "DINOv2 released linear head (plain state dict)"}
+                    "source": RELEASED_DINOV2_SOURCE}
         else:
             raise ClassifierError(f"{where} is not a classifier file (keys {sorted(map(str, data))[:8]}; no "
                                   f"'interp_classifier'): {_MAKE_ONE}")

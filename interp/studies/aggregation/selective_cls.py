@@ -9,7 +9,7 @@ normed patch tokens, which is what the head then sees). Columns:
 * PiB / CI and fg/bg Patch Score means over the images that pass the box filters (:mod:`interp.studies.aggregation.pib`);
   None without boxes;
 * ``top1_agreement``: share of all images where the row's top-1 class equals the baseline's;
-* ``accuracy``: top-1 accuracy when the image folder gives labels (see :func:`interp.studies.core.behaviour.target_classes`).
+* ``accuracy``: top-1 accuracy when the image folders name the classes (:func:`interp.studies.core.behaviour.target_classes`).
 
 Both only through a real classifier (a classifier file, or a head that is one; :mod:`interp.studies.core.behaviour`),
 else None and the table shows the pooled vector's cosine to the baseline's instead. ``conditions`` holds every
