@@ -16,7 +16,7 @@ from interp.explore.session import ExploreOptions, ExploreSession
 from interp.models.classifier import load_classifier, save_classifier
 from interp.studies.artifacts.ablate import ablation_study
 from interp.studies.core.behaviour import behaviour_readout, classifier_class_names, target_classes
-from interp.studies.core.source import open_source
+from interp.runtime.open import open_source
 
 NEURONS = {0: list(range(0, 1536, 3)), 1: list(range(1, 1536, 2))}  # enough to move some argmaxes
 SPEC = [{"kind": "NeuronAblation", "neurons": {str(k): v for k, v in NEURONS.items()}}]

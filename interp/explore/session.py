@@ -29,7 +29,7 @@ from ..models.planted import planted_truth
 from ..models.preprocessing import list_images
 from ..studies.artifacts.neurons import neurons_study
 from ..studies.core.behaviour import BehaviourReadout, ClassifierLike, behaviour_readout
-from ..studies.core.forward import run_hooks
+from ..runtime.forward import run_hooks
 from ..studies.core.outliers import detect
 from ..studies.core.thresholds import ThresholdSpec
 from ..runtime.open import open_source
@@ -142,7 +142,7 @@ class ExploreSession:
                       for l, idx in sorted(self.options.neurons.items()) for n in idx]
             return listed, "neurons given on the command line (--neurons); not ranked here"
         result = neurons_study(self.source, detection=self.detection, top_k=self.options.top_k,
-                               batch_size=self.options.batch_size, progress=progress)
+                               progress=progress)
         note = result.message or result.warning or (
             f"ranked by the neurons study over {result.n_images_with_outliers} image(s) with outliers "
             f"(score: mean |activation| on the outlier tokens)")
