@@ -9,7 +9,7 @@ normed patch tokens, which is what the head then sees). Columns:
 * PiB / CI and fg/bg Patch Score means over the images that pass the box filters (:mod:`interp.studies.aggregation.pib`);
   None without boxes;
 * ``top1_agreement``: share of all images where the row's top-1 class equals the baseline's;
-* ``accuracy``: top-1 accuracy when the image folder gives labels (see :func:`interp.studies.core.behaviour.target_classes`).
+* ``accuracy``: top-1 accuracy when the image folders name the classes (:func:`interp.studies.core.behaviour.target_classes`).
 
 Both only through a real classifier (a classifier file, or a head that is one; :mod:`interp.studies.core.behaviour`),
 else None and the table shows the pooled vector's cosine to the baseline's instead. ``conditions`` holds every
@@ -34,12 +34,12 @@ from ..._progress import tqdm
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ..core.behaviour import BehaviourMeter, behaviour_readout
-from ..core.forward import run_hooks
-from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, needed_hooks,
-                          score_maps_from_acts)
+from ...runtime.forward import run_hooks
+from .patch_score import ScoreDistribution, fg_bg_distributions
+from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
 from .pib import last_protocol_source, pib_from_maps, protocol_regions
 from ..core.result import StudyResult, behaviour_lines
-from ..core.source import live_model, n_batches
+from ...runtime.source import live_model, n_batches
 from ..declaration import study
 from .configs import SelectiveCLSConfig
 
@@ -161,7 +161,7 @@ def selective_cls_study(source, config: SelectiveCLSConfig, *, selective: Option
     Args:
         source: a live source over image files (labels from an image-folder layout give accuracy).
         config: the options (:class:`~interp.studies.aggregation.configs.SelectiveCLSConfig`; or pass them as
-            keywords): ``boxes`` box file or table (:mod:`interp.studies.objects.boxes`; None skips the PiB and
+            keywords): ``boxes`` box file or table (:mod:`interp.formats.box_files`; None skips the PiB and
             fg/bg columns); ``ks`` the k values, each in [1, n_patches]; ``sigma``, ``score``, ``fft``, ``eps``
             the SelectiveCLS every row uses (default the LaSt reference code's arithmetic); ``reference`` the
             baseline's global vector, ``cls`` or ``pooled``; ``single_object``, ``max_box_fraction``,
