@@ -70,7 +70,7 @@ def test_pib_study_needs_boxes_and_takes_a_selective_object(tmp_path):
     from conftest import make_model
     from interp.interventions.selective_cls import SelectiveCLS
     from interp.studies.aggregation.pib import pib_study
-    from interp.studies.core.source import open_source
+    from interp.studies import open_source
 
     source = open_source(model=make_model("vit", depth=1), images=torch.rand(2, 3, 224, 224))
     with pytest.raises(UsageError, match="boxes="):
