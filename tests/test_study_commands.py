@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from interp.cli import main
-from interp.commands.registry import STUDIES
 from interp.models import sample_image_paths
 
 TWO_PHOTOS = [p for p in sample_image_paths() if p.stem in ("astronaut", "rocket")]
@@ -79,6 +78,8 @@ def test_lazy_study_figures_come_from_the_registry_with_the_command_options(tmp_
 
 
 def test_study_commands_run_the_function_their_descriptor_names(tmp_path, monkeypatch, one_thread):
+    from interp.commands.registry import STUDIES  # the descriptor table, deleted with the last add_X/run_X
+
     from interp.studies.artifacts.norms import norms_study
 
     calls = []
