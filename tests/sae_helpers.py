@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 import interp
+
+# overcomplete is the optional extra interp[sae] (in [test]); find_spec does not import it
+needs_overcomplete = pytest.mark.skipif(importlib.util.find_spec("overcomplete") is None,
+                                        reason="needs the optional extra interp[sae] (overcomplete)")
 
 HOOK = "blocks.3.hook_resid_post"  # after the planted register neurons (block 2's MLP)
 # Small and quick on 2 shared cores (one thread): k=2, since a TopK SAE spreads the one-dimensional artifact
@@ -34,9 +40,12 @@ def planted_model():
 def planted_cache(n: int = 48) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="interp-sae-"))
     path = folder / "planted.h5"
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
     with torch.no_grad():
         interp.cache.write(planted_model(), planted_images(n, seed=1), hooks=[HOOK, "blocks.5.hook_resid_post"],
                            path=path, progress=False, dtype="float32", batch_size=16)
+    torch.set_num_threads(before)
     return path
 
 
