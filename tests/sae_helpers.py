@@ -19,7 +19,7 @@ HOOK = "blocks.3.hook_resid_post"  # after the planted register neurons (block 2
 # Small and quick on 2 shared cores (one thread): k=2, since a TopK SAE spreads the one-dimensional artifact
 # direction over its k active features (docs/sae.md); lr high enough to converge in 200 steps.
 TRAIN = dict(arch="topk", expansion=2, k=2, steps=200, batch_size=256, lr=3e-3, window_images=16, data_shards=2,
-             holdout=0.125, norm_images=32, dead_window=100)
+             holdout=0.125, dead_window=100)
 
 
 def planted_images(n: int, seed: int, flat: float = 0.08) -> torch.Tensor:

@@ -13,7 +13,7 @@ from interp.interventions import SAEFeatureAblation
 from interp.models import planted_truth
 from interp.sae.features import sae_features
 from interp.studies.core.thresholds import detect_norms
-from sae_helpers import needs_overcomplete, planted_cache, planted_images, planted_model, planted_sae
+from sae_helpers import HOOK, needs_overcomplete, planted_cache, planted_images, planted_model, planted_sae
 
 pytestmark = needs_overcomplete
 
@@ -39,6 +39,9 @@ def test_an_artifact_feature_is_the_planted_write_direction(planted):
     assert unit.norm().item() == pytest.approx(1.0, abs=1e-5)
     assert abs(unit[truth.artifact_dim].item()) >= 0.9  # the write direction is the artifact channel
     assert len(report["features"]) == sae.n_features and report["n_tokens"]["cls"] > 0
+    x = torch.from_numpy(interp.cache.open(planted_cache())[HOOK][:4, model.layout.patch_slice])
+    recon = sae.decode(sae.encode(x))  # in the hook's units: the normalisation is undone
+    assert (x - recon).square().sum() < 0.05 * (x - x.mean((0, 1))).square().sum()
 
 
 def _outliers(model, images, threshold, interventions=()):
