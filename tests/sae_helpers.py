@@ -43,7 +43,7 @@ def planted_cache(n: int = 48) -> Path:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     with torch.no_grad():
-        interp.cache.write(planted_model(), planted_images(n, seed=1), hooks=[HOOK, "blocks.5.hook_resid_post"],
+        interp.cache.write(planted_model(), planted_images(n, seed=1), hooks=HOOK,
                            path=path, progress=False, dtype="float32", batch_size=16)
     torch.set_num_threads(before)
     return path

@@ -26,7 +26,7 @@ from sae_helpers import HOOK, TRAIN, needs_overcomplete, planted_cache, planted_
 
 pytestmark = needs_overcomplete
 REPO = Path(__file__).resolve().parents[1]
-STEPS, EVERY = 24, 3
+STEPS, EVERY = 48, 3
 ARGS = ["--steps", str(STEPS), "--batch-size", "256", "--expansion", "2", "--k", "2", "--lr", "3e-3",
         "--window-images", "16", "--data-shards", "2", "--holdout", "0.125", "--dead-window", "100",
         "--checkpoint-every", str(EVERY)]
@@ -50,22 +50,28 @@ def _train_cli(out, *extra):
             *ARGS, *extra]
 
 
+@pytest.mark.slow  # a fresh process (torch import, model) on 2 shared cores
 def test_kill_9_at_a_random_step_then_resume_ends_equal(tmp_path, uninterrupted, one_thread, capsys):
     out = tmp_path / "run"
+    target = random.randrange(EVERY, STEPS // 2, EVERY)  # kill once this step is checkpointed
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "INTERP_NO_PROGRESS": "1"}
     child = subprocess.Popen([sys.executable, "-m", "interp", *_train_cli(out)], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 240  # a safety net, never a timing assertion
-        while not (out / "checkpoint.pt").exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(random.uniform(0.0, 0.5))  # somewhere in the following steps
+        deadline, seen = time.monotonic() + 240, None  # a safety net, never a timing assertion
+        while child.poll() is None and time.monotonic() < deadline:
+            path = out / "checkpoint.pt"
+            stamp = path.stat().st_mtime_ns if path.exists() else None
+            if stamp != seen and torch.load(path, weights_only=False)["step"] >= target:
+                break
+            seen = stamp
+            time.sleep(0.01)
         child.send_signal(signal.SIGKILL)
     finally:
         child.wait()
     assert child.returncode == -signal.SIGKILL, child.stderr.read()[-1000:]
     state = torch.load(out / "checkpoint.pt", weights_only=False)  # whole: written through a rename
-    assert 0 < state["step"] < STEPS and state["step"] % EVERY == 0
+    assert target <= state["step"] < STEPS and state["step"] % EVERY == 0
     assert main(_train_cli(out, "--resume")) == 0, capsys.readouterr().err
     _same(interp.sae.load(out), uninterrupted)
 

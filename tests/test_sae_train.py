@@ -128,6 +128,7 @@ def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
     assert rc == 1 and err.count("\n") == 1 and "pip install 'interp[sae]'" in err
 
 
+@pytest.mark.slow  # two fresh processes (torch import, model) on 2 shared cores
 def test_torchrun_two_processes_equal_one(tmp_path):
     """DDP on 2 CPU processes (gloo), each reading its own data shards, ends with the one-process weights."""
     settings = dict(TRAIN, steps=6)
