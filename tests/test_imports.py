@@ -32,7 +32,7 @@ LAYERS = [
     ("interp.hooks",),
     ("interp.cache",),
     ("interp.interventions", "interp.patch"),
-    ("interp.studies",),
+    ("interp.studies", "interp.sae"),
     ("interp.plots",),
     ("interp.report", "interp.explore", "interp.commands", "interp.cli", "interp.console", "interp.__main__",
      "interp.api", "interp"),
