@@ -68,7 +68,8 @@ def run_train(args) -> int:
                    dead_window=args.dead_window)
     if int(os.environ.get("RANK", "0")) == 0:
         held = result["metrics"]["held_out"] or result["metrics"]["train_sample"]
+        ev = "n/a" if held["explained_variance"] is None else f"{held['explained_variance']:.3f}"
         print(f"SAE {result['arch']} with {result['n_features']} features on {result['hook']}: explained variance "
-              f"{held['explained_variance']:.3f}, L0 {held['l0']:.1f}, alive {held['alive_fraction']:.2f} -> "
+              f"{ev}, L0 {held['l0']:.1f}, alive {held['alive_fraction']:.2f} -> "
               f"{os.path.join(args.out, 'sae.json')}")
     return 0

@@ -105,6 +105,17 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _json_ready(value):
+    """Non-finite floats (an explained variance of a constant batch) as None: sae.json stays strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    return value
+
+
 def save(out: Union[str, Path], config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Path:
     """Write ``out/sae.safetensors`` then ``out/sae.json`` (with the weights' SHA-256), each atomically."""
     from safetensors.torch import save
@@ -113,7 +124,7 @@ def save(out: Union[str, Path], config: Dict[str, Any], tensors: Dict[str, torch
     data = save({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()})
     config = {"format": FORMAT, "version": FORMAT_VERSION, **config, "weights_sha256": _digest(data)}
     write_atomic(out / WEIGHTS, data, "SAE weights")
-    write_atomic(out / CONFIG, (json.dumps(config, indent=1, allow_nan=False) + "\n").encode(), "SAE description")
+    write_atomic(out / CONFIG, (json.dumps(_json_ready(config), indent=1, allow_nan=False) + "\n").encode(), "SAE description")
     return out
 
 

@@ -81,6 +81,9 @@ def prepare_data(model, hook: str, cfg, *, cache=None, images=None, rank: int = 
     n = rows.n_images
     kinds = rows.kinds()
     detection = detect_norms(_all_norms(rows, rank, n_ranks), cfg.threshold) if (kinds == PATCH).any() else None
+    if cfg.high_norm == "only" and detection is not None and not detection.artifacts_found:
+        raise InterpError(f"--high-norm only: the detection finds no high-norm tokens at {hook} "
+                          f"({detection.threshold.reason}); train with --high-norm include")
     mask = token_mask(kinds, cfg.tokens, cfg.high_norm, None if detection is None else detection.outliers, n)
     perm = np.random.default_rng([cfg.seed, 7]).permutation(n)
     n_hold = int(round(cfg.holdout * n))
@@ -131,6 +134,6 @@ def stats_over(codes, dictionary: torch.Tensor, data: RunData, images: np.ndarra
     if count == 0:
         raise InterpError("no token to evaluate the SAE on")
     sst = total_sq - float(total.square().sum()) / count
-    return {"n_tokens": count, "explained_variance": 1 - sse / sst if sst > 0 else float("nan"),
+    return {"n_tokens": count, "explained_variance": 1 - sse / sst if sst > 0 else None,
             "mse_normalised": sse / (count * d), "l0": l0 / count, "alive_fraction": float((fires > 0).float().mean()),
             "feature_means": (code_sum / count).float()}
