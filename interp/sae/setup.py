@@ -20,14 +20,14 @@ from .data import PATCH, ActivationRows, CacheRows, LiveRows, Normalisation, fit
 CHUNK = 64  # images per read outside the training stream (norms, normalisation, statistics)
 
 
-def world() -> Tuple[int, int]:
+def world(device: torch.device) -> Tuple[int, int]:
     """(rank, number of processes): a ``torchrun`` launch joins its process group (gloo on CPU, nccl on GPUs)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() and os.environ.get("INTERP_DDP_NCCL") else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -109,7 +109,8 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
     cfg.check()
     sae_modules.overcomplete()  # the one-line install hint before any data is read
     out = Path(out)
-    rank, n_ranks = world()
+    device = next(model.parameters()).device  # the SAE trains where the model runs
+    rank, n_ranks = world(device)
     if cfg.data_shards % n_ranks:
         raise InterpError(f"--data-shards {cfg.data_shards} must be a multiple of the {n_ranks} processes")
     ckpt_path = out / CHECKPOINT
@@ -130,10 +131,11 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
     norm = data.norm
     torch.manual_seed(cfg.seed)
     n_features = cfg.expansion * data.rows.d
-    module = sae_modules.build(cfg.arch, data.rows.d, n_features, cfg.k, cfg.batch_size // n_ranks, data.points)
+    module = sae_modules.build(cfg.arch, data.rows.d, n_features, cfg.k, cfg.batch_size // n_ranks,
+                               data.points).to(device)  # built on the CPU: the same weights on any device
     net = module
     if n_ranks > 1:
-        net = torch.nn.parallel.DistributedDataParallel(module)
+        net = torch.nn.parallel.DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None)
     optimiser = torch.optim.Adam(module.parameters(), lr=cfg.lr)
     criterion = sae_modules.criterion(cfg.arch, cfg.aux_penalty, cfg.l1_penalty)
     curve = {key: [] for key in CURVE_KEYS}
@@ -142,7 +144,7 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
     if state is not None:
         module.load_state_dict(state["module"])
         if state.get("running_threshold") is not None:
-            module.running_threshold = state["running_threshold"].reshape(())
+            module.running_threshold = state["running_threshold"].reshape(()).to(device)
         optimiser.load_state_dict(state["optimiser"])
         curve, last_fired, start = state["curve"], state["last_fired"], state["step"]
         torch.set_rng_state(state["rng"])
@@ -152,7 +154,7 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
                unit="step", leave=False)
     try:
         for step in range(start, cfg.steps):
-            x = norm.apply(stream.batch(step))
+            x = norm.apply(stream.batch(step)).to(device)
             optimiser.zero_grad()
             pre_codes, codes, x_hat = net(x)
             loss = criterion(x, x_hat, pre_codes, codes, module.get_dictionary())
@@ -168,9 +170,9 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
                 fired = (codes > 0).any(0).to(torch.int64)
                 if n_ranks > 1:
                     torch.distributed.all_reduce(fired, op=torch.distributed.ReduceOp.MAX)
-                last_fired[fired.bool()] = step + 1
+                last_fired[fired.bool().cpu()] = step + 1
                 dead = float(((step + 1 - last_fired) >= cfg.dead_window).float().mean())
-            for key, value in zip(CURVE_KEYS, (step + 1, *map(float, stats), dead)):
+            for key, value in zip(CURVE_KEYS, (step + 1, *stats.tolist(), dead)):
                 curve[key].append(value)
             bar.update(1)
             if step % 10 == 0:
@@ -215,7 +217,7 @@ def _finish(module, cfg: TrainSettings, data: RunData, curve, last_fired, out: P
     """Held-out metrics, feature means, and (rank 0) the SAE files and the curve figure."""
     from . import curve as curve_figure
 
-    tensors = sae_modules.encoder_tensors(module, cfg.arch)
+    tensors = {k: v.cpu() for k, v in sae_modules.encoder_tensors(module, cfg.arch).items()}
     tensors.update({"mean": data.norm.mean, "scale": torch.tensor([data.norm.scale])})
     codes = SparseCodes(cfg.arch, tensors, cfg.k)
     train_stats = stats_over(codes, tensors["dictionary"], data, data.norm_images)
