@@ -22,6 +22,8 @@ from .._transforms import INTERPOLATIONS, MODEL_TRANSFORM, check_sizes, parse_tr
 from ..errors import ImageError, ImageTooLargeError
 
 PathLike = Union[str, Path]
+# the images a run reads: a folder, a .txt/.lst list file, image paths, or a Tensor[N, 3, H, W] of pixels
+ImagesSpec = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
 
 
 def tensor_image_id(index: int) -> str:

@@ -34,7 +34,8 @@ from ..models.samples import SAMPLES_DIR
 from ..studies.core.outliers import Detection
 from ..studies.core.thresholds import ThresholdSpec
 from ..studies.core.result import jsonable
-from ..runtime.live_source import ImagesSpec, LiveSource
+from ..models.preprocessing import ImagesSpec
+from ..runtime.live_source import LiveSource
 from ..runtime.open import open_source
 from .html import write_html
 from .sections import CAUSAL, SECTIONS, outlier_share_remark, section_index, small_sample, step_line

@@ -2,19 +2,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..errors import ImageError, InterpError
 from ..models.fingerprint import weights_fingerprint
+from ..models.layout import TokenLayout
 from ..models.preprocessing import data_config as model_data_config
-from ..models.preprocessing import (TransformSpec, eval_transform, list_images, load_images, readable_images,
+from ..models.preprocessing import (ImagesSpec, TransformSpec, eval_transform, list_images, load_images, readable_images,
                                     tensor_image_id)
 from .forward import Reducers, run_hooks, run_layout
 from .source import ActivationSource, Batch
 
-ImagesSpec = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
 
 
 

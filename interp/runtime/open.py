@@ -8,7 +8,8 @@ from .. import cache as cache_mod
 from ..errors import InterpError
 from ..models.preprocessing import TransformSpec, eval_transform
 from .cache_source import CacheSource
-from .live_source import ImagesSpec, LiveSource
+from ..models.preprocessing import ImagesSpec
+from .live_source import LiveSource
 from .source import ActivationSource
 
 
