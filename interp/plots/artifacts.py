@@ -22,9 +22,9 @@ from .causal import ABLATION_METRICS, ablation_bars, neuron_scores, register_sum
 from .common import (ATTN_COLOR, MAX_PANELS, MLP_COLOR, NO_ARTIFACTS, OUTLIER_RGBA, TARGET_COLOR, THRESHOLD_COLOR,
                      display_arrays, message_figure, short_name)
 from .norms import norm_histograms, norm_profile, outlier_maps
-from .registry import FIGURES, register_figures, study_figures
+from .registry import FIGURES, study_figures
 
 __all__ = ["norm_histograms", "norm_profile", "outlier_maps", "neuron_scores", "ablation_bars", "relocation_maps",
-           "register_summary", "study_figures", "register_figures", "FIGURES", "message_figure", "short_name",
+           "register_summary", "study_figures", "FIGURES", "message_figure", "short_name",
            "display_arrays", "NO_ARTIFACTS", "MAX_PANELS", "ABLATION_METRICS", "ATTN_COLOR", "MLP_COLOR",
            "THRESHOLD_COLOR", "OUTLIER_RGBA", "TARGET_COLOR"]
