@@ -10,36 +10,11 @@ re-run the model with an edit, so they take ``--images`` and the neurons to edit
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
-
-from ..errors import InterpError
-from .common import (NEURONS_SYNTAX, add_classifier_arg, add_detection_args, add_study_args, model_from_args,
-                     parse_neurons, print_behaviour, source_from_args, threshold_value)
+from .common import add_detection_args, add_study_args, model_from_args, source_from_args, threshold_value
 from .saving import save_study
-from ..values import nonnegative_int, positive_int, register_count
-
-def parse_target(text: Optional[str], grid):
-    """``--target`` in the one target grammar (:func:`interp.interventions.masks.parse_target`: ``smiley``,
-    ``box:TOP,LEFT,HEIGHT,WIDTH``, ``indices:I,J,...``, ...) -> Bool[h, w] on ``grid``; None for the default
-    smiley (the relocation study draws its own on the grid it runs at)."""
-    from ..interventions import masks
-
-    if text is None or text.strip().lower() == "smiley":
-        return None
-    try:
-        return masks.parse_target(text, grid)
-    except ValueError as e:
-        raise InterpError(f"--target {text!r}: {e}") from None
-
+from ..values import positive_int
 
 # ----------------------------------------------------------------------------------------- parsers
-def _neurons_arg(p) -> None:
-    p.add_argument("--neurons", default=None, help=f"the register neurons to edit (required): {NEURONS_SYNTAX}")
-    p.add_argument("--force", action="store_true",
-                   help="use a neurons.json ranked on another model's weights (refused by default)")
-    add_classifier_arg(p)  # every study that edits neurons measures behaviour
-
-
 def add_norms_arguments(p) -> None:
     """Arguments of ``interp study norms`` (the registry adds the parser)."""
     p.description = ("Per-block patch-token norms of the un-normalised residual stream, outlier "
@@ -78,64 +53,14 @@ def add_redundancy_arguments(p) -> None:
                         "default, the paper's); position: after it (hook_embed)")
 
 
-def add_ablate_arguments(p) -> None:
-    """Arguments of ``interp study ablate`` (the registry adds the parser)."""
-    p.description = ("Zero (or mean-ablate) --neurons and --controls random neuron sets from the "
-                     "same blocks; compare outliers, max norm and top-1 with the unablated model.")
-    add_study_args(p, cache_ok=False)
-    add_detection_args(p)
-    _neurons_arg(p)
-    p.add_argument("--controls", type=nonnegative_int, default=5,
-                   help="random control neuron sets of the same size and blocks (default 5)")
-    p.add_argument("--mode", choices=("zero", "mean"), default="zero",
-                   help="zero: set the neurons to 0 (default); mean: to their mean activation over the images")
-
-
-def add_relocate_arguments(p) -> None:
-    """Arguments of ``interp study relocate`` (the registry adds the parser)."""
-    p.description = ("Write the register neurons' maximum on the --target patches and zero them "
-                     "elsewhere; measure the IoU of the new outliers with the target.")
-    add_study_args(p, cache_ok=False)
-    add_detection_args(p)
-    _neurons_arg(p)
-    p.add_argument("--target", default="smiley",
-                   help="smiley (default), box:TOP,LEFT,HEIGHT,WIDTH or indices:I,J,... (flat patch indices)")
-    p.add_argument("--value", choices=("neuron_max", "layer_max"), default="neuron_max",
-                   help="value written on the target (default neuron_max)")
-
-
-def add_registers_arguments(p) -> None:
-    """Arguments of ``interp study registers`` (the registry adds the parser)."""
-    p.description = ("Append test-time register token(s) fed by the register neurons; compare "
-                     "patch outliers and norms with and without.")
-    add_study_args(p, cache_ok=False)
-    add_detection_args(p)
-    _neurons_arg(p)
-    p.add_argument("--n-registers", type=register_count, default=1, help="test-time register tokens (default 1)")
-    p.add_argument("--value", choices=("layer_max", "neuron_max"), default="layer_max",
-                   help="value written into the register (default layer_max, as the reference code)")
-
-
 # ----------------------------------------------------------------------------------------- runs
-def _required_neurons(args) -> Dict[int, List[int]]:
-    if args.neurons is None:
-        raise InterpError(f"interp study {args.study} needs --neurons: {NEURONS_SYNTAX}; find them with "
-                          "`interp study neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json")
-    return parse_neurons(args.neurons)
-
-
 def _prepare(args):
     """Validate the cheap arguments first, then build the model and its source."""
     threshold = threshold_value(args.threshold)
-    neurons = _required_neurons(args) if hasattr(args, "neurons") else None
     model = model_from_args(args)
-    if neurons is not None:
-        from ..interventions.neuron_sets import check_ranked_on, neuron_set
-
-        check_ranked_on(neuron_set(args.neurons.strip()), model, force=args.force, flag="--force")
     source = source_from_args(args, model)
     images = source.display_images() if source.is_live else None
-    return threshold, neurons, source, images
+    return threshold, None, source, images
 
 
 def _finish(result, args, images) -> int:
@@ -177,37 +102,3 @@ def run_redundancy(args, redundancy_study) -> int:
     print(result.summary())
     return _finish(result, args, images)
 
-
-def run_ablate(args, ablation_study) -> int:
-    threshold, neurons, source, images = _prepare(args)
-    result = ablation_study(source, neurons, mode=args.mode, n_controls=args.controls, seed=args.seed,
-                            threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
-                            classifier=args.classifier, batch_size=args.batch_size, progress=args.progress)
-    oc = result.summary["outlier_count"]
-    print(f"outliers: baseline {oc['baseline']}, ablated {oc['target']}, controls {oc['control_mean']}")
-    print_behaviour(result)
-    return _finish(result, args, images)
-
-
-def run_relocate(args, relocation_study) -> int:
-    threshold, neurons, source, images = _prepare(args)
-    target = parse_target(args.target, source.layout.grid)
-    result = relocation_study(source, neurons, target=target, value=args.value, threshold=threshold,
-                              detect_layer=args.detect_layer, preset=args.preset, classifier=args.classifier,
-                              batch_size=args.batch_size, progress=args.progress)
-    print(f"mean IoU with the target: {result.mean_iou:.3f}")
-    print_behaviour(result)
-    return _finish(result, args, images)
-
-
-def run_registers(args, register_study) -> int:
-    threshold, neurons, source, images = _prepare(args)
-    result = register_study(source, neurons, n_registers=args.n_registers, value=args.value, threshold=threshold,
-                            detect_layer=args.detect_layer, preset=args.preset, classifier=args.classifier,
-                            batch_size=args.batch_size, progress=args.progress)
-    print(f"patch outliers: {result.baseline['outlier_count']} -> {result.with_register['outlier_count']}")
-    print_behaviour(result)
-    return _finish(result, args, images)
-
-
-__all__ = ["parse_target"]

@@ -92,5 +92,6 @@ class NeuronsOptions(ClassifierOption):
     def check(self) -> None:
         super().check()
         if self.neurons is None or (isinstance(self.neurons, str) and not self.neurons.strip()):
-            raise UsageError(f"interp study {self.name} needs --neurons: {NEURONS_SYNTAX}; find them with "
-                             "`interp study neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json")
+            # exit 1, as before the declarations (the option is missing, not malformed)
+            raise InterpError(f"interp study {self.name} needs --neurons: {NEURONS_SYNTAX}; find them with "
+                              "`interp study neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json")
