@@ -108,7 +108,7 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     """
     model = live_model(source, "ablation study")
     readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
-    neurons = ranked_neurons(config.neurons, model, force=config.force, label="--neurons", flag="--force")
+    neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons", flag="--force")
     neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
     mode, n_controls, batch_size = config.mode, config.controls, source.batch_size
     found = as_detection(source, detection, **config.detection_options(),

@@ -92,7 +92,7 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
     """
     model = live_model(source, "test-time register study")
     readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
-    neurons = ranked_neurons(config.neurons, model, force=config.force, label="--neurons", flag="--force")
+    neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons", flag="--force")
     n_registers, value, batch_size = config.n_registers, config.value, source.batch_size
     found = as_detection(source, detection, **config.detection_options(),
                          options=RunOptions(batch_size, progress=progress))
