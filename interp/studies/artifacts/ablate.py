@@ -22,10 +22,11 @@ from ..._progress import tqdm
 from ...interventions import NeuronAblation
 from ...interventions.neuron_sets import ranked_neurons
 from ..core.behaviour import METRICS, BehaviourMeter, behaviour_readout
-from ..core.forward import Baseline, baseline_summary, forward_summary
+from ...runtime.forward import Baseline, baseline_summary, forward_summary
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
-from ..core.source import LiveSource, live_model, n_batches
+from ...runtime.live_source import LiveSource
+from ...runtime.source import live_model, n_batches
 from ..declaration import study
 from .configs import AblateConfig
 
@@ -99,7 +100,7 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
             file (path, dict or :func:`interp.load_classifier`) whose class logits give agreement and accuracy
             (without one they exist only for a head that is a classifier).
         detection: the unablated model's detection on this source, when already computed (saves a pass).
-        baseline: the unablated forwards (:func:`~interp.studies.core.forward.baseline_pass`), when already made
+        baseline: the unablated forwards (:func:`~interp.runtime.passes.baseline_pass`), when already made
             (saves one forward per image), made with the same ``classifier``.
         progress: show progress bars.
 

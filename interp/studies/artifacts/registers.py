@@ -21,10 +21,11 @@ from ...interventions import TestTimeRegister
 from ...interventions.neuron_sets import ranked_neurons
 from ...hooks.names import attn_pattern, resid_post
 from ..core.behaviour import BehaviourMeter, behaviour_readout
-from ..core.forward import Baseline, baseline_summary, run_hooks
+from ...runtime.forward import Baseline, baseline_summary, run_hooks
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
-from ..core.source import LiveSource, live_model, n_batches
+from ...runtime.live_source import LiveSource
+from ...runtime.source import live_model, n_batches
 from ..declaration import study
 from .configs import RegistersConfig
 
@@ -83,7 +84,7 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
             split; explicit options win over the preset's); ``classifier`` a classifier file whose class logits
             give top-1 agreement and accuracy (module doc of ``behaviour``).
         detection: the unedited model's detection on this source, when already computed.
-        baseline: the unedited forwards (:func:`~interp.studies.core.forward.baseline_pass`), when already made,
+        baseline: the unedited forwards (:func:`~interp.runtime.passes.baseline_pass`), when already made,
             with the same ``classifier``.
         progress: show progress bars.
 

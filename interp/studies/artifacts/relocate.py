@@ -23,11 +23,12 @@ from ...interventions import Relocation, masks
 from ...interventions.neuron_sets import ranked_neurons
 from ..core.detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
 from ..core.behaviour import BehaviourMeter, behaviour_readout
-from ..core.forward import Baseline, baseline_summary, forward_summary
-from ..core.metrics import iou
+from ...runtime.forward import Baseline, baseline_summary, forward_summary
+from ..core.stats import iou
 from ..core.outliers import Detection, resolve_layer
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
-from ..core.source import LiveSource, live_model, n_batches
+from ...runtime.live_source import LiveSource
+from ...runtime.source import live_model, n_batches
 from ..declaration import study
 from .configs import RelocateConfig
 
@@ -108,7 +109,7 @@ def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: Det
             neuron's per-image maximum, or "layer_max"); ``threshold``, ``detect_layer``, ``preset`` the outlier
             detection; ``classifier`` a classifier file whose class logits give top-1 agreement and accuracy.
         detection: the unedited model's detection on this source, when already computed.
-        baseline: the unedited forwards (:func:`~interp.studies.core.forward.baseline_pass`), when already made,
+        baseline: the unedited forwards (:func:`~interp.runtime.passes.baseline_pass`), when already made,
             with the same ``classifier``.
         progress: show progress bars.
 

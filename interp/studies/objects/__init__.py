@@ -1,2 +1,2 @@
-"""Objects in the maps (docs/methods.md sections 3 and 5): ``lost`` (object discovery), ``segmentation``,
-boxes on the patch grid (``boxes``) and the box and mask files they read (``box_files``)."""
+"""Objects in the maps (docs/methods.md sections 3 and 5): ``lost`` (object discovery) and ``segmentation``; the
+box and mask files they read are :mod:`interp.formats`, their patch-grid regions :mod:`interp.studies.core.regions`."""

@@ -60,9 +60,9 @@ from ...models.preprocessing import patch_pixels  # noqa: F401  (its public home
 from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params
 from ..core.outliers import Detection, resid_post, resolve_layer
 from ..core.thresholds import ThresholdSpec
-from ..core.passes import Reading, run_readings
+from ...runtime.passes import Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.source import ActivationSource
+from ...runtime.source import ActivationSource
 from .image_sets import DEFAULT_TEST_FRACTION, DEFAULT_VAL_FRACTION, image_roles, split_summary
 from .scores import (LABEL_KINDS, MIN_GROUP_TOKENS, MIN_IMAGES, MIN_LABEL_IMAGES, MIN_TEST_IMAGES,  # noqa: F401
                      MIN_TRAIN_IMAGES, PIXEL_SPACE, GroupScore, Scoring, as_groups, score_labels, score_pixels,
@@ -195,7 +195,7 @@ def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, laye
                    progress: bool = False) -> Reading:
     """:func:`probes_study` around its token pass: the checks, the image split and the high-norm mask first
     (a detection pass unless ``detection`` is a Detection; ``progress`` is its bar), then a
-    :class:`~interp.studies.core.passes.Reading` whose reader samples each batch's tokens and whose ``finish()``
+    :class:`~interp.runtime.passes.Reading` whose reader samples each batch's tokens and whose ``finish()``
     fits and scores the probes (so the probes can share one pass with other studies).
 
     Args: those of :func:`probes_study`.
