@@ -50,7 +50,7 @@ MOVED = {
                                      "registers")},
     **{m: f"aggregation.{m}" for m in ("patch_score", "pib", "pib_protocol", "masking")},
     "selective_pooling": "aggregation.selective_cls",
-    **{m: f"objects.{m}" for m in ("lost", "segmentation", "boxes", "box_files")},
+    **{m: f"objects.{m}" for m in ("lost", "segment", "boxes", "box_files")},
     "linear_probe": "probes.linear_probe",
     "compare": "interp.report.compare",  # an orchestrator now, beside the report
 }

@@ -17,8 +17,8 @@ from ...errors import InterpError
 from ..aggregation.patch_score import split_tokens
 from ..core.metrics import box_iou
 from .boxes import InputGeometry
+from .configs import TIES
 
-TIES = ("index", "torch")
 
 
 @dataclass

@@ -36,10 +36,9 @@ import numpy as np
 import torch
 
 from ...errors import InterpError
+from .configs import AVERAGES, FRAMES
 
 CLASSES = ("background", "foreground")
-AVERAGES = ("image", "dataset")
-FRAMES = ("input", "full")
 
 
 def class_areas(pred, gt, valid=None) -> Tuple[np.ndarray, np.ndarray]:
