@@ -13,7 +13,7 @@ sets replace it, e.g. ImageNet-1k train images for fitting and val images for sc
 Early stopping (``patience``) needs a validation set: ``val_fraction`` of the training images (seeded, by
 image) are set aside from fitting and used only to decide when to stop.
 
->>> from interp.studies.probes import probes_study
+>>> from interp.studies.probes.probes import probes_study
 >>> _ = open("split.txt", "w").write("train astronaut.jpg\\ntrain chelsea.jpg\\ntrain coffee.jpg\\ntest rocket.jpg\\n")
 >>> train, test = read_split("split.txt")            # file names match the source's images by name
 >>> result = probes_study(source, test_images=test, tasks=("position",), progress=False)
@@ -30,6 +30,7 @@ import torch
 
 from ..._image_files import list_images
 from ...errors import InterpError, UsageError
+from ...models.preprocessing import decode_images
 from .linear_probe import split_indices
 from .split_file import read_split  # noqa: F401  (the split file, read without torch by the config)
 from .tokens import TEST, TRAIN, VAL
@@ -144,9 +145,7 @@ def cache_images(source, images: PathLike) -> torch.Tensor:
     """The input images of a cache source, read from ``images`` (a folder or list file) in the cache's order and
     preprocessed as the cache's were (its recorded data config): Tensor[N, 3, H, W]. Every cached image must be
     among them."""
-    from timm.data import create_transform
-
-    from ...models.preprocessing import decode_images
+    from timm.data import create_transform  # timm loads lazily, as in models.preprocessing
 
     given = {p.resolve(): p for p in list_images(images)}
     wanted = [Path(i).resolve() for i in source.ids]
