@@ -25,9 +25,6 @@ import pytest
 from _pytest.doctest import DoctestItem
 
 PACKAGE = Path(__file__).resolve().parent / "interp"
-# The alias module replaces itself in sys.modules (``interp.patch`` is ``interp.interventions.export``, whose
-# examples run there); pytest's doctest collection would import it twice under two names.
-collect_ignore = ["interp/patch.py"]
 
 
 def _missing_optional_import(path: Path):

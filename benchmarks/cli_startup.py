@@ -47,7 +47,7 @@ def median_seconds(command, runs: int) -> float:
 
 def import_offenders(top: int = 8):
     """The ``top`` modules with the largest cumulative import time (us) when a study command runs."""
-    code = "import interp.commands.study_artifacts, interp.studies.artifacts.norms, interp.api"
+    code = "import interp.commands.study_artifacts, interp.studies.artifacts.norms, interp.hooks.load"
     err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True).stderr
     rows = []
     for line in err.splitlines():

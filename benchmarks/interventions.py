@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import interp  # noqa: E402
-import interp.patch as patch  # noqa: E402
+from interp.interventions import export as patch  # noqa: E402
 from common import median_ratio, write_results  # noqa: E402
 from interp.interventions import (AttentionBias, NeuronAblation, Relocation, SelectiveCLS,  # noqa: E402
                                   TestTimeRegister, masks)

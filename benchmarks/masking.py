@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import interp  # noqa: E402
 from common import interleaved_times, median_ratio, write_results  # noqa: E402
 from interp.studies.aggregation.masking import masking_study  # noqa: E402
-from interp.studies.core.source import open_source  # noqa: E402
+from interp.runtime.open import open_source  # noqa: E402
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from ._version import __version__
 
 # public name -> (module, attribute); attribute None means the module itself
 _LAZY = {
-    "load": ("interp.api", "load"),
+    "load": ("interp.hooks.load", "load"),
     "load_images": ("interp.models.preprocessing", "load_images"),
     "HookedViT": ("interp.hooks.hooked_vit", "HookedViT"),
     "TokenLayout": ("interp.models.layout", "TokenLayout"),
@@ -28,7 +28,7 @@ _LAZY = {
     "PatchError": ("interp.errors", "PatchError"),
     # patch files (save / apply / show / export_weights) live with the interventions
     "patch": ("interp.interventions.export", None),
-    # the interactive explorer: a callable module, interp.explore(model, images)
+    # the interactive explorer: interp.explore.start(model, images)
     "explore": ("interp.explore", None),
 }
 
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time the names come from __getattr__
-    from .api import load
+    from .hooks.load import load
     from .errors import (CacheError, HookNameError, ImageError, InterpError, ModelLoadError, PatchError,
                          UnsupportedModelError)
     from .hooks.hooked_vit import HookedViT

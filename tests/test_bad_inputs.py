@@ -125,7 +125,7 @@ def test_truncated_jpeg_is_found_up_front_and_skipped(tmp_path):
 
 def test_truncated_jpeg_does_not_stop_a_live_study(tmp_path):
     from interp.studies.artifacts.norms import norms_study
-    from interp.studies.core.source import open_source
+    from interp.runtime.open import open_source
 
     folder = tmp_path / "photos"
     folder.mkdir()
@@ -515,7 +515,7 @@ BOX_FILE_CASES = {  # name -> (file name, content, message)
 
 @pytest.mark.parametrize("case", list(BOX_FILE_CASES))
 def test_bad_box_files_are_one_line_naming_the_record(tmp_path, case):
-    from interp.studies.objects.box_files import read_boxes
+    from interp.formats.box_files import read_boxes
 
     name, content, message = BOX_FILE_CASES[case]
     path = tmp_path / name
@@ -526,7 +526,7 @@ def test_bad_box_files_are_one_line_naming_the_record(tmp_path, case):
 
 
 def test_utf8_bom_csv_reads_its_image_column(tmp_path):
-    from interp.studies.objects.box_files import read_boxes
+    from interp.formats.box_files import read_boxes
 
     path = tmp_path / "bom.csv"
     path.write_bytes(b"\xef\xbb\xbf" + (CSV_HEAD + "a.jpg,1,2,5,6,20,20\n").encode())
@@ -540,7 +540,8 @@ DATA_CFG = {"input_size": (3, 224, 224), "interpolation": "bicubic", "mean": (0.
 
 @pytest.mark.parametrize("fraction", [-1, 0, float("nan"), 1.5, True])
 def test_max_box_fraction_outside_zero_one_is_refused(fraction):
-    from interp.studies.objects.boxes import ImageBoxes, regions_from_boxes
+    from interp.formats.box_types import ImageBoxes
+    from interp.studies.core.regions import regions_from_boxes
 
     with pytest.raises(InterpError, match="max_box_fraction=.*give a share of the image area in"):
         regions_from_boxes(["a.jpg"], {"a.jpg": ImageBoxes(size=(20, 20))}, DATA_CFG, (14, 14),
@@ -548,8 +549,8 @@ def test_max_box_fraction_outside_zero_one_is_refused(fraction):
 
 
 def test_box_outside_the_image_read_from_its_file_is_refused(tmp_path):
-    from interp.studies.objects.box_files import read_boxes
-    from interp.studies.objects.boxes import regions_from_boxes
+    from interp.formats.box_files import read_boxes
+    from interp.studies.core.regions import regions_from_boxes
 
     Image.new("RGB", (40, 30)).save(tmp_path / "a.png")
     (tmp_path / "b.csv").write_text("image,x0,y0,x1,y1\na.png,50,5,60,10\n")  # no size: read from the image
@@ -559,7 +560,7 @@ def test_box_outside_the_image_read_from_its_file_is_refused(tmp_path):
 
 @pytest.mark.parametrize("content,message", [(b"just text", "cannot read mask"), (None, "cannot read mask")])
 def test_text_or_truncated_mask_png(tmp_path, content, message):
-    from interp.studies.objects.box_files import read_mask
+    from interp.formats.masks import read_mask
 
     path = tmp_path / "m.png"
     if content is None:  # a truncated PNG: header fine, pixels cut

@@ -12,7 +12,7 @@ from PIL import Image
 from interp.cli import main
 from interp.errors import InterpError
 from interp.studies import open_source
-from interp.studies.objects.boxes import regions_from_masks
+from interp.studies.core.regions import regions_from_masks
 from interp.studies.objects.lost import lost_study
 from interp.studies.objects.segment import read_coco_polygons, segment_study
 from interp.studies.aggregation.pib import pib_study

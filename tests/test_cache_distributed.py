@@ -79,7 +79,7 @@ def test_the_virtual_file_refuses_a_shard_whose_ids_are_damaged(tmp_path):
     """The merged file re-signs ids and index, so each shard's own must verify first (no damage passes as clean)."""
     from interp.cache.distributed import build_virtual_file
     from interp.cache.file_writer import write_file
-    from interp.cache.sources import TensorImages
+    from interp.cache.image_feed import TensorImages
     from interp.errors import CacheError
 
     model = make_model("vit")

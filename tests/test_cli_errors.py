@@ -193,9 +193,9 @@ def test_the_cache_refuses_an_existing_file_at_once(tmp_path):
     (["--highest-layer", "40"], "--highest-layer 40"),
 ])
 def test_block_numbers_are_checked_against_the_model_before_any_forward(tmp_path, capsys, monkeypatch, extra, word):
-    import interp.studies.neurons
+    import interp.studies.artifacts.neurons
 
-    monkeypatch.setattr(interp.studies.neurons, "neurons_study", lambda *a, **k: pytest.fail("the study ran"))
+    monkeypatch.setattr(interp.studies.artifacts.neurons, "neurons_study", lambda *a, **k: pytest.fail("the study ran"))
     assert main(_study("neurons", *extra, out=str(tmp_path / "o"))) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and word in err and "planted_vit has 6 blocks" in err
@@ -212,9 +212,9 @@ def test_a_misspelled_hook_on_a_live_run_offers_close_matches_not_cache_advice(t
 def test_device_that_this_machine_lacks_is_one_line_naming_what_exists(tmp_path, capsys, monkeypatch):
     import torch
 
-    import interp.api
+    import interp.hooks.load
 
-    monkeypatch.setattr(interp.api, "load", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(interp.hooks.load, "load", lambda *a, **k: pytest.fail("the model was built"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for device in ("cuda", "cuda:1"):
         assert main(_study("norms", "--device", device, out=str(tmp_path / "o"))) == 2

@@ -173,9 +173,9 @@ def test_report_overwrite_survives_a_full_disk_between_figures(tmp_path, capsys,
 def test_a_second_run_on_the_same_output_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
     from interp.cache.lock import WriterLock
 
-    import interp.api
+    import interp.hooks.load
 
-    monkeypatch.setattr(interp.api, "load", lambda *a, **k: pytest.fail("the refused run built a model"))
+    monkeypatch.setattr(interp.hooks.load, "load", lambda *a, **k: pytest.fail("the refused run built a model"))
     out = tmp_path / "report"
     before = _old_report(out)
     with WriterLock(out / "report.json"):  # a first `interp report --out report` still running
@@ -190,9 +190,9 @@ def test_a_second_run_on_the_same_output_is_refused_in_one_line(tmp_path, capsys
 
 
 def test_a_read_only_destination_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
-    import interp.api
+    import interp.hooks.load
 
-    monkeypatch.setattr(interp.api, "load", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(interp.hooks.load, "load", lambda *a, **k: pytest.fail("the model was built"))
     locked = tmp_path / "locked"
     locked.mkdir()
     if os.geteuid() == 0:  # root writes through permissions: make the folder refuse as a read-only mount does
@@ -251,7 +251,7 @@ def test_ctrl_c_during_a_study_exits_130_and_leaves_the_old_result(tmp_path):
     (out / "norms.json").write_text('{"old": true}')
     script = tmp_path / "run.py"  # the study's work, made long enough to be interrupted in the middle of it
     script.write_text("import sys, time\n"
-                      "import interp.studies.norms as norms\n"
+                      "import interp.studies.artifacts.norms as norms\n"
                       "def working(*a, **k):\n"
                       "    print('working', file=sys.stderr, flush=True)\n"
                       f"    {WAIT_FOREVER}"

@@ -15,7 +15,7 @@ import pytest
 
 import interp
 from interp.cli import main
-from interp.commands.registry import STUDIES, hooks_for_studies, required_hooks
+from interp.studies.declaration import declared, hooks_for_studies, required_hooks
 from interp.console import NO_PROGRESS_ENV, format_warning, progress_wanted
 from interp.errors import ImageError, InterpError
 from interp.models import sample_image_paths
@@ -41,13 +41,11 @@ def test_building_the_parser_imports_no_torch():
     assert out.strip() == "[]"
 
 
-def test_every_table_study_has_a_parser_and_a_run():
-    for command in STUDIES.values():
-        assert callable(command.add_arguments) and callable(command.run)
+def test_every_declared_study_has_a_parser():
     parser = interp.cli.build_parser()
     study_parsers = next(a for a in parser._subparsers._group_actions[0].choices["study"]._actions
                          if a.dest == "study").choices
-    assert set(STUDIES) <= set(study_parsers)
+    assert set(declared()) == set(study_parsers)
     photos = str(sample_image_paths()[0].parent)
     args = parser.parse_args(["study", "norms", "m", "--images", photos, "--out", "o"])
     assert args.study == "norms" and callable(args.func)
@@ -69,7 +67,7 @@ def test_required_hooks_follow_the_options():
         required_hooks("ablate", 4)
     with pytest.raises(InterpError, match="out of range"):
         required_hooks("neurons", 4, {"detect_layer": 7})
-    union = hooks_for_studies("norms,neurons", 2)
+    union = hooks_for_studies(["norms", "neurons"], 2)
     assert union == ["blocks.0.hook_resid_mid", "blocks.0.hook_resid_post", "blocks.1.hook_resid_mid",
                      "blocks.1.hook_resid_post", "blocks.0.mlp.hook_post", "blocks.1.mlp.hook_post"]
 

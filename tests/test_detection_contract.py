@@ -89,32 +89,6 @@ def test_from_dict_refuses_another_studys_result(planted, tmp_path):
     assert json.loads(path.read_text())["ids"] == source.ids
 
 
-def test_the_readme_cache_table_is_the_descriptors_table():
-    from pathlib import Path
-
-    from interp.studies.core.descriptors import DESCRIPTORS, cache_table
-
-    page = (Path(__file__).resolve().parents[1] / "docs" / "hooks-and-cache.md").read_text()  # moved from the README
-    assert cache_table() in page
-    assert all(f"`{name}`" in cache_table() for name in DESCRIPTORS)
-
-
-def test_the_command_table_and_library_api_come_from_the_descriptors():
-    import interp.studies
-    from interp.commands import registry
-    from interp.studies.core.descriptors import DESCRIPTORS
-
-    assert list(registry.STUDIES) == list(DESCRIPTORS)
-    for name, command in registry.STUDIES.items():
-        d = DESCRIPTORS[name]
-        assert (command.help, command.hooks, command.result_name) == (d.summary, d.hooks, d.json_name)
-        assert d.result_class().study == d.json_name and callable(d.study_function())
-    assert interp.studies.required_hooks is registry.required_hooks
-    assert interp.studies.required_hooks("lost", 4, {"layer": -2}) == ["blocks.2.attn.hook_k"]
-    with pytest.raises(InterpError, match="re-runs the model"):
-        interp.studies.required_hooks("masking", 4)
-
-
 def test_run_options_hold_only_what_a_pass_reads(planted, one_thread):
     """RunOptions has no dead field: batch size and progress bars, both read by a detection pass (device and seed
     were fields nothing read: a study runs where its model is, and each study takes its own seed=)."""

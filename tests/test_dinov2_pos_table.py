@@ -14,7 +14,7 @@ from timm.layers import resample_abs_pos_embed
 import interp
 from interp.cli import main
 from interp.errors import ModelLoadError
-from interp.studies.core.forward import run_hooks
+from interp.runtime.forward import run_hooks
 
 from conftest import images
 from reference.dinov2_linear_head import create_linear_input

@@ -26,7 +26,7 @@ from interp.explore.session import ExploreOptions, ExploreSession  # noqa: E402
 from interp.studies.artifacts.ablate import ablation_study  # noqa: E402
 from interp.studies.artifacts.norms import norms_study  # noqa: E402
 from interp.studies.artifacts.registers import register_study  # noqa: E402
-from interp.studies.core.source import open_source  # noqa: E402
+from interp.runtime.open import open_source  # noqa: E402
 
 from conftest import images as random_images, make_model  # noqa: E402
 
@@ -163,7 +163,7 @@ def test_edited_numbers_equal_the_ablation_and_register_studies(served):
 def test_classifier_readout_equals_the_ablation_studys_agreement(one_thread):
     model = make_model("vit", seed=1)
     x = random_images(6, seed=3)
-    session = ExploreSession(model, x, ExploreOptions(threshold="p99", head="classifier"))
+    session = ExploreSession(model, x, ExploreOptions(threshold="p99"))  # a 1000-class head: class logits
     neurons = {0: list(range(0, 1536, 3)), 1: list(range(1, 1536, 2))}  # enough to move some argmaxes
     spec = [{"kind": "NeuronAblation", "neurons": {str(k): v for k, v in neurons.items()}}]
     r = session.run(2, spec)
@@ -173,9 +173,6 @@ def test_classifier_readout_equals_the_ablation_studys_agreement(one_thread):
     assert r["readout"]["value"] == pytest.approx(study.conditions["target"]["top1_agreement"])
     assert r["readout"]["value"] < 1.0  # the edit moved something: the test can tell agreement from 1
     assert session.run(2, [])["readout"]["value"] == 1.0
-    # the same model read as an embedding: no agreement "accuracy", a cosine instead
-    auto = ExploreSession(model, x, ExploreOptions(threshold="p99", random_weights=True))
-    assert auto.run(0, spec)["readout"]["kind"] == "embedding"
 
 
 @pytest.mark.parametrize("body, status, words", [
@@ -227,9 +224,9 @@ def test_exported_patch_gives_a_plain_timm_model_the_edited_logits(served, tmp_p
 
 def test_python_entry_point_serves_and_stops(one_thread):
     with pytest.warns(UserWarning, match="listens on 127.0.0.2"):  # not 127.0.0.1: said out loud
-        ex = interp.explore(make_model("vit", depth=1), random_images(2), threshold="p99", host="127.0.0.2")
+        ex = interp.explore.start(make_model("vit", depth=1), random_images(2), threshold="p99", host="127.0.0.2")
     try:
-        assert callable(interp.explore) and ex.running and ex.url.startswith("http://127.0.0.2:")
+        assert ex.running and ex.url.startswith("http://127.0.0.2:")
         assert f'src="{ex.url}"' in ex._repr_html_()
         with urllib.request.urlopen(ex.url, timeout=600) as res:
             assert res.status == 200
@@ -340,9 +337,9 @@ def test_folder_labels_give_accuracy_only_when_they_name_the_models_classes(one_
             pixels = (torch.rand(32, 32, 3, generator=gen) * 255).byte().numpy()
             Image.fromarray(pixels).save(tmp_path / c / f"{i}.png")
     model = make_model("vit", depth=1)
-    options = ExploreOptions(threshold="p99", head="classifier")
+    options = ExploreOptions(threshold="p99")
     ro = ExploreSession(model, tmp_path, options).run(0)["readout"]
-    assert ro["accuracy"] is None and "folder labels do not name the model's classes" in ro["accuracy_note"]
+    assert ro["accuracy"] is None and "folder names do not match the classifier's class names" in ro["accuracy_note"]
     names = [f"class {i}" for i in range(model.timm_model.num_classes)]
     names[7], names[3] = "cat", "Dog"
     model.timm_model.pretrained_cfg = {**model.timm_model.pretrained_cfg, "label_names": names}

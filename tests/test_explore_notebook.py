@@ -1,4 +1,4 @@
-"""``interp.explore(model, images)`` in a real Jupyter kernel: the cell shows the page inline (an IFrame to the
+"""``interp.explore.start(model, images)`` in a real Jupyter kernel: the cell shows the page inline (an IFrame to the
 local server, which answers), and the server stops when the kernel shuts down."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ CELLS = [
     f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
     "import interp, torch\n"
     "m = interp.load('vit_small_patch16_224', pretrained=False, depth=1)\n"
-    "ex = interp.explore(m, torch.randn(2, 3, 224, 224), threshold='p99')\n"
+    "ex = interp.explore.start(m, torch.randn(2, 3, 224, 224), threshold='p99')\n"
     "ex",
     "import urllib.request\nprint('status', urllib.request.urlopen(ex.url, timeout=30).status)",
 ]

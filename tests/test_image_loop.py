@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from interp.cache.sources import FileImages
+from interp.cache.image_feed import FileImages
 from interp.errors import ImageError
 from interp.models.preprocessing import load_images, preprocessing
 

@@ -11,8 +11,11 @@ from PIL import Image
 import interp
 from interp.errors import InterpError
 from interp.models import data_config, load_images
-from interp.studies.objects.boxes import (Box, box_cells, eval_transform, input_geometry, match_boxes, read_boxes,
-                                  regions_from_boxes, regions_from_masks)
+from interp.formats.box_files import match_boxes, read_boxes
+from interp.formats.box_types import Box
+from interp.models.geometry import input_geometry
+from interp.models.preprocessing import timm_transform
+from interp.studies.core.regions import box_cells, regions_from_boxes, regions_from_masks
 
 
 def cells(grid, rows, cols):
@@ -24,7 +27,7 @@ def cells(grid, rows, cols):
 
 def mapped_cells(model, image_size, box):
     cfg = data_config(model)
-    geometry = input_geometry(eval_transform(cfg), image_size)
+    geometry = input_geometry(timm_transform(cfg), image_size)
     mapped = geometry.to_input(Box(*box))
     if mapped is None:
         return None
@@ -97,7 +100,7 @@ def test_geometry_matches_the_real_preprocessing(vit16, tmp_path):
     Image.fromarray(img).save(tmp_path / "a.png")
     x = load_images([tmp_path / "a.png"], vit16)[0, 0]  # normalised: white = 1, black = -1
     bright = (x > 0).nonzero()
-    mapped = input_geometry(eval_transform(data_config(vit16)), (400, 300)).to_input(Box(100, 60, 200, 150))
+    mapped = input_geometry(timm_transform(data_config(vit16)), (400, 300)).to_input(Box(100, 60, 200, 150))
     assert abs(bright[:, 1].min().item() - mapped.x0) <= 1.0 and abs(bright[:, 1].max().item() + 1 - mapped.x1) <= 1.0
     assert abs(bright[:, 0].min().item() - mapped.y0) <= 1.0 and abs(bright[:, 0].max().item() + 1 - mapped.y1) <= 1.0
 
@@ -106,11 +109,11 @@ def test_squash_and_border_crop_modes():
     # squash: Resize((248, 248)) ignores the aspect ratio, then CenterCrop(224): offsets 12, 12.
     cfg = {"input_size": (3, 224, 224), "interpolation": "bicubic", "mean": (0.5,) * 3, "std": (0.5,) * 3,
            "crop_pct": 0.9, "crop_mode": "squash"}
-    g = input_geometry(eval_transform(cfg), (400, 300))
+    g = input_geometry(timm_transform(cfg), (400, 300))
     assert (g.scale_x, g.scale_y, g.offset_x, g.offset_y) == (248 / 400, 248 / 300, -12.0, -12.0)
     # border: the longest side 400 -> 248 (ratio max(300/248, 400/248) = 400/248): 248 x round(300/1.6129) = 186,
     # then CenterCropOrPad(224): left round(24 / 2) = 12 cropped, top padded by (224 - 186) // 2 = 19.
-    g = input_geometry(eval_transform({**cfg, "crop_mode": "border"}), (400, 300))
+    g = input_geometry(timm_transform({**cfg, "crop_mode": "border"}), (400, 300))
     assert g.scale_x == 248 / 400 and g.scale_y == 186 / 300 and g.offset_x == -12.0 and g.offset_y == 19.0
 
 

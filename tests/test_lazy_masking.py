@@ -8,7 +8,8 @@ from conftest import images, make_model
 from interp.errors import InterpError
 from interp.studies.aggregation.masking import (cells_to_mask, gaussian_blur, mask_images, masking_study, n_masked,
                                     target_classes)
-from interp.studies.core.source import open_source
+from interp.runtime.open import open_source
+from interp.studies.core.behaviour import imagenet_class_names
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +64,11 @@ def test_k0_reproduces_the_unmasked_model_one_forward_per_config(vit):
     source = open_source(model=vit, images=x, batch_size=2)
     with torch.no_grad():
         reference = vit(x).argmax(-1)
-    # The model's own top-1, computed here without the study, as the labels: accuracy at k = 0 must be 1.
-    source.labels, source.class_names = reference.tolist(), []
+    # The model's own top-1, computed here without the study, as the labels: accuracy at k = 0 must be 1. The
+    # folders name the classes by their ImageNet synset ids (the 1000-class head's names), in sorted order.
+    classes = sorted(set(reference.tolist()))
+    source.labels = [classes.index(c) for c in reference.tolist()]
+    source.class_names = [imagenet_class_names(1000)[c][0] for c in classes]
     calls = []
     with vit.hooks(fwd_hooks=[("hook_embed", lambda t, hook: calls.append(t.shape[0]))]):
         result = masking_study(source, fractions=[0.0, 0.5], fill="mean", orders=("top", "bottom"), progress=False)
@@ -144,6 +148,7 @@ def test_target_classes_from_folder_names():
         labels = [0, 1, 1]
         class_names = ["207", "281"]
 
-    assert target_classes(Folder()).tolist() == [207, 281, 281]
-    Folder.class_names = ["cat", "dog"]
-    assert target_classes(Folder()).tolist() == [0, 1, 1]
+    imagenet = imagenet_class_names(1000)
+    assert target_classes(Folder(), imagenet) is None  # a number is no class name (nor a sorted position)
+    Folder.class_names = ["n02099601", "Egyptian_cat"]  # a synset id and a class name
+    assert target_classes(Folder(), imagenet).tolist() == [207, 285, 285]

@@ -11,11 +11,13 @@ from conftest import images, make_model
 from interp.errors import InterpError
 from interp.interventions.selective_aggregation import selective_aggregate
 from interp.interventions.selective_cls import SelectiveCLS
-from interp.studies.objects.boxes import read_boxes, regions_from_boxes
-from interp.studies.aggregation.patch_score import (PatchScoreResult, compute_score_maps, patch_score_study,
-                                        score_maps_from_acts)
-from interp.studies.aggregation.pib import PiBResult, bootstrap_ci, pib_study
-from interp.studies.core.source import open_source
+from interp.formats.box_files import read_boxes
+from interp.studies.core.regions import regions_from_boxes
+from interp.studies.aggregation.patch_score import PatchScoreResult, patch_score_study
+from interp.studies.core.score_maps import compute_score_maps, score_maps_from_acts
+from interp.studies.aggregation.pib import PiBResult, pib_study
+from interp.studies.core.stats import bootstrap_ci
+from interp.runtime.open import open_source
 
 
 def write_images(folder, n, size=(224, 224), seed=0):

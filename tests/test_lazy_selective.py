@@ -13,25 +13,26 @@ from conftest import make_model
 from interp.errors import InterpError
 from interp.plots import aggregation as plots
 from interp.studies.aggregation.selective_cls import COLUMNS, SelectiveCLSResult, selective_cls_study
-from interp.studies.core.source import open_source
+from interp.runtime.open import open_source
 
 MODEL_ARGS = ["vit_small_patch16_224", "--no-pretrained", "--depth", "1"]
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """Image-folder layout root/<class>/img.png (labels), 400x300 images, and a CSV box file."""
+    """Image-folder layout root/<class>/img.png (labels: the folders name ImageNet classes 285 and 258, in this
+    sorted order), 400x300 images, and a CSV box file."""
     root = tmp_path_factory.mktemp("lazy")
     rng = np.random.default_rng(0)
-    for cls in ("cat", "dog"):
-        (root / "images" / cls).mkdir(parents=True)
+    for cls, folder in (("cat", "Egyptian_cat"), ("dog", "samoyed")):
+        (root / "images" / folder).mkdir(parents=True)
         for i in range(2):
             pixels = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / "images" / cls / f"{cls}{i}.png")
+            Image.fromarray(pixels).save(root / "images" / folder / f"{cls}{i}.png")
     (root / "boxes.csv").write_text("image,x0,y0,x1,y1\n"
                                     "cat0.png,100,60,200,150\n"
                                     "cat1.png,150,100,250,200\n"
-                                    "dog/dog0.png,0,0,60,300\n"    # cropped away by the center crop
+                                    "samoyed/dog0.png,0,0,60,300\n"    # cropped away by the center crop
                                     "dog1.png,10,10,390,290\n")    # 89 % of the image
     return root
 
@@ -52,7 +53,7 @@ def test_selective_cls_study_table(folder):
         used = [h for h in row_hits if h is not None]
         assert len(used) == 2 and row["pib"] == pytest.approx(float(np.mean(used)))
         assert row["pib_ci_low"] <= row["pib"] <= row["pib_ci_high"]
-        assert row["accuracy"] is not None  # labels from the cat/dog folders
+        assert row["accuracy"] is not None  # labels from the folders, which name ImageNet classes
     # k = n_patches is average pooling: its row equals a direct computation with the mean patch token.
     with torch.no_grad():
         _, x = next(source.image_batches(4))
@@ -63,7 +64,7 @@ def test_selective_cls_study_table(folder):
         base_logits = model(x)
     agreement = float((avg_logits.argmax(-1) == base_logits.argmax(-1)).float().mean())
     assert result.rows[2]["top1_agreement"] == agreement
-    labels = torch.tensor([0, 0, 1, 1])  # cat, cat, dog, dog (sorted folder names)
+    labels = torch.tensor([285, 285, 258, 258])  # Egyptian cat, Samoyed (the folders' ImageNet-1k classes)
     assert result.rows[0]["accuracy"] == float((base_logits.argmax(-1) == labels).float().mean())
     assert result.rows[2]["accuracy"] == float((avg_logits.argmax(-1) == labels).float().mean())
     # Box cells by hand (Resize 248 + CenterCrop 224 of 400x300: scale 0.825 / 0.8267, offsets 53 / 12):

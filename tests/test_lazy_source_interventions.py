@@ -9,7 +9,7 @@ from interp.models.planted import planted_truth
 from interp.models.samples import SAMPLES_DIR
 from interp.studies.aggregation.masking import masking_study
 from interp.studies.aggregation.selective_cls import selective_cls_study
-from interp.studies.core.source import open_source
+from interp.runtime.open import open_source
 
 
 @pytest.fixture(scope="module")

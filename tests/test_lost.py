@@ -10,9 +10,11 @@ from conftest import images, make_model
 from interp.errors import InterpError
 from interp.models.preprocessing import data_config
 from interp.studies import open_source
-from interp.studies.objects.boxes import Box, eval_transform, input_geometry
+from interp.formats.box_types import Box
+from interp.models.geometry import input_geometry
+from interp.models.preprocessing import timm_transform
 from interp.studies.objects.lost import LostResult, corloc_hits, input_to_original, lost_one, lost_study, seed_component
-from interp.studies.core.metrics import box_iou
+from interp.studies.core.stats import box_iou
 from reference.lost_object_discovery import keys_as_reference, lost as reference_lost
 
 GRID = (5, 6)
@@ -102,7 +104,7 @@ def test_test_time_register_rows_are_excluded():
 
 def test_box_back_to_original_pixels_inverts_the_transform():
     model = make_model("vit")
-    transform = eval_transform(data_config(model))
+    transform = timm_transform(data_config(model))
     geometry = input_geometry(transform, (640, 480))            # shorter side to 248, centre crop 224
     original = [300.0, 100.0, 420.0, 400.0]
     mapped = geometry.to_input(Box(*original)).as_list()

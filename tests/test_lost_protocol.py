@@ -14,8 +14,8 @@ from interp.cli import main
 from interp.errors import InterpError
 from interp.models.pos_table import dino_pos_table, input_grid
 from interp.studies import open_source
-from interp.studies.core.forward import run_hooks
-from interp.studies.objects.box_files import read_boxes
+from interp.runtime.forward import run_hooks
+from interp.formats.box_files import read_boxes
 from interp.studies.objects.lost import LostResult, degree_order, lost_study
 from interp.studies.objects.lost_protocol import lost_box, lost_input, lost_iou
 from reference import lost_protocol as ref

@@ -14,8 +14,8 @@ from interp.hooks.names import resid_post
 from interp.studies.aggregation.masking import (MaskingResult, cells_to_mask, fraction_steps, mask_images,
                                                 masking_study, random_keys)
 from interp.studies.core.detection import DetectionSpec
-from interp.studies.core.forward import run_hooks
-from interp.studies.core.source import open_source
+from interp.runtime.forward import run_hooks
+from interp.runtime.open import open_source
 
 pytestmark = pytest.mark.filterwarnings("ignore:no artifacts")  # random weights have none
 

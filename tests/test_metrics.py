@@ -7,9 +7,9 @@ import torch
 from PIL import Image
 
 from interp.errors import InterpError
-from interp.studies.objects.boxes import regions_from_masks
+from interp.studies.core.regions import regions_from_masks
 from interp.studies.objects.lost import corloc_hits
-from interp.studies.core.metrics import box_iou, iou
+from interp.studies.core.stats import box_iou, iou
 from interp.studies.objects.segment import ground_truth_masks
 
 

@@ -62,7 +62,7 @@ def open_clip_logits(clip, tokenizer, x, names, templates):
 def study_logits(model, x, path):
     """Class logits [b, C] as the studies read them: the classifier file through interp.load_classifier, applied
     to a forward of the HookedViT by the studies' forward primitive."""
-    from interp.studies.core.forward import run_hooks
+    from interp.runtime.forward import run_hooks
 
     return run_hooks(model, x, classifier=interp.load_classifier(path)).logits
 

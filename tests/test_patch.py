@@ -100,10 +100,9 @@ def test_patched_plain_selective_cls_is_the_reference(family, tmp_path):
         torch.testing.assert_close(plain(x), plain.head(plain.fc_norm(g_ref)), rtol=0, atol=1e-5)
 
 
-def test_import_interp_patch_is_the_export_module():
+def test_interp_patch_is_the_export_module():
     import interp
     import interp.interventions.export as export
-    import interp.patch
 
     assert interp.patch is export and interp.patch.save is patch.save and interp.patch.apply is patch.apply
 

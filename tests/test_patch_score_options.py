@@ -13,8 +13,10 @@ from PIL import Image
 from interp.errors import InterpError
 from interp.models import data_config
 from interp.studies.aggregation.patch_score import PatchScoreResult, normalise_maps, patch_score_study
-from interp.studies.core.source import open_source
-from interp.studies.objects.boxes import Box, box_cells, read_boxes, regions_from_boxes, regions_from_masks
+from interp.runtime.open import open_source
+from interp.formats.box_files import read_boxes
+from interp.formats.box_types import Box
+from interp.studies.core.regions import box_cells, regions_from_boxes, regions_from_masks
 
 
 @pytest.fixture(scope="module")

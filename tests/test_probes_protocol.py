@@ -20,7 +20,7 @@ from interp.studies import CacheSource, open_source, required_hooks
 from interp.studies.core.detection import DetectionSpec
 from interp.studies.core.outliers import detect
 from interp.studies.core.result import OutlierStudyResult
-from interp.studies.probes.image_sets import read_split
+from interp.studies.probes.split_file import read_split
 from interp.studies.probes.scores import PIXEL_SPACE
 from interp.studies.probes.probes import ProbesResult, probes_study
 from interp.studies.probes.linear_probe import fit_probe

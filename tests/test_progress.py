@@ -62,7 +62,7 @@ def test_a_study_from_python_draws_no_bar_into_a_pipe(capsys):
     import interp
     from interp.models import sample_image_paths
     from interp.studies import open_source
-    from interp.studies.norms import norms_study
+    from interp.studies.artifacts.norms import norms_study
 
     source = open_source(model=interp.load("planted_vit"), images=sample_image_paths()[:1])
     norms_study(source, progress=True)

@@ -149,10 +149,10 @@ def test_pib_study_protocol_last_equals_reference(tmp_path):
     reference dataloader's, the images go through Resize(256) + CenterCrop(224), and each hit is the reference's
     ``top patch in bbox_to_patch_set`` on the same maps."""
     from conftest import make_model
-    from interp.studies.aggregation.patch_score import compute_score_maps
+    from interp.studies.core.score_maps import compute_score_maps
     from interp.studies.aggregation.pib import last_protocol_regions, pib_study
-    from interp.studies.objects.boxes import read_boxes
-    from interp.studies.core.source import open_source
+    from interp.formats.box_files import read_boxes
+    from interp.runtime.open import open_source
 
     model = make_model("vit", depth=2)  # patch 16, 224 px: the reference's 14 x 14 grid
     rng = np.random.default_rng(0)

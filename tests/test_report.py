@@ -253,7 +253,7 @@ def test_report_decodes_each_image_once(tmp_path, monkeypatch):
     """Every stage reads the one held source: the image files are decoded once, whatever the stage count."""
     from PIL import Image
 
-    import interp.studies.core.source as source_mod
+    import interp.runtime.live_source as source_mod
 
     folder = tmp_path / "photos"
     folder.mkdir()

@@ -10,7 +10,7 @@ from interp.models.planted import planted_truth
 from interp.models.samples import sample_image_paths
 from interp.studies import open_source
 from interp.studies.artifacts.ablate import ablation_study
-from interp.studies.core.forward import baseline_pass
+from interp.runtime.passes import baseline_pass
 from interp.studies.core.outliers import detect
 from interp.studies.artifacts.registers import register_study
 from interp.studies.artifacts.relocate import relocation_study
@@ -47,7 +47,7 @@ def test_save_result_writes_figures_then_the_json_once(tmp_path):
     import json
 
     from interp.report.save import save_result
-    from interp.studies.neurons import NeuronsResult
+    from interp.studies.artifacts.neurons import NeuronsResult
 
     result = NeuronsResult(model="m", fingerprint="f", params={}, seed=0, ids=["a"],
                            skipped=[{"image": "b.jpg", "reason": "unreadable"}],
@@ -81,7 +81,7 @@ def test_one_observational_pass_serves_norms_neurons_probes_and_lost(one_thread)
     (the neuron scores to float rounding: the shared forward computes attention with its pattern hooks on)."""
     from interp.studies.artifacts.neurons import neurons_reading, neurons_study
     from interp.studies.artifacts.norms import norms_reading, norms_study
-    from interp.studies.core.passes import run_readings
+    from interp.runtime.passes import run_readings
     from interp.studies.objects.lost import lost_reading, lost_study
     from interp.studies.probes.probes import probes_reading, probes_study
 

@@ -12,9 +12,10 @@ from PIL import Image
 from interp.errors import InterpError
 from interp.models import sample_image_paths
 from interp.studies import open_source
-from interp.studies.core.metrics import iou as jaccard
+from interp.studies.core.stats import iou as jaccard
+from interp.studies.objects.seg_scoring import upsample_nearest
 from interp.studies.objects.segment import (foreground_cells, ground_truth_masks, rasterise_polygons, read_coco_polygons,
-                                         segment_study, upsample_nearest)
+                                         segment_study)
 
 
 def test_threshold_upsample_and_jaccard_on_a_constructed_map():

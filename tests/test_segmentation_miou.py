@@ -16,10 +16,10 @@ from reference.mmseg_mean_iou import dataset_miou, image_mean_miou
 from interp.errors import InterpError
 from interp.models import sample_image_paths
 from interp.studies import open_source
-from interp.studies.objects.box_files import read_label_mask, read_mask
-from interp.studies.objects.boxes import eval_transform, input_geometry
-from interp.studies.objects.seg_scoring import (class_areas, input_to_original, mask_to_input, reduce_areas,
-                                                upsample_nearest)
+from interp.formats.masks import read_label_mask, read_mask
+from interp.models.geometry import input_geometry, mask_to_input, mask_to_original
+from interp.models.preprocessing import timm_transform
+from interp.studies.objects.seg_scoring import class_areas, reduce_areas, upsample_nearest
 from interp.studies.objects.segment import segment_study
 
 # Pascal VOC's palette: index 0 black (background), 1 dark red (aeroplane), 255 cream (void border).
@@ -87,11 +87,11 @@ def test_class_areas_and_reductions_equal_mmsegmentation_on_crafted_masks():
 def test_original_frame_mapping_is_the_inverse_of_the_input_mapping():
     cfg = {"input_size": (3, 32, 32), "interpolation": "bicubic", "crop_pct": 0.875, "crop_mode": "center",
            "mean": (0.5,) * 3, "std": (0.5,) * 3}
-    geometry = input_geometry(eval_transform(cfg), (48, 40))    # resized then centre-cropped
+    geometry = input_geometry(timm_transform(cfg), (48, 40))    # resized then centre-cropped
     rng = np.random.default_rng(1)
     cells = torch.from_numpy(rng.random((4, 4)) < 0.5)
     pred_input = upsample_nearest(cells, (32, 32)).numpy()
-    back, seen = input_to_original(pred_input, geometry)
+    back, seen = mask_to_original(pred_input, geometry)
     assert back.shape == (40, 48) and 0 < seen.mean() < 1        # the crop hides a border of the original
     again = mask_to_input(back, geometry).numpy()                 # original -> input recovers the prediction
     assert (again == pred_input).mean() > 0.97
@@ -116,7 +116,7 @@ def test_study_leaves_void_out_and_reports_miou_both_ways(tmp_path):
     source = open_source(model=model, images=[str(p) for p in paths])
     per_image = segment_study(source, masks=masks, with_selective=False, progress=False)
     dataset = segment_study(source, masks=masks, with_selective=False, average="dataset", progress=False)
-    transform = eval_transform(source.data_config())
+    transform = timm_transform(source.data_config())
     preds, labels = [], []
     for i, p in enumerate(paths):                 # the oracle on the same prediction and the mapped label map
         index = truth[p.stem]

@@ -3,7 +3,7 @@ from conftest import make_model
 
 
 def test_cache_source_layout_follows_the_kept_token_rows():
-    from interp.studies.core.cache_source import stored_layout
+    from interp.runtime.cache_source import stored_layout
 
     lay = make_model("dinov2_reg").layout  # 5 prefix (CLS + 4 registers), 16x16 patches
     assert stored_layout(lay, None) == lay and stored_layout(lay, [0, lay.n_tokens]) == lay
@@ -62,7 +62,7 @@ def test_sources_answer_what_studies_ask(tmp_path):
 def test_a_held_source_decodes_each_image_once(tmp_path, monkeypatch):
     from PIL import Image
 
-    import interp.studies.core.source as source_mod
+    import interp.runtime.live_source as source_mod
     from interp.studies import open_source
 
     folder = tmp_path / "photos"

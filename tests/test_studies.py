@@ -21,7 +21,7 @@ from interp.studies.artifacts.ablate import ablation_study
 from interp.studies.artifacts.neurons import neurons_study
 from interp.studies.artifacts.norms import norms_study
 from interp.studies.artifacts.registers import register_study
-from interp.studies.core.metrics import iou
+from interp.studies.core.stats import iou
 from interp.studies.artifacts.relocate import relocation_study
 
 from conftest import images, make_model
@@ -242,7 +242,7 @@ def peak_growth(fn):
 reader = LazyReader(1000)
 norms_study(CacheSource(LazyReader(20)), progress=False)  # warm-up: lazy imports, allocator pools
 whole, _ = peak_growth(lambda: reader["blocks.0.hook_resid_post"][0:1000].sum())
-study, result = peak_growth(lambda: norms_study(CacheSource(reader), batch_size=16, progress=False))
+study, result = peak_growth(lambda: norms_study(CacheSource(reader), progress=False))
 print(json.dumps({"whole_hook": whole, "study": study, "artifacts_found": result.artifacts_found,
                   "outlier_counts": result.outlier_counts}))
 """

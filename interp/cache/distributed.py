@@ -22,7 +22,7 @@ from .format import (ACTS, CHECKSUMS, FORMAT_VERSION, IDS, INDEX, LIBVER, SKIPPE
 from .integrity import check_ids, check_index, check_structure, id_crcs, open_for_read, validate_meta
 from .file_writer import write_file
 from .lock import WriterLock
-from .sources import ImageSource
+from .image_feed import ImageFeed
 from .store import ID_CHUNK, append_rows, create_index_datasets, tmp_path
 
 
@@ -74,7 +74,7 @@ def _all_ranks_ok(ok: bool) -> bool:
     return bool(flag.item())
 
 
-def write_sharded(model, source: ImageSource, hook_names: List[str], path: Path, context: DistContext, *,
+def write_sharded(model, source: ImageFeed, hook_names: List[str], path: Path, context: DistContext, *,
                   resume: bool, overwrite: bool, **options):
     """Write this rank's shard, wait for every rank, then (rank 0) the virtual top file ``path``."""
     if path.exists() and not (resume or overwrite):
@@ -110,7 +110,7 @@ def write_sharded(model, source: ImageSource, hook_names: List[str], path: Path,
             dist.destroy_process_group()
 
 
-def build_virtual_file(path: Path, shards: List[Path], source: ImageSource) -> None:
+def build_virtual_file(path: Path, shards: List[Path], source: ImageFeed) -> None:
     """Write ``path``: ``/acts/*`` as virtual datasets over the shards' committed rows, in shard order;
     ``/ids``, ``/index`` (positions in the full image list) and ``/skipped`` as real datasets."""
     metas, ids, index, checksums, skipped = [], [], [], [], [[] for _ in SKIPPED_FIELDS]

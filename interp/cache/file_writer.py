@@ -23,7 +23,7 @@ from .format import FORMAT_VERSION, model_fingerprints, versions
 from .format import weights_source as format_weights_source
 from .lock import WriterLock
 from .pipeline import BackgroundWriter, Prefetcher
-from .sources import ImageSource
+from .image_feed import ImageFeed
 from .store import BatchRows, CacheFile, remove_stale_tmp, write_error
 
 
@@ -50,7 +50,7 @@ class WriteSummary:
 
 def write_file(
     model,
-    source: ImageSource,
+    source: ImageFeed,
     hook_names,
     path: Path,
     *,
@@ -101,7 +101,7 @@ def write_file(
         lock.release()
 
 
-def run_meta(model, source: ImageSource, extractor: Extractor, compression: str, batch_size: int,
+def run_meta(model, source: ImageFeed, extractor: Extractor, compression: str, batch_size: int,
              shard: Optional[dict] = None, weights_source: Optional[dict] = None) -> dict:
     """The root attributes of a new cache file for this run (``weights_source``: see
     :func:`.format.weights_source`; unknown fields when None)."""
@@ -142,7 +142,7 @@ def _weights_source_of(model) -> dict:
     return format_weights_source(pretrained=False if seed is not None else None, seed=seed)
 
 
-def _stream(model, source: ImageSource, extractor: Extractor, store: CacheFile, batch_size: int,
+def _stream(model, source: ImageFeed, extractor: Extractor, store: CacheFile, batch_size: int,
             progress: bool, shown_path: str) -> WriteSummary:
     """Forward every remaining batch and hand it to the writer thread; close the file at the end.
 

@@ -7,7 +7,7 @@ import threading
 from typing import Callable, Iterator
 
 from ..errors import CacheError
-from .sources import ImageSource, LoadedBatch
+from .image_feed import ImageFeed, LoadedBatch
 
 _END = object()
 _POLL_S = 0.1
@@ -22,7 +22,7 @@ class Prefetcher:
     """Iterates ``source.load`` over consecutive batches ``[start, start+batch_size), ...`` loaded ahead
     in a background thread (at most ``depth`` batches waiting). Errors re-raise in the consumer."""
 
-    def __init__(self, source: ImageSource, start: int, batch_size: int, depth: int = 2):
+    def __init__(self, source: ImageFeed, start: int, batch_size: int, depth: int = 2):
         self.source, self.start, self.batch_size = source, start, batch_size
         self._queue: "queue.Queue" = queue.Queue(maxsize=depth)
         self._stop = threading.Event()

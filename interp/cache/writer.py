@@ -13,14 +13,15 @@ from ..hooks.names import NamesSpec
 from . import distributed as dist_mod
 from .file_writer import WriteSummary, write_file
 from .format import COMPRESSIONS, DTYPES, TOKEN_MODES
-from .sources import ImagesArg, image_source
+from ..models.preprocessing import ImagesSpec
+from .image_feed import image_feed
 
 __all__ = ["write", "WriteSummary"]
 
 
 def write(
     model,
-    images: ImagesArg,
+    images: ImagesSpec,
     *,
     hooks: NamesSpec,
     path: Union[str, Path],
@@ -82,7 +83,7 @@ def write(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     hook_names = model.resolve_hooks(hooks)
-    source = image_source(images, model, strict=strict, preprocess=preprocess)
+    source = image_feed(images, model, strict=strict, preprocess=preprocess)
     options = dict(batch_size=batch_size, dtype=dtype, tokens=tokens, norms_only=norms_only,
                    compression=compression, resume=resume, overwrite=overwrite, progress=progress,
                    weights_source=weights_source)

@@ -8,7 +8,7 @@ from typing import Dict, List, Sequence
 
 from ..console import add_output_args
 from ..errors import InterpError, UsageError
-from ..studies.core.options import ProbeBudgetOptions
+from ..studies.core.options import CLASSIFIER_HELP, ProbeBudgetOptions
 from ..values import (NEURONS_SYNTAX, device_arg, existing_file, existing_path, image_size_arg, positive_int, seed_arg,
                      threshold_arg, transform_arg)
 
@@ -107,7 +107,7 @@ def check_model_args(args: argparse.Namespace, model) -> None:
 
 def model_from_args(args: argparse.Namespace, dtype=None):
     """Load the HookedViT the model arguments describe (the device checked first, block numbers after)."""
-    from ..api import load
+    from ..hooks.load import load
 
     kwargs = {}
     if getattr(args, "img_size", None):
@@ -165,10 +165,7 @@ def add_study_args(parser: argparse.ArgumentParser, inputs: str = "images_or_cac
 
 def add_classifier_arg(parser: argparse.ArgumentParser) -> None:
     """``--classifier FILE``: the class logits of the behaviour metrics (:mod:`interp.models.classifier`)."""
-    parser.add_argument("--classifier", type=existing_file, default=None, metavar="FILE",
-                        help="classifier file (zero-shot matrix, linear head, or a DINOv2 released linear head) "
-                             "whose class logits give top-1 agreement and accuracy; without it they exist only for "
-                             "a classification head (else the pooled vector's cosine to the unedited one)")
+    parser.add_argument("--classifier", type=existing_file, default=None, metavar="FILE", help=CLASSIFIER_HELP)
 
 
 def print_behaviour(result) -> None:
@@ -270,7 +267,7 @@ def source_from_args(args: argparse.Namespace, model):
     A cache is checked up front against the hooks the study reads (``registry.required_hooks``), so a cache
     that cannot serve the study fails before any work. Unreadable images are skipped and kept in
     ``args.skipped`` (written into the study's JSON), or stop the run with ``--strict``."""
-    from ..studies.core.source import open_source
+    from ..runtime.open import open_source
     from .registry import STUDIES, check_cache_serves
 
     cache = getattr(args, "cache", None)

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_folder(args.out)
         refuse_existing_file(Path(args.out) / "compare.json", args.overwrite)
     check_device(args.device)
-    from ..api import load
+    from ..hooks.load import load
     from ..models import sample_image_paths
     from ..report.compare import PROBE_OPTIONS, compare_models
     from ..studies.core.detection import DetectionSpec

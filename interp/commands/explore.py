@@ -6,7 +6,8 @@ Without MODEL it explores the synthetic ``planted_vit`` on the bundled sample ph
 from __future__ import annotations
 
 from ..console import add_output_args
-from .common import NEURONS_SYNTAX, add_model_args, model_from_args, parse_neurons, threshold_value
+from .common import (NEURONS_SYNTAX, add_classifier_arg, add_model_args, model_from_args, parse_neurons,
+                     threshold_value)
 from ..values import existing_path, port_number, positive_float, positive_int, threshold_arg
 
 # the explorer's request limits, said in --help (interp.explore.requests, .server, .connections hold them;
@@ -33,9 +34,7 @@ def register(sub) -> None:
     p.add_argument("--threshold", default="auto", type=threshold_arg, help="outlier threshold: a norm, pNN or auto (default)")
     p.add_argument("--detect-layer", type=int, default=None, help="block whose output decides outliers (default: last)")
     p.add_argument("--top-k", type=positive_int, default=10, help="register neurons ranked on start (default 10)")
-    p.add_argument("--head", choices=("auto", "classifier", "embedding"), default="auto",
-                   help="read the output as a classifier (top-1 agreement) or an embedding (cosine); default: "
-                        "decided from the model")
+    add_classifier_arg(p)  # the studies' behaviour readout and label rule (interp.studies.core.behaviour)
     p.add_argument("--port", type=port_number, default=0, help="port to listen on (default 0: any free port)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; another one exposes the model to the network)")
@@ -74,10 +73,9 @@ def run(args) -> int:
         warnings.warn(f"--host {args.host}: the explorer is reachable from other machines; anyone who has the "
                       "token can run the model. Use 127.0.0.1 unless you mean it")
     model = model_from_args(args)
-    random_weights = not args.pretrained and not args.weights and args.model != "planted_vit"
     options = ExploreOptions(threshold=threshold, detect_layer=args.detect_layer, top_k=args.top_k,
-                             neurons=neurons, batch_size=args.batch_size, head=args.head,
-                             random_weights=random_weights, max_images=args.max_images,
+                             neurons=neurons, batch_size=args.batch_size, classifier=args.classifier,
+                             max_images=args.max_images,
                              max_seconds=args.max_seconds)
     # status lines go to stderr, as interp report's stage lines do (stdout stays free); --quiet drops them
     if args.progress_requested:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._image_files import LIST_SUFFIXES, list_images
+from ..formats.image_files import LIST_SUFFIXES, list_images
 from .._model_names import check_model_name_fast
 from ..errors import ImageError
 

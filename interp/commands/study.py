@@ -55,7 +55,7 @@ class StudyInputs:
 def open_study_source(inputs: StudyInputs, model, config: StudyConfig):
     """The activation source of a run: live over the images the config asks for, or the cache (checked up front
     against the hooks the config reads, so a cache that cannot serve the study fails before any work)."""
-    from ..studies.core.source import open_source
+    from ..runtime.open import open_source
 
     images = None if inputs.cache else config.source_images(inputs.images)
     source = open_source(model=model, images=images, cache=inputs.cache, batch_size=inputs.batch_size,

@@ -68,7 +68,7 @@ def _selective(args, k: int):
 def run_patch_score(args, patch_score_study) -> int:
     from ..errors import InterpError
     from ..studies.aggregation.pib import load_regions
-    from ..studies.objects.boxes import regions_from_masks
+    from ..studies.core.regions import regions_from_masks
 
     if args.boxes and args.masks:
         raise InterpError("give --boxes or --masks, not both")

@@ -1,23 +1,20 @@
 """``interp.explore``: a live page over one model's artifacts; every edit re-runs the edited forward.
 
->>> ex = interp.explore(model, photos)         # in Jupyter the page shows inline (an IFrame to a local server)
+>>> ex = interp.explore.start(model, photos)   # in Jupyter the page shows inline (an IFrame to a local server)
 >>> ex.url.startswith("http://127.0.0.1:")     # http://127.0.0.1:PORT/?token=...
 True
 >>> ex.run(0, [{"kind": "NeuronAblation", "neurons": {"2": [17, 101, 402, 655]}}])["outlier_count"]
 0
 >>> ex.stop()                                  # also done when the kernel (the Python process) exits
 
-The command line is ``interp explore [MODEL]`` (:mod:`interp.commands.explore`). The module itself is callable
-(``interp.explore(...)`` is :func:`explore`), so ``import interp.explore.server`` does not hide the function.
+The command line is ``interp explore [MODEL]`` (:mod:`interp.commands.explore`).
 """
 from __future__ import annotations
 
-import sys
-import types
 import weakref
 from typing import Any, Optional, Union
 
-__all__ = ["explore", "Explorer"]
+__all__ = ["start", "Explorer"]
 
 
 class Explorer:
@@ -54,16 +51,18 @@ class Explorer:
         return f"Explorer({self.session.model.model_name}, {len(self.session.source)} images, {self.url})"
 
 
-def explore(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, threshold="auto",
-            detect_layer: Optional[int] = None, top_k: int = 10, head: str = "auto", max_images: int = 64,
-            max_seconds: float = 600.0, host: str = "127.0.0.1", port: int = 0, height: int = 900) -> Explorer:
+def start(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, threshold="auto",
+          detect_layer: Optional[int] = None, top_k: int = 10, classifier=None, max_images: int = 64,
+          max_seconds: float = 600.0, host: str = "127.0.0.1", port: int = 0, height: int = 900) -> Explorer:
     """Start the explorer on ``model`` (a ``HookedViT`` or a name for ``interp.load``) over ``images``
     (default: the bundled sample photos) in a background thread, and return it (Jupyter shows the page).
 
     Args:
         neurons: register neurons to list ({layer: [neuron]}); default: ranked by the neurons study on start.
         threshold, detect_layer: outlier detection, as in the studies (default "auto" at the last block).
-        head: read the output as a "classifier" or an "embedding" (default "auto": decided from the model).
+        classifier: a classifier file (path, dict or :func:`interp.load_classifier`) for the readout's class
+            logits, as the studies' ``classifier=``; default: the model's own head
+            (:mod:`interp.studies.core.behaviour`).
         max_images: more images are refused (they are held in memory and re-run for each edit's readout).
         max_seconds: a request's model work stops after this many seconds (``RequestTooLarge``, HTTP 413).
         host, port: where to listen (default 127.0.0.1, any free port).
@@ -79,26 +78,16 @@ def explore(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None
         warnings.warn(f"the explorer listens on {host}: anyone who can reach it and has the token can run the model",
                       stacklevel=2)
     if isinstance(model, str):
-        from ..api import load
+        from ..hooks.load import load
 
         model = load(model)
     if not hasattr(model, "intervene"):
-        raise InterpError("explore() takes a HookedViT (interp.load(...)) or a model name")
+        raise InterpError("interp.explore.start() takes a HookedViT (interp.load(...)) or a model name")
     if images is None:
         from ..models.samples import sample_image_paths
 
         images = sample_image_paths()
-    options = ExploreOptions(threshold=threshold, detect_layer=detect_layer, top_k=top_k, neurons=neurons, head=head,
-                             max_images=max_images, max_seconds=max_seconds)
+    options = ExploreOptions(threshold=threshold, detect_layer=detect_layer, top_k=top_k, neurons=neurons,
+                             classifier=classifier, max_images=max_images, max_seconds=max_seconds)
     session = ExploreSession(model, images, options)
     return Explorer(session, ExploreServer(session, host=host, port=port).start(), height=height)
-
-
-class _CallableModule(types.ModuleType):
-    """This package, callable as :func:`explore` (``interp.explore(model, images)``)."""
-
-    def __call__(self, *args, **kwargs) -> Explorer:
-        return explore(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -28,10 +28,12 @@ from ..interventions import interventions_from_spec, masks
 from ..models.planted import planted_truth
 from ..models.preprocessing import list_images
 from ..studies.artifacts.neurons import neurons_study
+from ..studies.core.behaviour import BehaviourReadout, ClassifierLike, behaviour_readout
+from ..runtime.forward import run_hooks
 from ..studies.core.outliers import detect
 from ..studies.core.thresholds import ThresholdSpec
-from ..studies.core.source import open_source
-from .readout import HeadReadout, head_readout
+from ..runtime.open import open_source
+from .readout import compare_outputs
 from .requests import MAX_SECONDS, RequestTooLarge, check_spec, check_threshold, describe_edits
 
 MAX_NEURON_MAPS = 32  # neuron activation maps per response (the ranked ones first, then edited ones)
@@ -46,8 +48,9 @@ class ExploreOptions:
         threshold: outlier threshold at ``detect_layer`` (a norm, ``"pNN"`` or ``"auto"``), resolved once on the
             unedited model over all images, as the studies do.
         neurons: the register neurons to list ({layer: [neuron]}); None ranks them with the neurons study.
-        head: ``"auto"``, ``"classifier"`` or ``"embedding"`` (how to read the model's output; see
-            :mod:`interp.explore.readout`); ``random_weights`` says the weights are random (no classifier).
+        classifier: a classifier file (path, dict or :func:`interp.load_classifier`) whose class logits the
+            readout reads, as the studies' ``--classifier``; None: the model's own head. The readout and its label
+            rule are the studies' (:mod:`interp.studies.core.behaviour`).
         max_images: more images than this are refused (they are held in memory and re-run for each readout).
         max_seconds: a request's model work (calibration, edited forward, readout) stops after this many
             seconds with :class:`~interp.explore.requests.RequestTooLarge` (HTTP 413).
@@ -58,8 +61,7 @@ class ExploreOptions:
     top_k: int = 10
     neurons: Optional[Dict[int, List[int]]] = None
     batch_size: int = 16
-    head: str = "auto"
-    random_weights: bool = False
+    classifier: ClassifierLike = None
     max_images: int = 64
     max_seconds: float = MAX_SECONDS
 
@@ -112,6 +114,8 @@ class ExploreSession:
         source = open_source(model=model, images=images, batch_size=self.options.batch_size)
         if len(source) == 0:
             raise InterpError(f"no readable image in {images!r}; give a folder or list of images (--images)")
+        # the behaviour readout first: a classifier that does not fit the model fails before any forward
+        self.readout: BehaviourReadout = behaviour_readout(source, self.options.classifier)
         self.source = source.held()  # decoded once
         self.pixels = torch.cat([x for _, x in self.source.image_batches()])  # [N, 3, H, W] on the model's device
         self.display = self.source.display_images(limit=len(self.source))  # [N, 3, H, W] in 0..1
@@ -124,9 +128,6 @@ class ExploreSession:
             self.neurons, self.neuron_note = self._rank_neurons(progress)
         self.warnings = sorted({str(w.message) for w in caught})
         self.default_threshold = float(self.detection.counting_threshold())
-        self.readout: HeadReadout = head_readout(model, self.options.head, self.options.random_weights,
-                                                 labels=self.source.labels,
-                                                 class_names=self.source.class_names)
         self._runs: "OrderedDict[tuple, Dict]" = OrderedDict()
         self._readouts: "OrderedDict[str, Dict]" = OrderedDict()
         self._parsed: "OrderedDict[str, list]" = OrderedDict()
@@ -141,7 +142,7 @@ class ExploreSession:
                       for l, idx in sorted(self.options.neurons.items()) for n in idx]
             return listed, "neurons given on the command line (--neurons); not ranked here"
         result = neurons_study(self.source, detection=self.detection, top_k=self.options.top_k,
-                               batch_size=self.options.batch_size, progress=progress)
+                               progress=progress)
         note = result.message or result.warning or (
             f"ranked by the neurons study over {result.n_images_with_outliers} image(s) with outliers "
             f"(score: mean |activation| on the outlier tokens)")
@@ -172,7 +173,8 @@ class ExploreSession:
                               "mode; the threshold shown is the one the studies count with (the 99th "
                               "percentile under 'auto'), so 'outliers' are ordinary high-norm tokens")},
             "neurons": {"list": self.neurons, "note": self.neuron_note},
-            "readout": {"kind": self.readout.kind, "why": self.readout.why},
+            "readout": {"kind": "classifier" if self.readout.classes else "embedding", "why": self.readout.why,
+                        "note": self.readout.note, "classifier": self.readout.record()},
             "targets": {name: m.int().tolist() for name, m in presets.items()},
             "warnings": self.warnings,
         }
@@ -292,21 +294,17 @@ class ExploreSession:
 
     @torch.no_grad()
     def _outputs(self, ivs: list) -> Dict[str, torch.Tensor]:
-        """Pooled vectors [N, d'] and outputs [N, c] of every loaded image under ``ivs``."""
-        pooled, logits = [], []
-
-        def keep(t, hook):
-            pooled.append(t.float().cpu())
-
-        with self.lock, self.model.intervene(*ivs):
-            for x in self.pixels.split(self.options.batch_size):
-                logits.append(self.model.run_with_hooks(x, fwd_hooks=[("hook_pooled", keep)]).float().cpu())
-        return {"pooled": torch.cat(pooled), "logits": torch.cat(logits)}
+        """Pooled vectors [N, d'] and logits [N, C] (the classifier file's class logits when the readout has
+        one) of every loaded image under ``ivs``."""
+        with self.lock:
+            runs = [run_hooks(self.model, x, logits=True, classifier=self.readout.classifier, interventions=ivs)
+                    for x in self.pixels.split(self.options.batch_size)]
+        return {"pooled": torch.cat([r.pooled for r in runs]).float(), "logits": torch.cat([r.logits for r in runs])}
 
     def _readout(self, key: str, ivs: list) -> Dict[str, Any]:
         def compare():
             edited = self.baseline_outputs if not ivs else self._outputs(ivs)
-            return self.readout.compare(self.baseline_outputs, edited)
+            return compare_outputs(self.readout, self.baseline_outputs, edited)
 
         return _lru(self._readouts, key, compare)
 

@@ -137,7 +137,7 @@ def _average(batches: Iterable[torch.Tensor], idx: List[int], first_row: int) ->
     return (total / count).float()
 
 
-def image_batches(images: Union[torch.Tensor, Iterable[torch.Tensor]], batch_size: int):
+def tensor_batches(images: Union[torch.Tensor, Iterable[torch.Tensor]], batch_size: int):
     """Split an image tensor [n, 3, H, W] into batches, or pass an iterable of batches through."""
     if isinstance(images, torch.Tensor):
         if images.dim() != 4 or images.shape[0] == 0:
@@ -180,7 +180,7 @@ def _means_from_images(model, images, neurons: Neurons, tokens: str, batch_size:
         collected[layer].append(h[..., neurons[layer]].detach().cpu())
 
     hooks = [(mlp_post(l), lambda h, hook, l=l: keep(h, hook, l)) for l in neurons]
-    for batch in image_batches(images, batch_size):
+    for batch in tensor_batches(images, batch_size):
         model.run_with_hooks(batch.to(device), fwd_hooks=hooks)
     # Columns were already selected: average all of them.
     return {l: _average(collected[l], list(range(len(idx))), first_row) for l, idx in neurons.items()}

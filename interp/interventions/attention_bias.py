@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..errors import InterpError
-from .ablation import image_batches
+from .ablation import tensor_batches
 from .base import STRUCTURAL, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons
 from .edits import PATCH_FILLS
 from .modules import RegisterNeuronEdit
@@ -139,7 +139,7 @@ class AttentionBias(Intervention):
             start = register._extra_start
             rows = slice(start, start + n_registers)
             hooks = [("blocks.*.attn.hook_k", record), ("blocks.*.attn.hook_v", record)]
-            for batch in image_batches(images, batch_size):
+            for batch in tensor_batches(images, batch_size):
                 model.run_with_hooks(batch.to(device), fwd_hooks=hooks)
                 n_images += batch.shape[0]
         if n_images == 0:

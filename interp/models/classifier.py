@@ -19,7 +19,7 @@ Optional: ``"class_names"`` (C names), ``"model"`` (the timm name it was built f
 DINOv2's released head files (plain ``{"weight", "bias"}`` state dicts, e.g. ``dinov2_vits14_linear4_head.pth``)
 are read as ``dinov2_linear`` with ``avgpool`` and ``n_blocks`` from the width: D = 2 d -> 1, D = 5 d -> 4.
 
->>> from interp.studies.core.forward import run_hooks
+>>> from interp.runtime.forward import run_hooks
 >>> path = save_classifier("head.pt", "linear", torch.randn(3, 192), torch.zeros(3))   # C=3 over D=192
 >>> clf = load_classifier(path).bind(model)       # checked against this model's widths (192: its pooled vector)
 >>> run = run_hooks(model, images, classifier=clf, logits=True)
@@ -47,6 +47,7 @@ KINDS = ("zeroshot", "linear", "dinov2_linear")
 INPUTS = ("pooled", "head_output")
 HOOK_POOLED, HOOK_HEAD = "hook_pooled", "hook_logits"
 BLOCK_OUTPUTS = "blocks.*.hook_resid_post"  # resolved by the model: its blocks' outputs, in order
+RELEASED_DINOV2_SOURCE = "DINOv2 released linear head (plain state dict)"  # the source such a file is read with
 _MAKE_ONE = "make one with `interp classifier zeroshot` or interp.models.classifier.save_classifier"
 
 
@@ -260,7 +261,7 @@ def _from_dict(data, path: Optional[str]) -> Classifier:
     if "interp_classifier" not in data:
         if set(data) == {"weight", "bias"}:  # DINOv2's released head: kind and n_blocks from the shapes
             data = {"kind": "dinov2_linear", "weight": data["weight"], "bias": data["bias"], "avgpool": True,
-                    "source": "DINOv2 released linear head (plain state dict)"}
+                    "source": RELEASED_DINOV2_SOURCE}
         else:
             raise ClassifierError(f"{where} is not a classifier file (keys {sorted(map(str, data))[:8]}; no "
                                   f"'interp_classifier'): {_MAKE_ONE}")

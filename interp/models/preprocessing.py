@@ -17,11 +17,13 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .._image_files import list_images
+from ..formats.image_files import list_images
 from .._transforms import INTERPOLATIONS, MODEL_TRANSFORM, check_sizes, parse_transform_name
 from ..errors import ImageError, ImageTooLargeError
 
 PathLike = Union[str, Path]
+# the images a run reads: a folder, a .txt/.lst list file, image paths, or a Tensor[N, 3, H, W] of pixels
+ImagesSpec = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
 
 
 def tensor_image_id(index: int) -> str:
@@ -124,13 +126,18 @@ def data_config(model, preprocess: TransformSpec = None) -> dict:
     return cfg
 
 
-def preprocessing(model, preprocess: TransformSpec = None):
-    """The eval transform (PIL image -> Tensor[3, H, W]) timm uses for ``model``, or ``preprocess``'s."""
+def timm_transform(data_cfg: dict):
+    """timm's eval transform object (PIL image -> Tensor[3, H, W]) for a data config (``data_config(...)``)."""
     from timm.data import create_transform
 
+    return create_transform(**data_cfg, is_training=False)
+
+
+def preprocessing(model, preprocess: TransformSpec = None):
+    """The eval transform (PIL image -> Tensor[3, H, W]) timm uses for ``model``, or ``preprocess``'s."""
     cfg = data_config(model, preprocess)
     cfg.pop("preprocess", None)
-    return create_transform(**cfg, is_training=False)
+    return timm_transform(cfg)
 
 
 _HIGH_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")

@@ -11,6 +11,8 @@ module, so ``import interp.plots`` registers them all; importing it also lets a 
 when a notebook displays it (:attr:`~interp.studies.core.result.StudyResult.html_figures`).
 
 >>> import interp.plots
+>>> from interp.studies.artifacts.norms import norms_study
+>>> norms_result = norms_study(source, progress=False)
 >>> [stem for stem, fig in study_figures(norms_result, images)]    # (file stem, Figure) pairs
 ['norm_profile', 'norm_histograms', 'outlier_maps']
 """

@@ -6,9 +6,9 @@ Without images it reads the bundled photos: the 4 of ``interp.models.sample_imag
 :data:`REPORT_SAMPLES_DIR` ones (16 in all, enough for probe scores).
 
 The images are decoded once (``LiveSource.held()``) and the high-norm tokens detected once, from the unedited
-baseline forward (:func:`~interp.studies.core.forward.baseline_pass`); every stage gets that one source and that
+baseline forward (:func:`~interp.runtime.passes.baseline_pass`); every stage gets that one source and that
 one detection. Norms, neuron scores, probes and LOST then read one shared observational forward
-(:mod:`interp.studies.core.passes`), and the causal stages add only their edited runs: 10 forwards per image on
+(:mod:`interp.runtime.passes`), and the causal stages add only their edited runs: 10 forwards per image on
 the defaults (1 baseline + 1 observational + 6 ablation + 1 test-time register + 1 relocation).
 
 Example (not a doctest: a report takes ~20 s; ``tests/test_report.py`` runs it)::
@@ -34,7 +34,9 @@ from ..models.samples import SAMPLES_DIR
 from ..studies.core.outliers import Detection
 from ..studies.core.thresholds import ThresholdSpec
 from ..studies.core.result import jsonable
-from ..studies.core.source import ImagesSpec, LiveSource, open_source
+from ..models.preprocessing import ImagesSpec
+from ..runtime.live_source import LiveSource
+from ..runtime.open import open_source
 from .html import write_html
 from .sections import CAUSAL, SECTIONS, outlier_share_remark, section_index, small_sample, step_line
 from .summary import (SYNTHETIC_NOTE, build_summary, lost_summary, planted_comparison, probes_summary,
@@ -154,9 +156,9 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     from ..studies.artifacts.ablate import ablation_study
     from ..studies.core.behaviour import behaviour_readout
     from ..studies.core.detection import DetectionSpec, detection_from_norms
-    from ..studies.core.forward import baseline_pass
+    from ..runtime.passes import baseline_pass
     from ..studies.core.outliers import resolve_layer
-    from ..studies.core.passes import run_readings
+    from ..runtime.passes import run_readings
     from ..studies.artifacts.norms import norms_reading
     from ..studies.artifacts.registers import register_study
     from ..studies.artifacts.relocate import relocation_study
@@ -254,7 +256,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
         The report.json summary (a dict), with ``"planted"`` holding the ground-truth comparison for a
         planted model and ``"files"`` the written files (relative to ``out_dir``).
     """
-    from ..api import load
+    from ..hooks.load import load
 
     started = time.monotonic()
     options = dataclasses.replace(options or ReportOptions(), **option_values)  # TypeError names a bad key

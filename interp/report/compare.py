@@ -24,7 +24,7 @@ from ..studies.core.thresholds import ThresholdSpec
 from ..studies.probes.probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
 from ..models.preprocessing import eval_transform
-from ..studies.core.source import open_source
+from ..runtime.open import open_source
 
 NORM_COLUMNS = ("model", "artifacts", "threshold", "outlier_%", "max/median", "emergence", "cls_attn_on_outliers",
                 "redund_normal", "redund_high")
@@ -173,9 +173,9 @@ def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpe
         skipped = skipped or skipped_records(source)
         source = source.held_if_small()  # decoded once for every pass
         found = spec.detect(source, RunOptions(batch_size, progress=progress))
-        result = norms_study(source, detection=found, batch_size=batch_size, progress=progress)
+        result = norms_study(source, detection=found, progress=progress)
         rows.append(summary_row(name, result))
-        redundancy = redundancy_study(source, detection=found, batch_size=batch_size, progress=progress,
+        redundancy = redundancy_study(source, detection=found, progress=progress,
                                       warn=False)  # the artifacts column says it
         rows[-1].update(redundancy_columns(redundancy))
         notes[name] = redundancy_notes(redundancy)

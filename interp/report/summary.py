@@ -21,7 +21,7 @@ def planted_comparison(model, source, norms, neurons) -> Dict:
 
     ``source`` is the live source the studies ran on (its images are compared with the planted mask).
     """
-    from ..studies.core.metrics import iou
+    from ..studies.core.stats import iou
 
     truth = planted_truth(model)
     planted = {(truth.layer, int(n)) for n in truth.neurons}

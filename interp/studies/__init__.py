@@ -1,90 +1,72 @@
 """Studies: each reads activations through an ActivationSource and returns a JSON-serialisable result.
 
-The names below are resolved lazily (PEP 562), so ``interp.studies.core.descriptors`` (what each study is and
-which hooks it reads) can be imported by the command line without importing torch.
+The public API, one place for every study and the contract they share::
+
+    from interp.studies import norms_study, NormsResult, NormsConfig, detect, open_source
+
+- every declared study as ``<name>_study`` (the function), ``<Name>Result`` and ``<Name>Config``
+  (``patch_score_study``, ``PatchScoreResult``, ``PatchScoreConfig``), taken from the declarations
+  (:mod:`interp.studies.declaration`): a new study needs no line here;
+- the contract: activation sources (``open_source``, ``LiveSource``, ``CacheSource``, ...), the detection of
+  high-norm tokens (``detect``, ``Detection``, ``DetectionSpec``, ``detect_norms``), results (``StudyResult``),
+  the hooks a study reads (``required_hooks``) and the probe kernel (``linear_probe``).
+
+Names load on first use (PEP 562), so the command line reads the torch-free declarations under this package
+without importing torch.
 """
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
-import types
-from typing import Any
+from typing import Any, Dict, Tuple
 
-# public name -> module under interp.studies
-_LAZY = {
-    "StudyResult": "core.result", "OutlierStudyResult": "core.result",
-    "ActivationSource": "core.source", "Batch": "core.source", "CacheSource": "core.cache_source", "LiveSource": "core.source",
-    "open_source": "core.source",
-    "DetectionSpec": "core.detection", "RunOptions": "core.detection",
-    "Detection": "core.outliers", "detect": "core.outliers", "detect_norms": "core.thresholds",
-    "StudyDescriptor": "core.descriptors", "DESCRIPTORS": "core.descriptors", "required_hooks": "core.descriptors",
-    "run_hooks": "core.forward",
-    "linear_probe": "probes.linear_probe", "ProbeFit": "probes.linear_probe", "ProbeResult": "probes.linear_probe",
+from .declaration import declared, study_function
+
+# the contract shared by the studies: public name -> module that defines it
+_CONTRACT = {
+    "StudyResult": "interp.studies.core.result", "OutlierStudyResult": "interp.studies.core.result",
+    "ActivationSource": "interp.runtime.source", "Batch": "interp.runtime.source",
+    "CacheSource": "interp.runtime.cache_source", "LiveSource": "interp.runtime.live_source",
+    "open_source": "interp.runtime.open", "run_hooks": "interp.runtime.forward",
+    "DetectionSpec": "interp.studies.core.detection", "RunOptions": "interp.studies.core.detection",
+    "Detection": "interp.studies.core.outliers", "detect": "interp.studies.core.outliers",
+    "detect_norms": "interp.studies.core.thresholds",
+    "StudyConfig": "interp.studies.declaration", "required_hooks": "interp.studies.declaration",
+    "linear_probe": "interp.studies.probes.linear_probe", "ProbeFit": "interp.studies.probes.linear_probe",
 }
 
-__all__ = sorted(_LAZY)
+
+def _study_names() -> Dict[str, Tuple[str, Any]]:
+    """``{public name: (kind, config class)}`` for every declared study: its function, result and config."""
+    names: Dict[str, Tuple[str, Any]] = {}
+    for config in declared().values():
+        result = config.__name__[:-len("Config")] + "Result"
+        names.update({f"{config.json_name()}_study": ("function", config), result: ("result", config),
+                      config.__name__: ("config", config)})
+    return names
+
+
+def _resolve(name: str) -> Any:
+    if name in _CONTRACT:
+        return getattr(importlib.import_module(_CONTRACT[name]), name)
+    kind, config = _study_names()[name]
+    if kind == "config":
+        return config
+    function = study_function(config)
+    if kind == "function":
+        return function
+    return getattr(importlib.import_module(function.__module__), name)
+
+
+__all__ = sorted([*_CONTRACT, *_study_names()])
 
 
 def __getattr__(name: str) -> Any:
-    try:
-        module = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = _resolve(name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-# Flat module paths of earlier versions -> their home; ``import interp.studies.norms`` gives the same module
-# object as ``import interp.studies.artifacts.norms``.
-MOVED = {
-    **{m: f"core.{m}" for m in ("source", "cache_source", "detection", "outliers", "thresholds", "norm_split", "result", "forward", "presets",
-                                "metrics", "descriptors")},
-    **{m: f"artifacts.{m}" for m in ("norms", "emergence", "neurons", "register_scores", "ablate", "relocate",
-                                     "registers")},
-    **{m: f"aggregation.{m}" for m in ("patch_score", "pib", "pib_protocol", "masking")},
-    "selective_pooling": "aggregation.selective_cls",
-    **{m: f"objects.{m}" for m in ("lost", "segment", "boxes", "box_files")},
-    "linear_probe": "probes.linear_probe",
-    "compare": "interp.report.compare",  # an orchestrator now, beside the report
-}
-
-
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Import hook: ``interp.studies.<old name>`` resolves to the module at its new home (no copy, no stub file)."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        prefix, _, name = fullname.rpartition(".")
-        if prefix == __name__ and name in MOVED:
-            return importlib.util.spec_from_loader(fullname, self)
-        return None
-
-    def create_module(self, spec):
-        home = MOVED[spec.name.rpartition(".")[2]]
-        return importlib.import_module(home if home.startswith("interp.") else f"{__name__}.{home}")
-
-    def exec_module(self, module):
-        """The module was executed at its new home."""
-
-
-if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
-
-
-class _Studies(types.ModuleType):
-    """``interp.studies.linear_probe`` is the function (as it always was), not a module: importing the flat
-    module path (:data:`MOVED`) would otherwise replace the package attribute with the module."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Studies
+    return sorted(set(globals()) | set(__all__))

@@ -28,8 +28,8 @@ counting threshold (the 99th percentile when "auto" finds no separated mode).
 Fractions: the default is 0, 0.1, ..., 0.9; the LaSt paper's masking curve (its Fig. 2b) is drawn at steps of
 1/7, ``fractions=fraction_steps(7)`` (0, 1/7, ..., 6/7; CLI ``--steps 7``).
 
-Labels: image-folder class names that are integers are taken as the model's class indices; otherwise the
-sorted folder index is used (right when the folders are the model's full class list, e.g. ImageNet synsets).
+Labels: accuracy only when the image folders name the classifier's classes (the one label rule of
+:mod:`interp.studies.core.behaviour`; e.g. ImageNet synset ids or class names for an ImageNet head).
 
 >>> result = masking_study(source, fractions=[0, 0.3, 0.6], fill="blur", progress=False)
 >>> round(result.curves["bottom"]["pooled_cosine"][0], 6)    # nothing masked: the pooled vector is the unmasked one
@@ -55,11 +55,11 @@ from ...hooks.names import resid_post
 from ..core.detection import DetectionLike, DetectionSpec, detection_from_norms, detection_header, detection_params
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout, headline_metric
 from ..core.behaviour import target_classes  # noqa: F401  (its home is core.behaviour; imported from here too)
-from ..core.forward import run_hooks
+from ...runtime.forward import run_hooks
 from ..core.outliers import Detection, resolve_layer
 from ..core.thresholds import ThresholdSpec
-from .patch_score import FINAL, needed_hooks, score_maps_from_acts
-from ..core.source import live_model, n_batches
+from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
+from ...runtime.source import live_model, n_batches
 from ..core.result import OutlierStudyResult
 
 FILLS = ("zero", "mean", "blur")

@@ -11,11 +11,12 @@ The patch tokens come from ``hook`` (default ``hook_norm_final``, the final norm
 Distributions (all patches, and foreground / background cells when regions are given) are of the raw
 cosines, or with ``normalise="minmax"`` of each image's map rescaled to [0, 1] (so images with different
 score ranges weigh alike). Which cells are foreground is the regions' rule (``cell_rule`` of
-:func:`~interp.studies.objects.boxes.regions_from_boxes`: a cell the box touches, or ``"majority"``: most of
+:func:`~interp.studies.core.regions.regions_from_boxes`: a cell the box touches, or ``"majority"``: most of
 the cell's area inside the box).
 
 >>> from interp.models import data_config
->>> from interp.studies.objects.boxes import read_boxes, regions_from_boxes
+>>> from interp.formats.box_files import read_boxes
+>>> from interp.studies.core.regions import regions_from_boxes
 >>> regions = regions_from_boxes(source.ids, read_boxes("boxes.csv"), data_config(model), model.layout.grid)
 >>> result = patch_score_study(source, reference="cls", regions=regions, progress=False)
 >>> len(result.maps), len(result.maps[0]), len(result.maps[0][0])      # [N][h][w] cosines
@@ -26,110 +27,20 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from ..._progress import tqdm
 
 from ...errors import InterpError
-from ...interventions.selective_aggregation import selective_aggregate
 from ...interventions.selective_cls import SelectiveCLS
-from ...models.layout import TokenLayout
-from ..objects.boxes import Regions
+from ...runtime.source import ActivationSource
+from ..core.regions import Regions
 from ..core.result import StudyResult
-from ..core.source import ActivationSource, n_batches
+from ..core.score_maps import FINAL, compute_score_maps
 
-REFERENCES = ("cls", "pooled", "selective")
 NORMALISATIONS = ("none", "minmax")
-FINAL = "hook_norm_final"
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
-
-
-# ---------------------------------------------------------------------------------------------- tokens
-def split_tokens(tokens: torch.Tensor, layout: TokenLayout) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
-    """(CLS row [b, d] or None, patch rows [b, n, d]) of tokens [b, t, d] (all rows, or patch rows only as a
-    cache written with ``tokens="patches"`` stores them)."""
-    t = tokens.shape[1]
-    if t == layout.n_tokens:
-        cls = tokens[:, layout.cls_index] if layout.cls_index is not None else None
-        return cls, tokens[:, layout.patch_slice]
-    if t == layout.n_patches:
-        return None, tokens
-    raise InterpError(f"tokens have {t} rows, but the layout has {layout.n_tokens} tokens ({layout.n_patches} "
-                      "patches); cache the hook with tokens='all'")
-
-
-def needed_hooks(hook: str, reference: str) -> List[str]:
-    """Hooks a score map needs: the patch tokens' hook plus what the reference vector is read from."""
-    if reference not in REFERENCES:
-        raise InterpError(f"reference={reference!r} is not one of {list(REFERENCES)}")
-    hooks = [hook]
-    extra = "hook_pooled" if reference == "pooled" else FINAL
-    if extra not in hooks:
-        hooks.append(extra)
-    return hooks
-
-
-def global_vector(acts: Dict[str, torch.Tensor], layout: TokenLayout, reference: str,
-                  selective: Optional[SelectiveCLS] = None) -> torch.Tensor:
-    """The reference vector g [b, d] from a batch's activations (see the module docstring)."""
-    if reference == "pooled":
-        return acts["hook_pooled"]
-    cls, patches = split_tokens(acts[FINAL], layout)
-    if reference == "cls":
-        if cls is None:
-            raise InterpError("reference='cls' needs the CLS token: this model has none (or the cache kept patch "
-                              "rows only); use reference='pooled' or 'selective'")
-        return cls
-    if reference == "selective":
-        spec = selective or SelectiveCLS()
-        return selective_aggregate(patches, **spec.params())[0]
-    raise InterpError(f"reference={reference!r} is not one of {list(REFERENCES)}")
-
-
-def cosine_map(patches: torch.Tensor, g: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-    """cos(x_p, g) for patches [b, n, d] and g [b, d] -> [b, h, w] float32."""
-    if patches.shape[-1] != g.shape[-1]:
-        raise InterpError(f"patch tokens have width {patches.shape[-1]} but the global vector has width "
-                          f"{g.shape[-1]}; pick a hook and reference of the same width")
-    cos = torch.nn.functional.cosine_similarity(patches.float(), g.float()[:, None, :], dim=-1)
-    return cos.reshape(cos.shape[0], *grid)
-
-
-def score_maps_from_acts(acts: Dict[str, torch.Tensor], layout: TokenLayout, hook: str = FINAL,
-                         reference: str = "cls", selective: Optional[SelectiveCLS] = None) -> torch.Tensor:
-    """Patch Score maps [b, h, w] of one batch of activations (which must hold :func:`needed_hooks`)."""
-    _, patches = split_tokens(acts[hook], layout)
-    g = global_vector(acts, layout, reference, selective)
-    if reference == "pooled" and g.shape[-1] != patches.shape[-1]:
-        raise InterpError(f"the pooled vector (hook_pooled) has width {g.shape[-1]} but the tokens have width "
-                          f"{patches.shape[-1]} (the model projects before its head), so their cosine is "
-                          "undefined; use reference='cls' or 'selective'")
-    return cosine_map(patches, g, layout.grid)
-
-
-@torch.no_grad()
-def check_source(source: ActivationSource, hooks: Sequence[str]) -> None:
-    """Raise unless the source can give these hooks in full (a norm-only cache cannot)."""
-    source.require(hooks)
-    if source.norms_only:
-        raise InterpError("this cache stores token norms only; Patch Scores need the token vectors: "
-                          "write the cache without --norms-only")
-
-
-def compute_score_maps(source: ActivationSource, hook: str = FINAL, reference: str = "cls",
-                       selective: Optional[SelectiveCLS] = None, batch_size: Optional[int] = None,
-                       progress: bool = True) -> torch.Tensor:
-    """Patch Score maps of every image of the source: [N, h, w] float32."""
-    hooks = needed_hooks(hook, reference)
-    check_source(source, hooks)
-    maps: List[torch.Tensor] = []
-    bs = batch_size or source.batch_size
-    for batch in tqdm(source.batches(hooks, bs), total=n_batches(source, bs), disable=not progress,
-                      desc="patch scores", unit="batch", leave=False):
-        maps.append(score_maps_from_acts(batch.acts, batch.layout, hook, reference, selective))
-    return torch.cat(maps) if maps else torch.zeros(0, *source.layout.grid)
 
 
 # ---------------------------------------------------------------------------------------------- distributions
@@ -253,8 +164,8 @@ def patch_score_study(source: ActivationSource, *, hook: str = FINAL, reference:
         hook: patch tokens: ``hook_norm_final`` or ``blocks.{i}.hook_resid_post``.
         reference: ``cls``, ``pooled`` or ``selective`` (module docstring).
         selective: SelectiveCLS whose parameters (k, sigma, score, fft, eps) define the ``selective`` vector.
-        regions: foreground cells per image (:func:`~interp.studies.objects.boxes.regions_from_boxes` or
-            :func:`~interp.studies.objects.boxes.regions_from_masks`), in the source's image order.
+        regions: foreground cells per image (:func:`~interp.studies.core.regions.regions_from_boxes` or
+            :func:`~interp.studies.core.regions.regions_from_masks`), in the source's image order.
         bins: histogram bins over [-1, 1].
         normalise: ``"none"`` (default) or ``"minmax"``: the distributions of each image's map rescaled to [0, 1].
     """

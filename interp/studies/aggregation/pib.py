@@ -3,7 +3,7 @@ the object's box, with a seeded bootstrap confidence interval.
 
 Reference protocol: images with exactly one annotated box (``single_object``), boxes under 25 % of the
 image area (``max_box_fraction``), each box mapped through the model's preprocessing onto the patch grid
-(:mod:`interp.studies.objects.boxes`); a patch is inside when its cell touches the box.
+(:mod:`interp.studies.core.regions`); a patch is inside when its cell touches the box.
 
 >>> result = pib_study(source, "boxes.csv", reference="cls", max_box_fraction=1, progress=False)
 >>> result.ci_low <= result.pib <= result.ci_high, result.excluded     # images dropped per reason
@@ -13,18 +13,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Union
 
-import numpy as np
 import torch
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
-from ..objects.boxes import BoxTable, Regions, matched_entries, original_size, read_boxes, regions_from_boxes
-from .patch_score import FINAL, compute_score_maps
+from ...formats.box_files import matched_entries, original_size, read_boxes
+from ...formats.box_types import BoxTable
+from ..core.regions import Regions, regions_from_boxes
+from ..core.stats import bootstrap_ci
+from ..core.score_maps import FINAL, compute_score_maps
 from .pib_protocol import LAST_MAX_BOX_FRACTION, LAST_PREPROCESS, last_grid, last_regions
 from ..core.result import StudyResult
-from ..core.source import ActivationSource, LiveSource
+from ...runtime.live_source import LiveSource
+from ...runtime.source import ActivationSource
 
 PROTOCOLS = ("model", "last")
 
@@ -35,21 +38,6 @@ def pib_hits(maps: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
     Ties go to the first patch in row-major order (``argmax``)."""
     top = maps.flatten(1).argmax(1)
     return inside.flatten(1).gather(1, top[:, None])[:, 0]
-
-
-def bootstrap_ci(hits: np.ndarray, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Tuple[float, float]:
-    """Percentile bootstrap interval of the mean of 0/1 ``hits`` (images resampled with replacement).
-
-    Returns (nan, nan) for no images."""
-    hits = np.asarray(hits, dtype=np.float64)
-    if hits.size == 0:
-        return float("nan"), float("nan")
-    if not 0 < level < 1:
-        raise InterpError(f"level must be in (0, 1), got {level}")
-    rng = np.random.default_rng(seed)
-    means = hits[rng.integers(0, hits.size, size=(int(n_boot), hits.size))].mean(axis=1)
-    alpha = (1.0 - level) / 2.0
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1.0 - alpha))
 
 
 @dataclass
@@ -126,7 +114,7 @@ class PiBResult(StudyResult):
 def load_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path], single_object: bool,
                  max_box_fraction: Optional[float], cell_rule: str = "touch") -> Regions:
     """Regions of the source's images from a box table or box file, through the source's preprocessing
-    (``cell_rule``: :func:`~interp.studies.objects.boxes.box_cells`)."""
+    (``cell_rule``: :func:`~interp.studies.core.regions.box_cells`)."""
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
     return regions_from_boxes(source.ids, table, source.data_config(), tuple(source.layout.grid),
                               single_object=single_object, max_box_fraction=max_box_fraction, cell_rule=cell_rule)
@@ -183,7 +171,7 @@ def pib_study(source: ActivationSource, boxes: Union[BoxTable, str, Path], *, re
 
     Args:
         source: live source over image files, or a cache of them (ids are the image paths).
-        boxes: a box file (CSV / JSON / COCO, see :mod:`interp.studies.objects.boxes`) or a table from ``read_boxes``.
+        boxes: a box file (CSV / JSON / COCO, see :mod:`interp.formats.box_files`) or a table from ``read_boxes``.
         reference, hook, selective: the Patch Score (:mod:`interp.studies.aggregation.patch_score`).
         single_object: keep only images with exactly one box (reference protocol).
         max_box_fraction: drop boxes larger than this share of the original image area (None: keep all).

@@ -9,7 +9,7 @@ normed patch tokens, which is what the head then sees). Columns:
 * PiB / CI and fg/bg Patch Score means over the images that pass the box filters (:mod:`interp.studies.aggregation.pib`);
   None without boxes;
 * ``top1_agreement``: share of all images where the row's top-1 class equals the baseline's;
-* ``accuracy``: top-1 accuracy when the image folder gives labels (see :func:`interp.studies.core.behaviour.target_classes`).
+* ``accuracy``: top-1 accuracy when the image folders name the classes (:func:`interp.studies.core.behaviour.target_classes`).
 
 Both only through a real classifier (a classifier file, or a head that is one; :mod:`interp.studies.core.behaviour`),
 else None and the table shows the pooled vector's cosine to the baseline's instead. ``conditions`` holds every
@@ -34,14 +34,14 @@ from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
-from ..objects.boxes import BoxTable
+from ...formats.box_types import BoxTable
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
-from ..core.forward import run_hooks
-from .patch_score import (FINAL, ScoreDistribution, fg_bg_distributions, needed_hooks,
-                          score_maps_from_acts)
+from ...runtime.forward import run_hooks
+from .patch_score import ScoreDistribution, fg_bg_distributions
+from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
 from .pib import last_protocol_source, pib_from_maps, protocol_regions
 from ..core.result import StudyResult
-from ..core.source import live_model, n_batches
+from ...runtime.source import live_model, n_batches
 
 COLUMNS = ("row", "k", "pib", "pib_ci_low", "pib_ci_high", "fg_score_mean", "bg_score_mean", "top1_agreement",
            "accuracy")
@@ -158,7 +158,7 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
 
     Args:
         source: a live source over image files (labels from an image-folder layout give accuracy).
-        boxes: box file or table (:mod:`interp.studies.objects.boxes`); None skips the PiB and fg/bg columns.
+        boxes: box file or table (:mod:`interp.formats.box_files`); None skips the PiB and fg/bg columns.
         ks: the k values; each must be in [1, n_patches].
         selective: a ``SelectiveCLS`` whose sigma, score, fft and eps every row uses (its k is replaced by
             each of ``ks``); default ``SelectiveCLS()``, the LaSt reference code's arithmetic.

@@ -17,11 +17,12 @@ from ..._progress import tqdm
 
 from ...interventions import NeuronAblation
 from ..core.behaviour import METRICS, BehaviourMeter, ClassifierLike, behaviour_readout
-from ..core.forward import Baseline, baseline_summary, forward_summary
+from ...runtime.forward import Baseline, baseline_summary, forward_summary
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ..core.thresholds import ThresholdSpec
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.source import LiveSource, live_model, n_batches
+from ...runtime.live_source import LiveSource
+from ...runtime.source import live_model, n_batches
 
 Neurons = Dict[int, List[int]]
 
@@ -95,7 +96,7 @@ def ablation_study(
             stay comparable (default "auto").
         detection: the unablated model's detection on this source, when already computed (saves a pass).
         preset: published detection settings (:mod:`interp.studies.core.presets`); explicit arguments win.
-        baseline: the unablated forwards (:func:`~interp.studies.core.forward.baseline_pass`), when already made
+        baseline: the unablated forwards (:func:`~interp.runtime.passes.baseline_pass`), when already made
             (saves one forward per image), made with the same ``classifier``.
         classifier: a classifier file (path, dict or :func:`interp.load_classifier`) whose class logits give
             agreement and accuracy; without one they exist only for a head that is a classifier.

@@ -33,8 +33,8 @@ from ..core.thresholds import Threshold, ThresholdSpec
 from ..core.presets import resolve_preset
 from .register_scores import RegisterScoreAccumulator, rank_neurons
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.passes import Reader, Reading, read_pass, run_readings
-from ..core.source import ActivationSource, token_norms
+from ...runtime.passes import Reader, Reading, read_pass, run_readings
+from ...runtime.source import ActivationSource, token_norms
 from ..declaration import study
 from .configs import NeuronsConfig
 

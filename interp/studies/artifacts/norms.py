@@ -20,9 +20,9 @@ from ...hooks.names import RESID_STAGES as STAGES, attn_pattern, resid_post, res
 from .emergence import EmergenceAccumulator, find_detected_emergence, find_emergence
 from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
 from ..core.outliers import Detection
-from ..core.passes import Reader, Reading, run_readings
+from ...runtime.passes import Reader, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.source import ActivationSource, token_norms
+from ...runtime.source import ActivationSource, token_norms
 from ..declaration import study
 from .configs import NormsConfig
 
@@ -217,7 +217,7 @@ def norms_reading(source: ActivationSource, det: Detection, *, emergence_factor:
                   attention: bool = True, batch_size: int = 16) -> Reading:
     """:func:`norms_study` around its pass, with the detection ``det`` made already: the reader that tallies
     each batch's per-layer norms and CLS attention, then the :class:`NormsResult` (for a shared pass,
-    :mod:`interp.studies.core.passes`)."""
+    :mod:`interp.runtime.passes`)."""
     det.check(source)
     hooks, reduce, use_attention = _layer_hooks(source, attention)
     tally = _LayerTally(source.n_layers, use_attention)

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from ...errors import InterpError
 from ...hooks.names import EMBED, PATCH_EMBED
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
-from ..core.passes import Reader, Reading, run_readings
+from ...runtime.passes import Reader, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.source import ActivationSource
+from ...runtime.source import ActivationSource
 from ..declaration import study
 from .configs import RedundancyConfig
 
@@ -129,7 +129,7 @@ def redundancy_reading(source: ActivationSource, detection, *, embedding: str = 
     """:func:`redundancy_study` around its pass, for a resolved ``detection`` (a
     :class:`~interp.studies.core.outliers.Detection` on ``source``): the reader that keeps each batch's
     per-token neighbour similarity [b, P], then the :class:`RedundancyResult` (for a shared pass,
-    :mod:`interp.studies.core.passes`)."""
+    :mod:`interp.runtime.passes`)."""
     if embedding not in EMBEDDINGS:
         raise InterpError(f"embedding={embedding!r}: use one of {sorted(EMBEDDINGS)}")
     if bins < 1 or min_tokens < 1:

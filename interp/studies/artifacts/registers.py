@@ -16,11 +16,12 @@ from ..._progress import tqdm
 from ...interventions import TestTimeRegister
 from ...hooks.names import attn_pattern, resid_post
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
-from ..core.forward import Baseline, baseline_summary, run_hooks
+from ...runtime.forward import Baseline, baseline_summary, run_hooks
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ..core.thresholds import ThresholdSpec
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.source import LiveSource, live_model, n_batches
+from ...runtime.live_source import LiveSource
+from ...runtime.source import live_model, n_batches
 
 
 @dataclass

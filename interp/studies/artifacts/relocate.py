@@ -18,12 +18,13 @@ from ...errors import InterpError
 from ...interventions import Relocation, masks
 from ..core.detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
 from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
-from ..core.forward import Baseline, baseline_summary, forward_summary
-from ..core.metrics import iou
+from ...runtime.forward import Baseline, baseline_summary, forward_summary
+from ..core.stats import iou
 from ..core.outliers import Detection, resolve_layer
 from ..core.thresholds import ThresholdSpec
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.source import LiveSource, live_model, n_batches
+from ...runtime.live_source import LiveSource
+from ...runtime.source import live_model, n_batches
 
 
 @dataclass

@@ -1,3 +1,2 @@
-"""The contract every study shares: activation sources (``source``), outlier detection (``detection``,
-``outliers``, ``norm_split``), results (``result``), the forward primitive (``forward``), published settings
-(``presets``), overlap scores (``metrics``) and the study descriptors (``descriptors``)."""
+"""The contract every study shares: outlier detection (``detection``, ``outliers``, ``norm_split``), results
+(``result``), published settings (``presets``), overlap scores (``metrics``) and the study descriptors (``descriptors``)."""

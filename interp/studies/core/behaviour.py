@@ -13,45 +13,106 @@ Per condition, accumulated over batches, one record shape ``{metric: value}`` (:
 :class:`BehaviourReadout` says once (``note``) why there is no agreement or accuracy, and ``record()`` is what
 a result stores about the classifier used.
 
-Labels: from an image-folder layout ``DIR/<class>/img``. With a classifier file that names its classes, a
-folder is the class of that name (case-insensitive; "_" read as " "); otherwise folder names that are integers
-are class indices, else the sorted folder index is used (right when the folders are the full class list, e.g.
-ImageNet's synset folders; with a classifier file only when there are as many folders as classes).
+Labels, one rule (the studies, ``interp report`` and ``interp explore`` all read behaviour here): accuracy only when
+the image folders (``DIR/<class>/img``) name the classifier's classes; each folder must name exactly one class,
+compared case-insensitively with "_" read as " " (:func:`target_classes`). A folder's position among its sorted
+siblings is never a label. The class names (:func:`classifier_class_names`):
+
+* a classifier file: its ``class_names``; a DINOv2 released linear head (plain state dict, 1000 classes): the
+  ImageNet-1k classes, in the order the DINOv2 heads were trained on (timm's ``imagenet-1k`` order);
+* the model's own classification head: ``pretrained_cfg["label_names"]``, else the ImageNet subset timm infers
+  from the number of classes (``timm.data.infer_imagenet_subset``: 1000: ImageNet-1k, 11821: -12k, 21841: -22k,
+  21843: Google's -21k);
+* an ImageNet class is named by its WordNet synset id (``n01440764``), its full description (``tench, Tinca
+  tinca``) or any one of its comma-separated synonyms that no other class uses (``tench``; not ``crane``).
+
+Without a match the readout says why in ``note`` (e.g. "folder names do not match the classifier's class names:
+top-1 agreement only"); top-1 agreement with the unedited model needs no labels.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from timm.data import ImageNetInfo, infer_imagenet_subset
 
-from ...models.classifier import Classifier, load_classifier
+from ...models.classifier import RELEASED_DINOV2_SOURCE, Classifier, load_classifier
 from ...models.heads import classify_head, head_output_width
 
 METRICS = ("top1_agreement", "accuracy", "pooled_cosine", "pooled_cosine_min", "pooled_norm")
 ClassifierLike = Union[None, str, Classifier, dict]
+ClassNames = Sequence[Union[str, Sequence[str]]]  # per class: a name, or the names a folder may use for it
 
 
 def _norm_name(name: str) -> str:
-    return str(name).strip().lower().replace("_", " ")
+    return " ".join(str(name).strip().lower().replace("_", " ").split())
 
 
-def target_classes(source, class_names: Optional[Sequence[str]] = None) -> Optional[torch.Tensor]:
-    """The class index [N] of each image of ``source`` from its image-folder layout, or None without labels or
-    when the folders do not name ``class_names`` (the classifier's classes; module doc)."""
-    labels = source.labels
-    if labels is None:
+def imagenet_class_names(n_classes: int) -> Optional[List[Tuple[str, ...]]]:
+    """Per class of timm's ImageNet subset of ``n_classes`` classes (None for another count): its synset id, its
+    description and each comma-separated synonym of the description."""
+    subset = infer_imagenet_subset({"num_classes": int(n_classes)})
+    if subset is None:
         return None
-    names = list(source.class_names)
-    if class_names:
-        index = {_norm_name(n): i for i, n in enumerate(class_names)}
-        wanted = [index.get(_norm_name(n)) for n in names]
-        if names and None not in wanted:
-            return torch.tensor([wanted[label] for label in labels])
-    if names and all(n.isdigit() for n in names):
-        return torch.tensor([int(names[label]) for label in labels])
-    return None if class_names and len(names) != len(class_names) else torch.tensor(labels)
+    info = ImageNetInfo(subset)
+    return [(synset, text, *(part.strip() for part in text.split(",")))
+            for synset, text in zip(info.label_names(), info.label_descriptions())]
+
+
+def classifier_class_names(model, classifier: Optional[Classifier]) -> Tuple[Optional[ClassNames], str]:
+    """(per class the names a folder may use, or None; where they come from, or why there are none) for
+    ``classifier`` or, when None, the model's own head (module doc)."""
+    if classifier is not None:
+        if classifier.class_names:
+            return list(classifier.class_names), "the classifier file's class_names"
+        if classifier.source == RELEASED_DINOV2_SOURCE and classifier.n_classes == 1000:
+            return imagenet_class_names(1000), "ImageNet-1k (a DINOv2 released linear head)"
+        return None, "the classifier file names no classes (save it with class_names)"
+    m = model.timm_model
+    n = int(getattr(m, "num_classes", 0) or 0)
+    given = list((getattr(m, "pretrained_cfg", None) or {}).get("label_names") or [])
+    imagenet = imagenet_class_names(n)
+    if given and len(given) == n:
+        if imagenet is not None and [c[0] for c in imagenet] == given:
+            return imagenet, "the model's ImageNet label names"
+        return given, "the model's label names (pretrained_cfg)"
+    if imagenet is not None:
+        return imagenet, f"the model's head: {n} ImageNet classes (timm's class order)"
+    return None, f"the model's head names none of its {n} classes (no label_names)"
+
+
+def folder_classes(folders: Sequence[str], class_names: ClassNames) -> Tuple[List[Optional[int]], List[str]]:
+    """(the class index each folder names, None where it names none or several; the folders naming none)."""
+    owners: Dict[str, set] = {}
+    for i, names in enumerate(class_names):
+        for name in ([names] if isinstance(names, str) else names):
+            owners.setdefault(_norm_name(name), set()).add(i)
+    wanted = [next(iter(owners[k])) if len(owners.get(k, ())) == 1 else None for k in map(_norm_name, folders)]
+    return wanted, [f for f, w in zip(folders, wanted) if w is None]
+
+
+def target_classes(source, class_names: Optional[ClassNames] = None) -> Optional[torch.Tensor]:
+    """The class index [N] of each image of ``source`` from its image-folder layout, or None without labels, or
+    unless every folder names one class of ``class_names`` (module doc)."""
+    labels, folders = source.labels, list(source.class_names)
+    if labels is None or not folders or not class_names:
+        return None
+    wanted, missing = folder_classes(folders, class_names)
+    return None if missing else torch.tensor([wanted[label] for label in labels])
+
+
+def _accuracy_note(source, class_names: Optional[ClassNames], names_from: str) -> str:
+    if source.labels is None or not list(source.class_names):
+        return ("no accuracy: the images carry no labels (an image-folder layout DIR/<class>/img gives them): "
+                "top-1 agreement only")
+    if not class_names:
+        return f"no accuracy: {names_from}: top-1 agreement only"
+    _, missing = folder_classes(list(source.class_names), class_names)
+    return (f"no accuracy: folder names do not match the classifier's class names ({len(missing)} of "
+            f"{len(source.class_names)} folders name no single class of {names_from}, e.g. {missing[0]!r}): top-1 "
+            "agreement only")
 
 
 @dataclass(frozen=True)
@@ -93,14 +154,14 @@ def behaviour_readout(source, classifier: ClassifierLike = None) -> BehaviourRea
     else:
         kind, why = classify_head(model)
         classes = kind == "classifier"
-    labels = target_classes(source, clf.class_names if clf is not None else None) if classes else None
-    note = None
+    labels, note = None, None
     if not classes:
         note = (f"no top-1 agreement or accuracy: {why}; pass --classifier FILE (classifier= in Python) for class "
                 "logits. Reported instead: cosine of the pooled vector to the unedited one, and its norm")
-    elif labels is None:
-        note = ("no accuracy: the images carry no labels (an image-folder layout DIR/<class>/img gives them)"
-                if source.labels is None else "no accuracy: the image folders do not name the classifier's classes")
+    else:
+        names, names_from = classifier_class_names(model, clf)
+        labels = target_classes(source, names)
+        note = None if labels is not None else _accuracy_note(source, names, names_from)
     return BehaviourReadout(clf, classes, why, labels, note, str(source.model_name), head_output_width(model))
 
 

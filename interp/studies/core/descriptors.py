@@ -65,7 +65,7 @@ def redundancy_hooks(n_layers: int, options: Mapping) -> List[str]:
 
 def score_hooks(n_layers: int, options: Mapping) -> List[str]:
     """The Patch Score's patch tokens (``hook``) and the hook its global vector is read from (``reference``)."""
-    from ..aggregation.patch_score import needed_hooks
+    from .score_maps import needed_hooks
 
     return needed_hooks(options.get("hook") or "hook_norm_final", options.get("reference") or "cls")
 

@@ -19,6 +19,12 @@ from .presets import PRESETS
 
 
 
+CLASSIFIER_HELP = ("classifier file (zero-shot matrix, linear head, or a DINOv2 released linear head) whose class "
+                   "logits give top-1 agreement and accuracy (accuracy only when the image folders name its "
+                   "classes); without it they exist only for a classification head (else the pooled vector's "
+                   "cosine to the unedited one)")
+
+
 def block_index(value: Optional[int], n_layers: int, default: int) -> int:
     """A block index as studies take it (None: ``default``; negative counts from the end) -> 0..n_layers-1."""
     layer = default if value is None else int(value)
@@ -76,10 +82,7 @@ class DetectionOptions(StudyConfig):
 class ClassifierOption(StudyConfig):
     """The class logits of the behaviour metrics (:mod:`interp.models.classifier`)."""
 
-    classifier: Optional[str] = option(
-        None, "classifier file (zero-shot matrix, linear head, or a DINOv2 released linear head) whose class "
-              "logits give top-1 agreement and accuracy; without it they exist only for a classification head "
-              "(else the pooled vector's cosine to the unedited one)", parse=existing_file, metavar="FILE")
+    classifier: Optional[str] = option(None, CLASSIFIER_HELP, parse=existing_file, metavar="FILE")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...hooks.names import resid_post
-from .source import ActivationSource, n_batches, token_norms
+from ...runtime.source import ActivationSource, n_batches, token_norms
 from .thresholds import Threshold, ThresholdSpec, detect_norms, percentile_value
 
 

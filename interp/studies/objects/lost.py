@@ -35,8 +35,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ...errors import InterpError
 from ...hooks.names import attn_k
-from .boxes import (BoxTable, ImageBoxes, checked_size, eval_transform, input_geometry, matched_entries,
-                    original_size, read_boxes)
+from ...formats.box_files import checked_size, matched_entries, original_size, read_boxes
+from ...formats.box_types import BoxTable, ImageBoxes
+from ...models.geometry import input_geometry
+from ...models.preprocessing import timm_transform
 from .lost_core import (TIES, LostOutput, cells_to_input, corloc_hits, degree_order, degrees_of,  # noqa: F401
                         input_to_original, key_features, lost_one, seed_component)  # (re-exported)
 from .configs import LostConfig
@@ -44,10 +46,10 @@ from .lost_protocol import (LOST_MEAN, LOST_STD, display_image, lost_box, lost_h
                             lost_protocol_source, pos_table_options)
 from .register_edit import study_edit
 from ..core.outliers import resolve_layer
-from ..aggregation.pib import bootstrap_ci
+from ..core.stats import bootstrap_ci
 from ..core.result import FIGURE_IMAGES, StudyResult
-from ..core.passes import Reader, Reading, read_pass, run_readings
-from ..core.source import ActivationSource, live_model
+from ...runtime.passes import Reader, Reading, read_pass, run_readings
+from ...runtime.source import ActivationSource, live_model
 from ..declaration import study
 
 
@@ -160,7 +162,7 @@ def _original_boxes(source: ActivationSource, box_inputs: List[List[float]],
     original size is unknown and there is no ground truth asking for it)."""
     entries = entries if entries is not None else [None] * len(source.ids)
     try:
-        transform = eval_transform(source.data_config())
+        transform = timm_transform(source.data_config())
     except InterpError:
         if any(e is not None for e in entries):
             raise
@@ -176,7 +178,7 @@ def _original_boxes(source: ActivationSource, box_inputs: List[List[float]],
 
 def _ground_truth(ids: Sequence[str], entries: List[Optional[ImageBoxes]]) -> List[List[List[float]]]:
     """Per image its ground-truth boxes (original pixels; [] when it has none), each checked to lie on its image
-    (:func:`~interp.studies.objects.boxes.checked_size`, as PiB checks them)."""
+    (:func:`~interp.formats.box_files.checked_size`, as PiB checks them)."""
     out = []
     for image_id, entry in zip(ids, entries):
         if entry is not None and entry.boxes:
@@ -287,7 +289,7 @@ def _key_hook(source: ActivationSource, layer: int, k: int) -> Tuple[int, str]:
 def lost_study(source: ActivationSource, config: LostConfig, *, intervention=None,
                progress: bool = True) -> LostResult:
     """LOST boxes for every image of a source (live or cache with ``blocks.{layer}.attn.hook_k``), and CorLoc
-    when ground-truth ``boxes`` (a box file or table, original pixels; :mod:`interp.studies.objects.boxes`) are given.
+    when ground-truth ``boxes`` (a box file or table, original pixels; :mod:`interp.formats.box_files`) are given.
 
     Args:
         config: the options (:class:`~interp.studies.objects.configs.LostConfig`; or pass them as keywords):
@@ -329,7 +331,7 @@ def lost_reading(source: ActivationSource, layer: int = -1, k: int = 100,
                  boxes: Union[BoxTable, str, Path, None] = None, *, iou: float = 0.5, n_boot: int = 1000,
                  level: float = 0.95, seed: int = 0, ties: str = "index") -> Reading:
     """:func:`lost_study` without an intervention, around its pass: the reader that runs LOST on each batch's
-    keys, then the :class:`LostResult` (for a shared pass, :mod:`interp.studies.core.passes`)."""
+    keys, then the :class:`LostResult` (for a shared pass, :mod:`interp.runtime.passes`)."""
     layer, hook = _key_hook(source, layer, k)
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
     if table is not None:  # impossible boxes and a box file for other images refused before the pass

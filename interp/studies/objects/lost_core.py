@@ -14,11 +14,10 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ...errors import InterpError
-from ..aggregation.patch_score import split_tokens
-from ..core.metrics import box_iou
-from .boxes import InputGeometry
+from ...runtime.source import split_tokens
+from ..core.stats import box_iou
+from ...models.geometry import InputGeometry
 from .configs import TIES
-
 
 
 @dataclass

@@ -36,8 +36,9 @@ from ..._progress import tqdm
 from ...errors import InterpError, UsageError
 from ...models.pos_table import input_grid
 from ...models.preprocessing import open_image
-from ..core.forward import run_hooks
-from ..core.source import ActivationSource, LiveSource
+from ...runtime.forward import run_hooks
+from ...runtime.live_source import LiveSource
+from ...runtime.source import ActivationSource
 
 LOST_MEAN = (0.485, 0.456, 0.406)
 LOST_STD = (0.229, 0.224, 0.225)

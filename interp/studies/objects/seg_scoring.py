@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ...errors import InterpError
+from ...models.geometry import mask_to_input, mask_to_original
 from .configs import AVERAGES, FRAMES
 
 CLASSES = ("background", "foreground")
@@ -95,41 +96,6 @@ def upsample_nearest(mask: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
     return up[0, 0] > 0.5
 
 
-def _source_index(n_out: int, scale: float, offset: float) -> np.ndarray:
-    """For each of ``n_out`` target pixels, the source pixel under its centre when ``target = source * scale +
-    offset`` (floor of ``(i + 0.5 - offset) / scale``)."""
-    return np.floor((np.arange(n_out) + 0.5 - offset) / scale).astype(int)
-
-
-def mask_to_input(mask: np.ndarray, geometry) -> torch.Tensor:
-    """An original-size bool mask [H0, W0] -> the model-input frame [H, W]: nearest original pixel under each
-    input pixel centre, False where the input shows no original pixel (padding)."""
-    h, w = geometry.input_size
-    cols = _source_index(w, geometry.scale_x, geometry.offset_x)
-    rows = _source_index(h, geometry.scale_y, geometry.offset_y)
-    ok_c, ok_r = (cols >= 0) & (cols < mask.shape[1]), (rows >= 0) & (rows < mask.shape[0])
-    out = np.zeros((h, w), dtype=bool)
-    out[np.ix_(ok_r, ok_c)] = mask[np.ix_(rows[ok_r], cols[ok_c])]
-    return torch.from_numpy(out)
-
-
-def input_to_original(pred: np.ndarray, geometry) -> Tuple[np.ndarray, np.ndarray]:
-    """A model-input-frame bool mask [H, W] -> the original image [H0, W0]: each original pixel takes the input
-    pixel its centre lands on. -> (prediction [H0, W0], seen [H0, W0]: the pixel is inside the input; the
-    others, cut away by the crop, are predicted background)."""
-    w0, h0 = geometry.image_size
-    h, w = pred.shape
-    # original pixel centre x + 0.5 lands at u = (x + 0.5) * scale + offset: the input pixel floor(u)
-    cols = np.floor((np.arange(w0) + 0.5) * geometry.scale_x + geometry.offset_x).astype(int)
-    rows = np.floor((np.arange(h0) + 0.5) * geometry.scale_y + geometry.offset_y).astype(int)
-    ok_c, ok_r = (cols >= 0) & (cols < w), (rows >= 0) & (rows < h)
-    out = np.zeros((h0, w0), dtype=bool)
-    out[np.ix_(ok_r, ok_c)] = np.asarray(pred, dtype=bool)[np.ix_(rows[ok_r], cols[ok_c])]
-    seen = np.zeros((h0, w0), dtype=bool)
-    seen[np.ix_(ok_r, ok_c)] = True
-    return out, seen
-
-
 def score_image(cells: torch.Tensor, foreground: np.ndarray, void: np.ndarray, geometry,
                 frame: str = "input") -> Tuple[np.ndarray, np.ndarray, float]:
     """Areas of one image: predicted foreground cells [h, w] against an original-size ground truth
@@ -142,7 +108,7 @@ def score_image(cells: torch.Tensor, foreground: np.ndarray, void: np.ndarray, g
         gt = mask_to_input(foreground, geometry).numpy()
         valid = ~mask_to_input(void, geometry).numpy()
         return (*class_areas(pred_input, gt, valid), 0.0)
-    pred, seen = input_to_original(pred_input, geometry)
+    pred, seen = mask_to_original(pred_input, geometry)
     valid = ~void
     n_valid = int(valid.sum())
     unseen = float((valid & ~seen).sum()) / n_valid if n_valid else 0.0

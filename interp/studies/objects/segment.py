@@ -18,7 +18,7 @@ Ground truth, matched to the images:
 
 * a folder of mask images (``DIR/<image stem>.png``, the original image's size): palette PNGs (VOC's
   ``SegmentationClass``) by index, 0 background, 255 void, any other index foreground; other images nonzero =
-  foreground (:func:`~interp.studies.objects.box_files.read_label_mask`), or
+  foreground (:func:`~interp.formats.masks.read_label_mask`), or
 * a COCO instances JSON with polygon ``segmentation``s (the union of an image's polygons, rasterised with
   PIL ``ImageDraw``; RLE masks are refused with a clear error), matched by ``file_name`` like box files.
 
@@ -40,16 +40,17 @@ import numpy as np
 import torch
 
 from ...errors import InterpError
-from .box_files import coco_annotations, coco_images, mask_files, read_json_file, read_label_mask
-from .boxes import check_mask_size, eval_transform, input_geometry, match_boxes
+from ...formats.box_files import coco_annotations, coco_images, match_boxes, read_json_file
+from ...formats.masks import check_mask_size, mask_files, read_label_mask
+from ...models.geometry import input_geometry
+from ...models.preprocessing import timm_transform
 from .configs import SegmentConfig
 from .register_edit import study_edit
 from .whole_image import whole_image_source
-from .seg_scoring import (AVERAGES, FRAMES, image_miou, mask_to_input, reduce_areas, score_image,  # noqa: F401
-                          upsample_nearest)  # mask_to_input and upsample_nearest: re-exported (their former home)
-from ..aggregation.patch_score import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
+from .seg_scoring import image_miou, reduce_areas, score_image
+from ..core.score_maps import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
 from ..core.result import StudyResult
-from ..core.source import ActivationSource, live_model, n_batches
+from ...runtime.source import ActivationSource, live_model, n_batches
 from ..declaration import study
 from ...interventions.selective_cls import SelectiveCLS
 
@@ -232,7 +233,7 @@ def _segment_run(source: ActivationSource, masks: Union[str, Path], gt: List[Opt
         maps = compute_score_maps(source.with_interventions(intervention), hook, reference, selective, batch_size,
                                   progress)
     cell_masks = [foreground_cells(m, k_std) for m in maps]
-    transform = eval_transform(source.data_config())
+    transform = timm_transform(source.data_config())
     jaccard: List[Optional[float]] = []
     per_image: List[Optional[float]] = []
     areas: List[Optional[Dict[str, List[int]]]] = []
@@ -281,7 +282,7 @@ def _segment_run(source: ActivationSource, masks: Union[str, Path], gt: List[Opt
 def _score_maps_together(source: ActivationSource, hook: str, references: Sequence[str], selective,
                          batch_size: Optional[int], progress: bool) -> Dict[str, torch.Tensor]:
     """Score maps [N, h, w] for several references from one pass over the source (as
-    :func:`~interp.studies.aggregation.patch_score.compute_score_maps` gives them one by one)."""
+    :func:`~interp.studies.core.score_maps.compute_score_maps` gives them one by one)."""
     from ..._progress import tqdm
 
     hooks = list(dict.fromkeys(h for ref in references for h in needed_hooks(hook, ref)))

@@ -14,8 +14,9 @@ import torch
 
 from ...errors import InterpError
 from ...models.preprocessing import decode_images
-from ..core.source import ActivationSource, LiveSource
-from .boxes import eval_transform
+from ...runtime.live_source import LiveSource
+from ...runtime.source import ActivationSource
+from ...models.preprocessing import timm_transform
 
 
 class WholeImageSource(LiveSource):
@@ -33,7 +34,7 @@ class WholeImageSource(LiveSource):
     def _decode(self, paths: Sequence) -> torch.Tensor:
         """Files that passed the up-front decode check, through the whole-image transform (one that fails now
         changed on disk since: it stops the run)."""
-        pixels, _, _ = decode_images(paths, eval_transform(self._config), strict=True)
+        pixels, _, _ = decode_images(paths, timm_transform(self._config), strict=True)
         return torch.stack(pixels)
 
     def with_interventions(self, *interventions) -> "WholeImageSource":

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..._image_files import list_images
+from ...formats.image_files import list_images
 from ...errors import UsageError
 from ...hooks.names import resid_post
 from ...values import existing_file, existing_path, open_fraction, positive_int

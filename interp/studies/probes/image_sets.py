@@ -5,7 +5,7 @@ sets replace it, e.g. ImageNet-1k train images for fitting and val images for sc
 
 * ``test_images=`` (and optionally ``train_images=``): ids or paths of the source's images; without
   ``train_images`` every other image of the source trains;
-* a split file (:func:`read_split`): one image per line, ``train PATH`` or ``test PATH`` (a comma or a tab
+* a split file (:func:`~interp.studies.probes.split_file.read_split`): one image per line, ``train PATH`` or ``test PATH`` (a comma or a tab
   may separate the two; ``#`` starts a comment), or JSON ``{"train": [...], "test": [...]}``; relative paths
   are relative to the file's folder;
 * the command line: ``--images TRAIN --test-images TEST`` or ``--split FILE``.
@@ -14,6 +14,7 @@ Early stopping (``patience``) needs a validation set: ``val_fraction`` of the tr
 image) are set aside from fitting and used only to decide when to stop.
 
 >>> from interp.studies.probes.probes import probes_study
+>>> from interp.studies.probes.split_file import read_split
 >>> _ = open("split.txt", "w").write("train astronaut.jpg\\ntrain chelsea.jpg\\ntrain coffee.jpg\\ntest rocket.jpg\\n")
 >>> train, test = read_split("split.txt")            # file names match the source's images by name
 >>> result = probes_study(source, test_images=test, tasks=("position",), progress=False)
@@ -28,11 +29,10 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ..._image_files import list_images
+from ...formats.image_files import list_images
 from ...errors import InterpError, UsageError
-from ...models.preprocessing import decode_images
+from ...models.preprocessing import decode_images, timm_transform
 from .linear_probe import split_indices
-from .split_file import read_split  # noqa: F401  (the split file, read without torch by the config)
 from .tokens import TEST, TRAIN, VAL
 
 PathLike = Union[str, Path]
@@ -145,8 +145,6 @@ def cache_images(source, images: PathLike) -> torch.Tensor:
     """The input images of a cache source, read from ``images`` (a folder or list file) in the cache's order and
     preprocessed as the cache's were (its recorded data config): Tensor[N, 3, H, W]. Every cached image must be
     among them."""
-    from timm.data import create_transform  # timm loads lazily, as in models.preprocessing
-
     given = {p.resolve(): p for p in list_images(images)}
     wanted = [Path(i).resolve() for i in source.ids]
     missing = [str(w) for w in wanted if w not in given]
@@ -154,8 +152,7 @@ def cache_images(source, images: PathLike) -> torch.Tensor:
         raise UsageError(f"--images {str(images)!r} lacks {len(missing)} of the cache's {len(wanted)} images "
                          f"(first: {missing[0]!r}); pass the images the cache was written from")
     config = {k: v for k, v in source.data_config().items() if k != "preprocess"}
-    pixels, _, _ = decode_images([given[w] for w in wanted], create_transform(**config, is_training=False),
-                                 strict=True)
+    pixels, _, _ = decode_images([given[w] for w in wanted], timm_transform(config), strict=True)
     return torch.stack(pixels)
 
 

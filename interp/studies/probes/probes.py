@@ -61,13 +61,14 @@ from ...models.preprocessing import patch_pixels  # noqa: F401  (its public home
 from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params
 from ..core.outliers import Detection, resid_post, resolve_layer
 from ..core.thresholds import ThresholdSpec
-from ..core.passes import Reading, run_readings
+from ...runtime.passes import Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.source import ActivationSource
+from ...runtime.source import ActivationSource
 from ..declaration import study
 from .configs import POSITION_LOSSES, TASKS, ProbesConfig, image_entries
-from .image_sets import (DEFAULT_TEST_FRACTION, DEFAULT_VAL_FRACTION, cache_images, image_roles, read_split,
-                         set_labels, split_summary)
+from .image_sets import (DEFAULT_TEST_FRACTION, DEFAULT_VAL_FRACTION, cache_images, image_roles, set_labels,
+                         split_summary)
+from .split_file import read_split
 from .scores import (LABEL_KINDS, MIN_GROUP_TOKENS, MIN_IMAGES, MIN_LABEL_IMAGES, MIN_TEST_IMAGES,  # noqa: F401
                      MIN_TRAIN_IMAGES, PIXEL_SPACE, GroupScore, Scoring, as_groups, score_labels, score_pixels,
                      score_position, too_few_images)
@@ -207,8 +208,8 @@ def probes_study(source: ActivationSource, config: ProbesConfig, *, images: Unio
                              outliers=outliers, detection=detection, **c.detection_options(), images=images,
                              labels=labels, test_images=test, train_images=train, test_fraction=c.test_fraction,
                              max_train_tokens=c.max_train_tokens, max_test_tokens=c.max_test_tokens, seed=c.seed,
-                             batch_size=source.batch_size, probe_options={**(c.probe_options or {}), **c.probe_budget()},
-                             progress=progress)
+                             batch_size=source.batch_size,
+                             probe_options={**(c.probe_options or {}), **c.probe_budget()}, progress=progress)
     return run_readings(source, [reading], source.batch_size, progress, "probe tokens")[0]
 
 
@@ -228,7 +229,7 @@ def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, laye
                    progress: bool = False) -> Reading:
     """:func:`probes_study` around its token pass: the checks, the image split and the high-norm mask first
     (a detection pass unless ``detection`` is a Detection; ``progress`` is its bar), then a
-    :class:`~interp.studies.core.passes.Reading` whose reader samples each batch's tokens and whose ``finish()``
+    :class:`~interp.runtime.passes.Reading` whose reader samples each batch's tokens and whose ``finish()``
     fits and scores the probes (so the probes can share one pass with other studies).
 
     Args: those of :func:`probes_study`.

@@ -1,5 +1,5 @@
 """The tokens the probes study fits and scores: which patches are high-norm, and the reader of one streaming
-pass (alone or shared with other studies, :mod:`interp.studies.core.passes`) that keeps a seeded sample of
+pass (alone or shared with other studies, :mod:`interp.runtime.passes`) that keeps a seeded sample of
 each image's patch tokens (with their input pixels) and one token per kind per image.
 
 High-norm patches are decided on the un-normalised residual stream of a detection block, through the one
@@ -16,12 +16,12 @@ import torch
 
 from ...errors import InterpError
 from ...models.preprocessing import patch_pixels
-from ..aggregation.patch_score import split_tokens
+from ...runtime.source import split_tokens
 from ..core.detection import DetectionLike, RunOptions, as_detection
 from ..core.outliers import Detection
 from ..core.thresholds import ThresholdSpec
-from ..core.passes import Reader
-from ..core.source import ActivationSource
+from ...runtime.passes import Reader
+from ...runtime.source import ActivationSource
 from .scores import Split
 
 TRAIN, TEST, VAL = 0, 1, 2  # an image's role in the probes study
@@ -109,7 +109,7 @@ class Collected:
 
 
 class TokenSample:
-    """The probes' token pass as a :class:`~interp.studies.core.passes.Reader` (``self.reader``): each batch's
+    """The probes' token pass as a :class:`~interp.runtime.passes.Reader` (``self.reader``): each batch's
     patch tokens of ``hook`` sampled per image and role, their input pixels (the forward's inputs on a live
     source, else ``images``), and one token per kind per image when ``want_labels``.
 

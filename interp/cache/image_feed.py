@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..errors import ImageError
-from ..models.preprocessing import decode_images, tensor_image_id
+from ..models.preprocessing import ImagesSpec, decode_images, tensor_image_id
 from .format import images_digest
 
 
@@ -33,7 +33,7 @@ class LoadedBatch:
     skipped: List[Tuple[int, str, str]] = field(default_factory=list)
 
 
-class ImageSource:
+class ImageFeed:
     """An ordered list of images. Subclasses set ``ids`` and implement ``load`` and ``subset``."""
 
     ids: List[str]
@@ -49,11 +49,11 @@ class ImageSource:
     def load(self, start: int, stop: int) -> LoadedBatch:
         raise NotImplementedError
 
-    def subset(self, start: int, stop: int) -> "ImageSource":
+    def subset(self, start: int, stop: int) -> "ImageFeed":
         raise NotImplementedError
 
 
-class FileImages(ImageSource):
+class FileImages(ImageFeed):
     """Image files read with the model's timm preprocessing. Unreadable files are skipped (or raise if strict)."""
 
     def __init__(self, paths: Sequence[Path], transform, input_size: Tuple[int, int], strict: bool = False,
@@ -78,7 +78,7 @@ class FileImages(ImageSource):
         return FileImages(self.paths[start:stop], self.transform, self.input_size, self.strict, self.data_config)
 
 
-class TensorImages(ImageSource):
+class TensorImages(ImageFeed):
     """An already preprocessed Tensor[N, 3, H, W]; ids are ``tensor:<i>``."""
 
     def __init__(self, pixels: torch.Tensor, offset: int = 0):
@@ -102,11 +102,10 @@ class TensorImages(ImageSource):
         return TensorImages(self.pixels[start:stop], self.offset + start)
 
 
-ImagesArg = Union[str, Path, Sequence[Union[str, Path]], torch.Tensor]
 
 
-def image_source(images: ImagesArg, model, strict: bool = False, preprocess=None) -> ImageSource:
-    """An :class:`ImageSource` for a directory, a ``.txt``/``.lst`` list file, a list of paths or a Tensor.
+def image_feed(images: ImagesSpec, model, strict: bool = False, preprocess=None) -> ImageFeed:
+    """An :class:`ImageFeed` for a directory, a ``.txt``/``.lst`` list file, a list of paths or a Tensor.
     ``preprocess``: files are decoded with that eval transform (:class:`~interp.models.preprocessing.EvalTransform`
     or its name) instead of the model's own; its ``data_config`` is what the cache records."""
     from ..models import data_config, eval_transform, list_images, preprocessing

@@ -34,9 +34,8 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from ...errors import InterpError
-from .box_types import (MAX_IMAGE_PIXELS, Box, BoxTable, ImageBoxes, _make_box, _normalise_key,  # noqa: F401
-                        _number, check_box_in_image, image_size_of)  # (re-exported)
+from ..errors import InterpError
+from .box_types import BoxTable, ImageBoxes, _make_box, _normalise_key, _number, check_box_in_image, image_size_of
 from .voc_xml import read_voc_xml
 
 
@@ -155,7 +154,7 @@ def read_boxes(path: Union[str, Path], convention: str = "interp") -> BoxTable:
         return table
     if path.suffix.lower() != ".json":
         raise InterpError(f"box file {str(path)!r}: use a .csv, .json or .xml file, or a folder of VOC .xml files "
-                          "(formats: interp.studies.objects.box_files)")
+                          "(formats: interp.formats.box_files)")
     data = read_json_file(path)
     if isinstance(data, dict) and "images" in data and "annotations" in data:
         return _read_coco(data, path, convention)
@@ -210,63 +209,39 @@ def match_boxes(ids: Sequence[str], table: BoxTable) -> List[Optional[ImageBoxes
     return out
 
 
-# Mask images: lossless formats only (a JPEG's edges are not 0/1).
-MASK_SUFFIXES = (".png", ".bmp", ".gif", ".tif", ".tiff", ".pgm", ".ppm")
-
-
-def mask_files(mask_dir: Union[str, Path]) -> Dict[str, Path]:
-    """Mask files under ``mask_dir`` (searched recursively), by file stem: ``{stem: path}``.
-
-    Raises:
-        InterpError: the folder does not exist, or two mask files share a stem (masks are matched to images
-            by stem, which must then be unique).
-    """
-    mask_dir = Path(mask_dir)
-    if not mask_dir.is_dir():
-        raise InterpError(f"mask directory {str(mask_dir)!r} does not exist")
-    files: Dict[str, Path] = {}
-    for p in sorted(mask_dir.rglob("*")):
-        if p.is_file() and p.suffix.lower() in MASK_SUFFIXES:
-            if p.stem in files:
-                raise InterpError(f"two mask files named {p.stem!r} under {mask_dir} ({files[p.stem]}, {p}); "
-                                  "mask files are matched to images by file stem, which must be unique")
-            files[p.stem] = p
-    return files
-
-
-VOID_INDEX = 255  # palette masks (Pascal VOC): index 255 marks the void border and ambiguous pixels
-
-
-def read_label_mask(path: Union[str, Path]):
-    """A mask image as ``(foreground, void)``, two bool ndarrays [H, W] in the original image's pixels.
-
-    Palette images (PIL mode ``"P"``/``"PA"``, as Pascal VOC's ``SegmentationClass`` PNGs) are read by index:
-    0 is background, :data:`VOID_INDEX` (255) is void (neither foreground nor background: not scored) and every
-    other index (a class) is foreground. The palette's colours are never looked at (a gray conversion would
-    turn VOC's void border into foreground). Other modes: nonzero (any channel, as gray) is foreground, no void.
-    """
-    import numpy as np
+def original_size(image_id: str, entry: Optional[ImageBoxes] = None) -> Tuple[int, int]:
+    """Original ``(width, height)``: from the box file when it gives it, else from the image file's header."""
+    if entry is not None and entry.size is not None:
+        return entry.size
+    path = Path(image_id)
+    if not path.is_file():
+        raise InterpError(f"cannot tell the size of image {image_id!r}: the box file gives no width/height "
+                          "and the file does not exist; add width,height to the box file")
     from PIL import Image
 
     try:
         with Image.open(path) as im:
-            if im.width * im.height > MAX_IMAGE_PIXELS:
-                raise InterpError(f"mask {str(path)!r} is {im.width} x {im.height} pixels, more than "
-                                  f"{MAX_IMAGE_PIXELS:,}; give masks at the original image size")
-            if im.mode in ("P", "PA"):
-                index = np.asarray(im.getchannel(0))
-                void = index == VOID_INDEX
-                return (index != 0) & ~void, void
-            gray = np.asarray(im.convert("L")) > 0
-            return gray, np.zeros_like(gray)
-    except InterpError:
-        raise
-    except Exception as e:  # PIL raises many types for broken files (text, truncated, bombs)
-        raise InterpError(f"cannot read mask {str(path)!r} ({type(e).__name__}: {e}); replace it with a PNG mask "
-                          "(nonzero = foreground)") from None
+            return im.size
+    except Exception as e:  # PIL raises many types (unreadable file, decompression bomb)
+        raise InterpError(f"cannot read the size of image {image_id!r} ({type(e).__name__}: {e}); add "
+                          "width,height to the box file or replace the image") from None
 
 
-def read_mask(path: Union[str, Path]):
-    """A mask image as bool ndarray [H, W] in the original image's pixels: its foreground
-    (:func:`read_label_mask`: palette masks by index, void not foreground; other modes nonzero = foreground)."""
-    return read_label_mask(path)[0]
+def matched_entries(ids: Sequence[str], table: BoxTable) -> List[Optional[ImageBoxes]]:
+    """:func:`match_boxes`, refusing a box file none of whose keys names an image of ``ids`` (a box file for
+    other images, or keys that do not end the image paths) instead of an empty evaluation."""
+    entries = match_boxes(ids, table)
+    if table and ids and all(e is None for e in entries):
+        raise InterpError(f"no image matches a key of the box file (keys like {next(iter(table))!r}, images like "
+                          f"{ids[0]!r}); box keys must end the image paths, e.g. 'class/file.jpg' or 'file.jpg'")
+    return entries
+
+
+def checked_size(image_id: str, entry: ImageBoxes) -> Tuple[int, int]:
+    """The original ``(width, height)`` of an image with boxes (:func:`original_size`), each of its boxes
+    checked to lie on it (:func:`check_box_in_image`: a box off the image or reaching far outside it is
+    refused)."""
+    size = original_size(image_id, entry)
+    for b in entry.boxes:
+        check_box_in_image(b, size, f"box file entry of {image_id!r}")
+    return size

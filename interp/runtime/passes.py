@@ -3,10 +3,12 @@
 (a :class:`Reading`), so ``interp report`` runs the observational studies (norms, neuron scores, probes,
 LOST) on one forward per image instead of one each.
 
+The unedited forwards the causal studies compare with are one pass too (:func:`baseline_pass`).
+
 A study run alone is the same reading over its own pass (``run_readings(source, [reading])``): one code path,
 so a study gives the same numbers alone and in the report.
 
-On a live source every reader's hooks come from one :func:`~interp.studies.core.forward.run_hooks` call per
+On a live source every reader's hooks come from one :func:`~interp.runtime.forward.run_hooks` call per
 batch; two readers of one hook each get it reduced their own way (both reductions run inside the hook, on the
 model's own tensor). A cache source is read once per reader (there is no forward to share).
 
@@ -24,9 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import torch
 
-from ...models.layout import TokenLayout
-from .forward import Reducer, Reducers, resolve_reducers, run_hooks
+from .._progress import tqdm
+from ..models.classifier import Classifier
+from ..models.layout import TokenLayout
+from .forward import Baseline, Reducer, Reducers, baseline_summary, resolve_reducers, run_hooks
 from .source import ActivationSource, Batch, n_batches
 
 
@@ -36,7 +41,7 @@ class Reader:
 
     Attributes:
         hooks: exact hook names it reads.
-        fold: called with each :class:`~interp.studies.core.source.Batch` (its hooks only, reduced its way),
+        fold: called with each :class:`~interp.runtime.source.Batch` (its hooks only, reduced its way),
             in image order.
         reduce: hook -> reducer, or ``layout -> {hook: reducer}`` (as in ``source.batches``).
         images: the fold also reads ``batch.images`` (the forward's inputs, float32 CPU [b, 3, H, W]; live
@@ -83,7 +88,6 @@ def read_pass(source: ActivationSource, readers: Sequence[Reader], batch_size: O
               progress: bool = True, desc: str = "pass") -> None:
     """Feed every reader from one pass over ``source`` (one forward per batch on a live source, under the
     source's interventions); memory: one batch of every reader's hooks at a time."""
-    from ..._progress import tqdm
 
     readers = [r for r in readers if r.hooks or r.images]
     if not readers:
@@ -112,3 +116,23 @@ def run_readings(source: ActivationSource, readings: Sequence[Reading], batch_si
     """One pass feeding every reading's readers, then each reading's result, in order."""
     read_pass(source, [r for reading in readings for r in reading.readers], batch_size, progress, desc)
     return [reading.finish() for reading in readings]
+
+
+def baseline_pass(source, layer: int, batch_size: Optional[int] = None, progress: bool = True,
+                  classifier: Optional[Classifier] = None) -> Baseline:
+    """One unedited forward per image of a live ``source``: logits (``classifier``'s class logits when given),
+    the pooled vector, block ``layer``'s patch norms and the last block's CLS->patch attention (what the causal
+    studies compare their edited runs with)."""
+    model = source.model
+    last = model.n_layers - 1
+    bs = batch_size or source.batch_size
+    classifier = classifier.bind(model) if classifier is not None and classifier.bound_to is None else classifier
+    parts = [baseline_summary(model, x, source.interventions, layer, classifier)
+             for _, x in tqdm(source.image_batches(bs), disable=not progress, desc="baseline", unit="batch",
+                              total=n_batches(source, bs), leave=False)]
+    if not parts:
+        raise ValueError("baseline_pass needs at least one image")
+    attn = torch.cat([p.cls_attention[last] for p in parts]) if last in parts[0].cls_attention else None
+    return Baseline(layer, last, torch.cat([p.logits for p in parts]), torch.cat([p.patch_norms for p in parts]),
+                    attn, tuple(source.ids), source.fingerprint, torch.cat([p.pooled for p in parts]),
+                    None if classifier is None else classifier.fingerprint)

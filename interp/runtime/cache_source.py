@@ -5,9 +5,9 @@ from typing import Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from ...errors import InterpError
-from ...models.layout import TokenLayout
-from ...models.preprocessing import transform_name
+from ..errors import InterpError
+from ..models.layout import TokenLayout
+from ..models.preprocessing import transform_name
 from .forward import Reducers, resolve_reducers
 from .source import ActivationSource, Batch, token_norms
 

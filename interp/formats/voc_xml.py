@@ -24,7 +24,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import List, Union
 
-from ...errors import InterpError
+from ..errors import InterpError
 from .box_types import BoxTable, ImageBoxes, _make_box, _normalise_key, check_box_in_image, image_size_of
 
 MAX_XML_BYTES = 1_000_000  # a VOC annotation is a few kB
@@ -97,7 +97,7 @@ def read_voc_xml(path: Union[str, Path]) -> BoxTable:
     """A box table from one VOC annotation file or a folder of them (``*.xml``, not searched recursively).
 
     Returns:
-        ``annotation/filename`` -> :class:`~interp.studies.objects.box_files.ImageBoxes` (pixel-edge boxes,
+        ``annotation/filename`` -> :class:`~interp.formats.box_types.ImageBoxes` (pixel-edge boxes,
         the ``<size>`` as the image size).
     """
     path = Path(path)

@@ -1,4 +1,5 @@
-"""Overlap scores the studies share: one IoU (Jaccard index) for masks and for boxes, one empty-set rule.
+"""Statistics the study themes share: one IoU (Jaccard index) for masks and for boxes, one empty-set rule; the
+percentile bootstrap interval of a hit rate (PiB, CorLoc).
 
 IoU = |A & B| / |A | B|. When both sets are empty (no cell in either mask; two boxes of zero area) the union
 is empty and the ratio means nothing: these functions return None then, never 0 or 1. Callers leave such
@@ -15,7 +16,7 @@ True
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -42,3 +43,18 @@ def box_iou(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
     area = lambda r: max(0.0, r[2] - r[0]) * max(0.0, r[3] - r[1])  # noqa: E731
     union = area(a) + area(b) - inter
     return None if union <= 0 else inter / union
+
+
+def bootstrap_ci(hits: np.ndarray, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Tuple[float, float]:
+    """Percentile bootstrap interval of the mean of 0/1 ``hits`` (images resampled with replacement).
+
+    Returns (nan, nan) for no images."""
+    hits = np.asarray(hits, dtype=np.float64)
+    if hits.size == 0:
+        return float("nan"), float("nan")
+    if not 0 < level < 1:
+        raise InterpError(f"level must be in (0, 1), got {level}")
+    rng = np.random.default_rng(seed)
+    means = hits[rng.integers(0, hits.size, size=(int(n_boot), hits.size))].mean(axis=1)
+    alpha = (1.0 - level) / 2.0
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1.0 - alpha))

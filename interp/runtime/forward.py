@@ -29,9 +29,10 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ...hooks.names import attn_pattern, blocks_needed, resid_post
-from ...models.classifier import HOOK_POOLED, Classifier
-from ...models.layout import TokenLayout
+from ..errors import InterpError
+from ..hooks.names import attn_pattern, blocks_needed, resid_post
+from ..models.classifier import HOOK_POOLED, Classifier
+from ..models.layout import TokenLayout
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 # hook -> reducer, or a function of the run's layout giving them (for reducers that slice the token axis)
@@ -193,8 +194,6 @@ class Baseline:
     def check(self, source, layer: int, classifier: Optional[Classifier] = None) -> "Baseline":
         """This baseline, after checking it was made on ``source`` at detection block ``layer`` with
         ``classifier``."""
-        from ...errors import InterpError
-
         if tuple(source.ids) != self.ids or source.fingerprint != self.fingerprint or layer != self.layer:
             raise InterpError("this baseline was made on other images, weights or detection block than the study "
                               "uses; make it with baseline_pass(source, layer) on the same source")
@@ -210,26 +209,3 @@ def baseline_summary(model, x: torch.Tensor, interventions: Sequence, layer: int
     pattern computed too), so a study without a shared baseline gets the same numbers, to the last bit."""
     return forward_summary(model, x, interventions, layer, attention_layers=[model.n_layers - 1],
                            classifier=classifier)
-
-
-def baseline_pass(source, layer: int, batch_size: Optional[int] = None, progress: bool = True,
-                  classifier: Optional[Classifier] = None) -> Baseline:
-    """One unedited forward per image of a live ``source``: logits (``classifier``'s class logits when given),
-    the pooled vector, block ``layer``'s patch norms and the last block's CLS->patch attention (what the causal
-    studies compare their edited runs with)."""
-    from ..._progress import tqdm
-    from .source import n_batches  # here: source imports this module
-
-    model = source.model
-    last = model.n_layers - 1
-    bs = batch_size or source.batch_size
-    classifier = classifier.bind(model) if classifier is not None and classifier.bound_to is None else classifier
-    parts = [baseline_summary(model, x, source.interventions, layer, classifier)
-             for _, x in tqdm(source.image_batches(bs), disable=not progress, desc="baseline", unit="batch",
-                              total=n_batches(source, bs), leave=False)]
-    if not parts:
-        raise ValueError("baseline_pass needs at least one image")
-    attn = torch.cat([p.cls_attention[last] for p in parts]) if last in parts[0].cls_attention else None
-    return Baseline(layer, last, torch.cat([p.logits for p in parts]), torch.cat([p.patch_norms for p in parts]),
-                    attn, tuple(source.ids), source.fingerprint, torch.cat([p.pooled for p in parts]),
-                    None if classifier is None else classifier.fingerprint)

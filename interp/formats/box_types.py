@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from ...errors import InterpError
+from ..errors import InterpError
 
 
 @dataclass(frozen=True)

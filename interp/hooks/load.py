@@ -1,4 +1,4 @@
-"""Top-level entry points: ``interp.load``."""
+"""``interp.load``: build a timm ViT and instrument it (a :class:`~interp.hooks.hooked_vit.HookedViT`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,8 +6,8 @@ from typing import Optional, Union
 
 import torch
 
-from .hooks.hooked_vit import HookedViT
-from .models.loading import create_timm_vit
+from .hooked_vit import HookedViT
+from ..models.loading import create_timm_vit
 
 
 def load(
