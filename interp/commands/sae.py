@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from .common import add_model_args, add_output_args, model_from_args, threshold_value
-from .values import existing_file, existing_path, nonnegative_float, positive_float, positive_int, threshold_arg
+from ..values import existing_file, existing_path, nonnegative_float, positive_float, positive_int, threshold_arg
 
 ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal")  # interp.interventions.sae_features.ARCHS
 
