@@ -261,31 +261,6 @@ def add_overwrite_arg(parser: argparse.ArgumentParser, what: str) -> None:
                         help=f"replace {what}; the old result stays until the new one is complete")
 
 
-def source_from_args(args: argparse.Namespace, model):
-    """The activation source the study arguments describe (live images or a cache checked against model).
-
-    A cache is checked up front against the hooks the study reads (``registry.required_hooks``), so a cache
-    that cannot serve the study fails before any work. Unreadable images are skipped and kept in
-    ``args.skipped`` (written into the study's JSON), or stop the run with ``--strict``."""
-    from ..runtime.open import open_source
-    from .registry import STUDIES, check_cache_serves
-
-    cache = getattr(args, "cache", None)
-    source = open_source(model=model, images=None if cache else args.images, cache=cache,
-                         batch_size=args.batch_size, strict=getattr(args, "strict", False),
-                         preprocess=preprocess_arg(args))
-    study = getattr(args, "study", None)
-    if not source.is_live and study in STUDIES:
-        check_cache_serves(source, study, model.n_layers, vars(args))
-    args.skipped = [{"image": image, "reason": reason} for image, reason in source.skipped]
-    args.weights_seed = getattr(model, "init_seed", None)
-    args.pos_resampled = getattr(model, "pos_resample", None)
-    args.preprocess = source.preprocess
-    return source
-
-
-
-
 def parse_neurons(text: str) -> Dict[int, List[int]]:
     """``"2:17,2:101,5:40"`` -> ``{2: [17, 101], 5: [40]}``; a path to a neurons study's JSON -> its ranked
     neurons. Raises InterpError on bad syntax (the forms of :func:`interp.interventions.neuron_sets.neuron_set`)."""
