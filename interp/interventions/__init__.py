@@ -26,12 +26,13 @@ from .attention_bias import AttentionBias
 from .base import NEURON, POOLING, STRUCTURAL, EditContext, Intervention
 from .register import TestTimeRegister
 from .relocation import Relocation
+from .sae_features import SAEFeatureAblation
 from .selective_aggregation import selective_aggregate
 from .selective_cls import SelectiveCLS, SelectivePool
 from .spec import interventions_from_spec
 
 __all__ = [
     "Intervention", "EditContext", "NeuronAblation", "Relocation", "TestTimeRegister", "AttentionBias",
-    "SelectiveCLS", "SelectivePool", "selective_aggregate", "masks", "interventions_from_spec",
+    "SelectiveCLS", "SelectivePool", "SAEFeatureAblation", "selective_aggregate", "masks", "interventions_from_spec",
     "STRUCTURAL", "NEURON", "POOLING",
 ]

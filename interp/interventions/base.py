@@ -1,13 +1,15 @@
 """The ``Intervention`` base class: the declarative pieces every intervention provides, and the hooked path.
 
-An intervention describes its edit once, as up to four pieces:
+An intervention describes its edit once, as up to five pieces:
 
 * ``mlp_edits(ctx) -> {layer: module}``: modules mapping the MLP activation after the non-linearity
   ``h`` [b, t, d_mlp] to its edited value (``blocks.{layer}.mlp.hook_post`` in the hooked model,
   the input of ``blocks[layer].mlp.drop1`` in a plain timm model);
 * ``n_extra_tokens``: zero tokens it inserts after the model's prefix tokens;
 * ``extra_kv() -> {layer: (k, v)}``: extra key/value columns [heads, m, head_dim] per block;
-* ``pool_module() -> module or None``: a replacement of the pooling, patch tokens [b, n, d] -> [b, d].
+* ``pool_module() -> module or None``: a replacement of the pooling, patch tokens [b, n, d] -> [b, d];
+* ``resid_edits(ctx) -> {layer: module}``: modules mapping block ``layer``'s output [b, t, d] to its edited
+  value (``blocks.{layer}.hook_resid_post``; a forward hook on ``blocks[layer]`` in a plain timm model).
 
 The hooked path (``setup``/``attach``/``teardown``, called by ``HookedViT.intervene``) and the plain-module
 path (``interp.patch.apply``) both build from these pieces, so both run the same modules.
@@ -22,7 +24,7 @@ from torch import nn
 
 from ..errors import InterpError
 from ..hooks.edit_state import EditState
-from ..hooks.names import mlp_post
+from ..hooks.names import mlp_post, resid_post
 from .neuron_sets import check_ranked_on, neuron_set
 
 STRUCTURAL, NEURON, POOLING = 0, 1, 2  # composition stages (see interp.hooks.intervene)
@@ -129,6 +131,9 @@ class Intervention:
         """Replacement pooling: tokens [b, skip + n, d] -> [b, d] (first ``skip`` rows ignored), or None."""
         return None
 
+    def resid_edits(self, ctx: EditContext) -> Dict[int, nn.Module]:
+        return {}
+
     # ------------------------------------------------------------------ serialisation
     def params(self) -> Dict[str, Any]:
         raise NotImplementedError
@@ -186,7 +191,8 @@ class Intervention:
         return new
 
     def attach(self, model) -> List[Tuple[str, Any]]:
-        """Forward hooks running this intervention's MLP edits on ``blocks.{layer}.mlp.hook_post``."""
+        """Forward hooks running this intervention's MLP edits on ``blocks.{layer}.mlp.hook_post`` and its
+        block-output edits on ``blocks.{layer}.hook_resid_post``."""
         ctx = EditContext(base_prefix=model.base_layout.n_prefix, n_prefix=model.layout.n_prefix,
                           extra_start=getattr(self, "_extra_start", None), n_layers=model.n_layers,
                           d_mlp=model.d_mlp)
@@ -195,6 +201,9 @@ class Intervention:
         for layer, edit in self.mlp_edits(ctx).items():
             edit = edit.to(device)
             hooks.append((mlp_post(layer), lambda h, hook, edit=edit: edit(h)))
+        for layer, edit in self.resid_edits(ctx).items():
+            edit = edit.to(device)
+            hooks.append((resid_post(layer), lambda x, hook, edit=edit: edit(x)))
         return hooks
 
     def teardown(self, model) -> None:

@@ -17,7 +17,8 @@ True
 ``apply`` swaps submodules of the timm model in place (no hook machinery, ``state_dict`` keys unchanged):
 MLP edits replace ``blocks[l].mlp.drop1``; test-time registers replace ``patch_drop`` (inserting zero tokens
 after the prefix) and raise ``num_prefix_tokens``; attention biases replace ``blocks[l].attn`` with a module
-reusing its ``qkv``/``proj``; ``SelectiveCLS`` sets ``attn_pool``. Edits compose in the order of
+reusing its ``qkv``/``proj``; ``SelectiveCLS`` sets ``attn_pool``; block-output edits (``SAEFeatureAblation``)
+are forward hooks on ``blocks[l]`` (no new submodule, so the state dict keeps its keys). Edits compose in the order of
 ``model.intervene`` (``interp.hooks.intervene``). Full-token ablations can instead be folded into the
 weights (:func:`export_weights`), giving a plain state dict for ``timm.create_model``.
 """
@@ -78,6 +79,7 @@ def save(interventions: Sequence[Intervention], path: PathLike, model: nn.Module
     interventions = list(interventions)
     timm_model = _timm_module(model)
     plan_swaps(timm_model, interventions)  # validation only: raises on bad indices or conflicts
+    resid_edits(timm_model, interventions)
     entries, tensors = [], {}
     for i, iv in enumerate(interventions):
         own = {name: t.detach().cpu().contiguous() for name, t in iv.tensors().items()}
@@ -262,8 +264,27 @@ def apply_interventions(timm_model: nn.Module, interventions: Sequence[Intervent
         m.blocks[layer].attn = AttentionWithExtraKV(m.blocks[layer].attn, k, v).to(device)
     if pool is not None:
         m.attn_pool = pool
+    for layer, edit in resid_edits(m, interventions).items():
+        m.blocks[layer].register_forward_hook(lambda module, args, out, edit=edit.to(device): edit(out))
     m.interp_patch = [iv.kind for iv in composition_order(interventions)]
     return m
+
+
+def resid_edits(timm_model: nn.Module, interventions: Sequence[Intervention]) -> Dict[int, nn.Module]:
+    """Block-output edits per block, composed in the order of ``model.intervene``."""
+    m = timm_model
+    base_prefix = int(m.num_prefix_tokens)
+    n_extra = sum(iv.n_extra_tokens for iv in interventions)
+    ctx = EditContext(base_prefix=base_prefix, n_prefix=base_prefix + n_extra, extra_start=None,
+                      n_layers=len(m.blocks), d_mlp=int(m.blocks[0].mlp.fc2.in_features))
+    by_layer: Dict[int, List[nn.Module]] = defaultdict(list)
+    try:
+        for iv in composition_order(interventions):
+            for layer, edit in iv.resid_edits(ctx).items():
+                by_layer[layer].append(edit)
+    except InterpError as e:
+        raise PatchError(f"the patch does not fit this model: {e}") from e
+    return {layer: edits[0] if len(edits) == 1 else nn.Sequential(*edits) for layer, edits in by_layer.items()}
 
 
 def apply(timm_model: nn.Module, path: PathLike, force: bool = False) -> nn.Module:

@@ -1,0 +1,75 @@
+"""``interp sae train MODEL (--cache FILE | --images DIR) --hook HOOK --out DIR``: train a sparse autoencoder.
+
+Under ``torchrun --nproc_per_node K -m interp sae train ...`` the K processes train one SAE data-parallel (DDP):
+each reads its own data shards, rank 0 writes the files.
+"""
+from __future__ import annotations
+
+import os
+
+from .common import add_model_args, add_output_args, model_from_args, threshold_value
+from ..values import existing_file, existing_path, nonnegative_float, positive_float, positive_int, threshold_arg
+
+ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal")  # interp.interventions.sae_features.ARCHS
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sae", help="train sparse autoencoders on a hook's activations",
+                       description="Sparse autoencoders (overcomplete's modules; pip install 'interp[sae]').")
+    actions = p.add_subparsers(dest="sae_command", metavar="ACTION", required=True)
+    t = actions.add_parser(
+        "train", help="train an SAE on one hook, from a cache or live from the model",
+        description="Train a sparse autoencoder on HOOK's activations (streamed from an HDF5 cache with bounded "
+                    "memory, or computed live), write DIR/sae.safetensors, DIR/sae.json and "
+                    "DIR/training_curve.png; checkpoints every --checkpoint-every steps (--resume continues).")
+    add_model_args(t)
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--cache", metavar="FILE.h5", type=existing_file, help="activation cache holding --hook")
+    src.add_argument("--images", metavar="DIR", type=existing_path, help="images to run live through MODEL")
+    t.add_argument("--hook", required=True, help="hook to train on, e.g. blocks.9.hook_resid_post")
+    t.add_argument("--out", required=True, metavar="DIR", help="folder of the SAE files")
+    t.add_argument("--arch", choices=ARCHS, default="topk", help="SAE architecture (default topk)")
+    t.add_argument("--expansion", type=positive_int, default=8, help="features per dimension of the hook (default 8)")
+    t.add_argument("--k", type=positive_int, default=32, help="active features per token: topk, batchtopk, archetypal")
+    t.add_argument("--tokens", choices=("patches", "all", "cls", "registers"), default="patches",
+                   help="which tokens to train on (default patches)")
+    t.add_argument("--high-norm", choices=("include", "exclude", "only"), default="include",
+                   help="high-norm patch tokens (detection at the hook): keep (default), drop, or train on them only")
+    t.add_argument("--threshold", type=threshold_arg, default="auto", help="high-norm detection threshold (auto, pNN, a norm)")
+    t.add_argument("--steps", type=positive_int, default=1000, help="training steps (default 1000)")
+    t.add_argument("--batch-size", type=positive_int, default=1024, help="tokens per step, all processes together")
+    t.add_argument("--lr", type=positive_float, default=4e-4, help="Adam learning rate")
+    t.add_argument("--window-images", type=positive_int, default=256,
+                   help="images whose tokens are shuffled together (memory: one window per data shard)")
+    t.add_argument("--data-shards", type=positive_int, default=8,
+                   help="interleaved sub-streams of the data; torchrun's process count must divide it (default 8)")
+    t.add_argument("--holdout", type=nonnegative_float, default=0.1, help="share of images held out for metrics")
+    t.add_argument("--dead-window", type=positive_int, default=200, help="steps without firing that make a feature dead")
+    t.add_argument("--checkpoint-every", type=positive_int, default=100, help="steps between checkpoints")
+    t.add_argument("--batch-images", type=positive_int, default=32, help="images per forward pass with --images")
+    t.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing run in DIR")
+    add_output_args(t)
+    t.set_defaults(func=run_train)
+
+
+def run_train(args) -> int:
+    from ..sae import train
+
+    if args.device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"  # one GPU per torchrun rank
+    model = model_from_args(args)
+    result = train(model, args.hook, args.out, cache=args.cache, images=args.images, resume=args.resume,
+                   overwrite=args.overwrite, checkpoint_every=args.checkpoint_every, progress=args.progress,
+                   image_batch=args.batch_images, arch=args.arch, expansion=args.expansion, k=args.k,
+                   tokens=args.tokens, high_norm=args.high_norm, threshold=threshold_value(args.threshold),
+                   steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                   window_images=args.window_images, data_shards=args.data_shards, holdout=args.holdout,
+                   dead_window=args.dead_window)
+    if int(os.environ.get("RANK", "0")) == 0:
+        held = result["metrics"]["held_out"] or result["metrics"]["train_sample"]
+        ev = "n/a" if held["explained_variance"] is None else f"{held['explained_variance']:.3f}"
+        print(f"SAE {result['arch']} with {result['n_features']} features on {result['hook']}: explained variance "
+              f"{ev}, L0 {held['l0']:.1f}, alive {held['alive_fraction']:.2f} -> "
+              f"{os.path.join(args.out, 'sae.json')}")
+    return 0

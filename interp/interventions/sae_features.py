@@ -1,0 +1,177 @@
+"""``SAEFeatureAblation``: remove chosen sparse-autoencoder features from a block's output, keeping the SAE's error.
+
+At ``blocks.{l}.hook_resid_post`` (the hook the SAE was trained on) every selected token ``x`` becomes
+
+    x - sum_{f in F} (a_f(x) - m_f) * d_f
+
+with ``a_f(x)`` the feature's code, ``d_f`` its decoder row in the hook's units (the normalisation's scale
+undone) and ``m_f`` 0 (``mode="zero"``) or the feature's mean code (``mode="mean"``). What the SAE does not
+reconstruct (its error ``x - x_hat``) stays in ``x``: only the features' share of the reconstruction moves.
+
+Example (not run as a doctest: it needs a trained SAE)::
+
+    sae = interp.sae.load("runs/sae")                              # trained on blocks.3.hook_resid_post
+    with model.intervene(SAEFeatureAblation(sae, [12, 40])):
+        logits = model(images)
+
+:class:`SparseCodes` is the SAE's encoder in plain torch (no ``overcomplete`` needed to apply or export it);
+``interp.sae`` uses it too, so the codes an ablation subtracts are the codes ``interp.sae.load(...).encode``
+reports.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import InterpError
+from .base import NEURON, EditContext, Intervention, check_choice
+
+ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal")
+FEATURE_TOKENS = ("all", "patches")
+# tensors of an SAE's encoder (w_enc [n, d], b_enc [n], mean [d], scale [1]) and, per arch, its threshold
+# (batchtopk: one [1]; jumprelu: one per feature [n], already exponentiated)
+ENCODER_TENSORS = ("w_enc", "b_enc", "mean", "scale")
+
+
+class SparseCodes(nn.Module):
+    """An SAE encoder: activations in the hook's units [..., d] -> codes [..., n].
+
+    ``x`` is normalised as in training (``(x - mean) / scale``), then ``relu(x W^T + b)`` is sparsified as the
+    architecture does at inference: the ``k`` largest per token (topk, archetypal), codes at or above the
+    running batch threshold (batchtopk), codes above each feature's threshold (jumprelu), none (relu).
+    """
+
+    def __init__(self, arch: str, tensors: Dict[str, torch.Tensor], k: Optional[int] = None):
+        super().__init__()
+        check_choice("arch", arch, ARCHS)
+        missing = [name for name in ENCODER_TENSORS if name not in tensors]
+        if arch in ("batchtopk", "jumprelu") and "threshold" not in tensors:
+            missing.append("threshold")
+        if missing:
+            raise InterpError(f"the SAE's encoder lacks tensor(s) {missing}")
+        if arch in ("topk", "archetypal") and not (isinstance(k, int) and k > 0):
+            raise InterpError(f"a {arch} SAE needs k >= 1, got {k!r}")
+        self.arch, self.k = arch, k
+        for name in (*ENCODER_TENSORS, "threshold"):
+            if name in tensors:
+                self.register_buffer(name, torch.as_tensor(tensors[name], dtype=torch.float32).clone())
+        n, d = self.w_enc.shape
+        if self.b_enc.shape != (n,) or self.mean.shape != (d,) or self.scale.numel() != 1:
+            raise InterpError(f"the SAE's encoder tensors do not fit together (w_enc {tuple(self.w_enc.shape)}, "
+                              f"b_enc {tuple(self.b_enc.shape)}, mean {tuple(self.mean.shape)})")
+
+    @property
+    def d(self) -> int:
+        return int(self.w_enc.shape[1])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.w_enc.shape[0])
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float() - self.mean) / self.scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.d:
+            raise InterpError(f"the SAE reads vectors of width {self.d}; these activations have width {x.shape[-1]}")
+        codes = torch.relu(self.normalise(x) @ self.w_enc.T + self.b_enc)
+        if self.arch in ("topk", "archetypal"):
+            top = torch.topk(codes, min(self.k, self.n_features), dim=-1)
+            return torch.zeros_like(codes).scatter(-1, top.indices, top.values)
+        if self.arch == "batchtopk":
+            return codes * (codes >= self.threshold)
+        if self.arch == "jumprelu":
+            return codes * (codes > self.threshold)
+        return codes
+
+
+class FeatureRemoval(nn.Module):
+    """Block output [b, t, d] -> the same with the chosen features' contribution replaced on the chosen rows."""
+
+    def __init__(self, codes: SparseCodes, features: List[int], directions: torch.Tensor, means: torch.Tensor,
+                 first_row: int):
+        super().__init__()
+        self.codes, self.features, self.first_row = codes, list(features), first_row
+        self.register_buffer("directions", directions.float())  # [|F|, d], hook units
+        self.register_buffer("means", means.float())  # [|F|]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x[:, self.first_row:]
+        a = self.codes(rows)[..., self.features]  # [b, t', |F|]
+        delta = (a - self.means) @ self.directions
+        return torch.cat([x[:, :self.first_row], rows - delta.to(x.dtype)], dim=1)
+
+
+@dataclass(eq=False)
+class SAEFeatureAblation(Intervention):
+    """Remove SAE features at the block output the SAE was trained on (see the module docstring).
+
+    Args:
+        sae: an SAE from ``interp.sae.load(DIR)`` (anything with ``ablation_state()``), or None when the
+            tensors come from a patch file.
+        features: feature indices to remove.
+        mode: ``"zero"`` (``m_f = 0``) or ``"mean"`` (``m_f`` = the feature's mean code on the SAE's
+            training tokens, stored with the SAE).
+        tokens: ``"all"`` tokens or ``"patches"`` only (CLS, registers and test-time registers untouched);
+            None: ``"all"`` for an SAE trained on all tokens, else ``"patches"``.
+    """
+
+    sae: Any = field(default=None, repr=False)
+    features: Sequence[int] = ()
+    mode: str = "zero"
+    tokens: Optional[str] = None
+    layer: Optional[int] = None
+    arch: Optional[str] = None
+    k: Optional[int] = None
+    state: Optional[Dict[str, torch.Tensor]] = field(default=None, repr=False)
+
+    kind = "SAEFeatureAblation"
+    stage = NEURON
+
+    def __post_init__(self):
+        check_choice("mode", self.mode, ("zero", "mean"))
+        if self.sae is not None:
+            info = self.sae.ablation_state()
+            self.layer, self.arch, self.k, self.state = info["layer"], info["arch"], info["k"], info["tensors"]
+            if self.tokens is None:
+                self.tokens = "all" if info["tokens"] == "all" else "patches"
+            self.sae = None  # the tensors are kept; the object is not needed any more
+        if self.state is None or self.layer is None:
+            raise ValueError("give the SAE (interp.sae.load(DIR)) whose features to remove")
+        self.tokens = self.tokens or "patches"
+        check_choice("tokens", self.tokens, FEATURE_TOKENS)
+        self.features = [int(f) for f in (self.features.tolist() if isinstance(self.features, torch.Tensor)
+                                          else self.features)]
+        self._codes = SparseCodes(self.arch, self.state, self.k)
+        n = self._codes.n_features
+        if not self.features or len(set(self.features)) != len(self.features):
+            raise ValueError(f"features must be distinct SAE feature indices, got {self.features}")
+        if min(self.features) < 0 or max(self.features) >= n:
+            raise ValueError(f"feature {max(self.features)} does not exist: the SAE has {n} features (0..{n - 1})")
+
+    def _removal(self, ctx: EditContext) -> FeatureRemoval:
+        if self.layer >= ctx.n_layers:
+            raise InterpError(f"the SAE reads block {self.layer}; the model has blocks 0..{ctx.n_layers - 1}")
+        idx = torch.tensor(self.features)
+        directions = self.state["dictionary"][idx] * self.state["scale"].reshape(())
+        means = self.state["feature_means"][idx] if self.mode == "mean" else torch.zeros(len(idx))
+        return FeatureRemoval(self._codes, self.features, directions, means,
+                              ctx.n_prefix if self.tokens == "patches" else 0)
+
+    def resid_edits(self, ctx: EditContext) -> Dict[int, nn.Module]:
+        return {self.layer: self._removal(ctx)}
+
+    # ------------------------------------------------------------------ serialisation
+    def params(self) -> Dict[str, Any]:
+        return {"features": self.features, "mode": self.mode, "tokens": self.tokens, "layer": self.layer,
+                "arch": self.arch, "k": self.k}
+
+    def tensors(self) -> Dict[str, torch.Tensor]:
+        return dict(self.state)
+
+    @classmethod
+    def from_params(cls, params, tensors):
+        return cls(**params, state=dict(tensors))

@@ -1,0 +1,141 @@
+"""Which SAE features are the artifacts: firing rates per token kind, and the features whose firing is concentrated
+on the high-norm tokens, with their directions compared with the register neurons' writes.
+
+The rule (docs/methods.md, "Sparse autoencoders"): with high-norm tokens found by the detection (patch-token norms
+at the SAE's hook, :func:`~interp.studies.core.thresholds.detect_norms`), feature ``f`` is an *artifact feature*
+when it fires on at least ``MIN_HIGH_RATE`` of the high-norm patch tokens and its firing rate on the other patch
+tokens is at most ``MAX_NORMAL_RATIO`` times that rate. Without artifacts (the detection's verdict) there are no
+artifact features.
+
+Example (not run as a doctest: it needs a trained SAE)::
+
+    report = sae_features(sae, model, cache="acts.h5", neurons={2: [17, 101]})
+    [(f["feature"], round(f["cos_register_neurons"]["max"], 2)) for f in report["artifact_features"]]
+
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+
+from ..cache.reader import open as open_cache
+from ..errors import InterpError
+from ..interventions.neuron_sets import neuron_set
+from ..studies.core.thresholds import detect_norms
+from .data import CLS, PATCH, REGISTER, CacheRows, LiveRows
+from .setup import CHUNK, describe_detection
+
+MIN_HIGH_RATE = 0.5
+MAX_NORMAL_RATIO = 0.1
+KINDS = ("normal_patch", "high_norm", "cls", "register")
+
+
+def _rows(sae, model, cache, images, image_batch: int):
+    if (cache is None) == (images is None):
+        raise InterpError("give the activations: cache=FILE.h5 (--cache) or images=DIR (--images), not both")
+    if cache is not None:
+        reader = open_cache(cache, model=model)
+        trained = sae.config["model"].get("weights_fingerprint")
+        if reader.meta.get("weights_fingerprint") != trained:
+            raise InterpError(f"{str(cache)!r} was written by other weights ({reader.meta.get('weights_fingerprint')}) "
+                              f"than the SAE was trained on ({trained}); use a cache of the SAE's model")
+        return CacheRows(reader, sae.hook)
+    if model is None:
+        raise InterpError("running images live needs the model")
+    return LiveRows(model, images, sae.hook, image_batch)
+
+
+def _write_directions(model, neurons) -> Dict[str, torch.Tensor]:
+    """{"L:n": unit fc2 column [d]} of the given register neurons."""
+    if neurons is None:
+        return {}
+    if model is None:
+        raise InterpError("comparing with register neurons needs the model (their fc2 columns)")
+    module = getattr(model, "timm_model", model)
+    out = {}
+    for layer, idx in neuron_set(neurons).neurons.items():
+        fc2 = module.blocks[int(layer)].mlp.fc2.weight.detach().float()
+        for n in idx:
+            col = fc2[:, int(n)]
+            out[f"{int(layer)}:{int(n)}"] = col / col.norm().clamp_min(1e-12)
+    return out
+
+
+def _rate(count: np.ndarray, total: int):
+    return (count / total) if total else None
+
+
+@torch.no_grad()
+def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", neurons=None,
+                 image_batch: int = 32) -> Dict[str, Any]:
+    """Firing rates of every feature of ``sae`` per token kind and its artifact features (JSON-able dict).
+
+    Args:
+        sae: ``interp.sae.load(DIR)``.
+        model: the model the SAE was trained on (checked); needed for ``images`` and ``neurons``.
+        cache / images: activations of the SAE's hook (a cache holding it, or images run live).
+        threshold: the detection threshold (``"auto"``, ``"pNN"`` or a norm) on the hook's patch-token norms.
+        neurons: register neurons whose write directions (``fc2`` columns) to compare with: ``{layer: [n, ...]}``,
+            ``"2:17,2:101"``, a neurons.json path or a neurons study result.
+
+    Returns:
+        ``{"artifacts_found", "threshold", "reason", "hook", "n_images", "n_tokens": {kind: int},
+        "features": [{"feature", "alive", "rates": {kind: rate or None}}], "artifact_features": [{"feature",
+        "direction" (unit, hook units), "rates", "cos_register_neurons": {"L:n": cos, "max": cos},
+        "cos_mean_high_norm"}], "rule", "message"}``.
+    """
+    if model is not None:
+        sae.check_model(model)
+    rows = _rows(sae, model, cache, images, image_batch)
+    sae.check_hook(sae.hook, rows.d)
+    kinds = rows.kinds()
+    patch = kinds == PATCH
+    detection = detect_norms(rows.patch_norms(CHUNK), threshold) if patch.any() else None
+    found = bool(detection is not None and detection.artifacts_found)
+    n = sae.n_features
+    counts = {k: np.zeros(n) for k in KINDS}
+    totals = {k: 0 for k in KINDS}
+    high_sum = torch.zeros(rows.d, dtype=torch.float64)
+    for start in range(0, rows.n_images, CHUNK):
+        chunk = np.arange(start, min(start + CHUNK, rows.n_images))
+        x = torch.from_numpy(rows.read(chunk))  # [c, T, d]
+        fired = (sae.encode(x) > 0).numpy()  # [c, T, n]
+        high = np.zeros(fired.shape[:2], bool)
+        if detection is not None and found:
+            high[:, patch] = detection.outliers[chunk]
+        masks = {"normal_patch": patch[None] & ~high, "high_norm": high,
+                 "cls": np.broadcast_to(kinds == CLS, high.shape), "register": np.broadcast_to(kinds == REGISTER, high.shape)}
+        for kind, mask in masks.items():
+            counts[kind] += fired[mask].sum(0)
+            totals[kind] += int(mask.sum())
+        if high.any():
+            high_sum += (x[torch.from_numpy(high)].double() - sae.mean.double()).sum(0)
+    rates = {k: _rate(counts[k], totals[k]) for k in KINDS}
+    alive = sum(counts[k] for k in KINDS) > 0
+    features = [{"feature": f, "alive": bool(alive[f]),
+                 "rates": {k: None if rates[k] is None else float(rates[k][f]) for k in KINDS}} for f in range(n)]
+    artifact = []
+    if found and totals["high_norm"]:
+        normal = rates["normal_patch"] if rates["normal_patch"] is not None else np.zeros(n)
+        chosen = np.flatnonzero((rates["high_norm"] >= MIN_HIGH_RATE) & (normal <= MAX_NORMAL_RATIO * rates["high_norm"]))
+        writes = _write_directions(model, neurons)
+        mean_high = (high_sum / totals["high_norm"]).float()
+        unit_high = mean_high / mean_high.norm().clamp_min(1e-12)
+        directions = sae.directions
+        for f in chosen[np.argsort(-rates["high_norm"][chosen], kind="stable")]:
+            unit = directions[f] / directions[f].norm().clamp_min(1e-12)
+            cos = {name: float(unit @ w) for name, w in writes.items()}
+            if cos:
+                cos["max"] = max(cos.values())
+            artifact.append({"feature": int(f), "direction": [float(v) for v in unit], "rates": features[f]["rates"],
+                             "cos_register_neurons": cos, "cos_mean_high_norm": float(unit @ unit_high)})
+    det = describe_detection(detection)
+    message = (f"{len(artifact)} artifact feature(s) of {n}" if found else
+               f"no artifacts at {sae.hook} ({det['reason'] if det else 'no patch tokens stored'}): no artifact features")
+    return {"artifacts_found": found, "threshold": None if det is None else det["value"],
+            "reason": None if det is None else det["reason"], "detection": det, "hook": sae.hook,
+            "n_images": rows.n_images, "n_features": n, "n_tokens": totals, "n_alive": int(alive.sum()),
+            "features": features, "artifact_features": artifact, "message": message,
+            "rule": {"min_high_norm_rate": MIN_HIGH_RATE, "max_normal_over_high_rate": MAX_NORMAL_RATIO}}

@@ -1,0 +1,189 @@
+"""A trained SAE on disk (``DIR/sae.safetensors`` + ``DIR/sae.json``) and in memory (:class:`SAE`).
+
+Example (not run as a doctest: it needs a trained SAE)::
+
+    sae = interp.sae.load("runs/sae", model=model)   # refuses an SAE of another model
+    codes = sae.encode(acts)                          # [..., d] in the hook's units -> [..., n_features]
+    recon = sae.decode(codes)                         # [..., d] in the hook's units (normalisation undone)
+    directions = sae.directions                       # [n_features, d] decoder rows in the hook's units
+
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import torch
+
+from ..errors import InterpError
+from ..hooks.names import block_of
+from ..interventions.sae_features import ARCHS, SparseCodes
+from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
+from .files import write_atomic
+
+FORMAT, FORMAT_VERSION = "interp-sae", 1
+WEIGHTS, CONFIG = "sae.safetensors", "sae.json"
+REQUIRED = ("w_enc", "b_enc", "dictionary", "mean", "scale", "feature_means")
+
+
+class SAE:
+    """A trained sparse autoencoder on one hook of one model.
+
+    Attributes:
+        config: the parsed ``sae.json`` (arch, hook, model fingerprints, tokens, normalisation, training, metrics).
+        tensors: w_enc [n, d], b_enc [n], dictionary [n, d] (normalised units), mean [d], scale [1],
+            feature_means [n] (mean code on the training tokens), threshold (batchtopk [1], jumprelu [n]).
+    """
+
+    def __init__(self, config: Dict[str, Any], tensors: Dict[str, torch.Tensor], path: Optional[Path] = None):
+        self.config, self.tensors, self.path = config, tensors, path
+        self.codes = SparseCodes(config["arch"], tensors, config.get("k"))
+
+    hook = property(lambda self: self.config["hook"])
+    arch = property(lambda self: self.config["arch"])
+    k = property(lambda self: self.config.get("k"))
+    d = property(lambda self: self.codes.d)
+    n_features = property(lambda self: self.codes.n_features)
+    scale = property(lambda self: float(self.tensors["scale"].reshape(())))
+    mean = property(lambda self: self.tensors["mean"])
+
+    @torch.no_grad()
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Codes [..., n_features] of activations [..., d] in the hook's units."""
+        return self.codes(x.float())
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Reconstruction [..., d] in the hook's units: ``mean + scale * codes @ dictionary``."""
+        return self.mean + self.scale * (codes.float() @ self.tensors["dictionary"])
+
+    @property
+    def directions(self) -> torch.Tensor:
+        """[n_features, d]: what one unit of each feature's code adds at the hook (hook units)."""
+        return self.scale * self.tensors["dictionary"]
+
+    def check_model(self, model) -> None:
+        """Refuse (one line) a model whose weights are not those the SAE was trained on."""
+        module = getattr(model, "timm_model", model)
+        mine = self.config["model"]
+        fp = weights_fingerprint(module)
+        if fp != mine.get("weights_fingerprint"):
+            same = architecture_fingerprint(module) == mine.get("architecture_fingerprint")
+            raise InterpError(f"the SAE {self._where()} was trained on model {mine.get('model_name')!r} (weights "
+                              f"{mine.get('weights_fingerprint')}); this model has {'other weights' if same else 'another architecture'} "
+                              f"({fp}): load the model it was trained on, or train one for this model")
+
+    def check_hook(self, hook: str, d: Optional[int] = None) -> None:
+        """Refuse (one line) another hook, or activations of another width ``d``."""
+        if hook != self.hook:
+            raise InterpError(f"the SAE {self._where()} reads {self.hook!r}, not {hook!r}: use it on its own hook or "
+                              "train one for this hook (`interp sae train ... --hook HOOK`)")
+        if d is not None and d != self.d:
+            raise InterpError(f"the SAE {self._where()} reads vectors of width {self.d}; {hook} has width {d}")
+
+    def ablation_state(self) -> Dict[str, Any]:
+        """What ``SAEFeatureAblation`` keeps: block, arch, k, token choice and the tensors it needs."""
+        layer = block_of(self.hook)
+        if layer is None or not self.hook.endswith("hook_resid_post"):
+            raise InterpError(f"feature ablation edits a block output (blocks.N.hook_resid_post); this SAE reads "
+                              f"{self.hook!r}")
+        names = ("w_enc", "b_enc", "dictionary", "mean", "scale", "feature_means", "threshold")
+        return {"layer": layer, "arch": self.arch, "k": self.k, "tokens": self.config.get("tokens"),
+                "tensors": {n: self.tensors[n] for n in names if n in self.tensors}}
+
+    def _where(self) -> str:
+        return f"in {str(self.path)!r}" if self.path else "given"
+
+    def __repr__(self) -> str:
+        return f"SAE({self.arch}, {self.n_features} features x {self.d}, hook={self.hook!r})"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _json_ready(value):
+    """Non-finite floats (an explained variance of a constant batch) as None: sae.json stays strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    return value
+
+
+def save(out: Union[str, Path], config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Path:
+    """Write ``out/sae.safetensors`` then ``out/sae.json`` (with the weights' SHA-256), each atomically."""
+    from safetensors.torch import save
+
+    out = Path(out)
+    data = save({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()})
+    config = {"format": FORMAT, "version": FORMAT_VERSION, **config, "weights_sha256": _digest(data)}
+    write_atomic(out / WEIGHTS, data, "SAE weights")
+    write_atomic(out / CONFIG, (json.dumps(_json_ready(config), indent=1, allow_nan=False) + "\n").encode(), "SAE description")
+    return out
+
+
+def _bad(path: Path, why: str) -> InterpError:
+    return InterpError(f"{str(path)!r} is not a readable SAE ({why}); train it again with `interp sae train`")
+
+
+def load(directory: Union[str, Path], model=None, hook: Optional[str] = None) -> SAE:
+    """The SAE in ``directory`` (``sae.json`` + ``sae.safetensors``), checked.
+
+    Args:
+        model: if given, refuse an SAE trained on other weights (weights fingerprint).
+        hook: if given, refuse an SAE trained on another hook.
+
+    Raises:
+        InterpError (one line): missing or malformed files, weights that do not match their description, an SAE
+        of another model or hook.
+    """
+    from safetensors.torch import load as load_bytes
+
+    directory = Path(directory)
+    cfg_path, w_path = directory / CONFIG, directory / WEIGHTS
+    if not cfg_path.is_file() or not w_path.is_file():
+        raise InterpError(f"{str(directory)!r} holds no SAE (needs {CONFIG} and {WEIGHTS}); train one with "
+                          "`interp sae train MODEL --cache FILE --hook HOOK --out DIR`")
+    try:
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise _bad(cfg_path, f"not JSON: {type(e).__name__}") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise _bad(cfg_path, f"no {FORMAT!r} format key")
+    if not isinstance(config.get("version"), int) or config["version"] > FORMAT_VERSION:
+        raise _bad(cfg_path, f"format version {config.get('version')!r}; this interp reads up to {FORMAT_VERSION}")
+    problems = [key for key, kind in (("arch", str), ("hook", str), ("model", dict), ("weights_sha256", str))
+                if not isinstance(config.get(key), kind)]
+    if config.get("arch") not in ARCHS:
+        problems.append("arch")
+    if problems:
+        raise _bad(cfg_path, f"missing or invalid {', '.join(sorted(set(problems)))}")
+    data = w_path.read_bytes()
+    if _digest(data) != config["weights_sha256"]:
+        raise _bad(w_path, f"its SHA-256 does not match {CONFIG}: corrupt, truncated or from another run")
+    try:
+        tensors = load_bytes(data)
+    except Exception as e:  # safetensors raises its own error types for a damaged header
+        raise _bad(w_path, f"{type(e).__name__}") from None
+    missing = [n for n in REQUIRED if n not in tensors]
+    if missing:
+        raise _bad(w_path, f"missing tensor(s) {missing}")
+    if not all(torch.isfinite(t).all() for t in tensors.values()) or not math.isfinite(float(tensors["scale"][0])):
+        raise _bad(w_path, "non-finite weights")
+    try:
+        sae = SAE(config, tensors, directory)
+    except InterpError as e:
+        raise _bad(w_path, str(e)) from None
+    if sae.tensors["dictionary"].shape != sae.tensors["w_enc"].shape:
+        raise _bad(w_path, "dictionary and encoder shapes differ")
+    if model is not None:
+        sae.check_model(model)
+    if hook is not None:
+        sae.check_hook(hook)
+    return sae

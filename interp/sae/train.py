@@ -1,0 +1,247 @@
+"""``interp.sae.train``: train an overcomplete SAE on one hook's activations, streamed from a cache or the model.
+
+The loop is interp's own, around overcomplete's modules and losses: overcomplete's ``train_sae`` iterates a
+dataloader for whole epochs and keeps no state to resume from (no checkpoint of the optimiser, the step or the
+data position) and calls ``model.get_dictionary()`` on the module it is given, which a DDP wrapper hides. Each
+step is the same arithmetic as ``train_sae`` (forward, overcomplete's criterion, backward, gradient clipping at
+``clip_grad``, Adam step), tested step for step against it.
+
+Example (not run as a doctest: it needs a trained SAE)::
+
+    result = interp.sae.train(model, "blocks.3.hook_resid_post", "runs/sae", cache="acts.h5", steps=300)
+    result["metrics"]["held_out"]["explained_variance"] > 0.5
+
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+
+from .._progress import tqdm
+from ..errors import InterpError
+from . import modules as sae_modules
+from .data import HIGH_NORM_CHOICES, TOKEN_CHOICES, TokenStream
+from .files import write_atomic
+from .model import CONFIG, save
+from .setup import RunData, describe_detection, prepare_data, stats_over, world
+from ..interventions.sae_features import ARCHS, SparseCodes
+
+CHECKPOINT = "checkpoint.pt"
+CURVE_KEYS = ("step", "loss", "explained_variance", "l0", "dead_fraction")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything that decides the weights (a resumed run must match all of them but ``steps``)."""
+
+    arch: str = "topk"
+    expansion: int = 8
+    k: int = 32
+    tokens: str = "patches"
+    high_norm: str = "include"
+    threshold: Any = "auto"
+    steps: int = 1000
+    batch_size: int = 1024
+    lr: float = 4e-4
+    seed: int = 0
+    window_images: int = 256
+    data_shards: int = 8
+    holdout: float = 0.1
+    norm_images: int = 64
+    dead_window: int = 200
+    aux_penalty: float = 0.1
+    l1_penalty: float = 1e-3
+    clip_grad: float = 1.0
+    n_points: int = 1024
+
+    def check(self) -> None:
+        for name, choices in (("arch", ARCHS), ("tokens", TOKEN_CHOICES), ("high_norm", HIGH_NORM_CHOICES)):
+            if getattr(self, name) not in choices:
+                raise InterpError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")
+        for name in ("expansion", "k", "steps", "batch_size", "window_images", "data_shards", "norm_images",
+                     "dead_window", "n_points"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise InterpError(f"{name} must be a whole number >= 1, got {getattr(self, name)!r}")
+        if not 0 <= self.holdout < 1:
+            raise InterpError(f"holdout must be in [0, 1), got {self.holdout}")
+        if not self.lr > 0:
+            raise InterpError(f"lr must be > 0, got {self.lr}")
+
+
+def _state_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _all_mean(values: torch.Tensor, n_ranks: int) -> torch.Tensor:
+    if n_ranks > 1:
+        torch.distributed.all_reduce(values)
+        values /= n_ranks
+    return values
+
+
+def train(model, hook: str, out, *, cache=None, images=None, resume: bool = False, overwrite: bool = False,
+          checkpoint_every: int = 100, progress: bool = True, image_batch: int = 32, **settings) -> Dict[str, Any]:
+    """Train an SAE on ``hook`` of ``model`` and write ``out/sae.safetensors``, ``out/sae.json``, the
+    training-curve figure ``out/training_curve.png`` and, every ``checkpoint_every`` steps, ``out/checkpoint.pt``.
+
+    Args:
+        model: the ``HookedViT`` (its fingerprint goes into ``sae.json``; a cache of another model is refused).
+        hook: e.g. ``"blocks.3.hook_resid_post"``.
+        cache / images: an HDF5 cache holding ``hook`` (``interp cache``), or images run live through the model.
+        resume: continue from ``out/checkpoint.pt`` (same settings; ``steps`` may grow).
+        overwrite: replace an existing run in ``out``.
+        settings: :class:`TrainSettings` fields (arch, expansion, k, tokens, high_norm, steps, batch_size, ...).
+
+    Returns:
+        the ``sae.json`` content (rank 0 writes the files under ``torchrun``).
+    """
+    unknown = set(settings) - {f.name for f in fields(TrainSettings)}
+    if unknown:
+        raise InterpError(f"unknown SAE setting(s) {sorted(unknown)}; known: {[f.name for f in fields(TrainSettings)]}")
+    cfg = TrainSettings(**settings)
+    cfg.check()
+    sae_modules.overcomplete()  # the one-line install hint before any data is read
+    out = Path(out)
+    device = next(model.parameters()).device  # the SAE trains where the model runs
+    rank, n_ranks = world(device)
+    if cfg.data_shards % n_ranks:
+        raise InterpError(f"--data-shards {cfg.data_shards} must be a multiple of the {n_ranks} processes")
+    ckpt_path = out / CHECKPOINT
+    state = _read_checkpoint(ckpt_path, cfg) if resume and ckpt_path.exists() else None
+    if not resume and not overwrite and ((out / CONFIG).exists() or ckpt_path.exists()):
+        raise InterpError(f"{str(out)!r} already holds an SAE run; pass --resume to continue it or --overwrite to "
+                          "replace it")
+    out.mkdir(parents=True, exist_ok=True)
+
+    data = prepare_data(model, hook, cfg, cache=cache, images=images, rank=rank, n_ranks=n_ranks,
+                        image_batch=image_batch)
+    if state is not None and state["data"] != data.signature:
+        raise InterpError(f"{str(ckpt_path)!r} was trained on other data ({state['data']}); resume with the "
+                          "same cache/images, or start again with --overwrite")
+    per_rank = cfg.data_shards // n_ranks
+    stream = TokenStream(data.train, data.counts[data.train], data.read_tokens, cfg.seed, cfg.window_images,
+                         cfg.batch_size, cfg.data_shards, range(rank * per_rank, (rank + 1) * per_rank))
+    norm = data.norm
+    torch.manual_seed(cfg.seed)
+    n_features = cfg.expansion * data.rows.d
+    module = sae_modules.build(cfg.arch, data.rows.d, n_features, cfg.k, cfg.batch_size // n_ranks,
+                               data.points).to(device)  # built on the CPU: the same weights on any device
+    net = module
+    if n_ranks > 1:
+        net = torch.nn.parallel.DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None)
+    optimiser = torch.optim.Adam(module.parameters(), lr=cfg.lr)
+    criterion = sae_modules.criterion(cfg.arch, cfg.aux_penalty, cfg.l1_penalty)
+    curve = {key: [] for key in CURVE_KEYS}
+    last_fired = torch.zeros(n_features, dtype=torch.int64)
+    start = 0
+    if state is not None:
+        module.load_state_dict(state["module"])
+        if state.get("running_threshold") is not None:
+            module.running_threshold = state["running_threshold"].reshape(()).to(device)
+        optimiser.load_state_dict(state["optimiser"])
+        curve, last_fired, start = state["curve"], state["last_fired"], state["step"]
+        torch.set_rng_state(state["rng"])
+
+    module.train()
+    bar = tqdm(total=cfg.steps, initial=start, disable=not progress or rank != 0, desc=f"SAE {cfg.arch} @ {hook}",
+               unit="step", leave=False)
+    try:
+        for step in range(start, cfg.steps):
+            x = norm.apply(stream.batch(step)).to(device)
+            optimiser.zero_grad()
+            pre_codes, codes, x_hat = net(x)
+            loss = criterion(x, x_hat, pre_codes, codes, module.get_dictionary())
+            loss.backward()
+            if cfg.clip_grad:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad)
+            optimiser.step()
+            with torch.no_grad():
+                sse = (x - x_hat).square().sum()
+                sst = (x - x.mean(0)).square().sum()
+                stats = _all_mean(torch.stack([loss.detach(), 1 - sse / sst, (codes > 0).sum(1).float().mean()]),
+                                  n_ranks)
+                fired = (codes > 0).any(0).to(torch.int64)
+                if n_ranks > 1:
+                    torch.distributed.all_reduce(fired, op=torch.distributed.ReduceOp.MAX)
+                last_fired[fired.bool().cpu()] = step + 1
+                dead = float(((step + 1 - last_fired) >= cfg.dead_window).float().mean())
+            for key, value in zip(CURVE_KEYS, (step + 1, *stats.tolist(), dead)):
+                curve[key].append(value)
+            bar.update(1)
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{curve['loss'][-1]:.4g}", ev=f"{curve['explained_variance'][-1]:.3f}",
+                                l0=f"{curve['l0'][-1]:.1f}", dead=f"{dead:.2f}")
+            if (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
+                state = {"settings": asdict(cfg), "data": data.signature, "step": step + 1,
+                         "module": module.state_dict(), "running_threshold": sae_modules.running_threshold(module),
+                         "optimiser": optimiser.state_dict(), "curve": curve, "last_fired": last_fired,
+                         "rng": torch.get_rng_state()}
+                if rank == 0:
+                    write_atomic(ckpt_path, _state_bytes(state), "SAE checkpoint")
+                if n_ranks > 1:
+                    torch.distributed.barrier()
+    finally:
+        bar.close()
+    result = _finish(module, cfg, data, curve, last_fired, out, rank)
+    if n_ranks > 1:
+        torch.distributed.barrier()
+    return result
+
+
+def _read_checkpoint(path: Path, cfg: TrainSettings) -> Dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        saved = dict(state["settings"])
+        step = int(state["step"])
+    except Exception as e:  # a damaged checkpoint: say so in one line
+        raise InterpError(f"cannot read the checkpoint {str(path)!r} ({type(e).__name__}); delete it and start "
+                          "again with --overwrite") from None
+    now = asdict(cfg)
+    differ = [k for k in now if k != "steps" and saved.get(k) != now[k]]
+    if differ:
+        raise InterpError(f"{str(path)!r} was trained with other settings ({', '.join(f'{k}={saved.get(k)!r}' for k in differ)}); "
+                          "resume with the same settings or start again with --overwrite")
+    if step > cfg.steps:
+        raise InterpError(f"{str(path)!r} is at step {step}, past --steps {cfg.steps}; give --steps >= {step}")
+    return state
+
+
+def _finish(module, cfg: TrainSettings, data: RunData, curve, last_fired, out: Path, rank: int) -> Dict[str, Any]:
+    """Held-out metrics, feature means, and (rank 0) the SAE files and the curve figure."""
+    from . import curve as curve_figure
+
+    tensors = {k: v.cpu() for k, v in sae_modules.encoder_tensors(module, cfg.arch).items()}
+    tensors.update({"mean": data.norm.mean, "scale": torch.tensor([data.norm.scale])})
+    codes = SparseCodes(cfg.arch, tensors, cfg.k)
+    train_stats = stats_over(codes, tensors["dictionary"], data, data.norm_images)
+    tensors["feature_means"] = train_stats["feature_means"]
+    held = stats_over(codes, tensors["dictionary"], data, data.holdout) if len(data.holdout) else None
+    window = max(1, min(len(curve["step"]), 20))
+    config = {
+        "arch": cfg.arch, "k": cfg.k if cfg.arch in ("topk", "batchtopk", "archetypal") else None,
+        "n_features": codes.n_features, "d": codes.d, "hook": data.hook, "model": data.model,
+        "tokens": cfg.tokens, "high_norm": cfg.high_norm, "detection": describe_detection(data.detection),
+        "normalisation": data.norm.to_dict(), "data": data.signature, "training": asdict(cfg),
+        "metrics": {
+            "final": {key: float(np.mean(curve[key][-window:])) for key in CURVE_KEYS[1:]} if curve["step"] else {},
+            "dead_fraction_window_steps": cfg.dead_window,
+            "dead_features": int(((len(curve["step"]) - last_fired) >= cfg.dead_window).sum()),
+            "train_sample": {k: v for k, v in train_stats.items() if k != "feature_means"},
+            "held_out": None if held is None else {k: v for k, v in held.items() if k != "feature_means"},
+        },
+        "curve": curve,
+    }
+    if rank == 0:
+        save(out, config, tensors)
+        if curve["step"]:
+            curve_figure.draw(curve, out / "training_curve.png", f"{cfg.arch} SAE, {data.hook}, "
+                              f"{codes.n_features} features")
+    return config
+

@@ -1,0 +1,67 @@
+"""Shared data of the SAE tests: a planted image set, its cache and one SAE trained on it (built once per run)."""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import interp
+
+# overcomplete is the optional extra interp[sae] (in [test]); find_spec does not import it
+needs_overcomplete = pytest.mark.skipif(importlib.util.find_spec("overcomplete") is None,
+                                        reason="needs the optional extra interp[sae] (overcomplete)")
+
+HOOK = "blocks.3.hook_resid_post"  # after the planted register neurons (block 2's MLP)
+# Small and quick on 2 shared cores (one thread): k=2, since a TopK SAE spreads the one-dimensional artifact
+# direction over its k active features (docs/sae.md); lr high enough to converge in 200 steps.
+TRAIN = dict(arch="topk", expansion=2, k=2, steps=200, batch_size=256, lr=3e-3, window_images=16, data_shards=2,
+             holdout=0.125, dead_window=100)
+
+
+def planted_images(n: int, seed: int, flat: float = 0.08) -> torch.Tensor:
+    """Images of 7x7 blocks of 32 px: noise on a random colour, a share ``flat`` of blocks without noise (the planted
+    model makes their patches high-norm tokens: about 7 % of the patches)."""
+    g = torch.Generator().manual_seed(seed)
+    colour = (torch.rand(n, 3, 7, 7, generator=g) * 2 - 1).repeat_interleave(32, 2).repeat_interleave(32, 3)
+    noisy = (torch.rand(n, 1, 7, 7, generator=g) >= flat).float().repeat_interleave(32, 2).repeat_interleave(32, 3)
+    return colour + noisy * 0.5 * torch.randn(n, 3, 224, 224, generator=g)
+
+
+@functools.lru_cache(maxsize=None)
+def planted_model():
+    return interp.load("planted_vit")
+
+
+@functools.lru_cache(maxsize=None)
+def planted_cache(n: int = 48) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="interp-sae-"))
+    path = folder / "planted.h5"
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        interp.cache.write(planted_model(), planted_images(n, seed=1), hooks=HOOK,
+                           path=path, progress=False, dtype="float32", batch_size=16)
+    torch.set_num_threads(before)
+    return path
+
+
+def train_planted(out, **overrides):
+    """Train the test SAE on the planted cache into ``out`` (one torch thread: faster on loaded shared cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return interp.sae.train(planted_model(), HOOK, out, cache=planted_cache(), progress=False,
+                                **{**TRAIN, **overrides})
+    finally:
+        torch.set_num_threads(before)
+
+
+@functools.lru_cache(maxsize=None)
+def planted_sae() -> Path:
+    out = planted_cache().parent / "sae"
+    train_planted(out, checkpoint_every=1000)
+    return out

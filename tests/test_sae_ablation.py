@@ -1,0 +1,62 @@
+"""SAEFeatureAblation against its definition, composed with other interventions, and exported as a patch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interp
+from interp.interventions import NeuronAblation, SAEFeatureAblation, TestTimeRegister
+from interp.interventions.base import EditContext
+from interp.models import planted_vit
+from sae_helpers import HOOK, needs_overcomplete, planted_cache, planted_images, planted_model, planted_sae
+
+pytestmark = needs_overcomplete
+FEATURES = [0, 5, 17]
+
+
+@pytest.fixture(scope="module")
+def sae():
+    return interp.sae.load(planted_sae(), model=planted_model())
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_the_edit_is_the_definition(sae, mode):
+    """x -> x - sum_f (a_f(x) - m_f) d_f on every token: the SAE's error x - x_hat is kept."""
+    x = torch.from_numpy(interp.cache.open(planted_cache())[HOOK][:3])  # [3, T, d]
+    ablation = SAEFeatureAblation(sae, FEATURES, mode=mode, tokens="all")
+    ctx = EditContext(base_prefix=1, n_prefix=1, extra_start=None, n_layers=6, d_mlp=768)
+    edited = ablation.resid_edits(ctx)[3](x)
+    codes = sae.encode(x)
+    m = sae.tensors["feature_means"][FEATURES] if mode == "mean" else torch.zeros(len(FEATURES))
+    expected = x - (codes[..., FEATURES] - m) @ sae.directions[FEATURES]
+    assert torch.allclose(edited, expected, atol=1e-3, rtol=1e-5)
+    replaced = codes.clone()
+    replaced[..., FEATURES] = m
+    assert torch.allclose(edited - sae.decode(replaced), x - sae.decode(codes), atol=1e-2)  # same error
+    patches_only = SAEFeatureAblation(sae, FEATURES, mode=mode).resid_edits(ctx)[3](x)
+    assert torch.equal(patches_only[:, 0], x[:, 0]) and torch.allclose(patches_only[:, 1:], expected[:, 1:], atol=1e-3)
+
+
+def test_composes_with_other_edits_and_exports_as_a_patch(sae, tmp_path, one_thread):
+    model = planted_model()
+    images = planted_images(2, seed=7)
+    edits = [TestTimeRegister({2: [17, 101]}), SAEFeatureAblation(sae, FEATURES), NeuronAblation({4: [3]})]
+    with torch.no_grad():
+        plain_logits = model(images)
+        hooked = model.run_with_interventions(images, edits)
+        path = interp.patch.save(edits, tmp_path / "sae.safetensors", model)
+        loaded = interp.patch.load(path)
+        assert [iv.kind for iv in loaded] == ["TestTimeRegister", "SAEFeatureAblation", "NeuronAblation"]
+        patched = interp.patch.apply(planted_vit(), path)(images)
+        again = model.run_with_interventions(images, loaded)
+    assert not torch.allclose(hooked, plain_logits, atol=1e-4)
+    assert torch.allclose(patched, hooked, atol=1e-4) and torch.allclose(again, hooked, atol=1e-5)
+
+
+def test_bad_features_are_refused(sae):
+    with pytest.raises(ValueError, match="does not exist"):
+        SAEFeatureAblation(sae, [sae.n_features])
+    with pytest.raises(ValueError, match="distinct"):
+        SAEFeatureAblation(sae, [1, 1])
+    with pytest.raises(ValueError, match="mode"):
+        SAEFeatureAblation(sae, [1], mode="resample")
