@@ -114,10 +114,15 @@ class StudyResult:
         return result_html(self)
 
 
+def skipped_records(source) -> List[Dict[str, str]]:
+    """``StudyResult.skipped`` of a source: one ``{"image", "reason"}`` per unreadable image it left out."""
+    return [{"image": str(image), "reason": str(reason)} for image, reason in source.skipped]
+
+
 def behaviour_lines(result: Any) -> List[str]:
-    """What a study with behaviour metrics (``behaviour_note``, ``classifier``) says of them in one line: why
-    there is no agreement or accuracy, or the classifier file they went through; nothing for the model's own
-    classification head."""
+    """The console line of a study with behaviour metrics (its ``classifier`` record and ``behaviour_note``): why
+    there is no agreement or accuracy, or the classifier file the metrics went through; none for the model's
+    own classification head."""
     clf = result.classifier or {}
     if result.behaviour_note:
         return [f"note: {result.behaviour_note}"]
@@ -125,11 +130,6 @@ def behaviour_lines(result: Any) -> List[str]:
         return [f"behaviour through the {clf['kind']} classifier {clf.get('path') or clf.get('source') or ''} "
                 f"({clf['n_classes']} classes)"]
     return []
-
-
-def skipped_records(source) -> List[Dict[str, str]]:
-    """``StudyResult.skipped`` of a source: one ``{"image", "reason"}`` per unreadable image it left out."""
-    return [{"image": str(image), "reason": str(reason)} for image, reason in source.skipped]
 
 
 @dataclasses.dataclass
