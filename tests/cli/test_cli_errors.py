@@ -193,9 +193,11 @@ def test_the_cache_refuses_an_existing_file_at_once(tmp_path):
     (["--highest-layer", "40"], "--highest-layer 40"),
 ])
 def test_block_numbers_are_checked_against_the_model_before_any_forward(tmp_path, capsys, monkeypatch, extra, word):
-    import interp.studies.artifacts.neurons
+    import interp.studies.artifacts.neurons  # noqa: F401  (binds the real function first)
+    from interp.studies import declaration
+    from interp.studies.artifacts.configs import NeuronsConfig
 
-    monkeypatch.setattr(interp.studies.artifacts.neurons, "neurons_study", lambda *a, **k: pytest.fail("the study ran"))
+    monkeypatch.setitem(declaration._FUNCTIONS, NeuronsConfig, lambda *a, **k: pytest.fail("the study ran"))
     assert main(_study("neurons", *extra, out=str(tmp_path / "o"))) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and word in err and "planted_vit has 6 blocks" in err

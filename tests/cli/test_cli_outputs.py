@@ -251,11 +251,13 @@ def test_ctrl_c_during_a_study_exits_130_and_leaves_the_old_result(tmp_path):
     (out / "norms.json").write_text('{"old": true}')
     script = tmp_path / "run.py"  # the study's work, made long enough to be interrupted in the middle of it
     script.write_text("import sys, time\n"
-                      "import interp.studies.artifacts.norms as norms\n"
+                      "import interp.studies.artifacts.norms\n"
+                      "from interp.studies import declaration\n"
+                      "from interp.studies.artifacts.configs import NormsConfig\n"
                       "def working(*a, **k):\n"
                       "    print('working', file=sys.stderr, flush=True)\n"
                       f"    {WAIT_FOREVER}"
-                      "norms.norms_study = working\n"
+                      "declaration._FUNCTIONS[NormsConfig] = working  # the function the runner calls\n"
                       "from interp.cli import main\n"
                       "sys.exit(main())\n")
     run = _interrupt([str(script), "study", "norms", "planted_vit", "--images", IMAGE, "--out", str(out),

@@ -88,12 +88,14 @@ def test_cache_for_studies_writes_exactly_their_hooks_and_serves_them(tmp_path, 
 
 def test_a_cache_that_cannot_serve_the_study_fails_before_any_work(tmp_path, photos_with_broken, capsys,
                                                                     monkeypatch):
-    import interp.studies.artifacts.norms
+    import interp.studies.artifacts.norms  # noqa: F401  (binds the real function first)
+    from interp.studies import declaration
+    from interp.studies.artifacts.configs import NormsConfig
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the study ran although the cache lacks its hooks")
 
-    monkeypatch.setattr(interp.studies.artifacts.norms, "norms_study", must_not_run)
+    monkeypatch.setitem(declaration._FUNCTIONS, NormsConfig, must_not_run)  # the function the runner calls
     cache_file = tmp_path / "acts.h5"  # the README's cache: resid_post and mlp_post, no resid_mid
     interp.cache.write(interp.load("planted_vit"), photos_with_broken, path=cache_file, progress=False,
                        hooks=["blocks.*.hook_resid_post", "blocks.*.mlp.hook_post"])
