@@ -249,7 +249,7 @@ def test_figures_draw_from_saved_results_only(tmp_path):
         fig.savefig(tmp_path / f"{name}.png", dpi=110)
     with pytest.raises(ValueError, match="images given"):
         plots.norms.outlier_maps(norms, images=x[:1].clamp(0, 1))
-    with pytest.raises(ValueError, match="no artifact figures"):
+    with pytest.raises(ValueError, match="no figures for a object"):
         plots.study_figures(object())
 
 

@@ -103,8 +103,5 @@ def test_segment_cli_whole_image_masks_give_the_foreground_share(tmp_path):
                  "--out", str(out), "--no-progress"]) == 1
 
 
-@pytest.mark.parametrize("study", ["probes", "lost", "segment", "patch_score", "pib", "masking",
-                                   "selective_cls", "norms"])
-def test_every_study_has_registered_figures(study):
-    assert has_figures(study)
-    assert not has_figures("no_such_study")
+def test_a_result_without_registered_figures_has_none():
+    assert not has_figures("no_such_study") and not has_figures(object())
