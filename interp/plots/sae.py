@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from ..studies.sae.sae_features import SaeFeaturesResult
-from .common import MAX_PANELS, TARGET_COLOR, message_figure, short_name
+from .common import MAX_PANELS, TARGET_COLOR, display_arrays, message_figure, short_name
 from .registry import figure
 
 MAX_FEATURES = 6  # artifact features drawn (the most concentrated on the high-norm tokens first)
@@ -26,14 +26,6 @@ def _no_features(result, what: str) -> Optional[Figure]:
     detail = result.message + (f" ({result.reason})" if result.artifacts_found and result.reason else "")
     return message_figure(f"{short_name(result.model, 40)}: SAE features at {result.hook} ({what})",
                           "no artifact features", detail)
-
-
-def _arrays(images) -> Optional[list]:
-    if images is None:
-        return None
-    if hasattr(images, "permute"):
-        return [img.permute(1, 2, 0).detach().float().cpu().clamp(0, 1).numpy() for img in images]
-    return [np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0 for im in images]
 
 
 def _crop(ax, image: np.ndarray, grid, patch: int, margin: int = 1) -> None:
@@ -56,7 +48,7 @@ def top_patches(result: SaeFeaturesResult, images=None) -> Figure:
     if empty is not None:
         return empty
     features = result.artifact_features[:MAX_FEATURES]
-    arrays = _arrays(images)
+    arrays = None if images is None else display_arrays(images, len(images))
     cols = max(1, max(len(f.get("top_patches", [])) for f in features))
     fig = Figure(figsize=(1.5 * cols + 0.6, 1.7 * len(features) + 0.4), layout="constrained")
     axes = np.atleast_2d(fig.subplots(len(features), cols, squeeze=False))
@@ -93,7 +85,7 @@ def feature_maps(result: SaeFeaturesResult, images=None, n_maps: int = 4) -> Fig
         return message_figure(f"{short_name(result.model, 40)}: SAE feature maps at {result.hook}",
                               "no maps", "the stored tokens have no patch grid (a cache of prefix tokens only)")
     n = min(n_maps, MAX_PANELS, min(len(f["maps"]) for f in features))
-    arrays = _arrays(images)
+    arrays = None if images is None else display_arrays(images, len(images))
     gh, gw = result.grid
     fig = Figure(figsize=(2.0 * n + 0.8, 2.0 * len(features) + 0.4), layout="constrained")
     axes = fig.subplots(len(features), n, squeeze=False)
