@@ -17,14 +17,18 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+import random
+
 import numpy as np
 import torch
 
 from ..cache.reader import open as open_cache
 from ..errors import InterpError
 from ..interventions.neuron_sets import neuron_set
+from .._progress import tqdm
+from ..runtime.source import n_batches, token_norms
 from ..studies.core.thresholds import detect_norms
-from .data import CLS, PATCH, REGISTER, CacheRows, LiveRows
+from .data import CLS, PATCH, REGISTER, CacheRows, LiveRows, token_kinds
 from .setup import CHUNK, describe_detection
 
 MIN_HIGH_RATE = 0.5
@@ -201,3 +205,48 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
     detection = detect_norms(rows.patch_norms(CHUNK), threshold) if (kinds == PATCH).any() else None
     chunks = ((s, rows.read(np.arange(s, min(s + CHUNK, rows.n_images)))) for s in range(0, rows.n_images, CHUNK))
     return feature_report(sae, chunks, kinds, detection, writes=write_directions(model, neurons))
+
+
+@torch.no_grad()
+def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dict[str, torch.Tensor]] = None,
+                          n_top: int = 0, n_maps: int = 0, progress: bool = False) -> Dict[str, Any]:
+    """:func:`feature_report` over an activation source (``interp.runtime``; live or a cache holding the SAE's
+    hook): one pass for the patch-token norms at the hook (the detection), one for the codes. The source's
+    batch size; memory: one batch. The caller checks that the SAE fits the source's model."""
+    hook, layout, bs = sae.hook, source.layout, source.batch_size
+    source.require([hook])
+    kinds = token_kinds(layout, 0, layout.n_tokens)
+    patch = torch.from_numpy(kinds == PATCH)
+    bar = dict(total=n_batches(source, bs), disable=not progress, unit="batch", leave=False)
+    norms = [b.acts[hook][:, patch].double().numpy()
+             for b in tqdm(source.batches([hook], bs, reduce={hook: token_norms}), desc="SAE hook norms", **bar)]
+    detection = detect_norms(np.concatenate(norms), threshold) if bool(patch.any()) and norms else None
+
+    def chunks():
+        for b in tqdm(source.batches([hook], bs), desc="SAE codes", **bar):
+            x = b.acts[hook]
+            if x.dim() != 3 or x.shape[1] != len(kinds):
+                raise InterpError(f"{hook} gives {tuple(x.shape)} per batch, not token rows [b, {len(kinds)}, d]")
+            yield b.start, x.numpy()
+
+    report = feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps)
+    report["threshold_object"] = None if detection is None else detection.threshold
+    return report
+
+
+def control_features(report: Dict[str, Any], targets, n_controls: int, seed: int) -> List[List[int]]:
+    """``n_controls`` random feature sets of ``len(targets)`` for an ablation's controls (docs/sae.md): drawn
+    among the live features of ``report`` (:func:`feature_report`) other than the targets that do not fire on the
+    high-norm tokens (all live ones when there are none); control i uses ``random.Random(seed + i)``.
+
+    Raises:
+        InterpError: fewer such features than targets.
+    """
+    chosen = {int(f) for f in targets}
+    pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in chosen
+            and not (f["rates"]["high_norm"] or 0) > 0]
+    if n_controls and len(pool) < len(chosen):
+        raise InterpError(f"only {len(pool)} live feature(s) off the high-norm tokens for controls of "
+                          f"{len(chosen)} feature(s) (of {report['n_alive']} alive); ablate fewer features, give "
+                          "more images or use --controls 0")
+    return [sorted(random.Random(seed + i).sample(pool, len(chosen))) for i in range(n_controls)]

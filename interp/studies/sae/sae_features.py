@@ -14,22 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-import numpy as np
-import torch
-
-from ..._progress import tqdm
 from ...errors import InterpError, UsageError
 from ...hooks.names import block_of
 from ...interventions.base import check_neurons
 from ...interventions.neuron_sets import check_ranked_on, neuron_set
-from ...runtime.source import ActivationSource, n_batches, token_norms
-from ...sae.data import PATCH, token_kinds
-from ...sae.features import feature_report, write_directions
+from ...runtime.source import ActivationSource
+from ...sae.features import source_feature_report, write_directions
 from ...sae.model import SAE, load
 from ..core.options import block_index
 from ..core.presets import resolve_preset
 from ..core.result import OutlierStudyResult, skipped_records
-from ..core.thresholds import detect_norms
 from ..declaration import study
 from .configs import SaeFeaturesConfig
 
@@ -103,7 +97,6 @@ def _check_sae(sae: SAE, source: ActivationSource) -> None:
         raise InterpError(f"the SAE in {str(sae.path)!r} was trained on weights "
                           f"{sae.config['model'].get('weights_fingerprint')}; these activations come from "
                           f"{source.fingerprint}: use the model (or a cache of the model) it was trained on")
-    source.require([sae.hook])
 
 
 def _detection_threshold(config: SaeFeaturesConfig, layer: Optional[int], n_layers: int):
@@ -153,27 +146,14 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
     threshold, preset = _detection_threshold(config, layer, source.n_layers)
     writes, neurons = _writes(config, source)
     layout, bs = source.layout, source.batch_size
-    kinds = token_kinds(layout, 0, layout.n_tokens)
-    patch = kinds == PATCH
-    bar = dict(total=n_batches(source, bs), disable=not progress, unit="batch", leave=False)
-    norms = [b.acts[hook][:, torch.from_numpy(patch)].double().numpy()
-             for b in tqdm(source.batches([hook], bs, reduce={hook: token_norms}), desc="SAE hook norms", **bar)]
-    detection = detect_norms(np.concatenate(norms), threshold) if patch.any() and norms else None
-
-    def chunks():
-        for b in tqdm(source.batches([hook], bs), desc="SAE codes", **bar):
-            x = b.acts[hook]
-            if x.dim() != 3 or x.shape[1] != len(kinds):
-                raise InterpError(f"{hook} gives {tuple(x.shape)} per batch, not token rows [b, {len(kinds)}, d]")
-            yield b.start, x.numpy()
-
-    report = feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=config.n_top,
-                            n_maps=config.n_maps)
+    report = source_feature_report(sae, source, threshold=threshold, writes=writes, n_top=config.n_top,
+                                   n_maps=config.n_maps, progress=progress)
+    detection = report["threshold_object"]
     det = report["detection"] or {}
     found = report["artifacts_found"]
     warning = None if found else (report["reason"] or "no patch tokens stored")
     if found and detection is not None:
-        warning = detection.threshold.warning
+        warning = detection.warning
     return SaeFeaturesResult(
         model=source.model_name, fingerprint=source.fingerprint,
         params={"sae": str(config.sae), "threshold": config.threshold, "detect_layer": layer, "preset": preset,
