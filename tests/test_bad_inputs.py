@@ -581,7 +581,7 @@ def test_text_or_truncated_mask_png(tmp_path, content, message):
      [{"image_id": 1, "segmentation": [[0, 0, "x", 1, 2, 2]]}], "list of polygons"),
 ])
 def test_bad_coco_mask_json(tmp_path, images, anns, message):
-    from interp.studies.objects.segmentation import read_coco_polygons
+    from interp.studies.objects.segment import read_coco_polygons
 
     path = tmp_path / "masks.json"
     path.write_text(json.dumps({"images": images, "annotations": anns}))

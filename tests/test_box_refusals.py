@@ -14,7 +14,7 @@ from interp.errors import InterpError
 from interp.studies import open_source
 from interp.studies.core.regions import regions_from_masks
 from interp.studies.objects.lost import lost_study
-from interp.studies.objects.segmentation import read_coco_polygons, segmentation_study
+from interp.studies.objects.segment import read_coco_polygons, segment_study
 from interp.studies.aggregation.pib import pib_study
 
 HEAD = "image,x0,y0,x1,y1\n"
@@ -85,7 +85,7 @@ def test_mask_of_another_size_than_its_image_is_refused(tmp_path, folder, model)
     Image.fromarray(np.full((900, 17), 255, dtype=np.uint8)).save(masks / "a.png")  # 17 wide, 900 tall
     source = open_source(model, images=folder)
     with pytest.raises(InterpError, match=r"17 x 900 pixels but its image .* is 256 x 256"):
-        segmentation_study(source, masks, progress=False)
+        segment_study(source, masks=masks, with_selective=False, progress=False)
     with pytest.raises(InterpError, match=r"17 x 900 pixels but its image"):
         regions_from_masks(source.ids, masks, source.data_config(), tuple(source.layout.grid))
 
@@ -95,4 +95,5 @@ def test_coco_record_of_another_size_than_its_image_is_refused(tmp_path, folder,
             "annotations": [{"image_id": 1, "segmentation": [[0, 0, 10, 0, 10, 10]]}]}
     (tmp_path / "m.json").write_text(json.dumps(coco))
     with pytest.raises(InterpError, match=r"17 x 900 pixels but its image"):
-        segmentation_study(open_source(model, images=folder), tmp_path / "m.json", progress=False)
+        segment_study(open_source(model, images=folder), masks=tmp_path / "m.json", with_selective=False,
+                      progress=False)

@@ -11,7 +11,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgb
 
 import interp
-from interp.plots import artifacts as plots
+import interp.plots as plots
 from interp.plots.common import OVERLAY_COLORS, overlay_color
 from interp.plots.norms import _block_quantiles, _ridges
 from interp.report import write_html
@@ -68,7 +68,7 @@ def test_density_ridges_separate_two_modes_for_few_and_many_tokens(n_tokens):
 
 def test_norm_histograms_have_no_colour_bar_and_legends_off_the_axes(planted_norms):
     result, _ = planted_norms
-    fig = plots.norm_histograms(result)
+    fig = plots.norms.norm_histograms(result)
     assert not any(hasattr(ax, "_colorbar") for ax in fig.axes)  # one scale, read on the axes themselves
     assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
     assert fig.legends[0]._loc in (8, "lower center") or "lower" in str(fig.legends[0]._loc)
@@ -87,7 +87,7 @@ def test_outlier_maps_outline_the_outliers_on_a_red_image(planted_norms):
     result, x = planted_norms
     red = x.clone()
     red[:, 0], red[:, 1], red[:, 2] = 0.85, 0.1, 0.1  # a red photo
-    fig = plots.outlier_maps(result, images=red)
+    fig = plots.norms.outlier_maps(result, images=red)
     for ax in fig.axes[:2]:
         outlines = [c for c in ax.collections if isinstance(c, LineCollection)]
         assert len(outlines) == 1 and outlines[0].get_path_effects()  # contour with a dark halo
@@ -198,7 +198,7 @@ def test_outline_colours_one_control_legend_and_labels_clear_of_the_dots(planted
     from interp.studies.artifacts.registers import RegisterResult
 
     norms, x = planted_norms
-    fig = plots.outlier_maps(norms, x.clamp(0, 1))
+    fig = plots.norms.outlier_maps(norms, x.clamp(0, 1))
     legend = fig.legends
     titles = [ax.get_title() for ax in fig.axes]
     assert all(not t.endswith("\n1 outlier patches") for t in titles)  # "1 outlier patch"

@@ -10,7 +10,7 @@ from interp.errors import InterpError
 from interp.studies.core.regions import regions_from_masks
 from interp.studies.objects.lost import corloc_hits
 from interp.studies.core.stats import box_iou, iou
-from interp.studies.objects.segmentation import ground_truth_masks
+from interp.studies.objects.segment import ground_truth_masks
 
 
 def test_mask_iou_and_the_empty_rule():

@@ -143,10 +143,10 @@ def test_cli_refuses_bad_preprocessing_options_before_torch():
 
 
 def test_the_pixel_probe_reads_a_caches_images_with_its_transform(tmp_path):
-    from interp.commands.study_objects import cache_images
+    from interp.studies.probes.image_sets import cache_images
 
     model = make_model("vit", depth=1)
     interp.cache.write(model, sample_image_paths(), hooks="blocks.0.hook_resid_post", path=tmp_path / "a.h5",
                        preprocess="resize256-crop224", progress=False)
-    pixels = cache_images(open_source(cache=tmp_path / "a.h5", model=model), "interp/data/samples", model)
+    pixels = cache_images(open_source(cache=tmp_path / "a.h5", model=model), "interp/data/samples")
     assert torch.equal(pixels, interp.load_images(sample_image_paths(), model, preprocess="resize256-crop224"))

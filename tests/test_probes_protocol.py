@@ -20,9 +20,9 @@ from interp.studies import CacheSource, open_source, required_hooks
 from interp.studies.core.detection import DetectionSpec
 from interp.studies.core.outliers import detect
 from interp.studies.core.result import OutlierStudyResult
-from interp.studies.probes.image_sets import read_split
+from interp.studies.probes.split_file import read_split
 from interp.studies.probes.scores import PIXEL_SPACE
-from interp.studies.probes.token_probes import ProbesResult, probes_study
+from interp.studies.probes.probes import ProbesResult, probes_study
 from interp.studies.probes.linear_probe import fit_probe
 from interp.studies.probes.scores import GroupScore, pixel_errors
 
@@ -69,16 +69,16 @@ def test_outliers_come_from_the_detection_block_not_from_the_probed_hook(planted
     found = detect(source, progress=False)                          # "auto" on blocks.5.hook_resid_post
     assert found.outliers.any()
     kw = dict(tasks=("position",), probe_options=FAST, max_train_tokens=300, max_test_tokens=100, progress=False)
-    result = probes_study(source, "hook_norm_final", **kw)         # post-LayerNorm tokens probed
+    result = probes_study(source, hook="hook_norm_final", **kw)         # post-LayerNorm tokens probed
     assert isinstance(result, OutlierStudyResult) and result.hook == "hook_norm_final"
     assert result.high_norm_share == pytest.approx(float(found.outliers.float().mean()))
     assert result.detect_layer == planted.n_layers - 1 and result.threshold == pytest.approx(found.threshold.value)
     assert result.threshold_method == "auto" and "blocks.5.hook_resid_post" in result.outliers_from
-    darcet = probes_study(source, "hook_norm_final", preset="darcet", detect_layer=3, **kw)
+    darcet = probes_study(source, hook="hook_norm_final", preset="darcet", detect_layer=3, **kw)
     expected = detect(source, 150.0, 3, progress=False).outliers
     assert (darcet.preset, darcet.detect_layer, darcet.threshold, darcet.params["threshold"]) == ("darcet", 3, 150.0, 150.0)
     assert darcet.high_norm_share == pytest.approx(float(expected.float().mean()))
-    spec = probes_study(source, "hook_norm_final", detection=DetectionSpec("p98", 3), **kw)
+    spec = probes_study(source, hook="hook_norm_final", detection=DetectionSpec("p98", 3), **kw)
     assert spec.threshold_method == "percentile" and spec.params["threshold"] == "p98" and spec.detect_layer == 3
     with pytest.raises(InterpError, match="not both"):
         probes_study(source, outliers=expected, threshold="p98", **kw)
@@ -199,7 +199,7 @@ def test_early_stopping_keeps_the_best_pass():
 
 # ------------------------------------------------------------------------------ 4. too little data, marked
 def test_a_group_with_too_little_data_warns_and_is_marked_everywhere():
-    from interp.commands.study_objects import probe_line
+    from interp.studies.probes.probes import probe_line
     from interp.plots.probes import probe_bars
     from interp.report.html import _probe_sentence
     from interp.report.summary import probes_summary

@@ -13,7 +13,7 @@ from conftest import images, make_model
 from interp.errors import InterpError
 from interp.models.layout import TokenLayout
 from interp.studies import CacheSource, open_source
-from interp.studies.probes.token_probes import (MIN_GROUP_TOKENS, MIN_IMAGES, GroupScore, ProbesResult, patch_pixels,
+from interp.studies.probes.probes import (MIN_GROUP_TOKENS, MIN_IMAGES, GroupScore, ProbesResult, patch_pixels,
                                    probes_study)
 
 GRID, PATCH, D = (4, 4), 2, 48
@@ -155,7 +155,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from test_studies import LazyReader
 from interp.studies import CacheSource
-from interp.studies.probes.token_probes import probes_study
+from interp.studies.probes.probes import probes_study
 import torch
 torch.set_num_threads(1)
 
@@ -172,8 +172,8 @@ kw = dict(tasks=("position",), max_train_tokens=8000, max_test_tokens=4000, prog
 probes_study(CacheSource(LazyReader(20)), **kw)  # warm-up
 reader = LazyReader(1000)
 whole, _ = peak_growth(lambda: reader["blocks.1.hook_resid_post"][0:1000].sum())
-quarter, _ = peak_growth(lambda: probes_study(CacheSource(LazyReader(250)), batch_size=16, **kw))
-study, result = peak_growth(lambda: probes_study(CacheSource(reader), batch_size=16, **kw))
+quarter, _ = peak_growth(lambda: probes_study(CacheSource(LazyReader(250)), **kw))
+study, result = peak_growth(lambda: probes_study(CacheSource(reader), **kw))
 print(json.dumps({"whole_hook": whole, "study": study, "quarter": quarter, "n_train_tokens": result.n_train_tokens,
                   "high": result.position["high_norm"].n}))
 """

@@ -18,7 +18,7 @@ from interp.commands.common import parse_neurons
 from interp.commands.study_artifacts import parse_target
 from interp.errors import InterpError
 from interp.models import planted_truth, sample_image_paths
-from interp.plots import artifacts as plots
+import interp.plots as plots
 from interp.report import run_report
 from interp.report.battery import report_sample_paths
 from interp.studies import open_source
@@ -225,7 +225,7 @@ def test_figures_say_so_when_there_are_no_high_norm_tokens(tmp_path):
     src = open_source(model=make_model("dinov2_reg"), images=images(2))
     norms, neurons = norms_study(src, progress=False), neurons_study(src, progress=False)
     texts = {name: figure_texts(fig) for name, fig in plots.study_figures(norms) + plots.study_figures(neurons)}
-    assert plots.NO_ARTIFACTS in texts["outlier_maps"] and plots.NO_ARTIFACTS in texts["norm_histograms"]
+    assert plots.common.NO_ARTIFACTS in texts["outlier_maps"] and plots.common.NO_ARTIFACTS in texts["norm_histograms"]
     assert "no register neurons ranked" in texts["neuron_scores"] and neurons.message in texts["neuron_scores"]
     for _, fig in plots.study_figures(norms):
         fig.savefig(tmp_path / "f.png", dpi=110)
@@ -238,13 +238,13 @@ def test_figures_draw_from_saved_results_only(tmp_path):
     x[:, :, :64, :64] = 0.3
     norms_study(open_source(model=planted, images=x), progress=False).to_json(tmp_path / "norms.json")
     norms = NormsResult.from_json(tmp_path / "norms.json")
-    fig = plots.outlier_maps(norms, images=(x * 0.25 + 0.5).clamp(0, 1))
+    fig = plots.norms.outlier_maps(norms, images=(x * 0.25 + 0.5).clamp(0, 1))
     assert isinstance(fig, Figure) and "16 outlier patches" in figure_texts(fig)
     assert len(fig.axes) == 2 and len(fig.axes[0].images) == 2  # the photo and the outlier overlay
     for name, fig in plots.study_figures(norms):
         fig.savefig(tmp_path / f"{name}.png", dpi=110)
     with pytest.raises(ValueError, match="images given"):
-        plots.outlier_maps(norms, images=x[:1].clamp(0, 1))
+        plots.norms.outlier_maps(norms, images=x[:1].clamp(0, 1))
     with pytest.raises(ValueError, match="no artifact figures"):
         plots.study_figures(object())
 

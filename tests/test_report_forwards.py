@@ -83,7 +83,7 @@ def test_one_observational_pass_serves_norms_neurons_probes_and_lost(one_thread)
     from interp.studies.artifacts.norms import norms_reading, norms_study
     from interp.runtime.passes import run_readings
     from interp.studies.objects.lost import lost_reading, lost_study
-    from interp.studies.probes.token_probes import probes_reading, probes_study
+    from interp.studies.probes.probes import probes_reading, probes_study
 
     model = interp.load("planted_vit")
     source = open_source(model=model, images=sample_image_paths()).held()

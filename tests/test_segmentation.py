@@ -14,8 +14,8 @@ from interp.models import sample_image_paths
 from interp.studies import open_source
 from interp.studies.core.stats import iou as jaccard
 from interp.studies.objects.seg_scoring import upsample_nearest
-from interp.studies.objects.segmentation import (foreground_cells, ground_truth_masks, rasterise_polygons, read_coco_polygons,
-                                         segmentation_study)
+from interp.studies.objects.segment import (foreground_cells, ground_truth_masks, rasterise_polygons, read_coco_polygons,
+                                         segment_study)
 
 
 def test_threshold_upsample_and_jaccard_on_a_constructed_map():
@@ -51,7 +51,7 @@ def test_study_whole_image_mask_gives_the_foreground_share(tmp_path):
         with Image.open(p) as im:
             Image.fromarray(np.full((im.height, im.width), 255, dtype=np.uint8)).save(masks / f"{p.stem}.png")
     source = open_source(model=model, images=[str(p) for p in sample_image_paths()[:3]])
-    result = segmentation_study(source, masks, reference="cls", progress=False)
+    result = segment_study(source, masks=masks, with_selective=False, reference="cls", progress=False)
     assert result.jaccard[:2] == pytest.approx(result.foreground_share[:2]) and result.jaccard[2] is None
     assert 0 < result.foreground_share[0] < 0.5 and result.n_evaluated == 2
     assert result.input_size == [224, 224]
@@ -67,15 +67,15 @@ def test_study_coco_polygons_and_errors(tmp_path):
             "annotations": [{"image_id": 1, "bbox": [0, 0, w, h], "segmentation": [[0, 0, w, 0, w, h, 0, h]]}]}
     (tmp_path / "coco.json").write_text(json.dumps(coco))
     source = open_source(model=model, images=[str(path)])
-    result = segmentation_study(source, tmp_path / "coco.json", progress=False)
+    result = segment_study(source, masks=tmp_path / "coco.json", with_selective=False, progress=False)
     assert result.jaccard[0] == pytest.approx(result.foreground_share[0])
     coco["annotations"][0]["segmentation"] = {"counts": "abc", "size": [h, w]}
     (tmp_path / "rle.json").write_text(json.dumps(coco))
     with pytest.raises(InterpError, match="RLE"):
-        segmentation_study(source, tmp_path / "rle.json", progress=False)
+        segment_study(source, masks=tmp_path / "rle.json", with_selective=False, progress=False)
     (tmp_path / "empty").mkdir()
     with pytest.raises(InterpError, match="no image of the source has a ground-truth mask"):
-        segmentation_study(source, tmp_path / "empty", progress=False)
+        segment_study(source, masks=tmp_path / "empty", with_selective=False, progress=False)
 
 
 def test_coco_file_names_are_normalised_like_box_files(tmp_path):

@@ -20,7 +20,7 @@ from interp.formats.masks import read_label_mask, read_mask
 from interp.models.geometry import input_geometry, mask_to_input, mask_to_original
 from interp.models.preprocessing import timm_transform
 from interp.studies.objects.seg_scoring import class_areas, reduce_areas, upsample_nearest
-from interp.studies.objects.segmentation import segmentation_study
+from interp.studies.objects.segment import segment_study
 
 # Pascal VOC's palette: index 0 black (background), 1 dark red (aeroplane), 255 cream (void border).
 VOC_PALETTE = [0, 0, 0, 128, 0, 0, 0, 128, 0] + [0, 0, 0] * 252 + [224, 224, 192]
@@ -114,8 +114,8 @@ def _study_inputs(tmp_path, n=3):
 def test_study_leaves_void_out_and_reports_miou_both_ways(tmp_path):
     model, paths, masks, truth = _study_inputs(tmp_path)
     source = open_source(model=model, images=[str(p) for p in paths])
-    per_image = segmentation_study(source, masks, progress=False)
-    dataset = segmentation_study(source, masks, average="dataset", progress=False)
+    per_image = segment_study(source, masks=masks, with_selective=False, progress=False)
+    dataset = segment_study(source, masks=masks, with_selective=False, average="dataset", progress=False)
     transform = timm_transform(source.data_config())
     preds, labels = [], []
     for i, p in enumerate(paths):                 # the oracle on the same prediction and the mapped label map
@@ -149,8 +149,8 @@ def test_full_frame_scores_every_original_pixel(tmp_path):
     assert source.data_config()["crop_pct"] < 1                  # the model's transform crops a border
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        full = segmentation_study(source, masks, frame="full", progress=False)
-    inner = segmentation_study(source, masks, progress=False)
+        full = segment_study(source, masks=masks, with_selective=False, frame="full", progress=False)
+    inner = segment_study(source, masks=masks, with_selective=False, progress=False)
     for i, p in enumerate(paths):
         index = truth[p.stem]
         scored = int((index != 255).sum())
@@ -161,12 +161,12 @@ def test_full_frame_scores_every_original_pixel(tmp_path):
     assert any("does not show" in str(w.message) for w in caught)
     assert full.miou is not None and full.miou != pytest.approx(inner.miou, abs=1e-9)
     with pytest.raises(InterpError, match="frame="):
-        segmentation_study(source, masks, frame="crop", progress=False)
+        segment_study(source, masks=masks, with_selective=False, frame="crop", progress=False)
 
 
 def test_segment_cli_average_and_frame_options(tmp_path):
     from interp.cli import main
-    from interp.studies.objects.segmentation import SegmentationResult
+    from interp.studies.objects.segment import SegmentResult
 
     _, paths, masks, _ = _study_inputs(tmp_path, n=2)
     out = tmp_path / "out"
@@ -175,7 +175,7 @@ def test_segment_cli_average_and_frame_options(tmp_path):
         assert main(["study", "segment", "planted_vit", "--images", str(paths[0].parent), "--masks", str(masks),
                      "--out", str(out), "--average", "dataset", "--frame", "full", "--whole-image", "--no-selective",
                      "--no-progress"]) == 0
-    result = SegmentationResult.from_json(out / "segmentation.json")
+    result = SegmentResult.from_json(out / "segment.json")
     assert result.average == "dataset" and result.frame == "full" and result.n_scored == 2 and result.whole_image
     assert result.unseen_share[:2] == [0.0, 0.0]
     assert result.areas[2:] == [None, None]                       # the other sample photos have no mask
@@ -194,7 +194,8 @@ def test_whole_image_shows_the_model_each_image_uncropped(tmp_path):
     source = open_source(model=model, images=[str(p) for p in paths])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        whole = segmentation_study(source, masks, frame="full", whole_image=True, progress=False)
+        whole = segment_study(source, masks=masks, with_selective=False, frame="full", whole_image=True,
+                              progress=False)
     assert whole.whole_image is True and whole.params["whole_image"] is True
     assert whole.unseen_share == [0.0, 0.0] and not any("does not show" in str(w.message) for w in caught)
     for i, p in enumerate(paths):                     # every non-void original pixel is scored
@@ -206,8 +207,8 @@ def test_whole_image_shows_the_model_each_image_uncropped(tmp_path):
     expected = create_transform(**cfg, is_training=False)(Image.open(paths[1]).convert("RGB"))
     _, x = next(view.image_batches(2))
     assert torch.allclose(x[1], expected, atol=1e-6)   # chelsea (385 x 256) squashed whole into 224 x 224
-    cropped = segmentation_study(source, masks, progress=False)
+    cropped = segment_study(source, masks=masks, with_selective=False, progress=False)
     assert whole.foreground != cropped.foreground      # the model saw other pixels
     with pytest.raises(InterpError, match="live source over image files"):
-        segmentation_study(open_source(model=model, images=torch.zeros(1, 3, 224, 224)), masks, whole_image=True,
-                           progress=False)
+        segment_study(open_source(model=model, images=torch.zeros(1, 3, 224, 224)), masks=masks,
+                      with_selective=False, whole_image=True, progress=False)

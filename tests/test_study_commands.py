@@ -1,19 +1,15 @@
-"""How ``interp study NAME`` runs and saves: the study function comes from the study's descriptor, the figures
-from the plots registry (with the command's figure options), and ``<study>.json`` is written once, with the
-skipped images as the result's own field."""
+"""How ``interp study NAME`` runs and saves: the study function is the one bound to the study's config, the
+figures come from the plots registry (with the config's figure options), and ``<study>.json`` is written once,
+with the skipped images as the result's own field."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
-import sys
-import types
 from pathlib import Path
 
 import pytest
 
 from interp.cli import main
-from interp.commands.registry import STUDIES
 from interp.models import sample_image_paths
 
 TWO_PHOTOS = [p for p in sample_image_paths() if p.stem in ("astronaut", "rocket")]
@@ -57,10 +53,11 @@ def test_a_study_json_is_written_once_with_its_skipped_images(tmp_path, photos, 
     assert "weights_seed" in data and data["figure_files"] == ["masking_curves.png"]
 
 
-def test_lazy_study_figures_come_from_the_registry_with_the_command_options(tmp_path, monkeypatch, one_thread):
+def test_study_figures_come_from_the_registry_with_the_command_options(tmp_path, monkeypatch, one_thread):
     from matplotlib.figure import Figure
 
     from interp.plots.registry import FIGURES, FigureSpec
+    from interp.studies.aggregation.patch_score import PatchScoreResult
 
     asked = []
 
@@ -68,7 +65,7 @@ def test_lazy_study_figures_come_from_the_registry_with_the_command_options(tmp_
         asked.append(n_maps)
         return Figure()
 
-    monkeypatch.setitem(FIGURES, "patch_score", [FigureSpec("my_maps", maps, options=("n_maps",))])
+    monkeypatch.setitem(FIGURES, PatchScoreResult, [FigureSpec("my_maps", maps, options=("n_maps",))])
     out = tmp_path / "out"
     assert main(["study", "patch-score", "planted_vit", "--images", str(TWO_PHOTOS[0]), "--out", str(out),
                  "--n-maps", "3", "--no-progress"]) == 0
@@ -77,23 +74,20 @@ def test_lazy_study_figures_come_from_the_registry_with_the_command_options(tmp_
     assert (out / "my_maps.png").is_file() and not (out / "score_maps.png").exists()
 
 
-def test_study_commands_run_the_function_their_descriptor_names(tmp_path, monkeypatch, one_thread):
+def test_study_commands_run_the_function_bound_to_the_config(tmp_path, monkeypatch, one_thread):
+    from interp.studies import declaration
+    from interp.studies.artifacts.configs import NormsConfig
     from interp.studies.artifacts.norms import norms_study
 
     calls = []
 
-    def traced_norms(source, **options):
-        calls.append(sorted(options))
-        return norms_study(source, **options)
+    def traced_norms(source, config, **keywords):
+        calls.append(config)
+        return norms_study(source, config, **keywords)
 
-    module = types.ModuleType("traced_studies")
-    module.traced_norms = traced_norms
-    monkeypatch.setitem(sys.modules, "traced_studies", module)
-    command = STUDIES["norms"]
-    traced = dataclasses.replace(command.descriptor, function="traced_studies:traced_norms")
-    monkeypatch.setitem(STUDIES, "norms", dataclasses.replace(command, descriptor=traced))
+    monkeypatch.setitem(declaration._FUNCTIONS, NormsConfig, traced_norms)
     out = tmp_path / "out"
     assert main(["study", "norms", "planted_vit", "--images", str(TWO_PHOTOS[0]), "--out", str(out),
-                 "--no-progress"]) == 0
-    assert len(calls) == 1 and "threshold" in calls[0]
+                 "--threshold", "p98", "--no-progress"]) == 0
+    assert len(calls) == 1 and isinstance(calls[0], NormsConfig) and calls[0].threshold == "p98"
     assert json.loads((out / "norms.json").read_text())["study"] == "norms"

@@ -13,9 +13,9 @@ from interp.cli import main
 from interp.models import sample_image_paths
 from interp.plots.registry import has_figures
 from interp.studies.objects.lost import RUN_FIELDS, LostResult
-from interp.studies.probes.token_probes import ProbesResult
+from interp.studies.probes.probes import ProbesResult
 from interp.studies.core.result import result_html
-from interp.studies.objects.segmentation import SegmentationResult
+from interp.studies.objects.segment import SegmentResult
 
 PLANTED_NEURON = "2:17"  # a planted register neuron (interp.models.planted)
 
@@ -90,7 +90,7 @@ def test_segment_cli_whole_image_masks_give_the_foreground_share(tmp_path):
     out = tmp_path / "out"
     assert main(["study", "segment", "planted_vit", "--images", str(paths[0].parent), "--masks", str(masks),
                  "--out", str(out), "--neurons", PLANTED_NEURON, "--no-progress"]) == 0
-    result = SegmentationResult.from_json(out / "segmentation.json")
+    result = SegmentResult.from_json(out / "segment.json")
     assert set(result.variants) == {"selective (k=1)", "cls + TestTimeRegister"}
     runs = [(result.jaccard, result.foreground_share)] + [(v["jaccard"], v["foreground_share"])
                                                           for v in result.variants.values()]
@@ -98,12 +98,12 @@ def test_segment_cli_whole_image_masks_give_the_foreground_share(tmp_path):
         assert jac[:2] == pytest.approx(share[:2]) and jac[2:] == [None, None]
     assert any(s > 0 for _, share in runs for s in share)
     assert (out / "segmentation_overlays.png").exists()
-    # the JSON is named segmentation.json, not segment.json: a second run must still refuse to replace it
+    # a second run must refuse to replace segment.json (no --overwrite)
     assert main(["study", "segment", "planted_vit", "--images", str(paths[0].parent), "--masks", str(masks),
                  "--out", str(out), "--no-progress"]) == 1
 
 
-@pytest.mark.parametrize("study", ["probes", "lost", "segmentation", "patch_score", "pib", "masking",
+@pytest.mark.parametrize("study", ["probes", "lost", "segment", "patch_score", "pib", "masking",
                                    "selective_cls", "norms"])
 def test_every_study_has_registered_figures(study):
     assert has_figures(study)

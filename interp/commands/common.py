@@ -8,9 +8,9 @@ from typing import Dict, List, Sequence
 
 from ..console import add_output_args
 from ..errors import InterpError, UsageError
-from ..studies.core.options import CLASSIFIER_HELP
-from ..values import (NEURONS_SYNTAX, device_arg, existing_file, existing_path, image_size_arg, nonnegative_float, open_fraction,
-                     positive_float, positive_int, seed_arg, threshold_arg, transform_arg)
+from ..studies.core.options import CLASSIFIER_HELP, ProbeBudgetOptions
+from ..values import (NEURONS_SYNTAX, device_arg, existing_file, existing_path, image_size_arg, positive_int, seed_arg,
+                     threshold_arg, transform_arg)
 
 
 def add_model_args(parser: argparse.ArgumentParser, model_optional: bool = False, seed: bool = True) -> None:
@@ -211,30 +211,15 @@ def preprocess_arg(args: argparse.Namespace):
     return f"resize{resize}-crop{resize if crop is None else crop}"
 
 
-PROBE_BUDGET_FLAGS = ("epochs", "min_steps", "lr", "weight_decay", "ridge", "patience", "val_fraction")
-
-
 def add_probe_budget_args(parser: argparse.ArgumentParser) -> None:
-    """The linear probes' budget and schedule (``interp study probes``, ``interp compare``): ``probe_options``."""
-    budget = parser.add_argument_group("probe budget (position and label probes; the pixel probe is closed-form ridge)")
-    budget.add_argument("--epochs", type=positive_int, default=None, help="passes over the training tokens (default 30)")
-    budget.add_argument("--min-steps", type=positive_int, default=None,
-                        help="at least this many Adam steps (default 300; interp compare: 100)")
-    budget.add_argument("--lr", type=positive_float, default=None, help="Adam learning rate, cosine-decayed (default 0.01)")
-    budget.add_argument("--weight-decay", type=nonnegative_float, default=None, help="AdamW weight decay (default 0)")
-    budget.add_argument("--ridge", type=nonnegative_float, default=None,
-                        help="relative L2 penalty of the pixel probe (default 1e-4)")
-    budget.add_argument("--patience", type=positive_int, default=None,
-                        help="early stopping: stop after this many passes without a better validation loss")
-    budget.add_argument("--val-fraction", type=open_fraction, default=None,
-                        help="share of the training images set aside as the validation set of --patience (default 0.1)")
+    """The linear probes' budget and schedule (``interp compare``; ``interp study probes`` has them from its
+    config): the options of :class:`~interp.studies.core.options.ProbeBudgetOptions`."""
+    ProbeBudgetOptions.add_arguments(parser, only=ProbeBudgetOptions.BUDGET)
 
 
 def probe_budget(args: argparse.Namespace) -> Dict[str, float]:
     """The probe budget options given (``probe_options`` of the probes); --val-fraction needs --patience."""
-    if getattr(args, "val_fraction", None) is not None and getattr(args, "patience", None) is None:
-        raise UsageError("--val-fraction sets the validation set of early stopping; give --patience N too")
-    return {k: getattr(args, k) for k in PROBE_BUDGET_FLAGS if getattr(args, k, None) is not None}
+    return ProbeBudgetOptions(**{k: getattr(args, k, None) for k in ProbeBudgetOptions.BUDGET}).probe_budget()
 
 
 def add_batch_size_arg(parser: argparse.ArgumentParser, batch_size: int = 16) -> None:
@@ -274,31 +259,6 @@ def add_strict_arg(parser: argparse.ArgumentParser) -> None:
 def add_overwrite_arg(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help=f"replace {what}; the old result stays until the new one is complete")
-
-
-def source_from_args(args: argparse.Namespace, model):
-    """The activation source the study arguments describe (live images or a cache checked against model).
-
-    A cache is checked up front against the hooks the study reads (``registry.required_hooks``), so a cache
-    that cannot serve the study fails before any work. Unreadable images are skipped and kept in
-    ``args.skipped`` (written into the study's JSON), or stop the run with ``--strict``."""
-    from ..runtime.open import open_source
-    from .registry import STUDIES, check_cache_serves
-
-    cache = getattr(args, "cache", None)
-    source = open_source(model=model, images=None if cache else args.images, cache=cache,
-                         batch_size=args.batch_size, strict=getattr(args, "strict", False),
-                         preprocess=preprocess_arg(args))
-    study = getattr(args, "study", None)
-    if not source.is_live and study in STUDIES:
-        check_cache_serves(source, study, model.n_layers, vars(args))
-    args.skipped = [{"image": image, "reason": reason} for image, reason in source.skipped]
-    args.weights_seed = getattr(model, "init_seed", None)
-    args.pos_resampled = getattr(model, "pos_resample", None)
-    args.preprocess = source.preprocess
-    return source
-
-
 
 
 def parse_neurons(text: str) -> Dict[int, List[int]]:

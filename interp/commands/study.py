@@ -95,7 +95,8 @@ def run_study(config_class: Type[StudyConfig], args: argparse.Namespace) -> int:
     with atomic_output_dir(inputs.out, f"{name}.json", replaces=old_figures, what=f"{name} result") as staging:
         model = model_from_args(args)
         source = open_study_source(inputs, model, config)
-        result = study_function(config_class)(source, config, progress=inputs.progress)
+        result = study_function(config_class)(source, config, progress=inputs.progress,
+                                              **config.run_keywords(inputs.images, inputs.cache))
         for line in result.console_lines(config):
             print(line)
         save_study(result, staging, source, model, **config.to_dict())

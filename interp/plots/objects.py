@@ -5,9 +5,9 @@ Images are the model-input frames the study saw (``source.display_images()``: Te
 without them the cells are drawn on a grey grid.
 
 >>> from interp.studies.objects.lost import lost_study
->>> from interp.studies.objects.segmentation import segmentation_variants
+>>> from interp.studies.objects.segment import segment_study
 >>> fig = lost_boxes(lost_study(source, progress=False), source.display_images())
->>> fig = segmentation_overlays(segmentation_variants(source, "masks.json", progress=False), source.display_images())
+>>> fig = segmentation_overlays(segment_study(source, masks="masks.json", progress=False), source.display_images())
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from matplotlib.patches import Rectangle
 
 from .common import MAX_PANELS, display_arrays, message_figure, short_name
 from ..studies.objects.lost import LostResult
-from ..studies.objects.segmentation import SegmentationResult
+from ..studies.objects.segment import SegmentResult
 from .registry import figure
 
 BOX_COLOR = "#00e5ff"
@@ -92,7 +92,7 @@ def lost_boxes(result, images=None, n: int = MAX_PANELS) -> Figure:
     return fig
 
 
-@figure(SegmentationResult, "segmentation_overlays", images=True)
+@figure(SegmentResult, "segmentation_overlays", images=True)
 def segmentation_overlays(result, images=None, n: int = MAX_PANELS) -> Figure:
     """Foreground cells (score > mean + k std; the others dimmed) over each image (up to ``n``), one row per
     variant (the result's own reference first), with each image's mIoU and Jaccard in the title."""

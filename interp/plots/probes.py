@@ -5,7 +5,7 @@ input space), not R^2, which divides by each group's own variance and can swap t
 without a score (empty, too few tokens) gets its reason written in place of the bar and a "not scored" mark
 under its name; a result on too few images is one message, not a figure of noise.
 
->>> from interp.studies.probes.token_probes import probes_study
+>>> from interp.studies.probes.probes import probes_study
 >>> fig = probe_bars(probes_study(source, tasks=("position",), progress=False))
 >>> fig.savefig("probes.png", dpi=110, bbox_inches="tight")
 """
@@ -17,7 +17,7 @@ from typing import Dict, List, NamedTuple
 from matplotlib.figure import Figure
 
 from .common import message_figure
-from ..studies.probes.token_probes import ProbesResult
+from ..studies.probes.probes import ProbesResult
 from .registry import figure
 
 

@@ -217,7 +217,7 @@ def object_readings(source: LiveSource, detection: Detection, options: ReportOpt
     from .compare import PROBE_OPTIONS
     from ..studies.artifacts.redundancy import redundancy_reading
     from ..studies.objects.lost import lost_reading
-    from ..studies.probes.token_probes import probes_reading
+    from ..studies.probes.probes import probes_reading
 
     return [probes_reading(source, detection=detection, seed=options.seed, batch_size=options.batch_size,
                            probe_options=PROBE_OPTIONS, max_train_tokens=REPORT_PROBE_TOKENS,

@@ -6,7 +6,7 @@ Protocol (Baxevanakis et al.): token norms before the final LayerNorm; last-bloc
 averaged over heads; high-norm = above each model's own threshold, one :class:`DetectionSpec` for every model
 (default: the automatic two-mode split at the last block; ``preset="reassessment"`` or ``threshold="p98"`` for
 the per-model 98th percentile, ``preset="darcet"`` for 150 at the last block). The probes
-(:mod:`interp.studies.probes.token_probes`) read the last block's residual stream with the same detection, on a
+(:mod:`interp.studies.probes.probes`) read the last block's residual stream with the same detection, on a
 capped number of tokens (``probe_tokens``) so the table stays quick on small models.
 
 Columns: :data:`COLUMN_DOCS`, one line each (the README's table is :func:`column_table`); ``-`` = no value
@@ -21,7 +21,7 @@ from ..studies.artifacts.norms import norms_study
 from ..studies.artifacts.redundancy import redundancy_study
 from ..studies.core.detection import DetectionSpec, RunOptions, spec_of, threshold_param
 from ..studies.core.thresholds import ThresholdSpec
-from ..studies.probes.token_probes import probes_study
+from ..studies.probes.probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
 from ..models.preprocessing import eval_transform
 from ..runtime.open import open_source
@@ -180,7 +180,7 @@ def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpe
         rows[-1].update(redundancy_columns(redundancy))
         notes[name] = redundancy_notes(redundancy)
         if probes:
-            probed = probes_study(source, detection=found, seed=seed, batch_size=batch_size, progress=progress,
+            probed = probes_study(source, detection=found, seed=seed, progress=progress,
                                   max_train_tokens=probe_tokens, max_test_tokens=max(probe_tokens // 2, 1),
                                   probe_options=probe_options)
             rows[-1].update(probe_columns(probed))

@@ -131,6 +131,11 @@ class StudyConfig:
         """The hooks it reads from a cache of a model with ``n_layers`` blocks; None: it re-runs the model."""
         return None
 
+    def run_keywords(self, images: Any, cache: Optional[str]) -> Dict[str, Any]:
+        """Keywords the study function takes from the run's inputs rather than its options (torch-free values,
+        e.g. the image folders whose class names label the images); none by default."""
+        return {}
+
     # ------------------------------------------------------------------ derived
     @classmethod
     def live_only(cls) -> bool:
@@ -177,11 +182,14 @@ class StudyConfig:
         return [f for f in dataclasses.fields(cls) if "flag" in f.metadata]
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one option per field (in declaration order; grouped by :attr:`Flag.group`)."""
+    def add_arguments(cls, parser: argparse.ArgumentParser, only: Optional[Sequence[str]] = None) -> None:
+        """Add one option per field (in declaration order; grouped by :attr:`Flag.group`); ``only``: just these
+        fields (a shared option group on another command)."""
         hints = typing.get_type_hints(cls)
         groups: Dict[str, Any] = {}
         for f in cls.cli_fields():
+            if only is not None and f.name not in only:
+                continue
             spec: Flag = f.metadata["flag"]
             target = parser if spec.group is None else groups.setdefault(
                 spec.group, parser.add_argument_group(spec.group))

@@ -1,6 +1,6 @@
 """Option groups several studies share, as torch-free config dataclasses a study's config inherits from
 (:mod:`interp.studies.declaration`): the detection contract, the classifier of the behaviour metrics, the
-register neurons an edit uses.
+register neurons an edit uses, the linear probes' budget.
 
 >>> from interp.studies.artifacts.configs import NormsConfig
 >>> NormsConfig(threshold="3.5").threshold       # a number given as text becomes a norm
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...errors import InterpError, UsageError
-from ...values import NEURONS_SYNTAX, existing_file, threshold_arg
+from ...values import (NEURONS_SYNTAX, existing_file, nonnegative_float, open_fraction, positive_float, positive_int,
+                       threshold_arg)
 from ..declaration import StudyConfig, option
 from .presets import PRESETS
 
@@ -97,3 +98,41 @@ class NeuronsOptions(ClassifierOption):
         if self.neurons is None or (isinstance(self.neurons, str) and not self.neurons.strip()):
             raise UsageError(f"interp study {self.name} needs --neurons: {NEURONS_SYNTAX}; find them with "
                              "`interp study neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json")
+
+
+PROBE_BUDGET_GROUP = "probe budget (position and label probes; the pixel probe is closed-form ridge)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeBudgetOptions(StudyConfig):
+    """The linear probes' budget and schedule (``interp study probes``, ``interp compare``): each option given
+    overrides the probes' own default (:meth:`probe_budget`, the probes' ``probe_options``)."""
+
+    BUDGET: ClassVar[Tuple[str, ...]] = ("epochs", "min_steps", "lr", "weight_decay", "ridge", "patience",
+                                         "val_fraction")
+
+    epochs: Optional[int] = option(None, "passes over the training tokens (default 30)", parse=positive_int,
+                                   group=PROBE_BUDGET_GROUP)
+    min_steps: Optional[int] = option(None, "at least this many Adam steps (default 300; interp compare: 100)",
+                                      parse=positive_int, group=PROBE_BUDGET_GROUP)
+    lr: Optional[float] = option(None, "Adam learning rate, cosine-decayed (default 0.01)", parse=positive_float,
+                                 group=PROBE_BUDGET_GROUP)
+    weight_decay: Optional[float] = option(None, "AdamW weight decay (default 0)", parse=nonnegative_float,
+                                           group=PROBE_BUDGET_GROUP)
+    ridge: Optional[float] = option(None, "relative L2 penalty of the pixel probe (default 1e-4)",
+                                    parse=nonnegative_float, group=PROBE_BUDGET_GROUP)
+    patience: Optional[int] = option(
+        None, "early stopping: stop after this many passes without a better validation loss", parse=positive_int,
+        group=PROBE_BUDGET_GROUP)
+    val_fraction: Optional[float] = option(
+        None, "share of the training images set aside as the validation set of --patience (default 0.1)",
+        parse=open_fraction, group=PROBE_BUDGET_GROUP)
+
+    def check(self) -> None:
+        super().check()
+        if self.val_fraction is not None and self.patience is None:
+            raise UsageError("--val-fraction sets the validation set of early stopping; give --patience N too")
+
+    def probe_budget(self) -> Dict[str, Any]:
+        """The budget options given (None: the probes' default), as the probes' ``probe_options``."""
+        return {k: getattr(self, k) for k in self.BUDGET if getattr(self, k) is not None}

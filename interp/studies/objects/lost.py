@@ -41,16 +41,17 @@ from ...models.geometry import input_geometry
 from ...models.preprocessing import timm_transform
 from .lost_core import (TIES, LostOutput, cells_to_input, corloc_hits, degree_order, degrees_of,  # noqa: F401
                         input_to_original, key_features, lost_one, seed_component)  # (re-exported)
-from .lost_protocol import (LOST_MEAN, LOST_STD, lost_box, lost_hits, lost_protocol_features, lost_protocol_source,
-                            pos_table_options)
+from .configs import LostConfig
+from .lost_protocol import (LOST_MEAN, LOST_STD, display_image, lost_box, lost_hits, lost_protocol_features,
+                            lost_protocol_source, pos_table_options)
+from .register_edit import study_edit
 from ..core.outliers import resolve_layer
 from ..core.stats import bootstrap_ci
-from ..core.result import StudyResult
+from ..core.result import FIGURE_IMAGES, StudyResult
 from ...runtime.passes import Reader, Reading, read_pass, run_readings
 from ...runtime.source import ActivationSource, live_model
+from ..declaration import study
 
-
-PROTOCOLS = ("model", "lost")
 
 # What LOST was published on (Simeoni et al. 2021): the keys of the last block of DINO ViT-S/16.
 PUBLISHED_SETTING = "DINO ViT-S/16 (e.g. timm vit_small_patch16_224.dino), keys of the last block"
@@ -132,6 +133,13 @@ class LostResult(StudyResult):
         if self.edited is not None:
             text += f"\nwith {self.intervention.get('kind', 'the intervention')}: " + _run_text(self.edited)
         return text + (f"\n{self.note}" if self.note else "")
+
+    def figure_images(self, source) -> Any:
+        """Under ``protocol="lost"`` the padded full-resolution images LOST saw; else the source's first images."""
+        if self.protocol != "lost":
+            return super().figure_images(source)
+        ids = self.ids[:FIGURE_IMAGES]
+        return [display_image(i, int(self.patch_size[0])) for i in ids] if ids else None
 
 
 def _run_text(run: Dict[str, Any]) -> str:
@@ -277,38 +285,39 @@ def _key_hook(source: ActivationSource, layer: int, k: int) -> Tuple[int, str]:
     return layer, hook
 
 
-def lost_study(source: ActivationSource, layer: int = -1, k: int = 100,
-               boxes: Union[BoxTable, str, Path, None] = None, *, intervention=None, iou: float = 0.5,
-               n_boot: int = 1000, level: float = 0.95, seed: int = 0, batch_size: Optional[int] = None,
-               progress: bool = True, protocol: str = "model", ties: str = "index") -> LostResult:
+@study(LostConfig)
+def lost_study(source: ActivationSource, config: LostConfig, *, intervention=None,
+               progress: bool = True) -> LostResult:
     """LOST boxes for every image of a source (live or cache with ``blocks.{layer}.attn.hook_k``), and CorLoc
     when ground-truth ``boxes`` (a box file or table, original pixels; :mod:`interp.formats.box_files`) are given.
 
     Args:
-        layer: block whose keys are used (negative counts from the end; default the last).
-        k: lowest-degree patches considered at seed expansion (reference: 100).
-        intervention: an edit (e.g. a ``TestTimeRegister``; live source only): LOST runs once without and
-            once with it; the edited run's fields (:data:`RUN_FIELDS`) go to ``result.edited`` (Darcet Table 3).
-        iou: CorLoc's IoU threshold; n_boot, level, seed: its bootstrap interval.
-        protocol: ``"model"`` (default): the images through the source's transform, batched. ``"lost"``: the
-            reference's own (:mod:`~interp.studies.objects.lost_protocol`): each image file at full resolution,
-            padded to the patch size, the position table resampled per image as DINO does, a box file path read
-            with LOST's ground-truth conventions (COCO crowd boxes dropped, corners rounded), LOST's IoU; needs a
-            live source over image files with no ``preprocess``.
-        ties: order of patches of equal degree (:func:`degree_order`): ``"index"`` (default, reproducible) or
-            ``"torch"`` (the reference's unstable ``torch.argsort``).
+        config: the options (:class:`~interp.studies.objects.configs.LostConfig`; or pass them as keywords):
+            ``layer`` the block whose keys are used (negative counts from the end; default the last); ``k`` the
+            lowest-degree patches considered at seed expansion (reference: 100); ``boxes`` the ground truth;
+            ``iou`` CorLoc's IoU threshold; ``n_boot``, ``level``, ``seed`` its bootstrap interval;
+            ``protocol`` ``"model"`` (default: the images through the source's transform, batched) or
+            ``"lost"`` (the reference's own, :mod:`~interp.studies.objects.lost_protocol`: each image file at full
+            resolution, padded to the patch size, the position table resampled per image as DINO does, a box
+            file path read with LOST's ground-truth conventions (COCO crowd boxes dropped, corners rounded),
+            LOST's IoU; needs a live source over image files with no ``preprocess``); ``ties`` the order of
+            patches of equal degree (:func:`degree_order`): ``"index"`` (default, reproducible) or ``"torch"``
+            (the reference's unstable ``torch.argsort``); ``neurons`` (+ ``n_registers``): the register neurons
+            of a test-time register LOST also runs with.
+        intervention: an edit instead of ``neurons`` (e.g. a ``TestTimeRegister``; live source only): LOST runs
+            once without and once with it; the edited run's fields (:data:`RUN_FIELDS`) go to ``result.edited``
+            (Darcet Table 3).
     """
-    if protocol not in PROTOCOLS:
-        raise InterpError(f"protocol={protocol!r}: use one of {list(PROTOCOLS)}")
-    if ties not in TIES:
-        raise InterpError(f"ties={ties!r}: use one of {list(TIES)}")
-    if protocol == "lost":
+    c = config
+    layer, k, boxes, iou, n_boot, level, seed, ties = c.layer, c.k, c.boxes, c.iou, c.n_boot, c.level, c.seed, c.ties
+    intervention = study_edit(c.neurons, c.n_registers, intervention)
+    if c.protocol == "lost":
         table = read_boxes(boxes, convention="lost") if isinstance(boxes, (str, Path)) else boxes
         return _lost_protocol_study(source, layer, k, table, intervention, iou, n_boot, level, seed, ties, progress)
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
     reading = lost_reading(source, layer, k, table, iou=iou, n_boot=n_boot, level=level, seed=seed, ties=ties)
     model = live_model(source, "LOST with an intervention") if intervention is not None else None
-    bs = batch_size or source.batch_size
+    bs = source.batch_size
     result = run_readings(source, [reading], bs, progress, "LOST")[0]
     if model is not None:
         outputs = _lost_outputs(source.with_interventions(intervention), result.hook, k, bs, "LOST (edited)",

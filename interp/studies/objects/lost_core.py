@@ -17,8 +17,7 @@ from ...errors import InterpError
 from ...runtime.source import split_tokens
 from ..core.stats import box_iou
 from ...models.geometry import InputGeometry
-
-TIES = ("index", "torch")
+from .configs import TIES
 
 
 @dataclass

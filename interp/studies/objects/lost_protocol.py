@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 
 from ..._progress import tqdm
-from ...errors import InterpError
+from ...errors import InterpError, UsageError
 from ...models.pos_table import input_grid
 from ...models.preprocessing import open_image
 from ...runtime.forward import run_hooks
@@ -107,8 +107,8 @@ def lost_protocol_source(source: ActivationSource) -> LiveSource:
     if not isinstance(source, LiveSource) or source.ids and not source.reads_files:
         raise InterpError("protocol='lost' reads each image file at full resolution: give a live source over "
                           "image files (CLI --images DIR), not a cache or a tensor")
-    if source.transform is not None:
-        raise InterpError(f"protocol='lost' feeds full-resolution images (no resize or crop); the source was "
+    if source.transform is not None:  # an option that cannot go with protocol="lost" (the CLI exits 2)
+        raise UsageError(f"protocol='lost' feeds full-resolution images (no resize or crop); the source was "
                           f"opened with {source.transform.name}: leave --resize/--crop/--transform out")
     return source
 

@@ -37,10 +37,9 @@ import torch
 
 from ...errors import InterpError
 from ...models.geometry import mask_to_input, mask_to_original
+from .configs import AVERAGES, FRAMES
 
 CLASSES = ("background", "foreground")
-AVERAGES = ("image", "dataset")
-FRAMES = ("input", "full")
 
 
 def class_areas(pred, gt, valid=None) -> Tuple[np.ndarray, np.ndarray]:

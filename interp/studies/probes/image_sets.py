@@ -5,7 +5,7 @@ sets replace it, e.g. ImageNet-1k train images for fitting and val images for sc
 
 * ``test_images=`` (and optionally ``train_images=``): ids or paths of the source's images; without
   ``train_images`` every other image of the source trains;
-* a split file (:func:`read_split`): one image per line, ``train PATH`` or ``test PATH`` (a comma or a tab
+* a split file (:func:`~interp.studies.probes.split_file.read_split`): one image per line, ``train PATH`` or ``test PATH`` (a comma or a tab
   may separate the two; ``#`` starts a comment), or JSON ``{"train": [...], "test": [...]}``; relative paths
   are relative to the file's folder;
 * the command line: ``--images TRAIN --test-images TEST`` or ``--split FILE``.
@@ -13,7 +13,8 @@ sets replace it, e.g. ImageNet-1k train images for fitting and val images for sc
 Early stopping (``patience``) needs a validation set: ``val_fraction`` of the training images (seeded, by
 image) are set aside from fitting and used only to decide when to stop.
 
->>> from interp.studies.probes import probes_study
+>>> from interp.studies.probes.probes import probes_study
+>>> from interp.studies.probes.split_file import read_split
 >>> _ = open("split.txt", "w").write("train astronaut.jpg\\ntrain chelsea.jpg\\ntrain coffee.jpg\\ntest rocket.jpg\\n")
 >>> train, test = read_split("split.txt")            # file names match the source's images by name
 >>> result = probes_study(source, test_images=test, tasks=("position",), progress=False)
@@ -22,60 +23,21 @@ image) are set aside from fitting and used only to decide when to stop.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from ...errors import InterpError
+from ...formats.image_files import list_images
+from ...errors import InterpError, UsageError
+from ...models.preprocessing import decode_images, timm_transform
 from .linear_probe import split_indices
 from .tokens import TEST, TRAIN, VAL
 
 PathLike = Union[str, Path]
-SPLIT_NAMES = ("train", "test")
 DEFAULT_TEST_FRACTION = 0.25
 DEFAULT_VAL_FRACTION = 0.1
-
-
-def read_split(path: PathLike) -> Tuple[List[str], List[str]]:
-    """(train entries, test entries) of a split file (module docstring); relative paths made relative to the
-    file's folder. Raises InterpError naming the first bad line."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InterpError(f"cannot read the split file {str(path)!r}: {e}") from None
-    sets: Dict[str, List[str]] = {"train": [], "test": []}
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InterpError(f"split file {str(path)!r} is not valid JSON: {e}") from None
-        if not isinstance(data, dict) or set(data) - set(SPLIT_NAMES) or \
-                not all(isinstance(v, list) for v in data.values()):
-            raise InterpError(f"split file {str(path)!r}: JSON must be {{\"train\": [...], \"test\": [...]}}")
-        sets = {k: [str(v) for v in data.get(k, [])] for k in SPLIT_NAMES}
-    else:
-        for number, line in enumerate(text.splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            sep = "\t" if "\t" in line else "," if "," in line else None
-            name, _, entry = line.partition(sep) if sep else line.partition(" ")
-            name, entry = name.strip().lower(), entry.strip()
-            if number == 1 and name in ("split", "set") and entry.lower() in ("image", "id", "path"):
-                continue  # a header line
-            if name not in SPLIT_NAMES or not entry:
-                raise InterpError(f"split file {str(path)!r} line {number}: {line!r}; each line is "
-                                  "'train PATH' or 'test PATH'")
-            sets[name].append(entry)
-    if not sets["test"]:
-        raise InterpError(f"split file {str(path)!r} lists no test image; give 'test PATH' lines")
-    base = path.parent
-    resolve = (lambda e: e if Path(e).is_absolute() or not (base / e).exists() else str(base / e))
-    return [resolve(e) for e in sets["train"]], [resolve(e) for e in sets["test"]]
 
 
 def match_images(entries: Sequence[PathLike], ids: Sequence[str], what: str,
@@ -177,6 +139,21 @@ def set_labels(ids: Sequence[str], roots: Sequence[PathLike]) -> Tuple[Optional[
         return None, []
     index = {c: k for k, c in enumerate(classes)}
     return [index[c] for c in names], classes
+
+
+def cache_images(source, images: PathLike) -> torch.Tensor:
+    """The input images of a cache source, read from ``images`` (a folder or list file) in the cache's order and
+    preprocessed as the cache's were (its recorded data config): Tensor[N, 3, H, W]. Every cached image must be
+    among them."""
+    given = {p.resolve(): p for p in list_images(images)}
+    wanted = [Path(i).resolve() for i in source.ids]
+    missing = [str(w) for w in wanted if w not in given]
+    if missing:
+        raise UsageError(f"--images {str(images)!r} lacks {len(missing)} of the cache's {len(wanted)} images "
+                         f"(first: {missing[0]!r}); pass the images the cache was written from")
+    config = {k: v for k, v in source.data_config().items() if k != "preprocess"}
+    pixels, _, _ = decode_images([given[w] for w in wanted], timm_transform(config), strict=True)
+    return torch.stack(pixels)
 
 
 def split_summary(roles: torch.Tensor) -> Dict[str, int]:

@@ -51,7 +51,8 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -63,14 +64,18 @@ from ..core.thresholds import ThresholdSpec
 from ...runtime.passes import Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ...runtime.source import ActivationSource
-from .image_sets import DEFAULT_TEST_FRACTION, DEFAULT_VAL_FRACTION, image_roles, split_summary
+from ..declaration import study
+from .configs import POSITION_LOSSES, TASKS, ProbesConfig, image_entries
+from .image_sets import (DEFAULT_TEST_FRACTION, DEFAULT_VAL_FRACTION, cache_images, image_roles, set_labels,
+                         split_summary)
+from .split_file import read_split
 from .scores import (LABEL_KINDS, MIN_GROUP_TOKENS, MIN_IMAGES, MIN_LABEL_IMAGES, MIN_TEST_IMAGES,  # noqa: F401
                      MIN_TRAIN_IMAGES, PIXEL_SPACE, GroupScore, Scoring, as_groups, score_labels, score_pixels,
                      score_position, too_few_images)
 from .tokens import TEST, TRAIN, VAL, TokenSample, high_norm_mask
 
-POSITION_LOSSES = ("ce", "ce+mse")
-TASKS = ("position", "pixels", "label")
+PIXELS_FROM_CACHE = ("pixels: skipped, a cache holds no input images; pass the images the cache was written from "
+                     "(--images on the command line, images= in Python) for the pixel probe")
 # fit_probe's options and their defaults (recorded resolved in params["probe_options"]); val_fraction is the
 # study's: the share of training images set aside for early stopping when patience is given
 PROBE_OPTIONS = {"epochs": 30, "min_steps": 300, "batch_size": 4096, "lr": 1e-2, "weight_decay": 0.0,
@@ -123,6 +128,24 @@ class ProbesResult(OutlierStudyResult):
     def __post_init__(self):
         self.position, self.pixels, self.label = as_groups(self.position), as_groups(self.pixels), as_groups(self.label)
 
+    def console_lines(self, config=None) -> List[str]:
+        """The split, one line per probe and group (:func:`probe_line`), then the notes."""
+        lines = [f"high-norm patches: {self.outliers_from}; {self.n_train_images} training, {self.n_val_images} "
+                 f"validation, {self.n_test_images} held-out images ({self.split} split)"]
+        lines += [f"{probe:8s} {group:9s} n={entry.n:<6d} {probe_line(probe, entry)}"
+                  for probe in ("position", "pixels", "label") for group, entry in getattr(self, probe).items()]
+        return lines + list(self.notes)
+
+
+def probe_line(probe: str, entry: GroupScore) -> str:
+    """One group's figures in words (pixels: the L2 error first, then MSE and R^2), or why it has none."""
+    if entry.score is None:
+        return ("NOT SCORED: " if entry.too_few else "") + (entry.note or "no score")
+    if probe == "pixels":
+        return (f"L2 error {entry.l2_error:.4g} (chance {entry.chance_l2_error:.4g}), MSE {entry.mse:.4g}, "
+                f"R^2 {entry.score:.3f} (chance {entry.chance:.3f})")
+    return f"{entry.score:.3f} (chance {entry.chance:.3f})"
+
 
 def resolve_probe_options(probe_options: Optional[Dict[str, Any]], seed: int) -> Dict[str, Any]:
     """:data:`PROBE_OPTIONS` overridden by ``probe_options`` (unknown keys refused), with the study's seed."""
@@ -148,39 +171,50 @@ def _header(found, mask: torch.Tensor, hook: str, warn: bool = True):
                                              f"{resid_post(found.layer)} (probed: {hook})")
 
 
-def probes_study(source: ActivationSource, hook: Optional[str] = None, *, layer: int = -1,
-                 tasks: Sequence[str] = TASKS, position_loss: str = "ce",
-                 outliers: Optional[torch.Tensor] = None, detection: DetectionLike = None,
-                 threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
-                 preset: Optional[str] = None, images: Optional[torch.Tensor] = None,
-                 labels: Optional[Sequence[int]] = None, test_images: Optional[Sequence] = None,
-                 train_images: Optional[Sequence] = None, test_fraction: Optional[float] = None,
-                 max_train_tokens: int = 50_000, max_test_tokens: int = 20_000, seed: int = 0,
-                 batch_size: Optional[int] = None, probe_options: Optional[Dict[str, Any]] = None,
-                 progress: bool = True) -> ProbesResult:
+@study(ProbesConfig)
+def probes_study(source: ActivationSource, config: ProbesConfig, *, images: Union[torch.Tensor, str, Path, None] = None,
+                 labels: Optional[Sequence[int]] = None, outliers: Optional[torch.Tensor] = None,
+                 detection: DetectionLike = None, progress: bool = True) -> ProbesResult:
     """Position, pixel and label probes per token group (module docstring).
 
     Args:
-        hook: the probed tokens (default ``blocks.{layer}.hook_resid_post``), all token rows for CLS/registers.
-        tasks: any of ``position``, ``pixels``, ``label``.
-        position_loss: ``ce`` (Darcet) or ``ce+mse`` (the reassessment: + 0.5 x MSE of (row, col)).
-        outliers: a given high-norm mask Bool[N, t] or [N, P]; else the detection decides.
-        detection / threshold / detect_layer / preset: the detection contract (a Detection made on this source,
-            a DetectionSpec, or the loose values; default "auto" at the last block's ``hook_resid_post``).
-        images: Tensor[N, 3, H, W] preprocessed inputs for the pixel probe on a cache source.
+        config: the options (:class:`~interp.studies.probes.configs.ProbesConfig`; or pass them as keywords):
+            ``hook`` the probed tokens (default ``blocks.{layer}.hook_resid_post``), all token rows for
+            CLS/registers; ``tasks`` any of ``position``, ``pixels``, ``label``; ``position_loss`` ``ce`` (Darcet)
+            or ``ce+mse`` (the reassessment: + 0.5 x MSE of (row, col)); ``threshold`` / ``detect_layer`` /
+            ``preset`` the detection (default "auto" at the last block's ``hook_resid_post``); ``test_images``
+            (and ``train_images``): the held-out (and training) images among the source's: ids or paths, or a
+            folder / list file naming them (two folders in an image-folder layout label the images by class
+            name across both); ``split`` a split file naming both sets; else a seeded random split holding out
+            ``test_fraction`` (default 0.25) of the images; ``max_train_tokens`` / ``max_test_tokens`` the token
+            caps; the probe budget (``epochs``, ``min_steps``, ``lr``, ``weight_decay``, ``ridge``, ``patience``,
+            ``val_fraction``) and ``probe_options`` (any of :data:`PROBE_OPTIONS`; the budget options win).
+        images: the pixel probe's input images on a cache source: Tensor[N, 3, H, W] preprocessed as the cache
+            was, or the image files the cache was written from (read with the cache's transform).
         labels: [N] class ids (default ``source.labels``).
-        test_images / train_images: ids or paths of the held-out (and training) images among the source's;
-            None: a seeded random split holding out ``test_fraction`` (default 0.25) of the images.
-        probe_options: the fit budget (:data:`PROBE_OPTIONS`: epochs, min_steps, lr, weight_decay, batch_size,
-            ridge, aux_weight, device; patience + val_fraction for early stopping).
+        outliers: a given high-norm mask Bool[N, t] or [N, P]; else the detection decides.
+        detection: a Detection made on this source, or a DetectionSpec (instead of the config's detection).
     """
-    reading = probes_reading(source, hook, layer=layer, tasks=tasks, position_loss=position_loss, outliers=outliers,
-                             detection=detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
-                             images=images, labels=labels, test_images=test_images, train_images=train_images,
-                             test_fraction=test_fraction, max_train_tokens=max_train_tokens,
-                             max_test_tokens=max_test_tokens, seed=seed, batch_size=batch_size,
-                             probe_options=probe_options, progress=progress)
-    return run_readings(source, [reading], batch_size, progress, "probe tokens")[0]
+    c = config
+    if isinstance(images, (str, Path)):
+        images = cache_images(source, images) if not source.is_live and "pixels" in c.tasks else None
+    train, test = ((None, None) if c.split is None else read_split(c.split))
+    if c.test_images is not None:
+        train = None if c.train_images is None else image_entries(c.train_images)
+        test = image_entries(c.test_images)
+        if labels is None and _is_folder(c.train_images) and _is_folder(c.test_images):
+            labels = set_labels(source.ids, [c.train_images, c.test_images])[0]  # one class index per name
+    reading = probes_reading(source, c.hook, layer=c.layer, tasks=c.tasks, position_loss=c.position_loss,
+                             outliers=outliers, detection=detection, **c.detection_options(), images=images,
+                             labels=labels, test_images=test, train_images=train, test_fraction=c.test_fraction,
+                             max_train_tokens=c.max_train_tokens, max_test_tokens=c.max_test_tokens, seed=c.seed,
+                             batch_size=source.batch_size,
+                             probe_options={**(c.probe_options or {}), **c.probe_budget()}, progress=progress)
+    return run_readings(source, [reading], source.batch_size, progress, "probe tokens")[0]
+
+
+def _is_folder(images) -> bool:
+    return isinstance(images, (str, Path)) and Path(images).is_dir()
 
 
 def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, layer: int = -1,
@@ -280,7 +314,7 @@ def _finish(got, plan: _Plan) -> ProbesResult:
     if "pixels" in tasks and got.has_pixels:
         pixels = score_pixels(got.train, got.test, scoring)
     elif "pixels" in tasks:
-        notes.append("pixels: skipped, the source has no input images (a cache): pass images=Tensor[N, 3, H, W]")
+        notes.append(PIXELS_FROM_CACHE)
     label_scores: Dict[str, GroupScore] = {}
     if plan.labels is not None:
         label_scores = score_labels(got.label_tokens, plan.labels, plan.roles, scoring)

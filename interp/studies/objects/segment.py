@@ -22,7 +22,7 @@ Ground truth, matched to the images:
 * a COCO instances JSON with polygon ``segmentation``s (the union of an image's polygons, rasterised with
   PIL ``ImageDraw``; RLE masks are refused with a clear error), matched by ``file_name`` like box files.
 
->>> result = segmentation_study(source, masks="masks.json", reference="cls", progress=False)
+>>> result = segment_study(source, masks="masks.json", reference="cls", with_selective=False, progress=False)
 >>> len(result.jaccard), result.jaccard[1:]       # one score per image; None: no mask for that image
 (4, [None, None, None])
 >>> result.average, result.n_evaluated            # result.miou: the mean of the evaluated images' mIoU
@@ -34,7 +34,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -44,11 +44,15 @@ from ...formats.box_files import coco_annotations, coco_images, match_boxes, rea
 from ...formats.masks import check_mask_size, mask_files, read_label_mask
 from ...models.geometry import input_geometry
 from ...models.preprocessing import timm_transform
+from .configs import SegmentConfig
+from .register_edit import study_edit
 from .whole_image import whole_image_source
-from .seg_scoring import AVERAGES, FRAMES, image_miou, reduce_areas, score_image
+from .seg_scoring import image_miou, reduce_areas, score_image
 from ..core.score_maps import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
 from ..core.result import StudyResult
 from ...runtime.source import ActivationSource, live_model, n_batches
+from ..declaration import study
+from ...interventions.selective_cls import SelectiveCLS
 
 Polygons = List[List[float]]  # COCO polygons: flat [x0, y0, x1, y1, ...] in original pixels
 
@@ -139,8 +143,8 @@ def ground_truth_masks(ids: Sequence[str], masks: Union[str, Path]) -> List[Opti
 
 
 @dataclass
-class SegmentationResult(StudyResult):
-    """Result of :func:`segmentation_study`.
+class SegmentResult(StudyResult):
+    """Result of :func:`segment_study`.
 
     Attributes:
         miou: mIoU over the classes background and foreground (void left out), reduced as ``average`` says:
@@ -158,7 +162,7 @@ class SegmentationResult(StudyResult):
             (cut away by the crop; counted as predicted background in the full frame, 0 in the input frame).
     """
 
-    study = "segmentation"
+    study = "segment"
     ids: List[str] = field(default_factory=list)
     hook: str = FINAL
     reference: str = "cls"
@@ -194,6 +198,10 @@ class SegmentationResult(StudyResult):
                   f"{v['n_evaluated']} images" for name, v in self.variants.items()]
         return "\n".join(lines)
 
+    def figure_images(self, source) -> Any:
+        """The images as the model saw them (each whole image with ``whole_image``)."""
+        return super().figure_images(whole_image_source(source) if self.whole_image else source)
+
 
 def _num(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value:.3f}"
@@ -211,42 +219,16 @@ def _read_ground_truth(source: ActivationSource, masks: Union[str, Path]) -> Lis
     return gt
 
 
-def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise InterpError(f"{name}={value!r} is not one of {list(choices)}")
-
-
-def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, reference: str = "cls",
-                       hook: str = FINAL, selective=None, k_std: float = 1.0, average: str = "image",
-                       frame: str = "input", whole_image: bool = False, intervention=None,
-                       batch_size: Optional[int] = None, progress: bool = True, _gt=None,
-                       _maps: Optional[torch.Tensor] = None) -> SegmentationResult:
-    """mIoU and Jaccard of the thresholded Patch Score map against ground-truth masks, per image and overall.
-
-    Args:
-        source: live source over image files or a cache of them (ids are the image paths).
-        masks: a folder of PNG masks or a COCO instances JSON (module docstring).
-        reference, hook, selective: the Patch Score (:func:`~interp.studies.aggregation.patch_score.patch_score_study`).
-        k_std: foreground = score > mean + k_std x std of the image's map.
-        average: "image" (mean of per-image mIoU) or "dataset" (intersections and unions summed first).
-        frame: "input" (the model-input frame; the crop's removed border is not scored) or "full" (the whole
-            original image; what the preprocessing cut away counts as predicted background).
-        whole_image: True: the model sees each whole image, resized to its input size without the centre crop
-            (aspect not kept; :mod:`~interp.studies.objects.whole_image`), so every pixel is seen and scored
-            (live source over image files only).
-        intervention: an edit (e.g. a ``TestTimeRegister``; live source only) active while the maps are computed.
-        _gt, _maps: private (:func:`segmentation_variants`): the ground-truth masks and score maps, already read.
-    """
-    _check_choice("average", average, AVERAGES)
-    _check_choice("frame", frame, FRAMES)
-    if whole_image:
-        source = whole_image_source(source)
-    gt = _read_ground_truth(source, masks) if _gt is None else _gt
-    if _maps is not None:
-        maps = _maps
-    elif intervention is None:
+def _segment_run(source: ActivationSource, masks: Union[str, Path], gt: List[Optional[GroundTruth]], *,
+                 reference: str, hook: str, selective, k_std: float, average: str, frame: str, whole_image: bool,
+                 intervention=None, progress: bool = True, maps: Optional[torch.Tensor] = None) -> SegmentResult:
+    """One variant of :func:`segment_study`: mIoU and Jaccard of the thresholded Patch Score map against the
+    ground truth ``gt`` (read from ``masks``), per image and overall; ``maps`` [N, h, w]: the score maps when
+    already computed, else computed here (under ``intervention`` when given: live source only)."""
+    batch_size = source.batch_size
+    if maps is None and intervention is None:
         maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)  # [N, h, w]
-    else:
+    elif maps is None:
         live_model(source, "segmentation with an intervention")
         maps = compute_score_maps(source.with_interventions(intervention), hook, reference, selective, batch_size,
                                   progress)
@@ -286,7 +268,7 @@ def segmentation_study(source: ActivationSource, masks: Union[str, Path], *, ref
     spec = None if intervention is None else {"kind": intervention.kind, **intervention.params()}
     params = {"reference": reference, "hook": hook, "k_std": k_std, "average": average, "frame": frame,
               "whole_image": whole_image, "masks": str(masks), "intervention": spec}
-    return SegmentationResult(
+    return SegmentResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None, ids=list(source.ids),
         hook=hook, reference=reference, k_std=k_std, grid=list(source.layout.grid), input_size=list(input_size),
         frame=frame, whole_image=whole_image, average=average, miou=reduced["miou"], class_iou=reduced["class_iou"],
@@ -314,34 +296,54 @@ def _score_maps_together(source: ActivationSource, hook: str, references: Sequen
     return {ref: torch.cat(m) if m else torch.zeros(0, *source.layout.grid) for ref, m in maps.items()}
 
 
-def segmentation_variants(source: ActivationSource, masks: Union[str, Path], *, reference: str = "cls",
-                          selective=None, intervention=None, **options) -> SegmentationResult:
-    """The segmentation with ``reference`` (the result) and, under ``result.variants``, the same with the
-    SelectiveCLS vector (when ``selective`` is given and ``reference`` is not already ``selective``) and with
-    the ``intervention`` (e.g. a test-time register, live source only): LaSt Table 6 with and without the fixes.
+@study(SegmentConfig)
+def segment_study(source: ActivationSource, config: SegmentConfig, *, intervention=None,
+                  progress: bool = True) -> SegmentResult:
+    """The coarse segmentation with the config's ``reference`` (the result) and, under ``result.variants``, the
+    same with the SelectiveCLS vector (``with_selective``, unless ``reference`` is already ``selective``) and
+    with a test-time register (``neurons``, or an ``intervention`` handed in; live source only): LaSt Table 6
+    with and without the fixes. Each variant holds the :data:`VARIANT_FIELDS`.
 
-    ``options`` go to :func:`segmentation_study` (hook, k_std, average, frame, whole_image, batch_size,
-    progress).
-    Each variant holds the :data:`VARIANT_FIELDS`."""
-    if options.get("whole_image", False):
+    Args:
+        source: live source over image files or a cache of them (ids are the image paths).
+        config: the options (:class:`~interp.studies.objects.configs.SegmentConfig`; or pass them as keywords):
+            ``masks`` a folder of PNG masks or a COCO instances JSON (module docstring; required); ``reference``,
+            ``hook``, ``selective_k`` the Patch Score
+            (:func:`~interp.studies.aggregation.patch_score.patch_score_study`); ``k_std``: foreground = score >
+            mean + k_std x std of the image's map; ``average`` "image" (mean of per-image mIoU) or "dataset"
+            (intersections and unions summed first); ``frame`` "input" (the model-input frame; the crop's
+            removed border is not scored) or "full" (the whole original image; what the preprocessing cut away
+            counts as predicted background); ``whole_image``: the model sees each whole image, resized to its
+            input size without the centre crop (aspect not kept; :mod:`~interp.studies.objects.whole_image`), so
+            every pixel is seen and scored (live source over image files only).
+        intervention: an edit instead of ``neurons`` (e.g. a ``TestTimeRegister``).
+    """
+    c = config
+    if c.masks is None:
+        raise InterpError("segment_study needs masks=: a folder of PNG masks or a COCO instances JSON")
+    masks, reference = c.masks, c.reference
+    intervention = study_edit(c.neurons, c.n_registers, intervention)
+    selective = SelectiveCLS(k=c.selective_k) if c.with_selective or reference == "selective" else None
+    if c.whole_image:
         source = whole_image_source(source)  # once, for every variant
     gt = _read_ground_truth(source, masks)  # read once for every variant
+    options = dict(hook=c.hook, k_std=c.k_std, average=c.average, frame=c.frame, whole_image=c.whole_image,
+                   progress=progress)
     with_selective = selective is not None and reference != "selective"
     maps = None
     if with_selective:  # both maps from one pass over the source
-        maps = _score_maps_together(source, options.get("hook", FINAL), (reference, "selective"), selective,
-                                    options.get("batch_size"), options.get("progress", True))
-    result = segmentation_study(source, masks, reference=reference, selective=selective, _gt=gt,
-                                _maps=None if maps is None else maps[reference], **options)
+        maps = _score_maps_together(source, c.hook, (reference, "selective"), selective, source.batch_size,
+                                    progress)
+    result = _segment_run(source, masks, gt, reference=reference, selective=selective,
+                          maps=None if maps is None else maps[reference], **options)
     runs = {}
     if with_selective:
-        runs[f"selective (k={selective.k})"] = segmentation_study(source, masks, reference="selective",
-                                                                   selective=selective, _gt=gt,
-                                                                   _maps=maps["selective"], **options)
+        runs[f"selective (k={selective.k})"] = _segment_run(source, masks, gt, reference="selective",
+                                                            selective=selective, maps=maps["selective"], **options)
     if intervention is not None:
-        kind = intervention.kind
-        runs[f"{reference} + {kind}"] = segmentation_study(source, masks, reference=reference, selective=selective,
-                                                           intervention=intervention, _gt=gt, **options)
+        runs[f"{reference} + {intervention.kind}"] = _segment_run(source, masks, gt, reference=reference,
+                                                                  selective=selective, intervention=intervention,
+                                                                  **options)
     result.variants = {name: {f: getattr(r, f) for f in VARIANT_FIELDS} for name, r in runs.items()}
     result.params["variants"] = list(result.variants)
     return result
