@@ -120,3 +120,18 @@ def test_refusals_name_the_fix(random_vit, tmp_path, capsys):
                  "--out", out]) == 2
     err = capsys.readouterr().err
     assert "no sae.json there" in err and err.count("\n") == 1
+
+
+@needs_overcomplete
+def test_the_report_adds_an_sae_appendix(tmp_path, capsys, one_thread):
+    out = tmp_path / "report"
+    assert main(["report", "--sae", str(planted_sae()), "--out", str(out), "--controls", "1"]) == 0
+    summary = json.loads((out / "report.json").read_text())
+    sae = summary["sae_features"]
+    assert sae["hook"] == HOOK and "sae_features.json" in summary["files"]["results"]
+    assert sae["neurons"]  # compared with the neurons the report ranked
+    page = (out / "index.html").read_text()
+    assert "Appendix: SAE features (sae-features)" in page and 'data-file="sae_top_patches.png"' in page
+    assert "[appendix] SAE features" in capsys.readouterr().err
+    assert main(["report", "--sae", str(tmp_path), "--out", str(tmp_path / "r2")]) == 2
+    assert "no sae.json there" in capsys.readouterr().err
