@@ -135,3 +135,20 @@ def test_the_report_adds_an_sae_appendix(tmp_path, capsys, one_thread):
     assert "[appendix] SAE features" in capsys.readouterr().err
     assert main(["report", "--sae", str(tmp_path), "--out", str(tmp_path / "r2")]) == 2
     assert "no sae.json there" in capsys.readouterr().err
+
+
+@needs_overcomplete
+def test_the_explorer_lists_the_artifact_features_and_toggles_their_ablation(one_thread):
+    from interp.explore.session import ExploreOptions, ExploreSession
+
+    session = ExploreSession(planted_model(), planted_images(4, seed=5), ExploreOptions(sae=str(planted_sae())))
+    sae = session.info()["sae"]
+    assert sae["hook"] == HOOK and sae["features"] and len(sae["features"][0]["maps"]) == 4
+    edit = [{"kind": "SAEFeatureAblation", "features": [f["feature"] for f in sae["features"]]}]
+    runs = [session.run(i, edit) for i in range(4)]
+    before = sum(r["baseline"]["outlier_count"] for r in runs)
+    assert before > 0 and sum(r["outlier_count"] for r in runs) <= 0.1 * before
+    assert runs[0]["edits"].startswith("ablate SAE features (zero)")
+    assert len(session.export(edit)) > 0  # the patch file carries the SAE's tensors
+    with pytest.raises(interp.InterpError, match="JSON integers"):
+        session.run(0, [{"kind": "SAEFeatureAblation", "features": [1.0]}])
