@@ -125,7 +125,9 @@ def test_refusals_name_the_fix(random_vit, tmp_path, capsys):
 @needs_overcomplete
 def test_the_report_adds_an_sae_appendix(tmp_path, capsys, one_thread):
     out = tmp_path / "report"
-    assert main(["report", "--sae", str(planted_sae()), "--out", str(out), "--controls", "1"]) == 0
+    photos = str(interp.models.sample_image_paths()[0].parent)  # 4 photos: quicker than the default 16
+    assert main(["report", "--sae", str(planted_sae()), "--images", photos, "--out", str(out), "--controls",
+                 "1"]) == 0
     summary = json.loads((out / "report.json").read_text())
     sae = summary["sae_features"]
     assert sae["hook"] == HOOK and "sae_features.json" in summary["files"]["results"]
