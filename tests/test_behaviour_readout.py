@@ -14,7 +14,7 @@ from PIL import Image
 from interp.cli import main
 from interp.explore.session import ExploreOptions, ExploreSession
 from interp.models.classifier import load_classifier, save_classifier
-from interp.studies.artifacts.ablate import ablation_study
+from interp.studies.artifacts.ablate import ablate_study
 from interp.studies.core.behaviour import behaviour_readout, classifier_class_names, target_classes
 from interp.runtime.open import open_source
 
@@ -37,8 +37,8 @@ def image_folder(root, names, per_class: int = 2):
 
 def study_and_explorer(model, folder, classifier=None):
     """(the ablation study's target condition and note, the explorer's readout) for the same edit."""
-    study = ablation_study(open_source(model=model, images=folder), NEURONS, n_controls=0, threshold="p99",
-                           classifier=classifier, progress=False)
+    study = ablate_study(open_source(model=model, images=folder), neurons=NEURONS, controls=0, threshold="p99",
+                         classifier=classifier, progress=False)
     session = ExploreSession(model, folder, ExploreOptions(threshold="p99", classifier=classifier))
     return study, session.run(0, SPEC)["readout"]
 

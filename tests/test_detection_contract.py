@@ -9,13 +9,13 @@ from interp.errors import InterpError
 from interp.models.planted import planted_truth
 from interp.models.samples import sample_image_paths
 from interp.studies import open_source
-from interp.studies.artifacts.ablate import ablation_study
+from interp.studies.artifacts.ablate import ablate_study
 from interp.studies.core.detection import DetectionSpec, RunOptions, threshold_param
 from interp.studies.artifacts.neurons import NeuronsResult, neurons_study
 from interp.studies.artifacts.norms import NormsResult, norms_study
 from interp.studies.core.outliers import detect
-from interp.studies.artifacts.registers import register_study
-from interp.studies.artifacts.relocate import relocation_study
+from interp.studies.artifacts.registers import registers_study
+from interp.studies.artifacts.relocate import relocate_study
 
 HEADER = ("detect_layer", "threshold", "threshold_method", "artifacts_found", "warning", "preset")
 
@@ -36,9 +36,9 @@ def test_every_outlier_study_takes_a_spec_or_a_detection_and_carries_one_header(
     runs = {
         "norms": lambda d: norms_study(source, detection=d, progress=False),
         "neurons": lambda d: neurons_study(source, detection=d, progress=False),
-        "ablate": lambda d: ablation_study(source, neurons, n_controls=1, detection=d, progress=False),
-        "registers": lambda d: register_study(source, neurons, detection=d, progress=False),
-        "relocate": lambda d: relocation_study(source, neurons, detection=d, progress=False),
+        "ablate": lambda d: ablate_study(source, neurons=neurons, controls=1, detection=d, progress=False),
+        "registers": lambda d: registers_study(source, neurons=neurons, detection=d, progress=False),
+        "relocate": lambda d: relocate_study(source, neurons=neurons, detection=d, progress=False),
     }
     expected = {"detect_layer": found.layer, "threshold": 150.0, "threshold_method": "fixed", "preset": "darcet",
                 "artifacts_found": found.artifacts_found}
@@ -54,7 +54,7 @@ def test_every_outlier_study_takes_a_spec_or_a_detection_and_carries_one_header(
 def test_relocation_counts_with_the_unedited_models_threshold(planted, one_thread):
     """Before, relocation fitted its threshold on the before and after norms together."""
     source, neurons = planted
-    result = relocation_study(source, neurons, threshold="p98", progress=False)
+    result = relocate_study(source, neurons=neurons, threshold="p98", progress=False)
     own = detect(source, "p98", progress=False)
     assert result.threshold == pytest.approx(own.threshold.value)
     assert result.counting_threshold == pytest.approx(own.threshold.value)

@@ -23,9 +23,9 @@ pytest.importorskip("uvicorn", reason="the explore extra (pip install -e '.[expl
 import interp  # noqa: E402
 from interp.explore.server import ExploreServer  # noqa: E402
 from interp.explore.session import ExploreOptions, ExploreSession  # noqa: E402
-from interp.studies.artifacts.ablate import ablation_study  # noqa: E402
+from interp.studies.artifacts.ablate import ablate_study  # noqa: E402
 from interp.studies.artifacts.norms import norms_study  # noqa: E402
-from interp.studies.artifacts.registers import register_study  # noqa: E402
+from interp.studies.artifacts.registers import registers_study  # noqa: E402
 from interp.runtime.open import open_source  # noqa: E402
 
 from conftest import images as random_images, make_model  # noqa: E402
@@ -133,8 +133,8 @@ def test_edited_numbers_equal_the_ablation_and_register_studies(served):
     source = open_source(model=session.model, images=session.pixels.cpu())
     found = interp.studies.core.outliers.detect(source, "auto", progress=False)
     neurons = {2: PLANTED["2"]}
-    ablated = ablation_study(source, neurons, n_controls=0, detection=found, progress=False)
-    ttr = register_study(source, neurons, detection=found, progress=False)
+    ablated = ablate_study(source, neurons=neurons, controls=0, detection=found, progress=False)
+    ttr = registers_study(source, neurons=neurons, detection=found, progress=False)
     runs = {name: [request(server, "api/run", {"image": i, "interventions": spec})[1] for i in range(len(source))]
             for name, spec in (("ablate", ABLATE), ("ttr", [{"kind": "TestTimeRegister", "neurons": PLANTED}]),
                                ("none", []))}
@@ -167,8 +167,8 @@ def test_classifier_readout_equals_the_ablation_studys_agreement(one_thread):
     neurons = {0: list(range(0, 1536, 3)), 1: list(range(1, 1536, 2))}  # enough to move some argmaxes
     spec = [{"kind": "NeuronAblation", "neurons": {str(k): v for k, v in neurons.items()}}]
     r = session.run(2, spec)
-    study = ablation_study(open_source(model=model, images=x), neurons, n_controls=0, threshold="p99",
-                           progress=False)
+    study = ablate_study(open_source(model=model, images=x), neurons=neurons, controls=0, threshold="p99",
+                         progress=False)
     assert r["readout"]["kind"] == "classifier"
     assert r["readout"]["value"] == pytest.approx(study.conditions["target"]["top1_agreement"])
     assert r["readout"]["value"] < 1.0  # the edit moved something: the test can tell agreement from 1

@@ -194,8 +194,8 @@ def test_norm_profile_ticks_blocks_and_marks_the_attention_and_mlp_steps_apart(p
 
 def test_outline_colours_one_control_legend_and_labels_clear_of_the_dots(planted_norms):
     from interp.plots.causal import ablation_bars, register_summary
-    from interp.studies.artifacts.ablate import AblationResult
-    from interp.studies.artifacts.registers import RegisterResult
+    from interp.studies.artifacts.ablate import AblateResult
+    from interp.studies.artifacts.registers import RegistersResult
 
     norms, x = planted_norms
     fig = plots.norms.outlier_maps(norms, x.clamp(0, 1))
@@ -208,20 +208,20 @@ def test_outline_colours_one_control_legend_and_labels_clear_of_the_dots(planted
     assert len(legend) == 1 and "outlier patch: norm >" in legend[0].get_texts()[0].get_text()
 
     cond = {"outlier_count": 10, "max_norm": 600.0, "top1_agreement": 1.0}
-    ablation = AblationResult(model="m", fingerprint="", params={}, seed=0, neurons={2: [1]}, n_images=2,
-                              controls=[{2: [3]}, {2: [4]}, {2: [5]}],
-                              conditions={"baseline": cond, "target": {**cond, "outlier_count": 0},
-                                          **{f"control_{i}": cond for i in range(3)}},
-                              summary={m: {"baseline": v, "target": v, "control_mean": v, "control_std": 0.0}
-                                       for m, v in cond.items()})
+    ablation = AblateResult(model="m", fingerprint="", params={}, seed=0, neurons={2: [1]}, n_images=2,
+                            controls=[{2: [3]}, {2: [4]}, {2: [5]}],
+                            conditions={"baseline": cond, "target": {**cond, "outlier_count": 0},
+                                        **{f"control_{i}": cond for i in range(3)}},
+                            summary={m: {"baseline": v, "target": v, "control_mean": v, "control_std": 0.0}
+                                     for m, v in cond.items()})
     fig = ablation_bars(ablation)
     texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert texts.count("one control") == 1 and not any(ax.get_legend() for ax in fig.axes)
 
-    reg = RegisterResult(model="m", fingerprint="", params={}, seed=0, neurons={2: [1]}, ids=["a", "b", "c"],
-                         threshold=266.0, baseline={"outlier_count": 151, "max_patch_norm": 616.0},
-                         with_register={"outlier_count": 0, "max_patch_norm": 142.0},
-                         register_norm=[600.0, 600.0, 600.0])
+    reg = RegistersResult(model="m", fingerprint="", params={}, seed=0, neurons={2: [1]}, ids=["a", "b", "c"],
+                          threshold=266.0, baseline={"outlier_count": 151, "max_patch_norm": 616.0},
+                          with_register={"outlier_count": 0, "max_patch_norm": 142.0},
+                          register_norm=[600.0, 600.0, 600.0])
     fig = register_summary(reg)
     fig.canvas.draw()
     ax = fig.axes[1]

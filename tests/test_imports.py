@@ -39,21 +39,7 @@ LAYERS = [
      "interp"),
 ]
 
-# Edges that close the import cycles still to be removed by the redesign of the study commands and of the
-# figures' registry (issue 23); everything else is checked strictly. Each edge breaks one cycle:
-# (importer, imported module)
-PENDING_REDESIGN = {
-    # commands.common reads the command table: common -> registry -> study_* -> common / saving -> common.
-    ("interp.commands.common", "interp.commands.registry"),
-}
-
-STUDY_THEMES = ("artifacts", "aggregation", "objects", "probes")
-
-
-def strict_graph() -> Dict[str, Set[str]]:
-    """The import graph, function-level imports included, less the :data:`PENDING_REDESIGN` edges."""
-    return {src: {dst for dst in targets if (src, dst) not in PENDING_REDESIGN}
-            for src, targets in import_graph(include_functions=True).items()}
+STUDY_THEMES = ("artifacts", "aggregation", "objects", "probes", "sae")
 
 
 def module_files() -> Dict[str, Path]:
@@ -177,16 +163,14 @@ def test_graph_reader_sees_relative_lazy_and_type_checking_imports(tmp_path):
 
 
 def test_no_import_cycles_counting_imports_inside_functions():
-    graph = strict_graph()
+    graph = import_graph(include_functions=True)
     assert len(graph) > 40  # the reader found the package
     assert find_cycles(graph) == [], "import cycles between interp modules"
-    full = import_graph(include_functions=True)
-    assert all(dst in full[src] for src, dst in PENDING_REDESIGN), "a pending edge is gone: drop it from the list"
 
 
 def test_no_layer_imports_a_higher_one():
     backward = [f"{src} (layer {layer_of(src)}) imports {dst} (layer {layer_of(dst)})"
-                for src, targets in sorted(strict_graph().items())
+                for src, targets in sorted(import_graph(include_functions=True).items())
                 for dst in sorted(targets) if layer_of(dst) > layer_of(src)]
     assert backward == [], "imports against the layer order of docs/architecture.md:\n" + "\n".join(backward)
 

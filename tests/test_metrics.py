@@ -34,11 +34,11 @@ def test_box_iou_and_the_empty_rule():
 
 def test_relocation_onto_an_empty_target_is_refused(vit):
     from interp.studies import open_source
-    from interp.studies.artifacts.relocate import relocation_study
+    from interp.studies.artifacts.relocate import relocate_study
 
     src = open_source(model=vit, images=torch.rand(1, 3, 224, 224))
     with pytest.raises(InterpError, match="no cell"):
-        relocation_study(src, {0: [1]}, target=torch.zeros(vit.layout.grid, dtype=torch.bool), progress=False)
+        relocate_study(src, neurons={0: [1]}, target=torch.zeros(vit.layout.grid, dtype=torch.bool), progress=False)
 
 
 def _mask(path, size=(8, 6)):

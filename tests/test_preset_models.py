@@ -70,7 +70,7 @@ def test_the_module_decides_not_the_name():
 
 
 def test_studies_under_a_clip_preset_check_the_model():
-    from interp.studies.artifacts.relocate import relocation_study
+    from interp.studies.artifacts.relocate import relocate_study
     from interp.studies.core.detection import DetectionSpec
 
     quick = small(QUICK)
@@ -83,7 +83,7 @@ def test_studies_under_a_clip_preset_check_the_model():
     with pytest.raises(InterpError, match="MLP activation is gelu"):
         DetectionSpec(preset="jiang-openai-clip-b16").detect(source)
     with pytest.raises(InterpError, match="MLP activation is gelu"):  # the detection made from its own pass
-        relocation_study(source, {0: [1]}, preset="jiang-openclip-b16", progress=False)
+        relocate_study(source, neurons={0: [1]}, preset="jiang-openclip-b16", progress=False)
 
 
 def test_the_cli_refuses_in_one_line(tmp_path, capsys):

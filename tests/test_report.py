@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
@@ -15,8 +16,8 @@ import interp
 import interp.cache
 from interp.cli import main
 from interp.commands.common import parse_neurons
-from interp.commands.study_artifacts import parse_target
 from interp.errors import InterpError
+from interp.interventions import masks
 from interp.models import planted_truth, sample_image_paths
 import interp.plots as plots
 from interp.report import run_report
@@ -24,6 +25,7 @@ from interp.report.battery import report_sample_paths
 from interp.studies import open_source
 from interp.studies.artifacts.neurons import NeuronsResult, neurons_study
 from interp.studies.artifacts.norms import NormsResult, norms_study
+from interp.studies.artifacts.relocate import relocation_target
 
 from conftest import images, make_model
 
@@ -212,12 +214,14 @@ def test_parse_neurons_and_targets():
     for bad in ("", "2", "2:", ":3", "a:b", "2:17;3:4", "-1:3"):
         with pytest.raises(InterpError, match="--neurons"):
             parse_neurons(bad)
-    assert parse_target("smiley", (14, 14)) is None and parse_target(None, (14, 14)) is None
-    assert int(parse_target("box:0,0,2,3", (14, 14)).sum()) == 6
-    assert parse_target("indices:0,15,195", (14, 14)).nonzero().tolist() == [[0, 0], [1, 1], [13, 13]]
+    smiley = masks.smiley((14, 14))
+    assert torch.equal(relocation_target("smiley", (14, 14)), smiley)
+    assert torch.equal(relocation_target(None, (14, 14)), smiley)
+    assert int(relocation_target("box:0,0,2,3", (14, 14)).sum()) == 6
+    assert relocation_target("indices:0,15,195", (14, 14)).nonzero().tolist() == [[0, 0], [1, 1], [13, 13]]
     for bad in ("box:1,2", "box:13,13,3,3", "indices:", "indices:196", "star", "box:a,b,c,d"):
         with pytest.raises(InterpError, match="--target"):
-            parse_target(bad, (14, 14))
+            relocation_target(bad, (14, 14))
 
 
 # ----------------------------------------------------------------------------------------- figures

@@ -9,11 +9,11 @@ import interp
 from interp.models.planted import planted_truth
 from interp.models.samples import sample_image_paths
 from interp.studies import open_source
-from interp.studies.artifacts.ablate import ablation_study
+from interp.studies.artifacts.ablate import ablate_study
 from interp.runtime.passes import baseline_pass
 from interp.studies.core.outliers import detect
-from interp.studies.artifacts.registers import register_study
-from interp.studies.artifacts.relocate import relocation_study
+from interp.studies.artifacts.registers import registers_study
+from interp.studies.artifacts.relocate import relocate_study
 
 
 def _count_image_forwards(model) -> list:
@@ -67,10 +67,11 @@ def test_a_shared_baseline_gives_the_same_results(one_thread):
     base = baseline_pass(source, found.layer, progress=False)
     assert base.patch_norms.shape == found.norms.shape and (base.patch_norms - found.norms).abs().max() < 1e-3
     seen = _count_image_forwards(model)
-    for study, kwargs in ((ablation_study, dict(n_controls=2)), (register_study, {}), (relocation_study, {})):
-        alone = study(source, neurons, detection=found, progress=False, **kwargs).to_dict()
+    for study, kwargs in ((ablate_study, dict(controls=2)), (registers_study, {}), (relocate_study, {})):
+        alone = study(source, neurons=neurons, detection=found, progress=False, **kwargs).to_dict()
         before = seen[0]
-        shared = study(source, neurons, detection=found, baseline=base, progress=False, **kwargs).to_dict()
+        shared = study(source, neurons=neurons, detection=found, baseline=base, progress=False,
+                       **kwargs).to_dict()
         edited_runs = (seen[0] - before) / len(source)  # the baseline's forward is not run again
         assert shared == alone, alone["study"]
         assert edited_runs == {"ablate": 3, "registers": 1, "relocate": 1}[alone["study"]]

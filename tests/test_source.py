@@ -17,13 +17,13 @@ def test_studies_that_rerun_the_model_refuse_a_cache_source():
     import pytest
 
     from interp.errors import InterpError
-    from interp.studies.artifacts.ablate import ablation_study
+    from interp.studies.artifacts.ablate import ablate_study
 
     class CacheLike:  # what a CacheSource offers: activations, no model
         model = None
 
     with pytest.raises(InterpError, match="re-runs the model.*--images"):
-        ablation_study(CacheLike(), {0: [1]})
+        ablate_study(CacheLike(), neurons={0: [1]})
 
 
 def test_sources_answer_what_studies_ask(tmp_path):

@@ -17,12 +17,12 @@ import interp.cache
 from interp.models import planted_truth, sample_image_paths
 from interp.models.layout import TokenLayout
 from interp.studies import CacheSource, open_source
-from interp.studies.artifacts.ablate import ablation_study
+from interp.studies.artifacts.ablate import ablate_study
 from interp.studies.artifacts.neurons import neurons_study
 from interp.studies.artifacts.norms import norms_study
-from interp.studies.artifacts.registers import register_study
+from interp.studies.artifacts.registers import registers_study
 from interp.studies.core.stats import iou
-from interp.studies.artifacts.relocate import relocation_study
+from interp.studies.artifacts.relocate import relocate_study
 
 from conftest import images, make_model
 
@@ -100,7 +100,7 @@ def test_neurons_study_ranks_the_planted_neurons_first(planted, source, highest)
 
 
 def test_ablating_the_planted_neurons_removes_the_outliers_but_random_controls_do_not(source, planted_neurons, norms):
-    result = ablation_study(source, planted_neurons, n_controls=3, seed=0, progress=False)
+    result = ablate_study(source, neurons=planted_neurons, controls=3, seed=0, progress=False)
     counts = result.summary["outlier_count"]
     assert counts["baseline"] == sum(norms.outlier_counts) > 0
     assert counts["target"] == 0
@@ -117,7 +117,7 @@ def test_ablating_the_planted_neurons_removes_the_outliers_but_random_controls_d
 def test_relocation_puts_the_outliers_on_the_smiley(planted, source, planted_neurons):
     from interp.interventions import masks
 
-    result = relocation_study(source, planted_neurons, progress=False)
+    result = relocate_study(source, neurons=planted_neurons, progress=False)
     smiley = masks.smiley(planted.layout.grid)
     assert result.target == smiley.int().tolist()
     assert all(any(any(row) for row in m) for m in result.outlier_maps_before)  # every image had outliers
@@ -126,7 +126,7 @@ def test_relocation_puts_the_outliers_on_the_smiley(planted, source, planted_neu
 
 
 def test_test_time_register_takes_the_high_norm_off_the_patches(source, planted_neurons, norms):
-    result = register_study(source, planted_neurons, progress=False)
+    result = registers_study(source, neurons=planted_neurons, progress=False)
     assert result.baseline["outlier_count"] == sum(norms.outlier_counts) > 0
     assert result.with_register["outlier_count"] == 0
     assert result.with_register["max_patch_norm"] < result.threshold
@@ -288,8 +288,8 @@ def test_a_shared_detection_gives_the_same_results_with_one_pass_less(planted, p
     runs = [
         lambda src, **kw: norms_study(src, progress=False, **kw),
         lambda src, **kw: neurons_study(src, top_k=6, progress=False, **kw),
-        lambda src, **kw: ablation_study(src, planted_neurons, n_controls=1, progress=False, **kw),
-        lambda src, **kw: register_study(src, planted_neurons, progress=False, **kw),
+        lambda src, **kw: ablate_study(src, neurons=planted_neurons, controls=1, progress=False, **kw),
+        lambda src, **kw: registers_study(src, neurons=planted_neurons, progress=False, **kw),
     ]
     for run in runs:
         seen_own, seen_shared = counting_source(own), counting_source(shared)

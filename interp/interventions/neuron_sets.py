@@ -136,3 +136,12 @@ def check_ranked_on(nset: NeuronSet, model, force: bool = False, flag: str = "fo
     raise InterpError(f"{nset.origin} was ranked on {nset.model or '?'} (weights {nset.fingerprint}), not on "
                       f"this {name} (weights {mine}): register neurons belong to one set of weights; rank them "
                       f"on this model with `interp study neurons`, or pass {flag} to use them anyway")
+
+
+def ranked_neurons(spec: Any, model, force: bool = False, label: str = "neurons",
+                   flag: str = "force=True") -> Dict[int, List[int]]:
+    """The neurons of ``spec`` (any form of :func:`neuron_set`; text is stripped) as ``{layer: [neuron, ...]}``,
+    refused when a neurons study ranked them on other weights than ``model``'s (:func:`check_ranked_on`)."""
+    nset = neuron_set(spec.strip() if isinstance(spec, str) else spec, label)
+    check_ranked_on(nset, model, force=force, flag=flag)
+    return nset.neurons

@@ -8,10 +8,10 @@ from matplotlib.lines import Line2D
 
 from .common import (MAX_PANELS, NO_ARTIFACTS, TARGET_COLOR, THRESHOLD_COLOR, message_figure, short_name,
                      display_arrays, near_one, outline_legend, plural, _map_panel, _outline, _fmt, _use_log)
-from ..studies.artifacts.ablate import AblationResult
+from ..studies.artifacts.ablate import AblateResult
 from ..studies.artifacts.neurons import NeuronsResult
-from ..studies.artifacts.registers import RegisterResult
-from ..studies.artifacts.relocate import RelocationResult
+from ..studies.artifacts.registers import RegistersResult
+from ..studies.artifacts.relocate import RelocateResult
 from .registry import figure
 
 
@@ -68,7 +68,7 @@ ABLATION_METRICS = {
 }
 
 
-@figure(AblationResult, "ablation_bars")
+@figure(AblateResult, "ablation_bars")
 def ablation_bars(ablation_result) -> Figure:
     """Per metric: bars for the unablated baseline, the ablated target neurons, and the random controls
     (mean with a std error bar, each control as a dot)."""
@@ -113,7 +113,7 @@ def ablation_bars(ablation_result) -> Figure:
 
 
 # ----------------------------------------------------------------------------------------- relocation
-@figure(RelocationResult, "relocation_maps", images=True)
+@figure(RelocateResult, "relocation_maps", images=True)
 def relocation_maps(relocation_result, images=None) -> Figure:
     """Outlier maps before (top row) and after (bottom row) relocation, the target mask outlined.
 
@@ -155,7 +155,7 @@ def relocation_maps(relocation_result, images=None) -> Figure:
 
 
 # ----------------------------------------------------------------------------------------- registers
-@figure(RegisterResult, "register_summary")
+@figure(RegistersResult, "register_summary")
 def register_summary(register_result) -> Figure:
     """Patch outliers and max patch norm without vs with the test-time register, and the register token's
     norm (per image), at the detection block; CLS attention on the register when measured."""

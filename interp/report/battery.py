@@ -157,15 +157,15 @@ def run_battery(source: LiveSource, options: ReportOptions, progress: bool = Tru
 def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, objects: bool) -> BatteryResults:
     """The stages of :func:`run_battery`."""
     from ..studies.artifacts.neurons import neurons_reading, resolve_neuron_options
-    from ..studies.artifacts.ablate import ablation_study
+    from ..studies.artifacts.ablate import ablate_study
     from ..studies.core.behaviour import behaviour_readout
     from ..studies.core.detection import DetectionSpec, detection_from_norms
     from ..runtime.passes import baseline_pass
     from ..studies.core.outliers import resolve_layer
     from ..runtime.passes import run_readings
     from ..studies.artifacts.norms import norms_reading
-    from ..studies.artifacts.registers import register_study
-    from ..studies.artifacts.relocate import relocation_study
+    from ..studies.artifacts.registers import registers_study
+    from ..studies.artifacts.relocate import relocate_study
 
     o = options
     common = dict(batch_size=o.batch_size, progress=o.bars(progress))
@@ -200,13 +200,12 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
         return out
     chosen = out.neurons.neuron_dict()
     _say(progress, step_line("ablate", f"{len(out.neurons.neurons)} neurons vs {o.n_controls} random controls"))
-    out.ablation = ablation_study(source, chosen, n_controls=o.n_controls, seed=o.seed, detection=found,
-                                  baseline=baseline, classifier=clf, **common)
+    edits = dict(neurons=chosen, detection=found, baseline=baseline, classifier=clf, progress=o.bars(progress))
+    out.ablation = ablate_study(source, controls=o.n_controls, seed=o.seed, **edits)
     _say(progress, step_line("registers", "test-time register with these neurons"))
-    out.register = register_study(source, chosen, detection=found, baseline=baseline, classifier=clf, **common)
+    out.register = registers_study(source, **edits)
     _say(progress, step_line("relocate", "moving the high norm onto a smiley"))
-    out.relocation = relocation_study(source, chosen, detection=found, baseline=baseline, classifier=clf,
-                                      **common)
+    out.relocation = relocate_study(source, **edits)
     return out
 
 

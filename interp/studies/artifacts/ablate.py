@@ -1,5 +1,9 @@
 """Causal ablation of register neurons against random controls (docs/methods.md section 2).
 
+>>> result = ablate_study(source, neurons="2:17,2:101,2:402,2:655", controls=2, progress=False)
+>>> result.summary["outlier_count"]["target"]          # planted_vit: no high-norm token once they are zeroed
+0
+
 The target neuron set is ablated (zero or mean); each control ablates as many random neurons drawn from
 the same layers (excluding the targets), one draw per seed. Effects per condition: outlier count and max
 patch norm at the detection layer, and the behaviour metrics of :mod:`interp.studies.core.behaviour` (top-1
@@ -16,13 +20,15 @@ import numpy as np
 from ..._progress import tqdm
 
 from ...interventions import NeuronAblation
-from ..core.behaviour import METRICS, BehaviourMeter, ClassifierLike, behaviour_readout
+from ...interventions.neuron_sets import ranked_neurons
+from ..core.behaviour import METRICS, BehaviourMeter, behaviour_readout
 from ...runtime.forward import Baseline, baseline_summary, forward_summary
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
-from ..core.thresholds import ThresholdSpec
-from ..core.result import OutlierStudyResult, skipped_records
+from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
 from ...runtime.source import live_model, n_batches
+from ..declaration import study
+from .configs import AblateConfig
 
 Neurons = Dict[int, List[int]]
 
@@ -42,8 +48,8 @@ def random_controls(neurons: Neurons, d_mlp: int, n_controls: int, seed: int) ->
 
 
 @dataclass
-class AblationResult(OutlierStudyResult):
-    """Result of :func:`ablation_study`.
+class AblateResult(OutlierStudyResult):
+    """Result of :func:`ablate_study`.
 
     Attributes:
         conditions: name -> {"outlier_count", "max_norm", and the behaviour metrics (``METRICS``:
@@ -68,53 +74,52 @@ class AblationResult(OutlierStudyResult):
     classifier: Optional[Dict] = None
     behaviour_note: Optional[str] = None
 
+    def console_lines(self, config=None) -> List[str]:
+        """The outlier counts of the three conditions, then the behaviour line."""
+        oc = self.summary["outlier_count"]
+        return [f"outliers: baseline {oc['baseline']}, ablated {oc['target']}, controls {oc['control_mean']}",
+                *behaviour_lines(self)]
 
-def ablation_study(
-    source: LiveSource,
-    neurons: Neurons,
-    *,
-    mode: str = "zero",
-    n_controls: int = 5,
-    seed: int = 0,
-    threshold: Optional[ThresholdSpec] = None,
-    detect_layer: Optional[int] = None,
-    detection: DetectionLike = None,
-    preset: Optional[str] = None,
-    baseline: Optional[Baseline] = None,
-    classifier: ClassifierLike = None,
-    batch_size: int = 16,
-    progress: bool = True,
-) -> AblationResult:
-    """Ablate ``neurons`` and ``n_controls`` random same-size sets; compare to the unablated model.
+
+@study(AblateConfig)
+def ablate_study(source: LiveSource, config: AblateConfig, *, detection: DetectionLike = None,
+                 baseline: Optional[Baseline] = None, progress: bool = True) -> AblateResult:
+    """Ablate the register neurons and ``controls`` random same-size sets; compare to the unablated model.
 
     Args:
-        source: a live source (ablation re-runs the model); labels come from an image-folder layout.
-        neurons: ``{layer: [neuron, ...]}`` (e.g. ``NeuronsResult.neuron_dict()``).
-        mode: "zero", or "mean" (per-neuron means over these images' tokens).
-        threshold: outlier threshold, resolved on the unablated model's detection-layer norms; under
-            "auto" with no bimodal split the 99th percentile of the unablated norms is used, so counts
-            stay comparable (default "auto").
+        source: a live source (ablation re-runs the model; its ``batch_size`` images per forward); labels come
+            from an image-folder layout.
+        config: the options (:class:`~interp.studies.artifacts.configs.AblateConfig`; or pass them as keywords):
+            ``neurons`` the neurons to ablate: ``{layer: [neuron, ...]}`` (e.g. ``NeuronsResult.neuron_dict()``),
+            ``"2:17,2:101"``, a neurons.json path or a neurons result (one ranked on other weights is refused
+            unless ``force``); ``mode`` "zero", or "mean" (per-neuron means over these images' tokens);
+            ``controls`` how many random control sets (control i draws with ``seed + i``); ``threshold``,
+            ``detect_layer``, ``preset`` the outlier detection, resolved on the unablated model's detection-layer
+            norms (under "auto" with no bimodal split the 99th percentile of the unablated norms is used, so counts
+            stay comparable; default "auto"; explicit options win over the preset's); ``classifier`` a classifier
+            file (path, dict or :func:`interp.load_classifier`) whose class logits give agreement and accuracy
+            (without one they exist only for a head that is a classifier).
         detection: the unablated model's detection on this source, when already computed (saves a pass).
-        preset: published detection settings (:mod:`interp.studies.core.presets`); explicit arguments win.
         baseline: the unablated forwards (:func:`~interp.runtime.passes.baseline_pass`), when already made
             (saves one forward per image), made with the same ``classifier``.
-        classifier: a classifier file (path, dict or :func:`interp.load_classifier`) whose class logits give
-            agreement and accuracy; without one they exist only for a head that is a classifier.
+        progress: show progress bars.
 
     Without artifacts (no separated high-norm mode) the study still runs; its result then carries
     ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
     """
     model = live_model(source, "ablation study")
-    readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
+    readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
+    neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons", flag="--force")
     neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
-    found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+    mode, n_controls, batch_size = config.mode, config.controls, source.batch_size
+    found = as_detection(source, detection, **config.detection_options(),
                          options=RunOptions(batch_size, progress=progress))
     detect = found.layer
     header = detection_header(found, "ablate")
     thr_value = found.counting_threshold()
     clf = readout.classifier
     baseline = baseline.check(source, detect, clf) if baseline is not None else None
-    controls = random_controls(neurons, model.d_mlp, n_controls, seed)
+    controls = random_controls(neurons, model.d_mlp, n_controls, config.seed)
 
     def ablation(ns: Neurons) -> NeuronAblation:
         if mode == "mean":
@@ -152,10 +157,10 @@ def ablation_study(
                            "control_std": float(np.std(ctrl)) if ctrl else None}
     params = {"neurons": {str(k): v for k, v in neurons.items()}, "mode": mode, "n_controls": n_controls,
               **detection_params(found), "batch_size": batch_size}
-    return AblationResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
-                          ids=list(source.ids), skipped=skipped_records(source), **header,
-                          neurons={str(k): v for k, v in neurons.items()}, mode=mode,
-                          counting_threshold=float(thr_value), n_images=n,
-                          controls=[{str(k): v for k, v in c.items()} for c in controls],
-                          conditions=table, summary=summary, classifier=readout.record(),
-                          behaviour_note=readout.note)
+    return AblateResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=config.seed,
+                        ids=list(source.ids), skipped=skipped_records(source), **header,
+                        neurons={str(k): v for k, v in neurons.items()}, mode=mode,
+                        counting_threshold=float(thr_value), n_images=n,
+                        controls=[{str(k): v for k, v in c.items()} for c in controls],
+                        conditions=table, summary=summary, classifier=readout.record(),
+                        behaviour_note=readout.note)

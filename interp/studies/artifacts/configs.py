@@ -105,7 +105,7 @@ class RedundancyConfig(DetectionOptions):
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class AblateConfig(DetectionOptions, NeuronsOptions):
+class AblateConfig(NeuronsOptions, DetectionOptions):
     """ablate register neurons vs random same-size controls
 
     Zero (or mean-ablate) --neurons and --controls random neuron sets from the same blocks; compare outliers, max
@@ -121,7 +121,7 @@ class AblateConfig(DetectionOptions, NeuronsOptions):
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class RelocateConfig(DetectionOptions, NeuronsOptions):
+class RelocateConfig(NeuronsOptions, DetectionOptions):
     """move the high-norm tokens onto a chosen mask
 
     Write the register neurons' maximum on the --target patches and zero them elsewhere; measure the IoU of the
@@ -137,7 +137,7 @@ class RelocateConfig(DetectionOptions, NeuronsOptions):
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class RegistersConfig(DetectionOptions, NeuronsOptions):
+class RegistersConfig(NeuronsOptions, DetectionOptions):
     """test-time register: move the high norm into an extra token
 
     Append test-time register token(s) fed by the register neurons; compare patch outliers and norms with and

@@ -4,6 +4,10 @@ measure whether the high norm leaves the patches for the new register token.
 Reports, with and without the register: patch outliers and max patch norm at the detection layer, the
 register token's norm, CLS attention share on the register token (last block), and the behaviour metrics of
 :mod:`interp.studies.core.behaviour` (top-1 agreement through a real classifier; pooled-vector cosine always).
+
+>>> result = registers_study(source, neurons="2:17,2:101,2:402,2:655", progress=False)
+>>> result.with_register["outlier_count"]              # planted_vit: the high norm moved into the register
+0
 """
 from __future__ import annotations
 
@@ -14,19 +18,21 @@ import torch
 from ..._progress import tqdm
 
 from ...interventions import TestTimeRegister
+from ...interventions.neuron_sets import ranked_neurons
 from ...hooks.names import attn_pattern, resid_post
-from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
+from ..core.behaviour import BehaviourMeter, behaviour_readout
 from ...runtime.forward import Baseline, baseline_summary, run_hooks
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
-from ..core.thresholds import ThresholdSpec
-from ..core.result import OutlierStudyResult, skipped_records
+from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
 from ...runtime.source import live_model, n_batches
+from ..declaration import study
+from .configs import RegistersConfig
 
 
 @dataclass
-class RegisterResult(OutlierStudyResult):
-    """Result of :func:`register_study`.
+class RegistersResult(OutlierStudyResult):
+    """Result of :func:`registers_study`.
 
     Attributes:
         baseline / with_register: {"outlier_count", "max_patch_norm", and the behaviour metrics
@@ -55,34 +61,41 @@ class RegisterResult(OutlierStudyResult):
     classifier: Optional[Dict] = None
     behaviour_note: Optional[str] = None
 
+    def console_lines(self, config=None) -> List[str]:
+        """The patch outliers without and with the register, then the behaviour line."""
+        return [f"patch outliers: {self.baseline['outlier_count']} -> {self.with_register['outlier_count']}",
+                *behaviour_lines(self)]
 
+
+@study(RegistersConfig)
 @torch.no_grad()
-def register_study(
-    source: LiveSource,
-    neurons: Dict[int, List[int]],
-    *,
-    n_registers: int = 1,
-    value: str = "layer_max",
-    threshold: Optional[ThresholdSpec] = None,
-    detect_layer: Optional[int] = None,
-    detection: DetectionLike = None,
-    preset: Optional[str] = None,
-    baseline: Optional[Baseline] = None,
-    classifier: ClassifierLike = None,
-    batch_size: int = 16,
-    progress: bool = True,
-) -> RegisterResult:
+def registers_study(source: LiveSource, config: RegistersConfig, *, detection: DetectionLike = None,
+                    baseline: Optional[Baseline] = None, progress: bool = True) -> RegistersResult:
     """Compare the model with and without ``TestTimeRegister(neurons)`` on the source's images.
 
-    The outlier threshold is resolved on the unedited model's detection-layer norms (99th percentile when
-    "auto" finds no bimodal split); pass ``detection`` when it is already computed on this source. ``preset``:
-    published detection settings (explicit arguments win). Without artifacts the result carries
-    ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``). ``classifier``: a
-    classifier file whose class logits give top-1 agreement and accuracy (module doc of ``behaviour``).
+    Args:
+        source: a live source (the study re-runs the model; its ``batch_size`` images per forward).
+        config: the options (:class:`~interp.studies.artifacts.configs.RegistersConfig`; or pass them as
+            keywords): ``neurons`` the register neurons (``{layer: [neuron, ...]}``, ``"2:17,2:101"``, a
+            neurons.json path or a neurons result; one ranked on other weights is refused unless ``force``);
+            ``n_registers`` test-time register tokens; ``value`` what is written into them ("layer_max", as the
+            reference code, or "neuron_max"); ``threshold``, ``detect_layer``, ``preset`` the outlier detection,
+            resolved on the unedited model's detection-layer norms (99th percentile when "auto" finds no bimodal
+            split; explicit options win over the preset's); ``classifier`` a classifier file whose class logits
+            give top-1 agreement and accuracy (module doc of ``behaviour``).
+        detection: the unedited model's detection on this source, when already computed.
+        baseline: the unedited forwards (:func:`~interp.runtime.passes.baseline_pass`), when already made,
+            with the same ``classifier``.
+        progress: show progress bars.
+
+    Without artifacts the result carries ``artifacts_found=False`` and a ``warning`` (also raised with
+    ``warnings.warn``).
     """
     model = live_model(source, "test-time register study")
-    readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
-    found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
+    readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
+    neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons", flag="--force")
+    n_registers, value, batch_size = config.n_registers, config.value, source.batch_size
+    found = as_detection(source, detection, **config.detection_options(),
                          options=RunOptions(batch_size, progress=progress))
     header = detection_header(found, "registers")
     detect = found.layer
@@ -121,7 +134,7 @@ def register_study(
              for k, v in stats.items()}
     params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "n_registers": n_registers,
               "value": value, **detection_params(found), "batch_size": batch_size}
-    return RegisterResult(
+    return RegistersResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
         neurons=params["neurons"], n_registers=n_registers, value=value, **header,
         counting_threshold=float(thr_value), ids=list(source.ids), skipped=skipped_records(source),

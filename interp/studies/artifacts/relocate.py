@@ -4,11 +4,15 @@ zero them elsewhere; the high-norm tokens (and attention sinks) should appear ex
 Reports, per image, the IoU between the outlier map after relocation and the mask, and where CLS attends
 before and after (share of the last block's CLS->patch attention on the mask, head mean), and the behaviour
 metrics of :mod:`interp.studies.core.behaviour` for the unedited ("baseline") and relocated ("relocated") runs.
+
+>>> result = relocate_study(source, neurons="2:17,2:101,2:402,2:655", target="box:2,3,2,4", progress=False)
+>>> max(result.iou)                                   # planted_vit: the outliers are exactly the 2 x 4 box
+1.0
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -16,20 +20,40 @@ from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...interventions import Relocation, masks
+from ...interventions.neuron_sets import ranked_neurons
 from ..core.detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
-from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
+from ..core.behaviour import BehaviourMeter, behaviour_readout
 from ...runtime.forward import Baseline, baseline_summary, forward_summary
 from ..core.stats import iou
 from ..core.outliers import Detection, resolve_layer
-from ..core.thresholds import ThresholdSpec
-from ..core.result import OutlierStudyResult, skipped_records
+from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
 from ...runtime.source import live_model, n_batches
+from ..declaration import study
+from .configs import RelocateConfig
+
+
+def relocation_target(target: Any, grid: Sequence[int]) -> torch.Tensor:
+    """A relocation target -> Bool[h, w] on the patch ``grid``: None or ``"smiley"`` (a smiley on the grid), text
+    in the one target grammar (:func:`interp.interventions.masks.parse_target`: ``box:TOP,LEFT,HEIGHT,WIDTH``,
+    ``indices:I,J,...``, ...) or a mask (tensor, 0/1 grid). Raises InterpError for a bad form, a mask of another
+    shape than ``grid`` or one without a cell."""
+    grid = tuple(grid)
+    try:
+        mask = masks.parse_target(target.strip() if isinstance(target, str) else target, grid)
+    except ValueError as e:
+        raise InterpError(f"--target {target!r}: {e}" if isinstance(target, str) else f"target: {e}") from None
+    if tuple(mask.shape) != grid:
+        raise InterpError(f"target mask has shape {tuple(mask.shape)}, the model's patch grid is {grid}")
+    if not mask.any():
+        raise InterpError("the target mask has no cell: there is nothing to relocate onto (give a target with "
+                          "at least one patch, e.g. --target smiley)")
+    return mask
 
 
 @dataclass
-class RelocationResult(OutlierStudyResult):
-    """Result of :func:`relocation_study`.
+class RelocateResult(OutlierStudyResult):
+    """Result of :func:`relocate_study`.
 
     Attributes:
         target: the mask [h][w] (0/1).
@@ -64,45 +88,48 @@ class RelocationResult(OutlierStudyResult):
     classifier: Optional[Dict] = None
     behaviour_note: Optional[str] = None
 
+    def console_lines(self, config=None) -> List[str]:
+        """The mean IoU with the target, then the behaviour line."""
+        return [f"mean IoU with the target: {self.mean_iou:.3f}", *behaviour_lines(self)]
 
-def relocation_study(
-    source: LiveSource,
-    neurons: Dict[int, List[int]],
-    *,
-    target: Optional[torch.Tensor] = None,
-    value: str = "neuron_max",
-    threshold: Optional[ThresholdSpec] = None,
-    detect_layer: Optional[int] = None,
-    preset: Optional[str] = None,
-    detection: DetectionLike = None,
-    baseline: Optional[Baseline] = None,
-    classifier: ClassifierLike = None,
-    batch_size: int = 16,
-    progress: bool = True,
-) -> RelocationResult:
-    """Relocate ``neurons`` onto ``target`` (default: a smiley on the patch grid) and measure the outliers.
+
+@study(RelocateConfig)
+def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: DetectionLike = None,
+                   baseline: Optional[Baseline] = None, progress: bool = True) -> RelocateResult:
+    """Relocate the register neurons onto the target (default: a smiley on the patch grid) and measure the
+    outliers.
+
+    Args:
+        source: a live source (relocation re-runs the model; its ``batch_size`` images per forward).
+        config: the options (:class:`~interp.studies.artifacts.configs.RelocateConfig`; or pass them as
+            keywords): ``neurons`` the neurons to move (``{layer: [neuron, ...]}``, ``"2:17,2:101"``, a
+            neurons.json path or a neurons result; one ranked on other weights is refused unless ``force``);
+            ``target`` where to (:func:`relocation_target`: ``"smiley"``, ``"box:2,2,3,3"``, ... read on the
+            source's patch grid, or a Bool[h, w] mask); ``value`` what is written there ("neuron_max": each
+            neuron's per-image maximum, or "layer_max"); ``threshold``, ``detect_layer``, ``preset`` the outlier
+            detection; ``classifier`` a classifier file whose class logits give top-1 agreement and accuracy.
+        detection: the unedited model's detection on this source, when already computed.
+        baseline: the unedited forwards (:func:`~interp.runtime.passes.baseline_pass`), when already made,
+            with the same ``classifier``.
+        progress: show progress bars.
 
     Outliers before and after are counted with the unedited model's detection (``detection``, or one made
     from ``threshold``/``detect_layer``/``preset``; default "auto"): its threshold, or the 99th percentile of its
     norms when "auto" finds no separated mode, so a model without artifacts of its own still gets maps.
     Without artifacts the result carries ``artifacts_found=False`` and a ``warning`` (also ``warnings.warn``).
-    ``classifier``: a classifier file whose class logits give top-1 agreement and accuracy.
     """
     model = live_model(source, "relocation study")
-    readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
+    readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
+    neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons", flag="--force")
+    grid = tuple(source.layout.grid)
+    target = relocation_target(config.target, grid)
+    value, batch_size = config.value, source.batch_size
     if isinstance(detection, Detection):
-        found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
+        found = as_detection(source, detection, **config.detection_options())
         spec, detect = None, found.layer
     else:  # the detection comes from the unedited runs of the loop below: no pass of its own
-        spec = spec_of(detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
+        spec = spec_of(detection, **config.detection_options())
         detect = resolve_layer(spec.layer, model.n_layers)
-    grid = tuple(source.layout.grid)
-    target = masks.smiley(grid) if target is None else torch.as_tensor(target).bool()
-    if tuple(target.shape) != grid:
-        raise InterpError(f"target mask has shape {tuple(target.shape)}, the model's patch grid is {grid}")
-    if not target.any():
-        raise InterpError("the target mask has no cell: there is nothing to relocate onto (give a target with "
-                          "at least one patch, e.g. --target smiley)")
     last = model.n_layers - 1
     clf = readout.classifier
     meter = BehaviourMeter(readout)
@@ -141,7 +168,7 @@ def relocation_study(
         argmax_on = float(flat_target[aa.argmax(1)].float().mean())
     params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "value": value,
               **detection_params(found), "batch_size": batch_size}
-    return RelocationResult(
+    return RelocateResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
         neurons=params["neurons"], value=value, **header, counting_threshold=float(thr_value),
         ids=list(source.ids), skipped=skipped_records(source), grid=list(grid),

@@ -87,17 +87,25 @@ class ClassifierOption(StudyConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class NeuronsOptions(ClassifierOption):
-    """The register neurons an edit uses (``--neurons``), required."""
+    """The register neurons an edit uses (``--neurons``), required by a run (a config without them still says
+    which hooks it reads: ``required_hooks("ablate", n)`` answers that it re-runs the model)."""
 
     neurons: Union[str, Dict[int, List[int]], None] = option(
         None, f"the register neurons to edit (required): {NEURONS_SYNTAX}")
     force: bool = option(False, "use a neurons.json ranked on another model's weights (refused by default)")
 
-    def check(self) -> None:
-        super().check()
+    def check_inputs(self, images: Optional[Any], cache: Optional[str]) -> None:
+        super().check_inputs(images, cache)
+        self.required_neurons()
+
+    def required_neurons(self) -> Any:
+        """``neurons`` as given (dict, ``"L:N,..."`` text, neurons.json path or a neurons result); an error naming
+        ``--neurons`` when there are none."""
         if self.neurons is None or (isinstance(self.neurons, str) and not self.neurons.strip()):
-            raise UsageError(f"interp study {self.name} needs --neurons: {NEURONS_SYNTAX}; find them with "
-                             "`interp study neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json")
+            # exit 1, as before the declarations (the option is missing, not malformed)
+            raise InterpError(f"interp study {self.name} needs --neurons: {NEURONS_SYNTAX}; find them with "
+                              "`interp study neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json")
+        return self.neurons
 
 
 PROBE_BUDGET_GROUP = "probe budget (position and label probes; the pixel probe is closed-form ridge)"

@@ -119,6 +119,19 @@ def skipped_records(source) -> List[Dict[str, str]]:
     return [{"image": str(image), "reason": str(reason)} for image, reason in source.skipped]
 
 
+def behaviour_lines(result: Any) -> List[str]:
+    """The console line of a study with behaviour metrics (its ``classifier`` record and ``behaviour_note``): why
+    there is no agreement or accuracy, or the classifier file the metrics went through; none for the model's
+    own classification head."""
+    clf = result.classifier or {}
+    if result.behaviour_note:
+        return [f"note: {result.behaviour_note}"]
+    if clf.get("kind") not in (None, "model_head"):
+        return [f"behaviour through the {clf['kind']} classifier {clf.get('path') or clf.get('source') or ''} "
+                f"({clf['n_classes']} classes)"]
+    return []
+
+
 @dataclasses.dataclass
 class OutlierStudyResult(StudyResult):
     """A study built on high-norm tokens: the one detection header
