@@ -192,3 +192,33 @@ def test_the_explorer_page_toggles_an_sae_feature(tmp_path, one_thread):
     finally:
         driver.quit()
         server.stop()
+
+
+@needs_overcomplete
+def test_ablating_the_artifact_feature_against_random_live_features(tmp_path, capsys, one_thread):
+    cache_run = sae_features_study(open_source(cache=planted_cache(), model=planted_model()), sae=str(planted_sae()),
+                                   progress=False)
+    features = ",".join(str(f["feature"]) for f in cache_run.artifact_features)
+    photos = str(interp.models.sample_image_paths()[0].parent)
+    out = tmp_path / "ablate"
+    assert main(["study", "ablate", "planted_vit", "--images", photos, "--sae", str(planted_sae()), "--features",
+                 features, "--controls", "3", "--out", str(out), "--no-progress"]) == 0
+    data = json.loads((out / "ablate.json").read_text())
+    counts = {name: c["outlier_count"] for name, c in data["conditions"].items()}
+    assert counts["baseline"] > 0 and counts["target"] <= 0.1 * counts["baseline"]  # >= 90 % removed
+    controls = [counts[f"control_{i}"] for i in range(3)]
+    assert all(c >= 0.9 * counts["baseline"] for c in controls)  # random live features: almost none removed
+    assert data["features"] == [int(f) for f in features.split(",")] and data["hook"] == HOOK
+    chosen = set(data["features"])
+    assert all(len(c["features"]) == len(chosen) and not chosen & set(c["features"]) for c in data["controls"])
+    assert data["neurons"] == {} and data["params"]["sae"] == str(planted_sae())
+    capsys.readouterr()
+    base = ["study", "ablate", "planted_vit", "--images", photos, "--out", str(tmp_path / "o")]
+    assert main(base + ["--sae", str(planted_sae()), "--features", features, "--neurons", "2:17"]) == 2
+    assert "alternatives" in capsys.readouterr().err
+    assert main(base + ["--sae", str(planted_sae())]) == 2
+    assert "go together" in capsys.readouterr().err
+    assert main(base + ["--sae", str(planted_sae()), "--features", "12,x"]) == 2
+    assert main(base) == 1 and "--sae DIR --features" in capsys.readouterr().err
+    assert main(base + ["--sae", str(planted_sae()), "--features", "99999"]) == 1
+    assert "give distinct features" in capsys.readouterr().err
