@@ -98,8 +98,9 @@ def feature_maps(result: SaeFeaturesResult, images=None, n_maps: int = 4) -> Fig
             if arrays is not None and i < len(arrays):
                 height, width = arrays[i].shape[:2]
                 ax.imshow(arrays[i], extent=(0, width, height, 0))
-                shown = ax.imshow(maps[i], extent=(0, width, height, 0), cmap="magma", vmin=0, vmax=top, alpha=0.6,
-                                  interpolation="nearest")
+                # patches where the feature is silent stay clear: the image shows through
+                shown = ax.imshow(np.ma.masked_less_equal(maps[i], 0), extent=(0, width, height, 0), cmap="magma",
+                                  vmin=0, vmax=top, alpha=0.75, interpolation="nearest")
             else:
                 shown = ax.imshow(maps[i], cmap="magma", vmin=0, vmax=top, interpolation="nearest")
             if i == 0:
