@@ -48,7 +48,7 @@ def test_lost_refuses_what_pib_refuses(tmp_path, folder, model, rows, message, p
     (tmp_path / "b.csv").write_text(HEAD + rows)
     source = open_source(model, images=folder)
     with pytest.raises(InterpError, match=message):
-        pib_study(source, tmp_path / "b.csv", progress=False)
+        pib_study(source, boxes=tmp_path / "b.csv", progress=False)
     with pytest.raises(InterpError, match=message):
         lost_study(source, boxes=tmp_path / "b.csv", protocol=protocol, progress=False)
 
@@ -58,7 +58,7 @@ def test_images_without_boxes_are_left_out_as_pib_does(tmp_path, folder, model):
     source = open_source(model, images=folder)
     result = lost_study(source, boxes=tmp_path / "b.csv", progress=False)
     assert result.hits[1] is None and result.n_evaluated == 1
-    assert pib_study(source, tmp_path / "b.csv", max_box_fraction=1, progress=False).excluded["no_box"] == 1
+    assert pib_study(source, boxes=tmp_path / "b.csv", max_box_fraction=1, progress=False).excluded["no_box"] == 1
 
 
 def test_cli_lost_with_an_impossible_box_is_one_line(tmp_path, folder, capsys):

@@ -77,7 +77,7 @@ def test_cache_for_studies_writes_exactly_their_hooks_and_serves_them(tmp_path, 
     assert main(["cache", "planted_vit", "--images", str(photos_with_broken), "--for", "norms,neurons",
                  "--out", str(cache_file), "--no-progress"]) == 0
     with interp.cache.open(cache_file) as reader:
-        assert set(reader.hooks) == set(hooks_for_studies("norms,neurons", interp.load("planted_vit").n_layers))
+        assert set(reader.hooks) == set(hooks_for_studies(["norms", "neurons"], interp.load("planted_vit").n_layers))
         assert [path for _, path, _ in reader.skipped] == [str(photos_with_broken / "broken.jpg")]
     out = tmp_path / "out"
     for study in ("norms", "neurons"):

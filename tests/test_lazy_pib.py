@@ -64,8 +64,8 @@ def test_pib_is_the_share_of_planted_patches_inside_the_box(dino, tmp_path):
         "img6.png,0,0,224,200\n")       # 89 % of the image
     source = open_source(model=dino, images=str(folder), batch_size=16)
     with dino.hooks(fwd_hooks=[("hook_norm_final", plant_cls_copy(dino, chosen))]):
-        result = pib_study(source, tmp_path / "boxes.csv", n_boot=500, seed=3, progress=False)
-        loose = pib_study(source, tmp_path / "boxes.csv", single_object=False, max_box_fraction=None, n_boot=500,
+        result = pib_study(source, boxes=tmp_path / "boxes.csv", n_boot=500, seed=3, progress=False)
+        loose = pib_study(source, boxes=tmp_path / "boxes.csv", single_object=False, max_box_fraction=None, n_boot=500,
                           progress=False)
     assert result.top_patch == chosen
     assert result.hits == [True, False, True, False, None, None, None]
@@ -172,7 +172,7 @@ def test_patch_score_study_fg_bg_and_cache_source(dino, tmp_path):
     from_cache = patch_score_study(cached, regions=regions, progress=False)
     assert torch.allclose(from_cache.maps_tensor(), maps, atol=1e-5)
     assert from_cache.patch_size == [14, 14]
-    pib_cached = pib_study(cached, tmp_path / "boxes.csv", n_boot=100, progress=False)
+    pib_cached = pib_study(cached, boxes=tmp_path / "boxes.csv", n_boot=100, progress=False)
     assert pib_cached.hits == [True, True, None] and pib_cached.pib == 1.0
     with pytest.raises(InterpError, match="needs hooks"):
         patch_score_study(cached, reference="pooled", progress=False)

@@ -41,7 +41,7 @@ def test_selective_cls_study_table(folder):
     model = make_model("vit", depth=1)
     source = open_source(model=model, images=str(folder / "images"), batch_size=4)
     n = model.layout.n_patches
-    result = selective_cls_study(source, folder / "boxes.csv", ks=[1, n], n_boot=200, seed=0, progress=False)
+    result = selective_cls_study(source, boxes=folder / "boxes.csv", ks=[1, n], n_boot=200, seed=0, progress=False)
     assert result.columns == list(COLUMNS) == ["row", "k", "pib", "pib_ci_low", "pib_ci_high", "fg_score_mean",
                                                "bg_score_mean", "top1_agreement", "accuracy"]
     assert [r["row"] for r in result.rows] == ["baseline", "k=1", f"k={n}"]
@@ -90,7 +90,7 @@ def test_selective_cls_study_table(folder):
     for fig in (plots.pib_bars(result), plots.score_distributions(result)):
         assert len(fig.axes) >= 1
     with pytest.raises(InterpError, match="k must be in"):
-        selective_cls_study(source, folder / "boxes.csv", ks=[n + 1], progress=False)
+        selective_cls_study(source, boxes=folder / "boxes.csv", ks=[n + 1], progress=False)
 
 
 def test_cli_selective_cls(folder, tmp_path, capsys):

@@ -168,7 +168,7 @@ def test_pib_study_protocol_last_equals_reference(tmp_path):
         rows += [f"im{i}.png,{x0},{y0},{x1},{y1},{w},{h}" for x0, y0, x1, y1 in bs]
     (tmp_path / "boxes.csv").write_text("\n".join(rows) + "\n")
     source = open_source(model=model, images=str(tmp_path), batch_size=3)
-    result = pib_study(source, tmp_path / "boxes.csv", protocol="last", n_boot=50, progress=False)
+    result = pib_study(source, boxes=tmp_path / "boxes.csv", protocol="last", n_boot=50, progress=False)
 
     keep = [len(bs) == 1 and (bs[0][2] - bs[0][0]) * (bs[0][3] - bs[0][1]) < 0.25 * w * h
             for (w, h), bs in zip(sizes, boxes)]

@@ -168,17 +168,6 @@ def add_classifier_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--classifier", type=existing_file, default=None, metavar="FILE", help=CLASSIFIER_HELP)
 
 
-def print_behaviour(result) -> None:
-    """The behaviour note (why there is no agreement or accuracy) or the classifier file the metrics went
-    through, in one line; nothing for the model's own classification head with labels."""
-    clf = result.classifier or {}
-    if result.behaviour_note:
-        print(f"note: {result.behaviour_note}")
-    elif clf.get("kind") not in (None, "model_head"):
-        print(f"behaviour through the {clf['kind']} classifier {clf.get('path') or clf.get('source') or ''} "
-              f"({clf['n_classes']} classes)")
-
-
 def add_preprocess_args(parser: argparse.ArgumentParser) -> None:
     """``--resize N [--crop M]`` or ``--transform NAME``: a paper's eval preprocessing instead of timm's own."""
     # dests of their own: a study may have a "crop" option of its own (segment's --no-crop)

@@ -53,14 +53,16 @@ from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ...hooks.names import resid_post
 from ..core.detection import DetectionLike, DetectionSpec, detection_from_norms, detection_header, detection_params
-from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout, headline_metric
+from ..core.behaviour import BehaviourMeter, behaviour_readout, headline_metric
 from ..core.behaviour import target_classes  # noqa: F401  (its home is core.behaviour; imported from here too)
 from ...runtime.forward import run_hooks
 from ..core.outliers import Detection, resolve_layer
 from ..core.thresholds import ThresholdSpec
 from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
 from ...runtime.source import live_model, n_batches
-from ..core.result import OutlierStudyResult
+from ..core.result import OutlierStudyResult, behaviour_lines
+from ..declaration import study
+from .configs import MaskingConfig
 
 FILLS = ("zero", "mean", "blur")
 ORDERS = ("top", "bottom", "random")
@@ -182,6 +184,14 @@ class MaskingResult(OutlierStudyResult):
     classifier: Optional[Dict] = None
     behaviour_note: Optional[str] = None
 
+    def console_lines(self, config=None) -> List[str]:
+        """The headline metric per order and fraction, then what the behaviour metrics went through."""
+        lines = []
+        for order in self.orders:
+            values = " ".join(f"{v:.3f}" for v in self.curves[order][self.metric])
+            lines.append(f"{self.metric} masking {order}-k at {self.fractions}: {values}")
+        return lines + behaviour_lines(self)
+
     @classmethod
     def _aliases(cls, data: dict) -> dict:
         """Results written before the detection contract: ``outlier_threshold`` was the counting threshold."""
@@ -252,49 +262,48 @@ def _masking_spec(source, detection: DetectionLike, threshold: Optional[Threshol
     return DetectionSpec(threshold, detect_layer, preset).resolved()
 
 
-def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fill: str = "zero",
-                  blur_sigma: Optional[float] = None, reference: str = "cls", hook: str = FINAL,
-                  selective: Optional[SelectiveCLS] = None, detection: DetectionLike = None,
-                  threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
-                  preset: Optional[str] = None, orders: Sequence[str] = ORDERS, seed: int = 0,
-                  outlier_threshold: Optional[ThresholdSpec] = None,
-                  batch_size: Optional[int] = None, progress: bool = True,
-                  classifier: ClassifierLike = None) -> MaskingResult:
+@study(MaskingConfig)
+def masking_study(source, config: MaskingConfig, *, selective: Optional[SelectiveCLS] = None,
+                  detection: DetectionLike = None, progress: bool = True) -> MaskingResult:
     """Masking probe on a live source (module docstring).
 
     Args:
         source: a live source (``open_source(model=..., images=...)``); labels from an image-folder layout.
-        fractions: shares of the patches to mask, each in [0, 1] (default 0, 0.1, ..., 0.9;
-            :func:`fraction_steps` (7) for the paper's steps of 1/7).
-        fill: ``zero``, ``mean`` or ``blur``.
-        blur_sigma: Gaussian sigma in input pixels for ``blur`` (default: half the patch size).
-        reference, hook, selective: the Patch Score that orders the patches.
-        detection, threshold, detect_layer, preset: the outliers counted (module docstring); ``threshold`` a
-            norm, ``"pNN"`` or ``"auto"`` (default ``"p98"``), ``detect_layer`` the block (default the last).
-        orders: which of ``top``, ``bottom``, ``random`` to run (default all three).
-        seed: seed of the ``random`` order.
-        outlier_threshold: the former name of ``threshold`` (kept as an alias).
-        batch_size: images per forward (default: the source's).
-        classifier: a classifier file whose class logits give top-1 agreement and accuracy.
+        config: the options (:class:`~interp.studies.aggregation.configs.MaskingConfig`; or pass them as
+            keywords): ``fractions`` shares of the patches to mask, each in [0, 1] (default 0, 0.1, ..., 0.9), or
+            ``steps`` (the fractions ``k / steps``: :func:`fraction_steps`; 7 for the paper's steps of 1/7);
+            ``fill`` ``zero``, ``mean`` or ``blur``; ``blur_sigma`` Gaussian sigma in input pixels for ``blur``
+            (default: half the patch size); ``reference``, ``hook``, ``selective_k``, ``sigma``, ``score``,
+            ``fft``, ``eps`` the Patch Score that orders the patches; ``threshold`` (its former name
+            ``outlier_threshold``), ``detect_layer``, ``preset`` the outliers counted (module docstring):
+            ``threshold`` a norm, ``"pNN"`` or ``"auto"`` (default ``"p98"``), ``detect_layer`` the block
+            (default the last); ``orders`` which of ``top``, ``bottom``, ``random`` to run (default all three);
+            ``seed`` seed of the ``random`` order; ``classifier`` a classifier file (or object) whose class
+            logits give top-1 agreement and accuracy.
+        selective: a SelectiveCLS whose parameters define the ``selective`` vector (default: the config's).
+        detection: the outliers counted, a Detection or DetectionSpec (then not ``threshold``, ``detect_layer``
+            or ``preset`` too).
+        progress: show progress bars.
     """
+    c = config
+    fill, blur_sigma, reference, hook, seed = c.fill, c.blur_sigma, c.reference, c.hook, c.seed
+    fractions = fraction_steps(c.steps) if c.steps is not None else (
+        DEFAULT_FRACTIONS if c.fractions is None else c.fractions)
+    selective = selective or SelectiveCLS(**c.selective_params(c.selective_k))
     model = live_model(source, "masking probe")
     if fill not in FILLS:
         raise InterpError(f"fill={fill!r} is not one of {list(FILLS)}")
-    if outlier_threshold is not None:
-        if threshold is not None and threshold != outlier_threshold:
-            raise InterpError("give threshold= or its former name outlier_threshold=, not both")
-        threshold = outlier_threshold
-    orders = list(dict.fromkeys([orders] if isinstance(orders, str) else orders))
+    orders = list(dict.fromkeys([c.orders] if isinstance(c.orders, str) else c.orders))
     if not orders:
         raise InterpError(f"orders=[]: give at least one of {list(ORDERS)}")
     for order in orders:
         if order not in ORDERS:
             raise InterpError(f"order {order!r} is not one of {list(ORDERS)}")
-    spec = _masking_spec(source, detection, threshold, detect_layer, preset)
-    readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
+    spec = _masking_spec(source, detection, c.threshold, c.detect_layer, c.preset)
+    readout = behaviour_readout(source, c.classifier)  # a classifier that does not fit fails before any forward
     meter = BehaviourMeter(readout)
     fractions = [float(f) for f in fractions]
-    bs = batch_size or source.batch_size
+    bs = source.batch_size
     grid = tuple(source.layout.grid)
     patch = source.patch_size
     n_patches = grid[0] * grid[1]
@@ -341,7 +350,7 @@ def masking_study(source, *, fractions: Sequence[float] = DEFAULT_FRACTIONS, fil
                 "outliers_per_image": float((base.norms > thr).sum(1).float().mean())}
     params = {"fractions": fractions, "fill": fill, "blur_sigma": sigma if fill == "blur" else None,
               "reference": reference, "hook": hook, **detection_params(found), "orders": orders, "seed": seed,
-              "selective": (selective or SelectiveCLS()).params() if reference == "selective" else None}
+              "selective": selective.params() if reference == "selective" else None}
     return MaskingResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params,
         seed=seed if "random" in orders else None, **header, orders=orders, fractions=fractions, n_masked=ks,

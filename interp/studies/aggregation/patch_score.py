@@ -18,7 +18,7 @@ the cell's area inside the box).
 >>> from interp.formats.box_files import read_boxes
 >>> from interp.studies.core.regions import regions_from_boxes
 >>> regions = regions_from_boxes(source.ids, read_boxes("boxes.csv"), data_config(model), model.layout.grid)
->>> result = patch_score_study(source, reference="cls", regions=regions, progress=False)
+>>> result = patch_score_study(source, reference="cls", regions=regions, progress=False)   # or boxes="boxes.csv"
 >>> len(result.maps), len(result.maps[0]), len(result.maps[0][0])      # [N][h][w] cosines
 (4, 14, 14)
 >>> -1 <= result.bg.mean <= 1 and -1 <= result.fg.mean <= 1           # mean score off / on the boxes
@@ -35,9 +35,12 @@ import torch
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ...runtime.source import ActivationSource
-from ..core.regions import Regions
+from ..core.regions import Regions, regions_from_masks
 from ..core.result import StudyResult
 from ..core.score_maps import FINAL, compute_score_maps
+from ..declaration import study
+from .configs import PatchScoreConfig
+from .pib import load_regions
 
 NORMALISATIONS = ("none", "minmax")
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -147,46 +150,75 @@ class PatchScoreResult(StudyResult):
         self.fg = ScoreDistribution.from_dict(self.fg)
         self.bg = ScoreDistribution.from_dict(self.bg)
 
+    def console_lines(self, config=None) -> List[str]:
+        """The foreground and background means (nothing without regions)."""
+        if self.fg is None:
+            return []
+        return [f"Patch Score ({self.reference}): foreground mean {self.fg.mean}, background mean {self.bg.mean}; "
+                f"excluded {self.excluded}"]
+
     def maps_tensor(self) -> torch.Tensor:
         """The score maps as a Tensor [N, h, w]."""
         return torch.as_tensor(np.asarray(self.maps, dtype=np.float32)).reshape(-1, *self.grid)
 
 
-def patch_score_study(source: ActivationSource, *, hook: str = FINAL, reference: str = "cls",
+def config_regions(source: ActivationSource, config: PatchScoreConfig) -> Optional[Regions]:
+    """The regions ``config`` asks for (``boxes`` with its filters, or ``masks``), None without either."""
+    if config.boxes:
+        return load_regions(source, config.boxes, config.single_object, config.max_box_fraction, config.cell_rule)
+    if config.masks:
+        return regions_from_masks(source.ids, config.masks, source.data_config(), tuple(source.layout.grid),
+                                  config.cell_rule)
+    return None
+
+
+@study(PatchScoreConfig)
+def patch_score_study(source: ActivationSource, config: PatchScoreConfig, *,
                       selective: Optional[SelectiveCLS] = None, regions: Optional[Regions] = None,
-                      bins: int = 40, normalise: str = "none", batch_size: Optional[int] = None,
                       progress: bool = True) -> PatchScoreResult:
     """Patch Score maps of every image, with foreground/background distributions when regions are given.
 
     Args:
         source: a live source or a cache holding ``hook`` and ``hook_norm_final`` (``hook_pooled`` for
             reference ``pooled``), all token rows.
-        hook: patch tokens: ``hook_norm_final`` or ``blocks.{i}.hook_resid_post``.
-        reference: ``cls``, ``pooled`` or ``selective`` (module docstring).
-        selective: SelectiveCLS whose parameters (k, sigma, score, fft, eps) define the ``selective`` vector.
+        config: the options (:class:`~interp.studies.aggregation.configs.PatchScoreConfig`; or pass them as
+            keywords): ``hook`` the patch tokens (``hook_norm_final`` or ``blocks.{i}.hook_resid_post``);
+            ``reference`` ``cls``, ``pooled`` or ``selective`` (module docstring); ``selective_k``, ``sigma``,
+            ``score``, ``fft``, ``eps`` the SelectiveCLS of the ``selective`` vector; ``boxes`` (a box file or
+            table, filtered by ``single_object`` and ``max_box_fraction``) or ``masks`` (a folder) for the
+            foreground cells, decided by ``cell_rule``; ``bins`` histogram bins over [-1, 1]; ``normalise``
+            ``"none"`` (default) or ``"minmax"``: the distributions of each image's map rescaled to [0, 1].
+        selective: a SelectiveCLS whose parameters (k, sigma, score, fft, eps) define the ``selective`` vector
+            (default: the config's).
         regions: foreground cells per image (:func:`~interp.studies.core.regions.regions_from_boxes` or
-            :func:`~interp.studies.core.regions.regions_from_masks`), in the source's image order.
-        bins: histogram bins over [-1, 1].
-        normalise: ``"none"`` (default) or ``"minmax"``: the distributions of each image's map rescaled to [0, 1].
+            :func:`~interp.studies.core.regions.regions_from_masks`), in the source's image order, instead of
+            the config's ``boxes`` / ``masks``.
+        progress: show progress bars.
     """
+    c = config
+    if regions is not None and (c.boxes or c.masks):
+        raise InterpError("give regions= or the boxes / masks options, not both")
     if regions is not None and regions.inside.shape[0] != len(source):
         raise InterpError(f"regions cover {regions.inside.shape[0]} images but the source has {len(source)}")
-    normalise_maps(torch.zeros(0), normalise)  # a bad option is refused before the pass
-    maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)
-    values = normalise_maps(maps, normalise)
+    normalise_maps(torch.zeros(0), c.normalise)  # a bad option is refused before the pass
+    regions = regions if regions is not None else config_regions(source, c)
+    selective = selective or SelectiveCLS(**c.selective_params(c.selective_k))
+    maps = compute_score_maps(source, c.hook, c.reference, selective, None, progress)
+    values = normalise_maps(maps, c.normalise)
     fg = bg = None
     if regions is not None:
-        fg, bg = fg_bg_distributions(values, regions, bins)
-    selective_params = (selective or SelectiveCLS()).params() if reference == "selective" else None
+        fg, bg = fg_bg_distributions(values, regions, c.bins)
+    selective_params = selective.params() if c.reference == "selective" else None
     cell_rule = regions.cell_rule if regions is not None else None
-    params = {"hook": hook, "reference": reference, "selective": selective_params, "bins": bins,
-              "regions": regions is not None, "normalise": normalise, "cell_rule": cell_rule}
+    params = {"hook": c.hook, "reference": c.reference, "selective": selective_params, "bins": c.bins,
+              "regions": regions is not None, "normalise": c.normalise, "cell_rule": cell_rule}
     return PatchScoreResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
-        ids=list(source.ids), hook=hook, reference=reference, selective=selective_params,
+        ids=list(source.ids), hook=c.hook, reference=c.reference, selective=selective_params,
         grid=list(source.layout.grid), patch_size=list(source.patch_size),
         maps=maps.tolist(), top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [],
-        scores=ScoreDistribution.of(values, bins), fg=fg, bg=bg,
+        scores=ScoreDistribution.of(values, c.bins), fg=fg, bg=bg,
         boxes_input=regions.boxes_input if regions is not None else [],
-        excluded=regions.excluded_counts() if regions is not None else {}, normalise=normalise, cell_rule=cell_rule,
+        excluded=regions.excluded_counts() if regions is not None else {}, normalise=c.normalise,
+        cell_rule=cell_rule,
     )

@@ -5,7 +5,7 @@ Reference protocol: images with exactly one annotated box (``single_object``), b
 image area (``max_box_fraction``), each box mapped through the model's preprocessing onto the patch grid
 (:mod:`interp.studies.core.regions`); a patch is inside when its cell touches the box.
 
->>> result = pib_study(source, "boxes.csv", reference="cls", max_box_fraction=1, progress=False)
+>>> result = pib_study(source, boxes="boxes.csv", reference="cls", max_box_fraction=1, progress=False)
 >>> result.ci_low <= result.pib <= result.ci_high, result.excluded     # images dropped per reason
 (True, {'no_box': 0, 'several_boxes': 0, 'too_large': 0, 'cropped_away': 0})
 """
@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Union
 
 import torch
 
-from ...errors import InterpError
+from ...errors import InterpError, UsageError
 from ...interventions.selective_cls import SelectiveCLS
 from ...formats.box_files import matched_entries, original_size, read_boxes
 from ...formats.box_types import BoxTable
@@ -26,6 +26,8 @@ from ..core.stats import bootstrap_ci
 from ..core.score_maps import FINAL, compute_score_maps
 from .pib_protocol import LAST_MAX_BOX_FRACTION, LAST_PREPROCESS, last_grid, last_regions
 from ..core.result import StudyResult
+from ..declaration import study
+from .configs import PiBConfig
 from ...runtime.live_source import LiveSource
 from ...runtime.source import ActivationSource
 
@@ -162,40 +164,46 @@ def protocol_regions(source: ActivationSource, boxes: Union[BoxTable, str, Path]
     return source, last_protocol_regions(source, table), True, LAST_MAX_BOX_FRACTION
 
 
-def pib_study(source: ActivationSource, boxes: Union[BoxTable, str, Path], *, reference: str = "cls",
-              hook: str = FINAL, selective: Optional[SelectiveCLS] = None, single_object: bool = True,
-              max_box_fraction: Optional[float] = 0.25, n_boot: int = 1000, level: float = 0.95, seed: int = 0,
-              store_maps: bool = True, batch_size: Optional[int] = None, progress: bool = True,
-              protocol: str = "model") -> PiBResult:
+@study(PiBConfig)
+def pib_study(source: ActivationSource, config: PiBConfig, *, selective: Optional[SelectiveCLS] = None,
+              progress: bool = True) -> PiBResult:
     """PiB of a model (live or cached) on images with boxes.
 
     Args:
         source: live source over image files, or a cache of them (ids are the image paths).
-        boxes: a box file (CSV / JSON / COCO, see :mod:`interp.formats.box_files`) or a table from ``read_boxes``.
-        reference, hook, selective: the Patch Score (:mod:`interp.studies.aggregation.patch_score`).
-        single_object: keep only images with exactly one box (reference protocol).
-        max_box_fraction: drop boxes larger than this share of the original image area (None: keep all).
-        n_boot, level, seed: the bootstrap interval.
-        store_maps: keep the [N, h, w] score maps in the result (for plots).
-        protocol: ``"model"`` (default): the model's own transform and the filters above. ``"last"``: the LaSt
+        config: the options (:class:`~interp.studies.aggregation.configs.PiBConfig`; or pass them as keywords):
+            ``boxes`` a box file (CSV / JSON / COCO, see :mod:`interp.formats.box_files`) or a table from
+            ``read_boxes`` (required); ``reference``, ``hook``, ``selective_k``, ``sigma``, ``score``, ``fft``,
+            ``eps`` the Patch Score (:mod:`interp.studies.aggregation.patch_score`); ``single_object`` keep only
+            images with exactly one box (reference protocol); ``max_box_fraction`` drop boxes larger than this
+            share of the original image area (None: keep all); ``n_boot``, ``level``, ``seed`` the bootstrap
+            interval; ``store_maps`` keep the [N, h, w] score maps in the result (for plots); ``protocol``
+            ``"model"`` (default): the model's own transform and the filters above, ``"last"``: the LaSt
             reference exactly (``bbox_to_patch_set`` and its dataloader): Resize(256) + CenterCrop(224) whatever
             the model's crop, its box-to-cell arithmetic, one box per image, area strictly below 25 %
             (``single_object``/``max_box_fraction`` are then the reference's); needs a live source over files
             and a model whose 224-px grid is ``224 // patch``; ``boxes_input`` is left empty.
+        selective: a SelectiveCLS whose parameters define the ``selective`` vector (default: the config's).
+        progress: show progress bars.
     """
-    source, regions, single_object, max_box_fraction = protocol_regions(source, boxes, protocol, single_object,
-                                                                         max_box_fraction)
-    maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)
-    summary = pib_from_maps(maps, regions, n_boot, level, seed)
-    params = {"protocol": protocol, "reference": reference, "hook": hook, "single_object": single_object,
-              "max_box_fraction": max_box_fraction, "n_boot": n_boot, "level": level,
-              "selective": (selective or SelectiveCLS()).params() if reference == "selective" else None}
+    c = config
+    if c.boxes is None:
+        raise UsageError("pib_study needs boxes= (CLI --boxes): a box file, CSV/JSON (image,x0,y0,x1,y1) or COCO "
+                         "instances JSON, or a table from read_boxes")
+    source, regions, single_object, max_box_fraction = protocol_regions(source, c.boxes, c.protocol,
+                                                                         c.single_object, c.max_box_fraction)
+    selective = selective or SelectiveCLS(**c.selective_params(c.selective_k))
+    maps = compute_score_maps(source, c.hook, c.reference, selective, None, progress)
+    summary = pib_from_maps(maps, regions, c.n_boot, c.level, c.seed)
+    params = {"protocol": c.protocol, "reference": c.reference, "hook": c.hook, "single_object": single_object,
+              "max_box_fraction": max_box_fraction, "n_boot": c.n_boot, "level": c.level,
+              "selective": selective.params() if c.reference == "selective" else None}
     return PiBResult(
-        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed,
-        pib=summary.pib, ci_low=summary.ci_low, ci_high=summary.ci_high, level=level, n_boot=n_boot,
-        n_images=len(source), n_used=summary.n_used, excluded=regions.excluded_counts(), hook=hook,
-        reference=reference, ids=list(source.ids), hits=summary.hits,
+        model=source.model_name, fingerprint=source.fingerprint, params=params, seed=c.seed,
+        pib=summary.pib, ci_low=summary.ci_low, ci_high=summary.ci_high, level=c.level, n_boot=c.n_boot,
+        n_images=len(source), n_used=summary.n_used, excluded=regions.excluded_counts(), hook=c.hook,
+        reference=c.reference, ids=list(source.ids), hits=summary.hits,
         top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [], boxes_input=regions.boxes_input,
         grid=list(source.layout.grid), patch_size=list(source.patch_size),
-        maps=maps.tolist() if store_maps else [],
+        maps=maps.tolist() if c.store_maps else [],
     )

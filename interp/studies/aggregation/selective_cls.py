@@ -17,7 +17,7 @@ row's behaviour metrics under its row name.
 
 Per batch of images: one baseline forward, then one forward per k under ``model.intervene(SelectiveCLS(k))``.
 
->>> result = selective_cls_study(source, "boxes.csv", ks=[1, 7, 196], max_box_fraction=1, progress=False)
+>>> result = selective_cls_study(source, boxes="boxes.csv", ks=[1, 7, 196], max_box_fraction=1, progress=False)
 >>> print(result.table().splitlines()[0])
      row    k    pib  pib_ci_low  pib_ci_high  fg_score_mean  bg_score_mean  pooled_cosine
 >>> result.behaviour_note is not None             # planted_vit's random head classifies nothing: no agreement
@@ -26,22 +26,22 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
-from ...formats.box_types import BoxTable
-from ..core.behaviour import BehaviourMeter, ClassifierLike, behaviour_readout
+from ..core.behaviour import BehaviourMeter, behaviour_readout
 from ...runtime.forward import run_hooks
 from .patch_score import ScoreDistribution, fg_bg_distributions
 from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
 from .pib import last_protocol_source, pib_from_maps, protocol_regions
-from ..core.result import StudyResult
+from ..core.result import StudyResult, behaviour_lines
 from ...runtime.source import live_model, n_batches
+from ..declaration import study
+from .configs import SelectiveCLSConfig
 
 COLUMNS = ("row", "k", "pib", "pib_ci_low", "pib_ci_high", "fg_score_mean", "bg_score_mean", "top1_agreement",
            "accuracy")
@@ -83,6 +83,11 @@ class SelectiveCLSResult(StudyResult):
     def __post_init__(self):
         self.distributions = [None if d is None else {key: ScoreDistribution.from_dict(v) for key, v in d.items()}
                               for d in self.distributions]
+
+    def console_lines(self, config=None) -> List[str]:
+        """The table, what the behaviour metrics went through, and the images used."""
+        return [self.table(), *behaviour_lines(self),
+                f"{self.n_used} of {self.n_images} images with a usable box; excluded: {self.excluded}"]
 
     def table(self) -> str:
         """The rows as an aligned text table (None shown as '-'); without class logits the pooled vector's cosine
@@ -148,25 +153,29 @@ def _table_row(name: str, k: Optional[int], row_maps, behaviour: Dict, regions, 
     return entry, {"fg": fg, "bg": bg}, summary
 
 
-def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, ks: Sequence[int] = (1, 7, 98), *,
-                        selective: Optional[SelectiveCLS] = None, reference: str = "cls",
-                        single_object: bool = True, max_box_fraction: Optional[float] = 0.25,
-                        n_boot: int = 1000, level: float = 0.95, seed: int = 0, bins: int = 40,
-                        batch_size: Optional[int] = None, progress: bool = True,
-                        protocol: str = "model", classifier: ClassifierLike = None) -> SelectiveCLSResult:
+@study(SelectiveCLSConfig)
+def selective_cls_study(source, config: SelectiveCLSConfig, *, selective: Optional[SelectiveCLS] = None,
+                        progress: bool = True) -> SelectiveCLSResult:
     """PiB, Patch Score distributions and top-1 agreement with and without ``SelectiveCLS(k)`` (module doc).
 
     Args:
         source: a live source over image files (labels from an image-folder layout give accuracy).
-        boxes: box file or table (:mod:`interp.formats.box_files`); None skips the PiB and fg/bg columns.
-        ks: the k values; each must be in [1, n_patches].
-        selective: a ``SelectiveCLS`` whose sigma, score, fft and eps every row uses (its k is replaced by
-            each of ``ks``); default ``SelectiveCLS()``, the LaSt reference code's arithmetic.
-        reference: the baseline's global vector, ``cls`` or ``pooled``.
-        single_object, max_box_fraction, n_boot, level, seed: PiB protocol (:func:`interp.studies.aggregation.pib.pib_study`).
-        protocol: ``"model"`` (the model's transform) or ``"last"`` (the LaSt reference's, as in ``pib_study``).
-        classifier: a classifier file whose class logits give top-1 agreement and accuracy.
+        config: the options (:class:`~interp.studies.aggregation.configs.SelectiveCLSConfig`; or pass them as
+            keywords): ``boxes`` box file or table (:mod:`interp.formats.box_files`; None skips the PiB and
+            fg/bg columns); ``ks`` the k values, each in [1, n_patches]; ``sigma``, ``score``, ``fft``, ``eps``
+            the SelectiveCLS every row uses (default the LaSt reference code's arithmetic); ``reference`` the
+            baseline's global vector, ``cls`` or ``pooled``; ``single_object``, ``max_box_fraction``,
+            ``n_boot``, ``level``, ``seed``: PiB protocol (:func:`interp.studies.aggregation.pib.pib_study`);
+            ``protocol`` ``"model"`` (the model's transform) or ``"last"`` (the LaSt reference's, as in
+            ``pib_study``); ``bins`` histogram bins; ``classifier`` a classifier file (or object) whose class
+            logits give top-1 agreement and accuracy.
+        selective: a ``SelectiveCLS`` whose sigma, score, fft and eps every row uses instead of the config's
+            (its k is replaced by each of ``ks``).
+        progress: show progress bars.
     """
+    c = config
+    boxes, protocol, single_object, max_box_fraction = c.boxes, c.protocol, c.single_object, c.max_box_fraction
+    reference, ks, n_boot, level, seed, bins = c.reference, c.ks, c.n_boot, c.level, c.seed, c.bins
     regions = None
     if boxes is not None:
         source, regions, single_object, max_box_fraction = protocol_regions(source, boxes, protocol, single_object,
@@ -179,14 +188,14 @@ def selective_cls_study(source, boxes: Union[BoxTable, str, Path, None] = None, 
     if reference not in BASELINE_REFERENCES:
         raise InterpError(f"the baseline reference must be one of {list(BASELINE_REFERENCES)}, got {reference!r}")
     ks = _check_ks(ks, source.layout.n_patches)
-    template = (selective or SelectiveCLS()).params()
+    template = (selective or SelectiveCLS(**c.selective_params(1))).params()
     template.pop("k")
     specs = [SelectiveCLS(k=k, **template) for k in ks]
 
-    readout = behaviour_readout(source, classifier)
+    readout = behaviour_readout(source, c.classifier)
     meter = BehaviourMeter(readout)
     names = ["baseline"] + [f"k={k}" for k in ks]
-    maps = _forward_rows(source, model, specs, reference, batch_size, progress, meter, names)
+    maps = _forward_rows(source, model, specs, reference, source.batch_size, progress, meter, names)
     pib = {"n_boot": n_boot, "level": level, "seed": seed, "bins": bins}
     rows, distributions, hits, summary = [], [], [], None
     for row, row_maps in enumerate(maps):

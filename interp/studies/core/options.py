@@ -1,6 +1,6 @@
 """Option groups several studies share, as torch-free config dataclasses a study's config inherits from
 (:mod:`interp.studies.declaration`): the detection contract, the classifier of the behaviour metrics, the
-register neurons an edit uses, the linear probes' budget.
+register neurons an edit uses, the linear probes' budget; and the hooks a Patch Score reads (:func:`needed_hooks`).
 
 >>> from interp.studies.artifacts.configs import NormsConfig
 >>> NormsConfig(threshold="3.5").threshold       # a number given as text becomes a norm
@@ -17,6 +17,19 @@ from ...values import (NEURONS_SYNTAX, existing_file, nonnegative_float, open_fr
 from ..declaration import StudyConfig, option
 from .presets import PRESETS
 
+FINAL = "hook_norm_final"  # the final normed tokens: the Patch Score's default tokens and its CLS vector
+REFERENCES = ("cls", "pooled", "selective")  # the Patch Score's global vectors
+
+
+def needed_hooks(hook: str, reference: str) -> List[str]:
+    """Hooks a Patch Score map needs: the patch tokens' hook plus what the reference vector is read from."""
+    if reference not in REFERENCES:
+        raise InterpError(f"reference={reference!r} is not one of {list(REFERENCES)}")
+    hooks = [hook]
+    extra = "hook_pooled" if reference == "pooled" else FINAL
+    if extra not in hooks:
+        hooks.append(extra)
+    return hooks
 
 
 CLASSIFIER_HELP = ("classifier file (zero-shot matrix, linear head, or a DINOv2 released linear head) whose class "

@@ -19,20 +19,7 @@ from ...interventions.selective_aggregation import selective_aggregate
 from ...interventions.selective_cls import SelectiveCLS
 from ...models.layout import TokenLayout
 from ...runtime.source import ActivationSource, n_batches, split_tokens
-
-REFERENCES = ("cls", "pooled", "selective")
-FINAL = "hook_norm_final"
-
-
-def needed_hooks(hook: str, reference: str) -> List[str]:
-    """Hooks a score map needs: the patch tokens' hook plus what the reference vector is read from."""
-    if reference not in REFERENCES:
-        raise InterpError(f"reference={reference!r} is not one of {list(REFERENCES)}")
-    hooks = [hook]
-    extra = "hook_pooled" if reference == "pooled" else FINAL
-    if extra not in hooks:
-        hooks.append(extra)
-    return hooks
+from .options import FINAL, REFERENCES, needed_hooks  # torch-free: the studies' configs read them too
 
 
 def global_vector(acts: Dict[str, torch.Tensor], layout: TokenLayout, reference: str,

@@ -1,0 +1,194 @@
+"""The lazy-aggregation studies' declarations (docs/methods.md section 3): their options, the hooks they read
+from a cache, and what the command line says of them. Torch-free: ``interp study NAME --help`` reads them at once.
+
+patch-score and pib read a live model (``--images``) or a cache (``--cache``); masking and selective-cls re-run
+the model (masked images, a SelectiveCLS edit), so they take ``--images``.
+
+    interp study patch-score MODEL --images DIR [--boxes FILE | --masks DIR] --out OUT [--cell-rule majority]
+        [--normalise minmax]
+    interp study pib MODEL --images DIR --boxes FILE --out OUT
+    interp study masking MODEL --images DIR --out OUT [--fractions 0 0.1 ... | --steps 7] [--fill zero|mean|blur]
+        [--orders top bottom random] [--threshold p98] [--detect-layer N] [--preset NAME]
+    interp study selective-cls MODEL --images DIR --boxes FILE --out OUT [--k 1 7 98]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
+
+from ...errors import UsageError
+from ...values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
+                       positive_float, positive_int, threshold_arg)
+from ..core.options import FINAL, REFERENCES, ClassifierOption, DetectionOptions, _threshold_value, needed_hooks
+from ..declaration import StudyConfig, declare, option
+
+_SCORE_DOC = "`--hook` (default `hook_norm_final`) and `hook_norm_final` (`hook_pooled` with `--reference pooled`)"
+
+
+def _max_box_fraction(default: Optional[float]) -> Any:
+    """``--max-box-fraction`` with its default (said in the help)."""
+    return option(default, "drop boxes larger than this share of the original image area "
+                           f"(default {default}; 1 keeps all)", parse=fraction)
+
+
+# ---------------------------------------------------------------------------------------------- option groups
+@dataclass(frozen=True, kw_only=True)
+class SelectiveCLSOptions(StudyConfig):
+    """The parameters of a SelectiveCLS (:class:`~interp.interventions.selective_cls.SelectiveCLS`) but its k."""
+
+    sigma: Optional[float] = option(None, "SelectiveCLS low-pass width (default sqrt(d))", parse=positive_float)
+    score: str = option("code", "SelectiveCLS stability score: code = x/|x_low - x| (LaSt reference code, default), "
+                                "paper = x_low/(|x_low - x| + eps), contrib = x_low/(x_low - x + eps)",
+                        choices=("code", "paper", "contrib"))
+    fft: str = option("shift", "SelectiveCLS FFT variant: shift (fftshift, the reference) or rfft",
+                      choices=("shift", "rfft"))
+    eps: float = option(1e-6, "SelectiveCLS epsilon", parse=positive_float)
+
+    def selective_params(self, k: int) -> Dict[str, Any]:
+        """``SelectiveCLS(**selective_params(k))``: the edit these options describe, keeping ``k`` patches."""
+        return {"k": k, "sigma": self.sigma, "score": self.score, "fft": self.fft, "eps": self.eps}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchScoreOptions(SelectiveCLSOptions):
+    """The Patch Score ``cos(x_p, g)``: where the patch tokens come from and the global vector g."""
+
+    reference: str = option("cls", "global vector g of the Patch Score: CLS output, the pooled vector the head "
+                                   "sees, or the SelectiveCLS vector", choices=REFERENCES)
+    hook: str = option(FINAL, "patch tokens: hook_norm_final (default) or blocks.{i}.hook_resid_post")
+    selective_k: int = option(1, "k of the SelectiveCLS vector (--reference selective)", parse=positive_int)
+
+    def hooks(self, n_layers: int) -> List[str]:
+        """The patch tokens' hook and the hook the global vector is read from."""
+        return needed_hooks(self.hook, self.reference)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreMapsFigure(StudyConfig):
+    """The ``score_maps.png`` figure's size."""
+
+    n_maps: int = option(8, "images drawn in score_maps.png", parse=nonnegative_int)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObjectBoxes(StudyConfig):
+    """The object boxes of PiB and their filters, under a box protocol (:mod:`.pib_protocol`)."""
+
+    boxes: Any = option(None, "box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON", parse=existing_file,
+                        required=True)
+    single_object: bool = option(True, "keep images with several boxes (default: exactly one box, as the reference)",
+                                 off="--all-objects")
+    max_box_fraction: Optional[float] = _max_box_fraction(0.25)
+    protocol: str = option("model", "model: the model's own transform (default); last: the LaSt reference's "
+                                    "Resize 256 + CenterCrop 224, box cells and filters (overrides the box filters; "
+                                    "needs a 224-px grid)", choices=("model", "last"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BootstrapOptions(StudyConfig):
+    """The seeded percentile bootstrap interval of PiB (``--seed``)."""
+
+    n_boot: int = option(1000, "bootstrap resamples for the PiB interval", parse=positive_int)
+    level: float = option(0.95, "confidence level of the PiB interval", parse=open_fraction)
+
+
+# ---------------------------------------------------------------------------------------------- studies
+@declare
+@dataclass(frozen=True, kw_only=True)
+class PatchScoreConfig(PatchScoreOptions, ScoreMapsFigure):
+    """Patch Score maps cos(patch, global vector), fg/bg distributions
+
+    Patch Score S_p = cos(x_p, g) per image (docs/methods.md section 3)."""
+
+    name: ClassVar[str] = "patch-score"
+    inputs: ClassVar[str] = "images_or_cache"
+    cache_doc: ClassVar[str] = _SCORE_DOC
+
+    boxes: Optional[str] = option(None, "box file (CSV/JSON/COCO) for foreground/background scores",
+                                  parse=existing_file)
+    masks: Optional[str] = option(None, "directory of masks <image stem>.png (nonzero = foreground; palette PNGs by "
+                                        "index, 255 void)", parse=existing_path)
+    single_object: bool = option(False, "keep only images with exactly one box")
+    max_box_fraction: Optional[float] = _max_box_fraction(None)
+    cell_rule: str = option("touch", "a patch is foreground when its cell touches the box / a mask pixel (touch, "
+                                     "default) or when most of its area is inside (majority)",
+                            choices=("touch", "majority"))
+    normalise: str = option("none", "score distributions of the raw cosines (none, default) or of each image's map "
+                                    "min-max rescaled to [0, 1] (minmax)", choices=("none", "minmax"))
+    bins: int = 40  # histogram bins over [-1, 1]
+
+    def check(self) -> None:
+        super().check()
+        if self.boxes and self.masks:
+            raise UsageError("give --boxes or --masks, not both")
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class PiBConfig(PatchScoreOptions, ObjectBoxes, BootstrapOptions, ScoreMapsFigure):
+    """PiB: share of images whose top Patch Score patch is in the box
+
+    Point in box with a bootstrap interval (docs/methods.md section 3)."""
+
+    name: ClassVar[str] = "pib"
+    inputs: ClassVar[str] = "images_or_cache"
+    cache_doc: ClassVar[str] = _SCORE_DOC
+
+    store_maps: bool = True  # keep the [N, h, w] score maps in the result (for plots)
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class MaskingConfig(DetectionOptions, PatchScoreOptions, ClassifierOption):
+    """mask top-k / bottom-k patches by Patch Score and re-measure
+
+    Masking probe (docs/methods.md section 3): accuracy or agreement and outlier counts per masked fraction, for
+    both orders."""
+
+    name: ClassVar[str] = "masking"
+
+    threshold: Union[float, str, None] = option(
+        None, "outlier token norm at the detection block: a number > 0, pNN (percentile of the unmasked run) or "
+              "auto; default p98, or the preset's (--outlier-threshold: its former name)",
+        parse=threshold_arg, aliases=("--outlier-threshold",))
+    outlier_threshold: Union[float, str, None] = None  # the former name of ``threshold`` (Python)
+    fractions: Optional[Tuple[float, ...]] = option(None, "shares of patches to mask (default 0 0.1 ... 0.9)",
+                                                    parse=masked_fraction, many=True)
+    steps: Optional[int] = option(None, "mask the fractions k/STEPS, k = 0 .. STEPS-1 (7: the LaSt paper's steps "
+                                        "of 1/7)", parse=positive_int)
+    orders: Tuple[str, ...] = option(("top", "bottom", "random"),
+                                     "masking orders: highest score first, lowest first, and the seeded random "
+                                     "control (--seed; default all three)",
+                                     choices=("top", "bottom", "random"), many=True)
+    fill: str = option("zero", "zero (0 in normalised space), mean (dataset mean per channel) or blur",
+                       choices=("zero", "mean", "blur"))
+    blur_sigma: Optional[float] = option(None, "blur sigma in pixels (default patch size / 2)", parse=positive_float)
+
+    def __post_init__(self) -> None:
+        if self.outlier_threshold is not None:
+            former = _threshold_value(self.outlier_threshold)
+            if self.threshold is not None and _threshold_value(self.threshold) != former:
+                raise UsageError("give threshold= or its former name outlier_threshold=, not both")
+            object.__setattr__(self, "threshold", former)
+            object.__setattr__(self, "outlier_threshold", None)
+        super().__post_init__()
+
+    def check(self) -> None:
+        super().check()
+        if self.steps is not None and self.fractions is not None:
+            raise UsageError("give --fractions or --steps, not both")
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class SelectiveCLSConfig(SelectiveCLSOptions, ClassifierOption, ObjectBoxes, BootstrapOptions):
+    """PiB, score distributions and agreement with/without SelectiveCLS
+
+    The measured effect of SelectiveCLS(k) on a frozen model, one table."""
+
+    name: ClassVar[str] = "selective-cls"
+
+    ks: Tuple[int, ...] = option((1, 7, 98), "SelectiveCLS k values (default 1 7 98)", flag="--k", parse=positive_int,
+                                 many=True)
+    reference: str = option("cls", "the baseline's global vector", choices=("cls", "pooled"))
+    bins: int = 40  # histogram bins over [-1, 1]

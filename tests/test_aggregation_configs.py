@@ -1,0 +1,86 @@
+"""The lazy-aggregation studies' declarations (interp/studies/aggregation/configs.py): the command line is
+generated from them, their checks refuse what the old commands refused, and the Python functions take the same
+options as keywords (positional box files became ``boxes=``)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from interp.errors import InterpError, UsageError
+from interp.studies.aggregation.configs import MaskingConfig, PatchScoreConfig, PiBConfig, SelectiveCLSConfig
+from interp.studies.declaration import declared, required_hooks
+
+
+def test_the_four_studies_are_declared_torch_free():
+    code = ("import sys, interp.studies.declaration as d; names = d.declared(); "
+            "print(sorted(set(names) & {'patch-score', 'pib', 'masking', 'selective-cls'}), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[-1] == "False"
+    assert declared()["selective-cls"] is SelectiveCLSConfig and declared()["pib"] is PiBConfig
+
+
+def test_cache_hooks_follow_the_patch_score_options():
+    assert required_hooks("pib", 4) == ["hook_norm_final"]
+    assert required_hooks("patch-score", 4, {"reference": "pooled"}) == ["hook_norm_final", "hook_pooled"]
+    assert required_hooks("patch-score", 4, {"hook": "blocks.1.hook_resid_post"}) == [
+        "blocks.1.hook_resid_post", "hook_norm_final"]
+    with pytest.raises(InterpError, match="re-runs the model"):
+        required_hooks("masking", 4)
+
+
+def test_option_combinations_are_refused_in_the_config():
+    with pytest.raises(UsageError, match="--boxes or --masks, not both"):
+        PatchScoreConfig(boxes="b.csv", masks="m")
+    with pytest.raises(UsageError, match="--fractions or --steps, not both"):
+        MaskingConfig(fractions=(0.0, 0.5), steps=7)
+
+
+def test_masking_takes_the_former_threshold_name():
+    assert MaskingConfig(outlier_threshold="12").threshold == 12.0
+    assert MaskingConfig(threshold="p95", outlier_threshold="p95").threshold == "p95"
+    with pytest.raises(InterpError, match="not both"):
+        MaskingConfig(threshold=1.0, outlier_threshold=2.0)
+
+
+def test_the_selective_cls_options_build_one_edit():
+    config = SelectiveCLSConfig(sigma=3.0, score="paper", fft="rfft", eps=1e-5)
+    assert config.selective_params(7) == {"k": 7, "sigma": 3.0, "score": "paper", "fft": "rfft", "eps": 1e-5}
+    assert config.ks == (1, 7, 98) and config.single_object and config.max_box_fraction == 0.25
+    assert PatchScoreConfig().max_box_fraction is None and not PatchScoreConfig().single_object
+
+
+def test_the_command_line_fills_the_config():
+    from interp.cli import build_parser
+
+    args = build_parser().parse_args(["study", "selective-cls", "m", "--images", ".", "--out", "o", "--boxes",
+                                      __file__, "--k", "1", "16", "--all-objects", "--protocol", "last"])
+    config = SelectiveCLSConfig.from_args(args)
+    assert config.ks == (1, 16) and config.single_object is False and config.protocol == "last"
+    args = build_parser().parse_args(["study", "masking", "m", "--images", ".", "--out", "o",
+                                      "--outlier-threshold", "p97", "--orders", "top", "random"])
+    config = MaskingConfig.from_args(args)
+    assert config.threshold == "p97" and config.orders == ("top", "random")
+
+
+def test_pib_study_needs_boxes_and_takes_a_selective_object(tmp_path):
+    import torch
+
+    from conftest import make_model
+    from interp.interventions.selective_cls import SelectiveCLS
+    from interp.studies.aggregation.pib import pib_study
+    from interp.studies import open_source
+
+    source = open_source(model=make_model("vit", depth=1), images=torch.rand(2, 3, 224, 224))
+    with pytest.raises(UsageError, match="boxes="):
+        pib_study(source, progress=False)
+    with pytest.raises(TypeError, match="pass options by keyword"):
+        pib_study(source, "boxes.csv", progress=False)
+    from interp.studies.aggregation.patch_score import patch_score_study
+
+    edit = SelectiveCLS(k=5, sigma=2.0)
+    result = patch_score_study(source, reference="selective", selective=edit, progress=False)
+    assert result.selective == edit.params()
+    assert patch_score_study(source, reference="selective", selective_k=5, sigma=2.0, progress=False).maps == \
+        result.maps
