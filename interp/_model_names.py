@@ -3,7 +3,7 @@ second instead of after torch and timm load (10-15 s).
 
 The names ship in ``interp/data/timm_models.json`` (``{"timm": version, "models": {name: module}}``, every
 registered timm entry point with the last part of its module: ``vision_transformer``, ``resnet``...).
-Regenerate it after a timm upgrade with ``python -m interp._model_names`` (``tests/test_cli_fast_feedback.py``
+Regenerate it after a timm upgrade with ``python -m interp._model_names`` (``tests/cli/test_cli_fast_feedback.py``
 checks that it equals the installed timm's). The list is used only while the installed timm is the version it
 was made from; the check of :func:`interp.models.loading.check_model_name` still runs once timm is imported.
 """

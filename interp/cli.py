@@ -2,9 +2,9 @@
 exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
 
 Building the parsers imports neither torch, timm nor nnsight (a command imports them when it runs), so
-``interp --help`` and argument errors answer at once; ``tests/test_cli_policies.py`` checks it. The model
+``interp --help`` and argument errors answer at once; ``tests/cli/test_cli_policies.py`` checks it. The model
 name(s), image folders and output checks run before torch too (:mod:`interp.commands.prechecks`,
-``tests/test_cli_fast_feedback.py``).
+``tests/cli/test_cli_fast_feedback.py``).
 
 Errors: every problem interp knows about (an :class:`~interp.errors.InterpError`) is one line on stderr,
 ``interp: error: ...``; exit status 2 for a bad command-line value or path (argparse's and

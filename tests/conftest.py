@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,11 +18,22 @@ import torch
 import interp
 from interp.cli import main
 
+TESTS = Path(__file__).resolve().parent  # the tests folder (its helpers: conftest, sae_helpers, reference)
+REPO = TESTS.parent  # the repository root
+
+
 def sigint_as_default() -> None:
     """``preexec_fn`` of a child the test interrupts: Ctrl-C handled as an interactive shell would. A shell
     running the suite as a background job (``cmd &``, nohup) makes its children ignore SIGINT, and Python then
     keeps ignoring it: the child would never see the test's Ctrl-C."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def one_error_line(err: str) -> str:
+    """The one line of a command's refusal on stderr (``interp: error: ...``, no traceback)."""
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interp: error: ") and "Traceback" not in err, err
+    return lines[0]
 
 
 # name -> timm kwargs for a small but structurally faithful config (fewer blocks, 224 px).

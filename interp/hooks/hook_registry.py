@@ -6,7 +6,7 @@ Only public ``HookedRootModule`` methods are overridden (``add_hook``, ``hooks``
 matches for unknown ones, then calls TransformerLens with exact names only. What is relied on from
 TransformerLens: ``setup()`` fills ``hook_dict`` with every ``HookPoint`` under its module path and sets
 ``HookPoint.name``; those public methods accept exact names and callables; ``run_with_cache`` returns
-``(output, dict)``. ``tests/test_transformer_lens_contract.py`` checks exactly this.
+``(output, dict)``. ``tests/hooks/test_transformer_lens_contract.py`` checks exactly this.
 """
 from __future__ import annotations
 

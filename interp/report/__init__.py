@@ -9,7 +9,7 @@ never invented.
 Modules: ``battery`` (running the stages on one source), ``summary`` (report.json and the planted-truth
 comparison), ``sections`` (the section list and the page's wording rules), ``html`` (the page).
 
-Example (not a doctest: a report takes ~20 s; ``tests/test_report.py`` runs it)::
+Example (not a doctest: a report takes ~20 s; ``tests/report/test_report.py`` runs it)::
 
     summary = run_report()                      # the planted synthetic model on the bundled photos
     summary["planted"]["all_neurons_recovered"]  # True

@@ -11,7 +11,7 @@ one detection. Norms, neuron scores, probes and LOST then read one shared observ
 (:mod:`interp.runtime.passes`), and the causal stages add only their edited runs: 10 forwards per image on
 the defaults (1 baseline + 1 observational + 6 ablation + 1 test-time register + 1 relocation).
 
-Example (not a doctest: a report takes ~20 s; ``tests/test_report.py`` runs it)::
+Example (not a doctest: a report takes ~20 s; ``tests/report/test_report.py`` runs it)::
 
     summary = run_report()                      # the planted synthetic model on the bundled photos
     summary["planted"]["all_neurons_recovered"]  # True

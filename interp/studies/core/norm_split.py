@@ -32,7 +32,7 @@ bulk "upper" and the F1 cut lands on the bulk's edge (142 on ``planted_vit``: th
 tokens between the modes counted as outliers, 21 % flagged for 18 % planted). The cut is then the middle of
 the gap in norm: half-way between the bulk's norm and the median norm of the tokens above the F1 cut (not
 the upper Gaussian's mean, which those in-between tokens pull down: 476 against 571 on ``planted_vit``).
-Rules tried on ``planted_vit`` and on the realistic battery (``tests/test_detection_realistic.py``): a
+Rules tried on ``planted_vit`` and on the realistic battery (``tests/studies/core/test_detection_realistic.py``): a
 valley of a kernel density between the modes cuts below seven ordinary tokens at 291-330 (precision 0.947,
 the in-between tokens are sparsest at 200-290); the posterior-equal point of the fitted components sits on
 the bulk's edge like the F1 cut (the bulk's density is degenerate); the middle of the gap on log norms gives

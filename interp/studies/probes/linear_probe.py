@@ -81,10 +81,6 @@ class ProbeFit:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-# The name before the probe kernel and the probes study (ProbesResult) were told apart; kept as an alias.
-ProbeResult = ProbeFit
-
-
 def _as_tensor(a: ArrayLike) -> torch.Tensor:
     return a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
 

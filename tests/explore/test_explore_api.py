@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import sigint_as_default
+from conftest import REPO, sigint_as_default
 
 pytest.importorskip("starlette", reason="the explore extra (pip install -e '.[explore]') is not installed")
 pytest.importorskip("uvicorn", reason="the explore extra (pip install -e '.[explore]') is not installed")
@@ -239,7 +239,7 @@ def test_python_entry_point_serves_and_stops(one_thread):
 
 
 def test_cli_prints_a_token_url_and_serves(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "interp", "explore", "--no-open", "--no-progress",
                              "--neurons", "2:17,2:101"], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, env=env, preexec_fn=sigint_as_default)

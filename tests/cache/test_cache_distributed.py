@@ -13,13 +13,12 @@ import pytest
 import torch
 
 import interp.cache
-from conftest import make_model
+from conftest import REPO, make_model
 from interp.cache.distributed import block_bounds, shard_path
 from test_cache import write_images
 from test_cache_crash import assert_same_cache
 
 HOOKS = ["blocks.*.hook_resid_post", "blocks.1.attn.hook_pattern"]
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_block_bounds_are_contiguous_and_cover_everything():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from interp.errors import InterpError
-from interp.studies import ProbeFit, ProbeResult, linear_probe
+from interp.studies import ProbeFit, linear_probe
 from interp.studies.probes.linear_probe import chance_score, fit_probe, r2_score, split_indices
 
 
@@ -67,7 +67,6 @@ def test_deterministic_for_a_seed_and_json():
     b = linear_probe(x, pos, groups=groups, seed=5, epochs=2, min_steps=20)
     assert a.to_dict() == b.to_dict()
     back = ProbeFit.from_dict(json.loads(a.to_json()))
-    assert ProbeResult is ProbeFit  # the old name still imports
     assert back == a
 
 

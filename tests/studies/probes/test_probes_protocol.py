@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import photo_variants
+from conftest import REPO, photo_variants
 from test_probes_study import ConstructedReader
 
 import interp
@@ -242,7 +242,7 @@ def test_empty_groups_are_not_marked_too_few():
 def test_the_probes_name_darcets_fig_5b_and_table_1():
     from interp.plots.probes import PANELS
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     old = "table " + "1b"
     files = [*root.glob("interp/**/*.py"), root / "README.md", *root.glob("docs/**/*.md")]
     assert [str(f) for f in files if old in f.read_text(encoding="utf-8").lower()] == []

@@ -8,13 +8,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 nbformat = pytest.importorskip("nbformat", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
 nbclient = pytest.importorskip("nbclient", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
 pytest.importorskip("ipykernel", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
 pytest.importorskip("starlette", reason="the explore extra (pip install -e '.[explore]') is not installed")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 CELLS = [
     f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
     "import interp, torch\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import images, make_model
+from conftest import TESTS, images, make_model
 
 from interp.errors import InterpError
 from interp.models.layout import TokenLayout
@@ -183,7 +183,7 @@ print(json.dumps({"whole_hook": whole, "study": study, "quarter": quarter, "n_tr
 @pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
 def test_memory_stays_bounded_over_a_1000_image_cache():
     one_hook_bytes = 1000 * 197 * 64 * 4                                 # LazyReader: 197 tokens x 64 dims
-    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(Path(__file__).parent)],
+    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(TESTS)],
                          capture_output=True, text=True, timeout=1800)  # a safety net only
     assert run.returncode == 0, run.stderr[-3000:]
     measured = json.loads(run.stdout.strip().splitlines()[-1])

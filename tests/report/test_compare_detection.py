@@ -12,9 +12,9 @@ from interp.models import sample_image_paths
 from interp.report.compare import COLUMN_DOCS, COLUMNS, column_table, compare_models
 from interp.studies.core.detection import DetectionSpec
 
-from conftest import make_model
+from conftest import REPO, make_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def test_a_preset_sets_every_models_detection_and_the_redundancy_columns_fill():

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import interp
-from conftest import make_model
+from conftest import REPO, make_model
 from interp.cli import main
 from interp.errors import InterpError
 from interp.interventions import SAEFeatureAblation
@@ -25,7 +25,6 @@ from interp.sae import files as sae_files
 from sae_helpers import HOOK, TRAIN, needs_overcomplete, planted_cache, planted_model, planted_sae, train_planted
 
 pytestmark = needs_overcomplete
-REPO = Path(__file__).resolve().parents[1]
 STEPS, EVERY = 48, 3
 ARGS = ["--steps", str(STEPS), "--batch-size", "256", "--expansion", "2", "--k", "2", "--lr", "3e-3",
         "--window-images", "16", "--data-shards", "2", "--holdout", "0.125", "--dead-window", "100",

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from interp.hooks.hooked_vit import HookedViT
+from conftest import REPO
 
 TL = "transformer-lens"
 PUBLIC_METHODS_USED = ("setup", "add_hook", "hooks", "run_with_hooks", "run_with_cache", "get_caching_hooks",
@@ -47,7 +48,7 @@ class Tiny(_root_module_class()):
 
 
 def test_installed_version_is_inside_the_tested_range():
-    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     bound = re.search(r'"transformer-lens>=([\d.]+),<(\d+)"', pyproject)
     assert bound, "pyproject.toml must pin transformer-lens as >=X,<MAJOR (the newest tested major + 1)"
     major = int(version(TL).split(".")[0])

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".cfg", ".txt", ".ipynb", ".yaml", ".yml", ".sh", ".html", ""}
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", "build", "dist", ".eggs", "node_modules"}
 # Notes outside the project that code once cited; spelled in two pieces so this file does not cite them itself.

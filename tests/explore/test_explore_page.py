@@ -1,6 +1,6 @@
 """``interp explore``'s page and messages, without a browser: the threshold and the edits in words, the
 page's explanations (the colour scale of the activation maps), the command's output streams and its --help
-(the request limits). The drawn page itself: tests/test_explore_browser.py."""
+(the request limits). The drawn page itself: tests/explore/test_explore_browser.py."""
 from __future__ import annotations
 
 import re

@@ -138,7 +138,7 @@ def layer_of(module: str) -> int:
     for rank, prefixes in enumerate(LAYERS):
         if module in prefixes or any(module.startswith(p + ".") for p in prefixes if p != ROOT):
             return rank
-    raise AssertionError(f"{module} is in no layer of tests/test_imports.py LAYERS: add it to the right one")
+    raise AssertionError(f"{module} is in no layer of tests/contract/test_imports.py LAYERS: add it to the right one")
 
 
 def test_cycle_finder_finds_a_planted_cycle():

@@ -11,9 +11,9 @@ from interp.cli import main
 from interp.models import sample_image_paths
 from interp.report.compare import COLUMNS, compare_models
 
-from conftest import make_model
+from conftest import REPO, make_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def test_compare_flags_planted_model_only():

@@ -20,9 +20,9 @@ from interp.sae.data import PATCH, TokenStream, token_mask
 from interp.sae.setup import prepare_data
 from interp.sae.train import TrainSettings
 from sae_helpers import HOOK, TRAIN, needs_overcomplete, planted_cache, planted_images, planted_model, train_planted
+from conftest import REPO
 
 pytestmark = needs_overcomplete
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

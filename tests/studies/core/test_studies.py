@@ -24,7 +24,7 @@ from interp.studies.artifacts.registers import registers_study
 from interp.studies.core.stats import iou
 from interp.studies.artifacts.relocate import relocate_study
 
-from conftest import images, make_model
+from conftest import TESTS, images, make_model
 
 
 def constructed_images() -> torch.Tensor:
@@ -252,7 +252,7 @@ print(json.dumps({"whole_hook": whole, "study": study, "artifacts_found": result
 def test_norms_study_memory_stays_bounded_over_a_1000_image_cache():
     reader = LazyReader(1000)
     one_hook_bytes = 1000 * reader.layout.n_tokens * reader.d_model * 4  # ~50 MB; the 4 hooks read: ~200 MB
-    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(Path(__file__).parent)],
+    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(TESTS)],
                          capture_output=True, text=True, timeout=1800)  # a safety net only
     assert run.returncode == 0, run.stderr[-3000:]
     measured = json.loads(run.stdout.strip().splitlines()[-1])

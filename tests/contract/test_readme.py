@@ -3,7 +3,7 @@
 Every fenced ```python and ```bash block of README.md runs, in the README's order, as written from the
 repository root, in a temporary folder that mirrors it, and may write only git-ignored files. The machinery and
 its conventions (skip markers, one namespace, ``interp ARGS`` in-process) are in ``tests/doc_examples.py``,
-shared with the pages of docs/ (``tests/test_docs_site.py``).
+shared with the pages of docs/ (``tests/contract/test_docs_site.py``).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_written_files_outside_ignored_paths_are_reported(tmp_path):
 
 def test_readme_blocks_skipped_as_run_in_docs_are_run_there():
     """A README block marked ``skip (runs in docs...)`` is not run twice: each of its commands is a command of
-    a block of docs/ that runs (tests/test_docs_site.py)."""
+    a block of docs/ that runs (tests/contract/test_docs_site.py)."""
     in_docs = {tuple(shlex.split(c, comments=True)) for page in (REPO / "docs").glob("*.md")
                for b in code_blocks(page.read_text(encoding="utf-8")) if b.skip is None and b.lang == "bash"
                for c in shell_commands(b.code)}

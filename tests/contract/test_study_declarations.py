@@ -15,8 +15,9 @@ import pytest
 from interp.errors import InterpError, UsageError
 from interp.studies.declaration import (StudyConfig, cache_table, declare, declared, option, required_hooks, study,
                                         study_function)
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def test_declarations_load_without_torch_and_every_study_is_there():

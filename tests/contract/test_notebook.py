@@ -9,12 +9,13 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 nbformat = pytest.importorskip("nbformat", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
 nbclient = pytest.importorskip("nbclient", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
 pytest.importorskip("ipykernel", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "notebook.ipynb"
+NOTEBOOK = REPO / "examples" / "notebook.ipynb"
 
 
 def _outputs(nb, output_type):

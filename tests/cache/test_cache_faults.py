@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import interp.cache
-from conftest import make_model
+from conftest import REPO, make_model
 from interp.cache import integrity
 from interp.cache.format import weights_source
 from interp.cache.lock import WriterLock
@@ -32,7 +32,6 @@ from test_cache import write_images
 HOOKS = ["blocks.*.hook_resid_post"]
 N_IMAGES = 12
 BATCH = 4
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

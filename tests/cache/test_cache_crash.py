@@ -15,14 +15,13 @@ import pytest
 import torch
 
 import interp.cache
-from conftest import make_model
+from conftest import REPO, make_model
 from interp.errors import CacheError
 from test_cache import write_images
 
 HOOKS = ["blocks.*.hook_resid_post", "blocks.0.attn.hook_pattern"]
 N_IMAGES = 100
 CORRUPT_AT = (7, 8, 41, 99)  # includes a whole batch-size-1 run of skips and the very last image
-REPO = Path(__file__).resolve().parents[1]
 
 
 def committed_rows(path: Path) -> int:

@@ -1,0 +1,104 @@
+"""Weights: seeded random weights, and every bad weight file refused with one clear error line."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from PIL import Image
+
+import interp
+
+
+# ------------------------------------------------------------------------------------------ seeded random weights
+def test_random_weights_are_seeded_and_recorded():
+    from interp.models.fingerprint import weights_fingerprint
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+    assert torch.equal(torch.get_rng_state(), before)  # the caller's RNG is left alone
+    torch.manual_seed(999)  # another global state: same weights anyway
+    b = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+    c = interp.load("vit_small_patch16_224", pretrained=False, depth=1, seed=1)
+    assert weights_fingerprint(a) == weights_fingerprint(b) != weights_fingerprint(c)
+    assert (a.init_seed, c.init_seed) == (0, 1)
+
+
+def test_cli_seed_gives_the_same_model_in_every_run_and_is_recorded(tmp_path):
+    from interp.cli import main
+
+    img = tmp_path / "imgs"
+    img.mkdir()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(img / "a.png")
+    prints = []
+    for run, seed in (("r1", "0"), ("r2", "0")):
+        assert main(["study", "norms", "vit_small_patch16_224", "--no-pretrained", "--depth", "1", "--seed", seed,
+                     "--images", str(img), "--out", str(tmp_path / run), "--quiet", "--no-progress"]) == 0
+        data = json.loads((tmp_path / run / "norms.json").read_text())
+        prints.append((data["fingerprint"], data["weights_seed"]))
+    assert prints[0] == prints[1] and prints[0][1] == 0
+
+
+# ------------------------------------------------------------------------------------------ weight files
+def _save_state(model, path):
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in model.timm_model.state_dict().items()}, str(path))
+    return path
+
+
+@pytest.mark.parametrize("content,reason", [(b"", "empty"), (b"hello, I am text\n", "UnpicklingError|Error")])
+def test_empty_or_text_pth_gives_the_reason(tmp_path, content, reason):
+    path = tmp_path / "bad.pth"
+    path.write_bytes(content)
+    with pytest.raises(interp.errors.ModelLoadError, match=rf"bad\.pth.*bytes\): .*({reason})"):
+        interp.load("vit_small_patch16_224", weights=path, depth=1)
+
+
+def test_nan_weights_are_named_on_load(tmp_path):
+    model = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+    with torch.no_grad():
+        model.timm_model.blocks[0].mlp.fc1.weight[0, 0] = float("nan")
+        model.timm_model.head.bias[3] = float("inf")
+    path = _save_state(model, tmp_path / "nan.safetensors")
+    with pytest.raises(interp.errors.ModelLoadError, match=r"NaN or infinite values in 2 tensor\(s\): "
+                                                            r"blocks\.0\.mlp\.fc1\.weight, head\.bias"):
+        interp.load("vit_small_patch16_224", weights=path, depth=1)
+
+
+def test_pos_embed_of_a_huge_grid_is_refused(tmp_path):
+    model = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+    sd = {k: v.contiguous() for k, v in model.timm_model.state_dict().items()}
+    sd["pos_embed"] = torch.zeros(1, 1 + 300 * 300, sd["pos_embed"].shape[-1])
+    from safetensors.torch import save_file
+
+    save_file(sd, str(tmp_path / "big.safetensors"))
+    with pytest.raises(interp.errors.ModelLoadError, match=r"300x300 position grid \(4800 px.*--img-size"):
+        interp.load("vit_small_patch16_224", weights=tmp_path / "big.safetensors", depth=1)
+
+
+def test_register_mismatch_names_the_architecture_that_fits(tmp_path):
+    plain = interp.load("vit_small_patch14_dinov2", pretrained=False, depth=1, img_size=224)
+    reg = interp.load("vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, img_size=224)
+    plain_file, reg_file = _save_state(plain, tmp_path / "plain.safetensors"), _save_state(reg, tmp_path / "r.safetensors")
+    with pytest.raises(interp.errors.ModelLoadError,
+                       match=r"holds no register tokens but 'vit_small_patch14_reg4_dinov2' has 4: load it into "
+                             r"'vit_small_patch14_dinov2'"):
+        interp.load("vit_small_patch14_reg4_dinov2", weights=plain_file, depth=1, img_size=224)
+    with pytest.raises(interp.errors.ModelLoadError,
+                       match=r"holds 4 register tokens but 'vit_small_patch14_dinov2' has none: load it into "
+                             r"'vit_small_patch14_reg4_dinov2'"):
+        interp.load("vit_small_patch14_dinov2", weights=reg_file, depth=1, img_size=224)
+
+
+def test_position_grid_warning_once_and_says_how_to_silence_it(tmp_path):
+    small = interp.load("vit_small_patch14_dinov2", pretrained=False, depth=1, img_size=224)
+    path = _save_state(small, tmp_path / "dino224.safetensors")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            interp.load("vit_small_patch14_dinov2", weights=path, depth=1)
+    grid = [str(w.message) for w in caught if "position grid" in str(w.message)]
+    assert len(grid) == 1 and "--img-size 224" in grid[0] and "without this warning" in grid[0]
