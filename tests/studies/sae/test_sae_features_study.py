@@ -108,6 +108,12 @@ def test_refusals_name_the_fix(random_vit, tmp_path, capsys):
     with pytest.raises(interp.InterpError, match="width 8"):
         sae_features_study(source, sae=str(_handmade_sae(tmp_path / "width", model, RANDOM_HOOK, 8)),
                            progress=False)
+    with pytest.raises(interp.InterpError, match="trained on weights"):  # a cache opened without the model
+        sae_features_study(open_source(cache=planted_cache()), sae=str(sae), progress=False)
+    without_model = sae_features_study(open_source(cache=cache), sae=str(sae), progress=False)
+    assert without_model.n_tokens == sae_features_study(source, sae=str(sae), progress=False).n_tokens
+    with pytest.raises(interp.InterpError, match="fc2 columns"):
+        sae_features_study(open_source(cache=cache), sae=str(sae), neurons="0:1", progress=False)
     with pytest.raises(UsageError, match="SAE's own hook"):
         sae_features_study(source, sae=str(sae), detect_layer=0, progress=False)
     with pytest.raises(UsageError, match="needs --sae"):
