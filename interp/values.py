@@ -187,3 +187,14 @@ def transform_arg(text: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text.strip().lower()
+
+
+def index_list(text: str) -> tuple:
+    """Distinct whole numbers >= 0 separated by commas (--features 12,40: SAE feature indices)."""
+    items = [item.strip() for item in str(text).split(",")]
+    if not items or not all(re.fullmatch(r"\d+", item) for item in items):
+        raise _fail(text, "expected whole numbers >= 0 separated by commas, e.g. 12,40")
+    values = tuple(int(item) for item in items)
+    if len(set(values)) != len(values):
+        raise _fail(text, "expected distinct numbers")
+    return values

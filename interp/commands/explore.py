@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..console import add_output_args
 from .common import (NEURONS_SYNTAX, add_classifier_arg, add_model_args, model_from_args, parse_neurons,
                      threshold_value)
+from ..studies.sae.configs import SaeFeaturesConfig
 from ..values import existing_path, port_number, positive_float, positive_int, threshold_arg
 
 # the explorer's request limits, said in --help (interp.explore.requests, .server, .connections hold them;
@@ -34,6 +35,9 @@ def register(sub) -> None:
     p.add_argument("--threshold", default="auto", type=threshold_arg, help="outlier threshold: a norm, pNN or auto (default)")
     p.add_argument("--detect-layer", type=int, default=None, help="block whose output decides outliers (default: last)")
     p.add_argument("--top-k", type=positive_int, default=10, help="register neurons ranked on start (default 10)")
+    p.add_argument("--sae", default=None, type=existing_path, metavar="DIR",
+                   help="a trained SAE's folder (interp sae train): list its artifact features with their maps "
+                        "and toggle their ablation")
     add_classifier_arg(p)  # the studies' behaviour readout and label rule (interp.studies.core.behaviour)
     p.add_argument("--port", type=port_number, default=0, help="port to listen on (default 0: any free port)")
     p.add_argument("--host", default="127.0.0.1",
@@ -72,11 +76,13 @@ def run(args) -> int:
     if args.host not in LOCAL_HOSTS:
         warnings.warn(f"--host {args.host}: the explorer is reachable from other machines; anyone who has the "
                       "token can run the model. Use 127.0.0.1 unless you mean it")
+    if args.sae is not None:
+        SaeFeaturesConfig(sae=args.sae)  # a folder without sae.json fails here, before the model
     model = model_from_args(args)
     options = ExploreOptions(threshold=threshold, detect_layer=args.detect_layer, top_k=args.top_k,
                              neurons=neurons, batch_size=args.batch_size, classifier=args.classifier,
                              max_images=args.max_images,
-                             max_seconds=args.max_seconds)
+                             max_seconds=args.max_seconds, sae=args.sae)
     # status lines go to stderr, as interp report's stage lines do (stdout stays free); --quiet drops them
     if args.progress_requested:
         print(f"interp explore: preparing {args.model} (unedited runs, detection, neuron ranking)...",

@@ -12,6 +12,7 @@ from .common import (add_batch_size_arg, add_classifier_arg, add_model_args, add
                      add_preprocess_args, add_strict_arg, add_detection_args, model_from_args, preprocess_arg,
                      threshold_value)
 from .saving import REPORT_MARKER, prepare_report_dir
+from ..studies.sae.configs import SaeFeaturesConfig
 from ..values import existing_path, nonnegative_int, positive_int
 
 
@@ -33,6 +34,9 @@ def register(sub) -> None:
                    help="register neurons kept (default: 10; the planted count for planted_vit)")
     p.add_argument("--controls", type=nonnegative_int, default=5,
                    help="random control neuron sets in the ablation (default 5)")
+    p.add_argument("--sae", default=None, type=existing_path, metavar="DIR",
+                   help="a trained SAE's folder (interp sae train): an appendix with its artifact features, "
+                        "compared with the ranked register neurons (docs/sae.md)")
     add_classifier_arg(p)
     add_preprocess_args(p)
     add_batch_size_arg(p)
@@ -53,6 +57,8 @@ def run(args) -> int:
         if args.weights:
             raise UsageError("--weights needs a MODEL name (the default planted_vit is built by construction)")
         args.model = "planted_vit"
+    if args.sae is not None:
+        SaeFeaturesConfig(sae=args.sae)  # a folder without sae.json fails here, before the model
     old_files = prepare_report_dir(args.out, args.overwrite)  # before torch and the model
     from ..report import SYNTHETIC_NOTE, ReportOptions, run_report
 
@@ -61,7 +67,7 @@ def run(args) -> int:
         options = ReportOptions(threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
                                 highest_layer=args.highest_layer, top_k=args.top_k, n_controls=args.controls,
                                 seed=args.seed, batch_size=args.batch_size, progress_bars=args.progress,
-                                classifier=args.classifier)
+                                classifier=args.classifier, sae=args.sae)
         # progress_requested drives the stage lines; the bars follow the terminal check (args.progress)
         summary = run_report(model, images=args.images, out_dir=staging, options=options,
                              progress=args.progress_requested, strict=args.strict, preprocess=preprocess)

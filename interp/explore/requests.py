@@ -120,9 +120,10 @@ def check_spec(spec: Any) -> None:
         for name in INDEX_FIELDS:
             if name in entry:
                 _check_index(entry[name], repr(name), f"'{name}'")
-        if isinstance(entry.get("layers"), list):
-            for value in entry["layers"]:
-                _check_index(value, "'layers'", "layers")
+        for name, what in (("layers", "layers"), ("features", "SAE features")):
+            if isinstance(entry.get(name), list):
+                for value in entry[name]:
+                    _check_index(value, repr(name), what)
         if "target" in entry:
             _check_target(entry["target"])
     check_finite(spec)
@@ -160,6 +161,8 @@ def describe_edits(spec: Sequence[Dict[str, Any]]) -> str:
             where = f"{sum(map(sum, target))} drawn cells" if isinstance(target, list) and target and \
                 isinstance(target[0], list) else str(target if target is not None else "smiley")
             parts.append(f"relocate {names} onto {where}")
+        elif kind == "SAEFeatureAblation":
+            parts.append(f"ablate SAE features ({entry.get('mode', 'zero')}) {entry.get('features')}")
         elif kind == "SelectiveCLS":
             parts.append(f"SelectiveCLS k={entry.get('k', 1)}")
         else:

@@ -34,6 +34,7 @@ from ..studies.core.outliers import detect
 from ..studies.core.thresholds import ThresholdSpec
 from ..runtime.open import open_source
 from .readout import compare_outputs
+from .sae_panel import SaePanel, is_sae_entry
 from .requests import MAX_SECONDS, RequestTooLarge, check_spec, check_threshold, describe_edits
 
 MAX_NEURON_MAPS = 32  # neuron activation maps per response (the ranked ones first, then edited ones)
@@ -54,6 +55,8 @@ class ExploreOptions:
         max_images: more images than this are refused (they are held in memory and re-run for each readout).
         max_seconds: a request's model work (calibration, edited forward, readout) stops after this many
             seconds with :class:`~interp.explore.requests.RequestTooLarge` (HTTP 413).
+        sae: a trained SAE's folder: the page lists its artifact features and toggles their ablation
+            (:mod:`interp.explore.sae_panel`).
     """
 
     threshold: ThresholdSpec = "auto"
@@ -64,6 +67,7 @@ class ExploreOptions:
     classifier: ClassifierLike = None
     max_images: int = 64
     max_seconds: float = MAX_SECONDS
+    sae: Optional[str] = None
 
 
 def _edit_key(spec: Sequence[Dict[str, Any]]) -> str:
@@ -126,6 +130,11 @@ class ExploreSession:
             self.detection = detect(self.source, self.options.threshold, self.options.detect_layer,
                                     progress=progress)
             self.neurons, self.neuron_note = self._rank_neurons(progress)
+            listed = {}
+            for n in self.neurons:
+                listed.setdefault(int(n["layer"]), []).append(int(n["neuron"]))
+            self.sae = None if self.options.sae is None else SaePanel(self.options.sae, self.source, listed,
+                                                                       progress)
         self.warnings = sorted({str(w.message) for w in caught})
         self.default_threshold = float(self.detection.counting_threshold())
         self._runs: "OrderedDict[tuple, Dict]" = OrderedDict()
@@ -177,6 +186,7 @@ class ExploreSession:
                         "note": self.readout.note, "classifier": self.readout.record()},
             "targets": {name: m.int().tolist() for name, m in presets.items()},
             "warnings": self.warnings,
+            "sae": None if self.sae is None else self.sae.info(),
         }
 
     def _threshold_label(self) -> str:
@@ -215,8 +225,11 @@ class ExploreSession:
         return _lru(self._parsed, _edit_key(spec), lambda: self._parse(spec))
 
     def _parse(self, spec: list) -> list:
-        ivs = interventions_from_spec(spec, model=self.model, calibration_images=self.pixels,
-                                      batch_size=self.options.batch_size)
+        if self.sae is None and any(is_sae_entry(e) for e in spec):
+            raise InterpError("SAEFeatureAblation needs an SAE: start the explorer with --sae DIR")
+        plain = iter(interventions_from_spec([e for e in spec if not is_sae_entry(e)], model=self.model,
+                                             calibration_images=self.pixels, batch_size=self.options.batch_size))
+        ivs = [self.sae.ablation(e) if is_sae_entry(e) else next(plain) for e in spec]
         from ..interventions.export import plan_swaps
 
         plan_swaps(self.model.timm_model, ivs)  # layers, neuron indices and target shapes, before any run

@@ -75,8 +75,9 @@ def ablation_bars(ablation_result) -> Figure:
     r = ablation_result
     n_target = sum(len(v) for v in r.neurons.values())
     n_controls = len(r.controls)
-    title = (f"{r.model}: {r.mode}-ablation of {n_target} register neurons vs {n_controls} random same-block "
-             f"controls ({r.n_images} images, block {r.detect_layer})")
+    units = (f"{len(r.features)} SAE features vs {n_controls} random live-feature"
+             if r.features else f"{n_target} register neurons vs {n_controls} random same-block")
+    title = f"{r.model}: {r.mode}-ablation of {units} controls ({r.n_images} images, block {r.detect_layer})"
     metrics = [m for m in ABLATION_METRICS if r.summary.get(m, {}).get("baseline") is not None]
     if "top1_agreement" in metrics and "pooled_cosine" in metrics:
         metrics.remove("pooled_cosine")

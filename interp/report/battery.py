@@ -40,7 +40,7 @@ from ..runtime.open import open_source
 from .html import write_html
 from .sections import CAUSAL, SECTIONS, outlier_share_remark, section_index, small_sample, step_line
 from .summary import (SYNTHETIC_NOTE, build_summary, lost_summary, planted_comparison, probes_summary,
-                      redundancy_summary)
+                      redundancy_summary, sae_features_summary)
 
 N_STAGES = len(SECTIONS)  # the console's steps = the page's sections
 # the report's default adds these photos to the 4 samples; a folder of its own, so that the samples folder given
@@ -65,6 +65,8 @@ class ReportOptions:
             top-1 agreement and accuracy (without one: only for a head that is a classifier).
         progress_bars: the studies' progress bars (None: follow ``run_report``'s ``progress``, which also
             prints one line per stage; the CLI passes False when stderr is not a terminal).
+        sae: a trained SAE's folder (``interp sae train``): the report's appendix runs the sae-features study on
+            the report's images with it, comparing its artifact features with the ranked register neurons.
     """
 
     threshold: Optional[ThresholdSpec] = None
@@ -77,6 +79,7 @@ class ReportOptions:
     batch_size: int = 16
     progress_bars: Optional[bool] = None
     classifier: object = None
+    sae: Optional[str] = None
 
     def bars(self, progress: bool) -> bool:
         """Whether the studies draw progress bars, given ``run_report``'s ``progress``."""
@@ -97,10 +100,11 @@ class BatteryResults:
     probes: object = None
     lost: object = None
     redundancy: object = None
+    sae_features: object = None
 
     def results(self) -> List:
         return [r for r in (self.norms, self.neurons, self.ablation, self.register, self.relocation, self.probes,
-                            self.lost, self.redundancy) if r is not None]
+                            self.lost, self.redundancy, self.sae_features) if r is not None]
 
 
 def _say(progress: bool, text: str) -> None:
@@ -225,6 +229,16 @@ def object_readings(source: LiveSource, detection: Detection, options: ReportOpt
             redundancy_reading(source, detection, warn=False)]
 
 
+def sae_appendix_study(source: LiveSource, sae: str, neurons, progress: bool, bars: bool):
+    """The appendix: the sae-features study of the SAE in ``sae`` on the report's images, its artifact features
+    compared with the register neurons the report ranked (when it ranked any)."""
+    from ..studies.sae.sae_features import sae_features_study
+
+    _say(progress, f"interp report [appendix] SAE features (sae-features): the SAE in {sae} on the same images")
+    ranked = neurons.neuron_dict() if neurons is not None and neurons.neurons else None
+    return sae_features_study(source, sae=str(sae), neurons=ranked, progress=bars)
+
+
 def write_results(results: BatteryResults, source: LiveSource, out: Path) -> Dict[str, List[str]]:
     """Each study's ``<study>.json`` (with ``figure_files`` and ``skipped``) and figures (PNG) into ``out``
     (:func:`~interp.report.save.save_result`); returns study -> figure file names."""
@@ -270,6 +284,9 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
         options = dataclasses.replace(options, top_k=len(truth.neurons))
     source = report_source(model, images, options.batch_size, strict, preprocess)
     results = run_battery(source, options, progress, objects=True)
+    if options.sae is not None:
+        results.sae_features = sae_appendix_study(source, options.sae, results.neurons, progress,
+                                                  options.bars(progress))
     figures = write_results(results, source, out)
 
     r = results
@@ -277,6 +294,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
     summary["planted"] = planted_comparison(model, source, r.norms, r.neurons) if truth is not None else None
     summary["probes"], summary["lost"] = probes_summary(r.probes), lost_summary(r.lost)
     summary["redundancy"] = redundancy_summary(r.redundancy)
+    summary["sae_features"] = sae_features_summary(r.sae_features)
     summary["files"] = {"index": "index.html", "results": [f"{x.study}.json" for x in r.results()],
                         "figures": [f for names in figures.values() for f in names]}
     summary["skipped_images"] = [{"image": image, "reason": reason} for image, reason in source.skipped]

@@ -331,6 +331,31 @@ def _study_sections(s: Dict, figures: Dict[str, List[str]], folder: Path) -> Dic
     return out
 
 
+SAE_APPENDIX = ("sae_features", "Appendix: SAE features (sae-features)")
+
+
+def sae_appendix(s: Dict, figures: Dict[str, List[str]], folder: Optional[Path]) -> Optional[str]:
+    """The section of ``interp report --sae DIR`` (after the numbered ones; None without it): which features of
+    the SAE are the artifacts and how close they are to the ranked register neurons' write directions."""
+    sae = s.get("sae_features")
+    if not sae:
+        return None
+    key, title = SAE_APPENDIX
+    text = [f"The sparse autoencoder in {sae['sae']} ({sae['n_features']} features on {sae['hook']}, "
+            f"{sae['n_alive']} alive on these images): {sae['message']}."]
+    for f in sae["artifact_features"]:
+        cos = f["cos_register_neurons_max"]
+        text.append(f"Feature {f['feature']} fires on {100 * f['rate_high_norm']:.0f} % of the high-norm tokens and "
+                    f"{100 * (f['rate_normal_patch'] or 0):.1f} % of the other patches; its direction has cosine "
+                    f"{_num(f['cos_mean_high_norm'])} with the mean high-norm token"
+                    + (f" and up to {_num(cos)} with the ranked register neurons' write directions." if cos is not None
+                       else " (no register neurons ranked to compare with)."))
+    parts = [f'<section id="{key}"><h2>{html.escape(title)}</h2>'] + [f"<p>{html.escape(t)}</p>" for t in text]
+    parts += [embedded_image(folder, name) for name in figures.get("sae_features", [])]
+    parts.append('<p class="files">data: <code>sae_features.json</code> in the report folder</p></section>')
+    return "\n".join(parts)
+
+
 def write_html(path: Path, s: Dict, figures: Dict[str, List[str]]) -> None:
     """The self-contained index page: summary table, then one section per study, each figure (a PNG next to
     ``path``, named in ``figures``) embedded; no link to another file."""
@@ -360,6 +385,9 @@ def write_html(path: Path, s: Dict, figures: Dict[str, List[str]]) -> None:
     sections = _study_sections(s, figures, path.parent)
     parts.append(table_of_contents(s, list(sections)))
     parts += [sections[key] for key, _ in SECTIONS if key in sections]
+    appendix = sae_appendix(s, figures, path.parent)
+    if appendix is not None:
+        parts.append(appendix)
     parts.append(f'<p class="files">Summary: <code>report.json</code>, the figures as PNG files and each study\'s '
                  f'JSON are in the report folder. Written by interp {html.escape(__version__)} in '
                  f'{s["seconds"]:.1f} s.</p></body></html>')

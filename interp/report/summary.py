@@ -179,3 +179,18 @@ def redundancy_summary(redundancy) -> Optional[Dict]:
         return None
     return {"hook": redundancy.hook, **{group: {k: g[k] for k in ("n_tokens", "mean", "median", "note")}
                                         for group, g in redundancy.groups.items()}}
+
+
+def sae_features_summary(result) -> Optional[Dict]:
+    """The appendix's numbers from a SaeFeaturesResult (None when the report ran without ``--sae``): the SAE,
+    its hook, features alive, the detection's verdict at the hook and each artifact feature's rates and
+    cosines."""
+    if result is None:
+        return None
+    return {"sae": result.sae, "hook": result.hook, "n_features": result.n_features, "n_alive": result.n_alive,
+            "artifacts_found": result.artifacts_found, "message": result.message, "neurons": result.neurons,
+            "artifact_features": [{"feature": f["feature"], "rate_high_norm": f["rates"]["high_norm"],
+                                   "rate_normal_patch": f["rates"]["normal_patch"],
+                                   "cos_mean_high_norm": f["cos_mean_high_norm"],
+                                   "cos_register_neurons_max": f["cos_register_neurons"].get("max")}
+                                  for f in result.artifact_features]}

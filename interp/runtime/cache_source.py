@@ -27,8 +27,9 @@ def stored_layout(layout: TokenLayout, rows: Optional[Sequence[int]]) -> TokenLa
 class CacheSource(ActivationSource):
     """Reads an HDF5 activation cache written by ``interp cache`` lazily, one batch at a time."""
 
-    def __init__(self, reader):
+    def __init__(self, reader, model=None):
         self.reader = reader
+        self._weights_model = model  # the model ``reader`` was checked against (``weights_model``)
         meta = reader.meta
         self.model_name = meta.get("model_name", "?")
         self.fingerprint = meta.get("weights_fingerprint", "?")
@@ -37,6 +38,11 @@ class CacheSource(ActivationSource):
         self.layout = stored_layout(reader.layout, meta.get("token_rows"))
         self.norms_only = bool(meta.get("norms_only", False))
         self.skipped = [(path, reason) for _, path, reason in getattr(reader, "skipped", [])]
+
+    @property
+    def weights_model(self):
+        """The model the cache was opened with (checked against its fingerprint), or None."""
+        return self._weights_model
 
     @property
     def n_layers(self) -> int:

@@ -27,7 +27,7 @@ def open_source(model=None, images: Optional[ImagesSpec] = None, cache: Union[st
     if cache is not None:
         if interventions:
             raise InterpError("a cache holds the activations of one run; interventions need images= and model=")
-        source = CacheSource(cache_mod.open(cache, model=model))
+        source = CacheSource(cache_mod.open(cache, model=model), model)
         asked = eval_transform(preprocess)
         if preprocess is not None and source.preprocess != (asked.name if asked else "model"):
             raise InterpError(f"the cache {str(cache)!r} was written with the {source.preprocess!r} preprocessing, "

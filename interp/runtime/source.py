@@ -113,6 +113,13 @@ class ActivationSource:
         return len(self.ids)
 
     @property
+    def weights_model(self):
+        """The model whose weights made the activations, when the source has it (a live source's model; a cache
+        opened with ``model=``, which was checked against it); None otherwise. For studies that read weights (an
+        MLP's write directions), not to run it."""
+        return self.model
+
+    @property
     def is_live(self) -> bool:
         """True when the source runs a model (studies that re-run it with an edit need this)."""
         return False

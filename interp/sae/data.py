@@ -25,6 +25,16 @@ HIGH_NORM_CHOICES = ("include", "exclude", "only")
 CLS, REGISTER, PATCH = 0, 1, 2  # token kinds
 
 
+def token_kinds(layout: TokenLayout, first_token: int, n_tokens: int) -> np.ndarray:
+    """int8 [n_tokens]: CLS, REGISTER or PATCH for the stored token rows ``first_token ..`` of ``layout``."""
+    idx = np.arange(first_token, first_token + n_tokens)
+    kinds = np.full(n_tokens, PATCH, np.int8)
+    kinds[idx < layout.n_prefix] = REGISTER
+    if layout.cls_index is not None:
+        kinds[idx == layout.cls_index] = CLS
+    return kinds
+
+
 class ActivationRows:
     """One hook's activations per image. Subclasses set the attributes and implement :meth:`read`.
 
@@ -45,12 +55,7 @@ class ActivationRows:
 
     def kinds(self) -> np.ndarray:
         """int8 [n_tokens]: CLS, REGISTER or PATCH for each stored token row."""
-        idx = np.arange(self.first_token, self.first_token + self.n_tokens)
-        kinds = np.full(self.n_tokens, PATCH, np.int8)
-        kinds[idx < self.layout.n_prefix] = REGISTER
-        if self.layout.cls_index is not None:
-            kinds[idx == self.layout.cls_index] = CLS
-        return kinds
+        return token_kinds(self.layout, self.first_token, self.n_tokens)
 
     def patch_norms(self, chunk: int = 64) -> np.ndarray:
         """float64 [n_images, P] norms of the patch tokens (one pass, ``chunk`` images at a time)."""

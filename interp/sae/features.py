@@ -15,7 +15,9 @@ Example (not run as a doctest: it needs a trained SAE)::
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import random
 
 import numpy as np
 import torch
@@ -23,8 +25,10 @@ import torch
 from ..cache.reader import open as open_cache
 from ..errors import InterpError
 from ..interventions.neuron_sets import neuron_set
+from .._progress import tqdm
+from ..runtime.source import n_batches, token_norms
 from ..studies.core.thresholds import detect_norms
-from .data import CLS, PATCH, REGISTER, CacheRows, LiveRows
+from .data import CLS, PATCH, REGISTER, CacheRows, LiveRows, token_kinds
 from .setup import CHUNK, describe_detection
 
 MIN_HIGH_RATE = 0.5
@@ -47,8 +51,8 @@ def _rows(sae, model, cache, images, image_batch: int):
     return LiveRows(model, images, sae.hook, image_batch)
 
 
-def _write_directions(model, neurons) -> Dict[str, torch.Tensor]:
-    """{"L:n": unit fc2 column [d]} of the given register neurons."""
+def write_directions(model, neurons) -> Dict[str, torch.Tensor]:
+    """{"L:n": unit fc2 column [d]} of the given register neurons (none without ``neurons``)."""
     if neurons is None:
         return {}
     if model is None:
@@ -65,6 +69,113 @@ def _write_directions(model, neurons) -> Dict[str, torch.Tensor]:
 
 def _rate(count: np.ndarray, total: int):
     return (count / total) if total else None
+
+
+class _TopCodes:
+    """The ``n`` largest codes of every feature over the patch tokens seen so far: (code, image, patch)."""
+
+    def __init__(self, n_features: int, n: int):
+        self.n = n
+        self.values = torch.full((0, n_features), -1.0)
+        self.where = torch.zeros((0, n_features, 2), dtype=torch.long)
+
+    def add(self, codes: torch.Tensor, start: int) -> None:
+        """codes [c, P, n_features] of images ``start ..``."""
+        c, p, n = codes.shape
+        flat = codes.reshape(c * p, n)
+        k = min(self.n, c * p)
+        top, index = flat.topk(k, dim=0)  # [k, n]
+        where = torch.stack([index // p + start, index % p], -1)
+        values, where = torch.cat([self.values, top]), torch.cat([self.where, where])
+        keep = values.topk(min(self.n, len(values)), dim=0).indices  # [m, n]
+        self.values = values.gather(0, keep)
+        self.where = where.gather(0, keep[..., None].expand(-1, -1, 2))
+
+    def of(self, feature: int) -> List[Dict[str, Any]]:
+        return [{"image": int(i), "patch": int(j), "code": float(v)} for v, (i, j)
+                in zip(self.values[:, feature].tolist(), self.where[:, feature].tolist()) if v > 0]
+
+
+@torch.no_grad()
+def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndarray, detection, *,
+                   writes: Optional[Dict[str, torch.Tensor]] = None, n_top: int = 0,
+                   n_maps: int = 0) -> Dict[str, Any]:
+    """The firing rates and artifact features of ``sae`` over activations given chunk by chunk.
+
+    Args:
+        chunks: ``(first image index, float32 [c, T, d])`` in image order, every image once.
+        kinds: int8 [T] token kinds of the rows (``data.token_kinds``).
+        detection: the high-norm patch tokens (:func:`detect_norms` on the patch norms [N, P]) or None.
+        writes: unit write directions to compare with (:func:`write_directions`).
+        n_top: keep each artifact feature's ``n_top`` strongest patch tokens (``top_patches``).
+        n_maps: keep each artifact feature's code on every patch of the first ``n_maps`` images (``maps``).
+
+    Returns:
+        the dict :func:`sae_features` documents, plus ``top_patches`` / ``maps`` in each artifact feature.
+    """
+    writes = writes or {}
+    patch = kinds == PATCH
+    found = bool(detection is not None and detection.artifacts_found)
+    n = sae.n_features
+    counts = {k: np.zeros(n) for k in KINDS}
+    totals = {k: 0 for k in KINDS}
+    high_sum = torch.zeros(sae.d, dtype=torch.float64)
+    top = _TopCodes(n, n_top) if n_top else None
+    maps: List[torch.Tensor] = []
+    n_images = 0
+    for start, x in chunks:
+        x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))  # [c, T, d]
+        sae.check_hook(sae.hook, int(x.shape[-1]))
+        codes = sae.encode(x)  # [c, T, n]
+        fired = (codes > 0).numpy()
+        high = np.zeros(fired.shape[:2], bool)
+        if found:
+            high[:, patch] = detection.outliers[start:start + len(x)]
+        masks = {"normal_patch": patch[None] & ~high, "high_norm": high,
+                 "cls": np.broadcast_to(kinds == CLS, high.shape), "register": np.broadcast_to(kinds == REGISTER, high.shape)}
+        for kind, mask in masks.items():
+            counts[kind] += fired[mask].sum(0)
+            totals[kind] += int(mask.sum())
+        if high.any():
+            high_sum += (x[torch.from_numpy(high)].double() - sae.mean.double()).sum(0)
+        if top is not None and patch.any():
+            top.add(codes[:, torch.from_numpy(patch)], start)
+        if start < n_maps and patch.any():
+            maps.append(codes[:n_maps - start, torch.from_numpy(patch)])
+        n_images += len(x)
+    rates = {k: _rate(counts[k], totals[k]) for k in KINDS}
+    alive = sum(counts[k] for k in KINDS) > 0
+    features = [{"feature": f, "alive": bool(alive[f]),
+                 "rates": {k: None if rates[k] is None else float(rates[k][f]) for k in KINDS}} for f in range(n)]
+    artifact = []
+    if found and totals["high_norm"]:
+        normal = rates["normal_patch"] if rates["normal_patch"] is not None else np.zeros(n)
+        chosen = np.flatnonzero((rates["high_norm"] >= MIN_HIGH_RATE) & (normal <= MAX_NORMAL_RATIO * rates["high_norm"]))
+        mean_high = (high_sum / totals["high_norm"]).float()
+        unit_high = mean_high / mean_high.norm().clamp_min(1e-12)
+        directions = sae.directions
+        codes_maps = torch.cat(maps) if maps else None  # [n_maps, P, n]
+        for f in chosen[np.argsort(-rates["high_norm"][chosen], kind="stable")]:
+            unit = directions[f] / directions[f].norm().clamp_min(1e-12)
+            cos = {name: float(unit @ w) for name, w in writes.items()}
+            if cos:
+                cos["max"] = max(cos.values())
+            entry = {"feature": int(f), "direction": [float(v) for v in unit], "rates": features[f]["rates"],
+                     "cos_register_neurons": cos, "cos_mean_high_norm": float(unit @ unit_high)}
+            if top is not None:
+                entry["top_patches"] = top.of(int(f))
+            if codes_maps is not None:
+                entry["maps"] = codes_maps[..., f].tolist()
+            artifact.append(entry)
+    det = describe_detection(detection)
+    hook = sae.hook
+    message = (f"{len(artifact)} artifact feature(s) of {n}" if found else
+               f"no artifacts at {hook} ({det['reason'] if det else 'no patch tokens stored'}): no artifact features")
+    return {"artifacts_found": found, "threshold": None if det is None else det["value"],
+            "reason": None if det is None else det["reason"], "detection": det, "hook": hook,
+            "n_images": n_images, "n_features": n, "n_tokens": totals, "n_alive": int(alive.sum()),
+            "features": features, "artifact_features": artifact, "message": message,
+            "rule": {"min_high_norm_rate": MIN_HIGH_RATE, "max_normal_over_high_rate": MAX_NORMAL_RATIO}}
 
 
 @torch.no_grad()
@@ -91,51 +202,51 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
     rows = _rows(sae, model, cache, images, image_batch)
     sae.check_hook(sae.hook, rows.d)
     kinds = rows.kinds()
-    patch = kinds == PATCH
-    detection = detect_norms(rows.patch_norms(CHUNK), threshold) if patch.any() else None
-    found = bool(detection is not None and detection.artifacts_found)
-    n = sae.n_features
-    counts = {k: np.zeros(n) for k in KINDS}
-    totals = {k: 0 for k in KINDS}
-    high_sum = torch.zeros(rows.d, dtype=torch.float64)
-    for start in range(0, rows.n_images, CHUNK):
-        chunk = np.arange(start, min(start + CHUNK, rows.n_images))
-        x = torch.from_numpy(rows.read(chunk))  # [c, T, d]
-        fired = (sae.encode(x) > 0).numpy()  # [c, T, n]
-        high = np.zeros(fired.shape[:2], bool)
-        if detection is not None and found:
-            high[:, patch] = detection.outliers[chunk]
-        masks = {"normal_patch": patch[None] & ~high, "high_norm": high,
-                 "cls": np.broadcast_to(kinds == CLS, high.shape), "register": np.broadcast_to(kinds == REGISTER, high.shape)}
-        for kind, mask in masks.items():
-            counts[kind] += fired[mask].sum(0)
-            totals[kind] += int(mask.sum())
-        if high.any():
-            high_sum += (x[torch.from_numpy(high)].double() - sae.mean.double()).sum(0)
-    rates = {k: _rate(counts[k], totals[k]) for k in KINDS}
-    alive = sum(counts[k] for k in KINDS) > 0
-    features = [{"feature": f, "alive": bool(alive[f]),
-                 "rates": {k: None if rates[k] is None else float(rates[k][f]) for k in KINDS}} for f in range(n)]
-    artifact = []
-    if found and totals["high_norm"]:
-        normal = rates["normal_patch"] if rates["normal_patch"] is not None else np.zeros(n)
-        chosen = np.flatnonzero((rates["high_norm"] >= MIN_HIGH_RATE) & (normal <= MAX_NORMAL_RATIO * rates["high_norm"]))
-        writes = _write_directions(model, neurons)
-        mean_high = (high_sum / totals["high_norm"]).float()
-        unit_high = mean_high / mean_high.norm().clamp_min(1e-12)
-        directions = sae.directions
-        for f in chosen[np.argsort(-rates["high_norm"][chosen], kind="stable")]:
-            unit = directions[f] / directions[f].norm().clamp_min(1e-12)
-            cos = {name: float(unit @ w) for name, w in writes.items()}
-            if cos:
-                cos["max"] = max(cos.values())
-            artifact.append({"feature": int(f), "direction": [float(v) for v in unit], "rates": features[f]["rates"],
-                             "cos_register_neurons": cos, "cos_mean_high_norm": float(unit @ unit_high)})
-    det = describe_detection(detection)
-    message = (f"{len(artifact)} artifact feature(s) of {n}" if found else
-               f"no artifacts at {sae.hook} ({det['reason'] if det else 'no patch tokens stored'}): no artifact features")
-    return {"artifacts_found": found, "threshold": None if det is None else det["value"],
-            "reason": None if det is None else det["reason"], "detection": det, "hook": sae.hook,
-            "n_images": rows.n_images, "n_features": n, "n_tokens": totals, "n_alive": int(alive.sum()),
-            "features": features, "artifact_features": artifact, "message": message,
-            "rule": {"min_high_norm_rate": MIN_HIGH_RATE, "max_normal_over_high_rate": MAX_NORMAL_RATIO}}
+    detection = detect_norms(rows.patch_norms(CHUNK), threshold) if (kinds == PATCH).any() else None
+    chunks = ((s, rows.read(np.arange(s, min(s + CHUNK, rows.n_images)))) for s in range(0, rows.n_images, CHUNK))
+    return feature_report(sae, chunks, kinds, detection, writes=write_directions(model, neurons))
+
+
+@torch.no_grad()
+def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dict[str, torch.Tensor]] = None,
+                          n_top: int = 0, n_maps: int = 0, progress: bool = False) -> Dict[str, Any]:
+    """:func:`feature_report` over an activation source (``interp.runtime``; live or a cache holding the SAE's
+    hook): one pass for the patch-token norms at the hook (the detection), one for the codes. The source's
+    batch size; memory: one batch. The caller checks that the SAE fits the source's model."""
+    hook, layout, bs = sae.hook, source.layout, source.batch_size
+    source.require([hook])
+    kinds = token_kinds(layout, 0, layout.n_tokens)
+    patch = torch.from_numpy(kinds == PATCH)
+    bar = dict(total=n_batches(source, bs), disable=not progress, unit="batch", leave=False)
+    norms = [b.acts[hook][:, patch].double().numpy()
+             for b in tqdm(source.batches([hook], bs, reduce={hook: token_norms}), desc="SAE hook norms", **bar)]
+    detection = detect_norms(np.concatenate(norms), threshold) if bool(patch.any()) and norms else None
+
+    def chunks():
+        for b in tqdm(source.batches([hook], bs), desc="SAE codes", **bar):
+            x = b.acts[hook]
+            if x.dim() != 3 or x.shape[1] != len(kinds):
+                raise InterpError(f"{hook} gives {tuple(x.shape)} per batch, not token rows [b, {len(kinds)}, d]")
+            yield b.start, x.numpy()
+
+    report = feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps)
+    report["threshold_object"] = None if detection is None else detection.threshold
+    return report
+
+
+def control_features(report: Dict[str, Any], targets, n_controls: int, seed: int) -> List[List[int]]:
+    """``n_controls`` random feature sets of ``len(targets)`` for an ablation's controls (docs/sae.md): drawn
+    among the live features of ``report`` (:func:`feature_report`) other than the targets that do not fire on the
+    high-norm tokens (all live ones when there are none); control i uses ``random.Random(seed + i)``.
+
+    Raises:
+        InterpError: fewer such features than targets.
+    """
+    chosen = {int(f) for f in targets}
+    pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in chosen
+            and not (f["rates"]["high_norm"] or 0) > 0]
+    if n_controls and len(pool) < len(chosen):
+        raise InterpError(f"only {len(pool)} live feature(s) off the high-norm tokens for controls of "
+                          f"{len(chosen)} feature(s) (of {report['n_alive']} alive); ablate fewer features, give "
+                          "more images or use --controls 0")
+    return [sorted(random.Random(seed + i).sample(pool, len(chosen))) for i in range(n_controls)]

@@ -6,7 +6,7 @@
   const $ = (id) => document.getElementById(id);
   const state = {
     info: null, image: 0, selected: new Set(), typed: [], edit: "ablate", mode: "zero", target: "smiley",
-    drawn: null, selcls: false, k: 1, threshold: null, block: 0, head: "mean", last: null, seq: 0, runs: 0,
+    drawn: null, selcls: false, saeSelected: new Set(), k: 1, threshold: null, block: 0, head: "mean", last: null, seq: 0, runs: 0,
   };
   window.explorer = state;  // for tests and the console: state.last is the latest /api/run answer
 
@@ -121,6 +121,10 @@
       else if (state.edit === "register") spec.push({ kind: "TestTimeRegister", neurons: neurons });
       else spec.push({ kind: "Relocation", neurons: neurons, target: currentTarget() });
     }
+    if (state.saeSelected.size) {
+      const features = Array.from(state.saeSelected).sort((a, b) => a - b);
+      spec.push({ kind: "SAEFeatureAblation", features: features, mode: state.mode });
+    }
     if (state.selcls) spec.push({ kind: "SelectiveCLS", k: state.k });
     return spec;
   }
@@ -153,6 +157,7 @@
       $("edits").textContent = res.edits;
       renderMaps();
       renderNeurons();
+      renderSae();
       renderReadout();
       showError("");
       state.browserMs = performance.now() - t0;
@@ -216,6 +221,45 @@
       nav.appendChild(img);
     });
     nav.firstChild.classList.add("selected");
+  }
+
+  // ------------------------------------------------------------------ SAE artifact features (--sae)
+  function buildSae() {
+    const sae = state.info.sae;
+    if (!sae) return;
+    $("sae-panel").hidden = false;
+    $("sae-note").textContent = sae.message + " (" + sae.n_alive + " of " + sae.n_features + " features alive; " +
+      sae.hook + "). Ticked features are removed with the ablation mode above.";
+    const tbody = document.querySelector("#sae-features tbody"), [h, w] = state.info.grid;
+    sae.features.forEach((f) => {
+      const tr = document.createElement("tr");
+      const cos = f.cos_register_neurons_max === null ? "-" : fmt(f.cos_register_neurons_max);
+      tr.innerHTML = '<td><input type="checkbox" class="sae-feature"></td><td>' + f.feature + "</td><td>" +
+        fmt(f.rates.high_norm) + " / " + fmt(f.rates.normal_patch || 0) + "</td><td>" + fmt(f.cos_mean_high_norm) +
+        " / " + cos + '</td><td><canvas width="' + w + '" height="' + h + '"></canvas></td>';
+      const box = tr.querySelector("input");
+      box.dataset.feature = f.feature;
+      box.addEventListener("change", () => {
+        if (box.checked) state.saeSelected.add(f.feature); else state.saeSelected.delete(f.feature);
+        run();
+      });
+      tr.querySelector("canvas").dataset.feature = f.feature;
+      tbody.appendChild(tr);
+    });
+  }
+
+  function renderSae() {
+    const sae = state.info.sae;
+    if (!sae) return;
+    const byFeature = {};
+    sae.features.forEach((f) => { byFeature[f.feature] = f; });
+    document.querySelectorAll("#sae-features canvas").forEach((cv) => {
+      const f = byFeature[cv.dataset.feature], map = f && f.maps[state.image];
+      if (!map) return;
+      const hi = Math.max.apply(null, map.concat([1e-9]));
+      drawGrid(cv, map, 0, hi, D.activationRamp, { log: false });
+      cv.title = "feature " + f.feature + ": code 0 to " + fmt(hi) + " on this image (unedited)";
+    });
   }
 
   function buildNeurons() {
@@ -372,6 +416,7 @@
     }
     buildThumbs();
     buildNeurons();
+    buildSae();
     buildTargets();
     wire();
     run();

@@ -5,7 +5,9 @@
 0
 
 The target neuron set is ablated (zero or mean); each control ablates as many random neurons drawn from
-the same layers (excluding the targets), one draw per seed. Effects per condition: outlier count and max
+the same layers (excluding the targets), one draw per seed. With ``sae`` and ``features`` the units are SAE
+features instead (:class:`~interp.interventions.SAEFeatureAblation`), the controls as many live features of the
+SAE that do not fire on the high-norm tokens at its hook (:mod:`interp.sae.ablation`; docs/sae.md). Effects per condition: outlier count and max
 patch norm at the detection layer, and the behaviour metrics of :mod:`interp.studies.core.behaviour` (top-1
 agreement with the unablated model and accuracy through a real classifier; the pooled vector's cosine to the
 unablated one and its norm always).
@@ -27,6 +29,7 @@ from ..core.detection import DetectionLike, RunOptions, as_detection, detection_
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
 from ...runtime.source import live_model, n_batches
+from ...sae.ablation import feature_conditions
 from ..declaration import study
 from .configs import AblateConfig
 
@@ -57,7 +60,10 @@ class AblateResult(OutlierStudyResult):
             accuracy None without a real classifier)}; names are "baseline", "target" and "control_<i>".
         classifier: which classifier the behaviour metrics used; behaviour_note: why there is no agreement or
             accuracy (None when both exist).
-        controls: the neuron sets of the controls, as {layer: [neuron, ...]}.
+        controls: the neuron sets of the controls, as {layer: [neuron, ...]}; with an SAE, ``{"features": [...]}``.
+        sae, hook, features: the SAE's folder and hook and the ablated features (None / [] for neurons).
+        control_pool: with an SAE, what the controls were drawn from (``n_alive``, ``artifacts_found`` and
+            ``n_high_norm_tokens`` at the SAE's hook).
         summary: metric -> {"baseline", "target", "control_mean", "control_std"}.
         counting_threshold: the norm the outlier counts use: ``threshold``, or the 99th percentile of the
             unablated norms when "auto" finds no separated mode (so counts stay comparable).
@@ -73,6 +79,10 @@ class AblateResult(OutlierStudyResult):
     summary: Dict[str, Dict] = field(default_factory=dict)
     classifier: Optional[Dict] = None
     behaviour_note: Optional[str] = None
+    sae: Optional[str] = None
+    hook: Optional[str] = None
+    features: List[int] = field(default_factory=list)
+    control_pool: Optional[Dict] = None
 
     def console_lines(self, config=None) -> List[str]:
         """The outlier counts of the three conditions, then the behaviour line."""
@@ -109,9 +119,15 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     """
     model = live_model(source, "ablation study")
     readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
-    neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons", flag="--force")
-    neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
     mode, n_controls, batch_size = config.mode, config.controls, source.batch_size
+    if config.sae is not None:  # SAE features: loaded, checked and their controls drawn before the detection pass
+        edits = feature_conditions(config.sae, config.features, source, n_controls=n_controls, seed=config.seed,
+                                   mode=mode, progress=progress)
+        neurons = {}
+    else:
+        neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons",
+                                 flag="--force")
+        neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
     found = as_detection(source, detection, **config.detection_options(),
                          options=RunOptions(batch_size, progress=progress))
     detect = found.layer
@@ -119,16 +135,20 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     thr_value = found.counting_threshold()
     clf = readout.classifier
     baseline = baseline.check(source, detect, clf) if baseline is not None else None
-    controls = random_controls(neurons, model.d_mlp, n_controls, config.seed)
 
     def ablation(ns: Neurons) -> NeuronAblation:
         if mode == "mean":
             return NeuronAblation.calibrate_means(model, (x for _, x in source.image_batches()), ns)
         return NeuronAblation(ns, mode=mode)
 
-    conditions = {"baseline": [], "target": [ablation(neurons)]}
-    for i, ctrl in enumerate(controls):
-        conditions[f"control_{i}"] = [ablation(ctrl)]
+    if config.sae is not None:
+        controls = [{"features": c} for c in edits.control_features]
+        conditions = {"baseline": [], "target": [edits.target],
+                      **{f"control_{i}": [c] for i, c in enumerate(edits.controls)}}
+    else:
+        controls = random_controls(neurons, model.d_mlp, n_controls, config.seed)
+        conditions = {"baseline": [], "target": [ablation(neurons)],
+                      **{f"control_{i}": [ablation(c)] for i, c in enumerate(controls)}}
     totals = {name: {"outliers": 0, "max_norm": 0.0} for name in conditions}
     meter = BehaviourMeter(readout)
     n = 0
@@ -157,10 +177,14 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
                            "control_std": float(np.std(ctrl)) if ctrl else None}
     params = {"neurons": {str(k): v for k, v in neurons.items()}, "mode": mode, "n_controls": n_controls,
               **detection_params(found), "batch_size": batch_size}
+    sae = {}
+    if config.sae is not None:
+        params.update(sae=edits.sae, features=edits.features)
+        sae = dict(sae=edits.sae, hook=edits.hook, features=edits.features, control_pool=edits.pool)
     return AblateResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=config.seed,
                         ids=list(source.ids), skipped=skipped_records(source), **header,
                         neurons={str(k): v for k, v in neurons.items()}, mode=mode,
                         counting_threshold=float(thr_value), n_images=n,
                         controls=[{str(k): v for k, v in c.items()} for c in controls],
                         conditions=table, summary=summary, classifier=readout.record(),
-                        behaviour_note=readout.note)
+                        behaviour_note=readout.note, **sae)

@@ -11,10 +11,11 @@ registers re-run the model with an edit, so they take ``--images`` and the neuro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, List, Optional, Tuple
+from typing import Any, ClassVar, List, Optional, Tuple
 
 from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, mlp_post, resid_post, resid_stage
-from ...values import nonnegative_int, positive_int, register_count
+from ...errors import InterpError, UsageError
+from ...values import NEURONS_SYNTAX, existing_path, index_list, nonnegative_int, positive_int, register_count
 from ..core.options import DetectionOptions, NeuronsOptions, block_index
 from ..core.presets import resolve_preset
 from ..declaration import declare, option
@@ -109,7 +110,9 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
     """ablate register neurons vs random same-size controls
 
     Zero (or mean-ablate) --neurons and --controls random neuron sets from the same blocks; compare outliers, max
-    norm and top-1 with the unablated model."""
+    norm and top-1 with the unablated model. With --sae DIR --features F,... instead: remove those SAE features
+    (SAEFeatureAblation) against random sets of as many live features that do not fire on the high-norm
+    tokens."""
 
     name: ClassVar[str] = "ablate"
 
@@ -117,6 +120,30 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
                            parse=nonnegative_int)
     mode: str = option("zero", "zero: set the neurons to 0 (default); mean: to their mean activation over the "
                                "images", choices=("zero", "mean"))
+    sae: Optional[str] = option(None, "ablate features of this trained SAE (interp sae train) instead of neurons "
+                                      "(with --features; an alternative to --neurons); mean: the feature's mean "
+                                      "code", metavar="DIR", parse=existing_path)
+    features: Optional[Tuple[int, ...]] = option(
+        None, "the SAE features to ablate with --sae, e.g. 12,40 (interp study sae-features lists the artifact "
+              "features)", parse=index_list, metavar="F,...")
+
+    def check(self) -> None:
+        super().check()
+        if self.sae is not None and self.neurons is not None:
+            raise UsageError("--neurons and --sae are alternatives: ablate register neurons or SAE features, not both")
+        if (self.sae is None) != (self.features is None):
+            raise UsageError("--sae DIR and --features F,... go together: the SAE and the features of it to ablate")
+
+    def required_neurons(self) -> Any:
+        """``neurons`` as given; None when SAE features are ablated (``--sae``); an error naming both when
+        neither is given."""
+        if self.sae is not None:
+            return None
+        if self.neurons is None or (isinstance(self.neurons, str) and not self.neurons.strip()):
+            raise InterpError(f"interp study ablate needs --neurons: {NEURONS_SYNTAX}; find them with `interp study "
+                              "neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json (or ablate SAE "
+                              "features: --sae DIR --features F,...)")
+        return self.neurons
 
 
 @declare

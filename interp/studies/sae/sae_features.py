@@ -1,0 +1,167 @@
+"""Which features of a trained SAE are the high-norm artifacts (docs/sae.md; rule in docs/methods.md section 8):
+the ``interp study sae-features`` study over any activation source, around :func:`interp.sae.features.feature_report`.
+
+One pass reads the patch-token norms at the SAE's hook (the detection: high-norm tokens are decided there), a
+second encodes every token: firing rates per token kind, the artifact features with their unit directions in the
+hook's units, their strongest patch tokens and their maps on the first ``n_maps`` images.
+
+>>> r = sae_features_study(source, sae="out/sae", neurons="2:17,2:101", progress=False)  # doctest: +SKIP
+>>> [(f["feature"], round(f["cos_register_neurons"]["max"], 2)) for f in r.artifact_features]  # doctest: +SKIP
+[(57, 0.99)]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from ...errors import InterpError, UsageError
+from ...hooks.names import block_of
+from ...interventions.base import check_neurons
+from ...interventions.neuron_sets import check_ranked_on, neuron_set
+from ...runtime.source import ActivationSource
+from ...sae.features import source_feature_report, write_directions
+from ...sae.model import SAE, load
+from ..core.options import block_index
+from ..core.presets import resolve_preset
+from ..core.result import OutlierStudyResult, skipped_records
+from ..declaration import study
+from .configs import SaeFeaturesConfig
+
+MAX_CROP_IMAGES = 64  # images decoded for the top-patch crops of a live run (later ones: code values only)
+
+
+@dataclass
+class SaeFeaturesResult(OutlierStudyResult):
+    """Result of :func:`sae_features_study` (detection header: ``detect_layer`` is the SAE's block, the
+    threshold is on the patch-token norms at its hook).
+
+    Attributes:
+        sae: the SAE's folder; hook, arch, n_features: the SAE's.
+        n_images, n_tokens: images read; tokens per kind (normal_patch, high_norm, cls, register).
+        n_alive: features firing on at least one token.
+        features: ``[{"feature", "alive", "rates": {kind: rate or None}}]`` for every feature.
+        artifact_features: ``[{"feature", "direction" (unit, hook units), "rates", "cos_register_neurons"
+            ({"L:n": cos, "max": cos}; empty without ``--neurons``), "cos_mean_high_norm", "top_patches"
+            ([{"image" (index into ids), "patch" (flat index, row-major on ``grid``), "code"}], strongest first),
+            "maps" ([n_maps][P] codes on the first images)}]``, most concentrated on the high-norm tokens first.
+        neurons: the register neurons compared with (``{"L": [n, ...]}``) or None.
+        grid: the patch grid [rows, cols] of the maps and top patches.
+        reason: the detection's one sentence; rule: the artifact-feature rule's numbers; message: the headline.
+    """
+
+    study = "sae_features"
+    sae: str = ""
+    hook: str = ""
+    arch: str = ""
+    n_features: int = 0
+    n_alive: int = 0
+    n_images: int = 0
+    n_tokens: Dict[str, int] = field(default_factory=dict)
+    grid: List[int] = field(default_factory=list)
+    neurons: Optional[Dict[str, List[int]]] = None
+    reason: Optional[str] = None
+    rule: Dict[str, float] = field(default_factory=dict)
+    features: List[Dict[str, Any]] = field(default_factory=list)
+    artifact_features: List[Dict[str, Any]] = field(default_factory=list)
+    message: str = ""
+
+    def console_lines(self, config=None) -> List[str]:
+        """The headline (said once, also without artifacts), then one line per artifact feature."""
+        lines = [f"{self.message} ({self.n_alive} alive; {self.sae})"]
+        for f in self.artifact_features:
+            rates, cos = f["rates"], f["cos_register_neurons"]
+            neurons = f", cos to register neurons max {cos['max']:.3f}" if cos else ""
+            lines.append(f"feature {f['feature']}: fires on {rates['high_norm']:.0%} of high-norm and "
+                         f"{rates['normal_patch'] or 0:.1%} of normal patches; cos to the mean high-norm token "
+                         f"{f['cos_mean_high_norm']:.3f}{neurons}")
+        return lines
+
+    def crop_images(self) -> int:
+        """How many of the first images the figures need: the maps' and the top patches' (capped)."""
+        needed = [p["image"] + 1 for f in self.artifact_features for p in f.get("top_patches", [])]
+        maps = max((len(f.get("maps", [])) for f in self.artifact_features), default=0)
+        return min(MAX_CROP_IMAGES, max([maps, *needed], default=0))
+
+    def figure_images(self, source) -> Any:
+        """The first images up to the last one a figure crops (a live source; None for a cache)."""
+        n = self.crop_images()
+        return source.display_images(n) if source.is_live and n else None
+
+
+def _check_sae(sae: SAE, source: ActivationSource) -> None:
+    """Refuse (one line) an SAE of another model, or one whose hook the source cannot give."""
+    model = source.weights_model
+    if model is not None:
+        sae.check_model(model)
+    elif sae.config["model"].get("weights_fingerprint") != source.fingerprint:
+        raise InterpError(f"the SAE in {str(sae.path)!r} was trained on weights "
+                          f"{sae.config['model'].get('weights_fingerprint')}; these activations come from "
+                          f"{source.fingerprint}: use the model (or a cache of the model) it was trained on")
+
+
+def _detection_threshold(config: SaeFeaturesConfig, layer: Optional[int], n_layers: int):
+    """The threshold asked for; a --detect-layer (or a preset's) other than the SAE's block is refused."""
+    opts = resolve_preset(config.preset, threshold=config.threshold, detect_layer=config.detect_layer)
+    asked = opts.get("detect_layer")
+    if asked is not None and (layer is None or block_index(asked, n_layers, -1) != layer):
+        raise UsageError(f"--detect-layer {asked}: sae-features decides the high-norm tokens at the SAE's own hook "
+                         f"(block {layer}); leave --detect-layer (and a preset that sets another block) out")
+    return opts.get("threshold", "auto"), opts.get("preset")
+
+
+def _writes(config: SaeFeaturesConfig, source: ActivationSource):
+    """(unit fc2 columns of ``--neurons``, their ``{"L": [n]}``), checked against the model; ({}, None) without."""
+    if config.neurons is None:
+        return {}, None
+    model = source.weights_model
+    if model is None:
+        raise InterpError("--neurons: their write directions are the model's fc2 columns; open the cache with "
+                          "the model (open_source(cache=..., model=...))")
+    nset = neuron_set(config.neurons, "--neurons")
+    check_ranked_on(nset, model, flag="their LAYER:NEURON text to --neurons")
+    blocks = getattr(model, "timm_model", model).blocks
+    check_neurons(nset.neurons, len(blocks), int(blocks[0].mlp.fc2.weight.shape[1]))
+    return write_directions(model, nset.neurons), {str(k): [int(n) for n in v] for k, v in nset.neurons.items()}
+
+
+@study(SaeFeaturesConfig)
+def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
+                       progress: bool = True) -> SaeFeaturesResult:
+    """The SAE's features per token kind and its artifact features over ``source``.
+
+    Args:
+        source: a live model over images, or a cache holding the SAE's hook (full vectors).
+        config: :class:`~interp.studies.sae.configs.SaeFeaturesConfig` (or its options as keywords): ``sae``
+            (the folder), ``neurons`` (compare with their fc2 columns), ``threshold`` / ``preset`` (the detection
+            at the SAE's hook; ``detect_layer`` may only name the SAE's block), ``n_top``, ``n_maps``.
+        progress: show progress bars.
+
+    Raises:
+        InterpError (one line): an SAE of another model, hook or width, a damaged SAE folder, neurons of
+        another model or out of range.
+    """
+    sae = load(config.sae)
+    _check_sae(sae, source)
+    hook, layer = sae.hook, block_of(sae.hook)
+    threshold, preset = _detection_threshold(config, layer, source.n_layers)
+    writes, neurons = _writes(config, source)
+    layout, bs = source.layout, source.batch_size
+    report = source_feature_report(sae, source, threshold=threshold, writes=writes, n_top=config.n_top,
+                                   n_maps=config.n_maps, progress=progress)
+    detection = report["threshold_object"]
+    det = report["detection"] or {}
+    found = report["artifacts_found"]
+    warning = None if found else (report["reason"] or "no patch tokens stored")
+    if found and detection is not None:
+        warning = detection.warning
+    return SaeFeaturesResult(
+        model=source.model_name, fingerprint=source.fingerprint,
+        params={"sae": str(config.sae), "threshold": config.threshold, "detect_layer": layer, "preset": preset,
+                "neurons": neurons, "n_top": config.n_top, "n_maps": config.n_maps, "batch_size": bs},
+        seed=None, ids=list(source.ids), skipped=skipped_records(source),
+        detect_layer=-1 if layer is None else layer, threshold=report["threshold"],
+        threshold_method=det.get("method", "auto"), artifacts_found=found, warning=warning, preset=preset,
+        sae=str(config.sae), hook=hook, arch=sae.arch, n_features=report["n_features"], n_alive=report["n_alive"],
+        n_images=report["n_images"], n_tokens=report["n_tokens"], grid=list(layout.grid), neurons=neurons,
+        reason=report["reason"], rule=report["rule"], features=report["features"],
+        artifact_features=report["artifact_features"], message=report["message"])
