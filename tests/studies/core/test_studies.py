@@ -226,7 +226,7 @@ class LazyReader:
 # torch's allocations too, which tracemalloc does not see.
 PEAK_RSS_SCRIPT = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = sys.argv[1:]  # the helper test module, then tests/ (its conftest)
 from test_studies import LazyReader
 from interp.studies import CacheSource
 from interp.studies.artifacts.norms import norms_study
@@ -252,7 +252,7 @@ print(json.dumps({"whole_hook": whole, "study": study, "artifacts_found": result
 def test_norms_study_memory_stays_bounded_over_a_1000_image_cache():
     reader = LazyReader(1000)
     one_hook_bytes = 1000 * reader.layout.n_tokens * reader.d_model * 4  # ~50 MB; the 4 hooks read: ~200 MB
-    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(TESTS / "studies" / "core")],
+    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(TESTS / "studies" / "core"), str(TESTS)],
                          capture_output=True, text=True, timeout=1800)  # a safety net only
     assert run.returncode == 0, run.stderr[-3000:]
     measured = json.loads(run.stdout.strip().splitlines()[-1])

@@ -152,7 +152,7 @@ def test_a_group_with_few_held_out_tokens_is_not_scored_and_the_figure_draws_who
 
 PEAK_RSS_SCRIPT = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = sys.argv[1:]  # the helper test module, then tests/ (its conftest)
 from test_studies import LazyReader
 from interp.studies import CacheSource
 from interp.studies.probes.probes import probes_study
@@ -183,7 +183,7 @@ print(json.dumps({"whole_hook": whole, "study": study, "quarter": quarter, "n_tr
 @pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
 def test_memory_stays_bounded_over_a_1000_image_cache():
     one_hook_bytes = 1000 * 197 * 64 * 4                                 # LazyReader: 197 tokens x 64 dims
-    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(TESTS / "studies" / "core")],
+    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(TESTS / "studies" / "core"), str(TESTS)],
                          capture_output=True, text=True, timeout=1800)  # a safety net only
     assert run.returncode == 0, run.stderr[-3000:]
     measured = json.loads(run.stdout.strip().splitlines()[-1])
