@@ -54,8 +54,6 @@ def run(args) -> int:
     from .output import check_output_file
     from .prechecks import check_cache_lock
 
-    if args.device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"  # one GPU per torchrun rank
     preprocess = preprocess_arg(args)
     if not args.hooks and not args.for_studies:
         raise UsageError("say what to cache: --hooks PATTERN... and/or --for STUDY[,STUDY...] (e.g. --for norms)")

@@ -105,6 +105,16 @@ def check_model_args(args: argparse.Namespace, model) -> None:
                          f"List them with `interp hooks {args.model}`.")
 
 
+def rank_device(device: str) -> str:
+    """``device`` for this process: under torchrun (``WORLD_SIZE`` > 1) a CUDA device is this rank's own GPU
+    (``cuda:LOCAL_RANK``)."""
+    import os
+
+    if device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    return device
+
+
 def model_from_args(args: argparse.Namespace, dtype=None):
     """Load the HookedViT the model arguments describe (the device checked first, block numbers after)."""
     from ..hooks.load import load
@@ -114,8 +124,9 @@ def model_from_args(args: argparse.Namespace, dtype=None):
         kwargs["img_size"] = args.img_size
     if getattr(args, "depth", None):
         kwargs["depth"] = args.depth
-    check_device(args.device)
-    model = load(args.model, pretrained=args.pretrained, weights=args.weights, device=args.device, dtype=dtype,
+    device = rank_device(args.device)
+    check_device(device)
+    model = load(args.model, pretrained=args.pretrained, weights=args.weights, device=device, dtype=dtype,
                  seed=getattr(args, "seed", None), pos_resample=getattr(args, "pos_resample", "auto"), **kwargs)
     check_model_args(args, model)
     return model

@@ -56,8 +56,6 @@ def register(sub) -> None:
 def run_train(args) -> int:
     from ..sae import train
 
-    if args.device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"  # one GPU per torchrun rank
     model = model_from_args(args)
     result = train(model, args.hook, args.out, cache=args.cache, images=args.images, resume=args.resume,
                    overwrite=args.overwrite, checkpoint_every=args.checkpoint_every, progress=args.progress,
