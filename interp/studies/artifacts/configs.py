@@ -20,6 +20,7 @@ from ..core.options import DetectionOptions, NeuronsOptions, block_index
 from ..core.presets import resolve_preset
 from ..declaration import declare, option
 
+
 @declare
 @dataclass(frozen=True, kw_only=True)
 class NormsConfig(DetectionOptions):
