@@ -17,6 +17,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Optional, Type
 
+from ..errors import InterpError
 from ..studies.declaration import StudyConfig, declared
 from .common import add_study_args, preprocess_arg
 
@@ -68,8 +69,6 @@ def open_study_source(inputs: StudyInputs, model, config: StudyConfig):
 def check_cache_serves(source, config: StudyConfig, n_layers: int) -> None:
     """Raise unless the cache ``source`` holds every hook ``config`` reads (in full when it needs vectors),
     naming the missing hooks and the ``interp cache --for`` command that writes them."""
-    from ..errors import InterpError
-
     missing = [h for h in config.required_hooks(n_layers) if not source.has(h)]
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")

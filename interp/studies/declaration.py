@@ -99,14 +99,12 @@ class StudyConfig:
             or ``"images_and_cache"`` (``--images`` adds to a ``--cache`` run what ``cache_images_help`` says).
         full_vectors: a ``--norms-only`` cache cannot serve it.
         cache_doc: the hooks it reads, in words, for the docs' cache table.
-        layer_options: fields holding block numbers, checked against the model's depth once it is built.
     """
 
     name: ClassVar[str] = ""
     inputs: ClassVar[str] = "images"
     full_vectors: ClassVar[bool] = True
     cache_doc: ClassVar[str] = LIVE_DOC
-    layer_options: ClassVar[Tuple[str, ...]] = ()
     cache_images_help: ClassVar[str] = ""
 
     seed: int = option(0, "seed of every random draw of the run: the random weights of --no-pretrained (the same "
@@ -114,7 +112,18 @@ class StudyConfig:
                        parse=seed_arg)
 
     def __post_init__(self) -> None:
+        self.check_choices()
         self.check()
+
+    def check_choices(self) -> None:
+        """Every option given one of its declared ``choices`` (None: not given), for Python callers as the
+        command line's parser does."""
+        for f in self.cli_fields():
+            choices, value = f.metadata["flag"].choices, getattr(self, f.name)
+            values = value if f.metadata["flag"].many and isinstance(value, (list, tuple)) else [value]
+            bad = [v for v in values if v is not None and choices is not None and v not in choices]
+            if bad:
+                raise UsageError(f"{f.name}={bad[0]!r}: use one of {list(choices)}")
 
     # ------------------------------------------------------------------ what a study overrides
     def check(self) -> None:

@@ -19,10 +19,9 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 from ...errors import UsageError
 from ...values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
                        positive_float, positive_int, threshold_arg)
-from ..core.options import FINAL, REFERENCES, ClassifierOption, DetectionOptions, _threshold_value, needed_hooks
+from ..core.options import FINAL, REFERENCES, SCORE_DOC, ClassifierOption, DetectionOptions, _threshold_value, needed_hooks
 from ..declaration import StudyConfig, declare, option
 
-_SCORE_DOC = "`--hook` (default `hook_norm_final`) and `hook_norm_final` (`hook_pooled` with `--reference pooled`)"
 
 
 def _max_box_fraction(default: Optional[float]) -> Any:
@@ -102,7 +101,7 @@ class PatchScoreConfig(PatchScoreOptions, ScoreMapsFigure):
 
     name: ClassVar[str] = "patch-score"
     inputs: ClassVar[str] = "images_or_cache"
-    cache_doc: ClassVar[str] = _SCORE_DOC
+    cache_doc: ClassVar[str] = SCORE_DOC
 
     boxes: Optional[str] = option(None, "box file (CSV/JSON/COCO) for foreground/background scores",
                                   parse=existing_file)
@@ -132,7 +131,7 @@ class PiBConfig(PatchScoreOptions, ObjectBoxes, BootstrapOptions, ScoreMapsFigur
 
     name: ClassVar[str] = "pib"
     inputs: ClassVar[str] = "images_or_cache"
-    cache_doc: ClassVar[str] = _SCORE_DOC
+    cache_doc: ClassVar[str] = SCORE_DOC
 
     store_maps: bool = True  # keep the [N, h, w] score maps in the result (for plots)
 

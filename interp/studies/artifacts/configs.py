@@ -54,7 +54,6 @@ class NeuronsConfig(DetectionOptions):
     name: ClassVar[str] = "neurons"
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = "`blocks.{D}.hook_resid_post`, `blocks.{0..H}.mlp.hook_post`"
-    layer_options: ClassVar[Tuple[str, ...]] = ("detect_layer", "highest_layer")
 
     highest_layer: Optional[int] = option(None, "last block scored (default: the detection block)")
     top_k: Optional[int] = option(None, "neurons kept (default 10, or the preset's)", parse=positive_int)

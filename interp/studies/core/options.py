@@ -19,6 +19,7 @@ from .presets import PRESETS
 
 FINAL = "hook_norm_final"  # the final normed tokens: the Patch Score's default tokens and its CLS vector
 REFERENCES = ("cls", "pooled", "selective")  # the Patch Score's global vectors
+SCORE_DOC = "`--hook` (default `hook_norm_final`) and `hook_norm_final` (`hook_pooled` with `--reference pooled`)"
 
 
 def needed_hooks(hook: str, reference: str) -> List[str]:
@@ -66,7 +67,6 @@ class DetectionOptions(StudyConfig):
     """What counts as a high-norm token (:class:`~interp.studies.core.detection.DetectionSpec`): a threshold at
     the detection block, filled in by a preset where not given."""
 
-    layer_options: ClassVar[Tuple[str, ...]] = ("detect_layer",)
 
     threshold: Union[float, str, None] = option(
         None, "outlier norm threshold: a norm value > 0, pNN (e.g. p98) or auto (default, or the preset's)",

@@ -8,21 +8,18 @@ says of them. Torch-free: ``interp study NAME --help`` reads them at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Optional, Union
 
 from ...errors import UsageError
 from ...hooks.names import attn_k
 from ...values import existing_path, finite_float, positive_int, register_count
-from ..core.options import block_index
+from ..core.options import FINAL, REFERENCES, SCORE_DOC, block_index, needed_hooks
 from ..declaration import StudyConfig, declare, option
 
 PROTOCOLS = ("model", "lost")
 TIES = ("index", "torch")  # lost_core.degree_order
-REFERENCES = ("cls", "pooled", "selective")  # the Patch Score's global vectors
 AVERAGES = ("image", "dataset")  # seg_scoring
 FRAMES = ("input", "full")
-FINAL = "hook_norm_final"
-SCORE_DOC = "`--hook` (default `hook_norm_final`) and `hook_norm_final` (`hook_pooled` with `--reference pooled`)"
 
 Neurons = Union[str, Dict[int, List[int]], None]
 
@@ -37,11 +34,6 @@ def n_registers_option() -> Any:
     return option(1, "test-time register tokens (with --neurons)", parse=register_count)
 
 
-def _check_choice(name: str, value: Any, choices: Tuple[str, ...]) -> None:
-    if value not in choices:
-        raise UsageError(f"{name}={value!r}: use one of {list(choices)}")
-
-
 @declare
 @dataclass(frozen=True, kw_only=True)
 class LostConfig(StudyConfig):
@@ -53,7 +45,6 @@ class LostConfig(StudyConfig):
     name: ClassVar[str] = "lost"
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = "`blocks.{L}.attn.hook_k` for `--layer L` (default last)"
-    layer_options: ClassVar[Tuple[str, ...]] = ("layer",)
 
     boxes: Any = option(None, "ground-truth boxes for CorLoc (original pixels): CSV/JSON/COCO, a VOC .xml file or a "
                               "folder of them (VOC's Annotations)", parse=existing_path)
@@ -73,8 +64,6 @@ class LostConfig(StudyConfig):
 
     def check(self) -> None:
         super().check()
-        _check_choice("protocol", self.protocol, PROTOCOLS)
-        _check_choice("ties", self.ties, TIES)
         if int(self.k) < 1:
             raise UsageError(f"k must be >= 1, got {self.k}")
 
@@ -119,12 +108,6 @@ class SegmentConfig(StudyConfig):
     neurons: Neurons = neurons_option("the segmentation")
     n_registers: int = n_registers_option()
 
-    def check(self) -> None:
-        super().check()
-        _check_choice("reference", self.reference, REFERENCES)
-        _check_choice("average", self.average, AVERAGES)
-        _check_choice("frame", self.frame, FRAMES)
-
     def hooks(self, n_layers: int) -> List[str]:
         """The Patch Score's patch tokens (``hook``) and the hook its global vector is read from (``reference``)."""
-        return list(dict.fromkeys([self.hook, "hook_pooled" if self.reference == "pooled" else FINAL]))
+        return needed_hooks(self.hook, self.reference)

@@ -41,7 +41,6 @@ class ProbesConfig(DetectionOptions, ProbeBudgetOptions):
                                 "`blocks.{D}.hook_resid_post` for `--detect-layer D` (default last); pixel probes "
                                 "need `--images`")
     cache_images_help: ClassVar[str] = "the images the cache was written from, for the pixel probe"
-    layer_options: ClassVar[Tuple[str, ...]] = ("detect_layer", "layer")
 
     hook: Optional[str] = option(None, "probed tokens (default blocks.{layer}.hook_resid_post)")
     layer: int = option(-1, "block of the default hook (negative counts from the end)")
