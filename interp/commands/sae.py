@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 
 from .common import add_model_args, add_output_args, model_from_args, threshold_value
-from ..values import existing_file, existing_path, nonnegative_float, positive_float, positive_int, threshold_arg
+from ..values import (SAE_ARCHS, existing_file, existing_path, nonnegative_float, positive_float, positive_int,
+                      threshold_arg)
 
-ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal")  # interp.interventions.sae_features.ARCHS
 
 
 def register(sub) -> None:
@@ -28,7 +28,7 @@ def register(sub) -> None:
     src.add_argument("--images", metavar="DIR", type=existing_path, help="images to run live through MODEL")
     t.add_argument("--hook", required=True, help="hook to train on, e.g. blocks.9.hook_resid_post")
     t.add_argument("--out", required=True, metavar="DIR", help="folder of the SAE files")
-    t.add_argument("--arch", choices=ARCHS, default="topk", help="SAE architecture (default topk)")
+    t.add_argument("--arch", choices=SAE_ARCHS, default="topk", help="SAE architecture (default topk)")
     t.add_argument("--expansion", type=positive_int, default=8, help="features per dimension of the hook (default 8)")
     t.add_argument("--k", type=positive_int, default=32, help="active features per token: topk, batchtopk, archetypal")
     t.add_argument("--tokens", choices=("patches", "all", "cls", "registers"), default="patches",

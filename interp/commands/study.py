@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Type
 
 from ..errors import InterpError
-from ..studies.declaration import StudyConfig, declared
-from .common import add_study_args, preprocess_arg
+from ..studies.declaration import StudyConfig, declared, study_function
+from .common import add_study_args, model_from_args, preprocess_arg
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,6 @@ def check_cache_serves(source, config: StudyConfig, n_layers: int) -> None:
 
 def run_study(config_class: Type[StudyConfig], args: argparse.Namespace) -> int:
     """One ``interp study NAME`` run (see the module docstring)."""
-    from ..studies.declaration import study_function
-    from .common import model_from_args
     from .output import atomic_output_dir
     from .saving import prepare_study_output, save_study
 

@@ -254,6 +254,7 @@ def apply_interventions(timm_model: nn.Module, interventions: Sequence[Intervent
         raise PatchError("this model already has a patch applied; build a fresh model to apply another")
     edits, n_extra, extra_kv, pool = plan_swaps(timm_model, interventions)
     m, device = timm_model, model_device(timm_model)
+    block_edits = resid_edits(m, interventions)  # planned on the unpatched prefix count (it adds n_extra itself)
     for layer, layer_edits in edits.items():
         mlp = m.blocks[layer].mlp
         mlp.drop1 = MlpActivationEdits(layer_edits, mlp.drop1).to(device)
@@ -264,7 +265,7 @@ def apply_interventions(timm_model: nn.Module, interventions: Sequence[Intervent
         m.blocks[layer].attn = AttentionWithExtraKV(m.blocks[layer].attn, k, v).to(device)
     if pool is not None:
         m.attn_pool = pool
-    for layer, edit in resid_edits(m, interventions).items():
+    for layer, edit in block_edits.items():
         m.blocks[layer].register_forward_hook(lambda module, args, out, edit=edit.to(device): edit(out))
     m.interp_patch = [iv.kind for iv in composition_order(interventions)]
     return m

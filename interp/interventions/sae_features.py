@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from ..errors import InterpError
+from ..values import SAE_ARCHS
 from .base import NEURON, EditContext, Intervention, check_choice
 
-ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal")
+ARCHS = SAE_ARCHS  # the architectures whose encoder SparseCodes runs
 FEATURE_TOKENS = ("all", "patches")
 # tensors of an SAE's encoder (w_enc [n, d], b_enc [n], mean [d], scale [1]) and, per arch, its threshold
 # (batchtopk: one [1]; jumprelu: one per feature [n], already exponentiated)

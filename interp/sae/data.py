@@ -19,6 +19,7 @@ import torch
 
 from ..errors import InterpError
 from ..models.layout import TokenLayout
+from ..runtime.forward import run_hooks
 
 TOKEN_CHOICES = ("patches", "all", "cls", "registers")
 HIGH_NORM_CHOICES = ("include", "exclude", "only")
@@ -110,8 +111,8 @@ class LiveRows(ActivationRows):
         out = []
         for i in range(0, len(pixels), self.batch_size):
             batch = torch.cat(pixels[i:i + self.batch_size]).to(device)
-            _, cache = self.model.run_with_cache(batch, names_filter=self.hook)
-            out.append(cache[self.hook].float().cpu().numpy())
+            acts = run_hooks(self.model, batch, [self.hook]).acts[self.hook]  # stops after the hook's block
+            out.append(acts.float().cpu().numpy())
         return np.concatenate(out) if out else np.zeros((0, 0, 0), np.float32)
 
     def read(self, images: np.ndarray) -> np.ndarray:

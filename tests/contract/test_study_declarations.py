@@ -69,6 +69,9 @@ def test_every_result_class_has_registered_figures():
         module = importlib.import_module(function.__module__)
         result_class = getattr(module, function.__annotations__["return"])
         assert FIGURES.get(result_class), f"{config.name}: no figures registered for {result_class.__name__}"
+    from interp.studies.artifacts.norms import NormsResult
+
+    assert [s.stem for s in FIGURES[NormsResult]] == ["norm_profile", "norm_histograms", "outlier_maps"]  # in order
 
 
 def test_the_docs_cache_table_is_generated_from_the_configs():

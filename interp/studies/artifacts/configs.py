@@ -71,9 +71,8 @@ class NeuronsConfig(DetectionOptions):
 
     def hooks(self, n_layers: int) -> List[str]:
         """The detection block's output plus the MLP activations of every block up to ``highest_layer``."""
-        opts = resolve_preset(self.preset, detect_layer=self.detect_layer, highest_layer=self.highest_layer)
-        detect = block_index(opts.get("detect_layer"), n_layers, -1)
-        highest = opts.get("highest_layer")
+        detect = self.detect_block(n_layers)
+        highest = resolve_preset(self.preset, highest_layer=self.highest_layer).get("highest_layer")
         highest = detect if highest is None else block_index(min(int(highest), n_layers - 1), n_layers, detect)
         return [resid_post(detect)] + [mlp_post(i) for i in range(highest + 1)]
 

@@ -15,7 +15,7 @@ from ...errors import InterpError, UsageError
 from ...values import (NEURONS_SYNTAX, existing_file, nonnegative_float, open_fraction, positive_float, positive_int,
                        threshold_arg)
 from ..declaration import StudyConfig, option
-from .presets import PRESETS
+from .presets import PRESETS, resolve_preset
 
 FINAL = "hook_norm_final"  # the final normed tokens: the Patch Score's default tokens and its CLS vector
 REFERENCES = ("cls", "pooled", "selective")  # the Patch Score's global vectors
@@ -85,8 +85,6 @@ class DetectionOptions(StudyConfig):
 
     def detect_block(self, n_layers: int) -> int:
         """The detection block (0-based) on an ``n_layers``-block model, the preset's when not given."""
-        from .presets import resolve_preset
-
         layer = resolve_preset(self.preset, detect_layer=self.detect_layer).get("detect_layer")
         return block_index(layer, n_layers, -1)
 

@@ -16,7 +16,6 @@ from ...errors import UsageError
 from ...hooks.names import resid_post
 from ...values import existing_file, existing_path, open_fraction, positive_int
 from ..core.options import DetectionOptions, ProbeBudgetOptions, block_index
-from ..core.presets import resolve_preset
 from ..declaration import declare, option
 from .split_file import read_split
 
@@ -105,9 +104,7 @@ class ProbesConfig(DetectionOptions, ProbeBudgetOptions):
     def hooks(self, n_layers: int) -> List[str]:
         """The probed tokens (``hook``, else block ``layer``'s residual stream) and the detection block's output,
         which decides the high-norm patches."""
-        detect = resolve_preset(self.preset, detect_layer=self.detect_layer).get("detect_layer")
-        return [self.hook or resid_post(block_index(self.layer, n_layers, -1)),
-                resid_post(block_index(detect, n_layers, -1))]
+        return [self.hook or resid_post(block_index(self.layer, n_layers, -1)), resid_post(self.detect_block(n_layers))]
 
 
 def image_entries(images: Images) -> List[str]:
