@@ -144,10 +144,16 @@ class Reader:
 
     def __init__(self, path: Union[str, Path], model=None):
         self.path = Path(path)
-        self._h5 = integrity.open_for_read(self.path)
+        self._h5, live = integrity.open_read_only(self.path)
         self._checksum_columns: Dict[str, np.ndarray] = {}
         try:
             self.meta = read_attrs(self._h5, self.path)
+            if live:
+                # HDF5 fixes a SWMR reader's end of allocation when it opens the file, but reads attributes as
+                # they are now: rows a running writer committed since then can lie past that end. Reopening
+                # after reading the attributes puts every row they count inside the handle's view.
+                self._h5.close()
+                self._h5, _ = integrity.open_read_only(self.path)
             check_version(self.meta, self.path)
             integrity.validate_meta(self.meta, self.path)
             if model is not None:

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import h5py
@@ -387,29 +386,57 @@ def test_glob_characters_in_out_never_delete_other_temp_files(setup, tmp_path):
     assert other.read_text() == "someone else's file" and not stale.exists() and out.exists()
 
 
-def test_reader_during_a_writer_sees_only_verified_committed_rows(setup, tmp_path):
+def test_a_reader_opened_before_a_writers_next_commits_reads_every_row_it_counts(setup, tmp_path, monkeypatch):
+    """A SWMR reader's view of the file ends where the file ended when HDF5 opened it, while attributes are
+    read as they are now. Here a running writer commits 9 batches between the reader's open and its reading
+    ``n_written``; their ids fill a new HDF5 string heap past the reader's view (long file names), which
+    HDF5 refuses to read ("address of object past end of allocation") unless the reader reopens."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i, image in enumerate(sorted(setup["folder"].iterdir()) * 3):
+        shutil.copy(image, folder / f"{i:03d}-{'long-file-name-' * 8}{image.suffix}")
     out = tmp_path / "live.h5"
-    folder = write_images(tmp_path / "many", 40, size=(24, 24))
-    proc = subprocess.Popen([sys.executable, "-m", "interp", "cache", "vit_small_patch16_224", "--weights",
-                             str(setup["weights"]), "--depth", "2", "--images", str(folder), "--hooks", *HOOKS,
-                             "--out", str(out), "--batch-size", "1", "--no-progress"], cwd=REPO,
-                            stderr=subprocess.PIPE, text=True)
-    seen = []
+    script = textwrap.dedent(f"""
+        import sys, interp, interp.cache
+        from interp.cache.store import CacheFile
+        original, calls = CacheFile.append, []
+        def gated(self, batch):
+            original(self, batch)
+            calls.append(1)
+            if len(calls) in (1, 9):  # after the first and the ninth commit: tell the parent, wait for it
+                print(len(calls), flush=True)
+                sys.stdin.readline()
+        CacheFile.append = gated
+        model = interp.load("vit_small_patch16_224", pretrained=False, weights={str(setup["weights"])!r}, depth=2)
+        interp.cache.write(model, {str(folder)!r}, hooks={HOOKS!r}, path={str(out)!r}, batch_size=4,
+                           progress=False)
+    """)
+    writer = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    original, opens = integrity.open_read_only, []
+
+    def open_then_let_the_writer_commit(path):
+        opened = original(path)
+        opens.append(opened[1])
+        if len(opens) == 1:
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+            assert writer.stdout.readline().strip() == "9"
+        return opened
+
     try:
-        while proc.poll() is None and len(seen) < 5:
-            if out.exists():
-                with _no_check():
-                    with interp.cache.open(out) as cache:
-                        cache.verify()
-                        rows = cache["blocks.1.hook_resid_post"][:]
-                        assert rows.shape[0] == len(cache) == len(cache.ids)
-                        seen.append(len(cache))
-            time.sleep(0.2)
+        assert writer.stdout.readline().strip() == "1"
+        monkeypatch.setattr(integrity, "open_read_only", open_then_let_the_writer_commit)
+        with _no_check():
+            with interp.cache.open(out) as cache:
+                assert opens[0] and len(cache) == len(cache.ids) == 36 and not cache.complete
+                assert cache["blocks.1.hook_resid_post"][:].shape[0] == 36
+                cache.verify()
     finally:
-        assert proc.wait(timeout=1800) == 0, proc.stderr.read()
-    assert seen and seen == sorted(seen)
+        writer.stdin.close()  # lets the writer finish
+        assert writer.wait(timeout=1800) == 0, writer.stderr.read()[-2000:]
     with interp.cache.open(out) as cache:
-        assert cache.complete and len(cache) == 40
+        assert cache.complete and len(cache) == 3 * N_IMAGES
         cache.verify()
 
 
