@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import shutil
-import subprocess
-import sys
-import textwrap
+import signal
 from pathlib import Path
 
 import h5py
@@ -20,7 +19,9 @@ import pytest
 import torch
 
 import interp.cache
-from conftest import REPO, make_model
+from conftest import make_model
+from forked import Forked
+from forked import cli as forked_cli
 from interp.cache import integrity
 from interp.cache.format import weights_source
 from interp.cache.lock import WriterLock
@@ -52,23 +53,22 @@ def setup(tmp_path_factory):
 def killed_writer(weights: Path, folder: Path, out: Path, after_batches: int, overwrite: bool = False) -> None:
     """Run a writer in a child process that dies (``os._exit``, like ``kill -9``: no HDF5 close) while
     committing batch ``after_batches + 1``, leaving ``after_batches`` committed batches."""
-    script = textwrap.dedent(f"""
-        import os, interp, interp.cache
-        from interp.cache.store import CacheFile
+    def dying_writer():
         original, calls = CacheFile.append, []
+
         def dying_append(self, batch):
             calls.append(1)
-            if len(calls) > {after_batches}:
+            if len(calls) > after_batches:
                 os._exit(9)
             original(self, batch)
+
         CacheFile.append = dying_append
-        model = interp.load("vit_small_patch16_224", pretrained=False, weights={str(weights)!r}, depth=2)
-        interp.cache.write(model, {str(folder)!r}, hooks={HOOKS!r}, path={str(out)!r}, batch_size={BATCH},
-                           progress=False, overwrite={overwrite})
-    """)
-    rc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                        stderr=subprocess.PIPE, timeout=1800)  # timeouts here: safety nets against a hung child
-    assert rc.returncode == 9, rc.stderr.decode()[-2000:]
+        model = interp.load("vit_small_patch16_224", pretrained=False, weights=weights, depth=2)
+        interp.cache.write(model, folder, hooks=HOOKS, path=out, batch_size=BATCH, progress=False, overwrite=overwrite)
+
+    with Forked(dying_writer, capture=True) as child:
+        _, err = child.communicate()
+        assert child.returncode == 9, err[-2000:]
 
 
 def cli(setup, out: Path, *extra: str):
@@ -143,11 +143,12 @@ def test_resume_of_a_cache_cut_to_1k_ends_quickly_in_a_fresh_process(setup, tmp_
     """The SWMR read of a killed writer's file cut short used to spin in HDF5's retry loop for minutes."""
     path = copy_of(setup, "cut", tmp_path, "killed")
     os.truncate(path, 1024)
-    proc = subprocess.run([sys.executable, "-m", "interp", "cache", "vit_small_patch16_224", "--weights",
-                           str(setup["weights"]), "--depth", "2", "--images", str(setup["folder"]), "--hooks", *HOOKS,
-                           "--out", str(path), "--resume", "--no-progress"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)  # bounded retries end in seconds; unbounded ones spin far beyond this net
-    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "is damaged" in proc.stderr, proc.stderr
+    # bounded retries end in seconds; unbounded ones spin far beyond the child's safety net
+    with Forked(forked_cli, "cache", "vit_small_patch16_224", "--weights", setup["weights"], "--depth", "2",
+                "--images", setup["folder"], "--hooks", *HOOKS, "--out", path, "--resume", "--no-progress",
+                capture=True) as child:
+        _, err = child.communicate()
+    assert child.returncode == 1 and err.count("\n") == 1 and "is damaged" in err, err
 
 
 # ---------------------------------------------------------------------------------------------- flipped bytes
@@ -315,19 +316,17 @@ def test_real_write_failure_from_a_file_size_limit(setup, tmp_path):
     """A child limited to 2 MB files (RLIMIT_FSIZE, SIGXFSZ ignored: writes fail with EFBIG as on a full
     disk) gets real HDF5 write errors: one line, no crash, the committed rows readable, resume completes."""
     out = tmp_path / "limited.h5"
-    script = textwrap.dedent(f"""
-        import resource, signal, sys
+
+    def limit_file_size():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (2_000_000, 2_000_000))
-        from interp.cli import main
-        sys.exit(main(["cache", "vit_small_patch16_224", "--weights", {str(setup["weights"])!r}, "--depth", "2",
-                       "--images", {str(setup["folder"])!r}, "--hooks", "blocks.*.hook_resid_post", "--out", {str(out)!r},
-                       "--batch-size", "4", "--no-progress"]))
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("interp: error: "), proc.stderr
+
+    with Forked(forked_cli, "cache", "vit_small_patch16_224", "--weights", setup["weights"], "--depth", "2",
+                "--images", setup["folder"], "--hooks", *HOOKS, "--out", out, "--batch-size", "4", "--no-progress",
+                capture=True, before=limit_file_size) as child:
+        _, err = child.communicate()
+    assert child.returncode == 1, err[-3000:]
+    assert err.count("\n") == 1 and err.startswith("interp: error: "), err
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
     with _no_check():
         with interp.cache.open(out) as cache:
@@ -396,45 +395,49 @@ def test_a_reader_opened_before_a_writers_next_commits_reads_every_row_it_counts
     for i, image in enumerate(sorted(setup["folder"].iterdir()) * 3):
         shutil.copy(image, folder / f"{i:03d}-{'long-file-name-' * 8}{image.suffix}")
     out = tmp_path / "live.h5"
-    script = textwrap.dedent(f"""
-        import sys, interp, interp.cache
-        from interp.cache.store import CacheFile
+    (ready_r, ready_w), (go_r, go_w) = os.pipe(), os.pipe()
+
+    def gated_writer():  # tells the parent after its first and its ninth commit, then waits for it
+        os.close(ready_r)
+        os.close(go_w)  # so that the parent closing its end is the end of the pipe
         original, calls = CacheFile.append, []
+
         def gated(self, batch):
             original(self, batch)
             calls.append(1)
-            if len(calls) in (1, 9):  # after the first and the ninth commit: tell the parent, wait for it
-                print(len(calls), flush=True)
-                sys.stdin.readline()
+            if len(calls) in (1, 9):
+                os.write(ready_w, b"%d\n" % len(calls))
+                os.read(go_r, 1)
+
         CacheFile.append = gated
-        model = interp.load("vit_small_patch16_224", pretrained=False, weights={str(setup["weights"])!r}, depth=2)
-        interp.cache.write(model, {str(folder)!r}, hooks={HOOKS!r}, path={str(out)!r}, batch_size=4,
-                           progress=False)
-    """)
-    writer = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        model = interp.load("vit_small_patch16_224", pretrained=False, weights=setup["weights"], depth=2)
+        interp.cache.write(model, folder, hooks=HOOKS, path=out, batch_size=4, progress=False)
+
     original, opens = integrity.open_read_only, []
 
     def open_then_let_the_writer_commit(path):
         opened = original(path)
         opens.append(opened[1])
         if len(opens) == 1:
-            writer.stdin.write("go\n")
-            writer.stdin.flush()
-            assert writer.stdout.readline().strip() == "9"
+            os.write(go_w, b"g")
+            assert os.read(ready_r, 8) == b"9\n"
         return opened
 
-    try:
-        assert writer.stdout.readline().strip() == "1"
-        monkeypatch.setattr(integrity, "open_read_only", open_then_let_the_writer_commit)
-        with _no_check():
-            with interp.cache.open(out) as cache:
-                assert opens[0] and len(cache) == len(cache.ids) == 36 and not cache.complete
-                assert cache["blocks.1.hook_resid_post"][:].shape[0] == 36
-                cache.verify()
-    finally:
-        writer.stdin.close()  # lets the writer finish
-        assert writer.wait(timeout=1800) == 0, writer.stderr.read()[-2000:]
+    with Forked(gated_writer, capture=True) as writer:
+        try:
+            assert os.read(ready_r, 8) == b"1\n"
+            monkeypatch.setattr(integrity, "open_read_only", open_then_let_the_writer_commit)
+            with _no_check():
+                with interp.cache.open(out) as cache:
+                    assert opens[0] and len(cache) == len(cache.ids) == 36 and not cache.complete
+                    assert cache["blocks.1.hook_resid_post"][:].shape[0] == 36
+                    cache.verify()
+        finally:
+            os.close(go_w)  # lets the writer finish
+        _, err = writer.communicate()
+        assert writer.returncode == 0, err[-2000:]
+    for fd in (ready_r, ready_w, go_r):
+        os.close(fd)
     with interp.cache.open(out) as cache:
         assert cache.complete and len(cache) == 3 * N_IMAGES
         cache.verify()
