@@ -4,8 +4,6 @@ from __future__ import annotations
 import math
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +13,9 @@ import pytest
 import torch
 
 import interp.cache
-from conftest import REPO, make_model
+from conftest import make_model
+from forked import Forked
+from forked import cli as forked_cli
 from interp.errors import CacheError
 from test_cache import write_images
 
@@ -49,7 +49,7 @@ def assert_same_cache(a: Path, b: Path) -> None:
             assert fa.attrs[key] == fb.attrs[key], key
 
 
-@pytest.mark.slow  # ~70 s on 2 shared cores: three CLI start-ups and a 100-image run
+@pytest.mark.slow  # a 100-image run, killed twice
 def test_kill_at_random_moments_then_resume_gives_the_uninterrupted_file(tmp_path):
     model = make_model("vit")
     weights = tmp_path / "w.pth"
@@ -60,17 +60,16 @@ def test_kill_at_random_moments_then_resume_gives_the_uninterrupted_file(tmp_pat
         interp.cache.write(model, folder, hooks=HOOKS, path=reference, batch_size=1, progress=False)
 
     out = tmp_path / "out.h5"
-    cmd = [sys.executable, "-m", "interp", "cache", "vit_small_patch16_224", "--weights", str(weights),
-           "--depth", "2", "--images", str(folder), "--hooks", *HOOKS, "--out", str(out), "--batch-size", "1",
-           "--no-progress"]
+    cmd = ["cache", "vit_small_patch16_224", "--weights", weights, "--depth", "2", "--images", folder, "--hooks",
+           *HOOKS, "--out", out, "--batch-size", "1", "--no-progress"]
     rng = random.Random(1234)
     seen = []
     for attempt in range(3):
         before = committed_rows(out)
-        proc = subprocess.Popen(cmd + (["--resume"] if attempt else []), cwd=REPO, stderr=subprocess.DEVNULL)
+        proc = Forked(forked_cli, *cmd, *(["--resume"] if attempt else []))
         started = time.monotonic()
-        # Attempt 1 dies at a random moment from its start (start-up, crash recovery, the first writes);
-        # attempts 0 and 2 die at a random moment after they have committed new rows.
+        # Attempt 1 dies at a random moment from its start (crash recovery, the first writes); attempts 0 and 2
+        # die at a random moment after they have committed new rows.
         deadline = started + (rng.uniform(0.5, 4.0) if attempt == 1 else math.inf)
         while committed_rows(out) <= max(before, 0) and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.01)

@@ -4,25 +4,23 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 import interp
-from conftest import REPO, make_model
+from conftest import make_model
+from forked import Forked
+from forked import cli as forked_cli
 from interp.cli import main
 from interp.errors import InterpError
 from interp.interventions import SAEFeatureAblation
 from interp.sae import files as sae_files
-from sae_helpers import HOOK, TRAIN, needs_overcomplete, planted_cache, planted_model, planted_sae, train_planted
+from sae_helpers import HOOK, needs_overcomplete, planted_cache, planted_sae, train_planted
 
 pytestmark = needs_overcomplete
 STEPS, EVERY = 48, 3
@@ -49,14 +47,10 @@ def _train_cli(out, *extra):
             *ARGS, *extra]
 
 
-@pytest.mark.slow  # a fresh process (torch import, model) on 2 shared cores
 def test_kill_9_at_a_random_step_then_resume_ends_equal(tmp_path, uninterrupted, one_thread, capsys):
     out = tmp_path / "run"
     target = random.randrange(EVERY, STEPS // 2, EVERY)  # kill once this step is checkpointed
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "INTERP_NO_PROGRESS": "1"}
-    child = subprocess.Popen([sys.executable, "-m", "interp", *_train_cli(out)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
+    with Forked(forked_cli, *_train_cli(out), "--no-progress", capture=True) as child:
         deadline, seen = time.monotonic() + 240, None  # a safety net, never a timing assertion
         while child.poll() is None and time.monotonic() < deadline:
             path = out / "checkpoint.pt"
@@ -66,9 +60,8 @@ def test_kill_9_at_a_random_step_then_resume_ends_equal(tmp_path, uninterrupted,
             seen = stamp
             time.sleep(0.01)
         child.send_signal(signal.SIGKILL)
-    finally:
-        child.wait()
-    assert child.returncode == -signal.SIGKILL, child.stderr.read()[-1000:]
+        _, err = child.communicate()
+    assert child.returncode == -signal.SIGKILL, err[-1000:]
     state = torch.load(out / "checkpoint.pt", weights_only=False)  # whole: written through a rename
     assert target <= state["step"] < STEPS and state["step"] % EVERY == 0
     assert main(_train_cli(out, "--resume")) == 0, capsys.readouterr().err
