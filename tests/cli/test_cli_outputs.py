@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 from conftest import sigint_as_default
+from forked import Forked
 
 from interp.cli import main
 from interp.commands import output
 from interp.commands.output import STAGING_PREFIX, atomic_output_dir
 from interp.errors import OutputError
 from interp.models import sample_image_paths
+from interp.studies import declaration
+from interp.studies.artifacts.configs import NormsConfig
 
 IMAGE = str(sample_image_paths()[0])
 
@@ -249,20 +252,28 @@ def test_ctrl_c_during_a_study_exits_130_and_leaves_the_old_result(tmp_path):
     out = tmp_path / "o"
     out.mkdir()
     (out / "norms.json").write_text('{"old": true}')
-    script = tmp_path / "run.py"  # the study's work, made long enough to be interrupted in the middle of it
-    script.write_text("import sys, time\n"
-                      "import interp.studies.artifacts.norms\n"
-                      "from interp.studies import declaration\n"
-                      "from interp.studies.artifacts.configs import NormsConfig\n"
-                      "def working(*a, **k):\n"
-                      "    print('working', file=sys.stderr, flush=True)\n"
-                      f"    {WAIT_FOREVER}"
-                      "declaration._FUNCTIONS[NormsConfig] = working  # the function the runner calls\n"
-                      "from interp.cli import main\n"
-                      "sys.exit(main())\n")
-    run = _interrupt([str(script), "study", "norms", "planted_vit", "--images", IMAGE, "--out", str(out),
-                      "--overwrite"], "working", tmp_path)
-    assert run.returncode == 130 and "interp: interrupted" in run.stderr and "Traceback" not in run.stderr
+
+    def working(*args, **kwargs):  # the study's work, made long enough to be interrupted in the middle of it
+        print("working", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(0.05)
+
+    def study_with_a_long_function():
+        declaration.study_function(NormsConfig)  # imports the study's module, which binds its function
+        declaration._FUNCTIONS[NormsConfig] = working  # the function the runner calls (in the child only)
+        return main(["study", "norms", "planted_vit", "--images", IMAGE, "--out", str(out), "--overwrite"])
+
+    with Forked(study_with_a_long_function, capture=True) as child:
+        seen = ""
+        while "working" not in seen:
+            line = child.stderr.readline()  # blocks until the child writes a line, or "" when it has ended
+            if not line:
+                break
+            seen += line
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate()
+    err = seen + err
+    assert child.returncode == 130 and "interp: interrupted" in err and "Traceback" not in err, err
     assert (out / "norms.json").read_text() == '{"old": true}' and _no_leftovers(out)
 
 

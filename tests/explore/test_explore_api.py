@@ -4,18 +4,15 @@ Python entry point and the command line."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, sigint_as_default
+from forked import Forked
+from forked import cli as forked_cli
 
 pytest.importorskip("starlette", reason="the explore extra (pip install -e '.[explore]') is not installed")
 pytest.importorskip("uvicorn", reason="the explore extra (pip install -e '.[explore]') is not installed")
@@ -239,11 +236,7 @@ def test_python_entry_point_serves_and_stops(one_thread):
 
 
 def test_cli_prints_a_token_url_and_serves(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "interp", "explore", "--no-open", "--no-progress",
-                             "--neurons", "2:17,2:101"], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env, preexec_fn=sigint_as_default)
-    try:
+    with Forked(forked_cli, "explore", "--no-open", "--no-progress", "--neurons", "2:17,2:101", capture=True) as proc:
         url = None
         while url is None:
             line = proc.stderr.readline()  # blocks until the server prints a line, "" once it has ended
@@ -259,9 +252,8 @@ def test_cli_prints_a_token_url_and_serves(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(url.split("?")[0] + "api/info", timeout=600)
         assert e.value.code == 401
-    finally:
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=600)  # a safety net against a hung child only
+        _, err = proc.communicate()
     assert proc.returncode == 0 and "stopped" in err, err
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +13,6 @@ import torch
 import interp
 import interp.cache
 from interp.models import planted_truth, sample_image_paths
-from interp.models.layout import TokenLayout
 from interp.studies import CacheSource, open_source
 from interp.studies.artifacts.ablate import ablate_study
 from interp.studies.artifacts.neurons import neurons_study
@@ -24,7 +21,8 @@ from interp.studies.artifacts.registers import registers_study
 from interp.studies.core.stats import iou
 from interp.studies.artifacts.relocate import relocate_study
 
-from conftest import TESTS, images, make_model
+from conftest import images, make_model
+from memory_helpers import LazyReader, measured_in_a_child, peak_growth
 
 
 def constructed_images() -> torch.Tensor:
@@ -187,75 +185,20 @@ def test_live_and_cached_runs_give_the_same_results(planted, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- memory
-class LazyHookView:
-    """One hook of :class:`LazyReader`: rows made on demand from a per-row seed (nothing is stored)."""
-
-    def __init__(self, reader: "LazyReader", layer: int):
-        self.reader, self.layer = reader, layer
-
-    def __len__(self) -> int:
-        return len(self.reader.ids)
-
-    def __getitem__(self, key: slice) -> np.ndarray:
-        start, stop, _ = key.indices(len(self))
-        r = self.reader
-        out = np.random.default_rng([start, self.layer]).standard_normal(
-            (stop - start, r.layout.n_tokens, r.d_model), dtype=np.float32)
-        if self.layer == r.n_layers - 1:
-            out[:, r.layout.n_prefix:r.layout.n_prefix + r.n_outliers] *= 20  # a few high-norm patches per image
-        return out
-
-
-class LazyReader:
-    """The part of ``interp.cache.Reader`` that ``CacheSource`` uses, over ``n_images`` synthetic images of
-    full [t, d] residual activations generated per slice: what a 1000-image cache looks like to a study."""
-
-    def __init__(self, n_images: int, n_layers: int = 2, d_model: int = 64, n_outliers: int = 3):
-        self.layout = TokenLayout(n_prefix=1, n_registers=0, cls_index=0, grid=(14, 14))
-        self.n_layers, self.d_model, self.n_outliers = n_layers, d_model, n_outliers
-        self.model_depth = n_layers
-        self.ids = [f"image_{i}" for i in range(n_images)]
-        self.hooks = [f"blocks.{i}.hook_{s}" for i in range(n_layers) for s in ("resid_mid", "resid_post")]
-        self.meta = {"model_name": "lazy", "weights_fingerprint": "0" * 16, "norms_only": False}
-
-    def __getitem__(self, hook: str) -> LazyHookView:
-        return LazyHookView(self, int(hook.split(".")[1]))
-
-
-# Run in a fresh interpreter: the peak resident set size (VmHWM, reset through /proc/self/clear_refs) counts
-# torch's allocations too, which tracemalloc does not see.
-PEAK_RSS_SCRIPT = """
-import json, sys
-sys.path[:0] = sys.argv[1:]  # the helper test module, then tests/ (its conftest)
-from test_studies import LazyReader
-from interp.studies import CacheSource
-from interp.studies.artifacts.norms import norms_study
-
-def peak_growth(fn):
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak RSS to the current RSS
-    base = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:")][0]
-    out = fn()
-    peak = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
-    return (peak - base) * 1024, out
-
-reader = LazyReader(1000)
-norms_study(CacheSource(LazyReader(20)), progress=False)  # warm-up: lazy imports, allocator pools
-whole, _ = peak_growth(lambda: reader["blocks.0.hook_resid_post"][0:1000].sum())
-study, result = peak_growth(lambda: norms_study(CacheSource(reader), progress=False))
-print(json.dumps({"whole_hook": whole, "study": study, "artifacts_found": result.artifacts_found,
-                  "outlier_counts": result.outlier_counts}))
-"""
+def _norms_memory() -> dict:
+    reader = LazyReader(1000)
+    norms_study(CacheSource(LazyReader(20)), progress=False)  # warm-up: lazy imports, allocator pools
+    whole, _ = peak_growth(lambda: reader["blocks.0.hook_resid_post"][0:1000].sum())
+    study, result = peak_growth(lambda: norms_study(CacheSource(reader), progress=False))
+    return {"whole_hook": whole, "study": study, "artifacts_found": result.artifacts_found,
+            "outlier_counts": result.outlier_counts}
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
 def test_norms_study_memory_stays_bounded_over_a_1000_image_cache():
     reader = LazyReader(1000)
     one_hook_bytes = 1000 * reader.layout.n_tokens * reader.d_model * 4  # ~50 MB; the 4 hooks read: ~200 MB
-    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(TESTS / "studies" / "core"), str(TESTS)],
-                         capture_output=True, text=True, timeout=1800)  # a safety net only
-    assert run.returncode == 0, run.stderr[-3000:]
-    measured = json.loads(run.stdout.strip().splitlines()[-1])
+    measured = measured_in_a_child(_norms_memory)
     # The instrument sees a whole-dataset read of a single hook ...
     assert measured["whole_hook"] >= 0.9 * one_hook_bytes
     # ... and the study, which reads every hook of all 1000 images, stays far below it.

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TESTS, images, make_model
+from conftest import images, make_model
+from memory_helpers import LazyReader, measured_in_a_child, peak_growth
 
 from interp.errors import InterpError
 from interp.models.layout import TokenLayout
@@ -150,43 +149,24 @@ def test_a_group_with_few_held_out_tokens_is_not_scored_and_the_figure_draws_who
     assert any("too few held-out" in t.get_text().replace("\n", " ") for t in ax.texts)
 
 
-PEAK_RSS_SCRIPT = """
-import json, sys
-sys.path[:0] = sys.argv[1:]  # the helper test module, then tests/ (its conftest)
-from test_studies import LazyReader
-from interp.studies import CacheSource
-from interp.studies.probes.probes import probes_study
-import torch
-torch.set_num_threads(1)
-
-def peak_growth(fn):
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:")][0]
-    out = fn()
-    peak = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
-    return (peak - base) * 1024, out
-
-kw = dict(tasks=("position",), max_train_tokens=8000, max_test_tokens=4000, progress=False,
-          probe_options={"epochs": 1, "min_steps": 10, "batch_size": 1024})
-probes_study(CacheSource(LazyReader(20)), **kw)  # warm-up
-reader = LazyReader(1000)
-whole, _ = peak_growth(lambda: reader["blocks.1.hook_resid_post"][0:1000].sum())
-quarter, _ = peak_growth(lambda: probes_study(CacheSource(LazyReader(250)), **kw))
-study, result = peak_growth(lambda: probes_study(CacheSource(reader), **kw))
-print(json.dumps({"whole_hook": whole, "study": study, "quarter": quarter, "n_train_tokens": result.n_train_tokens,
-                  "high": result.position["high_norm"].n}))
-"""
+def _probes_memory() -> dict:
+    torch.set_num_threads(1)
+    kw = dict(tasks=("position",), max_train_tokens=8000, max_test_tokens=4000, progress=False,
+              probe_options={"epochs": 1, "min_steps": 10, "batch_size": 1024})
+    probes_study(CacheSource(LazyReader(20)), **kw)  # warm-up
+    reader = LazyReader(1000)
+    whole, _ = peak_growth(lambda: reader["blocks.1.hook_resid_post"][0:1000].sum())
+    quarter, _ = peak_growth(lambda: probes_study(CacheSource(LazyReader(250)), **kw))
+    study, result = peak_growth(lambda: probes_study(CacheSource(reader), **kw))
+    return {"whole_hook": whole, "study": study, "quarter": quarter, "n_train_tokens": result.n_train_tokens,
+            "high": result.position["high_norm"].n}
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
 @pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
 def test_memory_stays_bounded_over_a_1000_image_cache():
     one_hook_bytes = 1000 * 197 * 64 * 4                                 # LazyReader: 197 tokens x 64 dims
-    run = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(TESTS / "studies" / "core"), str(TESTS)],
-                         capture_output=True, text=True, timeout=1800)  # a safety net only
-    assert run.returncode == 0, run.stderr[-3000:]
-    measured = json.loads(run.stdout.strip().splitlines()[-1])
+    measured = measured_in_a_child(_probes_memory)
     assert measured["whole_hook"] >= 0.9 * one_hook_bytes
     assert measured["n_train_tokens"] <= 8000 + 750 and measured["high"] == 250 * 3   # 3 outliers per image
     # Far below one hook's size, and no larger with 4x the images (token caps, streaming).
