@@ -117,7 +117,10 @@ BAD_INPUTS = [
 
 RUNNER = r"""
 import contextlib, io, json, os, sys
-import interp.cli  # parsers and checks: loaded once, then each case runs in a forked child (a clean sys.modules)
+import PIL.Image, interp.cli
+# The parser, the study declarations and the image checks are loaded once (all torch-free), then each case runs
+# in a forked child: what a case imports is gone with it.
+interp.cli.build_parser()
 cases = json.loads(sys.argv[1])
 found = {}
 for name, argv in cases:
