@@ -189,7 +189,7 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
                     torch.distributed.barrier()
     finally:
         bar.close()
-    result = _finish(module, cfg, data, curve, last_fired, out, rank)
+    result = _finish(module, cfg, data, curve, last_fired, out, rank, n_ranks)
     if n_ranks > 1:
         torch.distributed.barrier()
     return result
@@ -213,8 +213,10 @@ def _read_checkpoint(path: Path, cfg: TrainSettings) -> Dict[str, Any]:
     return state
 
 
-def _finish(module, cfg: TrainSettings, data: RunData, curve, last_fired, out: Path, rank: int) -> Dict[str, Any]:
-    """Held-out metrics, feature means, and (rank 0) the SAE files and the curve figure."""
+def _finish(module, cfg: TrainSettings, data: RunData, curve, last_fired, out: Path, rank: int,
+            n_ranks: int) -> Dict[str, Any]:
+    """Held-out metrics, feature means, and (rank 0) the SAE files and the curve figure (``n_ranks``: the
+    processes that trained it, recorded)."""
     from . import curve as curve_figure
 
     tensors = {k: v.cpu() for k, v in sae_modules.encoder_tensors(module, cfg.arch).items()}
@@ -228,7 +230,7 @@ def _finish(module, cfg: TrainSettings, data: RunData, curve, last_fired, out: P
         "arch": cfg.arch, "k": cfg.k if cfg.arch in ("topk", "batchtopk", "archetypal") else None,
         "n_features": codes.n_features, "d": codes.d, "hook": data.hook, "model": data.model,
         "tokens": cfg.tokens, "high_norm": cfg.high_norm, "detection": describe_detection(data.detection),
-        "normalisation": data.norm.to_dict(), "data": data.signature, "training": asdict(cfg),
+        "normalisation": data.norm.to_dict(), "data": data.signature, "training": asdict(cfg), "processes": n_ranks,
         "metrics": {
             "final": {key: float(np.mean(curve[key][-window:])) for key in CURVE_KEYS[1:]} if curve["step"] else {},
             "dead_fraction_window_steps": cfg.dead_window,

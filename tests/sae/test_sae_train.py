@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import socket
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,11 +15,12 @@ from interp.cli import main
 from interp.errors import InterpError
 from interp.interventions.sae_features import ARCHS, SparseCodes
 from interp.sae import modules as sae_modules
-from interp.sae.data import PATCH, TokenStream, token_mask
+from interp.sae.data import TokenStream, token_mask
 from interp.sae.setup import prepare_data
 from interp.sae.train import TrainSettings
 from sae_helpers import HOOK, TRAIN, needs_overcomplete, planted_cache, planted_images, planted_model, train_planted
-from conftest import REPO
+from forked import Forked
+from forked import cli as forked_cli
 
 pytestmark = needs_overcomplete
 
@@ -128,21 +128,34 @@ def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
     assert rc == 1 and err.count("\n") == 1 and "pip install 'interp[sae]'" in err
 
 
-@pytest.mark.slow  # two fresh processes (torch import, model) on 2 shared cores
-def test_torchrun_two_processes_equal_one(tmp_path):
-    """DDP on 2 CPU processes (gloo), each reading its own data shards, ends with the one-process weights."""
+def test_two_ddp_ranks_equal_one_process(tmp_path):
+    """DDP on 2 CPU processes (gloo), each reading its own data shards, ends with the one-process weights. The
+    ranks are forked with the environment torchrun gives its workers (the launcher itself is run by the
+    cache's sharded test)."""
     settings = dict(TRAIN, steps=6)
     one = tmp_path / "one"
     train_planted(one, **settings)
     two = tmp_path / "two"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "INTERP_NO_PROGRESS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "interp",
-           "sae", "train", "planted_vit", "--cache", str(planted_cache()), "--hook", HOOK, "--out", str(two),
-           "--steps", "6", "--batch-size", "256", "--expansion", "2", "--k", "2", "--lr", "3e-3",
-           "--window-images", "16", "--data-shards", "2", "--holdout", "0.125", "--dead-window", "100"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def as_rank(rank):
+        def environment():
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        return environment
+
+    argv = ["sae", "train", "planted_vit", "--cache", planted_cache(), "--hook", HOOK, "--out", two, "--steps", "6",
+            "--batch-size", "256", "--expansion", "2", "--k", "2", "--lr", "3e-3", "--window-images", "16",
+            "--data-shards", "2", "--holdout", "0.125", "--dead-window", "100", "--no-progress"]
+    ranks = [Forked(forked_cli, *argv, capture=True, before=as_rank(rank)) for rank in range(2)]
+    for rank in ranks:
+        with rank:
+            _, err = rank.communicate()
+            assert rank.returncode == 0, err[-2000:]
     a, b = interp.sae.load(one), interp.sae.load(two)
+    assert (a.config["processes"], b.config["processes"]) == (1, 2)
     for name in ("w_enc", "b_enc", "dictionary"):
         assert torch.allclose(a.tensors[name], b.tensors[name], atol=1e-5), name
     assert np.allclose(a.config["curve"]["loss"], b.config["curve"]["loss"], rtol=1e-4)
