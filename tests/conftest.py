@@ -17,6 +17,7 @@ import torch
 
 import interp
 from interp.cli import main
+from notebook_helpers import execute as execute_notebook
 
 TESTS = Path(__file__).resolve().parent  # the tests folder (its helpers: conftest, sae_helpers, reference)
 REPO = TESTS.parent  # the repository root
@@ -156,3 +157,10 @@ def default_report(tmp_path_factory):
     return SimpleNamespace(out=out, stdout=stdout.getvalue(), stderr=stderr.getvalue(), seconds=seconds, rc=rc,
                            page=(out / "index.html").read_text(encoding="utf-8"),
                            report=json.loads((out / "report.json").read_text()))
+
+
+@pytest.fixture(scope="session")
+def executed_notebook(tmp_path_factory):
+    """The example notebook and the explorer's notebook cells, executed once in one kernel."""
+    return execute_notebook(tmp_path_factory.mktemp("notebook"))
+

@@ -1,43 +1,24 @@
-"""examples/notebook.ipynb runs top to bottom in a fresh kernel and shows what it claims.
-
-The kernel is ipykernel's own ``python3`` spec (installed in the environment's share/jupyter/kernels by
-``pip install ipykernel``); jupyter_client runs it with this interpreter, so no kernel installation step.
-"""
+"""examples/notebook.ipynb runs top to bottom in a fresh kernel and shows what it claims (the kernel is shared
+with the explorer's notebook test: tests/notebook_helpers.py)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from conftest import REPO
-
-nbformat = pytest.importorskip("nbformat", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
-nbclient = pytest.importorskip("nbclient", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
-pytest.importorskip("ipykernel", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
-
-NOTEBOOK = REPO / "examples" / "notebook.ipynb"
 
 
-def _outputs(nb, output_type):
-    return [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs
-            if o.output_type == output_type]
+def _outputs(cells, output_type):
+    return [o for cell in cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == output_type]
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    nb = nbformat.read(str(NOTEBOOK), as_version=4)
-    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), \
-        "commit the notebook without outputs (Kernel > Restart & Clear Output)"
-    workdir = tmp_path_factory.mktemp("notebook")
-    client = nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3",  # per cell: a safety net only
-                                     resources={"metadata": {"path": str(workdir)}})
-    client.execute()  # raises CellExecutionError naming the cell on any exception
-    return nb
+def executed(executed_notebook):
+    return executed_notebook.example
 
 
 def test_notebook_runs_without_errors(executed):
     assert _outputs(executed, "error") == []
-    assert all(cell.execution_count for cell in executed.cells if cell.cell_type == "code")
+    assert all(cell.execution_count for cell in executed if cell.cell_type == "code")
 
 
 def test_notebook_shows_results_and_maps(executed):
