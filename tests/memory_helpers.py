@@ -1,15 +1,23 @@
 """Memory measurements of the studies: a lazily generated 1000-image cache, and the peak resident set size of a
 run (VmHWM, reset through ``/proc/self/clear_refs``: it counts torch's allocations too, which tracemalloc does
-not see), measured in a child forked from the test process."""
+not see), measured in a fresh interpreter."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Tuple
 
 import numpy as np
+import torch
 
-from forked import Forked
 from interp.models.layout import TokenLayout
+from interp.studies import CacheSource
+from interp.studies.artifacts.norms import norms_study
+from interp.studies.probes.probes import probes_study
+
+TESTS = Path(__file__).resolve().parent
 
 
 class LazyHookView:
@@ -61,13 +69,35 @@ def _status_kb(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
-def measured_in_a_child(fn) -> dict:
-    """``fn()`` (a dict) run in a child forked from the test process: memory measured there starts from one
-    process's state, and what the run allocates dies with it."""
-    def child():
-        print(json.dumps(fn()))
+def measured_in_a_fresh_process(name: str) -> dict:
+    """The dict this module's function ``name`` returns, run in a fresh interpreter: a process that ran other
+    work first holds free memory that would serve the measured allocations without growing the RSS (a forked
+    child inherits it too), so the measurement would depend on what ran before."""
+    code = f"import json, sys; sys.path[:0] = [{str(TESTS)!r}]; import memory_helpers; " \
+           f"print(json.dumps(memory_helpers.{name}()))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=1800)  # a safety net only
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
-    with Forked(child, capture=True) as run:
-        out, err = run.communicate()
-    assert run.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
+
+def norms_memory() -> dict:
+    reader = LazyReader(1000)
+    norms_study(CacheSource(LazyReader(20)), progress=False)  # warm-up: lazy imports, allocator pools
+    whole, _ = peak_growth(lambda: reader["blocks.0.hook_resid_post"][0:1000].sum())
+    study, result = peak_growth(lambda: norms_study(CacheSource(reader), progress=False))
+    return {"whole_hook": whole, "study": study, "artifacts_found": result.artifacts_found,
+            "outlier_counts": result.outlier_counts}
+
+
+def probes_memory() -> dict:
+    torch.set_num_threads(1)
+    kw = dict(tasks=("position",), max_train_tokens=8000, max_test_tokens=4000, progress=False,
+              probe_options={"epochs": 1, "min_steps": 10, "batch_size": 1024})
+    probes_study(CacheSource(LazyReader(20)), **kw)  # warm-up
+    reader = LazyReader(1000)
+    whole, _ = peak_growth(lambda: reader["blocks.1.hook_resid_post"][0:1000].sum())
+    quarter, _ = peak_growth(lambda: probes_study(CacheSource(LazyReader(250)), **kw))
+    study, result = peak_growth(lambda: probes_study(CacheSource(reader), **kw))
+    return {"whole_hook": whole, "study": study, "quarter": quarter, "n_train_tokens": result.n_train_tokens,
+            "high": result.position["high_norm"].n}

@@ -22,7 +22,7 @@ from interp.studies.core.stats import iou
 from interp.studies.artifacts.relocate import relocate_study
 
 from conftest import images, make_model
-from memory_helpers import LazyReader, measured_in_a_child, peak_growth
+from memory_helpers import LazyReader, measured_in_a_fresh_process
 
 
 def constructed_images() -> torch.Tensor:
@@ -185,25 +185,17 @@ def test_live_and_cached_runs_give_the_same_results(planted, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- memory
-def _norms_memory() -> dict:
-    reader = LazyReader(1000)
-    norms_study(CacheSource(LazyReader(20)), progress=False)  # warm-up: lazy imports, allocator pools
-    whole, _ = peak_growth(lambda: reader["blocks.0.hook_resid_post"][0:1000].sum())
-    study, result = peak_growth(lambda: norms_study(CacheSource(reader), progress=False))
-    return {"whole_hook": whole, "study": study, "artifacts_found": result.artifacts_found,
-            "outlier_counts": result.outlier_counts}
-
-
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
 def test_norms_study_memory_stays_bounded_over_a_1000_image_cache():
     reader = LazyReader(1000)
     one_hook_bytes = 1000 * reader.layout.n_tokens * reader.d_model * 4  # ~50 MB; the 4 hooks read: ~200 MB
-    measured = measured_in_a_child(_norms_memory)
+    measured = measured_in_a_fresh_process("norms_memory")
     # The instrument sees a whole-dataset read of a single hook ...
     assert measured["whole_hook"] >= 0.9 * one_hook_bytes
-    # ... and the study, which reads every hook of all 1000 images, stays far below it.
+    # ... and the study, which reads every hook of all 1000 images, stays below half of it: its results hold
+    # a few numbers per token and hook (~13 MB here, at d_model 64), while holding any one hook would take 50 MB.
     assert measured["artifacts_found"] and measured["outlier_counts"] == [reader.n_outliers] * 1000
-    assert measured["study"] < one_hook_bytes / 4, f"norms_study grew the peak RSS by {measured['study'] / 1e6:.1f} MB"
+    assert measured["study"] < one_hook_bytes / 2, f"norms_study grew the peak RSS by {measured['study'] / 1e6:.1f} MB"
 
 
 # ----------------------------------------------------------------------------------------- one detection

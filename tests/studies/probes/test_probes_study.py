@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import images, make_model
-from memory_helpers import LazyReader, measured_in_a_child, peak_growth
+from memory_helpers import measured_in_a_fresh_process
 
 from interp.errors import InterpError
 from interp.models.layout import TokenLayout
@@ -149,24 +149,11 @@ def test_a_group_with_few_held_out_tokens_is_not_scored_and_the_figure_draws_who
     assert any("too few held-out" in t.get_text().replace("\n", " ") for t in ax.texts)
 
 
-def _probes_memory() -> dict:
-    torch.set_num_threads(1)
-    kw = dict(tasks=("position",), max_train_tokens=8000, max_test_tokens=4000, progress=False,
-              probe_options={"epochs": 1, "min_steps": 10, "batch_size": 1024})
-    probes_study(CacheSource(LazyReader(20)), **kw)  # warm-up
-    reader = LazyReader(1000)
-    whole, _ = peak_growth(lambda: reader["blocks.1.hook_resid_post"][0:1000].sum())
-    quarter, _ = peak_growth(lambda: probes_study(CacheSource(LazyReader(250)), **kw))
-    study, result = peak_growth(lambda: probes_study(CacheSource(reader), **kw))
-    return {"whole_hook": whole, "study": study, "quarter": quarter, "n_train_tokens": result.n_train_tokens,
-            "high": result.position["high_norm"].n}
-
-
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
 @pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
 def test_memory_stays_bounded_over_a_1000_image_cache():
     one_hook_bytes = 1000 * 197 * 64 * 4                                 # LazyReader: 197 tokens x 64 dims
-    measured = measured_in_a_child(_probes_memory)
+    measured = measured_in_a_fresh_process("probes_memory")
     assert measured["whole_hook"] >= 0.9 * one_hook_bytes
     assert measured["n_train_tokens"] <= 8000 + 750 and measured["high"] == 250 * 3   # 3 outliers per image
     # Far below one hook's size, and no larger with 4x the images (token caps, streaming).
