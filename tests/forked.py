@@ -2,9 +2,9 @@
 
 A fresh ``python -m interp ...`` pays the interpreter start-up and the imports of torch, timm and interp (about
 8 s on 2 cores) before doing anything; a forked child starts with them imported. What these tests check is the
-process boundary (a ``kill -9``, a Ctrl-C, a file-size limit, memory growth, another process holding a lock or
-writing a file), which a fork gives as well. Tests that check what a *fresh* interpreter imports
-(``'torch' in sys.modules``) keep using ``subprocess``.
+process boundary (a ``kill -9``, a Ctrl-C, a file-size limit, another process holding a lock or writing a file,
+DDP ranks), which a fork gives as well. Tests that check what a *fresh* interpreter imports (``'torch' in
+sys.modules``) or how much memory a run takes (a child inherits the parent's heap) keep using ``subprocess``.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -40,7 +41,12 @@ class Forked:
         sys.stdout.flush()
         sys.stderr.flush()
         pipes = (os.pipe(), os.pipe()) if capture else ()
-        self.pid = os.fork()
+        with warnings.catch_warnings():
+            # Python >= 3.12 warns on a fork while other threads exist (torch's pool): the child runs only
+            # this thread's work, with one torch thread.
+            warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks",
+                                    category=DeprecationWarning)
+            self.pid = os.fork()
         if self.pid == 0:
             self._child(fn, args, pipes, before)
         self.returncode: Optional[int] = None
@@ -115,8 +121,8 @@ class Forked:
         def read(i, stream):
             texts[i] = stream.read()
 
-        readers = [threading.Thread(target=read, args=(i, stream)) for i, stream in enumerate((self.stdout, self.stderr))
-                   if stream is not None]
+        readers = [threading.Thread(target=read, args=(i, stream))
+                   for i, stream in enumerate((self.stdout, self.stderr)) if stream is not None]
         for reader in readers:
             reader.start()
         for reader in readers:
@@ -131,7 +137,7 @@ class Forked:
         """A child still running when the test ends (it failed) is killed, never left behind."""
         if self.poll() is None:
             self.kill()
-            os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         for stream in (self.stdout, self.stderr):
             if stream is not None:
                 stream.close()
