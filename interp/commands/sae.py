@@ -12,7 +12,6 @@ from ..values import (SAE_ARCHS, existing_file, existing_path, nonnegative_float
                       threshold_arg)
 
 
-
 def register(sub) -> None:
     p = sub.add_parser("sae", help="train sparse autoencoders on a hook's activations",
                        description="Sparse autoencoders (overcomplete's modules; pip install 'interp[sae]').")

@@ -22,33 +22,18 @@ import random
 import numpy as np
 import torch
 
-from ..cache.reader import open as open_cache
 from ..errors import InterpError
 from ..interventions.neuron_sets import neuron_set
 from .._progress import tqdm
+from ..runtime.open import open_source
 from ..runtime.source import n_batches, token_norms
 from ..studies.core.thresholds import detect_norms
-from .data import CLS, PATCH, REGISTER, CacheRows, LiveRows, token_kinds
-from .setup import CHUNK, describe_detection
+from .data import CLS, PATCH, REGISTER, token_kinds
+from .setup import describe_detection
 
 MIN_HIGH_RATE = 0.5
 MAX_NORMAL_RATIO = 0.1
 KINDS = ("normal_patch", "high_norm", "cls", "register")
-
-
-def _rows(sae, model, cache, images, image_batch: int):
-    if (cache is None) == (images is None):
-        raise InterpError("give the activations: cache=FILE.h5 (--cache) or images=DIR (--images), not both")
-    if cache is not None:
-        reader = open_cache(cache, model=model)
-        trained = sae.config["model"].get("weights_fingerprint")
-        if reader.meta.get("weights_fingerprint") != trained:
-            raise InterpError(f"{str(cache)!r} was written by other weights ({reader.meta.get('weights_fingerprint')}) "
-                              f"than the SAE was trained on ({trained}); use a cache of the SAE's model")
-        return CacheRows(reader, sae.hook)
-    if model is None:
-        raise InterpError("running images live needs the model")
-    return LiveRows(model, images, sae.hook, image_batch)
 
 
 def write_directions(model, neurons) -> Dict[str, torch.Tensor]:
@@ -190,6 +175,7 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
         threshold: the detection threshold (``"auto"``, ``"pNN"`` or a norm) on the hook's patch-token norms.
         neurons: register neurons whose write directions (``fc2`` columns) to compare with: ``{layer: [n, ...]}``,
             ``"2:17,2:101"``, a neurons.json path or a neurons study result.
+        image_batch: images per forward of a live run.
 
     Returns:
         ``{"artifacts_found", "threshold", "reason", "hook", "n_images", "n_tokens": {kind: int},
@@ -197,14 +183,11 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
         "direction" (unit, hook units), "rates", "cos_register_neurons": {"L:n": cos, "max": cos},
         "cos_mean_high_norm"}], "rule", "message"}``.
     """
-    if model is not None:
-        sae.check_model(model)
-    rows = _rows(sae, model, cache, images, image_batch)
-    sae.check_hook(sae.hook, rows.d)
-    kinds = rows.kinds()
-    detection = detect_norms(rows.patch_norms(CHUNK), threshold) if (kinds == PATCH).any() else None
-    chunks = ((s, rows.read(np.arange(s, min(s + CHUNK, rows.n_images)))) for s in range(0, rows.n_images, CHUNK))
-    return feature_report(sae, chunks, kinds, detection, writes=write_directions(model, neurons))
+    source = open_source(model=model, images=images, cache=cache, batch_size=image_batch)
+    sae.check_source(source)
+    report = source_feature_report(sae, source, threshold=threshold, writes=write_directions(model, neurons))
+    del report["threshold_object"]
+    return report
 
 
 @torch.no_grad()

@@ -76,6 +76,17 @@ class SAE:
                               f"{mine.get('weights_fingerprint')}); this model has {'other weights' if same else 'another architecture'} "
                               f"({fp}): load the model it was trained on, or train one for this model")
 
+    def check_source(self, source) -> None:
+        """Refuse (one line) activations of another model: an activation source's model when it has one, else
+        the weights fingerprint its cache records."""
+        model = source.weights_model
+        if model is not None:
+            self.check_model(model)
+        elif self.config["model"].get("weights_fingerprint") != source.fingerprint:
+            raise InterpError(f"the SAE {self._where()} was trained on weights "
+                              f"{self.config['model'].get('weights_fingerprint')}; these activations come from "
+                              f"{source.fingerprint}: use the model (or a cache of the model) it was trained on")
+
     def check_hook(self, hook: str, d: Optional[int] = None) -> None:
         """Refuse (one line) another hook, or activations of another width ``d``."""
         if hook != self.hook:

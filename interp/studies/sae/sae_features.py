@@ -20,7 +20,7 @@ from ...interventions.base import check_neurons
 from ...interventions.neuron_sets import check_ranked_on, neuron_set
 from ...runtime.source import ActivationSource
 from ...sae.features import source_feature_report, write_directions
-from ...sae.model import SAE, load
+from ...sae.model import load
 from ..core.options import block_index
 from ..core.presets import resolve_preset
 from ..core.result import OutlierStudyResult, skipped_records
@@ -88,17 +88,6 @@ class SaeFeaturesResult(OutlierStudyResult):
         return source.display_images(n) if source.is_live and n else None
 
 
-def _check_sae(sae: SAE, source: ActivationSource) -> None:
-    """Refuse (one line) an SAE of another model, or one whose hook the source cannot give."""
-    model = source.weights_model
-    if model is not None:
-        sae.check_model(model)
-    elif sae.config["model"].get("weights_fingerprint") != source.fingerprint:
-        raise InterpError(f"the SAE in {str(sae.path)!r} was trained on weights "
-                          f"{sae.config['model'].get('weights_fingerprint')}; these activations come from "
-                          f"{source.fingerprint}: use the model (or a cache of the model) it was trained on")
-
-
 def _detection_threshold(config: SaeFeaturesConfig, layer: Optional[int], n_layers: int):
     """The threshold asked for; a --detect-layer (or a preset's) other than the SAE's block is refused."""
     opts = resolve_preset(config.preset, threshold=config.threshold, detect_layer=config.detect_layer)
@@ -141,7 +130,7 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
         another model or out of range.
     """
     sae = load(config.sae)
-    _check_sae(sae, source)
+    sae.check_source(source)
     hook, layer = sae.hook, block_of(sae.hook)
     threshold, preset = _detection_threshold(config, layer, source.n_layers)
     writes, neurons = _writes(config, source)
