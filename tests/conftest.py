@@ -17,7 +17,9 @@ import torch
 
 import interp
 from interp.cli import main
-from notebook_helpers import execute as execute_notebook
+
+import early
+import notebook_helpers
 
 TESTS = Path(__file__).resolve().parent  # the tests folder (its helpers: conftest, sae_helpers, reference)
 REPO = TESTS.parent  # the repository root
@@ -160,7 +162,18 @@ def default_report(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def executed_notebook(tmp_path_factory):
-    """The example notebook and the explorer's notebook cells, executed once in one kernel."""
-    return execute_notebook(tmp_path_factory.mktemp("notebook"))
+def executed_notebook():
+    """The example notebook and the explorer's notebook cells, executed once in one kernel (an early launch:
+    tests that use it are marked ``early("notebook")``)."""
+    return notebook_helpers.executed(early.result("notebook"))
+
+
+def pytest_collection_finish(session):
+    """Start the early launches (tests/early.py) of the tests about to run."""
+    if not session.config.option.collectonly:
+        early.start_for(session.items)
+
+
+def pytest_sessionfinish(session):
+    early.stop_all()
 

@@ -4,20 +4,21 @@ not see), measured in a fresh interpreter."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import torch
 
+import early
 from interp.models.layout import TokenLayout
 from interp.studies import CacheSource
 from interp.studies.artifacts.norms import norms_study
 from interp.studies.probes.probes import probes_study
 
 TESTS = Path(__file__).resolve().parent
+CLEAR_REFS = Path("/proc/self/clear_refs")  # Linux: resets the peak RSS
 
 
 class LazyHookView:
@@ -57,7 +58,7 @@ class LazyReader:
 
 def peak_growth(fn) -> Tuple[int, Any]:
     """(bytes the peak RSS grew by while ``fn()`` ran, its result); Linux only (``/proc/self/clear_refs``)."""
-    with open("/proc/self/clear_refs", "w") as f:
+    with open(CLEAR_REFS, "w") as f:
         f.write("5")  # reset the peak RSS to the current RSS
     base = _status_kb("VmRSS:")
     out = fn()
@@ -70,15 +71,31 @@ def _status_kb(field: str) -> int:
 
 
 def measured_in_a_fresh_process(name: str) -> dict:
-    """The dict this module's function ``name`` returns, run in a fresh interpreter: a process that ran other
-    work first holds free memory that would serve the measured allocations without growing the RSS (a forked
-    child inherits it too), so the measurement would depend on what ran before."""
-    code = f"import json, sys; sys.path[:0] = [{str(TESTS)!r}]; import memory_helpers; " \
-           f"print(json.dumps(memory_helpers.{name}()))"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=1800)  # a safety net only
+    """The dict this module's function ``name`` returns, run in a fresh interpreter (an early launch: the test
+    is marked ``early(name)``). A process that ran other work first holds free memory that would serve the
+    measured allocations without growing the RSS (a forked child inherits it too), so the measurement would
+    depend on what ran before."""
+    run = early.result(name)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _fresh_process(name: str) -> Optional[early.Launch]:
+    if not CLEAR_REFS.exists():
+        return None  # the test skips: no way to reset the peak RSS
+    code = f"import json, sys; sys.path[:0] = [{str(TESTS)!r}]; import memory_helpers; " \
+           f"print(json.dumps(memory_helpers.{name}()))"
+    return early.Launch([sys.executable, "-c", code])
+
+
+@early.launcher("norms_memory")
+def launch_norms_memory(workdir: Path) -> Optional[early.Launch]:
+    return _fresh_process("norms_memory")
+
+
+@early.launcher("probes_memory")
+def launch_probes_memory(workdir: Path) -> Optional[early.Launch]:
+    return _fresh_process("probes_memory")
 
 
 def norms_memory() -> dict:

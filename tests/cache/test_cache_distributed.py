@@ -1,9 +1,6 @@
 """interp cache under torchrun: 2 gloo processes on CPU, shards + a virtual top file in image order."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import early
 import interp.cache
 from conftest import REPO, make_model
 from interp.cache.distributed import block_bounds, shard_path
@@ -30,30 +28,29 @@ def test_block_bounds_are_contiguous_and_cover_everything():
             assert max(b - a for a, b in bounds) - min(b - a for a, b in bounds) <= 1
 
 
+@early.launcher("torchrun shards")
+def launch_torchrun(workdir: Path) -> early.Launch:
+    """torchrun, 2 CPU processes: the test ViT's weights cache 9 images (one unreadable) into 2 shards."""
+    with torch.random.fork_rng():  # it runs before the first test: the tests' global RNG stays as it was
+        torch.save(make_model("vit").timm_model.state_dict(), workdir / "w.pth")
+    folder = write_images(workdir / "imgs", 9, corrupt_at=(2,), size=(24, 24))
+    return early.Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                         "-m", "interp", "cache", "vit_small_patch16_224", "--weights", str(workdir / "w.pth"),
+                         "--depth", "2", "--images", str(folder), "--hooks", *HOOKS,
+                         "--out", str(workdir / "sharded" / "acts.h5"), "--batch-size", "2", "--no-progress"],
+                        env={"OMP_NUM_THREADS": "1"}, cwd=REPO)
+
+
+@pytest.mark.early("torchrun shards")
 def test_torchrun_two_processes_write_shards_and_a_virtual_file(tmp_path):
+    run = early.result("torchrun shards")
+    assert run.returncode == 0, run.stderr[-3000:]
     model = make_model("vit")
-    weights = tmp_path / "w.pth"
-    torch.save(model.timm_model.state_dict(), weights)
-    folder = write_images(tmp_path / "imgs", 9, corrupt_at=(2,), size=(24, 24))
     reference = tmp_path / "reference.h5"
     with pytest.warns(UserWarning, match="img002"):
-        interp.cache.write(model, folder, hooks=HOOKS, path=reference, batch_size=2, progress=False)
+        interp.cache.write(model, run.workdir / "imgs", hooks=HOOKS, path=reference, batch_size=2, progress=False)
 
-    out = tmp_path / "sharded" / "acts.h5"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "interp", "cache", "vit_small_patch16_224", "--weights", str(weights), "--depth", "2",
-           "--images", str(folder), "--hooks", *HOOKS, "--out", str(out), "--batch-size", "2", "--no-progress"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=1800)  # a safety net against a hung run only
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both workers
-        _, stderr = proc.communicate()
-        pytest.fail(f"torchrun hung (no end in 1800 s): {stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-3000:]
-
+    out = run.workdir / "sharded" / "acts.h5"
     shards = [shard_path(out, r, 2) for r in range(2)]
     assert all(s.is_file() for s in shards)
     with h5py.File(shards[0], "r") as h5:  # rank 0 got images 0-3 (one unreadable), rank 1 images 4-8
@@ -65,7 +62,7 @@ def test_torchrun_two_processes_write_shards_and_a_virtual_file(tmp_path):
     assert_same_cache(reference, out)
 
     # The virtual file finds its shards relative to itself: move the folder and read from elsewhere.
-    moved = tmp_path / "moved"
+    moved = run.workdir / "moved"
     out.parent.rename(moved)
     with interp.cache.open(moved / "acts.h5", model=model) as cache, interp.cache.open(reference) as ref:
         assert cache.complete and cache.ids == ref.ids and cache.index.tolist() == [0, 1, 3, 4, 5, 6, 7, 8]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import early
 from interp.cli import build_parser, main
 from interp.models import sample_image_paths
 
@@ -141,9 +142,9 @@ print(json.dumps(found))
 """
 
 
-@pytest.fixture(scope="module")
-def findings(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("bad_inputs")
+@early.launcher("bad inputs")
+def launch_bad_inputs(tmp: Path) -> early.Launch:
+    """Every case of BAD_INPUTS in one fresh interpreter (RUNNER), with the files they name made in ``tmp``."""
     (tmp / "existing.h5").write_bytes(b"not a cache, but in the way")
     (tmp / "folder").mkdir()
     (tmp / "folder" / "notes.txt").write_text("mine")
@@ -157,16 +158,22 @@ def findings(tmp_path_factory):
         return arg.replace("TMP/", f"{tmp}/").replace("OUT/", f"{tmp}/new/")
 
     cases = [(name, [fill(a) for a in argv]) for name, argv, _, _ in BAD_INPUTS]
-    run = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(cases)], capture_output=True, text=True,
-                         timeout=1800)  # a safety net against a hung child only
+    return early.Launch([sys.executable, "-c", RUNNER, json.dumps(cases)])
+
+
+@pytest.fixture(scope="module")
+def findings():
+    run = early.result("bad inputs")
     assert run.returncode == 0, run.stderr
     found = json.loads(run.stdout)
+    tmp = run.workdir
     assert not (tmp / "new").exists()  # nothing was written, not even the output folders
     assert (tmp / "existing.h5").read_bytes() == b"not a cache, but in the way"
     assert (tmp / "folder" / "notes.txt").read_text() == "mine" and (tmp / "done" / "norms.json").read_text() == "{}"
     return found
 
 
+@pytest.mark.early("bad inputs")
 @pytest.mark.parametrize("name, argv, status, word", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
 def test_bad_input_is_one_line_before_torch(findings, name, argv, status, word):
     got = findings[name]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Set
 
 import pytest
 
+import early
 import interp
 
 PACKAGE_DIR = Path(interp.__file__).resolve().parent
@@ -202,14 +202,22 @@ def test_no_module_replaces_itself_or_hooks_the_import_system():
     assert found == []
 
 
-def test_import_interp_is_lazy_and_every_public_name_resolves():
+@early.launcher("import interp")
+def launch_import(workdir: Path) -> early.Launch:
+    """A fresh interpreter: ``import interp``, what it loaded, and every public name resolved."""
     code = ("import json, sys, interp\n"
             "heavy = sorted(m for m in ('torch', 'timm', 'nnsight', 'transformer_lens', 'h5py', 'matplotlib') "
             "if m in sys.modules)\n"
             "names = {n: type(getattr(interp, n)).__name__ for n in interp.__all__}\n"
             "print(json.dumps({'heavy': heavy, 'names': names, 'patch_save': callable(interp.patch.save)}))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return early.Launch([sys.executable, "-c", code])
+
+
+@pytest.mark.early("import interp")
+def test_import_interp_is_lazy_and_every_public_name_resolves():
+    run = early.result("import interp")
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["heavy"] == []
     assert set(result["names"]) == set(interp.__all__) and result["patch_save"] is True
     assert result["names"]["load"] == "function" and result["names"]["HookedViT"] == "type"

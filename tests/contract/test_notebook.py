@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.early("notebook")
+
 
 def _outputs(cells, output_type):
     return [o for cell in cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == output_type]

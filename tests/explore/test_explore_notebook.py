@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 
 pytest.importorskip("starlette", reason="the explore extra (pip install -e '.[explore]') is not installed")
+pytestmark = pytest.mark.early("notebook")
 
 
 def test_explore_shows_inline_and_stops_with_the_kernel(executed_notebook):

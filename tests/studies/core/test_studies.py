@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from interp.studies.core.stats import iou
 from interp.studies.artifacts.relocate import relocate_study
 
 from conftest import images, make_model
-from memory_helpers import LazyReader, measured_in_a_fresh_process
+from memory_helpers import CLEAR_REFS, LazyReader, measured_in_a_fresh_process
 
 
 def constructed_images() -> torch.Tensor:
@@ -185,7 +184,8 @@ def test_live_and_cached_runs_give_the_same_results(planted, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- memory
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
+@pytest.mark.skipif(not CLEAR_REFS.exists(), reason="needs Linux /proc to reset the peak RSS")
+@pytest.mark.early("norms_memory")
 def test_norms_study_memory_stays_bounded_over_a_1000_image_cache():
     reader = LazyReader(1000)
     one_hook_bytes = 1000 * reader.layout.n_tokens * reader.d_model * 4  # ~50 MB; the 4 hooks read: ~200 MB

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import images, make_model
-from memory_helpers import measured_in_a_fresh_process
+from memory_helpers import CLEAR_REFS, measured_in_a_fresh_process
 
 from interp.errors import InterpError
 from interp.models.layout import TokenLayout
@@ -149,8 +148,9 @@ def test_a_group_with_few_held_out_tokens_is_not_scored_and_the_figure_draws_who
     assert any("too few held-out" in t.get_text().replace("\n", " ") for t in ax.texts)
 
 
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
+@pytest.mark.skipif(not CLEAR_REFS.exists(), reason="needs Linux /proc to reset the peak RSS")
 @pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
+@pytest.mark.early("probes_memory")
 def test_memory_stays_bounded_over_a_1000_image_cache():
     one_hook_bytes = 1000 * 197 * 64 * 4                                 # LazyReader: 197 tokens x 64 dims
     measured = measured_in_a_fresh_process("probes_memory")

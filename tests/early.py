@@ -1,0 +1,117 @@
+"""Fresh processes the session starts as soon as collection ends, for the tests that wait on one: a torchrun
+launch, a Jupyter kernel, a memory measurement, what ``import interp`` loads. Each spends seconds importing
+torch and timm; started early, that runs on the core the in-process tests leave idle instead of holding the
+session up when its test comes.
+
+A launch is declared next to its test's code, ``@launcher(NAME)`` on a function (workdir) -> :class:`Launch`
+(or None when there is nothing to run, e.g. an optional package is missing); a test that waits on it carries
+``@pytest.mark.early(NAME)`` and calls :func:`result`, which starts it then if the session has not (a test run
+by node id starts its own). ``tests/conftest.py`` starts the launches of the collected tests and stops what is
+left at the end.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+import pytest
+
+SAFETY_NET_S = 1800  # a hung child fails its test after this; never a timing assertion
+
+
+@dataclass
+class Launch:
+    """What to start: ``argv``, run in ``cwd`` (default: the launch's workdir) with ``env`` added to the
+    session's environment."""
+
+    argv: List[str]
+    env: Dict[str, str] = field(default_factory=dict)
+    cwd: Optional[Path] = None
+
+
+@dataclass
+class Finished:
+    """A finished launch: its exit status, its output, and the workdir its launcher prepared."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    workdir: Path
+
+
+LAUNCHERS: Dict[str, Callable[[Path], Optional[Launch]]] = {}
+_STARTED: Dict[str, Tuple[Optional[subprocess.Popen], Path]] = {}
+_ROOT: List[Path] = []  # the session's folder of workdirs, made on the first start
+
+
+def launcher(name: str) -> Callable:
+    """Decorator: the function (workdir) -> Launch that prepares and describes the launch ``name``."""
+    def register(make: Callable[[Path], Optional[Launch]]) -> Callable[[Path], Optional[Launch]]:
+        LAUNCHERS[name] = make
+        return make
+
+    return register
+
+
+def start(name: str) -> None:
+    """Start the launch ``name`` in a fresh workdir, once per session."""
+    if name in _STARTED:
+        return
+    if not _ROOT:
+        _ROOT.append(Path(tempfile.mkdtemp(prefix="interp-tests-early-")))
+    workdir = _ROOT[0] / re.sub(r"[^\w.-]", "_", name)
+    workdir.mkdir()
+    spec = LAUNCHERS[name](workdir)
+    proc = None
+    if spec is not None:
+        with open(workdir / "stdout.txt", "w") as out, open(workdir / "stderr.txt", "w") as err:
+            proc = subprocess.Popen(spec.argv, cwd=spec.cwd or workdir, env={**os.environ, **spec.env},
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+    _STARTED[name] = (proc, workdir)
+
+
+def result(name: str) -> Finished:
+    """Wait for the launch ``name`` (starting it if needed) and return how it ended."""
+    start(name)
+    proc, workdir = _STARTED[name]
+    if proc is None:
+        pytest.fail(f"the launch {name!r} had nothing to run (its launcher returned None)")
+    try:
+        proc.wait(timeout=SAFETY_NET_S)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        pytest.fail(f"{name}: no end in {SAFETY_NET_S} s: {(workdir / 'stderr.txt').read_text()[-3000:]}")
+    return Finished(proc.returncode, (workdir / "stdout.txt").read_text(), (workdir / "stderr.txt").read_text(),
+                    workdir)
+
+
+def start_for(items: Iterable[pytest.Item]) -> None:
+    """Start every launch the ``items`` are marked to wait on."""
+    for item in items:
+        for mark in item.iter_markers("early"):
+            start(mark.args[0])
+
+
+def stop_all() -> None:
+    """Kill what is still running (a session cut short) and remove the workdirs."""
+    for proc, _ in _STARTED.values():
+        if proc is not None and proc.poll() is None:
+            _kill(proc)
+    _STARTED.clear()
+    if _ROOT:
+        shutil.rmtree(_ROOT.pop(), ignore_errors=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child and whatever it started (torchrun's workers, a kernel)
+    except ProcessLookupError:
+        pass
+    proc.wait()
