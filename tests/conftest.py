@@ -169,9 +169,13 @@ def executed_notebook():
 
 
 def pytest_collection_finish(session):
-    """Start the early launches (tests/early.py) of the tests about to run."""
+    """Queue the early launches (tests/early.py) of the tests about to run."""
     if not session.config.option.collectonly:
-        early.start_for(session.items)
+        early.queue_for(session.items)
+
+
+def pytest_runtest_setup(item):
+    early.advance()
 
 
 def pytest_sessionfinish(session):

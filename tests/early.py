@@ -1,13 +1,17 @@
-"""Fresh processes the session starts as soon as collection ends, for the tests that wait on one: a torchrun
-launch, a Jupyter kernel, a memory measurement, what ``import interp`` loads. Each spends seconds importing
-torch and timm; started early, that runs on the core the in-process tests leave idle instead of holding the
-session up when its test comes.
+"""Fresh processes the session runs in the background, ahead of the tests that wait on one: a torchrun launch,
+a Jupyter kernel, a memory measurement, what ``import interp`` loads. Each spends seconds importing torch and
+timm; started early, that runs on the core the in-process tests leave idle instead of holding the session up
+when its test comes.
+
+They run one at a time, in the order of the tests that wait on them: two cores hold the session and one
+launch, while several launches at once would take both cores from the tests and gain nothing. A launch a test
+waits on starts at once.
 
 A launch is declared next to its test's code, ``@launcher(NAME)`` on a function (workdir) -> :class:`Launch`
 (or None when there is nothing to run, e.g. an optional package is missing); a test that waits on it carries
 ``@pytest.mark.early(NAME)`` and calls :func:`result`, which starts it then if the session has not (a test run
-by node id starts its own). ``tests/conftest.py`` starts the launches of the collected tests and stops what is
-left at the end.
+by node id starts its own). ``tests/conftest.py`` queues the launches of the collected tests, starts the next
+one before each test when none runs, and stops what is left at the end.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ class Finished:
 LAUNCHERS: Dict[str, Callable[[Path], Optional[Launch]]] = {}
 _STARTED: Dict[str, Tuple[Optional[subprocess.Popen], Path]] = {}
 _ROOT: List[Path] = []  # the session's folder of workdirs, made on the first start
+_QUEUE: List[str] = []  # launches to start, in the order of the tests that wait on them
 
 
 def launcher(name: str) -> Callable:
@@ -79,6 +84,8 @@ def start(name: str) -> None:
 
 def result(name: str) -> Finished:
     """Wait for the launch ``name`` (starting it if needed) and return how it ended."""
+    if name in _QUEUE:
+        _QUEUE.remove(name)
     start(name)
     proc, workdir = _STARTED[name]
     if proc is None:
@@ -92,11 +99,19 @@ def result(name: str) -> Finished:
                     workdir)
 
 
-def start_for(items: Iterable[pytest.Item]) -> None:
-    """Start every launch the ``items`` are marked to wait on."""
+def queue_for(items: Iterable[pytest.Item]) -> None:
+    """Queue the launches the ``items`` are marked to wait on, in their order, and start the first."""
     for item in items:
         for mark in item.iter_markers("early"):
-            start(mark.args[0])
+            if mark.args[0] not in _QUEUE and mark.args[0] not in _STARTED:
+                _QUEUE.append(mark.args[0])
+    advance()
+
+
+def advance() -> None:
+    """Start the next queued launch when none is running."""
+    if _QUEUE and not any(proc is not None and proc.poll() is None for proc, _ in _STARTED.values()):
+        start(_QUEUE.pop(0))
 
 
 def stop_all() -> None:
@@ -105,6 +120,7 @@ def stop_all() -> None:
         if proc is not None and proc.poll() is None:
             _kill(proc)
     _STARTED.clear()
+    _QUEUE.clear()
     if _ROOT:
         shutil.rmtree(_ROOT.pop(), ignore_errors=True)
 
