@@ -156,8 +156,8 @@ def test_memory_stays_bounded_over_a_1000_image_cache():
     measured = measured_in_a_fresh_process("probes_memory")
     assert measured["whole_hook"] >= 0.9 * one_hook_bytes
     assert measured["n_train_tokens"] <= 8000 + 750 and measured["high"] == 250 * 3   # 3 outliers per image
-    # Below half of one hook's size (its peak, 11-18 MB measured, is torch's and the allocator's working set,
-    # not the data: holding any one hook would take 50 MB), and no larger with 4x the images (token caps,
-    # streaming).
+    # Below half of one hook's size (its peak, ~16 MB measured, is torch's and the allocator's working set and
+    # a few numbers per token, not the data: holding any one hook would take 50 MB), and 4x the images add less
+    # than an eighth of what holding their activations would (token caps, streaming; ~2.6 MB measured).
     assert measured["study"] < one_hook_bytes / 2, f"probes_study grew the peak RSS by {measured['study'] / 1e6:.1f} MB"
-    assert measured["study"] < measured["quarter"] + 4e6, measured
+    assert measured["study"] - measured["quarter"] < 0.75 * one_hook_bytes / 8, measured
