@@ -3,8 +3,9 @@ a Jupyter kernel, a memory measurement, what ``import interp`` loads. Each spend
 timm; started early, that runs on the core the in-process tests leave idle instead of holding the session up
 when its test comes.
 
-They run one at a time, in the order of the tests that wait on them: two cores hold the session and one
-launch, while several launches at once would take both cores from the tests and gain nothing. A launch a test
+They run one at a time, in the order of the tests that wait on them, and while one runs the session's torch
+keeps to one thread: two cores hold the session and one launch, while more (several launches, or torch's
+threads on every core besides a launch) stall each other (round trips of 0.3 s took 3-5 s). A launch a test
 waits on starts at once.
 
 A launch is declared next to its test's code, ``@launcher(NAME)`` on a function (workdir) -> :class:`Launch`
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import pytest
+import torch
 
 SAFETY_NET_S = 1800  # a hung child fails its test after this; never a timing assertion
 
@@ -54,6 +56,7 @@ LAUNCHERS: Dict[str, Callable[[Path], Optional[Launch]]] = {}
 _STARTED: Dict[str, Tuple[Optional[subprocess.Popen], Path]] = {}
 _ROOT: List[Path] = []  # the session's folder of workdirs, made on the first start
 _QUEUE: List[str] = []  # launches to start, in the order of the tests that wait on them
+_SESSION_THREADS = torch.get_num_threads()  # torch's threads in the session when no launch runs
 
 
 def launcher(name: str) -> Callable:
@@ -109,9 +112,14 @@ def queue_for(items: Iterable[pytest.Item]) -> None:
 
 
 def advance() -> None:
-    """Start the next queued launch when none is running."""
-    if _QUEUE and not any(proc is not None and proc.poll() is None for proc, _ in _STARTED.values()):
+    """Start the next queued launch when none is running; set the session's torch threads for what runs."""
+    if _QUEUE and not _running():
         start(_QUEUE.pop(0))
+    torch.set_num_threads(1 if _running() else _SESSION_THREADS)
+
+
+def _running() -> bool:
+    return any(proc is not None and proc.poll() is None for proc, _ in _STARTED.values())
 
 
 def stop_all() -> None:
