@@ -165,7 +165,7 @@ def default_report(tmp_path_factory):
 def executed_notebook():
     """The example notebook and the explorer's notebook cells, executed once in one kernel (an early launch:
     tests that use it are marked ``early("notebook")``)."""
-    return notebook_helpers.executed(early.result("notebook"))
+    return notebook_helpers.executed()
 
 
 def pytest_collection_finish(session):

@@ -59,12 +59,14 @@ def launch(workdir: Path) -> Optional[early.Launch]:
     return early.Launch([sys.executable, __file__, str(workdir)], env={"OMP_NUM_THREADS": "1"})
 
 
-def executed(finished) -> ExecutedNotebook:
-    """The notebook the launch ``finished`` (an ``early.Finished``) executed; skips when a package is missing."""
+def executed() -> ExecutedNotebook:
+    """The notebook the launch executed (waiting for it); skips, naming what to install, when a package is
+    missing (the launch then had nothing to run)."""
     for name in PACKAGES:
         pytest.importorskip(name, reason=NEEDS)
     import nbformat
 
+    finished = early.result("notebook")
     assert finished.returncode == 0, finished.stderr[-4000:]  # a CellExecutionError names the cell
     nb = nbformat.read(str(finished.workdir / EXECUTED), as_version=4)
     return ExecutedNotebook(nb.cells, nb.metadata["n_example"])

@@ -185,9 +185,7 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
     """
     source = open_source(model=model, images=images, cache=cache, batch_size=image_batch)
     sae.check_source(source)
-    report = source_feature_report(sae, source, threshold=threshold, writes=write_directions(model, neurons))
-    del report["threshold_object"]
-    return report
+    return source_feature_report(sae, source, threshold=threshold, writes=write_directions(model, neurons))
 
 
 @torch.no_grad()
@@ -212,9 +210,7 @@ def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dic
                 raise InterpError(f"{hook} gives {tuple(x.shape)} per batch, not token rows [b, {len(kinds)}, d]")
             yield b.start, x.numpy()
 
-    report = feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps)
-    report["threshold_object"] = None if detection is None else detection.threshold
-    return report
+    return feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps)
 
 
 def control_features(report: Dict[str, Any], targets, n_controls: int, seed: int) -> List[List[int]]:

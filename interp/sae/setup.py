@@ -110,7 +110,7 @@ def describe_detection(detection: Optional[NormsDetection]) -> Optional[Dict[str
     t = detection.threshold.to_dict()
     return {"where": "patch-token norms at the SAE's hook", "artifacts_found": t["artifacts_found"],
             "method": t["method"], "value": t["value"], "n_tokens": t["n_tokens"], "n_above": t["n_above"],
-            "share_above": t["share_above"], "reason": t["reason"]}
+            "share_above": t["share_above"], "reason": t["reason"], "warning": t["warning"]}
 
 
 @torch.no_grad()

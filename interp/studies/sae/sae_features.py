@@ -137,12 +137,9 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
     layout, bs = source.layout, source.batch_size
     report = source_feature_report(sae, source, threshold=threshold, writes=writes, n_top=config.n_top,
                                    n_maps=config.n_maps, progress=progress)
-    detection = report["threshold_object"]
     det = report["detection"] or {}
     found = report["artifacts_found"]
-    warning = None if found else (report["reason"] or "no patch tokens stored")
-    if found and detection is not None:
-        warning = detection.warning
+    warning = det.get("warning") if found else (report["reason"] or "no patch tokens stored")
     return SaeFeaturesResult(
         model=source.model_name, fingerprint=source.fingerprint,
         params={"sae": str(config.sae), "threshold": config.threshold, "detect_layer": layer, "preset": preset,
