@@ -124,6 +124,16 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
     def n_heads(self) -> int:
         return int(self.timm_model.blocks[0].attn.num_heads)
 
+    def neuron_writes(self, layer: int) -> torch.Tensor:
+        """What each MLP neuron of block ``layer`` adds to the residual stream per unit of activation:
+        Tensor[d_model, d_mlp], ``fc2``'s columns times the block's LayerScale (``gamma * fc2[:, n]`` where the
+        block has one, as DINOv2 and DeiT-III do; ``fc2[:, n]`` otherwise). Detached float32 on the model's device.
+        """
+        block = self.timm_model.blocks[layer]
+        w = block.mlp.fc2.weight.detach().float()
+        gamma = getattr(block.ls2, "gamma", None)
+        return w if gamma is None else w * gamma.detach().float()[:, None]
+
     # ------------------------------------------------------------------ forward
     def check_input(self, x: torch.Tensor) -> None:
         """Raise :class:`~interp.errors.ImageError` for a batch this model cannot take."""

@@ -312,3 +312,23 @@ def test_patch_embed_hook_with_dynamic_img_size():
     _, cache = model.run_with_cache(x, names_filter=["hook_patch_embed"])
     assert cache["hook_patch_embed"].shape == (1, 64, model.d_model)
     torch.testing.assert_close(cache["hook_patch_embed"], model.timm_model.patch_embed(x).flatten(1, 2))
+
+
+def test_neuron_writes_include_layerscale_and_equal_what_the_block_adds():
+    """A neuron's write direction is what the block adds to the residual per unit activation: gamma * fc2[:, n]
+    on a LayerScale block (DINOv2), measured by running the MLP's tail on a one-hot activation."""
+    model = interp.load("vit_small_patch14_dinov2", pretrained=False, depth=2, img_size=28)
+    block = model.timm_model.blocks[1]
+    with torch.no_grad():
+        block.ls2.gamma.copy_(torch.logspace(-2, 0.5, block.ls2.gamma.numel()))  # a trained-like spread
+    writes = model.neuron_writes(1)
+    assert writes.shape == (model.d_model, model.d_mlp)
+    for n in (0, 17, model.d_mlp - 1):
+        h = torch.zeros(1, 1, model.d_mlp)
+        h[..., n] = 1.0
+        with torch.no_grad():
+            measured = block.ls2(block.mlp.fc2(h) - block.mlp.fc2(torch.zeros_like(h)))[0, 0]
+        assert torch.nn.functional.cosine_similarity(measured, writes[:, n], dim=0) > 1 - 1e-6
+        assert torch.allclose(measured, writes[:, n], rtol=1e-5, atol=1e-7)
+    plain = interp.load("vit_small_patch16_224", pretrained=False, depth=1, img_size=32)   # no LayerScale
+    assert torch.equal(plain.neuron_writes(0), plain.timm_model.blocks[0].mlp.fc2.weight.detach().float())
