@@ -1,10 +1,12 @@
 """timm's model names without importing timm, so the command line refuses a mistyped model name in about a
 second instead of after torch and timm load (10-15 s).
 
-The names ship in ``interp/data/timm_models.json`` (``{"timm": version, "models": {name: module}}``, every
-registered timm entry point with the last part of its module: ``vision_transformer``, ``resnet``...).
-Regenerate it after a timm upgrade with ``python -m interp._model_names`` (``tests/cli/test_cli_fast_feedback.py``
-checks that it equals the installed timm's). The list is used only while the installed timm is the version it
+The names ship in ``interp/data/timm_models.json`` (``{"timm": version, "models": {name: module}, "families":
+{family: {"title", "modules"}}}``: every registered timm entry point with the last part of its module,
+``vision_transformer``, ``resnet``..., and the timm modules of each family interp instruments, from
+:mod:`interp.models.families`). Regenerate it after a timm upgrade or a new family with
+``python -m interp.models.model_list`` (``tests/cli/test_cli_fast_feedback.py`` checks that it equals what the
+installed timm and the families give). The list is used only while the installed timm is the version it
 was made from; the check of :func:`interp.models.loading.check_model_name` still runs once timm is imported.
 """
 from __future__ import annotations
@@ -19,7 +21,6 @@ from .errors import ModelLoadError, UnsupportedModelError, close_matches
 
 NAMES_FILE = Path(__file__).parent / "data" / "timm_models.json"
 PLANTED_NAME = "planted_vit"  # interp.models.planted.PLANTED_NAME (that module imports torch)
-VIT_MODULES = ("vision_transformer", "deit")  # interp.models.loading._VIT_MODULES, last parts
 DEPRECATED_MODULE = "_registry"  # timm registers its deprecated names there; timm.list_models() leaves them out
 
 
@@ -43,8 +44,17 @@ def shipped_names() -> Optional[Dict[str, str]]:
     return dict(data["models"])
 
 
+@lru_cache(maxsize=1)
+def shipped_families() -> Dict[str, dict]:
+    """{family name: {"title", "modules"}} of the shipped list (torch-free)."""
+    try:
+        return dict(json.loads(NAMES_FILE.read_text()).get("families", {}))
+    except (OSError, ValueError):
+        return {}
+
+
 def check_model_name_fast(name: str) -> bool:
-    """Refuse an unknown timm name (with close matches) or a timm model that is not a ViT, the way
+    """Refuse an unknown timm name (with close matches) or a timm model of no family interp instruments, the way
     :func:`interp.models.loading.check_model_name` does, from the shipped list. Returns False when the list
     cannot tell (another timm version): the check after import decides then."""
     names = shipped_names()
@@ -59,22 +69,9 @@ def check_model_name_fast(name: str) -> bool:
         hints = close_matches(base, listed, n=5)
         hint = f" Did you mean: {', '.join(hints)}?" if hints else ""
         raise ModelLoadError(f"unknown timm model {name!r}.{hint}")
-    if module not in VIT_MODULES:
-        raise UnsupportedModelError(f"{name!r} is a {module} model, not a ViT. interp instruments timm's "
-                                    "VisionTransformer models (vit_*, deit3_*, *_dinov2, *_clip_*)")
+    families = shipped_families()
+    if not any(module in f["modules"] for f in families.values()):
+        titles = "; ".join(f["title"] for f in families.values())
+        raise UnsupportedModelError(f"{name!r}: a {module} model is not a family interp instruments. "
+                                    f"interp instruments: {titles}.")
     return True
-
-
-def generate() -> dict:
-    """The list for the installed timm (imports timm)."""
-    import timm
-    from timm.models import _registry
-
-    return {"timm": timm.__version__,
-            "models": {n: _registry._model_entrypoints[n].__module__.rsplit(".", 1)[-1]
-                       for n in sorted(_registry._model_entrypoints)}}
-
-
-if __name__ == "__main__":
-    NAMES_FILE.write_text(json.dumps(generate(), indent=0, sort_keys=True) + "\n")
-    print(f"wrote {NAMES_FILE}")

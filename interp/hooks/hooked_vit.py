@@ -19,35 +19,40 @@ from torch import nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from ..models.layout import TokenLayout, read_layout
-from ..models.support import check_supported
+from ..models.families import Family, family_of
+from ..models.layout import TokenLayout
 from .adoption import AdoptsTimmRoot
 from .edit_state import EditState
 from .hook_registry import HookRegistry
-from .inputs import check_image_batch, model_img_size
 from .intervene import InterventionMixin
-from .names import EMBEDDING_HOOKS, block_hook
-from .points import BLOCK_HOOK_ORDER, block_forward, install
+from .names import EMBEDDING_HOOKS, BlockNames
 
 ROOT_HOOKS_BEFORE = EMBEDDING_HOOKS
 ROOT_HOOKS_AFTER = ("hook_norm_final", "hook_selective_votes", "hook_pooled", "hook_logits")
 
 
 class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModule):
-    """A timm ViT with hook points on every block.
+    """A timm vision transformer with hook points on every block.
 
-    Hook names (shapes for batch b, tokens t = prefix + patches, P patches, width d, heads h):
+    Every model family interp instruments (:mod:`interp.models.families`: ViT, ...) is a ``HookedViT``; its
+    family adapter (``model.family``) knows the blocks, the token layout and the hooked forward.
+
+    Hook names (shapes for batch b, tokens t = prefix + patches, P patches, width d, heads h); a block's prefix
+    is its module path in timm (``model.block_names``: ``blocks.{i}`` in a ViT):
     ``hook_patch_embed`` [b, P, d] (the patch embedding's output, before prefix tokens and position embedding),
     ``hook_embed`` [b, t, d]; per block i: ``blocks.{i}.hook_resid_pre`` [b, t, d],
     ``blocks.{i}.attn.hook_q|hook_k|hook_v|hook_z`` [b, t, h, dh],
     ``blocks.{i}.attn.hook_attn_scores|hook_pattern`` [b, h, t, t] (computed only when hooked),
     ``blocks.{i}.hook_attn_out`` / ``hook_resid_mid`` / ``hook_mlp_out`` / ``hook_resid_post`` [b, t, d],
-    ``blocks.{i}.mlp.hook_pre`` / ``hook_post`` [b, t, d_mlp]; then ``hook_norm_final`` [b, t, d],
-    ``hook_pooled`` [b, d'] (the vector the head sees) and ``hook_logits`` [b, n_classes].
-    ``hook_selective_votes`` [b, n_patches] fires only while a pooling override (``SelectiveCLS``) is active.
+    ``blocks.{i}.mlp.hook_pre`` / ``hook_post`` [b, t, d_mlp] (``mlp.hook_gate`` [b, t, d_mlp] too for a gated
+    MLP); then ``hook_norm_final`` [b, t, d], ``hook_pooled`` [b, d'] (the vector the head sees) and
+    ``hook_logits`` [b, n_classes]. ``hook_selective_votes`` [b, n_patches] fires only while a pooling override
+    (``SelectiveCLS``) is active.
 
     Attributes:
         timm_model: the instrumented timm module (not a submodule, so state dict keys have no prefix).
+        family: its family adapter (:class:`~interp.models.families.base.Family`).
+        block_names: the hook-name prefix of every block (:class:`~interp.hooks.names.BlockNames`).
         edit_state: the structural edits in force (:class:`EditState`); only ``intervene`` changes it.
         force_patterns: compute attention patterns even when unhooked (e.g. for nnsight observers).
         init_seed: seed of the random weights ``interp.load(..., pretrained=False)`` built (None otherwise).
@@ -57,13 +62,14 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
 
     def __init__(self, timm_model: nn.Module, name: Optional[str] = None):
         super().__init__()
-        check_supported(timm_model)
+        family = family_of(timm_model)
         object.__setattr__(self, "timm_model", timm_model)  # not a submodule: no key prefix
+        object.__setattr__(self, "family", family)
         self.model_name = name or getattr(timm_model, "pretrained_cfg", {}).get("architecture") or type(
             timm_model).__name__
         self._adopt_timm_root()
-        for block in timm_model.blocks:
-            install(block)
+        family.install()
+        self.block_names = BlockNames(tuple(prefix for prefix, _ in family.blocks()))
         for key in ROOT_HOOKS_BEFORE + ROOT_HOOKS_AFTER:
             self.add_module(key, HookPoint())
         self.edit_state = EditState()
@@ -82,8 +88,8 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
     def _firing_order(self) -> List[str]:
         """Every hook name in the order the hooks fire."""
         names = list(ROOT_HOOKS_BEFORE)
-        for i in range(len(self.timm_model.blocks)):
-            names += [block_hook(i, rel) for rel in BLOCK_HOOK_ORDER]
+        for i in range(self.n_layers):
+            names += [self.block_names.hook(i, leaf) for leaf in self.family.hook_leaves(i)]
         return names + list(ROOT_HOOKS_AFTER)
 
     def _after_apply(self, fn) -> None:
@@ -94,7 +100,7 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
     @property
     def base_layout(self) -> TokenLayout:
         """The model's own token layout (no test-time registers) for the last input size."""
-        return read_layout(self.timm_model, self._input_hw)
+        return self.family.layout(self._input_hw)
 
     @property
     def layout(self) -> TokenLayout:
@@ -102,112 +108,64 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
         return self.base_layout.with_extra(self.edit_state.n_extra_tokens)
 
     def layout_for(self, img_size: Tuple[int, int]) -> TokenLayout:
-        return read_layout(self.timm_model, tuple(img_size)).with_extra(self.edit_state.n_extra_tokens)
+        return self.family.layout(tuple(img_size)).with_extra(self.edit_state.n_extra_tokens)
 
     @property
     def img_size(self) -> Tuple[int, int]:
-        return model_img_size(self.timm_model)
+        return self.family.img_size
+
+    @property
+    def patch_size(self) -> Tuple[int, int]:
+        """(ph, pw): input pixels per token of the first blocks' grid."""
+        return self.family.patch_size
 
     @property
     def n_layers(self) -> int:
-        return len(self.timm_model.blocks)
+        return len(self.block_names)
 
     @property
     def d_model(self) -> int:
-        return int(self.timm_model.embed_dim)
+        """Width of the residual stream (of the last blocks, for a pyramid model)."""
+        return self.family.d_model()
 
     @property
     def d_mlp(self) -> int:
-        return int(self.timm_model.blocks[0].mlp.fc2.in_features)
+        """MLP neurons per block (of the first block, for a pyramid model: see ``family.d_mlp(layer)``)."""
+        return self.family.d_mlp(0)
 
     @property
     def n_heads(self) -> int:
-        return int(self.timm_model.blocks[0].attn.num_heads)
+        return self.family.n_heads(0)
 
     def neuron_writes(self, layer: int) -> torch.Tensor:
         """What each MLP neuron of block ``layer`` adds to the residual stream per unit of activation:
         Tensor[d_model, d_mlp], ``fc2``'s columns times the block's LayerScale (``gamma * fc2[:, n]`` where the
-        block has one, as DINOv2 and DeiT-III do; ``fc2[:, n]`` otherwise). Detached float32 on the model's device.
-        """
-        block = self.timm_model.blocks[layer]
-        w = block.mlp.fc2.weight.detach().float()
-        gamma = getattr(block.ls2, "gamma", None)
-        return w if gamma is None else w * gamma.detach().float()[:, None]
+        block has one, as DINOv2, DeiT-III and DINOv3 do; ``fc2[:, n]`` otherwise). Detached float32."""
+        return self.family.neuron_writes(self.block_names.index(layer))
 
     # ------------------------------------------------------------------ forward
     def check_input(self, x: torch.Tensor) -> None:
         """Raise :class:`~interp.errors.ImageError` for a batch this model cannot take."""
-        check_image_batch(x, self.timm_model, self.model_name)
-
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Images [b, 3, H, W] -> token sequence [b, t, d] after pos-embed, test-time registers and norm_pre."""
-        m = self.timm_model
-        x = m.patch_drop(m._pos_embed(self._patch_embed(x)))
-        n_extra = self.edit_state.n_extra_tokens
-        if n_extra:
-            n_prefix = m.num_prefix_tokens
-            zeros = x.new_zeros(x.shape[0], n_extra, x.shape[-1])
-            x = torch.cat([x[:, :n_prefix], zeros, x[:, n_prefix:]], dim=1)
-        return self.hook_embed(m.norm_pre(x))
-
-    def _patch_embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Images -> timm's patch embedding, through ``hook_patch_embed`` as [b, P, d] (row-major patches).
-
-        With ``dynamic_img_size`` timm's patch embedding returns [b, h, w, d]; the hook sees it flattened and
-        what it returns is put back in that shape for ``_pos_embed``."""
-        e = self.timm_model.patch_embed(x)
-        if e.ndim == 4:
-            b, h, w, d = e.shape
-            return self.hook_patch_embed(e.reshape(b, h * w, d)).reshape(b, h, w, d)
-        return self.hook_patch_embed(e)
+        self.family.check_input(x, self.model_name)
 
     def _residual_stream(self, x: torch.Tensor, n_blocks: Optional[int] = None) -> torch.Tensor:
         """Images [b, 3, H, W] -> residual stream [b, t, d] after blocks ``[0, n_blocks)`` (all by default)."""
         self.check_input(x)
         self._input_hw = tuple(x.shape[-2:])
-        blocks = self.timm_model.blocks if n_blocks is None else self.timm_model.blocks[:n_blocks]
-        h = self.embed(x)
-        extra_kv, force = self.edit_state.extra_kv, self.force_patterns
-        for i, block in enumerate(blocks):
-            h = block_forward(block, h, extra_kv.get(i), force)
-        return h
+        self.family.check_edits(self.edit_state)
+        return self.family.residual_stream(self, x, n_blocks)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images [b, 3, H, W] -> final normed tokens [b, t, d] (``hook_norm_final``), as timm's."""
-        return self.hook_norm_final(self.timm_model.norm(self._residual_stream(x)))
-
-    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Normed tokens [b, t, d] -> pooled [b, d']: timm's own ``pool`` unless an edit is active.
-
-        With a pooling override (``SelectiveCLS``) it gets the patch tokens and its votes go to
-        ``hook_selective_votes``; with test-time registers timm's pooling runs with them counted as prefix
-        tokens (so they stay out of patch averages).
-        """
-        from timm.layers import global_pool_nlc
-
-        m, state = self.timm_model, self.edit_state
-        if state.pool_override is None and not state.n_extra_tokens:
-            return m.pool(tokens)
-        n_prefix = self.layout.n_prefix
-        if state.pool_override is not None:
-            pooled, votes = state.pool_override(tokens[:, n_prefix:])
-            if votes is not None:
-                self.hook_selective_votes(votes)
-            return pooled
-        if m.attn_pool is not None:
-            return m.attn_pool(tokens if m.pool_include_prefix else tokens[:, n_prefix:])
-        return global_pool_nlc(tokens, pool_type=m.global_pool, num_prefix_tokens=n_prefix,
-                               reduce_include_prefix=m.pool_include_prefix)
+        self.check_input(x)
+        self._input_hw = tuple(x.shape[-2:])
+        self.family.check_edits(self.edit_state)
+        return self.family.forward_features(self, x)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Normed tokens [b, t, d] -> logits [b, n_classes], or the pooled vector [b, d'] with ``pre_logits``.
-
-        timm's ``forward_head`` order: pool, ``fc_norm`` (-> ``hook_pooled``), ``head_drop``, ``head``
-        (-> ``hook_logits``).
-        """
-        m = self.timm_model
-        pooled = m.head_drop(self.hook_pooled(m.fc_norm(self.pool(tokens))))
-        return pooled if pre_logits else self.hook_logits(m.head(pooled))
+        """Normed tokens [b, t, d] -> logits [b, n_classes], or the pooled vector [b, d'] with ``pre_logits``
+        (through ``hook_pooled`` and ``hook_logits``)."""
+        return self.family.forward_head(self, tokens, pre_logits)
 
     def forward(self, x: torch.Tensor, stop_at_layer: Optional[int] = None) -> torch.Tensor:
         """Images [b, 3, H, W] -> logits [b, n_classes] (or pooled features when the head is Identity).
@@ -226,7 +184,7 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
         """Shape of every hook for an input of ``img_size`` (default: the model's), patterns included."""
         hw = tuple(img_size) if img_size is not None else self.img_size
         p = next(self.parameters())
-        x = torch.zeros(batch_size, self.timm_model.patch_embed.proj.in_channels, *hw, device=p.device, dtype=p.dtype)
+        x = torch.zeros(batch_size, self.family.in_chans, *hw, device=p.device, dtype=p.dtype)
         shapes: Dict[str, Tuple[int, ...]] = {}
 
         def record(tensor, hook):
@@ -237,6 +195,7 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
 
     def __repr__(self) -> str:
         lay = self.layout
-        return (f"HookedViT({self.model_name}: {self.n_layers} blocks, d={self.d_model}, heads={self.n_heads}, "
+        return (f"HookedViT({self.model_name}: {self.family.name}, {self.n_layers} blocks, d={self.d_model}, "
+                f"heads={self.n_heads}, "
                 f"prefix={lay.n_prefix} (registers={lay.n_registers}), grid={lay.grid}, "
                 f"{len(self.hook_dict)} hook points)")

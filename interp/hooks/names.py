@@ -1,16 +1,26 @@
-"""Hook names: builders for the per-block names (one spelling for the whole package) and resolution of hook
-specifications (exact names, glob patterns, lists, callables) to hook names.
+"""Hook names: the names of a model's blocks (:class:`BlockNames`, one spelling for the whole package) and
+resolution of hook specifications (exact names, glob patterns, lists, callables) to hook names.
+
+A block's hook names are its prefix, its module path in timm (``blocks.3`` in a ViT or an Eva,
+``stages.2.blocks.0`` in PVTv2, ``layers.2.blocks.0`` in Swin-v2), then a leaf (``hook_resid_post``,
+``attn.hook_q``, ``mlp.hook_post``...). Code that serves every model family builds names from the model's
+:class:`BlockNames` (``model.block_names``, ``source.blocks``) with a flat block index ``layer`` (0 = the first
+block of the whole model); the module-level builders spell the ``blocks.{i}`` names of single-stage models.
 
 >>> resid_post(11), mlp_post(2), attn_pattern(0)
 ('blocks.11.hook_resid_post', 'blocks.2.mlp.hook_post', 'blocks.0.attn.hook_pattern')
 >>> block_of("blocks.3.attn.hook_z"), block_of("hook_logits")
 (3, None)
+>>> pvt = BlockNames(("stages.0.blocks.0", "stages.0.blocks.1", "stages.1.blocks.0"))
+>>> pvt.resid_post(2), pvt.block_of("stages.0.blocks.1.mlp.hook_post"), pvt.label(2)
+('stages.1.blocks.0.hook_resid_post', 1, 'stage 1 block 0')
 """
 from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Callable, List, Optional, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..errors import HookNameError, close_matches
 
@@ -19,6 +29,8 @@ NamesSpec = Union[None, str, Sequence[str], Callable[[str], bool]]
 _GLOB_CHARS = set("*?[")
 EVERY_BLOCK = "*"  # pass as the layer to get a glob pattern over all blocks: resid_post(EVERY_BLOCK)
 _BLOCK_RE = re.compile(r"blocks\.(\d+)\.")
+_STAGED_RE = re.compile(r"(?:stages|layers)\.(\d+)\.blocks\.(\d+)$")
+_PREFIX_RE = re.compile(r"((?:stages|layers)\.\d+\.blocks\.\d+|blocks\.\d+)\.")  # a block's prefix in a hook name
 
 
 # Root hooks that fire before block 0 (a forward with stop_at_layer=0 runs them): the patch embedding's output
@@ -177,3 +189,143 @@ def resolve(spec: NamesSpec, known: Sequence[str]) -> List[str]:
             raise TypeError(f"hook names must be strings, got {type(item).__name__}")
         chosen.update(match(item, known))
     return [n for n in known if n in chosen]
+
+
+@dataclass(frozen=True)
+class BlockNames:
+    """The hook-name prefix of every block of one model, in forward order (torch-free, JSON-able).
+
+    ``layer`` everywhere is the flat block index (0 .. n - 1, negative from the end). Every builder of the
+    module-level API has a method of the same name here.
+
+    Attributes:
+        prefixes: ``("blocks.0", "blocks.1", ...)``, or ``("stages.0.blocks.0", ...)`` for a staged model.
+    """
+
+    prefixes: Tuple[str, ...]
+    _index: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefixes", tuple(self.prefixes))
+        object.__setattr__(self, "_index", {p: i for i, p in enumerate(self.prefixes)})
+
+    @classmethod
+    def flat(cls, n_layers: int) -> "BlockNames":
+        """``blocks.0 .. blocks.{n-1}``: the blocks of a single-stage model (ViT, Eva)."""
+        return cls(tuple(f"blocks.{i}" for i in range(n_layers)))
+
+    @classmethod
+    def from_hooks(cls, hook_names: Iterable[str]) -> "BlockNames":
+        """The blocks named by ``hook_names`` (every block must have its ``hook_resid_post`` there)."""
+        prefixes = []
+        for name in hook_names:
+            m = _PREFIX_RE.match(name)
+            if m and name == f"{m.group(1)}.hook_resid_post":
+                prefixes.append(m.group(1))
+        return cls(tuple(prefixes))
+
+    def __len__(self) -> int:
+        return len(self.prefixes)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.prefixes)
+
+    @property
+    def staged(self) -> bool:
+        """True when blocks are named by stage (a pyramid model)."""
+        return bool(self.prefixes) and not self.prefixes[0].startswith("blocks.")
+
+    def index(self, layer: int) -> int:
+        """``layer`` as a non-negative index (``-1`` -> the last block).
+
+        Raises:
+            HookNameError: no such block (the valid range named).
+        """
+        n = len(self.prefixes)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n:
+            raise HookNameError(f"block {layer!r} does not exist: the model has {n} blocks (0-{n - 1}, or -1 for "
+                                "the last)")
+        return layer % n
+
+    def hook(self, layer: int, leaf: str) -> str:
+        """``{prefix of block layer}.{leaf}`` (``leaf``: ``hook_resid_post``, ``attn.hook_q``...)."""
+        return f"{self.prefixes[self.index(layer)]}.{leaf}"
+
+    def every(self, leaf: str) -> List[str]:
+        """``leaf`` of every block, in order."""
+        return [f"{p}.{leaf}" for p in self.prefixes]
+
+    def block_of(self, name: str) -> Optional[int]:
+        """The flat block index of a per-block hook name, None for a root hook (``hook_embed``...)."""
+        m = _PREFIX_RE.match(name)
+        return self._index.get(m.group(1)) if m else None
+
+    def label(self, layer: int) -> str:
+        """What figures and messages call block ``layer``: ``block 7``, or ``stage 2 block 1`` when staged."""
+        i = self.index(layer)
+        m = _STAGED_RE.match(self.prefixes[i])
+        return f"stage {m.group(1)} block {m.group(2)}" if m else f"block {i}"
+
+    def short(self, layer: int) -> str:
+        """A compact label for axis ticks: ``7``, or ``s2.b1`` when staged."""
+        i = self.index(layer)
+        m = _STAGED_RE.match(self.prefixes[i])
+        return f"s{m.group(1)}.b{m.group(2)}" if m else str(i)
+
+    def blocks_needed(self, hook_names: Sequence[str]) -> Optional[int]:
+        """How many blocks a forward must run so every hook fires (``stop_at_layer``), or None when one needs
+        the full forward (``hook_norm_final``, ``hook_pooled``, ``hook_logits``...)."""
+        needed = 0
+        for name in hook_names:
+            block = self.block_of(name)
+            if block is not None:
+                needed = max(needed, block + 1)
+            elif name not in EMBEDDING_HOOKS:
+                return None
+        return needed
+
+    def resid_pre(self, layer: int) -> str:
+        return self.hook(layer, "hook_resid_pre")
+
+    def resid_mid(self, layer: int) -> str:
+        return self.hook(layer, "hook_resid_mid")
+
+    def resid_post(self, layer: int) -> str:
+        return self.hook(layer, "hook_resid_post")
+
+    def resid_stage(self, layer: int, stage: str) -> str:
+        if stage not in RESID_STAGES:
+            raise HookNameError(f"stage {stage!r}: use one of {RESID_STAGES}")
+        return self.hook(layer, f"hook_{stage}")
+
+    def attn_out(self, layer: int) -> str:
+        return self.hook(layer, "hook_attn_out")
+
+    def mlp_out(self, layer: int) -> str:
+        return self.hook(layer, "hook_mlp_out")
+
+    def mlp_pre(self, layer: int) -> str:
+        return self.hook(layer, "mlp.hook_pre")
+
+    def mlp_post(self, layer: int) -> str:
+        return self.hook(layer, "mlp.hook_post")
+
+    def attn_q(self, layer: int) -> str:
+        return self.hook(layer, "attn.hook_q")
+
+    def attn_k(self, layer: int) -> str:
+        return self.hook(layer, "attn.hook_k")
+
+    def attn_v(self, layer: int) -> str:
+        return self.hook(layer, "attn.hook_v")
+
+    def attn_z(self, layer: int) -> str:
+        return self.hook(layer, "attn.hook_z")
+
+    def attn_scores(self, layer: int) -> str:
+        return self.hook(layer, "attn.hook_attn_scores")
+
+    def attn_pattern(self, layer: int) -> str:
+        return self.hook(layer, "attn.hook_pattern")
+

@@ -58,7 +58,7 @@ class NeuronAblation(Intervention):
             raise ValueError("means are only used with mode='mean'")
 
     def mlp_edits(self, ctx: EditContext):
-        check_neurons(self.neurons, ctx.n_layers, ctx.d_mlp)
+        ctx.check_neurons(self.neurons)
         return {layer: AblationEdit(idx, ctx.n_prefix, self.mode, self.tokens,
                                     None if self.means is None else self.means[layer])
                 for layer, idx in self.neurons.items()}

@@ -66,7 +66,7 @@ class AttentionBias(Intervention):
         return {l: (self.keys[l], self.values[l]) for l in layers}
 
     def mlp_edits(self, ctx: EditContext):
-        check_neurons(self.neurons, ctx.n_layers, ctx.d_mlp)
+        ctx.check_neurons(self.neurons)
         bad = [l for l in self.extra_kv() if l >= ctx.n_layers]
         if bad:
             raise InterpError(f"key/value columns for blocks {bad}, but the model has blocks 0..{ctx.n_layers - 1}")

@@ -17,14 +17,13 @@ path (``interp.patch.apply``) both build from these pieces, so both run the same
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from ..errors import InterpError
 from ..hooks.edit_state import EditState
-from ..hooks.names import mlp_post, resid_post
 from .neuron_sets import check_ranked_on, neuron_set
 
 STRUCTURAL, NEURON, POOLING = 0, 1, 2  # composition stages (see interp.hooks.intervene)
@@ -61,14 +60,16 @@ def take_neurons(item: Any) -> Neurons:
     return normalize_neurons(nset.neurons)
 
 
-def check_neurons(neurons: Neurons, n_layers: int, d_mlp: int) -> None:
-    """Raise :class:`InterpError` when a layer or neuron index does not exist in the model."""
+def check_neurons(neurons: Neurons, n_layers: int, d_mlp: Union[int, Sequence[int]]) -> None:
+    """Raise :class:`InterpError` when a layer or neuron index does not exist in the model (``d_mlp``: the MLP
+    width of every block, or one width per block for a pyramid model)."""
+    widths = [int(d_mlp)] * n_layers if isinstance(d_mlp, int) else [int(w) for w in d_mlp]
     for layer, idx in neurons.items():
         if layer >= n_layers:
             raise InterpError(f"layer {layer} does not exist: the model has blocks 0..{n_layers - 1}")
-        if max(idx) >= d_mlp:
-            raise InterpError(f"neuron {max(idx)} in layer {layer} does not exist: the MLP has {d_mlp} "
-                              f"neurons (0..{d_mlp - 1})")
+        if max(idx) >= widths[layer]:
+            raise InterpError(f"neuron {max(idx)} in layer {layer} does not exist: the MLP has {widths[layer]} "
+                              f"neurons (0..{widths[layer] - 1})")
 
 
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
@@ -84,7 +85,8 @@ class EditContext:
         base_prefix: the model's own prefix tokens (CLS + trained registers).
         n_prefix: all prefix tokens, test-time registers of every intervention included; patches follow.
         extra_start: row of this intervention's first test-time register (None if it adds none).
-        n_layers, d_mlp: model sizes, for validating neuron indices.
+        n_layers, d_mlp: model sizes, for validating neuron indices (``d_mlps``: one MLP width per block where
+            they differ, as in a pyramid model; empty: every block has ``d_mlp``).
     """
 
     base_prefix: int
@@ -92,6 +94,18 @@ class EditContext:
     extra_start: Optional[int]
     n_layers: int
     d_mlp: int
+    d_mlps: Tuple[int, ...] = ()
+
+    def check_neurons(self, neurons: Neurons) -> None:
+        """:func:`check_neurons` against this model's blocks."""
+        check_neurons(neurons, self.n_layers, self.d_mlps or self.d_mlp)
+
+
+def edit_context(family, base_prefix: int, n_prefix: int, extra_start: Optional[int]) -> EditContext:
+    """The :class:`EditContext` of a model of ``family`` (its block count and MLP widths)."""
+    widths = tuple(family.d_mlp(i) for i in range(len(family.blocks())))
+    return EditContext(base_prefix=base_prefix, n_prefix=n_prefix, extra_start=extra_start, n_layers=len(widths),
+                       d_mlp=widths[0] if widths else 0, d_mlps=widths if len(set(widths)) > 1 else ())
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -191,19 +205,19 @@ class Intervention:
         return new
 
     def attach(self, model) -> List[Tuple[str, Any]]:
-        """Forward hooks running this intervention's MLP edits on ``blocks.{layer}.mlp.hook_post`` and its
-        block-output edits on ``blocks.{layer}.hook_resid_post``."""
-        ctx = EditContext(base_prefix=model.base_layout.n_prefix, n_prefix=model.layout.n_prefix,
-                          extra_start=getattr(self, "_extra_start", None), n_layers=model.n_layers,
-                          d_mlp=model.d_mlp)
+        """Forward hooks running this intervention's MLP edits on block ``layer``'s ``mlp.hook_post`` and its
+        block-output edits on its ``hook_resid_post``."""
+        ctx = edit_context(model.family, model.base_layout.n_prefix, model.layout.n_prefix,
+                           getattr(self, "_extra_start", None))
         device = model_device(model)
+        names = model.block_names
         hooks = []
         for layer, edit in self.mlp_edits(ctx).items():
             edit = edit.to(device)
-            hooks.append((mlp_post(layer), lambda h, hook, edit=edit: edit(h)))
+            hooks.append((names.mlp_post(layer), lambda h, hook, edit=edit: edit(h)))
         for layer, edit in self.resid_edits(ctx).items():
             edit = edit.to(device)
-            hooks.append((resid_post(layer), lambda x, hook, edit=edit: edit(x)))
+            hooks.append((names.resid_post(layer), lambda x, hook, edit=edit: edit(x)))
         return hooks
 
     def teardown(self, model) -> None:

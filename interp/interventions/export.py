@@ -14,11 +14,12 @@ named ``"{position}.{name}"``.
 >>> torch.allclose(plain(images), edited, atol=1e-4)
 True
 
-``apply`` swaps submodules of the timm model in place (no hook machinery, ``state_dict`` keys unchanged):
-MLP edits replace ``blocks[l].mlp.drop1``; test-time registers replace ``patch_drop`` (inserting zero tokens
-after the prefix) and raise ``num_prefix_tokens``; attention biases replace ``blocks[l].attn`` with a module
-reusing its ``qkv``/``proj``; ``SelectiveCLS`` sets ``attn_pool``; block-output edits (``SAEFeatureAblation``)
-are forward hooks on ``blocks[l]`` (no new submodule, so the state dict keeps its keys). Edits compose in the order of
+``apply`` swaps submodules of the timm model in place (no hook machinery, ``state_dict`` keys unchanged); where
+each edit goes is the model family's business (``Family.plain_*``; in a ViT: MLP edits replace
+``blocks[l].mlp.drop1``; test-time registers replace ``patch_drop`` (inserting zero tokens after the prefix) and
+raise ``num_prefix_tokens``; attention biases replace ``blocks[l].attn`` with a module reusing its
+``qkv``/``proj``; ``SelectiveCLS`` sets ``attn_pool``); block-output edits (``SAEFeatureAblation``) are forward
+hooks on the block (no new submodule, so the state dict keeps its keys). Edits compose in the order of
 ``model.intervene`` (``interp.hooks.intervene``). Full-token ablations can instead be folded into the
 weights (:func:`export_weights`), giving a plain state dict for ``timm.create_model``.
 """
@@ -38,8 +39,8 @@ from ..errors import InterpError, PatchError
 from ..hooks.edit_state import merge_extra_kv
 from ..hooks.intervene import composition_order
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
-from .base import EditContext, Intervention, model_device
-from .modules import AttentionWithExtraKV, InsertExtraTokens, MlpActivationEdits
+from ..models.families import family_of
+from .base import Intervention, edit_context, model_device
 
 FORMAT = "interp-patch"
 FORMAT_VERSION = 1
@@ -92,7 +93,7 @@ def save(interventions: Sequence[Intervention], path: PathLike, model: nn.Module
         "model_name": _model_name(model),
         "architecture_fingerprint": architecture_fingerprint(timm_model),
         "weights_fingerprint": weights_fingerprint(timm_model),
-        "num_prefix_tokens": int(timm_model.num_prefix_tokens),
+        "num_prefix_tokens": family_of(timm_model).layout().n_prefix,
         "interventions": entries,
         "tensor_sha256": _tensor_digest(tensors),
     }
@@ -208,18 +209,16 @@ def plan_swaps(timm_model: nn.Module, interventions: Sequence[Intervention]) -> 
     """The modules ``apply`` installs, in composition order: (MLP edits per block, extra tokens,
     extra key/values per block, pooling module or None). Raises :class:`PatchError` on conflicts."""
     ordered = composition_order(interventions)
-    m = timm_model
-    base_prefix = int(m.num_prefix_tokens)
+    family = family_of(timm_model)
+    base_prefix = family.layout().n_prefix
     n_extra = sum(iv.n_extra_tokens for iv in ordered)
-    ctx_args = dict(base_prefix=base_prefix, n_prefix=base_prefix + n_extra, n_layers=len(m.blocks),
-                    d_mlp=int(m.blocks[0].mlp.fc2.in_features))
     edits: Dict[int, List[nn.Module]] = defaultdict(list)
     extra_kv: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
     pool, start = None, base_prefix
-    skip = base_prefix + n_extra if getattr(m, "pool_include_prefix", False) else 0
+    skip = family.pool_skip(n_extra)
     try:
         for iv in ordered:
-            ctx = EditContext(extra_start=start if iv.n_extra_tokens else None, **ctx_args)
+            ctx = edit_context(family, base_prefix, base_prefix + n_extra, start if iv.n_extra_tokens else None)
             for layer, edit in iv.mlp_edits(ctx).items():
                 edits[layer].append(edit)
             start += iv.n_extra_tokens
@@ -228,23 +227,17 @@ def plan_swaps(timm_model: nn.Module, interventions: Sequence[Intervention]) -> 
             if new_pool is not None:
                 if pool is not None:
                     raise PatchError("two pooling interventions; a patch may hold one SelectiveCLS")
-                if getattr(m, "attn_pool", None) is not None:
-                    raise PatchError("SelectiveCLS on a model with attention pooling (attn_pool) would drop the "
-                                     "pooling weights from the state dict; use the hooked model instead")
                 pool = new_pool
     except PatchError:
         raise
     except InterpError as e:
         raise PatchError(f"the patch does not fit this model: {e}") from e
-    if n_extra and getattr(m, "dynamic_img_size", False) and m.pos_embed is not None and not m.no_embed_class:
-        raise PatchError("test-time registers in a plain model with dynamic_img_size=True and a position "
-                         "embedding that covers the prefix tokens are not supported (timm resamples it with "
-                         "num_prefix_tokens); build the model without dynamic_img_size, or use the hooked model")
     return dict(edits), n_extra, extra_kv, pool
 
 
 def apply_interventions(timm_model: nn.Module, interventions: Sequence[Intervention]) -> nn.Module:
-    """Swap submodules of ``timm_model`` (in place) so its forward applies ``interventions``; returns it."""
+    """Swap submodules of ``timm_model`` (in place) so its forward applies ``interventions``; returns it. Where
+    each edit goes is the model family's business (``Family.plain_*``)."""
     from ..hooks.hooked_vit import HookedViT
 
     if isinstance(timm_model, HookedViT):
@@ -253,31 +246,31 @@ def apply_interventions(timm_model: nn.Module, interventions: Sequence[Intervent
     if getattr(timm_model, "interp_patch", None):
         raise PatchError("this model already has a patch applied; build a fresh model to apply another")
     edits, n_extra, extra_kv, pool = plan_swaps(timm_model, interventions)
-    m, device = timm_model, model_device(timm_model)
-    block_edits = resid_edits(m, interventions)  # planned on the unpatched prefix count (it adds n_extra itself)
-    for layer, layer_edits in edits.items():
-        mlp = m.blocks[layer].mlp
-        mlp.drop1 = MlpActivationEdits(layer_edits, mlp.drop1).to(device)
-    if n_extra:
-        m.patch_drop = InsertExtraTokens(m.patch_drop, m.num_prefix_tokens, n_extra)
-        m.num_prefix_tokens = m.num_prefix_tokens + n_extra
-    for layer, (k, v) in extra_kv.items():
-        m.blocks[layer].attn = AttentionWithExtraKV(m.blocks[layer].attn, k, v).to(device)
-    if pool is not None:
-        m.attn_pool = pool
+    family, device = family_of(timm_model), model_device(timm_model)
+    block_edits = resid_edits(timm_model, interventions)  # planned on the unpatched prefix count
+    try:
+        for layer, layer_edits in edits.items():
+            family.plain_mlp_edits(layer, [edit.to(device) for edit in layer_edits])
+        if n_extra:
+            family.plain_extra_tokens(n_extra)
+        for layer, kv in extra_kv.items():
+            family.plain_extra_kv(layer, tuple(t.to(device) for t in kv))
+        if pool is not None:
+            family.plain_pool(pool.to(device))
+    except InterpError as e:
+        raise PatchError(f"the patch does not fit this model: {e}") from e
     for layer, edit in block_edits.items():
-        m.blocks[layer].register_forward_hook(lambda module, args, out, edit=edit.to(device): edit(out))
-    m.interp_patch = [iv.kind for iv in composition_order(interventions)]
-    return m
+        family.block(layer).register_forward_hook(lambda module, args, out, edit=edit.to(device): edit(out))
+    timm_model.interp_patch = [iv.kind for iv in composition_order(interventions)]
+    return timm_model
 
 
 def resid_edits(timm_model: nn.Module, interventions: Sequence[Intervention]) -> Dict[int, nn.Module]:
     """Block-output edits per block, composed in the order of ``model.intervene``."""
-    m = timm_model
-    base_prefix = int(m.num_prefix_tokens)
+    family = family_of(timm_model)
+    base_prefix = family.layout().n_prefix
     n_extra = sum(iv.n_extra_tokens for iv in interventions)
-    ctx = EditContext(base_prefix=base_prefix, n_prefix=base_prefix + n_extra, extra_start=None,
-                      n_layers=len(m.blocks), d_mlp=int(m.blocks[0].mlp.fc2.in_features))
+    ctx = edit_context(family, base_prefix, base_prefix + n_extra, None)
     by_layer: Dict[int, List[nn.Module]] = defaultdict(list)
     try:
         for iv in composition_order(interventions):
@@ -336,18 +329,20 @@ def export_weights(interventions: Sequence[Intervention], model: nn.Module, path
         for layer, by_neuron in by_layer.items():
             constants[layer].update(by_neuron)
     state = {k: v.detach().cpu().clone() for k, v in timm_model.state_dict().items()}
+    family = family_of(timm_model)
+    prefixes = [prefix for prefix, _ in family.blocks()]
     for layer, by_neuron in constants.items():
-        mlp = timm_model.blocks[layer].mlp
-        if not isinstance(mlp.norm, nn.Identity):
-            raise PatchError(f"blocks.{layer}.mlp normalises its hidden layer before fc2, so an ablation is not a "
+        mlp, where = family.mlp(layer), f"{prefixes[layer]}.mlp"
+        if not isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity):
+            raise PatchError(f"{where} normalises its hidden layer before fc2, so an ablation is not a "
                              "weight edit there; save it as a patch with interp.patch.save instead")
-        weight = state[f"blocks.{layer}.mlp.fc2.weight"]
+        weight = state[f"{where}.fc2.weight"]
         idx = torch.tensor(sorted(by_neuron))
         values = torch.tensor([by_neuron[n] for n in idx.tolist()], dtype=torch.float64)
         if values.abs().sum() > 0:
-            bias_key = f"blocks.{layer}.mlp.fc2.bias"
+            bias_key = f"{where}.fc2.bias"
             if bias_key not in state:
-                raise PatchError(f"blocks.{layer}.mlp.fc2 has no bias to hold the mean of a mean ablation")
+                raise PatchError(f"{where}.fc2 has no bias to hold the mean of a mean ablation")
             state[bias_key] += (weight[:, idx].double() @ values).to(state[bias_key].dtype)
         weight[:, idx] = 0
     path = Path(path)

@@ -1,15 +1,10 @@
-"""``nn.Module`` forms of the edits: run by the hooks of a ``HookedViT`` and swapped into plain timm models.
+"""``nn.Module`` forms of the MLP edits: run by the hooks of a ``HookedViT`` and swapped into plain timm models.
 
 MLP edits (:class:`AblationEdit`, :class:`RelocationEdit`, :class:`RegisterNeuronEdit`) map the MLP
-activation [b, t, d_mlp] to its edited value by calling the functions of :mod:`.edits`.
-
-Plain-model swaps (used by ``interp.patch.apply``; none adds a ``state_dict`` key, all tensors are
-non-persistent buffers that follow ``.to(device)``):
-
-* :class:`MlpActivationEdits` replaces ``blocks[l].mlp.drop1``, which timm's ``Mlp``/``GluMlp``/``SwiGLU``
-  call right after the non-linearity (and gating);
-* :class:`InsertExtraTokens` replaces ``patch_drop`` (called after the position embedding);
-* :class:`AttentionWithExtraKV` replaces ``blocks[l].attn``, adopting its ``qkv``/``proj``/norm children.
+activation [b, t, d_mlp] to its edited value by calling the functions of :mod:`.edits`. Where a plain timm
+model takes them (and test-time tokens, extra key/values, a pooling) is its family adapter's business
+(``Family.plain_*``, :mod:`interp.models.families`); none adds a ``state_dict`` key, all tensors are
+non-persistent buffers that follow ``.to(device)``.
 """
 from __future__ import annotations
 
@@ -18,7 +13,6 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..hooks.points import attention_forward
 from . import edits
 
 
@@ -77,68 +71,3 @@ class RegisterNeuronEdit(NeuronEdit):
     def extra_repr(self) -> str:
         return (f"neurons={self.idx.tolist()}, registers=[{self.extra_start}, +{self.n_extra}), "
                 f"value={self.value}, patch_fill={self.patch_fill}")
-
-
-class MlpActivationEdits(nn.Module):
-    """Stand-in for ``mlp.drop1``: applies ``edits`` in order, then the original dropout."""
-
-    def __init__(self, edit_modules: Sequence[nn.Module], drop: nn.Module):
-        super().__init__()
-        self.edits = nn.ModuleList(edit_modules)
-        self.drop = drop
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        for edit in self.edits:
-            h = edit(h)
-        return self.drop(h)
-
-
-class InsertExtraTokens(nn.Module):
-    """Stand-in for ``patch_drop``: the original module, then ``n_extra`` zero tokens after ``n_prefix`` rows.
-
-    x [b, t, d] -> [b, t + n_extra, d]; the tokens get no position embedding (it was added before).
-    """
-
-    def __init__(self, patch_drop: nn.Module, n_prefix: int, n_extra: int):
-        super().__init__()
-        self.patch_drop = patch_drop
-        self.n_prefix, self.n_extra = int(n_prefix), int(n_extra)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_drop(x)
-        zeros = x.new_zeros(x.shape[0], self.n_extra, x.shape[-1])
-        return torch.cat([x[:, :self.n_prefix], zeros, x[:, self.n_prefix:]], dim=1)
-
-    def extra_repr(self) -> str:
-        return f"n_prefix={self.n_prefix}, n_extra={self.n_extra}"
-
-
-def attention_with_extra_kv(attn: nn.Module, x: torch.Tensor, k_extra: torch.Tensor,
-                            v_extra: torch.Tensor) -> torch.Tensor:
-    """timm ``Attention`` with m extra key/value columns, on a plain module: the hooked arithmetic
-    (:func:`interp.hooks.points.attention_forward`) without hook points. x [b, t, d], k_extra/v_extra
-    [h, m, dh] -> [b, t, d]."""
-    return attention_forward(attn, x, (k_extra, v_extra), hooked=False)
-
-
-class AttentionWithExtraKV(nn.Module):
-    """Stand-in for a timm ``Attention`` that appends (k', v') [h, m, dh] as extra key/value columns.
-
-    It adopts the original's children under the same names, so the block's ``state_dict`` keys are unchanged.
-    """
-
-    def __init__(self, attn: nn.Module, k_extra: torch.Tensor, v_extra: torch.Tensor):
-        super().__init__()
-        for name in ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "proj", "proj_drop"):
-            self.add_module(name, getattr(attn, name))
-        self.num_heads, self.head_dim, self.attn_dim = attn.num_heads, attn.head_dim, attn.attn_dim
-        self.register_buffer("k_extra", k_extra.detach().clone(), persistent=False)
-        self.register_buffer("v_extra", v_extra.detach().clone(), persistent=False)
-
-    def forward(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
-        if attn_mask is not None or is_causal:
-            raise ValueError("AttentionWithExtraKV does not take attention masks")
-        return attention_with_extra_kv(self, x, self.k_extra, self.v_extra)
-
-    def extra_repr(self) -> str:
-        return f"heads={self.num_heads}, extra_columns={self.k_extra.shape[1]}"

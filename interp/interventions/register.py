@@ -73,7 +73,7 @@ class TestTimeRegister(Intervention):
         return self.n_registers
 
     def mlp_edits(self, ctx: EditContext):
-        check_neurons(self.neurons, ctx.n_layers, ctx.d_mlp)
+        ctx.check_neurons(self.neurons)
         return {layer: RegisterNeuronEdit(idx, ctx.n_prefix, ctx.extra_start, self.n_registers, self.value,
                                           self.patch_fill)
                 for layer, idx in self.neurons.items()}

@@ -51,7 +51,7 @@ class Relocation(Intervention):
             raise ValueError(f"target must be a boolean patch grid [h, w], got shape {tuple(self.target.shape)}")
 
     def mlp_edits(self, ctx: EditContext):
-        check_neurons(self.neurons, ctx.n_layers, ctx.d_mlp)
+        ctx.check_neurons(self.neurons)
         return {layer: RelocationEdit(idx, ctx.n_prefix, self.target, self.value) for layer, idx in self.neurons.items()}
 
     def params(self) -> Dict[str, Any]:

@@ -1,33 +1,43 @@
-"""Token layout of a timm ViT: which rows of the token axis are CLS, registers and patches.
+"""Token layout of a timm vision transformer: which rows of the token axis are CLS, registers and patches, and
+on which patch grid each block runs.
 
-Everything is read from the model (``num_prefix_tokens``, ``cls_token``, ``reg_token``,
-``patch_embed``), never guessed from its name.
+Everything is read from the model by its family adapter (:mod:`interp.models.families`: ``num_prefix_tokens``,
+``cls_token``, ``reg_token``, ``patch_embed``, the stages of a pyramid model), never guessed from its name.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
+
+Grid = Tuple[int, int]
 
 
 @dataclass(frozen=True)
 class TokenLayout:
     """Where each kind of token sits on the token axis ``t`` of ``[b, t, d]`` activations.
 
-    Token order is always ``[CLS?, registers..., extra (test-time) registers..., patches...]``.
+    Token order is always ``[CLS?, registers..., extra (test-time) registers..., patches...]``; patches are
+    row-major over the grid.
 
     Attributes:
         n_prefix: number of prefix tokens (CLS + trained registers + test-time registers).
         n_registers: trained register tokens (e.g. 4 for ``*_reg4_*`` models).
         cls_index: row of the CLS token, or None for models without one.
-        grid: patch grid ``(h, w)`` for the input size this layout describes.
+        grid: patch grid ``(h, w)`` of the model's last blocks (every block's, in a plain ViT) for the input size
+            this layout describes.
         n_extra: test-time registers appended by an intervention (counted in ``n_prefix``).
+        stage_grids: the grid of each stage of a pyramid model (PVTv2, Swin: blocks of later stages run on
+            coarser grids, ``grid`` is the last one); empty when every block runs on ``grid``.
+        block_stages: the stage of each block (with ``stage_grids``).
     """
 
     n_prefix: int
     n_registers: int
     cls_index: Optional[int]
-    grid: Tuple[int, int]
+    grid: Grid
     n_extra: int = 0
+    stage_grids: Tuple[Grid, ...] = ()
+    block_stages: Tuple[int, ...] = ()
 
     @property
     def n_patches(self) -> int:
@@ -51,22 +61,34 @@ class TokenLayout:
     def patch_slice(self) -> slice:
         return slice(self.n_prefix, self.n_prefix + self.n_patches)
 
+    @property
+    def n_stages(self) -> int:
+        """Stages of blocks on distinct grids (1 for a plain ViT)."""
+        return max(len(self.stage_grids), 1)
+
+    def stage_of(self, layer: int) -> int:
+        """The stage block ``layer`` belongs to (0 for every block of a plain ViT)."""
+        return self.block_stages[layer] if self.block_stages else 0
+
+    def for_block(self, layer: int) -> "TokenLayout":
+        """The layout of the tokens block ``layer`` reads and writes: its stage's grid (this layout itself when
+        every block runs on one grid)."""
+        if not self.stage_grids:
+            return self
+        return replace(self, grid=self.stage_grids[self.stage_of(layer)], stage_grids=(), block_stages=())
+
     def with_extra(self, n_extra: int) -> "TokenLayout":
         """The layout after ``n_extra`` test-time registers are appended after the prefix tokens."""
-        return TokenLayout(
-            n_prefix=self.n_prefix - self.n_extra + n_extra,
-            n_registers=self.n_registers,
-            cls_index=self.cls_index,
-            grid=self.grid,
-            n_extra=n_extra,
-        )
+        return replace(self, n_prefix=self.n_prefix - self.n_extra + n_extra, n_extra=n_extra)
 
-    def with_grid(self, grid: Tuple[int, int]) -> "TokenLayout":
-        return TokenLayout(self.n_prefix, self.n_registers, self.cls_index, tuple(grid), self.n_extra)
+    def with_grid(self, grid: Grid) -> "TokenLayout":
+        return replace(self, grid=tuple(grid))
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["grid"] = list(self.grid)
+        d = {"n_prefix": self.n_prefix, "n_registers": self.n_registers, "cls_index": self.cls_index,
+             "grid": list(self.grid), "n_extra": self.n_extra}
+        if self.stage_grids:
+            d.update(stage_grids=[list(g) for g in self.stage_grids], block_stages=list(self.block_stages))
         return d
 
     @classmethod
@@ -77,28 +99,6 @@ class TokenLayout:
             cls_index=None if d.get("cls_index") is None else int(d["cls_index"]),
             grid=tuple(int(g) for g in d["grid"]),
             n_extra=int(d.get("n_extra", 0)),
+            stage_grids=tuple(tuple(int(v) for v in g) for g in d.get("stage_grids", ())),
+            block_stages=tuple(int(s) for s in d.get("block_stages", ())),
         )
-
-
-def grid_for(timm_model, img_size: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
-    """Patch grid ``(h, w)`` of ``timm_model`` for an input of ``img_size`` (default: its own)."""
-    pe = timm_model.patch_embed
-    if img_size is None:
-        return tuple(int(g) for g in pe.grid_size)
-    if hasattr(pe, "dynamic_feat_size"):
-        return tuple(int(g) for g in pe.dynamic_feat_size(tuple(img_size)))
-    ph, pw = pe.patch_size
-    return (img_size[0] // ph, img_size[1] // pw)
-
-
-def read_layout(timm_model, img_size: Optional[Tuple[int, int]] = None) -> TokenLayout:
-    """Read the token layout from a timm VisionTransformer."""
-    n_prefix = int(getattr(timm_model, "num_prefix_tokens", 0))
-    n_registers = int(getattr(timm_model, "num_reg_tokens", 0) or 0)
-    has_cls = getattr(timm_model, "cls_token", None) is not None
-    return TokenLayout(
-        n_prefix=n_prefix,
-        n_registers=n_registers,
-        cls_index=0 if has_cls else None,
-        grid=grid_for(timm_model, img_size),
-    )

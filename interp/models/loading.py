@@ -18,11 +18,8 @@ from torch import nn
 
 from ..errors import ModelLoadError, UnsupportedModelError, close_matches
 from .pos_table import POS_RESAMPLE_CHOICES, resample_positions
-from .support import SUPPORTED_FAMILIES, check_supported
+from .families import family_of, family_of_entry_module
 from .torchvision_format import adopt_torchvision_config, convert_torchvision_vit, is_torchvision_vit
-
-_VIT_MODULES = ("timm.models.vision_transformer", "timm.models.deit")
-
 
 def _resolve_dtype(dtype) -> Optional[torch.dtype]:
     if dtype is None or isinstance(dtype, torch.dtype):
@@ -35,7 +32,7 @@ def _resolve_dtype(dtype) -> Optional[torch.dtype]:
 
 
 def check_model_name(name: str) -> None:
-    """Raise a clear error for an unknown timm name or a timm model that is not a ViT."""
+    """Raise a clear error for an unknown timm name or a timm model of a family interp does not instrument."""
     import timm
     from timm.models import is_model, model_entrypoint
 
@@ -44,11 +41,10 @@ def check_model_name(name: str) -> None:
         hints = close_matches(base, timm.list_models(), n=5)
         hint = f" Did you mean: {', '.join(hints)}?" if hints else ""
         raise ModelLoadError(f"unknown timm model {name!r}.{hint}")
-    module = model_entrypoint(base).__module__
-    if module not in _VIT_MODULES:
-        raise UnsupportedModelError(
-            f"{name!r} is a {module.rsplit('.', 1)[-1]} model, not a ViT. interp instruments: {SUPPORTED_FAMILIES}."
-        )
+    try:
+        family_of_entry_module(model_entrypoint(base).__module__)
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(f"{name!r}: {e}") from None
 
 
 def read_state_dict(path: Union[str, Path]) -> dict:
@@ -332,7 +328,7 @@ def create_timm_vit(
         raise ModelLoadError(f"timm could not build {name!r} with {timm_kwargs}: {e}") from e
     model.interp_init_seed = init_seed
     model.interp_pos_resample = None
-    check_supported(model)
+    family_of(model)  # a variant interp does not instrument is refused before any weight is read
     entry_module = model_entrypoint(name.split(".")[0]).__module__
     local, reachable = weights, None
     if local is None and pretrained:

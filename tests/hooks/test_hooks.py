@@ -79,7 +79,7 @@ def test_pattern_equals_manual_softmax_of_q_k():
 
 def test_fused_kernel_kept_when_no_pattern_hook(monkeypatch):
     """Per block: only blocks whose pattern is hooked take the unfused path."""
-    import interp.hooks.points as points
+    import interp.models.families.parts as points
 
     calls = []
     real = points.F.scaled_dot_product_attention

@@ -94,7 +94,7 @@ def test_hooks_replace_values_see_the_hook_point_and_are_removed():
         return torch.zeros_like(t)
 
     with model.hooks(fwd_hooks=[("hook_out", zero)]):
-        assert model.hook_dict["hook_out"]._forward_hooks, "interp.hooks.points.is_hooked reads _forward_hooks"
+        assert model.hook_dict["hook_out"]._forward_hooks, "interp.models.families.parts.is_hooked reads _forward_hooks"
         assert torch.equal(model(x), torch.zeros(2, 3))
     assert seen == ["hook_out"] and not model.hook_dict["hook_out"]._forward_hooks
     out = model.run_with_hooks(x, fwd_hooks=[(lambda n: n == "hook_in", zero)])

@@ -40,13 +40,13 @@ def test_pretrained_offline_fails_fast_with_actionable_message(monkeypatch, tmp_
 
 
 def test_non_vit_and_unknown_names():
-    with pytest.raises(UnsupportedModelError, match="not a ViT"):
+    with pytest.raises(UnsupportedModelError, match="a resnet model is not a family interp instruments"):
         interp.load("resnet18", pretrained=False)
     with pytest.raises(ModelLoadError, match="vit_small_patch16_224"):
         interp.load("vit_small_patch16_22", pretrained=False)
     with pytest.raises(UnsupportedModelError, match="overrides"):
         interp.HookedViT.from_timm(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False))
-    with pytest.raises(UnsupportedModelError, match="not a timm VisionTransformer"):
+    with pytest.raises(UnsupportedModelError, match="Linear is not a model family interp instruments"):
         interp.HookedViT.from_timm(torch.nn.Linear(3, 3))
 
 

@@ -1,0 +1,44 @@
+"""Model families: one adapter per timm model class (:class:`~interp.models.families.base.Family`), which says
+what the model is (blocks, token layout, sizes, write directions) and how interp runs it with hook points.
+
+Adding a family is one module here (a ``Family`` subclass, imported below) and its parity test against timm's
+own forward.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from ...errors import UnsupportedModelError
+from .base import Family, supported_families
+from .vit import VitFamily
+
+__all__ = ["Family", "VitFamily", "family_of", "family_of_entry_module", "supported_families"]
+
+
+def family_of(module: nn.Module) -> Family:
+    """The adapter of ``module``'s family, bound to it, after checking the variant is instrumented.
+
+    Raises:
+        UnsupportedModelError: no family instruments this class, or this variant of it.
+    """
+    for cls in Family.registry:
+        if cls.matches(module):
+            family = cls(module)
+            family.check()
+            return family
+    raise UnsupportedModelError(f"{type(module).__name__} is not a model family interp instruments. interp "
+                                f"instruments: {supported_families()}.")
+
+
+def family_of_entry_module(module_name: str) -> type:
+    """The family whose timm entry points live in ``module_name`` (e.g. ``timm.models.eva``), checked from a
+    model's name before it is built.
+
+    Raises:
+        UnsupportedModelError: no family is built there.
+    """
+    for cls in Family.registry:
+        if module_name in cls.timm_modules:
+            return cls
+    raise UnsupportedModelError(f"a {module_name.rsplit('.', 1)[-1]} model is not a family interp instruments. "
+                                f"interp instruments: {supported_families()}.")

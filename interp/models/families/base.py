@@ -1,0 +1,197 @@
+"""``Family``: the adapter that says what one timm model class is and how interp runs it with hook points.
+
+One subclass per timm class, one module each (``vit.py`` for ``VisionTransformer``, ...), registered by defining
+it (``Family.registry``) and imported by ``families/__init__.py``. An adapter is bound to one timm module and
+answers everything the layers above ask of a model, so nothing else reads a timm class's attributes:
+
+* what it is: the timm entry-point modules that build it (``timm_modules``, checked from a name before anything
+  is built), the variants interp instruments (:meth:`Family.check`), its blocks in forward order with their
+  hook-name prefixes (their module paths in timm: ``blocks.3``, ``stages.2.blocks.0``), its token layout for an
+  input size, block sizes, each MLP neuron's write direction;
+* how it runs: the hooked forward (:meth:`Family.residual_stream`, :meth:`Family.forward_features`,
+  :meth:`Family.forward_head`), reproducing timm's arithmetic op for op with hook points, honouring the structural
+  edits of an :class:`~interp.hooks.edit_state.EditState` it supports (test-time tokens, extra key/values, a
+  pooling override) and refusing the others in one line (:meth:`Family.check_edits`);
+* how a plain timm model of the family takes an edit (patch files): the ``plain_*`` methods.
+
+The hooked root module (:class:`~interp.hooks.hooked_vit.HookedViT`) passes itself as ``hooked`` to the forward
+methods: it carries the root hook points (``hook_embed``, ``hook_norm_final``, ...), the edit state and
+``force_patterns``.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ...errors import ImageError, InterpError, UnsupportedModelError
+from ..layout import TokenLayout
+from .parts import BLOCK_HOOK_ORDER, install
+
+
+def supported_families() -> str:
+    """Every registered family's title, for error messages."""
+    return "; ".join(f.title for f in Family.registry)
+
+
+class Family:
+    """Base adapter. Subclasses set ``name``, ``title``, ``timm_modules`` and implement the methods below.
+
+    Attributes:
+        module: the timm model this adapter is bound to.
+    """
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""  # what users call it, with the timm names that build it (error messages, docs)
+    timm_modules: ClassVar[Tuple[str, ...]] = ()  # modules of the timm entry points that build this class
+    registry: ClassVar[List[type]] = []
+    # Structural edits the hooked forward honours, and why not where it does not (one line, shown to users).
+    extra_tokens_refusal: ClassVar[Optional[str]] = None
+    extra_kv_refusal: ClassVar[Optional[str]] = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            Family.registry.append(cls)
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    # ------------------------------------------------------------------ identity
+    @classmethod
+    def timm_class(cls) -> type:
+        """The timm class this family instruments."""
+        raise NotImplementedError
+
+    @classmethod
+    def matches(cls, module: nn.Module) -> bool:
+        return isinstance(module, cls.timm_class())
+
+    def check(self) -> None:
+        """Raise :class:`~interp.errors.UnsupportedModelError` for a variant of the class the hooked forward
+        does not reproduce (checked when a model is instrumented)."""
+
+    def unsupported(self, problem: str) -> UnsupportedModelError:
+        return UnsupportedModelError(f"{type(self.module).__name__}: {problem}. interp instruments: "
+                                     f"{supported_families()}.")
+
+    # ------------------------------------------------------------------ anatomy
+    def blocks(self) -> List[Tuple[str, nn.Module]]:
+        """(hook-name prefix, block) of every block in forward order; the prefix is its module path in timm."""
+        raise NotImplementedError
+
+    def block(self, layer: int) -> nn.Module:
+        return self.blocks()[layer][1]
+
+    def layout(self, img_size: Optional[Tuple[int, int]] = None) -> TokenLayout:
+        """The token layout for inputs of ``img_size`` (default: the model's own), without test-time registers."""
+        raise NotImplementedError
+
+    @property
+    def img_size(self) -> Tuple[int, int]:
+        """The (H, W) the model was built for."""
+        return tuple(int(s) for s in self.module.patch_embed.img_size)
+
+    @property
+    def in_chans(self) -> int:
+        return int(self.module.patch_embed.proj.in_channels)
+
+    @property
+    def patch_size(self) -> Tuple[int, int]:
+        """(ph, pw): input pixels per token of the first blocks' grid."""
+        return tuple(int(p) for p in self.module.patch_embed.patch_size)
+
+    def d_model(self, layer: int = -1) -> int:
+        """Width of the residual stream at block ``layer`` (the last block's by default)."""
+        return int(self.mlp(layer).fc2.out_features)
+
+    def d_mlp(self, layer: int = 0) -> int:
+        """MLP neurons (the inputs ``fc2`` reads) of block ``layer``."""
+        return int(self.mlp(layer).fc2.in_features)
+
+    def n_heads(self, layer: int = 0) -> int:
+        return int(self.block(layer).attn.num_heads)
+
+    def mlp(self, layer: int) -> nn.Module:
+        """The MLP of block ``layer``; its ``fc2`` reads the neurons (``mlp.hook_post``)."""
+        return self.block(layer).mlp
+
+    def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
+        """The block's LayerScale on the MLP branch [d] (``gamma_2``/``ls2.gamma``), None when it has none."""
+        return None
+
+    def neuron_writes(self, layer: int) -> torch.Tensor:
+        """What each MLP neuron of block ``layer`` adds to the residual stream per unit of activation:
+        Tensor[d_model, d_mlp], ``fc2``'s columns times the block's LayerScale where it has one. Detached float32."""
+        w = self.mlp(layer).fc2.weight.detach().float()
+        gain = self.mlp_gain(layer)
+        return w if gain is None else w * gain.detach().float()[:, None]
+
+    def check_input(self, x: torch.Tensor, model_name: str) -> None:
+        """Raise :class:`~interp.errors.ImageError` unless ``x`` is a Tensor[b, C, H, W] this model can take."""
+        if not isinstance(x, torch.Tensor) or x.ndim != 4:
+            raise ImageError(f"expected an image batch Tensor[B, C, H, W], got {getattr(x, 'shape', type(x))}; "
+                             "use interp.load_images(paths, model) to read files")
+        if x.shape[1] != self.in_chans:
+            raise ImageError(f"model takes {self.in_chans}-channel images, got {x.shape[1]} channels "
+                             "(interp.load_images converts grayscale/RGBA files to RGB)")
+
+    # ------------------------------------------------------------------ hook points
+    def hook_leaves(self, layer: int) -> Tuple[str, ...]:
+        """The hook names of block ``layer`` relative to its prefix, in firing order."""
+        return BLOCK_HOOK_ORDER
+
+    def install(self) -> None:
+        """Add the hook points to every block (idempotent; no ``state_dict`` key changes)."""
+        for _, block in self.blocks():
+            install(block)
+
+    # ------------------------------------------------------------------ hooked forward
+    def residual_stream(self, hooked, x: torch.Tensor, n_blocks: Optional[int] = None) -> torch.Tensor:
+        """Images [b, C, H, W] -> the residual stream [b, t, d] after blocks ``[0, n_blocks)`` (all by default),
+        through the root's embedding hooks and every block's hook points."""
+        raise NotImplementedError
+
+    def forward_features(self, hooked, x: torch.Tensor) -> torch.Tensor:
+        """Images -> the final normed tokens [b, t, d] (through ``hooked.hook_norm_final``)."""
+        raise NotImplementedError
+
+    def forward_head(self, hooked, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Final tokens [b, t, d] -> logits [b, n_classes] through ``hook_pooled`` and ``hook_logits`` (the pooled
+        vector [b, d'] with ``pre_logits``)."""
+        raise NotImplementedError
+
+    def check_edits(self, state) -> None:
+        """Refuse, in one line, structural edits this family's forward cannot honour (an
+        :class:`~interp.hooks.edit_state.EditState`)."""
+        if state.n_extra_tokens and self.extra_tokens_refusal:
+            raise InterpError(f"test-time registers are not defined for {self.title}: {self.extra_tokens_refusal}")
+        if state.extra_kv and self.extra_kv_refusal:
+            raise InterpError(f"an attention bias is not defined for {self.title}: {self.extra_kv_refusal}")
+
+    # ------------------------------------------------------------------ plain timm models (patch files)
+    def plain_mlp_edits(self, layer: int, edits: Sequence[nn.Module]) -> None:
+        """Make block ``layer`` of the plain model apply ``edits`` (in order) to its MLP activation, the input
+        of ``fc2`` (``mlp.hook_post`` in the hooked model)."""
+        raise InterpError(f"patch files cannot edit the MLP neurons of {self.title} yet")
+
+    def plain_extra_tokens(self, n_extra: int) -> None:
+        """Make the plain model insert ``n_extra`` zero tokens after its prefix tokens (test-time registers)."""
+        raise InterpError(f"test-time registers are not defined for {self.title}: {self.extra_tokens_refusal}")
+
+    def plain_extra_kv(self, layer: int, kv: Tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Make block ``layer``'s attention append (k', v') [h, m, dh] as extra key/value columns."""
+        raise InterpError(f"an attention bias is not defined for {self.title}: {self.extra_kv_refusal}")
+
+    def plain_pool(self, pool: nn.Module) -> None:
+        """Make the plain model pool with ``pool`` (tokens [b, t, d] -> [b, d]) instead of its own pooling."""
+        raise InterpError(f"patch files cannot replace the pooling of {self.title} yet")
+
+    def pool_skip(self, n_extra: int) -> int:
+        """How many leading token rows a replacement pooling receives and must skip in the plain model."""
+        return 0
+
+    def describe(self) -> Dict[str, Any]:
+        """A few facts for ``repr`` and ``interp hooks``."""
+        return {"family": self.name}

@@ -1,0 +1,138 @@
+"""Hooked pieces several families share: hook-point installation, attention from q/k/v, timm's MLPs.
+
+Each reproduces timm's arithmetic op for op, so with no hook attached the outputs equal timm's. Attention
+scores and patterns are computed only when a hook asks for them (or ``force_pattern``); otherwise timm's fused
+kernel (``scaled_dot_product_attention``) runs, as timm's own modules do.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+
+KeyValue = Tuple[torch.Tensor, torch.Tensor]  # (k', v'), each [h, m, dh]
+
+BLOCK_HOOKS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
+ATTN_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
+MLP_HOOKS = ("hook_pre", "hook_post")
+
+# Order in which the hooks of one block fire; names relative to the block's prefix (``blocks.{i}``).
+BLOCK_HOOK_ORDER = (
+    "hook_resid_pre",
+    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
+    "hook_attn_out", "hook_resid_mid",
+    "mlp.hook_pre", "mlp.hook_post",
+    "hook_mlp_out", "hook_resid_post",
+)
+
+
+def install(block: nn.Module, extra_attn: Sequence[str] = (), extra_mlp: Sequence[str] = ()) -> None:
+    """Add identity ``HookPoint`` children to a block, its ``attn`` and its ``mlp`` (idempotent).
+
+    HookPoints hold no parameters, so the block's ``state_dict`` keys do not change.
+    """
+    groups = ((block, BLOCK_HOOKS), (block.attn, ATTN_HOOKS + tuple(extra_attn)),
+              (block.mlp, MLP_HOOKS + tuple(extra_mlp)))
+    for parent, names in groups:
+        for name in names:
+            if not isinstance(getattr(parent, name, None), HookPoint):
+                parent.add_module(name, HookPoint())
+
+
+def is_hooked(hook_point: HookPoint) -> bool:
+    """True when any forward hook is attached (a cache, an edit or an nnsight-style observer)."""
+    return bool(hook_point._forward_hooks)
+
+
+def hook_heads(hook: Optional[HookPoint], t: torch.Tensor) -> torch.Tensor:
+    """``t`` [b, h, t, dh] through ``hook``, which sees it as [b, t, h, dh] (TransformerLens' order)."""
+    return t if hook is None else hook(t.transpose(1, 2)).transpose(1, 2)
+
+
+def attend(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           extra_kv: Optional[KeyValue] = None, force_pattern: bool = False, hooked: bool = True,
+           mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Softmax attention of q/k/v [b, h, t, dh] (keys may be fewer than queries) -> z [b, t, h, dh] after
+    ``attn.hook_z``: the arithmetic of timm's ``Attention``/``EvaAttention``/PVT ``Attention``.
+
+    Args:
+        attn: the attention module (its ``scale``, ``attn_drop`` and, when ``hooked``, hook points).
+        extra_kv: (k', v'), each [h, m, dh], appended as m extra key/value columns (the attention-bias edit).
+        force_pattern: compute scores/pattern even with no hook on them.
+        hooked: False for a plain timm module without hook points.
+        mask: an additive attention mask broadcastable to [b, h, t, t_k], as timm passes it.
+    """
+    B = q.shape[0]
+    if extra_kv is not None:
+        k_extra, v_extra = extra_kv
+        k = torch.cat([k, k_extra.to(k.dtype).unsqueeze(0).expand(B, -1, -1, -1)], dim=2)
+        v = torch.cat([v, v_extra.to(v.dtype).unsqueeze(0).expand(B, -1, -1, -1)], dim=2)
+    if force_pattern or (hooked and (is_hooked(attn.hook_attn_scores) or is_hooked(attn.hook_pattern))):
+        scores = (q * attn.scale) @ k.transpose(-2, -1)  # [b, h, t, t_k(+m)]
+        if mask is not None:
+            scores = scores + mask
+        pattern = (attn.hook_pattern(attn.hook_attn_scores(scores).softmax(dim=-1)) if hooked
+                   else scores.softmax(dim=-1))
+        z = attn.attn_drop(pattern) @ v
+    else:
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           dropout_p=attn.attn_drop.p if attn.training else 0.0)
+    z = z.transpose(1, 2)  # [b, t, h, dh]
+    return attn.hook_z(z) if hooked else z
+
+
+def mlp_forward(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Hooked forward of timm ``Mlp``, ``GluMlp`` (incl. SwiGLUPacked) and ``SwiGLU``.
+
+    ``hook_pre`` is the fc1 output ([b, t, d_mlp], or [b, t, 2*d_mlp] for gated MLPs, the activated half first
+    for SwiGLU); ``hook_post`` is the input of drop1/fc2 after the non-linearity (and gating) [b, t, d_mlp]:
+    the neurons. A gated MLP's gate alone (after its non-linearity) fires ``hook_gate`` [b, t, d_mlp] when the
+    MLP has that hook point.
+    """
+    from timm.layers import GluMlp, SwiGLU
+
+    gate_hook = getattr(mlp, "hook_gate", None)
+    if isinstance(mlp, SwiGLU):
+        x_gate, x_lin = mlp.fc1_g(x), mlp.fc1_x(x)
+        if is_hooked(mlp.hook_pre):
+            x_gate, x_lin = mlp.hook_pre(torch.cat([x_gate, x_lin], dim=-1)).chunk(2, dim=-1)
+        gate = mlp.act(x_gate)
+        h = (gate if gate_hook is None else gate_hook(gate)) * x_lin
+    elif isinstance(mlp, GluMlp):
+        h = mlp.hook_pre(mlp.fc1(x))
+        x1, x2 = h.chunk(2, dim=mlp.chunk_dim)
+        gate = mlp.act(x2) if mlp.gate_last else mlp.act(x1)
+        gate = gate if gate_hook is None else gate_hook(gate)
+        h = x1 * gate if mlp.gate_last else gate * x2
+    else:
+        h = mlp.act(mlp.hook_pre(mlp.fc1(x)))
+    h = mlp.hook_post(h)
+    h = mlp.drop1(h)
+    h = mlp.norm(h)
+    h = mlp.fc2(h)
+    return mlp.drop2(h)
+
+
+def is_gated(mlp: nn.Module) -> bool:
+    """True for timm's gated MLPs (``GluMlp``, ``SwiGLU``), whose neurons are gate x linear products."""
+    from timm.layers import GluMlp, SwiGLU
+
+    return isinstance(mlp, (GluMlp, SwiGLU))
+
+
+class MlpActivationEdits(nn.Module):
+    """Stand-in for a plain model's ``mlp.drop1`` (the module timm's MLPs call right after the non-linearity and
+    gating): applies ``edits`` in order, then the original dropout."""
+
+    def __init__(self, edit_modules: Sequence[nn.Module], drop: nn.Module):
+        super().__init__()
+        self.edits = nn.ModuleList(edit_modules)
+        self.drop = drop
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for edit in self.edits:
+            h = edit(h)
+        return self.drop(h)
