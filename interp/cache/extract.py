@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import CacheError
+from ..hooks.names import BlockNames
 from ..models.layout import TokenLayout
 from .format import DTYPES, PATCH_ONLY_HOOKS, is_attention_map, token_axis, token_rows
 
@@ -29,14 +30,16 @@ class Extractor:
     Args:
         hooks: hook names to store.
         layout: token layout for the input size of the run.
-        tokens: ``all``, ``prefix`` (CLS + registers), ``patches`` or ``cls``.
+        blocks: the model's block names (each hook's rows follow its block's grid in a pyramid model).
+        tokens: ``all``, ``prefix`` (CLS + registers), ``patches`` or ``cls`` (``patches`` of a model without
+            prefix tokens is ``all``).
         norms_only: store the L2 norm of each token over its feature axes instead of the vector:
             [b, t, d] -> [b, t], q/k/v/z [b, t, h, dh] -> [b, t], pooled/logits [b, d] -> [b].
         dtype: ``float16`` or ``float32``.
     """
 
-    def __init__(self, hooks: List[str], layout: TokenLayout, tokens: str = "all", norms_only: bool = False,
-                 dtype: str = "float16"):
+    def __init__(self, hooks: List[str], layout: TokenLayout, blocks: BlockNames, tokens: str = "all",
+                 norms_only: bool = False, dtype: str = "float16"):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
         if norms_only:
@@ -45,7 +48,9 @@ class Extractor:
                 raise CacheError(f"norms_only stores per-token vector norms; attention maps have none ({maps[0]}). "
                                  "Cache attention patterns/scores in a run without --norms-only.")
         self.hooks = list(hooks)
-        self.layout = layout
+        self.layout, self.blocks = layout, blocks
+        if tokens == "patches" and layout.n_prefix == 0:
+            tokens = "all"  # no prefix rows to drop: every hook's rows are its patches
         self.tokens = tokens
         self.rows = token_rows(layout, tokens)
         self.norms_only = norms_only
@@ -59,10 +64,10 @@ class Extractor:
         if hook in PATCH_ONLY_HOOKS:
             pass  # [b, P, d]: patch rows only, stored whole
         elif axis is not None:
-            n = act.shape[axis + 1]
-            if n != self.layout.n_tokens:
+            n, layout = act.shape[axis + 1], self.blocks.layout_of(self.layout, hook)
+            if n != layout.n_tokens:
                 raise CacheError(f"{hook} has {n} rows on its token axis but the token layout has "
-                                 f"{self.layout.n_tokens} tokens ({self.layout.to_dict()})")
+                                 f"{layout.n_tokens} tokens ({layout.to_dict()})")
             if self.tokens != "all":
                 act = act.narrow(axis + 1, self.rows.start, self.rows.stop - self.rows.start)
         if self.norms_only:
@@ -103,7 +108,7 @@ class Extractor:
             CacheError: a hook did not fire (e.g. ``hook_selective_votes`` without its intervention).
         """
         p = next(model.parameters())
-        x = torch.zeros(1, model.timm_model.patch_embed.proj.in_channels, *input_size, device=p.device, dtype=p.dtype)
+        x = torch.zeros(1, model.family.in_chans, *input_size, device=p.device, dtype=p.dtype)
         # One image is all small ops; on a busy CPU, thread barriers make it ~10x slower than one thread.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)

@@ -17,7 +17,6 @@ from typing import Optional
 import torch
 
 from ..errors import CacheError
-from ..hooks.names import blocks_needed
 from .extract import BufferPool, Extractor
 from .format import FORMAT_VERSION, model_fingerprints, versions
 from .format import weights_source as format_weights_source
@@ -73,7 +72,7 @@ def write_file(
         raise CacheError(f"{str(path)!r} is a folder; give the path of the .h5 file to write")
     target = Path(os.path.realpath(path))
     layout = model.layout_for(source.input_size)
-    extractor = Extractor(hook_names, layout, tokens, norms_only, dtype)
+    extractor = Extractor(hook_names, layout, model.block_names, tokens, norms_only, dtype)
     shapes = extractor.per_image_shapes(model, source.input_size)
     meta = run_meta(model, source, extractor, compression, batch_size, shard, weights_source)
     lock = WriterLock(target)
@@ -118,6 +117,7 @@ def run_meta(model, source: ImageFeed, extractor: Extractor, compression: str, b
                         for k, v in (source.data_config or data_config(model)).items()},
         "input_size": list(source.input_size),
         "layout": extractor.layout.to_dict(),
+        "blocks": list(model.block_names.prefixes),
         "hooks": list(extractor.hooks),
         "dtype": extractor.dtype,
         "tokens": extractor.tokens,
@@ -153,7 +153,7 @@ def _stream(model, source: ImageFeed, extractor: Extractor, store: CacheFile, ba
     n_images = len(source)
     start_rows = store.n_written
     param = next(model.parameters())
-    stop_at_layer = blocks_needed(extractor.hooks)
+    stop_at_layer = model.block_names.blocks_needed(extractor.hooks)
     t0 = time.perf_counter()
     written_bytes = 0
     bar = tqdm(total=n_images, initial=store.position, unit="img", desc=f"cache {store.final.name}",

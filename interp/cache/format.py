@@ -48,11 +48,12 @@ COMPRESSIONS = ("none", "lzf", "gzip")
 ATTRIBUTES = (
     "format_version", "interp_version", "timm_version", "torch_version", "h5py_version",
     "model_name", "weights_fingerprint", "architecture_fingerprint", "model_depth", "weights_source",
-    "data_config", "input_size", "layout",
+    "data_config", "input_size", "layout", "blocks",
     "hooks", "dtype", "tokens", "token_rows", "norms_only", "compression", "batch_size",
     "n_images", "images_sha256", "n_written", "n_skipped", "complete", "shard", "shards",
 )
-JSON_ATTRIBUTES = ("weights_source", "data_config", "input_size", "layout", "hooks", "token_rows", "shard", "shards")
+JSON_ATTRIBUTES = ("weights_source", "data_config", "input_size", "layout", "blocks", "hooks", "token_rows", "shard",
+                   "shards")
 
 # Settings a resumed run must share with the file it continues.
 RESUME_KEYS = ("architecture_fingerprint", "weights_fingerprint", "input_size", "data_config", "layout", "hooks",

@@ -201,6 +201,11 @@ def validate_meta(meta: dict, path) -> None:
         raise damaged(path, f"attribute 'dtype' is {meta['dtype']!r}")
     if "model_depth" in meta and meta["model_depth"] is not None:
         integer("model_depth", 1)
+    blocks = meta.get("blocks")
+    if blocks is not None and (not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks)
+                               or len(blocks) != meta.get("model_depth", len(blocks))):
+        raise damaged(path, f"attribute 'blocks' is {str(blocks)[:80]!r}, expected the model's block names, one "
+                            "per block")
     if meta.get("token_rows") is not None:
         _check_token_rows(meta, path)
 

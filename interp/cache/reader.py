@@ -214,6 +214,15 @@ class Reader:
         blocks = [hook_names_mod.block_of(h) for h in self.hooks]
         return max((b + 1 for b in blocks if b is not None), default=0)
 
+    @property
+    def blocks(self) -> hook_names_mod.BlockNames:
+        """The hook-name prefix of every block of the model that wrote the cache (``blocks`` attribute; files
+        written before it was recorded: ``blocks.0 .. blocks.{model_depth - 1}``)."""
+        prefixes = self.meta.get("blocks")
+        if prefixes:
+            return hook_names_mod.BlockNames(tuple(str(p) for p in prefixes))
+        return hook_names_mod.BlockNames.flat(self.model_depth)
+
     def verify(self) -> None:
         """Read every committed row and compare it with its checksum; raise :class:`CacheError` naming the
         first damaged row. Format-1 files have no checksums: their structure is checked on open only."""

@@ -71,7 +71,7 @@ def run(args) -> int:
     model = model_from_args(args)
     hooks = list(args.hooks)
     if args.for_studies:
-        hooks += [h for h in hooks_for_studies(_study_names(args.for_studies), model.n_layers) if h not in hooks]
+        hooks += [h for h in hooks_for_studies(_study_names(args.for_studies), model.block_names) if h not in hooks]
     replacing = os.path.exists(args.out) and not args.resume
     try:
         summary = write(

@@ -62,14 +62,14 @@ def open_study_source(inputs: StudyInputs, model, config: StudyConfig):
     source = open_source(model=model, images=images, cache=inputs.cache, batch_size=inputs.batch_size,
                          strict=inputs.strict, preprocess=inputs.preprocess)
     if not source.is_live:
-        check_cache_serves(source, config, model.n_layers)
+        check_cache_serves(source, config, model.block_names)
     return source
 
 
-def check_cache_serves(source, config: StudyConfig, n_layers: int) -> None:
+def check_cache_serves(source, config: StudyConfig, blocks) -> None:
     """Raise unless the cache ``source`` holds every hook ``config`` reads (in full when it needs vectors),
     naming the missing hooks and the ``interp cache --for`` command that writes them."""
-    missing = [h for h in config.required_hooks(n_layers) if not source.has(h)]
+    missing = [h for h in config.required_hooks(blocks) if not source.has(h)]
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         raise InterpError(f"the cache lacks hooks that interp study {config.name} reads: {shown}; write one with "

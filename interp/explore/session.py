@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from ..errors import InterpError
-from ..hooks.names import RESID_STAGES as STAGES, attn_pattern, mlp_post, resid_mid, resid_post, resid_stage
+from ..hooks.names import RESID_STAGES as STAGES
 from ..interventions import interventions_from_spec, masks
 from ..models.planted import planted_truth
 from ..models.preprocessing import list_images
@@ -259,24 +259,24 @@ class ExploreSession:
             def neuron_cols(t, hook):
                 kept[hook.name] = t[0, patches].float().cpu()  # [P, d_mlp]
 
-            L = self.model.n_layers
-            hooks = [(resid_mid(l), norms) for l in range(L)] + [(resid_post(l), norms) for l in range(L)]
+            L, names = self.model.n_layers, self.model.block_names
+            hooks = [(names.resid_mid(l), norms) for l in range(L)] + [(names.resid_post(l), norms) for l in range(L)]
             if lay.cls_index is not None:
-                hooks += [(attn_pattern(l), cls_row) for l in range(L)]
-            hooks += [(mlp_post(l), neuron_cols) for l in layers]
+                hooks += [(names.attn_pattern(l), cls_row) for l in range(L)]
+            hooks += [(names.mlp_post(l), neuron_cols) for l in layers]
             out = self.model.run_with_hooks(self.pixels[index:index + 1], fwd_hooks=hooks)[0].float().cpu()
-        stage = {s: torch.stack([kept[resid_stage(l, s)] for l in range(L)]) for s in STAGES}  # [L, t]
+        stage = {s: torch.stack([kept[names.resid_stage(l, s)] for l in range(L)]) for s in STAGES}  # [L, t]
         patch = {s: v[:, patches] for s, v in stage.items()}
-        maps = [{**n, "map": _rounded(kept[mlp_post(n["layer"])][:, n["neuron"]])} for n in shown]
+        maps = [{**n, "map": _rounded(kept[names.mlp_post(n["layer"])][:, n["neuron"]])} for n in shown]
         return {
             "patch_norms": patch["resid_post"],  # [L, P] float32
             "curves": _curves(patch),
             "prefix_norms": stage["resid_post"][:, :n_prefix].tolist(),
             "prefix_labels": self._prefix_labels(lay),
             "cls_attention": None if lay.cls_index is None else
-            [_rounded(kept[attn_pattern(l)][:, patches]) for l in range(L)],  # [L][H][P]
+            [_rounded(kept[names.attn_pattern(l)][:, patches]) for l in range(L)],  # [L][H][P]
             "cls_attention_prefix": None if lay.cls_index is None else
-            [_rounded(kept[attn_pattern(l)][:, :n_prefix]) for l in range(L)],  # [L][H][prefix]
+            [_rounded(kept[names.attn_pattern(l)][:, :n_prefix]) for l in range(L)],  # [L][H][prefix]
             "neuron_maps": maps,
             "logits": out.tolist(),
         }
@@ -370,7 +370,7 @@ class ExploreSession:
                 raise RequestTooLarge(f"this request ran past the explorer's limit of {limit:g} s and was stopped; "
                                       "ask for fewer edits, or start the explorer with a larger --max-seconds")
 
-        with self.model.hooks(fwd_hooks=[(resid_post(l), check) for l in range(self.model.n_layers)]):
+        with self.model.hooks(fwd_hooks=[(h, check) for h in self.model.block_names.every("hook_resid_post")]):
             yield
 
     def _cached_run(self, index: int, key: str, ivs: list):

@@ -273,6 +273,14 @@ class BlockNames:
         m = _STAGED_RE.match(self.prefixes[i])
         return f"s{m.group(1)}.b{m.group(2)}" if m else str(i)
 
+    def layout_of(self, layout, hook: str):
+        """The layout of ``hook``'s token rows: ``layout.for_block`` of its block (of the first block for the
+        embedding hooks, of the last for the final ones); ``layout`` itself on a single-grid model."""
+        block = self.block_of(hook)
+        if block is None:
+            block = 0 if hook in EMBEDDING_HOOKS else len(self.prefixes) - 1
+        return layout.for_block(block) if self.prefixes else layout
+
     def blocks_needed(self, hook_names: Sequence[str]) -> Optional[int]:
         """How many blocks a forward must run so every hook fires (``stop_at_layer``), or None when one needs
         the full forward (``hook_norm_final``, ``hook_pooled``, ``hook_logits``...)."""

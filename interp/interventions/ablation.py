@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from ..errors import InterpError
-from ..hooks.names import mlp_post
 from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons, take_neurons
 from .edits import ABLATION_MODES, TOKEN_SETS
 from .modules import AblationEdit
@@ -119,7 +118,7 @@ class NeuronAblation(Intervention):
         check_choice("tokens", tokens, TOKEN_SETS)
         if hasattr(source, "batches"):  # an activation cache reader
             means = _means_from_cache(source, neurons, tokens, batch_size, getattr(source, "layout", None) or
-                                      model.layout)
+                                      model.layout, getattr(source, "blocks", None) or model.block_names)
         else:
             means = _means_from_images(model, source, neurons, tokens, batch_size)
         return cls(neurons, mode="mean", tokens=tokens, means=means)
@@ -146,7 +145,8 @@ def tensor_batches(images: Union[torch.Tensor, Iterable[torch.Tensor]], batch_si
     return images
 
 
-def _means_from_cache(reader, neurons: Neurons, tokens: str, batch_size: int, layout) -> Dict[int, torch.Tensor]:
+def _means_from_cache(reader, neurons: Neurons, tokens: str, batch_size: int, layout,
+                      blocks) -> Dict[int, torch.Tensor]:
     """Means from a cache reader: ``reader.batches(hook, batch_size)`` yields (rows, array [n_i, t', d_mlp]) or
     arrays; ``reader.meta`` (optional) tells which token rows ``[start, stop)`` were stored."""
     meta = getattr(reader, "meta", None) or {}
@@ -166,12 +166,12 @@ def _means_from_cache(reader, neurons: Neurons, tokens: str, batch_size: int, la
         for item in reader.batches(hook, batch_size):
             yield torch.as_tensor(np.asarray(item[1] if isinstance(item, tuple) else item))
 
-    return {l: _average(arrays(mlp_post(l)), idx, first_row) for l, idx in neurons.items()}
+    return {l: _average(arrays(blocks.mlp_post(l)), idx, first_row) for l, idx in neurons.items()}
 
 
 @torch.no_grad()
 def _means_from_images(model, images, neurons: Neurons, tokens: str, batch_size: int):
-    check_neurons(neurons, model.n_layers, model.d_mlp)
+    check_neurons(neurons, model.n_layers, [model.family.d_mlp(i) for i in range(model.n_layers)])
     first_row = model.layout.n_prefix if tokens == "patches" else 0
     device = next(model.parameters()).device
     collected: Dict[int, List[torch.Tensor]] = {l: [] for l in neurons}
@@ -179,7 +179,7 @@ def _means_from_images(model, images, neurons: Neurons, tokens: str, batch_size:
     def keep(h, hook, layer):
         collected[layer].append(h[..., neurons[layer]].detach().cpu())
 
-    hooks = [(mlp_post(l), lambda h, hook, l=l: keep(h, hook, l)) for l in neurons]
+    hooks = [(model.block_names.mlp_post(l), lambda h, hook, l=l: keep(h, hook, l)) for l in neurons]
     for batch in tensor_batches(images, batch_size):
         model.run_with_hooks(batch.to(device), fwd_hooks=hooks)
     # Columns were already selected: average all of them.

@@ -127,8 +127,10 @@ class AttentionBias(Intervention):
         sums: Dict[str, Dict[int, torch.Tensor]] = {"k": {}, "v": {}}
         rows = slice(0, 0)
 
+        names = model.block_names
+
         def record(t, hook):  # t [b, t, h, dh]; keep the register rows summed over images
-            block = int(hook.name.split(".")[1])
+            block = names.block_of(hook.name)
             part = sums[hook.name[-1]]
             total = t[:, rows].double().sum(dim=0).transpose(0, 1).cpu()  # [h, m, dh]
             part[block] = part[block] + total if block in part else total
@@ -138,7 +140,7 @@ class AttentionBias(Intervention):
         with model.intervene(register):
             start = register._extra_start
             rows = slice(start, start + n_registers)
-            hooks = [("blocks.*.attn.hook_k", record), ("blocks.*.attn.hook_v", record)]
+            hooks = [(h, record) for h in names.every("attn.hook_k") + names.every("attn.hook_v")]
             for batch in tensor_batches(images, batch_size):
                 model.run_with_hooks(batch.to(device), fwd_hooks=hooks)
                 n_images += batch.shape[0]

@@ -1,11 +1,13 @@
 """The activation source over an HDF5 cache written by ``interp cache`` (the live one is in ``source.py``)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator, Optional, Sequence, Tuple
 
 import torch
 
 from ..errors import InterpError
+from ..hooks.names import BlockNames
 from ..models.layout import TokenLayout
 from ..models.preprocessing import transform_name
 from .forward import Reducers, resolve_reducers
@@ -18,7 +20,7 @@ def stored_layout(layout: TokenLayout, rows: Optional[Sequence[int]]) -> TokenLa
         return layout
     start, stop = int(rows[0]), int(rows[1])
     if (start, stop) == (layout.n_prefix, layout.n_tokens):
-        return TokenLayout(n_prefix=0, n_registers=0, cls_index=None, grid=layout.grid)
+        return replace(layout, n_prefix=0, n_registers=0, cls_index=None, n_extra=0)
     has_cls = layout.cls_index is not None and start <= layout.cls_index < stop
     return TokenLayout(n_prefix=stop - start, n_registers=max(0, stop - start - int(has_cls)),
                        cls_index=0 if has_cls else None, grid=(0, 0))
@@ -36,6 +38,8 @@ class CacheSource(ActivationSource):
         self.hook_names = list(reader.hooks)
         self.ids = list(reader.ids)
         self.layout = stored_layout(reader.layout, meta.get("token_rows"))
+        # a duck-typed reader (tests' constructed caches) may name no blocks: blocks.0 .. of its depth
+        self.blocks = getattr(reader, "blocks", None) or BlockNames.flat(int(reader.model_depth))
         self.norms_only = bool(meta.get("norms_only", False))
         self.skipped = [(path, reason) for _, path, reason in getattr(reader, "skipped", [])]
 
@@ -43,12 +47,6 @@ class CacheSource(ActivationSource):
     def weights_model(self):
         """The model the cache was opened with (checked against its fingerprint), or None."""
         return self._weights_model
-
-    @property
-    def n_layers(self) -> int:
-        """The depth of the model that wrote the cache (so detect_layer=-1 is its last block, not the last
-        cached one)."""
-        return int(self.reader.model_depth)
 
     def data_config(self) -> dict:
         cfg = self.reader.meta.get("data_config")
@@ -88,4 +86,4 @@ class CacheSource(ActivationSource):
                                       "write the cache without --norms-only")
                 acts[h] = a if fn is None or (self.norms_only and fn is token_norms) else fn(a)
             yield Batch(self.ids[start:stop], start, acts, self.layout,
-                        set(hooks) if self.norms_only else set())
+                        set(hooks) if self.norms_only else set(), blocks=self.blocks)

@@ -30,7 +30,6 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 import torch
 
 from ..errors import InterpError
-from ..hooks.names import attn_pattern, blocks_needed, resid_post
 from ..models.classifier import HOOK_POOLED, Classifier
 from ..models.layout import TokenLayout
 
@@ -122,7 +121,7 @@ def run_hooks(model, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducer
 
         readout = ([HOOK_POOLED] if logits else []) + (classifier.hooks() if classifier is not None else [])
         fwd = [(h, keep) for h in hooks] + [(h, keep_readout) for h in dict.fromkeys(readout)]
-        stop = None if logits else blocks_needed(hooks)
+        stop = None if logits else model.block_names.blocks_needed(hooks)
         out = model.run_with_hooks(x, fwd_hooks=fwd, stop_at_layer=stop)
     if not logits:
         return Run({h: kept[h] for h in hooks}, layout)
@@ -146,19 +145,21 @@ def forward_summary(model, x: torch.Tensor, interventions: Sequence = (), detect
     """Logits, detection-layer patch norms, CLS->patch attention rows and the pooled vector of one forward of
     ``model`` on ``x`` with ``interventions`` applied; patch slices follow the edited layout. ``classifier``:
     the logits are its class logits."""
-    norm_hook = resid_post(detect_layer % model.n_layers)
+    names = model.block_names
+    norm_hook = names.resid_post(detect_layer)
     lay = run_layout(model, tuple(x.shape[-2:]), interventions)
     layers = list(attention_layers) if lay.cls_index is not None else []
 
     def reducers(layout: TokenLayout) -> Dict[str, Reducer]:
-        patches, cls = layout.patch_slice, layout.cls_index
+        patches, cls = names.layout_of(layout, norm_hook).patch_slice, layout.cls_index
         fns = {norm_hook: lambda t: t[:, patches].float().norm(dim=-1)}
-        fns.update({attn_pattern(l): lambda t: t[:, :, cls, patches].float().mean(1) for l in layers})
+        fns.update({names.attn_pattern(l): lambda t, l=l: t[:, :, cls, layout.for_block(l).patch_slice].float().mean(1)
+                    for l in layers})
         return fns
 
-    run = run_hooks(model, x, [norm_hook] + [attn_pattern(l) for l in layers], reducers, interventions,
+    run = run_hooks(model, x, [norm_hook] + [names.attn_pattern(l) for l in layers], reducers, interventions,
                     logits=True, classifier=classifier)
-    return ForwardSummary(run.logits, run.acts[norm_hook], {l: run.acts[attn_pattern(l)] for l in layers},
+    return ForwardSummary(run.logits, run.acts[norm_hook], {l: run.acts[names.attn_pattern(l)] for l in layers},
                           run.pooled)
 
 

@@ -68,6 +68,7 @@ class LiveSource(ActivationSource):
         self.model_name = model.model_name
         self.fingerprint = weights_fingerprint(model)
         self.hook_names = model.hook_names()
+        self.blocks = model.block_names
         self.labels: Optional[List[int]] = None
         self.class_names: List[str] = []
         self._config: Optional[dict] = None
@@ -87,10 +88,6 @@ class LiveSource(ActivationSource):
         """Token layout of this source's forwards: its input size under its interventions (and any the model
         has active right now), computed when asked, never remembered from an earlier forward."""
         return run_layout(self.model, self._image_size(), self.interventions)
-
-    @property
-    def n_layers(self) -> int:
-        return self.model.n_layers
 
     def _image_size(self) -> Tuple[int, int]:
         if self._tensor is not None:
@@ -190,4 +187,4 @@ class LiveSource(ActivationSource):
         edits = self.interventions + tuple(interventions)
         for start, x in self.image_batches(batch_size):
             run = run_hooks(self.model, x, hooks, reduce, edits)
-            yield Batch(self.ids[start:start + len(x)], start, run.acts, run.layout)
+            yield Batch(self.ids[start:start + len(x)], start, run.acts, run.layout, blocks=self.blocks)

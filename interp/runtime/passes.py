@@ -108,7 +108,8 @@ def read_pass(source: ActivationSource, readers: Sequence[Reader], batch_size: O
         pixels = x.detach().float().cpu() if any(r.images for r in readers) else None
         for i, reader in enumerate(readers):
             acts = {h: run.acts[h][i] for h in reader.hooks}
-            reader.fold(Batch(ids, start, acts, run.layout, images=pixels if reader.images else None))
+            reader.fold(Batch(ids, start, acts, run.layout, images=pixels if reader.images else None,
+                              blocks=source.blocks))
 
 
 def run_readings(source: ActivationSource, readings: Sequence[Reading], batch_size: Optional[int] = None,

@@ -37,7 +37,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 import torch
 
 from ..errors import InterpError
-from ..hooks.names import block_of
+from ..hooks.names import BlockNames
 from ..models.layout import TokenLayout
 from ..models.preprocessing import transform_name
 from .forward import Reducers
@@ -67,7 +67,9 @@ class Batch:
 
     Attributes:
         acts: hook name -> float32 CPU tensor [b, ...] (norm-only cache hooks hold [b, t] norms).
-        layout: token layout of the rows on the token axis.
+        layout: token layout of the rows on the token axis (of the last blocks' grid in a pyramid model: see
+            :meth:`layout_of`).
+        blocks: the source's block names (so :meth:`layout_of` knows each hook's block).
         images: the forward's inputs [b, 3, H, W] float32 CPU, when a reader of a shared pass asked for them
             (:class:`~interp.runtime.passes.Reader`), else None.
     """
@@ -78,6 +80,11 @@ class Batch:
     layout: TokenLayout
     norms_only: Set[str] = field(default_factory=set)
     images: Optional[torch.Tensor] = None
+    blocks: Optional[BlockNames] = None
+
+    def layout_of(self, hook: str) -> TokenLayout:
+        """The layout of ``hook``'s token rows (its block's grid: pyramid stages differ)."""
+        return self.layout if self.blocks is None else self.blocks.layout_of(self.layout, hook)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -100,6 +107,7 @@ class ActivationSource:
     model_name: str
     fingerprint: str
     layout: TokenLayout
+    blocks: BlockNames  # the hook-name prefix of every block of the source's model
     hook_names: List[str]
     ids: List[str]
     model = None  # a HookedViT for live sources
@@ -156,8 +164,11 @@ class ActivationSource:
     @property
     def n_layers(self) -> int:
         """Blocks of the source's model (so ``-1`` is its last block for a cache as for a live model)."""
-        blocks = [b for b in (block_of(h) for h in self.hook_names) if b is not None]
-        return max(blocks) + 1 if blocks else 0
+        return len(self.blocks)
+
+    def layout_of(self, hook: str) -> TokenLayout:
+        """The layout of ``hook``'s token rows in this source's forwards (its block's grid)."""
+        return self.blocks.layout_of(self.layout, hook)
 
     def has(self, hook: str) -> bool:
         return hook in self.hook_names

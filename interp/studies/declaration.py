@@ -36,9 +36,10 @@ import importlib.util
 import pkgutil
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 from ..errors import InterpError, UsageError
+from ..hooks.names import BlockNames
 from ..values import seed_arg
 
 LIVE_DOC = "none: they re-run the model (`--images`)"
@@ -136,8 +137,9 @@ class StudyConfig:
         """The images a live run opens, given ``--images`` (a study may widen them, e.g. by held-out images)."""
         return images
 
-    def hooks(self, n_layers: int) -> Optional[List[str]]:
-        """The hooks it reads from a cache of a model with ``n_layers`` blocks; None: it re-runs the model."""
+    def hooks(self, blocks: BlockNames) -> Optional[List[str]]:
+        """The hooks it reads from a cache of a model with these blocks (:class:`~interp.hooks.names.BlockNames`);
+        None: it re-runs the model."""
         return None
 
     def run_keywords(self, images: Any, cache: Optional[str]) -> Dict[str, Any]:
@@ -167,9 +169,11 @@ class StudyConfig:
         lines = (cls.__doc__ or "").strip().splitlines()[1:]
         return " ".join(line.strip() for line in lines if line.strip()) or cls.summary()
 
-    def required_hooks(self, n_layers: int) -> List[str]:
-        """:meth:`hooks`, without repeats; an error for a study that re-runs the model."""
-        hooks = None if self.live_only() else self.hooks(n_layers)
+    def required_hooks(self, blocks: Union[BlockNames, int]) -> List[str]:
+        """:meth:`hooks`, without repeats (``blocks``: the model's block names, or a number of ``blocks.{i}``
+        blocks); an error for a study that re-runs the model."""
+        blocks = blocks if isinstance(blocks, BlockNames) else BlockNames.flat(int(blocks))
+        hooks = None if self.live_only() else self.hooks(blocks)
         if hooks is None:
             cacheable = ", ".join(n for n, c in declared().items() if not c.live_only())
             raise InterpError(f"interp study {self.name} re-runs the model with an edit, so it reads no cache; "
@@ -305,17 +309,17 @@ def study_function(config: Type[StudyConfig]) -> Callable:
                           "(decorate it with @study)") from None
 
 
-def required_hooks(name: str, n_layers: int, options: Optional[Dict[str, Any]] = None) -> List[str]:
-    """The hooks study ``name`` reads from a cache of an ``n_layers``-block model with ``options`` (the rest
-    default)."""
-    return config_class(name)(**dict(options or {})).required_hooks(n_layers)
+def required_hooks(name: str, blocks: Union[BlockNames, int], options: Optional[Dict[str, Any]] = None) -> List[str]:
+    """The hooks study ``name`` reads from a cache of a model with ``blocks`` (its block names, or a number of
+    ``blocks.{i}`` blocks) with ``options`` (the rest default)."""
+    return config_class(name)(**dict(options or {})).required_hooks(blocks)
 
 
-def hooks_for_studies(names: Sequence[str], n_layers: int) -> List[str]:
+def hooks_for_studies(names: Sequence[str], blocks: Union[BlockNames, int]) -> List[str]:
     """The union (in order) of the hooks the studies ``names`` read with their default options."""
     if not names:
         raise UsageError("--for needs study names, e.g. --for norms,neurons")
-    return list(dict.fromkeys(h for name in names for h in required_hooks(name, n_layers)))
+    return list(dict.fromkeys(h for name in names for h in required_hooks(name, blocks)))
 
 
 def cache_table() -> str:

@@ -551,11 +551,13 @@ def test_model_depth_is_recorded_and_derived_for_format_1_files(setup, tmp_path)
                        progress=False)
     with interp.cache.open(out) as cache:
         assert cache.model_depth == 2  # the model's depth, though only block 0 was cached
+        assert cache.blocks == setup["model"].block_names  # every block's name, as the model spells it
     with h5py.File(out, "r+") as h5:  # what a format-1 writer left
         h5.attrs["format_version"] = 1
-        del h5.attrs["model_depth"], h5.attrs["weights_source"], h5["checksums"]
+        del h5.attrs["model_depth"], h5.attrs["weights_source"], h5["checksums"], h5.attrs["blocks"]
     with interp.cache.open(out) as cache:
         assert cache.model_depth == 1 and len(cache) == 2  # lower bound: blocks up to the deepest cached hook
+        assert cache.blocks.prefixes == ("blocks.0",)
         cache.verify()  # no checksums in format 1: nothing to compare, no error
     with pytest.raises(CacheError, match="format version 1.*resumes version 2.*--overwrite"):
         interp.cache.write(setup["model"], torch.randn(2, 3, 224, 224), hooks="blocks.0.hook_resid_post", path=out,

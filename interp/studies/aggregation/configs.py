@@ -57,7 +57,7 @@ class PatchScoreOptions(SelectiveCLSOptions):
     hook: str = option(FINAL, "patch tokens: hook_norm_final (default) or blocks.{i}.hook_resid_post")
     selective_k: int = option(1, "k of the SelectiveCLS vector (--reference selective)", parse=positive_int)
 
-    def hooks(self, n_layers: int) -> List[str]:
+    def hooks(self, blocks) -> List[str]:
         """The patch tokens' hook and the hook the global vector is read from."""
         return needed_hooks(self.hook, self.reference)
 

@@ -51,7 +51,6 @@ from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
-from ...hooks.names import resid_post
 from ..core.detection import DetectionLike, DetectionSpec, detection_from_norms, detection_header, detection_params
 from ..core.behaviour import BehaviourMeter, behaviour_readout, headline_metric
 from ..core.behaviour import target_classes  # noqa: F401  (its home is core.behaviour; imported from here too)
@@ -224,7 +223,7 @@ def _unmasked_pass(source, hook: str, reference: str, selective: Optional[Select
         scores.append(score_maps_from_acts(run.acts, run.layout, hook, reference, selective))
         preds.append(run.logits.argmax(-1))
         pooled.append(run.pooled)
-        norms.append(run.acts[detect_hook][:, run.layout.patch_slice].norm(dim=-1))
+        norms.append(run.acts[detect_hook][:, source.blocks.layout_of(run.layout, detect_hook).patch_slice].norm(dim=-1))
         s = x.double().sum(dim=(0, 2, 3)).cpu()
         channel_sum = s if channel_sum is None else channel_sum + s
         n_pixels += x.shape[0] * x.shape[2] * x.shape[3]
@@ -310,7 +309,7 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     ks = [n_masked(f, n_patches) for f in fractions]
     sigma = float(blur_sigma) if blur_sigma is not None else patch[0] / 2.0
 
-    detect_hook = resid_post(resolve_layer(spec.layer, model.n_layers))
+    detect_hook = source.blocks.resid_post(resolve_layer(spec.layer, model.n_layers))
     base = _unmasked_pass(source, hook, reference, selective, bs, progress, detect_hook, readout.classifier)
     found = detection if isinstance(detection, Detection) else detection_from_norms(source, spec, base.norms)
     header = detection_header(found, "masking")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional, Union
 
 import numpy as np
 from ..._progress import tqdm
@@ -36,15 +36,17 @@ from .configs import AblateConfig
 Neurons = Dict[int, List[int]]
 
 
-def random_controls(neurons: Neurons, d_mlp: int, n_controls: int, seed: int) -> List[Neurons]:
+def random_controls(neurons: Neurons, d_mlp: Union[int, Mapping[int, int]], n_controls: int,
+                    seed: int) -> List[Neurons]:
     """``n_controls`` neuron sets with as many neurons per layer as ``neurons``, drawn from the same layers
-    without the targets; control i uses ``random.Random(seed + i)``."""
+    without the targets (``d_mlp``: the MLP width, or each layer's); control i uses ``random.Random(seed + i)``."""
     controls = []
     for i in range(n_controls):
         rng = random.Random(seed + i)
         draw = {}
         for layer, idx in sorted(neurons.items()):
-            pool = sorted(set(range(d_mlp)) - set(idx))
+            width = d_mlp if isinstance(d_mlp, int) else d_mlp[layer]
+            pool = sorted(set(range(width)) - set(idx))
             draw[layer] = sorted(rng.sample(pool, len(idx)))
         controls.append(draw)
     return controls
@@ -146,7 +148,7 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
         conditions = {"baseline": [], "target": [edits.target],
                       **{f"control_{i}": [c] for i, c in enumerate(edits.controls)}}
     else:
-        controls = random_controls(neurons, model.d_mlp, n_controls, config.seed)
+        controls = random_controls(neurons, {l: model.family.d_mlp(l) for l in neurons}, n_controls, config.seed)
         conditions = {"baseline": [], "target": [ablation(neurons)],
                       **{f"control_{i}": [ablation(c)] for i, c in enumerate(controls)}}
     totals = {name: {"outliers": 0, "max_norm": 0.0} for name in conditions}

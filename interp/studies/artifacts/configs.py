@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, List, Optional, Tuple
 
-from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, mlp_post, resid_post, resid_stage
+from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, BlockNames
 from ...errors import InterpError, UsageError
 from ...values import NEURONS_SYNTAX, existing_path, index_list, nonnegative_int, positive_int, register_count
 from ..core.options import DetectionOptions, NeuronsOptions, block_index
@@ -38,9 +38,9 @@ class NormsConfig(DetectionOptions):
     emergence_factor: float = 2.0
     attention: bool = True
 
-    def hooks(self, n_layers: int) -> List[str]:
+    def hooks(self, blocks: BlockNames) -> List[str]:
         """Per-block residual stream after attention and after the MLP (attention maps are optional extras)."""
-        return [resid_stage(i, stage) for i in range(n_layers) for stage in RESID_STAGES]
+        return [blocks.resid_stage(i, stage) for i in range(len(blocks)) for stage in RESID_STAGES]
 
 
 @declare
@@ -69,12 +69,13 @@ class NeuronsConfig(DetectionOptions):
     max_images: Optional[int] = option(None, "score on a seeded random subset of this many images",
                                        parse=positive_int)
 
-    def hooks(self, n_layers: int) -> List[str]:
+    def hooks(self, blocks: BlockNames) -> List[str]:
         """The detection block's output plus the MLP activations of every block up to ``highest_layer``."""
+        n_layers = len(blocks)
         detect = self.detect_block(n_layers)
         highest = resolve_preset(self.preset, highest_layer=self.highest_layer).get("highest_layer")
         highest = detect if highest is None else block_index(min(int(highest), n_layers - 1), n_layers, detect)
-        return [resid_post(detect)] + [mlp_post(i) for i in range(highest + 1)]
+        return [blocks.resid_post(detect)] + [blocks.mlp_post(i) for i in range(highest + 1)]
 
 
 @declare
@@ -96,11 +97,11 @@ class RedundancyConfig(DetectionOptions):
                                      "(hook_patch_embed; default, the paper's); position: after it (hook_embed)",
                             choices=("patch", "position"))
 
-    def hooks(self, n_layers: int) -> List[str]:
+    def hooks(self, blocks: BlockNames) -> List[str]:
         """The input patch embedding (``hook_embed`` for ``embedding="position"``) and the detection block's
         output."""
         embed = EMBED if self.embedding == "position" else PATCH_EMBED
-        return [embed, resid_post(self.detect_block(n_layers))]
+        return [embed, blocks.resid_post(self.detect_block(len(blocks)))]
 
 
 @declare

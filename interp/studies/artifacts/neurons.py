@@ -26,7 +26,6 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ...hooks.names import mlp_post, resid_post
 from ..core.detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params
 from ..core.outliers import Detection, resolve_layer
 from ..core.thresholds import Threshold, ThresholdSpec
@@ -122,10 +121,11 @@ class _NeuronScores:
 
     def __init__(self, source: ActivationSource, detect: int, highest: int, threshold: "float | Threshold", *,
                  positions: str = "all", sparsity: Optional[str] = None, chosen: Optional[set] = None):
-        self.hooks = [mlp_post(l) for l in range(highest + 1)]
-        self.det_hook, self.highest, self.threshold = resid_post(detect), highest, threshold
+        names = source.blocks
+        self.hooks = [names.mlp_post(l) for l in range(highest + 1)]
+        self.det_hook, self.highest, self.threshold = names.resid_post(detect), highest, threshold
         self.positions, self.sparsity, self.chosen = positions, sparsity, chosen
-        self.patch_slice = source.layout.patch_slice
+        self.patch_slice = source.layout_of(self.det_hook).patch_slice
         self.acc: Optional[RegisterScoreAccumulator] = None
         self.used: List[int] = []
 

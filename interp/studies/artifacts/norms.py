@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ...hooks.names import RESID_STAGES as STAGES, attn_pattern, resid_post, resid_stage
+from ...hooks.names import RESID_STAGES as STAGES
 from .emergence import EmergenceAccumulator, find_detected_emergence, find_emergence
 from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
 from ..core.outliers import Detection
@@ -63,8 +63,9 @@ class NormsResult(OutlierStudyResult):
         detection: the threshold's diagnostics (:meth:`~interp.studies.core.thresholds.Threshold.to_dict`): share above
             it, the verdict and its reason, and the two-mode fit (modes, separation, BIC, accepted, reason).
         detection_message: the same in one line, e.g. "block 11: artifacts found: 2.60 % of the patch tokens ...".
-        outlier_maps: [N][h][w] 0/1 outliers at ``detect_layer`` (patch tokens).
+        outlier_maps: [N][h][w] 0/1 outliers at ``detect_layer`` (patch tokens; ``grid`` is that block's grid).
         outlier_fraction_per_layer: share of patch tokens above ``threshold`` at each block output.
+        blocks: the name of every block (``stage 2 block 1`` in a pyramid model), in order.
         emergence: the step (attention or MLP of one block) where the max patch norm jumps by at least
             ``emergence_factor`` relative to the median patch norm, measured as Jiang et al. do
             (:func:`interp.studies.artifacts.emergence.find_emergence`): {"layer", "component", "jump", "factor",
@@ -84,6 +85,7 @@ class NormsResult(OutlierStudyResult):
     study = "norms"
     n_layers: int = 0
     grid: List[int] = field(default_factory=list)
+    blocks: List[str] = field(default_factory=list)
     bimodal: bool = False
     mode_ratio: float = 1.0
     detection: Dict = field(default_factory=dict)
@@ -123,6 +125,7 @@ class _LayerTally:
 
     n_layers: int
     use_attention: bool
+    detect_layer: int = -1  # the detection's outliers are followed on the blocks that share its grid
     counts: Dict = field(init=False)
     maxima: Dict = field(init=False)
     n_images: int = 0
@@ -132,27 +135,34 @@ class _LayerTally:
         self.counts = {s: {k: np.zeros((self.n_layers, bins), np.int64) for k in KINDS} for s in STAGES}
         self.maxima = {s: {k: np.full(self.n_layers, -np.inf) for k in KINDS} for s in STAGES}
         self.above = np.zeros(self.n_layers, np.int64)
+        self.n_patches = np.zeros(self.n_layers, np.int64)  # patch tokens seen per block
         self.attn_max = np.zeros(self.n_layers)
         self.attn_share = np.zeros(self.n_layers)
         self.emergence = EmergenceAccumulator(self.n_layers)
 
     def add(self, batch, outliers: torch.Tensor, threshold: "float | torch.Tensor") -> None:
         """Fold one batch in; ``outliers`` Bool[b, P] are the batch's detection-layer outliers. Token rows are
-        told apart with the batch's own layout (the forward that produced it)."""
-        patches = batch.layout.patch_slice
+        told apart with the batch's own layout (the forward that produced it), per block (pyramid stages have
+        their own grids; the outliers are followed on the blocks on the detection block's grid)."""
+        names = batch.blocks
+        det_grid = batch.layout.for_block(self.detect_layer).grid
         for i in range(self.n_layers):
+            lay = batch.layout.for_block(i)
+            patches = lay.patch_slice
+            followed = outliers if lay.grid == det_grid else None
             for s in STAGES:
-                norms = batch.acts[resid_stage(i, s)]  # [b, t]
-                self.emergence.update(s, i, norms[:, patches], outliers)
-                for k, sl in token_kinds(batch.layout).items():
+                norms = batch.acts[names.resid_stage(i, s)]  # [b, t]
+                self.emergence.update(s, i, norms[:, patches], followed)
+                for k, sl in token_kinds(lay).items():
                     vals = norms[:, sl].reshape(-1).numpy()
                     if vals.size:
                         self.counts[s][k][i] += np.histogram(np.clip(vals, HIST_EDGES[0], HIST_EDGES[-1]),
                                                              HIST_EDGES)[0]
                         self.maxima[s][k][i] = max(self.maxima[s][k][i], float(vals.max()))
-            self.above[i] += int((batch.acts[resid_post(i)][:, patches].double() > threshold).sum())
+            self.above[i] += int((batch.acts[names.resid_post(i)][:, patches].double() > threshold).sum())
+            self.n_patches[i] += len(batch) * lay.n_patches
             if self.use_attention:
-                row = batch.acts[attn_pattern(i)][:, patches]  # [b, P]
+                row = batch.acts[names.attn_pattern(i)][:, patches]  # [b, P]
                 self.emergence.update_attention(i, row)
                 self.attn_max[i] = max(self.attn_max[i], float(row.max()))
                 share = (row * outliers).sum(1) / row.sum(1).clamp_min(1e-12)
@@ -169,10 +179,10 @@ class _LayerTally:
 
 def _layer_hooks(source: ActivationSource, attention: bool) -> Tuple[List[str], Dict, bool]:
     """(hooks, reducers, whether CLS attention is measured) of the per-layer pass."""
-    lay, n_layers = source.layout, source.n_layers
-    hooks = [resid_stage(i, s) for i in range(n_layers) for s in STAGES]
+    lay, n_layers, names = source.layout, source.n_layers, source.blocks
+    hooks = [names.resid_stage(i, s) for i in range(n_layers) for s in STAGES]
     reduce = {h: token_norms for h in hooks}
-    pattern_hooks = [attn_pattern(i) for i in range(n_layers)]
+    pattern_hooks = [names.attn_pattern(i) for i in range(n_layers)]
     use_attention = attention and lay.cls_index is not None and all(source.has(h) for h in pattern_hooks) and (
         source.is_live or not source.norms_only)
     if use_attention:
@@ -220,7 +230,7 @@ def norms_reading(source: ActivationSource, det: Detection, *, emergence_factor:
     :mod:`interp.runtime.passes`)."""
     det.check(source)
     hooks, reduce, use_attention = _layer_hooks(source, attention)
-    tally = _LayerTally(source.n_layers, use_attention)
+    tally = _LayerTally(source.n_layers, use_attention, det.layer)
     outliers = det.outliers  # [N, P]
 
     def fold(batch) -> None:
@@ -233,7 +243,7 @@ def norms_reading(source: ActivationSource, det: Detection, *, emergence_factor:
 
 def _norms_result(source: ActivationSource, det: Detection, tally: "_LayerTally", emergence_factor: float,
                   attention: bool, batch_size: int) -> NormsResult:
-    lay, n_layers, use_attention = source.layout, source.n_layers, tally.use_attention
+    lay, n_layers, use_attention = source.layout.for_block(det.layer), source.n_layers, tally.use_attention
     outliers, thr = det.outliers, det.threshold
     stats = {s: {k: [tally.stat(s, k, i) for i in range(n_layers)] for k in KINDS} for s in STAGES}
     max_post = [float(v) for v in tally.maxima["resid_post"]["patches"]]
@@ -244,17 +254,17 @@ def _norms_result(source: ActivationSource, det: Detection, tally: "_LayerTally"
         if n_layers else None
     emergence_detected = find_detected_emergence(curves, det.layer, artifacts_found=header["artifacts_found"])
     n_images = tally.n_images
-    n_patch_tokens = max(n_images * lay.n_patches, 1)
     params = {**detection_params(det), "emergence_factor": emergence_factor, "attention": attention, "batch_size": batch_size}
     return NormsResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
-        ids=list(source.ids), skipped=skipped_records(source), n_layers=n_layers, grid=list(lay.grid), **header,
+        ids=list(source.ids), skipped=skipped_records(source), n_layers=n_layers, grid=list(lay.grid),
+        blocks=[source.blocks.label(i) for i in range(n_layers)], **header,
         bimodal=thr.bimodal, mode_ratio=thr.mode_ratio,
-        detection=thr.to_dict(), detection_message=f"block {det.layer}: {thr.describe()}",
+        detection=thr.to_dict(), detection_message=f"{source.blocks.label(det.layer)}: {thr.describe()}",
         outlier_fraction=float(outliers.float().mean()) if outliers.numel() else 0.0,
         outlier_counts=outliers.sum(1).tolist(),
         outlier_maps=outliers.reshape(-1, *lay.grid).int().tolist(),
-        outlier_fraction_per_layer=(tally.above / n_patch_tokens).tolist(),
+        outlier_fraction_per_layer=(tally.above / np.maximum(tally.n_patches, 1)).tolist(),
         stats=stats, max_patch_norm={"resid_mid": max_mid, "resid_post": max_post},
         median_patch_norm={s: [stats[s]["patches"][i]["median"] for i in range(n_layers)] for s in STAGES},
         histograms={s: [_trim(c) for c in tally.counts[s]["patches"]] for s in STAGES},

@@ -140,11 +140,12 @@ def redundancy_reading(source: ActivationSource, detection, *, embedding: str = 
     parts: List[torch.Tensor] = []
 
     def reducers(layout):
+        layout = source.blocks.layout_of(layout, hook)
         rows = slice(None) if hook == PATCH_EMBED else layout.patch_slice  # hook_patch_embed holds patches only
         return {hook: lambda t: neighbour_similarity(t[:, rows], layout.grid)}
 
     def finish() -> RedundancyResult:
-        grid = tuple(source.layout.grid)
+        grid = tuple(source.layout_of(hook).grid)
         similarity = torch.cat(parts) if parts else torch.zeros(0, grid[0] * grid[1])  # [N, P]
         outliers = det.outliers
         if outliers.shape != similarity.shape:

@@ -19,7 +19,6 @@ from ..._progress import tqdm
 
 from ...interventions import TestTimeRegister
 from ...interventions.neuron_sets import ranked_neurons
-from ...hooks.names import attn_pattern, resid_post
 from ..core.behaviour import BehaviourMeter, behaviour_readout
 from ...runtime.forward import Baseline, baseline_summary, run_hooks
 from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
@@ -107,22 +106,24 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
     last = model.n_layers - 1
     stats = {k: {"outliers": 0, "max": 0.0} for k in ("baseline", "with_register")}
     reg_norm, reg_attn, maps = [], [], []
-    grid = tuple(source.layout.grid)
+    blocks = source.blocks
+    det_hook, last_pattern = blocks.resid_post(detect), blocks.attn_pattern(last)
+    grid = tuple(source.layout_of(det_hook).grid)
     has_cls = source.layout.cls_index is not None
     for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="test-time register",
                          total=n_batches(source, batch_size), unit="batch"):
         rows = baseline.rows(start, len(x)) if baseline is not None else \
             baseline_summary(model, x, source.interventions, detect, clf)
         base_logits, base_pooled, base_patch = rows.logits, rows.pooled, rows.patch_norms
-        names = [resid_post(detect)] + ([attn_pattern(last)] if has_cls else [])
-        run = run_hooks(model, x, names, interventions=source.interventions + (ttr,), logits=True, classifier=clf)
+        hooks = [det_hook] + ([last_pattern] if has_cls else [])
+        run = run_hooks(model, x, hooks, interventions=source.interventions + (ttr,), logits=True, classifier=clf)
         lay, logits, cache = run.layout, run.logits, run.acts
-        resid = cache[resid_post(detect)]
+        resid = cache[det_hook]
         patch = resid[:, lay.patch_slice].norm(dim=-1)
         reg_rows = slice(lay.n_prefix - lay.n_extra, lay.n_prefix)
         reg_norm += resid[:, reg_rows].norm(dim=-1).max(1).values.tolist()
         if lay.cls_index is not None:
-            pattern = cache[attn_pattern(last)].float().mean(1)  # [b, t, t]
+            pattern = cache[last_pattern].float().mean(1)  # [b, t, t]
             reg_attn += pattern[:, lay.cls_index, reg_rows].sum(-1).tolist()
         for key, norms, lg, pooled in (("baseline", base_patch, base_logits, base_pooled),
                                        ("with_register", patch, logits, run.pooled)):

@@ -12,7 +12,7 @@ metrics of :mod:`interp.studies.core.behaviour` for the unedited ("baseline") an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -93,6 +93,15 @@ class RelocateResult(OutlierStudyResult):
         return [f"mean IoU with the target: {self.mean_iou:.3f}", *behaviour_lines(self)]
 
 
+def relocation_grid(source, neurons) -> Tuple[int, int]:
+    """The patch grid of the blocks the relocated neurons are in (one grid: a pyramid stage's, or the ViT's)."""
+    grids = {tuple(source.layout.for_block(l).grid) for l in neurons}
+    if len(grids) != 1:
+        raise InterpError(f"the neurons lie in blocks on different grids {sorted(grids)}: a relocation target is "
+                          "one mask, so relocate neurons of one stage at a time")
+    return grids.pop()
+
+
 @study(RelocateConfig)
 def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: DetectionLike = None,
                    baseline: Optional[Baseline] = None, progress: bool = True) -> RelocateResult:
@@ -121,7 +130,7 @@ def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: Det
     model = live_model(source, "relocation study")
     readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
     neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons", flag="--force")
-    grid = tuple(source.layout.grid)
+    grid = tuple(relocation_grid(source, neurons))
     target = relocation_target(config.target, grid)
     value, batch_size = config.value, source.batch_size
     if isinstance(detection, Detection):
@@ -130,6 +139,10 @@ def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: Det
     else:  # the detection comes from the unedited runs of the loop below: no pass of its own
         spec = spec_of(detection, **config.detection_options())
         detect = resolve_layer(spec.layer, model.n_layers)
+    if tuple(source.layout.for_block(detect).grid) != grid:
+        raise InterpError(f"the relocation target lies on the grid of the neurons' blocks {grid}, the detection "
+                          f"block ({source.blocks.label(detect)}) on {tuple(source.layout.for_block(detect).grid)}: "
+                          "detect on a block of the neurons' stage (--detect-layer)")
     last = model.n_layers - 1
     clf = readout.classifier
     meter = BehaviourMeter(readout)

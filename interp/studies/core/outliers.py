@@ -22,7 +22,6 @@ import torch
 from ..._progress import tqdm
 
 from ...errors import InterpError
-from ...hooks.names import resid_post
 from ...runtime.source import ActivationSource, n_batches, token_norms
 from .thresholds import Threshold, ThresholdSpec, detect_norms, percentile_value
 
@@ -40,14 +39,16 @@ def resolve_layer(layer: Optional[int], n_layers: int) -> int:
 
 def detection_norms(source: ActivationSource, layer: int, batch_size: int = 16,
                     progress: bool = True) -> torch.Tensor:
-    """Patch-token norms of ``blocks.{layer}.hook_resid_post`` for every image: [N, n_patches] float32."""
-    hook = resid_post(layer)
+    """Patch-token norms of block ``layer``'s output (``hook_resid_post``) for every image: [N, n_patches] float32
+    (the patches of that block's grid)."""
+    hook = source.blocks.resid_post(layer)
     source.require([hook])
     out: List[torch.Tensor] = []
+    desc = f"norms @ {source.blocks.label(layer)}"
     for batch in tqdm(source.batches([hook], batch_size, reduce={hook: token_norms}), disable=not progress,
-                      total=n_batches(source, batch_size), desc=f"norms @ block {layer}", unit="batch", leave=False):
-        out.append(batch.acts[hook][:, batch.layout.patch_slice])
-    return torch.cat(out) if out else torch.zeros(0, source.layout.n_patches)
+                      total=n_batches(source, batch_size), desc=desc, unit="batch", leave=False):
+        out.append(batch.acts[hook][:, batch.layout_of(hook).patch_slice])
+    return torch.cat(out) if out else torch.zeros(0, source.layout_of(hook).n_patches)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Union
 
 from ...errors import UsageError
-from ...hooks.names import attn_k
+from ...hooks.names import BlockNames
 from ...values import existing_path, finite_float, positive_int, register_count
 from ..core.options import FINAL, REFERENCES, SCORE_DOC, block_index, needed_hooks
 from ..declaration import StudyConfig, declare, option
@@ -71,9 +71,9 @@ class LostConfig(StudyConfig):
         if self.protocol == "lost" and cache:
             raise UsageError("--protocol lost reads each image file at full resolution: give --images, not --cache")
 
-    def hooks(self, n_layers: int) -> List[str]:
+    def hooks(self, blocks: BlockNames) -> List[str]:
         """The keys of block ``layer`` (default the last), LOST's features."""
-        return [attn_k(block_index(self.layer, n_layers, -1))]
+        return [blocks.attn_k(block_index(self.layer, len(blocks), -1))]
 
 
 @declare
@@ -108,6 +108,6 @@ class SegmentConfig(StudyConfig):
     neurons: Neurons = neurons_option("the segmentation")
     n_registers: int = n_registers_option()
 
-    def hooks(self, n_layers: int) -> List[str]:
+    def hooks(self, blocks: BlockNames) -> List[str]:
         """The Patch Score's patch tokens (``hook``) and the hook its global vector is read from (``reference``)."""
         return needed_hooks(self.hook, self.reference)

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ...errors import InterpError
-from ...hooks.names import attn_k
 from ...formats.box_files import checked_size, matched_entries, original_size, read_boxes
 from ...formats.box_types import BoxTable, ImageBoxes
 from ...models.geometry import input_geometry
@@ -189,10 +188,10 @@ def _ground_truth(ids: Sequence[str], entries: List[Optional[ImageBoxes]]) -> Li
 
 def _lost_reader(source: ActivationSource, hook: str, k: int, outputs: List[LostOutput], ties: str) -> Reader:
     """A reader appending LOST's output for every image of each batch to ``outputs``."""
-    grid = tuple(source.layout.grid)
+    grid = tuple(source.layout_of(hook).grid)
 
     def fold(batch) -> None:
-        outputs.extend(lost_one(f, grid, k, ties) for f in key_features(batch.acts[hook], batch.layout))
+        outputs.extend(lost_one(f, grid, k, ties) for f in key_features(batch.acts[hook], batch.layout_of(hook)))
 
     return Reader([hook], fold)
 
@@ -277,7 +276,7 @@ def _key_hook(source: ActivationSource, layer: int, k: int) -> Tuple[int, str]:
     if k < 1:
         raise InterpError(f"k must be >= 1, got {k}")
     layer = resolve_layer(layer, source.n_layers)
-    hook = attn_k(layer)
+    hook = source.blocks.attn_k(layer)
     source.require([hook])
     if source.norms_only:
         raise InterpError("this cache stores token norms only; LOST needs the key vectors: write the cache "

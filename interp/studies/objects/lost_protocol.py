@@ -117,7 +117,7 @@ def pos_table_options(model) -> dict:
     """How the position table is resampled per image: DINOv2's ``_reg`` models antialias without the offset;
     every other model as DINO (offset 0.1, no antialias). -> kwargs of :func:`interp.models.pos_table.input_grid`."""
     name = str(getattr(model, "model_name", ""))
-    if "dinov2" in name and int(getattr(model.timm_model, "num_reg_tokens", 0) or 0) > 0:
+    if "dinov2" in name and model.base_layout.n_registers > 0:
         return {"offset": None, "antialias": True}
     return {"offset": 0.1, "antialias": False}
 
@@ -133,10 +133,10 @@ def lost_protocol_features(source: LiveSource, hook: str, features, progress: bo
         (patch features [P, D], grid (h, w), original (width, height)) per image, in ``source.ids`` order.
     """
     model = source.model
-    patch = int(model.timm_model.patch_embed.patch_size[0])
-    if tuple(model.timm_model.patch_embed.patch_size) != (patch, patch):
+    patch = int(model.patch_size[0])
+    if tuple(model.patch_size) != (patch, patch):
         raise InterpError("protocol='lost' pads to a multiple of a square patch; this model's patches are "
-                          f"{tuple(model.timm_model.patch_embed.patch_size)}")
+                          f"{tuple(model.patch_size)}")
     options = pos_table_options(model)
     for path in tqdm(source.ids, disable=not progress, desc="LOST (full resolution)", unit="image", leave=False):
         x, size = lost_input(path, patch)

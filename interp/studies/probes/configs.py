@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
 from ...formats.image_files import list_images
 from ...errors import UsageError
-from ...hooks.names import resid_post
+from ...hooks.names import BlockNames
 from ...values import existing_file, existing_path, open_fraction, positive_int
 from ..core.options import DetectionOptions, ProbeBudgetOptions, block_index
 from ..declaration import declare, option
@@ -101,10 +101,12 @@ class ProbesConfig(DetectionOptions, ProbeBudgetOptions):
             return {"images": images}
         return {}
 
-    def hooks(self, n_layers: int) -> List[str]:
+    def hooks(self, blocks: BlockNames) -> List[str]:
         """The probed tokens (``hook``, else block ``layer``'s residual stream) and the detection block's output,
         which decides the high-norm patches."""
-        return [self.hook or resid_post(block_index(self.layer, n_layers, -1)), resid_post(self.detect_block(n_layers))]
+        n_layers = len(blocks)
+        return [self.hook or blocks.resid_post(block_index(self.layer, n_layers, -1)),
+                blocks.resid_post(self.detect_block(n_layers))]
 
 
 def image_entries(images: Images) -> List[str]:

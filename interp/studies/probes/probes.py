@@ -59,7 +59,7 @@ import torch
 from ...errors import InterpError
 from ...models.preprocessing import patch_pixels  # noqa: F401  (its public home of earlier versions)
 from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params
-from ..core.outliers import Detection, resid_post, resolve_layer
+from ..core.outliers import Detection, resolve_layer
 from ..core.thresholds import ThresholdSpec
 from ...runtime.passes import Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
@@ -159,7 +159,7 @@ def resolve_probe_options(probe_options: Optional[Dict[str, Any]], seed: int) ->
     return out
 
 
-def _header(found, mask: torch.Tensor, hook: str, warn: bool = True):
+def _header(found, mask: torch.Tensor, hook: str, blocks, warn: bool = True):
     """The detection header and params part of the result, and ``outliers_from`` in words (``warn``: raise the
     no-artifacts warning; not for a Detection handed in, whose maker warned already)."""
     if found is None:
@@ -168,7 +168,7 @@ def _header(found, mask: torch.Tensor, hook: str, warn: bool = True):
     header = detection_header(found, "probes", warn=warn)
     value = "none" if header["threshold"] is None else f"{header['threshold']:.4g}"
     return header, detection_params(found), (f"{found.method} threshold {value} on "
-                                             f"{resid_post(found.layer)} (probed: {hook})")
+                                             f"{blocks.resid_post(found.layer)} (probed: {hook})")
 
 
 @study(ProbesConfig)
@@ -238,7 +238,7 @@ def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, laye
     if unknown or position_loss not in POSITION_LOSSES:
         raise InterpError(f"tasks must be among position, pixels, label (got {sorted(unknown)}) and "
                           f"position_loss one of {list(POSITION_LOSSES)} (got {position_loss!r})")
-    hook = hook or resid_post(resolve_layer(layer, source.n_layers))
+    hook = hook or source.blocks.resid_post(resolve_layer(layer, source.n_layers))
     source.require([hook])
     bs = batch_size or source.batch_size
     options = resolve_probe_options(probe_options, seed)
@@ -254,7 +254,7 @@ def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, laye
     count = split_summary(roles)
     high_mask, found = high_norm_mask(source, outliers, detection, threshold=threshold, detect_layer=detect_layer,
                                       preset=preset, options=RunOptions(batch_size=bs, progress=progress))
-    header, detection_part, outliers_from = _header(found, high_mask, hook,
+    header, detection_part, outliers_from = _header(found, high_mask, hook, source.blocks,
                                                     warn=not isinstance(detection, Detection))
     caps = {TRAIN: math.ceil(max_train_tokens / max(count["train"], 1)),
             VAL: math.ceil(max_train_tokens / max(count["train"], 1)),

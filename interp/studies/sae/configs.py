@@ -68,6 +68,6 @@ class SaeFeaturesConfig(DetectionOptions):
         if not (Path(self.sae) / SAE_FILE).is_file():
             raise UsageError(f"--sae {self.sae}: no {SAE_FILE} there; give the --out folder of `interp sae train`")
 
-    def hooks(self, n_layers: int) -> List[str]:
+    def hooks(self, blocks) -> List[str]:
         """The SAE's hook only: the high-norm tokens are decided on its own patch-token norms."""
         return [sae_hook(self.sae)]
