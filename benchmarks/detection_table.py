@@ -1,7 +1,7 @@
 """Detection table: does ``--threshold auto`` find the outliers, and only where there are some?
 
 Prints a markdown table (and writes ``results/detection_table.json``) of the automatic split
-(:func:`interp.studies.core.norm_split.split_norms` through :func:`~interp.studies.core.thresholds.resolve_threshold`) on
+(:func:`interp.detection.norm_split.split_norms` through :func:`~interp.detection.thresholds.resolve_threshold`) on
 
 * synthetic norms: a log-normal bulk (median 50, log-sigma 0.15 / 0.30 / 0.45) with 1 / 2 / 3 % outliers in a
   tight mode (log-sigma 0.10) at 3 / 5 / 8x the median, 100k tokens each: artifacts yes/no, precision and recall
@@ -92,7 +92,7 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 def synthetic_rows(n: int):
-    from interp.studies.core.thresholds import resolve_threshold
+    from interp.detection.thresholds import resolve_threshold
 
     rows = []
     for sigma in SPREADS:
@@ -111,7 +111,7 @@ def synthetic_rows(n: int):
 
 
 def negative_rows(n: int):
-    from interp.studies.core.thresholds import resolve_threshold
+    from interp.detection.thresholds import resolve_threshold
 
     rows = []
     for name, draw in NEGATIVES.items():
@@ -166,7 +166,7 @@ SHAPES += [("1 image, 3 tokens at 8x, 0.15", dict(n_images=1, n_patches=256, sig
 def shape_rows(seeds=(0, 1)):
     """One row per shape and seed: verdict, precision and recall of the outlier mask (per-image cuts where
     the threshold has them), the split's normalisation."""
-    from interp.studies.core.thresholds import resolve_threshold
+    from interp.detection.thresholds import resolve_threshold
 
     rows = []
     for name, kwargs in SHAPES:
@@ -188,7 +188,7 @@ def _photo_norms(model):
     """(last-block patch norms [N, P], the source) of ``model`` on the bundled photos."""
     from interp.models import sample_image_paths
     from interp.studies import open_source
-    from interp.studies.core.outliers import detect
+    from interp.detection.detection import detect
 
     source = open_source(model=model, images=sample_image_paths(), batch_size=4)
     return detect(source, "auto", progress=False), source
@@ -199,7 +199,7 @@ def model_rows():
 
     import interp
     from interp.models.planted import planted_truth
-    from interp.studies.core import norm_split
+    from interp.detection import norm_split
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     rows = []

@@ -10,7 +10,7 @@ from interp.models import planted_truth, sample_image_paths
 from interp.studies import open_source
 from interp.studies.artifacts.neurons import neurons_study
 from interp.studies.artifacts.norms import norms_study
-from interp.studies.core.outliers import detect
+from interp.detection.detection import detect
 
 model = interp.load("planted_vit")  # synthetic: register neurons planted by construction
 source = open_source(model=model, images=sample_image_paths())

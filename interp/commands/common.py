@@ -240,7 +240,7 @@ def add_detection_args(parser: argparse.ArgumentParser, threshold_help: str = ""
                        threshold_aliases: Sequence[str] = ()) -> None:
     """``--threshold`` (and its former names ``threshold_aliases``), ``--preset``, ``--detect-layer``: what a
     ``DetectionSpec`` holds (the studies resolve it)."""
-    from ..studies.core.presets import PRESETS  # torch-free
+    from ..detection.presets import PRESETS  # torch-free
 
     add_threshold_arg(parser, aliases=threshold_aliases,
                       help=threshold_help or "outlier norm threshold: a norm value > 0, pNN (e.g. p98) or auto "

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     weights, sizes = _check_values(args)
     preprocess = preprocess_arg(args)
     budget = probe_budget(args)
-    from ..studies.core.presets import resolve_preset
+    from ..detection.presets import resolve_preset
 
     resolve_preset(args.preset)  # an unknown preset is refused before torch and any model
     if args.out:
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from ..hooks.load import load
     from ..models import sample_image_paths
     from ..report.compare import PROBE_OPTIONS, compare_models
-    from ..studies.core.detection import DetectionSpec
+    from ..detection.detection import DetectionSpec
 
     staged = atomic_output_dir(args.out, "compare.json", what="comparison") if args.out else contextlib.nullcontext()
     with staged as staging:

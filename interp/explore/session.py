@@ -30,8 +30,8 @@ from ..models.preprocessing import list_images
 from ..studies.artifacts.neurons import neurons_study
 from ..studies.core.behaviour import BehaviourReadout, ClassifierLike, behaviour_readout
 from ..runtime.forward import run_hooks
-from ..studies.core.outliers import detect
-from ..studies.core.thresholds import ThresholdSpec
+from ..detection.detection import detect
+from ..detection.thresholds import ThresholdSpec
 from ..runtime.open import open_source
 from .readout import compare_outputs
 from .sae_panel import SaePanel, is_sae_entry

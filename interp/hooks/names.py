@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ..errors import HookNameError, close_matches
+from ..errors import HookNameError, InterpError, close_matches
 
 NamesSpec = Union[None, str, Sequence[str], Callable[[str], bool]]
 
@@ -41,6 +41,20 @@ EMBEDDING_HOOKS = (PATCH_EMBED, EMBED)
 
 # The two residual-stream points per block where norms are tracked: after attention, after the MLP.
 RESID_STAGES = ("resid_mid", "resid_post")
+
+
+def resolve_block(value: Optional[int], n_layers: int, default: int = -1) -> int:
+    """A block index as options take it (None: ``default``; negative counts from the end) -> 0..n_layers-1.
+
+    Raises:
+        InterpError: no such block in an ``n_layers``-block model.
+    """
+    layer = default if value is None else int(value)
+    resolved = layer + n_layers if layer < 0 else layer
+    if not 0 <= resolved < n_layers:
+        raise InterpError(f"block {layer} is out of range for a model with {n_layers} blocks (0-{n_layers - 1}, "
+                          "or negative from the end)")
+    return resolved
 
 
 def block_hook(layer, name: str) -> str:

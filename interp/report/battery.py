@@ -31,8 +31,8 @@ from typing import Dict, List, Optional, Union
 
 from ..models.planted import planted_truth
 from ..models.samples import SAMPLES_DIR
-from ..studies.core.outliers import Detection
-from ..studies.core.thresholds import ThresholdSpec
+from ..detection.detection import Detection
+from ..detection.thresholds import ThresholdSpec
 from ..studies.core.result import jsonable
 from ..models.preprocessing import ImagesSpec
 from ..runtime.live_source import LiveSource
@@ -56,7 +56,7 @@ class ReportOptions:
     Attributes:
         threshold, detect_layer: the outlier threshold and detection block for every stage (default "auto",
             the last block, or the preset's).
-        preset: published settings (:mod:`interp.studies.core.presets`); explicit options win.
+        preset: published settings (:mod:`interp.detection.presets`); explicit options win.
         highest_layer: last block scored for register neurons (default: the detection block).
         top_k: neurons kept (default: the number of planted neurons for the planted model, else 10).
         n_controls, seed: random control neuron sets of the ablation.
@@ -159,9 +159,9 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     from ..studies.artifacts.neurons import neurons_reading, resolve_neuron_options
     from ..studies.artifacts.ablate import ablate_study
     from ..studies.core.behaviour import behaviour_readout
-    from ..studies.core.detection import DetectionSpec, detection_from_norms
+    from ..detection.detection import DetectionSpec, detection_from_norms
     from ..runtime.passes import baseline_pass
-    from ..studies.core.outliers import resolve_layer
+    from ..hooks.names import resolve_block
     from ..runtime.passes import run_readings
     from ..studies.artifacts.norms import norms_reading
     from ..studies.artifacts.registers import registers_study
@@ -174,7 +174,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     # one unedited forward per image gives the detection's norms and the causal studies' baseline
     spec = DetectionSpec(settings["threshold"], settings.get("detect_layer"), settings["preset"]).resolved()
     clf = behaviour_readout(source, o.classifier).classifier  # bound (and checked) once, before any forward
-    baseline = baseline_pass(source, resolve_layer(spec.layer, source.n_layers), classifier=clf, **common)
+    baseline = baseline_pass(source, resolve_block(spec.layer, source.n_layers), classifier=clf, **common)
     found = detection_from_norms(source, spec, baseline.patch_norms)
     highest = min(settings.get("highest_layer", found.layer), source.n_layers - 1)
     _say(progress, step_line("norms", f"per-block patch norms of {source.model_name} over {len(source)} images"))

@@ -19,8 +19,8 @@ from typing import Dict, List, Optional, Sequence
 
 from ..studies.artifacts.norms import norms_study
 from ..studies.artifacts.redundancy import redundancy_study
-from ..studies.core.detection import DetectionSpec, RunOptions, spec_of, threshold_param
-from ..studies.core.thresholds import ThresholdSpec
+from ..detection.detection import DetectionSpec, RunOptions, spec_of, threshold_param
+from ..detection.thresholds import ThresholdSpec
 from ..studies.probes.probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
 from ..models.preprocessing import eval_transform

@@ -2,7 +2,7 @@
 on the high-norm tokens, with their directions compared with the register neurons' writes.
 
 The rule (docs/methods.md, "Sparse autoencoders"): with high-norm tokens found by the detection (patch-token norms
-at the SAE's hook, :func:`~interp.studies.core.thresholds.detect_norms`), feature ``f`` is an *artifact feature*
+at the SAE's hook, :func:`~interp.detection.thresholds.detect_norms`), feature ``f`` is an *artifact feature*
 when it fires on at least ``MIN_HIGH_RATE`` of the high-norm patch tokens and its firing rate on the other patch
 tokens is at most ``MAX_NORMAL_RATIO`` times that rate. Without artifacts (the detection's verdict) there are no
 artifact features.
@@ -27,7 +27,7 @@ from ..interventions.neuron_sets import neuron_set
 from .._progress import tqdm
 from ..runtime.open import open_source
 from ..runtime.source import n_batches, token_norms
-from ..studies.core.thresholds import detect_norms
+from ..detection.thresholds import detect_norms
 from .data import CLS, PATCH, REGISTER, token_kinds
 from .setup import describe_detection
 

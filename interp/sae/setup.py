@@ -14,7 +14,7 @@ import torch
 from ..cache.format import model_fingerprints
 from ..cache.reader import open as open_cache
 from ..errors import InterpError
-from ..studies.core.thresholds import NormsDetection, detect_norms
+from ..detection.thresholds import NormsDetection, detect_norms
 from .data import PATCH, ActivationRows, CacheRows, LiveRows, Normalisation, fit_normalisation, token_mask
 
 CHUNK = 64  # images per read outside the training stream (norms, normalisation, statistics)

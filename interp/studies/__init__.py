@@ -27,9 +27,9 @@ _CONTRACT = {
     "ActivationSource": "interp.runtime.source", "Batch": "interp.runtime.source",
     "CacheSource": "interp.runtime.cache_source", "LiveSource": "interp.runtime.live_source",
     "open_source": "interp.runtime.open", "run_hooks": "interp.runtime.forward",
-    "DetectionSpec": "interp.studies.core.detection", "RunOptions": "interp.studies.core.detection",
-    "Detection": "interp.studies.core.outliers", "detect": "interp.studies.core.outliers",
-    "detect_norms": "interp.studies.core.thresholds",
+    "DetectionSpec": "interp.detection.detection", "RunOptions": "interp.detection.detection",
+    "Detection": "interp.detection.detection", "detect": "interp.detection.detection",
+    "detect_norms": "interp.detection.thresholds",
     "StudyConfig": "interp.studies.declaration", "required_hooks": "interp.studies.declaration",
     "linear_probe": "interp.studies.probes.linear_probe", "ProbeFit": "interp.studies.probes.linear_probe",
 }

@@ -33,6 +33,7 @@ LAYERS = [
     ("interp.cache",),
     ("interp.interventions",),
     ("interp.runtime",),
+    ("interp.detection",),
     ("interp.studies", "interp.sae"),
     ("interp.plots",),
     ("interp.report", "interp.explore", "interp.commands", "interp.cli", "interp.console", "interp.__main__",

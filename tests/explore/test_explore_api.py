@@ -128,7 +128,7 @@ def test_unedited_numbers_equal_the_norms_study(served):
 def test_edited_numbers_equal_the_ablation_and_register_studies(served):
     session, server = served
     source = open_source(model=session.model, images=session.pixels.cpu())
-    found = interp.studies.core.outliers.detect(source, "auto", progress=False)
+    found = interp.detection.detection.detect(source, "auto", progress=False)
     neurons = {2: PLANTED["2"]}
     ablated = ablate_study(source, neurons=neurons, controls=0, detection=found, progress=False)
     ttr = registers_study(source, neurons=neurons, detection=found, progress=False)

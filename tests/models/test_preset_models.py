@@ -11,7 +11,7 @@ from interp.errors import InterpError
 from interp.models.support import activation_kind, is_clip_tower, mlp_activation
 from interp.studies import open_source
 from interp.studies.artifacts.norms import norms_study
-from interp.studies.core.presets import CLIP_PRESETS, check_preset_model
+from interp.detection.presets import CLIP_PRESETS, check_preset_model
 
 QUICK, GELU = "vit_base_patch16_clip_quickgelu_224", "vit_base_patch16_clip_224"
 
@@ -71,7 +71,7 @@ def test_the_module_decides_not_the_name():
 
 def test_studies_under_a_clip_preset_check_the_model():
     from interp.studies.artifacts.relocate import relocate_study
-    from interp.studies.core.detection import DetectionSpec
+    from interp.detection.detection import DetectionSpec
 
     quick = small(QUICK)
     r = norms_study(open_source(model=quick, images=photos(quick)), preset="jiang-openclip-b16", progress=False)

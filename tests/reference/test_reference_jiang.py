@@ -7,7 +7,7 @@ import torch
 import interp
 from interp.errors import InterpError
 from interp.studies.artifacts.emergence import EmergenceAccumulator, EmergenceCurves, find_emergence
-from interp.studies.core.presets import PRESETS, resolve_preset
+from interp.detection.presets import PRESETS, resolve_preset
 from interp.studies.artifacts.register_scores import RegisterScoreAccumulator, rank_neurons
 from reference import jiang_register_neurons as ref
 

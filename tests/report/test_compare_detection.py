@@ -10,7 +10,7 @@ import interp
 from interp.cli import main
 from interp.models import sample_image_paths
 from interp.report.compare import COLUMN_DOCS, COLUMNS, column_table, compare_models
-from interp.studies.core.detection import DetectionSpec
+from interp.detection.detection import DetectionSpec
 
 from conftest import REPO, make_model
 

@@ -11,7 +11,7 @@ from interp.models.samples import sample_image_paths
 from interp.studies import open_source
 from interp.studies.artifacts.ablate import ablate_study
 from interp.runtime.passes import baseline_pass
-from interp.studies.core.outliers import detect
+from interp.detection.detection import detect
 from interp.studies.artifacts.registers import registers_study
 from interp.studies.artifacts.relocate import relocate_study
 

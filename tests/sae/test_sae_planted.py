@@ -12,7 +12,7 @@ from conftest import make_model
 from interp.interventions import SAEFeatureAblation
 from interp.models import planted_truth
 from interp.sae.features import sae_features
-from interp.studies.core.thresholds import detect_norms
+from interp.detection.thresholds import detect_norms
 from sae_helpers import HOOK, needs_overcomplete, planted_cache, planted_images, planted_model, planted_sae
 
 pytestmark = needs_overcomplete

@@ -20,7 +20,7 @@ Reported per (order, fraction): accuracy (when the image folder gives labels) an
 unmasked model through a real classifier, the pooled vector's cosine to the unmasked one (always;
 :mod:`interp.studies.core.behaviour`), and the mean number of outlier patch tokens per image: patch tokens whose norm at the
 detection block's ``hook_resid_post`` exceed the detection threshold. Outliers follow the one detection
-contract (:mod:`interp.studies.core.detection`: ``detection=`` a Detection or DetectionSpec, or ``threshold``,
+contract (:mod:`interp.detection.detection`: ``detection=`` a Detection or DetectionSpec, or ``threshold``,
 ``detect_layer``, ``preset``); the threshold is resolved on the unmasked run's patch-token norms (default
 ``"p98"`` at the last block when neither a threshold nor a preset is given) and counted with the causal studies'
 counting threshold (the 99th percentile when "auto" finds no separated mode).
@@ -51,17 +51,18 @@ from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
-from ..core.detection import DetectionLike, DetectionSpec, detection_from_norms, detection_header, detection_params
+from ...detection.detection import DetectionLike, DetectionSpec, detection_from_norms, detection_header, detection_params
 from ..core.behaviour import BehaviourMeter, behaviour_readout, headline_metric
 from ..core.behaviour import target_classes  # noqa: F401  (its home is core.behaviour; imported from here too)
 from ...runtime.forward import run_hooks
-from ..core.outliers import Detection, resolve_layer
-from ..core.thresholds import ThresholdSpec
+from ...detection.detection import Detection
+from ...detection.thresholds import ThresholdSpec
 from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
 from ...runtime.source import live_model, n_batches
 from ..core.result import OutlierStudyResult, behaviour_lines
 from ..declaration import study
 from .configs import MaskingConfig
+from ...hooks.names import resolve_block
 
 FILLS = ("zero", "mean", "blur")
 ORDERS = ("top", "bottom", "random")
@@ -309,7 +310,7 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     ks = [n_masked(f, n_patches) for f in fractions]
     sigma = float(blur_sigma) if blur_sigma is not None else patch[0] / 2.0
 
-    detect_hook = source.blocks.resid_post(resolve_layer(spec.layer, model.n_layers))
+    detect_hook = source.blocks.resid_post(resolve_block(spec.layer, model.n_layers))
     base = _unmasked_pass(source, hook, reference, selective, bs, progress, detect_hook, readout.classifier)
     found = detection if isinstance(detection, Detection) else detection_from_norms(source, spec, base.norms)
     header = detection_header(found, "masking")

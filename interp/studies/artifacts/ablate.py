@@ -25,7 +25,7 @@ from ...interventions import NeuronAblation
 from ...interventions.neuron_sets import ranked_neurons
 from ..core.behaviour import METRICS, BehaviourMeter, behaviour_readout
 from ...runtime.forward import Baseline, baseline_summary, forward_summary
-from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
 from ...runtime.source import live_model, n_batches

@@ -16,9 +16,10 @@ from typing import Any, ClassVar, List, Optional, Tuple
 from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, BlockNames
 from ...errors import InterpError, UsageError
 from ...values import NEURONS_SYNTAX, existing_path, index_list, nonnegative_int, positive_int, register_count
-from ..core.options import DetectionOptions, NeuronsOptions, block_index
-from ..core.presets import resolve_preset
+from ..core.options import DetectionOptions, NeuronsOptions
+from ...detection.presets import resolve_preset
 from ..declaration import declare, option
+from ...hooks.names import resolve_block
 
 
 @declare
@@ -74,7 +75,7 @@ class NeuronsConfig(DetectionOptions):
         n_layers = len(blocks)
         detect = self.detect_block(n_layers)
         highest = resolve_preset(self.preset, highest_layer=self.highest_layer).get("highest_layer")
-        highest = detect if highest is None else block_index(min(int(highest), n_layers - 1), n_layers, detect)
+        highest = detect if highest is None else resolve_block(min(int(highest), n_layers - 1), n_layers, detect)
         return [blocks.resid_post(detect)] + [blocks.mlp_post(i) for i in range(highest + 1)]
 
 

@@ -36,7 +36,7 @@ import torch
 
 from ...errors import InterpError
 from ...hooks.names import RESID_STAGES
-from ..core.norm_split import MIN_MODE_RATIO, MIN_SEPARATION
+from ...detection.norm_split import MIN_MODE_RATIO, MIN_SEPARATION
 
 STAGES = RESID_STAGES  # "resid_mid", "resid_post"
 

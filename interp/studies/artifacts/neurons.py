@@ -12,7 +12,7 @@ norm is strictly above the threshold; images without outliers are skipped. The o
 half of that image's tokens have activation below 0.5. ``positions="patches"`` and ``sparsity="pooled"``
 keep this project's earlier behaviour as named options. Layers above ``highest_layer`` are not ranked.
 
-A ``preset`` (:mod:`interp.studies.core.presets`) fills the published settings; explicit arguments win.
+A ``preset`` (:mod:`interp.detection.presets`) fills the published settings; explicit arguments win.
 
 >>> r = neurons_study(source, threshold="auto", top_k=4, progress=False)   # or preset="jiang-dinov2-l14"
 >>> r.neuron_dict(), r.artifacts_found, r.warning                          # the planted neurons
@@ -26,16 +26,17 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ..core.detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params
-from ..core.outliers import Detection, resolve_layer
-from ..core.thresholds import Threshold, ThresholdSpec
-from ..core.presets import resolve_preset
+from ...detection.detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params
+from ...detection.detection import Detection
+from ...detection.thresholds import Threshold, ThresholdSpec
+from ...detection.presets import resolve_preset
 from .register_scores import RegisterScoreAccumulator, rank_neurons
 from ..core.result import OutlierStudyResult, skipped_records
 from ...runtime.passes import Reader, Reading, read_pass, run_readings
 from ...runtime.source import ActivationSource, token_norms
 from ..declaration import study
 from .configs import NeuronsConfig
+from ...hooks.names import resolve_block
 
 SHOWN_NEURONS = 50  # neuron ids printed on the terminal
 
@@ -205,7 +206,7 @@ def neurons_reading(source: ActivationSource, found: Detection, *, highest_layer
     resolved (:func:`resolve_neuron_options`): no reader when nothing can be ranked (no finite threshold)."""
     found.check(source)
     detect, thr = found.layer, found.threshold
-    highest = min(resolve_layer(found.layer if highest_layer is None else highest_layer, source.n_layers),
+    highest = min(resolve_block(found.layer if highest_layer is None else highest_layer, source.n_layers),
                   source.n_layers - 1)
     header = detection_header(found, "neurons")
     params = {**detection_params(found), "highest_layer": highest, "top_k": top_k, "positions": positions,

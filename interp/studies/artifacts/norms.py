@@ -5,7 +5,7 @@ un-normalised residual stream, outlier detection, outlier maps, the emergence la
 >>> result = norms_study(open_source(model=model, images=photos), threshold="auto", progress=False)
 >>> result.artifacts_found, result.emergence["layer"], result.emergence["component"]   # planted after block 2's MLP
 (True, 2, 'mlp')
->>> from interp.studies.core.outliers import detect
+>>> from interp.detection.detection import detect
 >>> shared = norms_study(source, detection=detect(source, "p98", progress=False), progress=False)  # a shared detection
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 
 from ...hooks.names import RESID_STAGES as STAGES
 from .emergence import EmergenceAccumulator, find_detected_emergence, find_emergence
-from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
-from ..core.outliers import Detection
+from ...detection.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
+from ...detection.detection import Detection
 from ...runtime.passes import Reader, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ...runtime.source import ActivationSource, token_norms
@@ -60,7 +60,7 @@ class NormsResult(OutlierStudyResult):
         threshold: outlier threshold at ``detect_layer`` (None = no outliers: distribution not bimodal under "auto").
         bimodal, mode_ratio: the two-mode test's verdict and fitted upper/lower mode ratio (a diagnostic for a
             fixed threshold, never a veto).
-        detection: the threshold's diagnostics (:meth:`~interp.studies.core.thresholds.Threshold.to_dict`): share above
+        detection: the threshold's diagnostics (:meth:`~interp.detection.thresholds.Threshold.to_dict`): share above
             it, the verdict and its reason, and the two-mode fit (modes, separation, BIC, accepted, reason).
         detection_message: the same in one line, e.g. "block 11: artifacts found: 2.60 % of the patch tokens ...".
         outlier_maps: [N][h][w] 0/1 outliers at ``detect_layer`` (patch tokens; ``grid`` is that block's grid).
@@ -203,7 +203,7 @@ def norms_study(source: ActivationSource, config: NormsConfig, *, detection: Det
             (full activations or ``--norms-only``); attention needs ``blocks.*.attn.hook_pattern`` (live: always).
         config: the options (:class:`~interp.studies.artifacts.configs.NormsConfig`; or pass them as keywords):
             ``threshold`` a norm, ``"pNN"`` (per-model percentile of the detection layer's patch norms) or
-            ``"auto"`` (default; a two-mode fit on log norms, :func:`~interp.studies.core.norm_split.split_norms`;
+            ``"auto"`` (default; a two-mode fit on log norms, :func:`~interp.detection.norm_split.split_norms`;
             no outliers when the distribution has no separated minority high-norm mode; a fixed value's outliers
             are the tokens above it, artifacts when they are at most 20 % of the patch tokens; a percentile's are
             artifacts when the two-mode test finds a separated mode); ``detect_layer`` the block whose output
@@ -211,7 +211,7 @@ def norms_study(source: ActivationSource, config: NormsConfig, *, detection: Det
             settings (``darcet``, ``reassessment``, ``jiang-*``; explicit options win); ``emergence_factor`` how
             much one step must raise the max patch norm to count as emergence; ``attention`` measure CLS->patch
             attention per layer (skipped for caches without patterns).
-        detection: outliers already found on this source (:func:`~interp.studies.core.outliers.detect`); saves
+        detection: outliers already found on this source (:func:`~interp.detection.detection.detect`); saves
             the detection pass. ``threshold``/``detect_layer``, when also given, must agree with it.
         progress: show progress bars.
     """

@@ -7,7 +7,7 @@ here ``hook_patch_embed``, timm's patch-embedding output before the prefix token
 (``embedding="position"`` reads ``hook_embed`` instead, after the position embedding, for comparison). They
 find the high-norm tokens' patches nearly identical to their neighbours (similarity about 1).
 
-The outliers come from the one detection contract (:mod:`interp.studies.core.detection`): a ``Detection``,
+The outliers come from the one detection contract (:mod:`interp.detection.detection`): a ``Detection``,
 a ``DetectionSpec`` or threshold / detection block / preset. A group with fewer than :data:`MIN_GROUP_TOKENS`
 tokens gets no statistics (``None``) and a ``note`` saying why.
 
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ...errors import InterpError
 from ...hooks.names import EMBED, PATCH_EMBED
-from ..core.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ...runtime.passes import Reader, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ...runtime.source import ActivationSource
@@ -127,7 +127,7 @@ class RedundancyResult(OutlierStudyResult):
 def redundancy_reading(source: ActivationSource, detection, *, embedding: str = "patch", bins: int = HIST_BINS,
                        min_tokens: int = MIN_GROUP_TOKENS, warn: bool = True) -> Reading:
     """:func:`redundancy_study` around its pass, for a resolved ``detection`` (a
-    :class:`~interp.studies.core.outliers.Detection` on ``source``): the reader that keeps each batch's
+    :class:`~interp.detection.detection.Detection` on ``source``): the reader that keeps each batch's
     per-token neighbour similarity [b, P], then the :class:`RedundancyResult` (for a shared pass,
     :mod:`interp.runtime.passes`)."""
     if embedding not in EMBEDDINGS:
@@ -178,7 +178,7 @@ def redundancy_study(source: ActivationSource, config: RedundancyConfig, *, dete
             ``embedding="position"``) and the detection block's ``hook_resid_post``.
         config: the options (:class:`~interp.studies.artifacts.configs.RedundancyConfig`; or as keywords):
             ``threshold``, ``detect_layer``, ``preset`` the high-norm tokens (the detection contract; see
-            :func:`~interp.studies.core.detection.as_detection`); ``embedding`` ``"patch"`` (default, before the
+            :func:`~interp.detection.detection.as_detection`); ``embedding`` ``"patch"`` (default, before the
             position embedding) or ``"position"`` (after it); ``bins`` histogram bins over [-1, 1];
             ``min_tokens`` fewest tokens a group needs for its statistics.
         detection: the high-norm tokens already found on this source.

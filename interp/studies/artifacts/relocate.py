@@ -21,16 +21,17 @@ from ..._progress import tqdm
 from ...errors import InterpError
 from ...interventions import Relocation, masks
 from ...interventions.neuron_sets import ranked_neurons
-from ..core.detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
+from ...detection.detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
 from ..core.behaviour import BehaviourMeter, behaviour_readout
 from ...runtime.forward import Baseline, baseline_summary, forward_summary
 from ..core.stats import iou
-from ..core.outliers import Detection, resolve_layer
+from ...detection.detection import Detection
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
 from ...runtime.source import live_model, n_batches
 from ..declaration import study
 from .configs import RelocateConfig
+from ...hooks.names import resolve_block
 
 
 def relocation_target(target: Any, grid: Sequence[int]) -> torch.Tensor:
@@ -138,7 +139,7 @@ def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: Det
         spec, detect = None, found.layer
     else:  # the detection comes from the unedited runs of the loop below: no pass of its own
         spec = spec_of(detection, **config.detection_options())
-        detect = resolve_layer(spec.layer, model.n_layers)
+        detect = resolve_block(spec.layer, model.n_layers)
     if tuple(source.layout.for_block(detect).grid) != grid:
         raise InterpError(f"the relocation target lies on the grid of the neurons' blocks {grid}, the detection "
                           f"block ({source.blocks.label(detect)}) on {tuple(source.layout.for_block(detect).grid)}: "

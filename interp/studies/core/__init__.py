@@ -1,4 +1,3 @@
-"""The contract every study shares: outlier detection (``detection``, ``outliers``, ``thresholds``,
-``norm_split``, ``mixture``), results (``result``), published settings (``presets``), the options several studies
-take (``options``, torch-free), statistics (``stats``), regions on the patch grid (``regions``), Patch Score maps
-(``score_maps``) and the behaviour readout (``behaviour``)."""
+"""The contract every study shares beyond the detection of high-norm tokens (:mod:`interp.detection`): results
+(``result``), the options several studies take (``options``, torch-free), statistics (``stats``), regions on the
+patch grid (``regions``), Patch Score maps (``score_maps``) and the behaviour readout (``behaviour``)."""

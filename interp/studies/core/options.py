@@ -15,7 +15,8 @@ from ...errors import InterpError, UsageError
 from ...values import (NEURONS_SYNTAX, existing_file, nonnegative_float, open_fraction, positive_float, positive_int,
                        threshold_arg)
 from ..declaration import StudyConfig, option
-from .presets import PRESETS, resolve_preset
+from ...detection.presets import PRESETS, resolve_preset
+from ...hooks.names import resolve_block
 
 FINAL = "hook_norm_final"  # the final normed tokens: the Patch Score's default tokens and its CLS vector
 REFERENCES = ("cls", "pooled", "selective")  # the Patch Score's global vectors
@@ -39,15 +40,6 @@ CLASSIFIER_HELP = ("classifier file (zero-shot matrix, linear head, or a DINOv2 
                    "cosine to the unedited one)")
 
 
-def block_index(value: Optional[int], n_layers: int, default: int) -> int:
-    """A block index as studies take it (None: ``default``; negative counts from the end) -> 0..n_layers-1."""
-    layer = default if value is None else int(value)
-    resolved = layer + n_layers if layer < 0 else layer
-    if not 0 <= resolved < n_layers:
-        raise InterpError(f"block {layer} is out of range for a model with {n_layers} blocks")
-    return resolved
-
-
 def _threshold_value(value: Any) -> Union[float, str, None]:
     """A threshold as the studies take it: a float for a norm (``"3.5"`` -> 3.5), else ``"auto"`` / ``"pNN"``."""
     if value is None or isinstance(value, (int, float)):
@@ -64,7 +56,7 @@ def _threshold_value(value: Any) -> Union[float, str, None]:
 
 @dataclass(frozen=True, kw_only=True)
 class DetectionOptions(StudyConfig):
-    """What counts as a high-norm token (:class:`~interp.studies.core.detection.DetectionSpec`): a threshold at
+    """What counts as a high-norm token (:class:`~interp.detection.detection.DetectionSpec`): a threshold at
     the detection block, filled in by a preset where not given."""
 
 
@@ -86,7 +78,7 @@ class DetectionOptions(StudyConfig):
     def detect_block(self, n_layers: int) -> int:
         """The detection block (0-based) on an ``n_layers``-block model, the preset's when not given."""
         layer = resolve_preset(self.preset, detect_layer=self.detect_layer).get("detect_layer")
-        return block_index(layer, n_layers, -1)
+        return resolve_block(layer, n_layers, -1)
 
 
 @dataclass(frozen=True, kw_only=True)

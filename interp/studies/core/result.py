@@ -135,13 +135,13 @@ def behaviour_lines(result: Any) -> List[str]:
 @dataclasses.dataclass
 class OutlierStudyResult(StudyResult):
     """A study built on high-norm tokens: the one detection header
-    (:func:`~interp.studies.core.detection.detection_header`).
+    (:func:`~interp.detection.detection.detection_header`).
 
     Attributes:
         detect_layer: the detection block (resolved, >= 0).
         threshold: the resolved norm threshold; None when "auto" finds no separated high-norm mode.
         threshold_method: "fixed", "percentile" or "auto".
-        artifacts_found: the threshold's verdict (:class:`~interp.studies.core.thresholds.Threshold`): "auto" and
+        artifacts_found: the threshold's verdict (:class:`~interp.detection.thresholds.Threshold`): "auto" and
             percentiles need a separated minority high-norm mode; a fixed value needs a minority of tokens above it.
         warning: why the study's outliers are not register artifacts; when artifacts were found, the
             threshold's own caveat (it lies inside the bulk) or None.

@@ -13,8 +13,9 @@ from typing import Any, ClassVar, Dict, List, Optional, Union
 from ...errors import UsageError
 from ...hooks.names import BlockNames
 from ...values import existing_path, finite_float, positive_int, register_count
-from ..core.options import FINAL, REFERENCES, SCORE_DOC, block_index, needed_hooks
+from ..core.options import FINAL, REFERENCES, SCORE_DOC, needed_hooks
 from ..declaration import StudyConfig, declare, option
+from ...hooks.names import resolve_block
 
 PROTOCOLS = ("model", "lost")
 TIES = ("index", "torch")  # lost_core.degree_order
@@ -73,7 +74,7 @@ class LostConfig(StudyConfig):
 
     def hooks(self, blocks: BlockNames) -> List[str]:
         """The keys of block ``layer`` (default the last), LOST's features."""
-        return [blocks.attn_k(block_index(self.layer, len(blocks), -1))]
+        return [blocks.attn_k(resolve_block(self.layer, len(blocks), -1))]
 
 
 @declare

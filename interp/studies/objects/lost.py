@@ -44,12 +44,12 @@ from .configs import LostConfig
 from .lost_protocol import (LOST_MEAN, LOST_STD, display_image, lost_box, lost_hits, lost_protocol_features,
                             lost_protocol_source, pos_table_options)
 from .register_edit import study_edit
-from ..core.outliers import resolve_layer
 from ..core.stats import bootstrap_ci
 from ..core.result import FIGURE_IMAGES, StudyResult
 from ...runtime.passes import Reader, Reading, read_pass, run_readings
 from ...runtime.source import ActivationSource, live_model
 from ..declaration import study
+from ...hooks.names import resolve_block
 
 
 # What LOST was published on (Simeoni et al. 2021): the keys of the last block of DINO ViT-S/16.
@@ -275,7 +275,7 @@ def _key_hook(source: ActivationSource, layer: int, k: int) -> Tuple[int, str]:
     """(block, its key hook) for LOST on ``source``, checked: k >= 1, the hook recorded, full key vectors."""
     if k < 1:
         raise InterpError(f"k must be >= 1, got {k}")
-    layer = resolve_layer(layer, source.n_layers)
+    layer = resolve_block(layer, source.n_layers)
     hook = source.blocks.attn_k(layer)
     source.require([hook])
     if source.norms_only:

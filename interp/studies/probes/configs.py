@@ -15,9 +15,10 @@ from ...formats.image_files import list_images
 from ...errors import UsageError
 from ...hooks.names import BlockNames
 from ...values import existing_file, existing_path, open_fraction, positive_int
-from ..core.options import DetectionOptions, ProbeBudgetOptions, block_index
+from ..core.options import DetectionOptions, ProbeBudgetOptions
 from ..declaration import declare, option
 from .split_file import read_split
+from ...hooks.names import resolve_block
 
 TASKS = ("position", "pixels", "label")
 POSITION_LOSSES = ("ce", "ce+mse")
@@ -105,7 +106,7 @@ class ProbesConfig(DetectionOptions, ProbeBudgetOptions):
         """The probed tokens (``hook``, else block ``layer``'s residual stream) and the detection block's output,
         which decides the high-norm patches."""
         n_layers = len(blocks)
-        return [self.hook or blocks.resid_post(block_index(self.layer, n_layers, -1)),
+        return [self.hook or blocks.resid_post(resolve_block(self.layer, n_layers, -1)),
                 blocks.resid_post(self.detect_block(n_layers))]
 
 

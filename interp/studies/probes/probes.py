@@ -19,7 +19,7 @@ token group on the held-out images (:mod:`~interp.studies.probes.scores`):
 
 Groups: ``normal`` and ``high_norm`` patches. High-norm = ``outliers`` (a given bool mask [N, t] or [N, P]),
 else the one detection contract on the un-normalised residual stream of a detection block, separate from the
-probed hook (:func:`~interp.studies.core.detection.as_detection`: ``detection=`` a Detection or DetectionSpec,
+probed hook (:func:`~interp.detection.detection.as_detection`: ``detection=`` a Detection or DetectionSpec,
 or ``threshold`` / ``detect_layer`` / ``preset``; default "auto" at the last block). Every score comes with its
 chance level (the best constant guess of the training set); an empty group is reported as such (``n = 0``
 and a note), never as a number.
@@ -58,9 +58,9 @@ import torch
 
 from ...errors import InterpError
 from ...models.preprocessing import patch_pixels  # noqa: F401  (its public home of earlier versions)
-from ..core.detection import DetectionLike, RunOptions, detection_header, detection_params
-from ..core.outliers import Detection, resolve_layer
-from ..core.thresholds import ThresholdSpec
+from ...detection.detection import DetectionLike, RunOptions, detection_header, detection_params
+from ...detection.detection import Detection
+from ...detection.thresholds import ThresholdSpec
 from ...runtime.passes import Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ...runtime.source import ActivationSource
@@ -73,6 +73,7 @@ from .scores import (LABEL_KINDS, MIN_GROUP_TOKENS, MIN_IMAGES, MIN_LABEL_IMAGES
                      MIN_TRAIN_IMAGES, PIXEL_SPACE, GroupScore, Scoring, as_groups, score_labels, score_pixels,
                      score_position, too_few_images)
 from .tokens import TEST, TRAIN, VAL, TokenSample, high_norm_mask
+from ...hooks.names import resolve_block
 
 PIXELS_FROM_CACHE = ("pixels: skipped, a cache holds no input images; pass the images the cache was written from "
                      "(--images on the command line, images= in Python) for the pixel probe")
@@ -238,7 +239,7 @@ def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, laye
     if unknown or position_loss not in POSITION_LOSSES:
         raise InterpError(f"tasks must be among position, pixels, label (got {sorted(unknown)}) and "
                           f"position_loss one of {list(POSITION_LOSSES)} (got {position_loss!r})")
-    hook = hook or source.blocks.resid_post(resolve_layer(layer, source.n_layers))
+    hook = hook or source.blocks.resid_post(resolve_block(layer, source.n_layers))
     source.require([hook])
     bs = batch_size or source.batch_size
     options = resolve_probe_options(probe_options, seed)

@@ -3,7 +3,7 @@ pass (alone or shared with other studies, :mod:`interp.runtime.passes`) that kee
 each image's patch tokens (with their input pixels) and one token per kind per image.
 
 High-norm patches are decided on the un-normalised residual stream of a detection block, through the one
-detection contract (:mod:`interp.studies.core.detection`), never from the norms of the probed hook: probing
+detection contract (:mod:`interp.detection.detection`), never from the norms of the probed hook: probing
 ``hook_norm_final`` must not pick outliers after the final LayerNorm (which evens the norms out).
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch
 from ...errors import InterpError
 from ...models.preprocessing import patch_pixels
 from ...runtime.source import split_tokens
-from ..core.detection import DetectionLike, RunOptions, as_detection
-from ..core.outliers import Detection
-from ..core.thresholds import ThresholdSpec
+from ...detection.detection import DetectionLike, RunOptions, as_detection
+from ...detection.detection import Detection
+from ...detection.thresholds import ThresholdSpec
 from ...runtime.passes import Reader
 from ...runtime.source import ActivationSource
 from .scores import Split
@@ -34,7 +34,7 @@ def high_norm_mask(source: ActivationSource, outliers: Optional[torch.Tensor] = 
     """(Bool[N, P] high-norm patches, the Detection they came from or None for a given mask).
 
     ``outliers``: a given Bool[N, t] or [N, P] mask (then no detection argument may be given). Otherwise
-    :func:`~interp.studies.core.detection.as_detection` resolves ``detection`` / ``threshold`` /
+    :func:`~interp.detection.detection.as_detection` resolves ``detection`` / ``threshold`` /
     ``detect_layer`` / ``preset`` on ``source`` (the block's ``hook_resid_post``; default "auto" at the last
     block, or the preset's)."""
     n, layout = len(source), source.layout

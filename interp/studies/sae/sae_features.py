@@ -21,11 +21,11 @@ from ...interventions.neuron_sets import check_ranked_on, neuron_set
 from ...runtime.source import ActivationSource
 from ...sae.features import source_feature_report, write_directions
 from ...sae.model import load
-from ..core.options import block_index
-from ..core.presets import resolve_preset
+from ...detection.presets import resolve_preset
 from ..core.result import OutlierStudyResult, skipped_records
 from ..declaration import study
 from .configs import SaeFeaturesConfig
+from ...hooks.names import resolve_block
 
 MAX_CROP_IMAGES = 64  # images decoded for the top-patch crops of a live run (later ones: code values only)
 
@@ -92,7 +92,7 @@ def _detection_threshold(config: SaeFeaturesConfig, layer: Optional[int], n_laye
     """The threshold asked for; a --detect-layer (or a preset's) other than the SAE's block is refused."""
     opts = resolve_preset(config.preset, threshold=config.threshold, detect_layer=config.detect_layer)
     asked = opts.get("detect_layer")
-    if asked is not None and (layer is None or block_index(asked, n_layers, -1) != layer):
+    if asked is not None and (layer is None or resolve_block(asked, n_layers, -1) != layer):
         raise UsageError(f"--detect-layer {asked}: sae-features decides the high-norm tokens at the SAE's own hook "
                          f"(block {layer}); leave --detect-layer (and a preset that sets another block) out")
     return opts.get("threshold", "auto"), opts.get("preset")

@@ -13,7 +13,7 @@ from interp.errors import InterpError
 from interp.hooks.names import resid_post
 from interp.studies.aggregation.masking import (MaskingResult, cells_to_mask, fraction_steps, mask_images,
                                                 masking_study, random_keys)
-from interp.studies.core.detection import DetectionSpec
+from interp.detection.detection import DetectionSpec
 from interp.runtime.forward import run_hooks
 from interp.runtime.open import open_source
 

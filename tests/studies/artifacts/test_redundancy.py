@@ -11,9 +11,9 @@ import interp
 from interp.studies import open_source
 from interp.studies.artifacts.redundancy import (MIN_GROUP_TOKENS, RedundancyResult, neighbour_similarity,
                                                  redundancy_study)
-from interp.studies.core.detection import DetectionSpec
-from interp.studies.core.outliers import Detection
-from interp.studies.core.thresholds import resolve_threshold
+from interp.detection.detection import DetectionSpec
+from interp.detection.detection import Detection
+from interp.detection.thresholds import resolve_threshold
 
 
 def test_neighbour_similarity_is_the_mean_cosine_over_the_grid_neighbours():
@@ -74,7 +74,7 @@ def test_the_groups_are_the_detections_outliers(planted):
 
 
 def test_a_group_with_too_few_tokens_gets_no_number_and_says_why(planted):
-    from interp.studies.core.outliers import detect
+    from interp.detection.detection import detect
 
     _, _, source = planted
     top = detect(source, "auto", progress=False).norms.flatten().sort().values

@@ -10,10 +10,10 @@ from interp.models.planted import planted_truth
 from interp.models.samples import sample_image_paths
 from interp.studies import open_source
 from interp.studies.artifacts.ablate import ablate_study
-from interp.studies.core.detection import DetectionSpec, RunOptions, threshold_param
+from interp.detection.detection import DetectionSpec, RunOptions, threshold_param
 from interp.studies.artifacts.neurons import NeuronsResult, neurons_study
 from interp.studies.artifacts.norms import NormsResult, norms_study
-from interp.studies.core.outliers import detect
+from interp.detection.detection import detect
 from interp.studies.artifacts.registers import registers_study
 from interp.studies.artifacts.relocate import relocate_study
 

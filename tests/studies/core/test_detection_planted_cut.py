@@ -3,7 +3,7 @@
 planted_vit's ordinary tokens all have norm ~141.5 (a degenerate bulk), its high-norm tokens sit near 570, and
 a few percent of partly flat patches lie in between. The F1-optimal cut of the two-Gaussian fit used to land
 on the bulk's edge (142: 21 % flagged for 18 % planted, precision 0.87 against the planted mask); for a
-degenerate bulk the cut is now the middle of the gap in norm (see interp.studies.core.norm_split).
+degenerate bulk the cut is now the middle of the gap in norm (see interp.detection.norm_split).
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 import interp
 from interp.models.planted import planted_truth
 from interp.studies import open_source
-from interp.studies.core.norm_split import MIN_BULK_SIGMA, split_norms
-from interp.studies.core.outliers import detect
+from interp.detection.norm_split import MIN_BULK_SIGMA, split_norms
+from interp.detection.detection import detect
 
 
 def _precision_recall(found: np.ndarray, truth: np.ndarray):

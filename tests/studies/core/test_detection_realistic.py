@@ -1,6 +1,6 @@
 """Detection on realistic norm distributions: a wide log-normal bulk (log-sigma 0.15-0.45) with 1-5 % outliers
 at 3-8x the median must be found by "auto"; single log-normals and heavy-tailed bulks must not; fixed values
-and percentiles mean what the papers mean (see interp.studies.core.thresholds.resolve_threshold).
+and percentiles mean what the papers mean (see interp.detection.thresholds.resolve_threshold).
 
 Synthetic outliers: log-normal around ``ratio`` x the bulk median with log-sigma 0.10 (a tight mode, like
 the planted tokens and the artifacts of the papers' models).
@@ -16,9 +16,9 @@ import torch
 import interp
 from interp.errors import InterpError
 from interp.studies import open_source
-from interp.studies.core.norm_split import MAX_FIT_POINTS, split_norms
-from interp.studies.core.outliers import detect
-from interp.studies.core.thresholds import MAX_ARTIFACT_SHARE, ThresholdError, parse_threshold, resolve_threshold
+from interp.detection.norm_split import MAX_FIT_POINTS, split_norms
+from interp.detection.detection import detect
+from interp.detection.thresholds import MAX_ARTIFACT_SHARE, ThresholdError, parse_threshold, resolve_threshold
 
 MEDIAN = 50.0
 OUTLIER_SIGMA = 0.10
@@ -194,7 +194,7 @@ def test_a_fixed_threshold_above_every_token_finds_none_and_says_so():
                                                 ("jiang-dinov2-l14", 40.0, 0.024), ("reassessment", 50.0, 0.024)])
 def test_presets_find_the_artifacts_of_models_like_the_papers(preset, median, share):
     """Published settings on norms shaped like the papers' models (log-sigma 0.30 bulk, 2.4 % at 6x)."""
-    from interp.studies.core.presets import resolve_preset
+    from interp.detection.presets import resolve_preset
 
     norms, labels = planted(share, 0.30, 6)
     norms = norms * (median / MEDIAN)

@@ -13,9 +13,9 @@ import torch
 import interp
 from interp.errors import InterpError
 from interp.studies import detect_norms, open_source
-from interp.studies.core.norm_split import split_norms
-from interp.studies.core.outliers import detect
-from interp.studies.core.thresholds import resolve_threshold
+from interp.detection.norm_split import split_norms
+from interp.detection.detection import detect
+from interp.detection.thresholds import resolve_threshold
 
 MEDIAN = 50.0
 

@@ -1,4 +1,4 @@
-"""The EM of :mod:`interp.studies.core.mixture` against textbook EM: its SQUAREM acceleration reaches the fixed
+"""The EM of :mod:`interp.detection.mixture` against textbook EM: its SQUAREM acceleration reaches the fixed
 point plain EM converges to, closer than plain EM under the same stopping rule, in fewer E-steps, and at a
 likelihood at least as high."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from interp.studies.core import mixture
+from interp.detection import mixture
 
 FLOOR = 1e-3
 

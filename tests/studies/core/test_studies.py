@@ -214,7 +214,7 @@ def counting_source(source):
 
 
 def test_a_shared_detection_gives_the_same_results_with_one_pass_less(planted, pixels, planted_neurons):
-    from interp.studies.core.outliers import detect
+    from interp.detection.detection import detect
 
     own = open_source(model=planted, images=pixels, batch_size=3)
     shared = open_source(model=planted, images=pixels, batch_size=3)
@@ -236,7 +236,7 @@ def test_a_shared_detection_gives_the_same_results_with_one_pass_less(planted, p
 
 def test_a_detection_must_match_the_source_and_the_arguments(planted, pixels, source):
     from interp.errors import InterpError
-    from interp.studies.core.outliers import detect
+    from interp.detection.detection import detect
 
     found = detect(source, "p90", layer=-1, progress=False)
     with pytest.raises(InterpError, match="detect_layer=1 disagrees"):

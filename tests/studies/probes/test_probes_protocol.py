@@ -17,8 +17,8 @@ from interp.cli import main
 from interp.errors import InterpError
 from interp.models import list_images
 from interp.studies import CacheSource, open_source, required_hooks
-from interp.studies.core.detection import DetectionSpec
-from interp.studies.core.outliers import detect
+from interp.detection.detection import DetectionSpec
+from interp.detection.detection import detect
 from interp.studies.core.result import OutlierStudyResult
 from interp.studies.probes.split_file import read_split
 from interp.studies.probes.scores import PIXEL_SPACE

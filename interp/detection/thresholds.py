@@ -1,5 +1,5 @@
 """Thresholds on patch-token norms and their verdict on artifacts: fixed, per-model percentile or the automatic
-two-mode split of the log norms (:mod:`interp.studies.core.norm_split`), resolved by :func:`resolve_threshold`;
+two-mode split of the log norms (:mod:`interp.detection.norm_split`), resolved by :func:`resolve_threshold`;
 :func:`detect_norms` for norms computed elsewhere. Detection over a source is :mod:`.outliers`.
 
 >>> import numpy as np
@@ -16,7 +16,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ...errors import InterpError
+from ..errors import InterpError
 from .norm_split import NormSplit, split_norms
 
 ThresholdSpec = Union[float, int, str]
@@ -44,7 +44,7 @@ class Threshold:
             image whose scale (10th-percentile norm) is the median image's: the one number studies that count
             outliers in other forwards (ablation, relocation, registers, masking) count above.
         method: "fixed", "percentile" or "auto".
-        split: the two-mode test on the same norms (:func:`~interp.studies.core.norm_split.split_norms`); it
+        split: the two-mode test on the same norms (:func:`~interp.detection.norm_split.split_norms`); it
             decides "auto" and the percentile case, and is only a diagnostic for a fixed value.
         n_tokens, n_above: patch tokens tested, and those above ``value``.
         artifacts_found: "auto": the split was accepted; fixed: some tokens are above the value and they are a
@@ -53,7 +53,7 @@ class Threshold:
         reason: one sentence with the numbers saying why artifacts were or were not found.
         warning: a caveat that does not change ``artifacts_found`` (the threshold lies inside the bulk), or None.
         image_values: "auto" on norms [N, P]: each image's own cut ([N], ``value`` x the image's scale, see
-            :class:`~interp.studies.core.norm_split.NormSplit`); None for a fixed or percentile threshold.
+            :class:`~interp.detection.norm_split.NormSplit`); None for a fixed or percentile threshold.
     """
 
     value: float
@@ -167,7 +167,7 @@ def resolve_threshold(patch_norms: np.ndarray, spec: ThresholdSpec = "auto") -> 
     ``patch_norms``: [N images, P patches] (the split normalises each image by its scale, "per_image_p10"),
     or any other shape (one pool of tokens, no per-image scale).
 
-    * ``"auto"``: the cut of an accepted two-mode split (:func:`~interp.studies.core.norm_split.split_norms`);
+    * ``"auto"``: the cut of an accepted two-mode split (:func:`~interp.detection.norm_split.split_norms`);
       artifacts when it is accepted, none (value inf) when it is rejected.
     * a fixed value: the tokens above it are the outliers (the papers' definition); artifacts when there are
       some and they are a minority (at most ``MAX_ARTIFACT_SHARE``, or more when the split finds them to be

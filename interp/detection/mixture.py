@@ -1,5 +1,5 @@
 """Gaussian mixtures on one-dimensional data by EM (pure numpy, deterministic): what
-:mod:`interp.studies.core.norm_split` fits to log norms.
+:mod:`interp.detection.norm_split` fits to log norms.
 
 A mixture is an array ``params`` [K, 3] whose rows are (weight, mean, sigma) of one component.
 

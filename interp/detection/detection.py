@@ -1,0 +1,293 @@
+"""High-norm token detection, the contract every study built on high-norm tokens follows.
+
+* thresholds (fixed, per-model percentile, automatic two-mode split of the log norms,
+  :mod:`interp.detection.norm_split`) and their verdict on artifacts (:mod:`interp.detection.thresholds`);
+* :class:`DetectionSpec` says what to detect: a threshold (a norm, ``"pNN"`` or ``"auto"``), a block, a preset
+  (:mod:`interp.detection.presets`);
+* :class:`Detection` is that spec resolved once on a source: the detection block's patch norms streamed in one
+  pass (:func:`detect`), the threshold, the preset it came from; studies take either, so one detection pass
+  serves a whole battery (norms, neurons, ablation, test-time register, the SAE's artifact features);
+* :func:`detection_header` is the one result header (``detect_layer``, ``threshold`` = the resolved value or
+  None, ``threshold_method``, ``artifacts_found``, ``warning``, ``preset``): the same meaning in every result;
+* :class:`RunOptions`: batch size and progress bars of a pass.
+
+>>> det = detect(source, threshold="auto", layer=-1, progress=False)     # one pass over the images
+>>> det.outliers.shape, det.artifacts_found                               # [N, P] bool, bool
+(torch.Size([4, 196]), True)
+>>> from interp.studies.artifacts.norms import norms_study
+>>> from interp.studies.artifacts.neurons import neurons_study
+>>> norms = norms_study(source, detection=det, progress=False)            # no second detection pass
+>>> neurons = neurons_study(source, detection=det, top_k=4, progress=False)
+>>> spec = DetectionSpec(preset="darcet")                 # threshold 150 at the last block
+>>> found = spec.detect(source, RunOptions(progress=False))   # one pass: a Detection
+>>> result = norms_study(source, detection=found, progress=False)
+>>> result.threshold, result.threshold_method, result.preset, result.params["threshold"]
+(150.0, 'fixed', 'darcet', 150.0)
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+from .._progress import tqdm
+
+from ..errors import InterpError
+from ..hooks.names import resolve_block
+from ..runtime.source import ActivationSource, n_batches, token_norms
+from .presets import check_preset_model, resolve_preset
+from .thresholds import Threshold, ThresholdSpec, detect_norms, parse_threshold, percentile_value
+
+
+def detection_norms(source: ActivationSource, layer: int, batch_size: int = 16,
+                    progress: bool = True) -> torch.Tensor:
+    """Patch-token norms of block ``layer``'s output (``hook_resid_post``) for every image: [N, n_patches] float32
+    (the patches of that block's grid)."""
+    hook = source.blocks.resid_post(layer)
+    source.require([hook])
+    out: List[torch.Tensor] = []
+    desc = f"norms @ {source.blocks.label(layer)}"
+    for batch in tqdm(source.batches([hook], batch_size, reduce={hook: token_norms}), disable=not progress,
+                      total=n_batches(source, batch_size), desc=desc, unit="batch", leave=False):
+        out.append(batch.acts[hook][:, batch.layout_of(hook).patch_slice])
+    return torch.cat(out) if out else torch.zeros(0, source.layout_of(hook).n_patches)
+
+
+@dataclass(frozen=True)
+class Detection:
+    """High-norm tokens of one source at one block, found once and shared by the studies.
+
+    Attributes:
+        layer: the detection block (its ``hook_resid_post`` decides outliers).
+        spec: the threshold as asked for (a norm, ``"pNN"`` or ``"auto"``).
+        threshold: the resolved :class:`Threshold` (value inf when "auto" finds no separated mode).
+        norms: per-image patch-token norms at ``layer``: Tensor[N, P] float32.
+        ids: the source's image ids, in order (checked when a study is handed this detection).
+        fingerprint: weights fingerprint of the source's model.
+        preset: the published settings the threshold and layer came from (see ``DetectionSpec``), or None.
+    """
+
+    layer: int
+    spec: ThresholdSpec
+    threshold: Threshold
+    norms: torch.Tensor
+    ids: Tuple[str, ...]
+    fingerprint: str
+    preset: Optional[str] = None
+
+    @property
+    def method(self) -> str:
+        return self.threshold.method
+
+    @property
+    def outliers(self) -> torch.Tensor:
+        """Bool[N, P]: patch tokens above the threshold (their image's own cut under "auto")."""
+        return self.threshold.mask(self.norms)
+
+    @property
+    def artifacts_found(self) -> bool:
+        """The threshold's verdict (see :class:`Threshold`): fixed values by the share above them, "auto" and
+        percentiles by the two-mode test."""
+        return self.threshold.artifacts_found
+
+    def counting_threshold(self) -> float:
+        """The threshold the causal studies count outliers with: the resolved value, or the 99th percentile of
+        these norms when "auto" finds no bimodal split (so counts stay comparable)."""
+        if math.isfinite(self.threshold.value):
+            return self.threshold.value
+        return percentile_value(self.norms.numpy().ravel(), 99)  # the value only: no split to refit
+
+    def check(self, source: ActivationSource, layer: Optional[int] = None,
+              threshold: Optional[ThresholdSpec] = None) -> "Detection":
+        """This detection, after checking it was made on ``source`` (same images and weights) and, when given,
+        at ``layer`` (resolved) with ``threshold``; raises InterpError naming the mismatch."""
+        if tuple(source.ids) != self.ids or source.fingerprint != self.fingerprint:
+            raise InterpError("this detection was computed on other images or weights than the source; "
+                              "compute it with detect(source, ...) on the same source")
+        if layer is not None and resolve_block(layer, source.n_layers) != self.layer:
+            raise InterpError(f"detect_layer={layer} disagrees with the detection's block {self.layer}; "
+                              "pass one of them")
+        if threshold is not None and threshold != self.spec:
+            raise InterpError(f"threshold={threshold!r} disagrees with the detection's {self.spec!r}; "
+                              "pass one of them")
+        return self
+
+
+def detect(source: ActivationSource, threshold: ThresholdSpec = "auto", layer: Optional[int] = None,
+           batch_size: Optional[int] = None, progress: bool = True) -> Detection:
+    """One pass over ``source``: the detection block's patch norms and the resolved threshold.
+
+    Args:
+        threshold: a norm, ``"pNN"`` or ``"auto"`` (see :func:`resolve_threshold`).
+        layer: detection block (default: the last; negative counts from the end).
+    """
+    block = resolve_block(layer, source.n_layers)
+    norms = detection_norms(source, block, batch_size or source.batch_size, progress)  # [N, P]
+    return Detection(layer=block, spec=threshold, threshold=detect_norms(norms, threshold).threshold,
+                     norms=norms, ids=tuple(source.ids), fingerprint=source.fingerprint)
+
+
+def detection_for(source: ActivationSource, detection: Optional[Detection], threshold: Optional[ThresholdSpec],
+                  layer: Optional[int], batch_size: Optional[int], progress: bool) -> Detection:
+    """The detection a study works with: ``detection`` checked against the source and the study's own
+    arguments, or a fresh :func:`detect` (threshold default "auto") when none is given."""
+    if detection is not None:
+        return detection.check(source, layer, threshold)
+    return detect(source, "auto" if threshold is None else threshold, layer, batch_size, progress)
+
+
+def no_artifacts_warning(layer: int, threshold: Threshold, study: str) -> str:
+    """The one-line warning a study built on outliers carries when the model shows no artifacts."""
+    head = f"no artifacts: at block {layer}, {threshold.reason}; "
+    if not math.isfinite(threshold.value):
+        return head + (f"no token is an artifact under the automatic split; whatever the {study} study counts "
+                       "is ordinary tokens")
+    return head + (f"the {study} study ran under the {threshold.method} threshold {threshold.value:.4g}, so its "
+                   "'outliers' are ordinary high-norm tokens, not register artifacts")
+
+
+def artifact_status(layer: int, threshold: Threshold, artifacts_found: bool, study: str,
+                    warn: bool = True) -> Tuple[bool, Optional[str]]:
+    """``(artifacts_found, warning)`` for a study's JSON; the warning is also raised with ``warnings.warn``
+    (the CLI shows it as one line) when ``warn``. It says why there are no artifacts, or, when there are,
+    the threshold's own caveat (it lies inside the bulk); None when there is nothing to say."""
+    if artifacts_found:
+        text = None if threshold.warning is None else f"block {layer}: {threshold.warning}"
+    else:
+        text = no_artifacts_warning(layer, threshold, study)
+    if warn and text is not None:
+        warnings.warn(text, stacklevel=3)
+    return artifacts_found, text
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a pass runs (never what it computes): what :meth:`DetectionSpec.detect` and the studies' own
+    detection passes read.
+
+    Attributes:
+        batch_size: images per forward (None: the source's).
+        progress: show progress bars.
+
+    No device and no seed here, on purpose: a study runs where its source's model is (move the model before,
+    ``interp.load(..., device=...)`` or ``model.to(...)``; no study moves a model it was given), and each study
+    that draws at random takes its own ``seed=`` (what it seeds differs: ablation controls, image subsets,
+    probe splits), recorded in its result.
+    """
+
+    batch_size: Optional[int] = None
+    progress: bool = True
+
+    def batch_for(self, source) -> int:
+        return int(self.batch_size or source.batch_size)
+
+
+def threshold_param(spec: Optional[ThresholdSpec]) -> Union[float, str, None]:
+    """The one JSON form of a threshold as asked for: a float for a fixed norm, ``"pNN"``/``"auto"`` else."""
+    if spec is None:
+        return None
+    method, value = parse_threshold(spec)
+    if method == "fixed":
+        return float(value)
+    return "auto" if method == "auto" else f"p{value:g}"
+
+
+@dataclass(frozen=True)
+class DetectionSpec:
+    """What counts as a high-norm token: ``threshold`` at block ``layer`` (negative: from the end), filled in by
+    ``preset`` (published settings) where not given; defaults "auto" at the last block.
+
+    Attributes:
+        threshold: a norm, ``"pNN"`` (per-model percentile) or ``"auto"`` (bimodal split); None: preset's/auto.
+        layer: detection block (its ``hook_resid_post``); None: the preset's, else the last block.
+        preset: a name of :mod:`interp.detection.presets`; explicit values win over it.
+    """
+
+    threshold: Optional[ThresholdSpec] = None
+    layer: Optional[int] = None
+    preset: Optional[str] = None
+
+    def resolved(self) -> "DetectionSpec":
+        """This spec with the preset applied (threshold and layer filled in, the preset's canonical name)."""
+        r = resolve_preset(self.preset, threshold=self.threshold, detect_layer=self.layer)
+        threshold = r.get("threshold", "auto")
+        parse_threshold(threshold)  # a bad threshold is reported before any pass
+        return DetectionSpec(threshold=threshold, layer=r.get("detect_layer"), preset=r["preset"])
+
+    def detect(self, source, options: Optional[RunOptions] = None) -> Detection:
+        """One pass over ``source``: the resolved :class:`Detection` (it remembers the preset)."""
+        o = options or RunOptions()
+        spec = self.resolved()
+        check_preset_model(spec.preset, getattr(source, "model", None))
+        found = detect(source, spec.threshold, spec.layer, o.batch_for(source), o.progress)
+        return replace(found, preset=spec.preset)
+
+
+DetectionLike = Union[Detection, DetectionSpec, None]
+
+
+def as_detection(source, detection: DetectionLike = None, *, threshold: Optional[ThresholdSpec] = None,
+                 detect_layer: Optional[int] = None, preset: Optional[str] = None,
+                 options: Optional[RunOptions] = None) -> Detection:
+    """The :class:`Detection` a study works with.
+
+    ``detection`` may be a Detection made on this source (checked: same images and weights; the loose
+    arguments, when given, must agree with it), a :class:`DetectionSpec`, or None (the loose arguments make
+    the spec). A spec given together with loose arguments is refused: pass one of them.
+    """
+    if isinstance(detection, Detection):
+        if preset is not None and resolve_preset(preset)["preset"] != detection.preset:
+            raise InterpError(f"preset={preset!r} disagrees with the detection's ({detection.preset!r}); "
+                              "make the detection with DetectionSpec(preset=...) or pass one of them")
+        return detection.check(source, detect_layer, threshold)
+    if isinstance(detection, DetectionSpec):
+        if threshold is not None or detect_layer is not None or preset is not None:
+            raise InterpError("give the threshold, detection layer and preset in the DetectionSpec or as "
+                              "arguments, not both")
+        spec = detection
+    elif detection is None:
+        spec = DetectionSpec(threshold, detect_layer, preset)
+    else:
+        raise InterpError(f"detection= takes a Detection or a DetectionSpec, not {type(detection).__name__}")
+    return spec.detect(source, options)
+
+
+def spec_of(detection: DetectionLike, *, threshold: Optional[ThresholdSpec] = None,
+            detect_layer: Optional[int] = None, preset: Optional[str] = None) -> DetectionSpec:
+    """The resolved :class:`DetectionSpec` of a study that has no Detection yet (``detection`` a spec or None)."""
+    if isinstance(detection, DetectionSpec):
+        if threshold is not None or detect_layer is not None or preset is not None:
+            raise InterpError("give the threshold, detection layer and preset in the DetectionSpec or as "
+                              "arguments, not both")
+        return detection.resolved()
+    return DetectionSpec(threshold, detect_layer, preset).resolved()
+
+
+def detection_from_norms(source, spec: DetectionSpec, norms) -> Detection:
+    """The Detection of ``spec`` (resolved) from detection-layer patch norms [N, P] a study's own baseline
+    pass already computed on ``source`` (so it needs no detection pass of its own)."""
+    check_preset_model(spec.preset, getattr(source, "model", None))
+    return Detection(layer=resolve_block(spec.layer, source.n_layers), spec=spec.threshold,
+                     threshold=detect_norms(norms, spec.threshold).threshold, norms=norms,
+                     ids=tuple(source.ids), fingerprint=source.fingerprint, preset=spec.preset)
+
+
+def detection_header(found: Detection, study: str, warn: bool = True) -> Dict[str, Any]:
+    """The result fields every outlier study carries, with one meaning:
+
+    ``detect_layer`` (resolved block), ``threshold`` (the resolved norm threshold, None when "auto" finds no
+    separated high-norm mode), ``threshold_method`` ("fixed", "percentile", "auto"), ``artifacts_found``,
+    ``warning`` (why the outliers are not register artifacts; also raised with ``warnings.warn`` when
+    ``warn``), ``preset`` (the canonical preset name or None)."""
+    artifacts, warning = artifact_status(found.layer, found.threshold, found.artifacts_found, study, warn=warn)
+    value = found.threshold.value
+    return {"detect_layer": found.layer, "threshold": value if math.isfinite(value) else None,
+            "threshold_method": found.method, "artifacts_found": artifacts, "warning": warning,
+            "preset": found.preset}
+
+
+def detection_params(found: Detection) -> Dict[str, Any]:
+    """The detection part of a result's ``params``: the threshold as asked for (one form), block and preset."""
+    return {"threshold": threshold_param(found.spec), "detect_layer": found.layer, "preset": found.preset}
