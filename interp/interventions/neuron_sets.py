@@ -120,7 +120,8 @@ def neuron_set(spec: Any, label: str = "neurons") -> NeuronSet:
 
 
 def check_ranked_on(nset: NeuronSet, model, force: bool = False, flag: str = "force=True") -> None:
-    """Refuse neurons a study ranked on other weights than ``model``'s (unless ``force``).
+    """Refuse neurons a study ranked on other weights than ``model``'s (unless ``force``); ``model`` may be an
+    activation source (its ``fingerprint`` is its model's).
 
     Raises:
         InterpError: naming both models and fingerprints, and ``flag`` to override.
@@ -129,7 +130,7 @@ def check_ranked_on(nset: NeuronSet, model, force: bool = False, flag: str = "fo
         return  # no fingerprint recorded ("?" from a cache without one, a hand-written file): nothing to check
     from ..models.fingerprint import weights_fingerprint
 
-    mine = weights_fingerprint(model)
+    mine = getattr(model, "fingerprint", None) or weights_fingerprint(model)
     if mine == nset.fingerprint:
         return
     name = getattr(model, "model_name", type(model).__name__)

@@ -8,6 +8,7 @@ representation metrics (cosine of the pooled vector to the unedited one, its nor
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Tuple
 
 from torch import nn
@@ -51,3 +52,29 @@ def head_output_width(model) -> int:
     if isinstance(head, nn.Linear):
         return int(head.out_features)
     return pooled_width(model)
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a hooked model's head is, read once from the model (the behaviour readout's facts).
+
+    Attributes:
+        kind, why: :func:`classify_head`'s answer.
+        width: the width of the head's output ``hook_logits`` (:func:`head_output_width`).
+        n_classes: timm's ``num_classes`` (0 for an identity head).
+        label_names: ``pretrained_cfg["label_names"]`` (empty when the config names none).
+    """
+
+    kind: str
+    why: str
+    width: int
+    n_classes: int
+    label_names: Tuple[str, ...]
+
+
+def read_head(model) -> Head:
+    """The :class:`Head` of a ``HookedViT``."""
+    m = model.timm_model
+    kind, why = classify_head(model)
+    return Head(kind, why, head_output_width(model), int(getattr(m, "num_classes", 0) or 0),
+                tuple((getattr(m, "pretrained_cfg", None) or {}).get("label_names") or ()))

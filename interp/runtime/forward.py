@@ -131,36 +131,65 @@ def run_hooks(model, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducer
 
 @dataclass
 class ForwardSummary:
-    """logits [b, c] (a classifier's when one was given); patch_norms [b, P] at the detection layer;
-    cls_attention {layer: [b, P]} (head mean); pooled [b, d'] (``hook_pooled``)."""
+    """What the causal studies compare between an unedited and an edited forward of one batch.
+
+    Attributes:
+        logits: [b, c] (a classifier's class logits when one was given).
+        patch_norms: [b, P] patch-token norms at the detection block's output (None without a detection block).
+        cls_attention: {layer: [b, P]} CLS->patch attention (head mean), for the layers asked for.
+        pooled: [b, d'] the pooled vector ``hook_pooled``.
+        token_norms: [b, t] every token's norm at the detection block's output (prefix rows included).
+        cls_rows: {layer: [b, t]} the whole CLS attention row (head mean), prefix columns included.
+        acts: the forward's values of the extra hooks asked for (reduced as asked).
+        layout: the token layout of this forward (its input size and edits).
+    """
 
     logits: torch.Tensor
-    patch_norms: torch.Tensor
+    patch_norms: Optional[torch.Tensor]
     cls_attention: Dict[int, torch.Tensor] = field(default_factory=dict)
     pooled: Optional[torch.Tensor] = None
+    token_norms: Optional[torch.Tensor] = None
+    cls_rows: Dict[int, torch.Tensor] = field(default_factory=dict)
+    acts: Dict[str, torch.Tensor] = field(default_factory=dict)
+    layout: Optional[TokenLayout] = None
 
 
-def forward_summary(model, x: torch.Tensor, interventions: Sequence = (), detect_layer: int = -1,
-                    attention_layers: Sequence[int] = (), classifier: Optional[Classifier] = None) -> ForwardSummary:
-    """Logits, detection-layer patch norms, CLS->patch attention rows and the pooled vector of one forward of
+def forward_summary(model, x: torch.Tensor, interventions: Sequence = (), detect_layer: Optional[int] = -1,
+                    attention_layers: Sequence[int] = (), classifier: Optional[Classifier] = None,
+                    hooks: Sequence[str] = (), reduce: Reducers = None) -> ForwardSummary:
+    """Logits, detection-layer token norms, CLS attention rows and the pooled vector of one forward of
     ``model`` on ``x`` with ``interventions`` applied; patch slices follow the edited layout. ``classifier``:
-    the logits are its class logits."""
+    the logits are its class logits. ``hooks``/``reduce``: more hooks to keep from the same forward (the
+    detection block's output or an attention pattern among them is kept whole and reduced here too)."""
     names = model.block_names
-    norm_hook = names.resid_post(detect_layer)
+    norm_hook = None if detect_layer is None else names.resid_post(detect_layer)
     lay = run_layout(model, tuple(x.shape[-2:]), interventions)
     layers = list(attention_layers) if lay.cls_index is not None else []
+    patterns = {l: names.attn_pattern(l) for l in layers}
+    extra = list(dict.fromkeys(hooks))
+    own = ([] if norm_hook is None else [norm_hook]) + list(patterns.values())
+    whole = set(extra) & set(own)  # asked for whole too: reduced here from the kept tensor
 
     def reducers(layout: TokenLayout) -> Dict[str, Reducer]:
-        patches, cls = names.layout_of(layout, norm_hook).patch_slice, layout.cls_index
-        fns = {norm_hook: lambda t: t[:, patches].float().norm(dim=-1)}
-        fns.update({names.attn_pattern(l): lambda t, l=l: t[:, :, cls, layout.for_block(l).patch_slice].float().mean(1)
-                    for l in layers})
+        cls = layout.cls_index
+        fns = resolve_reducers(reduce, layout)
+        if any(h in fns for h in whole):
+            raise InterpError(f"forward_summary reduces {sorted(whole)} itself: ask for them without a reducer")
+        if norm_hook is not None and norm_hook not in whole:
+            fns[norm_hook] = lambda t: t.float().norm(dim=-1)
+        fns.update({h: lambda t: t[:, :, cls].float().mean(1) for h in patterns.values() if h not in whole})
         return fns
 
-    run = run_hooks(model, x, [norm_hook] + [names.attn_pattern(l) for l in layers], reducers, interventions,
-                    logits=True, classifier=classifier)
-    return ForwardSummary(run.logits, run.acts[norm_hook], {l: run.acts[names.attn_pattern(l)] for l in layers},
-                          run.pooled)
+    run = run_hooks(model, x, list(dict.fromkeys(own + extra)), reducers, interventions, logits=True,
+                    classifier=classifier)
+    layout = run.layout
+    token_norms = None if norm_hook is None else \
+        run.acts[norm_hook].norm(dim=-1) if norm_hook in whole else run.acts[norm_hook]
+    rows = {l: run.acts[h][:, :, layout.cls_index].mean(1) if h in whole else run.acts[h] for l, h in patterns.items()}
+    patch_norms = None if norm_hook is None else token_norms[:, names.layout_of(layout, norm_hook).patch_slice]
+    return ForwardSummary(run.logits, patch_norms,
+                          {l: r[:, layout.for_block(l).patch_slice] for l, r in rows.items()}, run.pooled,
+                          token_norms, rows, {h: run.acts[h] for h in extra}, layout)
 
 
 @dataclass

@@ -7,12 +7,16 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from ..errors import ImageError, InterpError
+from ..interventions import NeuronAblation
+from ..models.classifier import Classifier
 from ..models.fingerprint import weights_fingerprint
+from ..models.heads import Head, read_head
 from ..models.layout import TokenLayout
+from ..models.pos_table import input_grid
 from ..models.preprocessing import data_config as model_data_config
 from ..models.preprocessing import (ImagesSpec, TransformSpec, eval_transform, list_images, load_images, readable_images,
                                     tensor_image_id)
-from .forward import Reducers, run_hooks, run_layout
+from .forward import Reducers, Run, run_hooks, run_layout
 from .source import ActivationSource, Batch
 
 
@@ -139,6 +143,27 @@ class LiveSource(ActivationSource):
         copy.__dict__.update(self.__dict__)
         copy.interventions = self.interventions + tuple(interventions)
         return copy
+
+    def head(self) -> Head:
+        """What the model's head is (a classifier or an embedding, its output width, its classes)."""
+        return read_head(self.model)
+
+    def bind_classifier(self, classifier: Classifier) -> Classifier:
+        """``classifier`` bound to this source's model (its widths checked against the model's)."""
+        return classifier.bind(self.model)
+
+    def mean_ablation(self, neurons) -> "NeuronAblation":
+        """A ``mode="mean"`` :class:`~interp.interventions.NeuronAblation` of ``neurons`` whose means are each
+        neuron's average activation over this source's images (the unedited model's)."""
+        return NeuronAblation.calibrate_means(self.model, (x for _, x in self.image_batches()), neurons)
+
+    def run_at_grid(self, x: torch.Tensor, hooks: Sequence[str], grid: Tuple[int, int], offset: Optional[float],
+                    antialias: bool) -> Run:
+        """One forward of images ``x`` [b, 3, grid * patch] under the source's interventions, with the model's
+        position table resampled to ``grid`` as DINO does (:func:`interp.models.pos_table.input_grid`): LOST's
+        full-resolution protocol."""
+        with input_grid(self.model, grid, offset=offset, antialias=antialias):
+            return run_hooks(self.model, x, hooks, interventions=self.interventions)
 
     def held_if_small(self, limit: Optional[int] = None) -> "LiveSource":
         """:meth:`held` when the source has at most ``limit`` images (default :data:`HOLD_LIMIT`), else itself:

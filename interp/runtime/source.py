@@ -170,6 +170,30 @@ class ActivationSource:
         """The layout of ``hook``'s token rows in this source's forwards (its block's grid)."""
         return self.blocks.layout_of(self.layout, hook)
 
+    def head(self):
+        """What the model's head is (:class:`~interp.models.heads.Head`); live sources only."""
+        require_live(self, "behaviour readout")
+
+    def bind_classifier(self, classifier):
+        """``classifier`` bound to this source's model; live sources only."""
+        require_live(self, "behaviour readout")
+
+    def d_mlp(self, layer: int) -> int:
+        """MLP neurons of block ``layer`` of the source's model (pyramid stages differ)."""
+        return self._weights("the MLP width").family.d_mlp(self.blocks.index(layer))
+
+    def neuron_writes(self, layer: int) -> torch.Tensor:
+        """What each MLP neuron of block ``layer`` writes into the residual stream per unit of activation,
+        LayerScale included: Tensor[d_model, d_mlp] (``HookedViT.neuron_writes``)."""
+        return self._weights("the neurons' write directions").neuron_writes(layer)
+
+    def _weights(self, what: str):
+        model = self.weights_model
+        if model is None:
+            raise InterpError(f"{what} comes from the model's weights: open the cache with the model "
+                              "(open_source(cache=..., model=...); the CLI does)")
+        return model
+
     def has(self, hook: str) -> bool:
         return hook in self.hook_names
 
@@ -195,9 +219,9 @@ class ActivationSource:
         raise NotImplementedError
 
 
-def live_model(source: ActivationSource, study: str):
-    """The HookedViT of a live source; a clear error for a cache source (``study`` re-runs the model)."""
+def require_live(source, what: str) -> None:
+    """Raise a clear error unless ``source`` is a live activation source (``what`` re-runs the model: a causal
+    study, an edit), not a cache."""
     if not (isinstance(source, ActivationSource) and source.is_live):
-        raise InterpError(f"the {study} re-runs the model: give a live source "
+        raise InterpError(f"the {what} re-runs the model: give a live source "
                           "(open_source(model=..., images=...); CLI --images), not a cache")
-    return source.model

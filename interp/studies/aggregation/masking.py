@@ -47,22 +47,21 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ...detection.detection import DetectionLike, DetectionSpec, detection_from_norms, detection_header, detection_params
 from ..core.behaviour import BehaviourMeter, behaviour_readout, headline_metric
 from ..core.behaviour import target_classes  # noqa: F401  (its home is core.behaviour; imported from here too)
-from ...runtime.forward import run_hooks
+from ...runtime.paired import Condition, paired_pass
 from ...detection.detection import Detection
 from ...detection.thresholds import ThresholdSpec
 from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
-from ...runtime.source import live_model, n_batches
 from ..core.result import OutlierStudyResult, behaviour_lines
 from ..declaration import study
 from .configs import MaskingConfig
 from ...hooks.names import resolve_block
+from ...runtime.source import require_live
 
 FILLS = ("zero", "mean", "blur")
 ORDERS = ("top", "bottom", "random")
@@ -210,38 +209,25 @@ class _Unmasked:
     channel_mean: torch.Tensor  # [C] mean of the images in normalised space
 
 
-@torch.no_grad()
-def _unmasked_pass(source, hook: str, reference: str, selective: Optional[SelectiveCLS], batch_size: int,
-                   progress: bool, detect_hook: str, classifier=None) -> _Unmasked:
-    model = source.model
+def _unmasked_pass(source, hook: str, reference: str, selective: Optional[SelectiveCLS], detect: int,
+                   progress: bool, classifier=None) -> _Unmasked:
     score_hooks = needed_hooks(hook, reference)
     scores, preds, norms, pooled = [], [], [], []
     channel_sum, n_pixels = None, 0
-    for _, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size), disable=not progress,
-                     desc="masking: unmasked pass", unit="batch", leave=False):
-        run = run_hooks(model, x, score_hooks + [detect_hook], logits=True, classifier=classifier,
-                        interventions=source.interventions)
-        scores.append(score_maps_from_acts(run.acts, run.layout, hook, reference, selective))
+    unmasked = {"unmasked": Condition(hooks=score_hooks)}
+    for pair in paired_pass(source, unmasked, detect_layer=detect, classifier=classifier, baseline=False,
+                            progress=progress, desc="masking: unmasked pass"):
+        run, x = pair.edited["unmasked"], pair.images
+        scores.append(score_maps_from_acts(run.acts, source.blocks.layout_of(run.layout, hook), hook, reference,
+                                           selective))
         preds.append(run.logits.argmax(-1))
         pooled.append(run.pooled)
-        norms.append(run.acts[detect_hook][:, source.blocks.layout_of(run.layout, detect_hook).patch_slice].norm(dim=-1))
+        norms.append(run.patch_norms)
         s = x.double().sum(dim=(0, 2, 3)).cpu()
         channel_sum = s if channel_sum is None else channel_sum + s
         n_pixels += x.shape[0] * x.shape[2] * x.shape[3]
     return _Unmasked(torch.cat(scores), torch.cat(preds), torch.cat(pooled), torch.cat(norms),
                      (channel_sum / n_pixels).float())
-
-
-@torch.no_grad()
-def _forward_counting_outliers(model, x: torch.Tensor, hook: str, threshold: float, classifier=None,
-                               interventions: Sequence = ()) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One forward under ``interventions``: (logits [b, C], pooled [b, d'], number of patch tokens whose norm at
-    ``hook`` exceeds threshold [b])."""
-    def count(layout):
-        return {hook: lambda t: (t[:, layout.patch_slice].float().norm(dim=-1) > threshold).sum(1)}
-
-    run = run_hooks(model, x, [hook], count, logits=True, classifier=classifier, interventions=interventions)
-    return run.logits, run.pooled, run.acts[hook].long()
 
 
 def _masking_spec(source, detection: DetectionLike, threshold: Optional[ThresholdSpec], detect_layer: Optional[int],
@@ -290,7 +276,7 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     fractions = fraction_steps(c.steps) if c.steps is not None else (
         DEFAULT_FRACTIONS if c.fractions is None else c.fractions)
     selective = selective or SelectiveCLS(**c.selective_params(c.selective_k))
-    model = live_model(source, "masking probe")
+    require_live(source, "masking probe")
     if fill not in FILLS:
         raise InterpError(f"fill={fill!r} is not one of {list(FILLS)}")
     orders = list(dict.fromkeys([c.orders] if isinstance(c.orders, str) else c.orders))
@@ -303,38 +289,39 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     readout = behaviour_readout(source, c.classifier)  # a classifier that does not fit fails before any forward
     meter = BehaviourMeter(readout)
     fractions = [float(f) for f in fractions]
-    bs = source.batch_size
     grid = tuple(source.layout.grid)
     patch = source.patch_size
     n_patches = grid[0] * grid[1]
     ks = [n_masked(f, n_patches) for f in fractions]
     sigma = float(blur_sigma) if blur_sigma is not None else patch[0] / 2.0
 
-    detect_hook = source.blocks.resid_post(resolve_block(spec.layer, model.n_layers))
-    base = _unmasked_pass(source, hook, reference, selective, bs, progress, detect_hook, readout.classifier)
+    detect = resolve_block(spec.layer, source.n_layers)
+    base = _unmasked_pass(source, hook, reference, selective, detect, progress, readout.classifier)
     found = detection if isinstance(detection, Detection) else detection_from_norms(source, spec, base.norms)
     header = detection_header(found, "masking")
     thr = found.counting_threshold()
     keys = random_keys(len(source), grid, seed)
     fill_value = torch.zeros_like(base.channel_mean) if fill == "zero" else base.channel_mean
 
-    outliers = {(o, i): [] for o in orders for i in range(len(ks))}
-    names = {(o, i): f"{o}@{f:g}" for o in orders for i, f in enumerate(fractions)}
-    with torch.no_grad():
-        for start, x in tqdm(source.image_batches(bs), total=n_batches(source, bs), disable=not progress,
-                             desc="masking: masked runs", unit="batch", leave=False):
-            scores = base.scores[start:start + len(x)]
-            base_top1, base_pooled = base.preds[start:start + len(x)], base.pooled[start:start + len(x)]
-            meter.add("unmasked", start, base_top1, base_pooled, base_top1, base_pooled)
+    def masking(order: str, k: int):
+        def edit(start: int, x: torch.Tensor) -> torch.Tensor:
             fill_images = gaussian_blur(x, sigma) if fill == "blur" else fill_value.to(x.device)
-            for i, k in enumerate(ks):
-                for order in orders:
-                    cells = cells_to_mask(scores, k, order, keys[start:start + len(x)])
-                    masked = mask_images(x, cells, fill_images, patch)
-                    logits, pooled, n_outliers = _forward_counting_outliers(
-                        model, masked, detect_hook, thr, readout.classifier, source.interventions)
-                    meter.add(names[(order, i)], start, logits, pooled, base_top1, base_pooled)
-                    outliers[(order, i)].append(n_outliers)
+            cells = cells_to_mask(base.scores[start:start + len(x)], k, order, keys[start:start + len(x)])
+            return mask_images(x, cells, fill_images, patch)
+        return edit
+
+    outliers = {(o, i): [] for o in orders for i in range(len(ks))}
+    names = {(o, i): f"{o}@{f:g}" for i, f in enumerate(fractions) for o in orders}
+    masked = {names[(o, i)]: Condition(images=masking(o, ks[i])) for (o, i) in names}
+    for pair in paired_pass(source, masked, detect_layer=detect, classifier=readout.classifier, baseline=False,
+                            progress=progress, desc="masking: masked runs"):
+        start, n = pair.start, len(pair)
+        base_top1, base_pooled = base.preds[start:start + n], base.pooled[start:start + n]
+        meter.add("unmasked", start, base_top1, base_pooled, base_top1, base_pooled)
+        for key, name in names.items():
+            run = pair.edited[name]
+            meter.add(name, start, run.logits, run.pooled, base_top1, base_pooled)
+            outliers[key].append((run.patch_norms > thr).sum(1))
 
     curves: Dict[str, Dict[str, Optional[List[float]]]] = {}
     for order in orders:

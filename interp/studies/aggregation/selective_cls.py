@@ -15,7 +15,8 @@ Both only through a real classifier (a classifier file, or a head that is one; :
 else None and the table shows the pooled vector's cosine to the baseline's instead. ``conditions`` holds every
 row's behaviour metrics under its row name.
 
-Per batch of images: one baseline forward, then one forward per k under ``model.intervene(SelectiveCLS(k))``.
+Per batch of images: one baseline forward, then one forward per k under ``SelectiveCLS(k)``
+(:func:`~interp.runtime.paired.paired_pass`).
 
 >>> result = selective_cls_study(source, boxes="boxes.csv", ks=[1, 7, 196], max_box_fraction=1, progress=False)
 >>> print(result.table().splitlines()[0])
@@ -29,19 +30,18 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import torch
-from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ..core.behaviour import BehaviourMeter, behaviour_readout
-from ...runtime.forward import run_hooks
+from ...runtime.paired import Condition, paired_pass
 from .patch_score import ScoreDistribution, fg_bg_distributions
 from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
 from .pib import last_protocol_source, pib_from_maps, protocol_regions
 from ..core.result import StudyResult, behaviour_lines
-from ...runtime.source import live_model, n_batches
 from ..declaration import study
 from .configs import SelectiveCLSConfig
+from ...runtime.source import require_live
 
 COLUMNS = ("row", "k", "pib", "pib_ci_low", "pib_ci_high", "fg_score_mean", "bg_score_mean", "top1_agreement",
            "accuracy")
@@ -119,24 +119,23 @@ def _check_ks(ks: Sequence[int], n_patches: int) -> List[int]:
     return ks
 
 
-def _forward_rows(source, model, specs: Sequence[SelectiveCLS], reference: str, batch_size: Optional[int],
-                  progress: bool, meter: BehaviourMeter, names: Sequence[str]):
+def _forward_rows(source, specs: Sequence[SelectiveCLS], reference: str, progress: bool, meter: BehaviourMeter,
+                  names: Sequence[str]):
     """Patch Score maps [N, h, w] per row (baseline, then one row per spec); each row's behaviour goes to
     ``meter`` under its name in ``names``."""
     n_rows = 1 + len(specs)
     maps: List[List[torch.Tensor]] = [[] for _ in range(n_rows)]
-    baseline_hooks = needed_hooks(FINAL, reference)
-    clf = meter.readout.classifier
-    for start, x in tqdm(source.image_batches(batch_size), total=n_batches(source, batch_size),
-                         disable=not progress, desc="selective-cls", unit="batch", leave=False):
-        base = run_hooks(model, x, baseline_hooks, logits=True, classifier=clf, interventions=source.interventions)
+    rows = {names[0]: Condition(hooks=needed_hooks(FINAL, reference)),
+            **{name: Condition([spec], hooks=[FINAL]) for name, spec in zip(names[1:], specs)}}
+    for pair in paired_pass(source, rows, detect_layer=None, classifier=meter.readout.classifier, baseline=False,
+                            progress=progress, desc="selective-cls"):
+        base = pair.edited[names[0]]
         maps[0].append(score_maps_from_acts(base.acts, base.layout, FINAL, reference))
-        meter.add(names[0], start, base.logits, base.pooled, base.logits, base.pooled)
+        meter.add(names[0], pair.start, base.logits, base.pooled, base.logits, base.pooled)
         for row, spec in enumerate(specs, start=1):
-            run = run_hooks(model, x, [FINAL], interventions=source.interventions + (spec,), logits=True,
-                            classifier=clf)
+            run = pair.edited[names[row]]
             maps[row].append(score_maps_from_acts(run.acts, run.layout, FINAL, "selective", spec))
-            meter.add(names[row], start, run.logits, run.pooled, base.logits, base.pooled)
+            meter.add(names[row], pair.start, run.logits, run.pooled, base.logits, base.pooled)
     return [torch.cat(m) for m in maps]
 
 
@@ -184,7 +183,7 @@ def selective_cls_study(source, config: SelectiveCLSConfig, *, selective: Option
         source = last_protocol_source(source)
     elif protocol != "model":
         raise InterpError(f"protocol={protocol!r}: use 'model' or 'last'")
-    model = live_model(source, "selective-cls study (with and without SelectiveCLS)")
+    require_live(source, "selective-cls study (with and without SelectiveCLS)")
     if reference not in BASELINE_REFERENCES:
         raise InterpError(f"the baseline reference must be one of {list(BASELINE_REFERENCES)}, got {reference!r}")
     ks = _check_ks(ks, source.layout.n_patches)
@@ -195,7 +194,7 @@ def selective_cls_study(source, config: SelectiveCLSConfig, *, selective: Option
     readout = behaviour_readout(source, c.classifier)
     meter = BehaviourMeter(readout)
     names = ["baseline"] + [f"k={k}" for k in ks]
-    maps = _forward_rows(source, model, specs, reference, source.batch_size, progress, meter, names)
+    maps = _forward_rows(source, specs, reference, progress, meter, names)
     pib = {"n_boot": n_boot, "level": level, "seed": seed, "bins": bins}
     rows, distributions, hits, summary = [], [], [], None
     for row, row_maps in enumerate(maps):

@@ -19,19 +19,19 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Union
 
 import numpy as np
-from ..._progress import tqdm
 
 from ...interventions import NeuronAblation
 from ...interventions.neuron_sets import ranked_neurons
 from ..core.behaviour import METRICS, BehaviourMeter, behaviour_readout
-from ...runtime.forward import Baseline, baseline_summary, forward_summary
+from ...runtime.forward import Baseline
+from ...runtime.paired import Condition, paired_pass
 from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
-from ...runtime.source import live_model, n_batches
 from ...sae.ablation import feature_conditions
 from ..declaration import study
 from .configs import AblateConfig
+from ...runtime.source import require_live
 
 Neurons = Dict[int, List[int]]
 
@@ -119,7 +119,7 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     Without artifacts (no separated high-norm mode) the study still runs; its result then carries
     ``artifacts_found=False`` and a ``warning`` (also raised with ``warnings.warn``).
     """
-    model = live_model(source, "ablation study")
+    require_live(source, "ablation study")
     readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
     mode, n_controls, batch_size = config.mode, config.controls, source.batch_size
     if config.sae is not None:  # SAE features: loaded, checked and their controls drawn before the detection pass
@@ -127,7 +127,7 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
                                    mode=mode, progress=progress)
         neurons = {}
     else:
-        neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons",
+        neurons = ranked_neurons(config.required_neurons(), source, force=config.force, label="--neurons",
                                  flag="--force")
         neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
     found = as_detection(source, detection, **config.detection_options(),
@@ -136,37 +136,31 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     header = detection_header(found, "ablate")
     thr_value = found.counting_threshold()
     clf = readout.classifier
-    baseline = baseline.check(source, detect, clf) if baseline is not None else None
 
     def ablation(ns: Neurons) -> NeuronAblation:
-        if mode == "mean":
-            return NeuronAblation.calibrate_means(model, (x for _, x in source.image_batches()), ns)
-        return NeuronAblation(ns, mode=mode)
+        return source.mean_ablation(ns) if mode == "mean" else NeuronAblation(ns, mode=mode)
 
     if config.sae is not None:
         controls = [{"features": c} for c in edits.control_features]
         conditions = {"baseline": [], "target": [edits.target],
                       **{f"control_{i}": [c] for i, c in enumerate(edits.controls)}}
     else:
-        controls = random_controls(neurons, {l: model.family.d_mlp(l) for l in neurons}, n_controls, config.seed)
+        controls = random_controls(neurons, {l: source.d_mlp(l) for l in neurons}, n_controls, config.seed)
         conditions = {"baseline": [], "target": [ablation(neurons)],
                       **{f"control_{i}": [ablation(c)] for i, c in enumerate(controls)}}
     totals = {name: {"outliers": 0, "max_norm": 0.0} for name in conditions}
     meter = BehaviourMeter(readout)
+    edited = {name: Condition(ivs) for name, ivs in conditions.items() if name != "baseline"}
     n = 0
-    for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="ablation",
-                         total=n_batches(source, batch_size), unit="batch"):
-        outs = {name: forward_summary(model, x, source.interventions + tuple(ivs), detect, classifier=clf)
-                for name, ivs in conditions.items() if name != "baseline"}
-        outs = {"baseline": baseline.rows(start, len(x)) if baseline is not None else
-                baseline_summary(model, x, source.interventions, detect, clf), **outs}
-        base = outs["baseline"]
-        for name, out in outs.items():
+    for pair in paired_pass(source, edited, detect_layer=detect, classifier=clf, baseline=baseline or True,
+                            progress=progress, desc="ablation"):
+        base = pair.baseline
+        for name, out in {"baseline": base, **pair.edited}.items():
             t = totals[name]
             t["outliers"] += int((out.patch_norms > thr_value).sum())
             t["max_norm"] = max(t["max_norm"], float(out.patch_norms.max()))
-            meter.add(name, start, out.logits, out.pooled, base.logits, base.pooled)
-        n += len(x)
+            meter.add(name, pair.start, out.logits, out.pooled, base.logits, base.pooled)
+        n += len(pair)
 
     table = {name: {"outlier_count": t["outliers"], "max_norm": t["max_norm"], **meter.metrics(name)}
              for name, t in totals.items()}

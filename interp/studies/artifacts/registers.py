@@ -15,18 +15,18 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
-from ..._progress import tqdm
 
 from ...interventions import TestTimeRegister
 from ...interventions.neuron_sets import ranked_neurons
 from ..core.behaviour import BehaviourMeter, behaviour_readout
-from ...runtime.forward import Baseline, baseline_summary, run_hooks
+from ...runtime.forward import Baseline
+from ...runtime.paired import Condition, paired_pass
 from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
-from ...runtime.source import live_model, n_batches
 from ..declaration import study
 from .configs import RegistersConfig
+from ...runtime.source import require_live
 
 
 @dataclass
@@ -90,9 +90,10 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
     Without artifacts the result carries ``artifacts_found=False`` and a ``warning`` (also raised with
     ``warnings.warn``).
     """
-    model = live_model(source, "test-time register study")
+    require_live(source, "test-time register study")
     readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
-    neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons", flag="--force")
+    neurons = ranked_neurons(config.required_neurons(), source, force=config.force, label="--neurons",
+                             flag="--force")
     n_registers, value, batch_size = config.n_registers, config.value, source.batch_size
     found = as_detection(source, detection, **config.detection_options(),
                          options=RunOptions(batch_size, progress=progress))
@@ -101,36 +102,26 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
     thr_value = found.counting_threshold()
     clf = readout.classifier
     meter = BehaviourMeter(readout)
-    baseline = baseline.check(source, detect, clf) if baseline is not None else None
     ttr = TestTimeRegister(neurons, n_registers=n_registers, value=value)
-    last = model.n_layers - 1
+    last = source.n_layers - 1
     stats = {k: {"outliers": 0, "max": 0.0} for k in ("baseline", "with_register")}
     reg_norm, reg_attn, maps = [], [], []
-    blocks = source.blocks
-    det_hook, last_pattern = blocks.resid_post(detect), blocks.attn_pattern(last)
-    grid = tuple(source.layout_of(det_hook).grid)
+    grid = tuple(source.layout_of(source.blocks.resid_post(detect)).grid)
     has_cls = source.layout.cls_index is not None
-    for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="test-time register",
-                         total=n_batches(source, batch_size), unit="batch"):
-        rows = baseline.rows(start, len(x)) if baseline is not None else \
-            baseline_summary(model, x, source.interventions, detect, clf)
-        base_logits, base_pooled, base_patch = rows.logits, rows.pooled, rows.patch_norms
-        hooks = [det_hook] + ([last_pattern] if has_cls else [])
-        run = run_hooks(model, x, hooks, interventions=source.interventions + (ttr,), logits=True, classifier=clf)
-        lay, logits, cache = run.layout, run.logits, run.acts
-        resid = cache[det_hook]
-        patch = resid[:, lay.patch_slice].norm(dim=-1)
+    edited = {"with_register": Condition([ttr], attention_layers=[last] if has_cls else [])}
+    for pair in paired_pass(source, edited, detect_layer=detect, classifier=clf, baseline=baseline or True,
+                            progress=progress, desc="test-time register"):
+        base, run = pair.baseline, pair.edited["with_register"]
+        lay = run.layout
         reg_rows = slice(lay.n_prefix - lay.n_extra, lay.n_prefix)
-        reg_norm += resid[:, reg_rows].norm(dim=-1).max(1).values.tolist()
+        reg_norm += run.token_norms[:, reg_rows].max(1).values.tolist()
         if lay.cls_index is not None:
-            pattern = cache[last_pattern].float().mean(1)  # [b, t, t]
-            reg_attn += pattern[:, lay.cls_index, reg_rows].sum(-1).tolist()
-        for key, norms, lg, pooled in (("baseline", base_patch, base_logits, base_pooled),
-                                       ("with_register", patch, logits, run.pooled)):
-            stats[key]["outliers"] += int((norms > thr_value).sum())
-            stats[key]["max"] = max(stats[key]["max"], float(norms.max()))
-            meter.add(key, start, lg, pooled, base_logits, base_pooled)
-        maps.append((patch > thr_value).reshape(-1, *grid))
+            reg_attn += run.cls_rows[last][:, reg_rows].sum(-1).tolist()
+        for key, out in (("baseline", base), ("with_register", run)):
+            stats[key]["outliers"] += int((out.patch_norms > thr_value).sum())
+            stats[key]["max"] = max(stats[key]["max"], float(out.patch_norms.max()))
+            meter.add(key, pair.start, out.logits, out.pooled, base.logits, base.pooled)
+        maps.append((run.patch_norms > thr_value).reshape(-1, *grid))
     table = {k: {"outlier_count": v["outliers"], "max_patch_norm": v["max"], **meter.metrics(k)}
              for k, v in stats.items()}
     params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "n_registers": n_registers,

@@ -16,22 +16,22 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from ..._progress import tqdm
 
 from ...errors import InterpError
 from ...interventions import Relocation, masks
 from ...interventions.neuron_sets import ranked_neurons
 from ...detection.detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
 from ..core.behaviour import BehaviourMeter, behaviour_readout
-from ...runtime.forward import Baseline, baseline_summary, forward_summary
+from ...runtime.forward import Baseline
+from ...runtime.paired import Condition, paired_pass
 from ..core.stats import iou
 from ...detection.detection import Detection
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
-from ...runtime.source import live_model, n_batches
 from ..declaration import study
 from .configs import RelocateConfig
 from ...hooks.names import resolve_block
+from ...runtime.source import require_live
 
 
 def relocation_target(target: Any, grid: Sequence[int]) -> torch.Tensor:
@@ -128,36 +128,34 @@ def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: Det
     norms when "auto" finds no separated mode, so a model without artifacts of its own still gets maps.
     Without artifacts the result carries ``artifacts_found=False`` and a ``warning`` (also ``warnings.warn``).
     """
-    model = live_model(source, "relocation study")
+    require_live(source, "relocation study")
     readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
-    neurons = ranked_neurons(config.required_neurons(), model, force=config.force, label="--neurons", flag="--force")
+    neurons = ranked_neurons(config.required_neurons(), source, force=config.force, label="--neurons",
+                             flag="--force")
     grid = tuple(relocation_grid(source, neurons))
     target = relocation_target(config.target, grid)
-    value, batch_size = config.value, source.batch_size
+    value = config.value
     if isinstance(detection, Detection):
         found = as_detection(source, detection, **config.detection_options())
         spec, detect = None, found.layer
     else:  # the detection comes from the unedited runs of the loop below: no pass of its own
         spec = spec_of(detection, **config.detection_options())
-        detect = resolve_block(spec.layer, model.n_layers)
+        detect = resolve_block(spec.layer, source.n_layers)
     if tuple(source.layout.for_block(detect).grid) != grid:
         raise InterpError(f"the relocation target lies on the grid of the neurons' blocks {grid}, the detection "
                           f"block ({source.blocks.label(detect)}) on {tuple(source.layout.for_block(detect).grid)}: "
                           "detect on a block of the neurons' stage (--detect-layer)")
-    last = model.n_layers - 1
+    last = source.n_layers - 1
     clf = readout.classifier
     meter = BehaviourMeter(readout)
-    baseline = baseline.check(source, detect, clf) if baseline is not None else None
     reloc = Relocation(neurons, target=target, value=value)
     before, after, att_before, att_after = [], [], [], []
-    for start, x in tqdm(source.image_batches(batch_size), disable=not progress, desc="relocation",
-                         total=n_batches(source, batch_size), unit="batch"):
-        b = baseline.rows(start, len(x)) if baseline is not None else \
-            baseline_summary(model, x, source.interventions, detect, clf)
-        a = forward_summary(model, x, source.interventions + (reloc,), detect, attention_layers=[last],
-                            classifier=clf)
-        meter.add("baseline", start, b.logits, b.pooled, b.logits, b.pooled)
-        meter.add("relocated", start, a.logits, a.pooled, b.logits, b.pooled)
+    edited = {"relocated": Condition([reloc], attention_layers=[last])}
+    for pair in paired_pass(source, edited, detect_layer=detect, classifier=clf, baseline=baseline or True,
+                            progress=progress, desc="relocation"):
+        b, a = pair.baseline, pair.edited["relocated"]
+        meter.add("baseline", pair.start, b.logits, b.pooled, b.logits, b.pooled)
+        meter.add("relocated", pair.start, a.logits, a.pooled, b.logits, b.pooled)
         before.append(b.patch_norms)
         after.append(a.patch_norms)
         if last in b.cls_attention:
@@ -181,7 +179,7 @@ def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: Det
         share_after = ((aa * flat_target).sum(1) / aa.sum(1)).tolist()
         argmax_on = float(flat_target[aa.argmax(1)].float().mean())
     params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "value": value,
-              **detection_params(found), "batch_size": batch_size}
+              **detection_params(found), "batch_size": source.batch_size}
     return RelocateResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
         neurons=params["neurons"], value=value, **header, counting_threshold=float(thr_value),

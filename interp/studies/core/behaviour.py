@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from timm.data import ImageNetInfo, infer_imagenet_subset
 
 from ...models.classifier import RELEASED_DINOV2_SOURCE, Classifier, load_classifier
-from ...models.heads import classify_head, head_output_width
+from ...models.heads import Head
 
 METRICS = ("top1_agreement", "accuracy", "pooled_cosine", "pooled_cosine_min", "pooled_norm")
 ClassifierLike = Union[None, str, Classifier, dict]
@@ -61,18 +61,16 @@ def imagenet_class_names(n_classes: int) -> Optional[List[Tuple[str, ...]]]:
             for synset, text in zip(info.label_names(), info.label_descriptions())]
 
 
-def classifier_class_names(model, classifier: Optional[Classifier]) -> Tuple[Optional[ClassNames], str]:
+def classifier_class_names(head: Head, classifier: Optional[Classifier]) -> Tuple[Optional[ClassNames], str]:
     """(per class the names a folder may use, or None; where they come from, or why there are none) for
-    ``classifier`` or, when None, the model's own head (module doc)."""
+    ``classifier`` or, when None, the model's own ``head`` (module doc)."""
     if classifier is not None:
         if classifier.class_names:
             return list(classifier.class_names), "the classifier file's class_names"
         if classifier.source == RELEASED_DINOV2_SOURCE and classifier.n_classes == 1000:
             return imagenet_class_names(1000), "ImageNet-1k (a DINOv2 released linear head)"
         return None, "the classifier file names no classes (save it with class_names)"
-    m = model.timm_model
-    n = int(getattr(m, "num_classes", 0) or 0)
-    given = list((getattr(m, "pretrained_cfg", None) or {}).get("label_names") or [])
+    n, given = head.n_classes, list(head.label_names)
     imagenet = imagenet_class_names(n)
     if given and len(given) == n:
         if imagenet is not None and [c[0] for c in imagenet] == given:
@@ -147,22 +145,21 @@ class BehaviourReadout:
 def behaviour_readout(source, classifier: ClassifierLike = None) -> BehaviourReadout:
     """The readout of ``source``'s model: through ``classifier`` (a path, a file's dict or a Classifier) when
     given, else its own head, class logits only when :func:`classify_head` calls it a classifier."""
-    model = source.model
-    clf = None if classifier is None else load_classifier(classifier).bind(model)
+    head = source.head()
+    clf = None if classifier is None else source.bind_classifier(load_classifier(classifier))
     if clf is not None:
         classes, why = True, f"{clf.kind} classifier ({clf.n_classes} classes{', ' + clf.source if clf.source else ''})"
     else:
-        kind, why = classify_head(model)
-        classes = kind == "classifier"
+        classes, why = head.kind == "classifier", head.why
     labels, note = None, None
     if not classes:
         note = (f"no top-1 agreement or accuracy: {why}; pass --classifier FILE (classifier= in Python) for class "
                 "logits. Reported instead: cosine of the pooled vector to the unedited one, and its norm")
     else:
-        names, names_from = classifier_class_names(model, clf)
+        names, names_from = classifier_class_names(head, clf)
         labels = target_classes(source, names)
         note = None if labels is not None else _accuracy_note(source, names, names_from)
-    return BehaviourReadout(clf, classes, why, labels, note, str(source.model_name), head_output_width(model))
+    return BehaviourReadout(clf, classes, why, labels, note, str(source.model_name), head.width)
 
 
 class BehaviourMeter:

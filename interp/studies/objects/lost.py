@@ -47,7 +47,7 @@ from .register_edit import study_edit
 from ..core.stats import bootstrap_ci
 from ..core.result import FIGURE_IMAGES, StudyResult
 from ...runtime.passes import Reader, Reading, read_pass, run_readings
-from ...runtime.source import ActivationSource, live_model
+from ...runtime.source import ActivationSource, require_live
 from ..declaration import study
 from ...hooks.names import resolve_block
 
@@ -258,7 +258,7 @@ def _lost_protocol_study(source: ActivationSource, layer: int, k: int, table: Op
     base, grids, sizes = _protocol_run(source, hook, k, ties, table, iou, n_boot, level, seed, progress)
     params = {"layer": layer, "k": k, "iou": iou, "n_boot": n_boot, "level": level, "boxes": table is not None,
               "intervention": None, "protocol": "lost", "ties": ties, "mean": list(LOST_MEAN), "std": list(LOST_STD),
-              "pos_table": pos_table_options(source.model)}
+              "pos_table": pos_table_options(source)}
     result = LostResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=seed, hook=hook, k=k,
         protocol="lost", ties=ties, grid=[], grids=grids, image_sizes=sizes, patch_size=list(source.patch_size),
@@ -315,10 +315,11 @@ def lost_study(source: ActivationSource, config: LostConfig, *, intervention=Non
         return _lost_protocol_study(source, layer, k, table, intervention, iou, n_boot, level, seed, ties, progress)
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
     reading = lost_reading(source, layer, k, table, iou=iou, n_boot=n_boot, level=level, seed=seed, ties=ties)
-    model = live_model(source, "LOST with an intervention") if intervention is not None else None
+    if intervention is not None:
+        require_live(source, "LOST with an intervention")
     bs = source.batch_size
     result = run_readings(source, [reading], bs, progress, "LOST")[0]
-    if model is not None:
+    if intervention is not None:
         outputs = _lost_outputs(source.with_interventions(intervention), result.hook, k, bs, "LOST (edited)",
                                 progress, ties)
         result.edited = _score_run(source, outputs, table=table, iou=iou, n_boot=n_boot, level=level, seed=seed)

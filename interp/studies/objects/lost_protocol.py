@@ -34,9 +34,7 @@ from PIL import Image
 
 from ..._progress import tqdm
 from ...errors import InterpError, UsageError
-from ...models.pos_table import input_grid
 from ...models.preprocessing import open_image
-from ...runtime.forward import run_hooks
 from ...runtime.live_source import LiveSource
 from ...runtime.source import ActivationSource
 
@@ -113,11 +111,11 @@ def lost_protocol_source(source: ActivationSource) -> LiveSource:
     return source
 
 
-def pos_table_options(model) -> dict:
+def pos_table_options(source) -> dict:
     """How the position table is resampled per image: DINOv2's ``_reg`` models antialias without the offset;
     every other model as DINO (offset 0.1, no antialias). -> kwargs of :func:`interp.models.pos_table.input_grid`."""
-    name = str(getattr(model, "model_name", ""))
-    if "dinov2" in name and model.base_layout.n_registers > 0:
+    name = str(source.model_name)
+    if "dinov2" in name and source.layout.n_registers > 0:
         return {"offset": None, "antialias": True}
     return {"offset": 0.1, "antialias": False}
 
@@ -132,18 +130,16 @@ def lost_protocol_features(source: LiveSource, hook: str, features, progress: bo
     Yields:
         (patch features [P, D], grid (h, w), original (width, height)) per image, in ``source.ids`` order.
     """
-    model = source.model
-    patch = int(model.patch_size[0])
-    if tuple(model.patch_size) != (patch, patch):
+    patch = int(source.patch_size[0])
+    if tuple(source.patch_size) != (patch, patch):
         raise InterpError("protocol='lost' pads to a multiple of a square patch; this model's patches are "
-                          f"{tuple(model.patch_size)}")
-    options = pos_table_options(model)
+                          f"{tuple(source.patch_size)}")
+    options = pos_table_options(source)
     for path in tqdm(source.ids, disable=not progress, desc="LOST (full resolution)", unit="image", leave=False):
         x, size = lost_input(path, patch)
         grid = (x.shape[1] // patch, x.shape[2] // patch)
         if grid[0] * grid[1] > MAX_PATCHES:
             raise InterpError(f"image {path!r} ({size[0]} x {size[1]}) has {grid[0] * grid[1]:,} patches, more "
                               f"than {MAX_PATCHES:,} for LOST's [P, P] affinity; downscale it")
-        with input_grid(model, grid, **options):
-            run = run_hooks(model, x[None], [hook], interventions=source.interventions)
+        run = source.run_at_grid(x[None], [hook], grid, **options)
         yield features(run.acts[hook], run.layout)[0], grid, size

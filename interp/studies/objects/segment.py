@@ -50,7 +50,7 @@ from .whole_image import whole_image_source
 from .seg_scoring import image_miou, reduce_areas, score_image
 from ..core.score_maps import FINAL, check_source, compute_score_maps, needed_hooks, score_maps_from_acts
 from ..core.result import StudyResult
-from ...runtime.source import ActivationSource, live_model, n_batches
+from ...runtime.source import ActivationSource, n_batches, require_live
 from ..declaration import study
 from ...interventions.selective_cls import SelectiveCLS
 
@@ -229,7 +229,7 @@ def _segment_run(source: ActivationSource, masks: Union[str, Path], gt: List[Opt
     if maps is None and intervention is None:
         maps = compute_score_maps(source, hook, reference, selective, batch_size, progress)  # [N, h, w]
     elif maps is None:
-        live_model(source, "segmentation with an intervention")
+        require_live(source, "segmentation with an intervention")
         maps = compute_score_maps(source.with_interventions(intervention), hook, reference, selective, batch_size,
                                   progress)
     cell_masks = [foreground_cells(m, k_std) for m in maps]

@@ -15,6 +15,7 @@ from interp.cli import main
 from interp.explore.session import ExploreOptions, ExploreSession
 from interp.models.classifier import load_classifier, save_classifier
 from interp.studies.artifacts.ablate import ablate_study
+from interp.models.heads import read_head
 from interp.studies.core.behaviour import behaviour_readout, classifier_class_names, target_classes
 from interp.runtime.open import open_source
 
@@ -103,11 +104,11 @@ def test_the_label_rule_by_class_names():
     assert target_classes(folders(["b", "a"], [1, 0])) is None  # no class names: no labels
     assert target_classes(folders([], None), ["x"]) is None
     model = make_model("vit")
-    imagenet, _ = classifier_class_names(model, None)
+    imagenet, _ = classifier_class_names(read_head(model), None)
     assert target_classes(folders(["n01443537", "Tinca_tinca"], [0, 1]), imagenet).tolist() == [1, 0]
     assert target_classes(folders(["crane"], [0]), imagenet) is None  # the name of two ImageNet classes
     released = load_classifier({"weight": torch.randn(1000, 2 * 384), "bias": torch.zeros(1000)})
-    assert classifier_class_names(model, released)[0] == imagenet  # a DINOv2 released head: ImageNet-1k
+    assert classifier_class_names(read_head(model), released)[0] == imagenet  # a DINOv2 released head: ImageNet-1k
 
 
 def test_a_source_without_folders_says_so(one_thread):
