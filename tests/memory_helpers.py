@@ -41,7 +41,7 @@ class LazyHookView:
 
 
 class LazyReader:
-    """The part of ``interp.cache.Reader`` that ``CacheSource`` uses, over ``n_images`` synthetic images of
+    """The part of ``interp.cache.CacheReader`` that ``CacheSource`` uses, over ``n_images`` synthetic images of
     full [t, d] residual activations generated per slice: what a 1000-image cache looks like to a study."""
 
     def __init__(self, n_images: int, n_layers: int = 2, d_model: int = 64, n_outliers: int = 3):

@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "FORMAT_VERSION": ("interp.cache.format", "FORMAT_VERSION"),
     "HookView": ("interp.cache.reader", "HookView"),
-    "Reader": ("interp.cache.reader", "Reader"),
+    "CacheReader": ("interp.cache.reader", "CacheReader"),
     "open": ("interp.cache.reader", "open"),
     "WriteSummary": ("interp.cache.writer", "WriteSummary"),
     "write": ("interp.cache.writer", "write"),
 }
 
-__all__ = ["write", "open", "Reader", "HookView", "WriteSummary", "FORMAT_VERSION"]
+__all__ = ["write", "open", "CacheReader", "HookView", "WriteSummary", "FORMAT_VERSION"]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time the names come from __getattr__
     from .format import FORMAT_VERSION
-    from .reader import HookView, Reader, open
+    from .reader import HookView, CacheReader, open
     from .writer import WriteSummary, write
 
 

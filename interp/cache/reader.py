@@ -123,7 +123,7 @@ class HookView:
         return f"HookView({self.hook!r}, shape={self.shape}, dtype={self.dtype})"
 
 
-class Reader:
+class CacheReader:
     """An open cache file. Create with :func:`open`; close with ``close()`` or a ``with`` block.
 
     Attributes:
@@ -309,7 +309,7 @@ class Reader:
         if self._h5.id.valid:
             self._h5.close()
 
-    def __enter__(self) -> "Reader":
+    def __enter__(self) -> "CacheReader":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -317,7 +317,7 @@ class Reader:
 
     def __repr__(self) -> str:
         flags = (", norms" if self.meta["norms_only"] else "") + ("" if self.complete else ", INCOMPLETE")
-        return (f"Reader({str(self.path)!r}: {self._n} images, {len(self.hooks)} hooks, {self.meta['model_name']}, "
+        return (f"CacheReader({str(self.path)!r}: {self._n} images, {len(self.hooks)} hooks, {self.meta['model_name']}, "
                 f"{self.meta['dtype']}, tokens={self.meta['tokens']}{flags})")
 
 
@@ -351,7 +351,7 @@ def check_model(meta: dict, model, path) -> None:
     )
 
 
-def open(path: Union[str, Path], model=None) -> Reader:  # noqa: A001 - mirrors builtins.open on purpose
+def open(path: Union[str, Path], model=None) -> CacheReader:  # noqa: A001 - mirrors builtins.open on purpose
     """Open a cache file for reading.
 
     Args:
@@ -361,4 +361,4 @@ def open(path: Union[str, Path], model=None) -> Reader:  # noqa: A001 - mirrors 
     Raises:
         CacheError: missing or non-cache file, another format version, or another model.
     """
-    return Reader(path, model=model)
+    return CacheReader(path, model=model)

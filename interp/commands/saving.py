@@ -1,5 +1,5 @@
 """How a command saves what it made and checks its ``--out`` before any work: a study's JSON and figures
-(written once, through :func:`interp.report.save.save_result`), and the refusals of an output that exists
+(written once, through :func:`interp.plots.save.save_result`), and the refusals of an output that exists
 (unless ``--overwrite``) or is not ours to replace."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from ..errors import OutputError
 
 def write_outputs(result, out_dir, figures=()) -> None:
     """Write ``<study>.json`` (with the list of its figure files) and the given (name, matplotlib figure)
-    pairs as PNGs into ``out_dir`` (:func:`interp.report.save.save_result`; under the CLI, the staging folder of
+    pairs as PNGs into ``out_dir`` (:func:`interp.plots.save.save_result`; under the CLI, the staging folder of
     :func:`output.atomic_output_dir`). A study command saves with :func:`save_study` instead."""
-    from ..report.save import save_result
+    from ..plots.save import save_result
 
     _said_written(result, out_dir, save_result(result, out_dir, figures=list(figures)))
 
@@ -25,7 +25,7 @@ def save_study(result, out_dir, source, model, **figure_options) -> None:
     seed of ``--no-pretrained`` weights (``weights_seed``, None for loaded weights), how the weights' position
     table was resampled to the model's size (``pos_resample``, None when it was not) and the preprocessing
     (``preprocess``: "model" or an eval transform's name)."""
-    from ..report.save import save_result
+    from ..plots.save import save_result
 
     result.skipped = [{"image": image, "reason": reason} for image, reason in source.skipped]
     extra = {"weights_seed": getattr(model, "init_seed", None), "pos_resample": getattr(model, "pos_resample", None),

@@ -7,7 +7,7 @@ Everything is read from the model by its family adapter (:mod:`interp.models.fam
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 Grid = Tuple[int, int]
 
@@ -60,6 +60,11 @@ class TokenLayout:
     @property
     def patch_slice(self) -> slice:
         return slice(self.n_prefix, self.n_prefix + self.n_patches)
+
+    def kind_slices(self) -> Dict[str, slice]:
+        """Rows of each token kind: ``{"cls", "registers", "patches"}`` (empty slices for kinds it has none of)."""
+        cls = slice(self.cls_index, self.cls_index + 1) if self.cls_index is not None else slice(0, 0)
+        return {"cls": cls, "registers": self.register_slice, "patches": self.patch_slice}
 
     @property
     def n_stages(self) -> int:

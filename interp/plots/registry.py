@@ -8,7 +8,7 @@
 
 A maker returns a Figure, or None when the result has nothing to draw. ``interp.plots`` imports every figure
 module, so ``import interp.plots`` registers them all; importing it also lets a study result draw its figures
-when a notebook displays it (:attr:`~interp.studies.core.result.StudyResult.html_figures`).
+when a notebook displays it (:func:`~interp.studies.core.result.register_figure_drawer`).
 
 >>> import interp.plots
 >>> from interp.studies.artifacts.norms import norms_study
@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from matplotlib.figure import Figure
 
-from ..studies.core.result import StudyResult
+from ..studies.core.result import StudyResult, register_figure_drawer
 
 
 class FigureSpec(NamedTuple):
@@ -87,4 +87,4 @@ def _notebook_figures(result: StudyResult) -> List[Tuple[str, Figure]]:
     return study_figures(result) if has_figures(result) else []
 
 
-StudyResult.html_figures = staticmethod(_notebook_figures)  # a result shown in a notebook draws its figures
+register_figure_drawer(_notebook_figures)  # a result shown in a notebook draws its figures

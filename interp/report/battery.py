@@ -241,8 +241,8 @@ def sae_appendix_study(source: LiveSource, sae: str, neurons, progress: bool, ba
 
 def write_results(results: BatteryResults, source: LiveSource, out: Path) -> Dict[str, List[str]]:
     """Each study's ``<study>.json`` (with ``figure_files`` and ``skipped``) and figures (PNG) into ``out``
-    (:func:`~interp.report.save.save_result`); returns study -> figure file names."""
-    from .save import save_result
+    (:func:`~interp.plots.save.save_result`); returns study -> figure file names."""
+    from ..plots.save import save_result
 
     pictures = source.display_images(DISPLAY_LIMIT)
     return {result.study: save_result(result, out, pictures) for result in results.results()}

@@ -1,5 +1,5 @@
 """Several studies fed from one pass over a source: each study says what it reads from a forward (a
-:class:`Reader`: hooks, how each is reduced, what it does with a batch) and what it makes of it afterwards
+:class:`Fold`: hooks, how each is reduced, what it adds up from each batch) and what it makes of it afterwards
 (a :class:`Reading`), so ``interp report`` runs the observational studies (norms, neuron scores, probes,
 LOST) on one forward per image instead of one each.
 
@@ -8,15 +8,15 @@ The unedited forwards the causal studies compare with are one pass too (:func:`b
 A study run alone is the same reading over its own pass (``run_readings(source, [reading])``): one code path,
 so a study gives the same numbers alone and in the report.
 
-On a live source every reader's hooks come from one :func:`~interp.runtime.forward.run_hooks` call per
-batch; two readers of one hook each get it reduced their own way (both reductions run inside the hook, on the
-model's own tensor). A cache source is read once per reader (there is no forward to share).
+On a live source every fold's hooks come from one :func:`~interp.runtime.forward.run_hooks` call per
+batch; two folds of one hook each get it reduced their own way (both reductions run inside the hook, on the
+model's own tensor). A cache source is read once per fold (there is no forward to share).
 
 >>> from interp.hooks.names import resid_post
 >>> seen = []
->>> norms = Reader([resid_post(5)], lambda b: seen.append(b.acts[resid_post(5)].shape),
-...                reduce={resid_post(5): lambda t: t.norm(dim=-1)})
->>> full = Reader([resid_post(5)], lambda b: seen.append(b.acts[resid_post(5)].shape), images=True)
+>>> norms = Fold([resid_post(5)], lambda b: seen.append(b.acts[resid_post(5)].shape),
+...              reduce={resid_post(5): lambda t: t.norm(dim=-1)})
+>>> full = Fold([resid_post(5)], lambda b: seen.append(b.acts[resid_post(5)].shape), images=True)
 >>> read_pass(source, [norms, full], batch_size=4, progress=False)    # one forward serves both
 >>> seen                                                             # [b, t] norms, [b, t, d] tokens
 [torch.Size([4, 197]), torch.Size([4, 197, 192])]
@@ -36,12 +36,12 @@ from .source import ActivationSource, Batch, n_batches
 
 
 @dataclass
-class Reader:
-    """What one study reads from each batch of a pass.
+class Fold:
+    """What one study adds up from each batch of a pass.
 
     Attributes:
         hooks: exact hook names it reads.
-        fold: called with each :class:`~interp.runtime.source.Batch` (its hooks only, reduced its way),
+        add: called with each :class:`~interp.runtime.source.Batch` (its hooks only, reduced its way),
             in image order.
         reduce: hook -> reducer, or ``layout -> {hook: reducer}`` (as in ``source.batches``).
         images: the fold also reads ``batch.images`` (the forward's inputs, float32 CPU [b, 3, H, W]; live
@@ -49,7 +49,7 @@ class Reader:
     """
 
     hooks: Sequence[str]
-    fold: Callable[[Batch], None]
+    add: Callable[[Batch], None]
     reduce: Reducers = None
     images: bool = False
 
@@ -59,21 +59,21 @@ class Reader:
 
 @dataclass
 class Reading:
-    """A study split around its pass: ``readers`` (none when it needs no forward), then ``finish()``, which
-    makes its result from what the readers folded."""
+    """A study split around its pass: ``folds`` (none when it needs no forward), then ``finish()``, which
+    makes its result from what the folds added up."""
 
-    readers: List[Reader] = field(default_factory=list)
+    folds: List[Fold] = field(default_factory=list)
     finish: Callable[[], Any] = lambda: None
 
 
-def _fan_out(readers: Sequence[Reader]) -> Callable[[TokenLayout], Dict[str, Reducer]]:
-    """Reducers ``layout -> {hook: fn}`` whose fn returns {reader index: that reader's value of the hook}."""
+def _fan_out(folds: Sequence[Fold]) -> Callable[[TokenLayout], Dict[str, Reducer]]:
+    """Reducers ``layout -> {hook: fn}`` whose fn returns {fold index: that fold's value of the hook}."""
 
     def reducers(layout: TokenLayout) -> Dict[str, Reducer]:
         wanted: Dict[str, List] = {}
-        for i, reader in enumerate(readers):
-            fns = reader.reducers(layout)
-            for hook in reader.hooks:
+        for i, fold in enumerate(folds):
+            fns = fold.reducers(layout)
+            for hook in fold.hooks:
                 wanted.setdefault(hook, []).append((i, fns.get(hook)))
 
         def one(entries):
@@ -84,38 +84,38 @@ def _fan_out(readers: Sequence[Reader]) -> Callable[[TokenLayout], Dict[str, Red
     return reducers
 
 
-def read_pass(source: ActivationSource, readers: Sequence[Reader], batch_size: Optional[int] = None,
+def read_pass(source: ActivationSource, folds: Sequence[Fold], batch_size: Optional[int] = None,
               progress: bool = True, desc: str = "pass") -> None:
-    """Feed every reader from one pass over ``source`` (one forward per batch on a live source, under the
-    source's interventions); memory: one batch of every reader's hooks at a time."""
+    """Feed every fold from one pass over ``source`` (one forward per batch on a live source, under the
+    source's interventions); memory: one batch of every fold's hooks at a time."""
 
-    readers = [r for r in readers if r.hooks or r.images]
-    if not readers:
+    folds = [f for f in folds if f.hooks or f.images]
+    if not folds:
         return
     bs = batch_size or source.batch_size
     bar = dict(total=n_batches(source, bs), disable=not progress, desc=desc, unit="batch", leave=False)
     if not source.is_live:
-        for reader in readers:
-            for batch in tqdm(source.batches(list(reader.hooks), bs, reduce=reader.reduce), **bar):
-                reader.fold(batch)
+        for fold in folds:
+            for batch in tqdm(source.batches(list(fold.hooks), bs, reduce=fold.reduce), **bar):
+                fold.add(batch)
         return
     model = source.model
-    hooks = model.resolve_hooks(list(dict.fromkeys(h for r in readers for h in r.hooks)))
-    fan_out = _fan_out(readers)
+    hooks = model.resolve_hooks(list(dict.fromkeys(h for f in folds for h in f.hooks)))
+    fan_out = _fan_out(folds)
     for start, x in tqdm(source.image_batches(bs), **bar):
         run = run_hooks(model, x, hooks, fan_out, source.interventions)
         ids = source.ids[start:start + len(x)]
-        pixels = x.detach().float().cpu() if any(r.images for r in readers) else None
-        for i, reader in enumerate(readers):
-            acts = {h: run.acts[h][i] for h in reader.hooks}
-            reader.fold(Batch(ids, start, acts, run.layout, images=pixels if reader.images else None,
-                              blocks=source.blocks))
+        pixels = x.detach().float().cpu() if any(f.images for f in folds) else None
+        for i, fold in enumerate(folds):
+            acts = {h: run.acts[h][i] for h in fold.hooks}
+            fold.add(Batch(ids, start, acts, run.layout, images=pixels if fold.images else None,
+                           blocks=source.blocks))
 
 
 def run_readings(source: ActivationSource, readings: Sequence[Reading], batch_size: Optional[int] = None,
                  progress: bool = True, desc: str = "pass") -> List[Any]:
-    """One pass feeding every reading's readers, then each reading's result, in order."""
-    read_pass(source, [r for reading in readings for r in reading.readers], batch_size, progress, desc)
+    """One pass feeding every reading's folds, then each reading's result, in order."""
+    read_pass(source, [f for reading in readings for f in reading.folds], batch_size, progress, desc)
     return [reading.finish() for reading in readings]
 
 

@@ -70,8 +70,8 @@ class Batch:
         layout: token layout of the rows on the token axis (of the last blocks' grid in a pyramid model: see
             :meth:`layout_of`).
         blocks: the source's block names (so :meth:`layout_of` knows each hook's block).
-        images: the forward's inputs [b, 3, H, W] float32 CPU, when a reader of a shared pass asked for them
-            (:class:`~interp.runtime.passes.Reader`), else None.
+        images: the forward's inputs [b, 3, H, W] float32 CPU, when a fold of a shared pass asked for them
+            (:class:`~interp.runtime.passes.Fold`), else None.
     """
 
     ids: List[str]

@@ -46,7 +46,7 @@ def test_the_report_runs_10_forwards_per_image(tmp_path, one_thread):
 def test_save_result_writes_figures_then_the_json_once(tmp_path):
     import json
 
-    from interp.report.save import save_result
+    from interp.plots.save import save_result
     from interp.studies.artifacts.neurons import NeuronsResult
 
     result = NeuronsResult(model="m", fingerprint="f", params={}, seed=0, ids=["a"],

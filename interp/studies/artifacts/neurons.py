@@ -32,7 +32,7 @@ from ...detection.thresholds import Threshold, ThresholdSpec
 from ...detection.presets import resolve_preset
 from .register_scores import RegisterScoreAccumulator, rank_neurons
 from ..core.result import OutlierStudyResult, skipped_records
-from ...runtime.passes import Reader, Reading, read_pass, run_readings
+from ...runtime.passes import Fold, Reading, read_pass, run_readings
 from ...runtime.source import ActivationSource, token_norms
 from ..declaration import study
 from .configs import NeuronsConfig
@@ -117,7 +117,7 @@ def _choose_images(n_images: int, max_images: Optional[int], seed: int) -> Optio
 
 
 class _NeuronScores:
-    """The scoring pass of :func:`score_register_neurons` as a reader (blocks ``0..highest``' MLP activations
+    """The scoring pass of :func:`score_register_neurons` as a fold (blocks ``0..highest``' MLP activations
     and the detection block's token norms) and what it folded: ``acc`` and the used image indices."""
 
     def __init__(self, source: ActivationSource, detect: int, highest: int, threshold: "float | Threshold", *,
@@ -130,10 +130,10 @@ class _NeuronScores:
         self.acc: Optional[RegisterScoreAccumulator] = None
         self.used: List[int] = []
 
-    def reader(self) -> Reader:
-        return Reader(self.hooks + [self.det_hook], self.fold, {self.det_hook: token_norms})
+    def as_fold(self) -> Fold:
+        return Fold(self.hooks + [self.det_hook], self.add, {self.det_hook: token_norms})
 
-    def fold(self, batch) -> None:
+    def add(self, batch) -> None:
         rows = [j for j in range(len(batch)) if self.chosen is None or batch.start + j in self.chosen]
         if not rows:
             return
@@ -158,7 +158,7 @@ def score_register_neurons(source: ActivationSource, detect: int, highest: int, 
     """
     scores = _NeuronScores(source, detect, highest, threshold, positions=positions, sparsity=sparsity,
                            chosen=chosen)
-    read_pass(source, [scores.reader()], batch_size, progress, "neuron scores")
+    read_pass(source, [scores.as_fold()], batch_size, progress, "neuron scores")
     return scores.acc, scores.used
 
 
@@ -203,7 +203,7 @@ def neurons_reading(source: ActivationSource, found: Detection, *, highest_layer
                     top_k: int = 10, positions: str = "all", sparsity: Optional[str] = None,
                     max_images: Optional[int] = None, seed: int = 0, batch_size: int = 16) -> Reading:
     """:func:`neurons_study` around its scoring pass, with the detection ``found`` made already and the options
-    resolved (:func:`resolve_neuron_options`): no reader when nothing can be ranked (no finite threshold)."""
+    resolved (:func:`resolve_neuron_options`): no fold when nothing can be ranked (no finite threshold)."""
     found.check(source)
     detect, thr = found.layer, found.threshold
     highest = min(resolve_block(found.layer if highest_layer is None else highest_layer, source.n_layers),
@@ -233,4 +233,4 @@ def neurons_reading(source: ActivationSource, found: Detection, *, highest_layer
             layer_max_score=[float(v) for v in table.clamp_min(0).max(1).values],
         )
 
-    return Reading([scores.reader()], finish)
+    return Reading([scores.as_fold()], finish)

@@ -20,7 +20,7 @@ from ...hooks.names import RESID_STAGES as STAGES
 from .emergence import EmergenceAccumulator, find_detected_emergence, find_emergence
 from ...detection.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
 from ...detection.detection import Detection
-from ...runtime.passes import Reader, Reading, run_readings
+from ...runtime.passes import Fold, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ...runtime.source import ActivationSource, token_norms
 from ..declaration import study
@@ -113,12 +113,6 @@ class NormsResult(OutlierStudyResult):
         return torch.tensor(self.outlier_maps, dtype=torch.bool).reshape(len(self.ids), *self.grid)
 
 
-def token_kinds(lay) -> Dict[str, slice]:
-    """Rows of each token kind ("cls", "registers", "patches") in a layout."""
-    cls = slice(lay.cls_index, lay.cls_index + 1) if lay.cls_index is not None else slice(0, 0)
-    return {"cls": cls, "registers": lay.register_slice, "patches": lay.patch_slice}
-
-
 @dataclass
 class _LayerTally:
     """Running per-layer statistics over the batches of :func:`norms_study` (numpy, one row per block)."""
@@ -153,7 +147,7 @@ class _LayerTally:
             for s in STAGES:
                 norms = batch.acts[names.resid_stage(i, s)]  # [b, t]
                 self.emergence.update(s, i, norms[:, patches], followed)
-                for k, sl in token_kinds(lay).items():
+                for k, sl in lay.kind_slices().items():
                     vals = norms[:, sl].reshape(-1).numpy()
                     if vals.size:
                         self.counts[s][k][i] += np.histogram(np.clip(vals, HIST_EDGES[0], HIST_EDGES[-1]),
@@ -225,7 +219,7 @@ def norms_study(source: ActivationSource, config: NormsConfig, *, detection: Det
 
 def norms_reading(source: ActivationSource, det: Detection, *, emergence_factor: float = 2.0,
                   attention: bool = True, batch_size: int = 16) -> Reading:
-    """:func:`norms_study` around its pass, with the detection ``det`` made already: the reader that tallies
+    """:func:`norms_study` around its pass, with the detection ``det`` made already: the fold that tallies
     each batch's per-layer norms and CLS attention, then the :class:`NormsResult` (for a shared pass,
     :mod:`interp.runtime.passes`)."""
     det.check(source)
@@ -237,7 +231,7 @@ def norms_reading(source: ActivationSource, det: Detection, *, emergence_factor:
         rows = range(batch.start, batch.start + len(batch))  # each image above its own cut, as det.outliers
         tally.add(batch, outliers[batch.start:batch.start + len(batch)], det.threshold.cuts(rows))
 
-    return Reading([Reader(hooks, fold, reduce)],
+    return Reading([Fold(hooks, fold, reduce)],
                    lambda: _norms_result(source, det, tally, emergence_factor, attention, batch_size))
 
 

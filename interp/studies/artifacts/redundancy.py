@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ...errors import InterpError
 from ...hooks.names import EMBED, PATCH_EMBED
 from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
-from ...runtime.passes import Reader, Reading, run_readings
+from ...runtime.passes import Fold, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ...runtime.source import ActivationSource
 from ..declaration import study
@@ -127,7 +127,7 @@ class RedundancyResult(OutlierStudyResult):
 def redundancy_reading(source: ActivationSource, detection, *, embedding: str = "patch", bins: int = HIST_BINS,
                        min_tokens: int = MIN_GROUP_TOKENS, warn: bool = True) -> Reading:
     """:func:`redundancy_study` around its pass, for a resolved ``detection`` (a
-    :class:`~interp.detection.detection.Detection` on ``source``): the reader that keeps each batch's
+    :class:`~interp.detection.detection.Detection` on ``source``): the fold that keeps each batch's
     per-token neighbour similarity [b, P], then the :class:`RedundancyResult` (for a shared pass,
     :mod:`interp.runtime.passes`)."""
     if embedding not in EMBEDDINGS:
@@ -165,7 +165,7 @@ def redundancy_reading(source: ActivationSource, detection, *, embedding: str = 
             similarity_maps=similarity.reshape(-1, *grid).tolist(),
             outlier_maps=outliers.reshape(-1, *grid).int().tolist())
 
-    return Reading([Reader([hook], lambda batch: parts.append(batch.acts[hook]), reduce=reducers)], finish)
+    return Reading([Fold([hook], lambda batch: parts.append(batch.acts[hook]), reduce=reducers)], finish)
 
 
 @study(RedundancyConfig)

@@ -38,6 +38,16 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
+# How a result shown in a notebook draws its figures: (result) -> [(name, Figure)]. The plots layer sits above the
+# studies, so ``interp.plots`` registers its drawer here when imported (:func:`register_figure_drawer`).
+FIGURE_DRAWER: List[Callable[["StudyResult"], List[Tuple[str, Any]]]] = []
+
+
+def register_figure_drawer(draw: Callable[["StudyResult"], List[Tuple[str, Any]]]) -> None:
+    """Make ``draw`` the way a result displayed in a notebook draws its figures (``interp.plots`` calls it)."""
+    FIGURE_DRAWER[:] = [draw]
+
+
 @dataclasses.dataclass
 class StudyResult:
     """Common header of all study results.
@@ -52,8 +62,6 @@ class StudyResult:
     """
 
     study: ClassVar[str] = "study"
-    # (result) -> [(name, Figure)]: set by ``interp.plots`` when imported, so a notebook shows the figures
-    html_figures: ClassVar[Optional[Callable[["StudyResult"], List[Tuple[str, Any]]]]] = None
     model: str
     fingerprint: str
     params: Dict[str, Any]
@@ -219,10 +227,11 @@ def result_html(result: "StudyResult") -> str:
                 parts.append(f"<pre>{escape(str(text_fn()))}</pre>")
             except Exception as e:  # a partial result: show what is there
                 parts.append(f"<p>({method} unavailable: {escape(type(e).__name__)}: {escape(str(e))})</p>")
-    if result.html_figures is None:
+    drawer = FIGURE_DRAWER[0] if FIGURE_DRAWER else None
+    if drawer is None:
         parts.append("<p>(figures: <code>import interp.plots</code> to draw them here)</p>")
     try:
-        figures = result.html_figures(result) if result.html_figures is not None else []
+        figures = drawer(result) if drawer is not None else []
     except Exception as e:
         figures = []
         parts.append(f"<p>(figures unavailable: {escape(type(e).__name__)}: {escape(str(e))})</p>")

@@ -46,7 +46,7 @@ from .lost_protocol import (LOST_MEAN, LOST_STD, display_image, lost_box, lost_h
 from .register_edit import study_edit
 from ..core.stats import bootstrap_ci
 from ..core.result import FIGURE_IMAGES, StudyResult
-from ...runtime.passes import Reader, Reading, read_pass, run_readings
+from ...runtime.passes import Fold, Reading, read_pass, run_readings
 from ...runtime.source import ActivationSource, require_live
 from ..declaration import study
 from ...hooks.names import resolve_block
@@ -186,21 +186,21 @@ def _ground_truth(ids: Sequence[str], entries: List[Optional[ImageBoxes]]) -> Li
     return out
 
 
-def _lost_reader(source: ActivationSource, hook: str, k: int, outputs: List[LostOutput], ties: str) -> Reader:
-    """A reader appending LOST's output for every image of each batch to ``outputs``."""
+def _lost_fold(source: ActivationSource, hook: str, k: int, outputs: List[LostOutput], ties: str) -> Fold:
+    """A fold appending LOST's output for every image of each batch to ``outputs``."""
     grid = tuple(source.layout_of(hook).grid)
 
     def fold(batch) -> None:
         outputs.extend(lost_one(f, grid, k, ties) for f in key_features(batch.acts[hook], batch.layout_of(hook)))
 
-    return Reader([hook], fold)
+    return Fold([hook], fold)
 
 
 def _lost_outputs(source: ActivationSource, hook: str, k: int, batch_size: int, desc: str,
                   progress: bool, ties: str) -> List[LostOutput]:
     """LOST on every image of the source (under a live source's interventions)."""
     outputs: List[LostOutput] = []
-    read_pass(source, [_lost_reader(source, hook, k, outputs, ties)], batch_size, progress, desc)
+    read_pass(source, [_lost_fold(source, hook, k, outputs, ties)], batch_size, progress, desc)
     return outputs
 
 
@@ -330,7 +330,7 @@ def lost_study(source: ActivationSource, config: LostConfig, *, intervention=Non
 def lost_reading(source: ActivationSource, layer: int = -1, k: int = 100,
                  boxes: Union[BoxTable, str, Path, None] = None, *, iou: float = 0.5, n_boot: int = 1000,
                  level: float = 0.95, seed: int = 0, ties: str = "index") -> Reading:
-    """:func:`lost_study` without an intervention, around its pass: the reader that runs LOST on each batch's
+    """:func:`lost_study` without an intervention, around its pass: the fold that runs LOST on each batch's
     keys, then the :class:`LostResult` (for a shared pass, :mod:`interp.runtime.passes`)."""
     layer, hook = _key_hook(source, layer, k)
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
@@ -348,4 +348,4 @@ def lost_reading(source: ActivationSource, layer: int = -1, k: int = 100,
             level=level, n_registers=int(source.layout.n_registers), intervention=None, edited=None,
             note=degenerate_note(base["degenerate"], base["box_cells"], source.layout.grid, layer), **base)
 
-    return Reading([_lost_reader(source, hook, k, outputs, ties)], finish)
+    return Reading([_lost_fold(source, hook, k, outputs, ties)], finish)

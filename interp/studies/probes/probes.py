@@ -275,7 +275,7 @@ def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, laye
                          want_pixels="pixels" in tasks)
     plan = _Plan(source, hook, tuple(tasks), position_loss, labels, roles, split, count, high_mask, header,
                  outliers_from, params, options, seed)
-    return Reading([sample.reader], lambda: _finish(sample.collected(), plan))
+    return Reading([sample.fold], lambda: _finish(sample.collected(), plan))
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The tokens the probes study fits and scores: which patches are high-norm, and the reader of one streaming
+"""The tokens the probes study fits and scores: which patches are high-norm, and the fold of one streaming
 pass (alone or shared with other studies, :mod:`interp.runtime.passes`) that keeps a seeded sample of
 each image's patch tokens (with their input pixels) and one token per kind per image.
 
@@ -20,7 +20,7 @@ from ...runtime.source import split_tokens
 from ...detection.detection import DetectionLike, RunOptions, as_detection
 from ...detection.detection import Detection
 from ...detection.thresholds import ThresholdSpec
-from ...runtime.passes import Reader
+from ...runtime.passes import Fold
 from ...runtime.source import ActivationSource
 from .scores import Split
 
@@ -109,7 +109,7 @@ class Collected:
 
 
 class TokenSample:
-    """The probes' token pass as a :class:`~interp.runtime.passes.Reader` (``self.reader``): each batch's
+    """The probes' token pass as a :class:`~interp.runtime.passes.Fold` (``self.fold``): each batch's
     patch tokens of ``hook`` sampled per image and role, their input pixels (the forward's inputs on a live
     source, else ``images``), and one token per kind per image when ``want_labels``.
 
@@ -125,9 +125,9 @@ class TokenSample:
         self.label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
         self.has_pixels = want_pixels and (images is not None or source.is_live) and len(source) > 0
         self.d = 0
-        self.reader = Reader([hook], self.fold, images=want_pixels and images is None and source.is_live)
+        self.fold = Fold([hook], self.add, images=want_pixels and images is None and source.is_live)
 
-    def fold(self, batch) -> None:
+    def add(self, batch) -> None:
         layout, start, tokens = self.layout, batch.start, batch.acts[self.hook]
         imgs = None
         if self.want_pixels:

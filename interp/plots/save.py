@@ -1,6 +1,6 @@
 """One way to save a study result: its figures from the plots registry as PNGs, then ``<study>.json`` once, with
 ``figure_files`` (the PNGs written with it) and ``skipped`` (unreadable images left out, a result field).
-Used by ``interp study`` and by ``interp report``.
+Used by ``interp study``, by ``interp report`` and by study scripts.
 
 >>> from interp.studies.artifacts.norms import norms_study
 >>> files = save_result(norms_study(source, progress=False), "out", images)
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..studies.core.result import StudyResult
+from . import has_figures, study_figures  # the package: every figure module registered
 
 FIGURES_KEY = "figure_files"  # in a saved study JSON: the PNGs written with it
 
@@ -30,8 +31,6 @@ def save_result(result: StudyResult, out: Union[str, Path], images=None,
         extra: keys added to the JSON (e.g. the seed of random weights).
         figure_options: options of the registry's figures (``n_maps``; :func:`~interp.plots.registry.study_figures`).
     """
-    from ..plots import has_figures, study_figures  # the package: every figure module registered
-
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     if figures is None:
