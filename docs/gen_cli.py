@@ -1,5 +1,13 @@
-"""MkDocs hook: the CLI reference page (``docs/cli.md``) is generated from ``interp``'s own argparse parsers,
-and ``>>>`` examples in docstrings show as code in the API reference.
+"""MkDocs hook: the pages that restate the code are generated from it at build time, and ``>>>`` examples in
+docstrings show as code in the API reference.
+
+Markers and what replaces them (all torch-free):
+
+* ``<!-- cli-reference -->`` (``docs/cli.md``): ``interp``'s own argparse parsers' help, below;
+* ``<!-- study-cache-table -->`` (``docs/hooks-and-cache.md``): the hooks each study reads from a cache
+  (:func:`interp.studies.catalog.cache_table`);
+* ``<!-- study-api -->`` (``docs/api-studies.md``): a mkdocstrings entry per declared study function, theme by
+  theme (:func:`interp.studies.catalog.api_reference`).
 
 ``docs/cli.md`` holds the marker ``<!-- cli-reference -->``; at build time it is replaced by one section per
 command and sub-command (``interp study norms``, ``interp patch export``, ...), each the ``--help`` text that
@@ -18,7 +26,7 @@ import functools
 import re
 import sys
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 from markdown import Extension
 from markdown.preprocessors import Preprocessor
@@ -115,8 +123,18 @@ def on_config(config):
     return config
 
 
+def generated() -> Dict[str, Callable[[], str]]:
+    """Each marker and the function that writes what replaces it."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from interp.studies.catalog import api_reference, cache_table
+
+    return {MARKER: cli_reference, "<!-- study-cache-table -->": cache_table, "<!-- study-api -->": api_reference}
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    """MkDocs event: fill the marker of the CLI page."""
-    if MARKER in markdown:
-        return markdown.replace(MARKER, cli_reference())
+    """MkDocs event: fill the markers of the generated pages."""
+    for marker, write in generated().items():
+        if marker in markdown:
+            markdown = markdown.replace(marker, write())
     return markdown

@@ -9,7 +9,7 @@ import os
 
 from .common import (add_model_args, add_output_args, add_preprocess_args, add_strict_arg, model_from_args,
                      preprocess_arg)
-from ..studies.declaration import declared, hooks_for_studies
+from ..studies.catalog import declared, hooks_for_studies
 from ..values import existing_path, image_list_file, positive_int
 
 

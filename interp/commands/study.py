@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Type
 
 from ..errors import InterpError
-from ..studies.declaration import StudyConfig, declared, study_function
+from ..studies.catalog import declared, study_function
+from ..studies.declaration import StudyConfig
 from .common import add_study_args, model_from_args, preprocess_arg
 
 

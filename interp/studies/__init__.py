@@ -4,9 +4,9 @@ The public API, one place for every study and the contract they share::
 
     from interp.studies import norms_study, NormsResult, NormsConfig, detect, open_source
 
-- every declared study as ``<name>_study`` (the function), ``<Name>Result`` and ``<Name>Config``
-  (``patch_score_study``, ``PatchScoreResult``, ``PatchScoreConfig``), taken from the declarations
-  (:mod:`interp.studies.declaration`): a new study needs no line here;
+- every declared study's function, result class and config (``patch_score_study``, ``PatchScoreResult``,
+  ``PatchScoreConfig``), as its config names them (:mod:`interp.studies.catalog`): a new study needs no line
+  here;
 - the contract: activation sources (``open_source``, ``LiveSource``, ``CacheSource``, ...), the detection of
   high-norm tokens (``detect``, ``Detection``, ``DetectionSpec``, ``detect_norms``), results (``StudyResult``),
   the hooks a study reads (``required_hooks``) and the probe kernel (``linear_probe``).
@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, Tuple
 
-from .declaration import declared, study_function
+from .catalog import declared, result_class, study_function
 
 # the contract shared by the studies: public name -> module that defines it
 _CONTRACT = {
@@ -30,7 +30,7 @@ _CONTRACT = {
     "DetectionSpec": "interp.detection.detection", "RunOptions": "interp.detection.detection",
     "Detection": "interp.detection.detection", "detect": "interp.detection.detection",
     "detect_norms": "interp.detection.thresholds",
-    "StudyConfig": "interp.studies.declaration", "required_hooks": "interp.studies.declaration",
+    "StudyConfig": "interp.studies.declaration", "required_hooks": "interp.studies.catalog",
     "linear_probe": "interp.studies.probes.linear_probe", "ProbeFit": "interp.studies.probes.linear_probe",
 }
 
@@ -39,8 +39,7 @@ def _study_names() -> Dict[str, Tuple[str, Any]]:
     """``{public name: (kind, config class)}`` for every declared study: its function, result and config."""
     names: Dict[str, Tuple[str, Any]] = {}
     for config in declared().values():
-        result = config.__name__[:-len("Config")] + "Result"
-        names.update({f"{config.json_name()}_study": ("function", config), result: ("result", config),
+        names.update({config.function: ("function", config), config.result: ("result", config),
                       config.__name__: ("config", config)})
     return names
 
@@ -51,10 +50,9 @@ def _resolve(name: str) -> Any:
     kind, config = _study_names()[name]
     if kind == "config":
         return config
-    function = study_function(config)
     if kind == "function":
-        return function
-    return getattr(importlib.import_module(function.__module__), name)
+        return study_function(config)
+    return result_class(config)
 
 
 __all__ = sorted([*_CONTRACT, *_study_names()])

@@ -1,11 +1,12 @@
 """What a study is, declared once: a torch-free config dataclass per study (its options, their defaults, help
 text, parsers and checks), registered with :func:`declare`, and the study function bound to it with
-:func:`study`. The ``interp study NAME`` command line, ``interp cache --for``, the cache check and the
-docs' cache table are all generated from these declarations; nothing else names a study.
+:func:`study`. The ``interp study NAME`` command line, ``interp cache --for``, the cache check, the docs'
+cache table and API list are all generated from these declarations; nothing else names a study.
 
-One name per study: the config's ``name`` (``patch-score``) is the command; its underscore form
-(``patch_score``) is the study's module in its theme (``interp/studies/aggregation/patch_score.py``), the
-stem of its JSON file (``patch_score.json``) and the prefix of its function (``patch_score_study``).
+One name per study: the config's ``name`` (``patch-score``) is the command and, in its underscore form
+(``patch_score``), the stem of its JSON file. The config names, as literals a reader (or a tool) can follow, the
+module that defines the study (``module``), its function there (``function``) and its result class (``result``);
+:mod:`interp.studies.catalog` lists the themes and derives the rest.
 
 A study's config lives in its theme's ``configs.py`` (torch-free: ``interp --help`` reads every config without
 importing torch); its function, result class and figures import torch and live in the study's module::
@@ -18,6 +19,9 @@ importing torch); its function, result class and figures import torch and live i
 
         Per-block patch-token norms of the un-normalised residual stream, ...\"\"\"
         name: ClassVar[str] = "norms"
+        module: ClassVar[str] = "interp.studies.artifacts.norms"
+        function: ClassVar[str] = "norms_study"
+        result: ClassVar[str] = "NormsResult"
         def hooks(self, n_layers): ...
 
     # interp/studies/artifacts/norms.py
@@ -31,9 +35,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib
-import importlib.util
-import pkgutil
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, Union
@@ -96,6 +97,10 @@ class StudyConfig:
 
     Class attributes:
         name: the study's one name (``patch-score``).
+        module: the module that defines its function and result class
+            (``interp.studies.aggregation.patch_score``).
+        function: its function's name there (``patch_score_study``), bound to the config with :func:`study`.
+        result: its result class's name there (``PatchScoreResult``).
         inputs: what the command line reads: ``"images"`` (the study re-runs the model), ``"images_or_cache"``,
             or ``"images_and_cache"`` (``--images`` adds to a ``--cache`` run what ``cache_images_help`` says).
         full_vectors: a ``--norms-only`` cache cannot serve it.
@@ -103,6 +108,9 @@ class StudyConfig:
     """
 
     name: ClassVar[str] = ""
+    module: ClassVar[str] = ""
+    function: ClassVar[str] = ""
+    result: ClassVar[str] = ""
     inputs: ClassVar[str] = "images"
     full_vectors: ClassVar[bool] = True
     cache_doc: ClassVar[str] = LIVE_DOC
@@ -175,7 +183,7 @@ class StudyConfig:
         blocks = blocks if isinstance(blocks, BlockNames) else BlockNames.flat(int(blocks))
         hooks = None if self.live_only() else self.hooks(blocks)
         if hooks is None:
-            cacheable = ", ".join(n for n, c in declared().items() if not c.live_only())
+            cacheable = ", ".join(c.name for c in declared_configs() if not c.live_only())
             raise InterpError(f"interp study {self.name} re-runs the model with an edit, so it reads no cache; "
                               f"give it --images (cacheable studies: {cacheable})")
         return list(dict.fromkeys(hooks))
@@ -244,8 +252,11 @@ _FUNCTIONS: Dict[Type[StudyConfig], Callable] = {}
 
 def declare(cls: Type[StudyConfig]) -> Type[StudyConfig]:
     """Class decorator: register a study's config under its ``name`` (one class per name)."""
-    if not cls.name:
-        raise TypeError(f"{cls.__name__} declares no study name")
+    missing = [a for a in ("name", "module", "function", "result") if not getattr(cls, a)]
+    if missing:
+        raise TypeError(f"{cls.__name__} declares no {', '.join(missing)} (class attributes of StudyConfig)")
+    if not cls.module.startswith(cls.__module__.rpartition(".")[0] + "."):
+        raise TypeError(f"{cls.__name__}.module {cls.module!r} is not in its theme {cls.__module__.rpartition('.')[0]}")
     known = _DECLARED.get(cls.name)
     if known is not None and known.__qualname__ != cls.__qualname__:
         raise TypeError(f"study {cls.name!r} is declared twice: {known.__module__}.{known.__qualname__} and "
@@ -280,54 +291,16 @@ def study(config_class: Type[StudyConfig]) -> Callable[[Callable], Callable]:
     return bind
 
 
-def declared() -> Dict[str, Type[StudyConfig]]:
-    """Every declared study, name -> config class (imports each theme's torch-free ``configs`` module)."""
-    package = importlib.import_module(__package__)
-    for module in pkgutil.iter_modules(package.__path__):
-        if module.ispkg and importlib.util.find_spec(f"{__package__}.{module.name}.configs") is not None:
-            importlib.import_module(f"{__package__}.{module.name}.configs")
-    return dict(_DECLARED)
+def declared_configs() -> List[Type[StudyConfig]]:
+    """The configs declared so far (in declaration order); :func:`interp.studies.catalog.declared` imports every
+    theme's first."""
+    return list(_DECLARED.values())
 
 
-def config_class(name: str) -> Type[StudyConfig]:
-    """The config class of the study ``name``; an error listing the known studies otherwise."""
-    studies = declared()
-    try:
-        return studies[name]
-    except KeyError:
-        raise InterpError(f"unknown study {name!r}; known: {', '.join(studies)}") from None
-
-
-def study_function(config: Type[StudyConfig]) -> Callable:
-    """The study function bound to ``config`` (imports the study's module: its theme's ``<json_name>.py``)."""
-    theme = config.__module__.rpartition(".")[0]
-    importlib.import_module(f"{theme}.{config.json_name()}")
+def function_of(config: Type[StudyConfig]) -> Callable:
+    """The function :func:`study` bound to ``config`` (its module must have been imported)."""
     try:
         return _FUNCTIONS[config]
     except KeyError:
-        raise InterpError(f"{theme}.{config.json_name()} binds no function to {config.__name__} "
-                          "(decorate it with @study)") from None
-
-
-def required_hooks(name: str, blocks: Union[BlockNames, int], options: Optional[Dict[str, Any]] = None) -> List[str]:
-    """The hooks study ``name`` reads from a cache of a model with ``blocks`` (its block names, or a number of
-    ``blocks.{i}`` blocks) with ``options`` (the rest default)."""
-    return config_class(name)(**dict(options or {})).required_hooks(blocks)
-
-
-def hooks_for_studies(names: Sequence[str], blocks: Union[BlockNames, int]) -> List[str]:
-    """The union (in order) of the hooks the studies ``names`` read with their default options."""
-    if not names:
-        raise UsageError("--for needs study names, e.g. --for norms,neurons")
-    return list(dict.fromkeys(h for name in names for h in required_hooks(name, blocks)))
-
-
-def cache_table() -> str:
-    """The docs' markdown table of the hooks each study reads from a cache (studies with the same hooks share a
-    row; those that re-run the model come last)."""
-    rows: Dict[str, List[str]] = {}
-    for config in sorted(declared().values(), key=lambda c: c.live_only()):
-        rows.setdefault(config.cache_doc, []).append(f"`{config.name}`")
-    head = ("| study | hooks it reads (N blocks; D = detection block, default last; H = `--highest-layer`, "
-            "default D) |\n|---|---|\n")
-    return head + "".join(f"| {', '.join(names)} | {doc} |\n" for doc, names in rows.items())
+        raise InterpError(f"{config.module} binds no function to {config.__name__} (decorate "
+                          f"{config.function} with @study({config.__name__}))") from None

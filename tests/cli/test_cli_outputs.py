@@ -21,7 +21,7 @@ from interp.commands import output
 from interp.commands.output import STAGING_PREFIX, atomic_output_dir
 from interp.errors import OutputError
 from interp.models import sample_image_paths
-from interp.studies import declaration
+from interp.studies import catalog, declaration
 from interp.studies.artifacts.configs import NormsConfig
 
 IMAGE = str(sample_image_paths()[0])
@@ -259,7 +259,7 @@ def test_ctrl_c_during_a_study_exits_130_and_leaves_the_old_result(tmp_path):
             time.sleep(0.05)
 
     def study_with_a_long_function():
-        declaration.study_function(NormsConfig)  # imports the study's module, which binds its function
+        catalog.study_function(NormsConfig)  # imports the study's module, which binds its function
         declaration._FUNCTIONS[NormsConfig] = working  # the function the runner calls (in the child only)
         return main(["study", "norms", "planted_vit", "--images", IMAGE, "--out", str(out), "--overwrite"])
 

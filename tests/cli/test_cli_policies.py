@@ -15,7 +15,7 @@ import pytest
 
 import interp
 from interp.cli import main
-from interp.studies.declaration import declared, hooks_for_studies, required_hooks
+from interp.studies.catalog import declared, hooks_for_studies, required_hooks
 from interp.console import NO_PROGRESS_ENV, format_warning, progress_wanted
 from interp.errors import ImageError, InterpError
 from interp.models import sample_image_paths

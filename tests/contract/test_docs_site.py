@@ -48,7 +48,20 @@ def test_the_site_builds_strict_and_has_every_section(site):
     cli = (site / "cli.html").read_text(encoding="utf-8")
     assert "interp study norms" in cli and "--threshold" in cli and "interp patch export" in cli
     api = (site / "api-studies.html").read_text(encoding="utf-8")
-    assert "norms_study" in api and "detection" in api  # rendered from the docstrings
+    assert "detection" in api  # rendered from the docstrings
+
+
+def test_the_generated_tables_list_every_study(site):
+    """The API page has every declared study function and the cache page every cacheable study, from the
+    catalogue at build time (a new study appears without a line of docs to paste)."""
+    from interp.studies.catalog import declared
+
+    api = (site / "api-studies.html").read_text(encoding="utf-8")
+    cache_page = (site / "hooks-and-cache.html").read_text(encoding="utf-8")
+    for config in declared().values():
+        assert f'id="{config.module}.{config.function}"' in api, config.function
+        assert f"<code>{config.name}</code>" in cache_page, config.name
+    assert "study-api" not in api and "study-cache-table" not in cache_page  # the markers were filled
 
 
 def test_the_site_needs_no_network(site):

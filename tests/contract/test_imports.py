@@ -40,7 +40,9 @@ LAYERS = [
      "interp"),
 ]
 
-STUDY_THEMES = ("artifacts", "aggregation", "objects", "probes", "sae")
+from interp.studies.catalog import THEMES  # noqa: E402  (torch-free)
+
+STUDY_THEMES = tuple(t.name for t in THEMES)
 
 
 def module_files() -> Dict[str, Path]:

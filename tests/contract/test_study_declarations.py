@@ -1,10 +1,9 @@
-"""Every study is one declaration: a torch-free config registered by name, one name for command, module,
-function, result class and JSON file, its figures registered by result class, and the docs' cache table generated
-from the configs."""
+"""Every study is one declaration: a torch-free config registered by name that names, as literals, the module,
+function and result class of the study; its figures registered by result class; the catalogue lists every theme
+(no discovery by file names); the docs' cache table and API list generated from the configs."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import subprocess
 import sys
@@ -13,15 +12,16 @@ from pathlib import Path
 import pytest
 
 from interp.errors import InterpError, UsageError
-from interp.studies.declaration import (StudyConfig, cache_table, declare, declared, option, required_hooks, study,
-                                        study_function)
+from interp.studies.catalog import (THEMES, api_reference, cache_table, declared, required_hooks, result_class,
+                                    study_function)
+from interp.studies.declaration import StudyConfig, declare, option, study
 from conftest import REPO
 
 ROOT = REPO
 
 
 def test_declarations_load_without_torch_and_every_study_is_there():
-    code = ("import json, sys; from interp.studies.declaration import declared; names = list(declared()); "
+    code = ("import json, sys; from interp.studies.catalog import declared; names = list(declared()); "
             "print(json.dumps({'names': names, 'heavy': [m for m in ('torch', 'numpy', 'matplotlib') "
             "if m in sys.modules]}))")
     out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -32,29 +32,44 @@ def test_declarations_load_without_torch_and_every_study_is_there():
 
 
 @pytest.mark.parametrize("name", sorted(declared()))
-def test_one_name_for_command_module_function_result_and_json(name):
+def test_the_config_names_its_module_function_and_result(name):
     config = declared()[name]
     stem = config.json_name()
     assert stem == name.replace("-", "_") and config.summary() and config.description()
     function = study_function(config)
-    module = importlib.import_module(function.__module__)
-    assert module.__name__ == f"{config.__module__.rpartition('.')[0]}.{stem}"
-    assert function.__name__ == f"{stem}_study" and function.config_class is config
-    result_class = function.__annotations__["return"]
-    result_class = getattr(module, result_class) if isinstance(result_class, str) else result_class
-    assert result_class.study == stem
-    assert result_class.__name__ == config.__name__[:-len("Config")] + "Result"
-    assert result_class.__name__.lower() == stem.replace("_", "") + "result"
+    assert function.__module__ == config.module and function.__name__ == config.function
+    assert function.config_class is config
+    result = result_class(config)
+    assert result.__module__ == config.module and result.__name__ == config.result and result.study == stem
+
+
+def test_the_catalogue_lists_every_theme_package():
+    packages = {p.parent.name for p in (ROOT / "interp" / "studies").glob("*/configs.py")}
+    assert {t.name for t in THEMES} == packages, "a theme with a configs.py is missing from catalog.THEMES"
+    assert all(t.studies() for t in THEMES)
+
+
+def test_a_config_without_its_module_is_refused(monkeypatch):
+    from interp.studies import declaration
+
+    monkeypatch.setattr(declaration, "_DECLARED", dict(declaration._DECLARED))
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class LoneConfig(StudyConfig):
+        """lone"""
+        name = "lone-test"
+
+    with pytest.raises(TypeError, match="declares no module, function, result"):
+        declare(LoneConfig)
 
 
 def test_the_public_api_has_every_study_in_one_place():
     import interp.studies as api
 
     for config in declared().values():
-        stem, result = config.json_name(), config.__name__[:-len("Config")] + "Result"
-        assert {f"{stem}_study", result, config.__name__} <= set(api.__all__)
-        assert getattr(api, f"{stem}_study") is study_function(config)
-        assert getattr(api, config.__name__) is config and getattr(api, result).study == stem
+        assert {config.function, config.result, config.__name__} <= set(api.__all__)
+        assert getattr(api, config.function) is study_function(config)
+        assert getattr(api, config.__name__) is config and getattr(api, config.result) is result_class(config)
     assert api.detect.__name__ == "detect" and api.open_source.__name__ == "open_source"
     with pytest.raises(AttributeError, match="no attribute 'norms'"):
         api.norms  # the flat module paths of earlier versions are gone
@@ -65,20 +80,19 @@ def test_every_result_class_has_registered_figures():
     from interp.plots.registry import FIGURES
 
     for config in declared().values():
-        function = study_function(config)
-        module = importlib.import_module(function.__module__)
-        result_class = getattr(module, function.__annotations__["return"])
-        assert FIGURES.get(result_class), f"{config.name}: no figures registered for {result_class.__name__}"
+        result = result_class(config)
+        assert FIGURES.get(result), f"{config.name}: no figures registered for {result.__name__}"
     from interp.studies.artifacts.norms import NormsResult
 
     assert [s.stem for s in FIGURES[NormsResult]] == ["norm_profile", "norm_histograms", "outlier_maps"]  # in order
 
 
-def test_the_docs_cache_table_is_generated_from_the_configs():
-    page = (ROOT / "docs" / "hooks-and-cache.md").read_text()
-    assert cache_table() in page, "regenerate the table: python -c 'from interp.studies.declaration import " \
-                                  "cache_table; print(cache_table())'"
+def test_the_docs_tables_are_generated_from_the_configs():
+    """The pages hold markers that the docs build (docs/gen_cli.py) fills from the catalogue."""
+    assert "<!-- study-cache-table -->" in (ROOT / "docs" / "hooks-and-cache.md").read_text()
+    assert "<!-- study-api -->" in (ROOT / "docs" / "api-studies.md").read_text()
     assert all(f"`{name}`" in cache_table() for name in declared())
+    assert all(f"::: {c.module}.{c.function}" in api_reference() for c in declared().values())
 
 
 def test_required_hooks_come_from_the_config_and_live_studies_read_none():
@@ -105,6 +119,7 @@ def test_a_new_study_is_one_config_and_one_function(monkeypatch):
 
         Repeats --word --times times."""
         name = "echo-test"
+        module, function, result = f"{__name__.rpartition('.')[0]}.echo", "echo_test_study", "EchoResult"
         word: str = option("hi", "the word", choices=("hi", "ho"))
         times: int = option(2, "how often")
         loud: bool = option(False, "shout")
@@ -115,7 +130,7 @@ def test_a_new_study_is_one_config_and_one_function(monkeypatch):
                 raise UsageError("--times must be >= 0")
 
     declare(EchoConfig)
-    assert declared()["echo-test"] is EchoConfig
+    assert EchoConfig in declaration.declared_configs()
 
     @study(EchoConfig)
     def echo_test_study(source, config):

@@ -100,6 +100,9 @@ class PatchScoreConfig(PatchScoreOptions, ScoreMapsFigure):
     Patch Score S_p = cos(x_p, g) per image (docs/methods.md section 3)."""
 
     name: ClassVar[str] = "patch-score"
+    module: ClassVar[str] = "interp.studies.aggregation.patch_score"
+    function: ClassVar[str] = "patch_score_study"
+    result: ClassVar[str] = "PatchScoreResult"
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = SCORE_DOC
 
@@ -130,6 +133,9 @@ class PiBConfig(PatchScoreOptions, ObjectBoxes, BootstrapOptions, ScoreMapsFigur
     Point in box with a bootstrap interval (docs/methods.md section 3)."""
 
     name: ClassVar[str] = "pib"
+    module: ClassVar[str] = "interp.studies.aggregation.pib"
+    function: ClassVar[str] = "pib_study"
+    result: ClassVar[str] = "PiBResult"
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = SCORE_DOC
 
@@ -145,6 +151,9 @@ class MaskingConfig(DetectionOptions, PatchScoreOptions, ClassifierOption):
     both orders."""
 
     name: ClassVar[str] = "masking"
+    module: ClassVar[str] = "interp.studies.aggregation.masking"
+    function: ClassVar[str] = "masking_study"
+    result: ClassVar[str] = "MaskingResult"
 
     threshold: Union[float, str, None] = option(
         None, "outlier token norm at the detection block: a number > 0, pNN (percentile of the unmasked run) or "
@@ -186,6 +195,9 @@ class SelectiveCLSConfig(SelectiveCLSOptions, ClassifierOption, ObjectBoxes, Boo
     The measured effect of SelectiveCLS(k) on a frozen model, one table."""
 
     name: ClassVar[str] = "selective-cls"
+    module: ClassVar[str] = "interp.studies.aggregation.selective_cls"
+    function: ClassVar[str] = "selective_cls_study"
+    result: ClassVar[str] = "SelectiveCLSResult"
 
     ks: Tuple[int, ...] = option((1, 7, 98), "SelectiveCLS k values (default 1 7 98)", flag="--k", parse=positive_int,
                                  many=True)

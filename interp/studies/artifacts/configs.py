@@ -31,6 +31,9 @@ class NormsConfig(DetectionOptions):
     emergence layer and CLS attention."""
 
     name: ClassVar[str] = "norms"
+    module: ClassVar[str] = "interp.studies.artifacts.norms"
+    function: ClassVar[str] = "norms_study"
+    result: ClassVar[str] = "NormsResult"
     inputs: ClassVar[str] = "images_or_cache"
     full_vectors: ClassVar[bool] = False
     cache_doc: ClassVar[str] = ("`blocks.{0..N-1}.hook_resid_mid`, `blocks.{0..N-1}.hook_resid_post` "
@@ -53,6 +56,9 @@ class NeuronsConfig(DetectionOptions):
     the --top-k best."""
 
     name: ClassVar[str] = "neurons"
+    module: ClassVar[str] = "interp.studies.artifacts.neurons"
+    function: ClassVar[str] = "neurons_study"
+    result: ClassVar[str] = "NeuronsResult"
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = "`blocks.{D}.hook_resid_post`, `blocks.{0..H}.mlp.hook_post`"
 
@@ -88,6 +94,9 @@ class RedundancyConfig(DetectionOptions):
     tokens (Darcet et al., Fig. 5a)."""
 
     name: ClassVar[str] = "redundancy"
+    module: ClassVar[str] = "interp.studies.artifacts.redundancy"
+    function: ClassVar[str] = "redundancy_study"
+    result: ClassVar[str] = "RedundancyResult"
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = ("`hook_patch_embed` (`hook_embed` with `--embedding position`), "
                                 "`blocks.{D}.hook_resid_post`")
@@ -116,6 +125,9 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
     tokens."""
 
     name: ClassVar[str] = "ablate"
+    module: ClassVar[str] = "interp.studies.artifacts.ablate"
+    function: ClassVar[str] = "ablate_study"
+    result: ClassVar[str] = "AblateResult"
 
     controls: int = option(5, "random control neuron sets of the same size and blocks (default 5)",
                            parse=nonnegative_int)
@@ -156,6 +168,9 @@ class RelocateConfig(NeuronsOptions, DetectionOptions):
     new outliers with the target."""
 
     name: ClassVar[str] = "relocate"
+    module: ClassVar[str] = "interp.studies.artifacts.relocate"
+    function: ClassVar[str] = "relocate_study"
+    result: ClassVar[str] = "RelocateResult"
 
     target: object = option("smiley", "smiley (default), box:TOP,LEFT,HEIGHT,WIDTH or indices:I,J,... (flat patch "
                                       "indices)")
@@ -172,6 +187,9 @@ class RegistersConfig(NeuronsOptions, DetectionOptions):
     without."""
 
     name: ClassVar[str] = "registers"
+    module: ClassVar[str] = "interp.studies.artifacts.registers"
+    function: ClassVar[str] = "registers_study"
+    result: ClassVar[str] = "RegistersResult"
 
     n_registers: int = option(1, "test-time register tokens (default 1)", parse=register_count)
     value: str = option("layer_max", "value written into the register (default layer_max, as the reference code)",

@@ -44,6 +44,9 @@ class LostConfig(StudyConfig):
     --boxes (Darcet et al. Table 3)."""
 
     name: ClassVar[str] = "lost"
+    module: ClassVar[str] = "interp.studies.objects.lost"
+    function: ClassVar[str] = "lost_study"
+    result: ClassVar[str] = "LostResult"
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = "`blocks.{L}.attn.hook_k` for `--layer L` (default last)"
 
@@ -86,6 +89,9 @@ class SegmentConfig(StudyConfig):
     masks, with and without SelectiveCLS / a test-time register (LaSt Table 6)."""
 
     name: ClassVar[str] = "segment"
+    module: ClassVar[str] = "interp.studies.objects.segment"
+    function: ClassVar[str] = "segment_study"
+    result: ClassVar[str] = "SegmentResult"
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = SCORE_DOC
 

@@ -36,6 +36,9 @@ class ProbesConfig(DetectionOptions, ProbeBudgetOptions):
     al. Fig. 5b) and the image label from one token (their Table 1)."""
 
     name: ClassVar[str] = "probes"
+    module: ClassVar[str] = "interp.studies.probes.probes"
+    function: ClassVar[str] = "probes_study"
+    result: ClassVar[str] = "ProbesResult"
     inputs: ClassVar[str] = "images_and_cache"
     cache_doc: ClassVar[str] = ("`--hook`, or `blocks.{L}.hook_resid_post` for `--layer L` (default last), and "
                                 "`blocks.{D}.hook_resid_post` for `--detect-layer D` (default last); pixel probes "

@@ -45,6 +45,9 @@ class SaeFeaturesConfig(DetectionOptions):
     high-norm tokens are the detection's on the patch-token norms at the SAE's own hook."""
 
     name: ClassVar[str] = "sae-features"
+    module: ClassVar[str] = "interp.studies.sae.sae_features"
+    function: ClassVar[str] = "sae_features_study"
+    result: ClassVar[str] = "SaeFeaturesResult"
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = "the SAE's hook (`hook` of `--sae DIR/sae.json`)"
 

@@ -126,8 +126,8 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
         progress: show progress bars.
 
     Raises:
-        InterpError (one line): an SAE of another model, hook or width, a damaged SAE folder, neurons of
-        another model or out of range.
+        InterpError: (one line) an SAE of another model, hook or width, a damaged SAE folder, neurons of
+            another model or out of range.
     """
     sae = load(config.sae)
     sae.check_source(source)

@@ -10,11 +10,11 @@ import pytest
 
 from interp.errors import InterpError, UsageError
 from interp.studies.aggregation.configs import MaskingConfig, PatchScoreConfig, PiBConfig, SelectiveCLSConfig
-from interp.studies.declaration import declared, required_hooks
+from interp.studies.catalog import declared, required_hooks
 
 
 def test_the_four_studies_are_declared_torch_free():
-    code = ("import sys, interp.studies.declaration as d; names = d.declared(); "
+    code = ("import sys, interp.studies.catalog as d; names = d.declared(); "
             "print(sorted(set(names) & {'patch-score', 'pib', 'masking', 'selective-cls'}), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[-1] == "False"

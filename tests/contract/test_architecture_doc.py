@@ -1,0 +1,48 @@
+"""docs/architecture.md says what the code is: its layer line is the order tests/contract/test_imports.py
+enforces, and every file and folder it names exists."""
+from __future__ import annotations
+
+import re
+
+from conftest import REPO
+from test_imports import LAYERS
+
+PAGE = REPO / "docs" / "architecture.md"
+
+
+def _short(name: str) -> str:
+    return name.rpartition(".")[2] if name != "interp" else name
+
+
+def test_the_layer_line_is_the_enforced_order():
+    text = PAGE.read_text(encoding="utf-8")
+    line = text.split("<!-- layers -->\n", 1)[1].splitlines()[0].strip()
+    written = [[n.strip() for n in group.split(",")] for group in line.split("<")]
+    # the enforced layers, less the private helpers of the first layer and the package root at the top
+    enforced = [[_short(n) for n in layer if not _short(n).startswith("_") and n not in ("interp.errors", "interp.values",
+                                                                                          "interp.console", "interp.__main__", "interp")]
+                for layer in LAYERS]
+    enforced = [layer for layer in enforced if layer]
+    assert [sorted(g) for g in written] == [sorted(g) for g in enforced], (
+        f"docs/architecture.md's layer line {line!r} is not the order of test_imports.LAYERS")
+
+
+def test_every_path_it_names_exists():
+    text = PAGE.read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:interp|docs|tests)/[\w/.]+)`", text))
+    package_files = {m for m in re.findall(r"`(\w+\.py)`", text)}
+    assert len(named) > 20
+    missing = sorted(p for p in named if not (REPO / p.rstrip("/")).exists())
+    assert missing == [], f"docs/architecture.md names files that do not exist: {missing}"
+    everywhere = {p.name for p in [*(REPO / "interp").rglob("*.py"), *(REPO / "docs").glob("*.py"), *REPO.glob("*.py")]}
+    assert sorted(package_files - everywhere) == [], "docs/architecture.md names a module that does not exist"
+
+
+def test_the_catalogue_of_the_page_is_the_code():
+    from interp.studies.catalog import THEMES
+
+    text = PAGE.read_text(encoding="utf-8")
+    for theme in THEMES:
+        assert re.search(rf"^\s+{theme.name}/\s+configs\.py", text, re.M), f"theme {theme.name} is not on the page"
+        for config in theme.studies():
+            assert config.module.rpartition(".")[2] + ".py" in text, f"{config.module} is not on the page"
