@@ -10,6 +10,9 @@ import argparse
 import math
 import re
 from pathlib import Path
+from typing import Any, Union
+
+from .errors import UsageError
 
 SAE_ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal")  # interp sae train --arch
 NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
@@ -199,3 +202,22 @@ def index_list(text: str) -> tuple:
     if len(set(values)) != len(values):
         raise _fail(text, "expected distinct numbers")
     return values
+
+
+def threshold_value(value: Any) -> Union[float, str, None]:
+    """A threshold as the studies take it, from the command line or from Python: a float for a norm
+    (``"3.5"`` -> 3.5), else ``"auto"`` / ``"pNN"``; None stays None.
+
+    Raises:
+        UsageError: the text is not a threshold (the same words as :func:`threshold_arg`'s).
+    """
+    if value is None or isinstance(value, (int, float)):
+        return None if value is None else float(value)
+    try:
+        text = threshold_arg(value)
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"--threshold: {e}") from None
+    try:
+        return float(text)
+    except ValueError:
+        return text

@@ -132,21 +132,6 @@ def model_from_args(args: argparse.Namespace, dtype=None):
     return model
 
 
-def threshold_value(text):
-    """The --threshold text (already checked by :func:`threshold_arg`) as the studies take it: a float for a
-    number, else the text ('auto', 'p98'); None stays None."""
-    if text is None or isinstance(text, (int, float)):
-        return text
-    try:
-        text = threshold_arg(text)
-    except argparse.ArgumentTypeError as e:  # a value that did not come through the parser
-        raise UsageError(f"--threshold: {e}") from None
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def add_study_args(parser: argparse.ArgumentParser, inputs: str = "images_or_cache", cache_images: str = "") -> None:
     """The inputs of every ``interp study NAME``: model args, --images/--cache, --out, preprocessing,
     --batch-size, --strict, --overwrite, --no-progress, --quiet. ``inputs``: ``"images"`` (no cache),

@@ -16,9 +16,9 @@ from typing import List, Optional
 
 from .common import (add_batch_size_arg, add_device_arg, add_output_args, add_overwrite_arg, add_seed_arg,
                      add_strict_arg, add_detection_args, add_preprocess_args, add_probe_budget_args, check_device,
-                     preprocess_arg, probe_budget, threshold_value)
+                     preprocess_arg, probe_budget)
 from .saving import write_outputs
-from ..values import existing_path, positive_int
+from ..values import existing_path, positive_int, threshold_value
 
 NONE = "-"  # in a per-model list: no value for this model
 

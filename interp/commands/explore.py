@@ -6,10 +6,9 @@ Without MODEL it explores the synthetic ``planted_vit`` on the bundled sample ph
 from __future__ import annotations
 
 from ..console import add_output_args
-from .common import (NEURONS_SYNTAX, add_classifier_arg, add_model_args, model_from_args, parse_neurons,
-                     threshold_value)
+from .common import (NEURONS_SYNTAX, add_classifier_arg, add_model_args, model_from_args, parse_neurons)
 from ..studies.sae.configs import SaeFeaturesConfig
-from ..values import existing_path, port_number, positive_float, positive_int, threshold_arg
+from ..values import existing_path, port_number, positive_float, positive_int, threshold_arg, threshold_value
 
 # the explorer's request limits, said in --help (interp.explore.requests, .server, .connections hold them;
 # importing those here would import the web stack and torch before the arguments are checked)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .common import (add_batch_size_arg, add_classifier_arg, add_model_args, add_output_args, add_overwrite_arg,
-                     add_preprocess_args, add_strict_arg, add_detection_args, model_from_args, preprocess_arg,
-                     threshold_value)
+                     add_preprocess_args, add_strict_arg, add_detection_args, model_from_args, preprocess_arg)
+from ..values import threshold_value
 from .saving import REPORT_MARKER, prepare_report_dir
 from ..studies.sae.configs import SaeFeaturesConfig
 from ..values import existing_path, nonnegative_int, positive_int

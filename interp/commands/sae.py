@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 
-from .common import add_model_args, add_output_args, model_from_args, threshold_value
+from .common import add_model_args, add_output_args, model_from_args
+from ..values import threshold_value
 from ..values import (SAE_ARCHS, existing_file, existing_path, nonnegative_float, positive_float, positive_int,
                       threshold_arg)
 

@@ -18,8 +18,8 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...errors import UsageError
 from ...values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
-                       positive_float, positive_int, threshold_arg)
-from ..core.options import FINAL, REFERENCES, SCORE_DOC, ClassifierOption, DetectionOptions, _threshold_value, needed_hooks
+                       positive_float, positive_int, threshold_arg, threshold_value)
+from ..core.options import FINAL, REFERENCES, SCORE_DOC, ClassifierOption, DetectionOptions, needed_hooks
 from ..declaration import StudyConfig, declare, option
 
 
@@ -174,8 +174,8 @@ class MaskingConfig(DetectionOptions, PatchScoreOptions, ClassifierOption):
 
     def __post_init__(self) -> None:
         if self.outlier_threshold is not None:
-            former = _threshold_value(self.outlier_threshold)
-            if self.threshold is not None and _threshold_value(self.threshold) != former:
+            former = threshold_value(self.outlier_threshold)
+            if self.threshold is not None and threshold_value(self.threshold) != former:
                 raise UsageError("give threshold= or its former name outlier_threshold=, not both")
             object.__setattr__(self, "threshold", former)
             object.__setattr__(self, "outlier_threshold", None)

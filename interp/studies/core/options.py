@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...errors import InterpError, UsageError
 from ...values import (NEURONS_SYNTAX, existing_file, nonnegative_float, open_fraction, positive_float, positive_int,
-                       threshold_arg)
+                       threshold_arg, threshold_value)
 from ..declaration import StudyConfig, option
 from ...detection.presets import PRESETS, resolve_preset
 from ...hooks.names import resolve_block
@@ -40,20 +40,6 @@ CLASSIFIER_HELP = ("classifier file (zero-shot matrix, linear head, or a DINOv2 
                    "cosine to the unedited one)")
 
 
-def _threshold_value(value: Any) -> Union[float, str, None]:
-    """A threshold as the studies take it: a float for a norm (``"3.5"`` -> 3.5), else ``"auto"`` / ``"pNN"``."""
-    if value is None or isinstance(value, (int, float)):
-        return None if value is None else float(value)
-    try:
-        text = threshold_arg(value)
-    except Exception as e:  # argparse.ArgumentTypeError: one line, the same words as the command line's
-        raise UsageError(f"--threshold: {e}") from None
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 @dataclass(frozen=True, kw_only=True)
 class DetectionOptions(StudyConfig):
     """What counts as a high-norm token (:class:`~interp.detection.detection.DetectionSpec`): a threshold at
@@ -68,7 +54,7 @@ class DetectionOptions(StudyConfig):
         None, "block whose output decides outliers (default: last; negative counts from the end)")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "threshold", _threshold_value(self.threshold))
+        object.__setattr__(self, "threshold", threshold_value(self.threshold))
         super().__post_init__()
 
     def detection_options(self) -> Dict[str, Any]:
