@@ -5,6 +5,7 @@ import contextlib
 import copy
 import io
 import json
+import os
 import signal
 import sys
 import time
@@ -166,6 +167,11 @@ def executed_notebook():
     """The example notebook and the explorer's notebook cells, executed once in one kernel (an early launch:
     tests that use it are marked ``early("notebook")``)."""
     return notebook_helpers.executed()
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most 4 (each builds the session's shared models and SAE once)."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def pytest_collection_finish(session):

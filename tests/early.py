@@ -56,7 +56,10 @@ LAUNCHERS: Dict[str, Callable[[Path], Optional[Launch]]] = {}
 _STARTED: Dict[str, Tuple[Optional[subprocess.Popen], Path]] = {}
 _ROOT: List[Path] = []  # the session's folder of workdirs, made on the first start
 _QUEUE: List[str] = []  # launches to start, in the order of the tests that wait on them
-_SESSION_THREADS = torch.get_num_threads()  # torch's threads in the session when no launch runs
+# pytest-xdist (-n): each worker is a session of its own; the cores are shared between them, and a launch starts
+# when its test asks for it (queued ahead, every worker would run every launch).
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_SESSION_THREADS = max(1, torch.get_num_threads() // XDIST_WORKERS)  # torch's threads when no launch runs
 
 
 def launcher(name: str) -> Callable:
@@ -104,6 +107,8 @@ def result(name: str) -> Finished:
 
 def queue_for(items: Iterable[pytest.Item]) -> None:
     """Queue the launches the ``items`` are marked to wait on, in their order, and start the first."""
+    if XDIST_WORKERS > 1:
+        return
     for item in items:
         for mark in item.iter_markers("early"):
             if mark.args[0] not in _QUEUE and mark.args[0] not in _STARTED:
