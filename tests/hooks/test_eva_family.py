@@ -218,3 +218,22 @@ def test_selective_cls_on_attention_pooling_is_refused_for_plain_models():
 
     with pytest.raises(PatchError, match="attention pooling"):
         apply_interventions(copy.deepcopy(model.timm_model), [SelectiveCLS(k=2)])
+
+
+def test_dinov3_rope_table_is_the_closed_form_at_every_input_size():
+    """What docs/methods.md states: timm's DINOv3 RoPE puts each patch centre at ((i + 0.5) / n) * 2 - 1 per axis
+    (so every input size spans [-1, 1]), with periods 100 ** (2 j / (dh / 2)), j < dh / 4, angles 2 pi c / period,
+    in the half-rotation layout: checked at 224, 448 and 512 px (14, 28, 32 patches per side) and a non-square grid."""
+    import math
+
+    rope = eva_model("dinov3").timm_model.rope
+    dh = 64
+    periods = 100.0 ** (2 * torch.arange(dh // 4, dtype=torch.float32) / (dh // 2))
+    torch.testing.assert_close(rope.periods, periods)
+    for h, w in ((14, 14), (28, 28), (32, 32), (3, 5)):
+        sin, cos = rope.get_embed(shape=(h, w)).tensor_split(2, dim=-1)
+        ys, xs = (((torch.arange(n) + 0.5) / n) * 2 - 1 for n in (h, w))
+        coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1)  # [h*w, 2]
+        angles = (2 * math.pi * coords[:, :, None] / periods).flatten(1).tile(2)  # [h*w, dh]
+        torch.testing.assert_close(sin, angles.sin(), rtol=0, atol=1e-6)
+        torch.testing.assert_close(cos, angles.cos(), rtol=0, atol=1e-6)
