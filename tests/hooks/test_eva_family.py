@@ -237,3 +237,19 @@ def test_dinov3_rope_table_is_the_closed_form_at_every_input_size():
         angles = (2 * math.pi * coords[:, :, None] / periods).flatten(1).tile(2)  # [h*w, dh]
         torch.testing.assert_close(sin, angles.sin(), rtol=0, atol=1e-6)
         torch.testing.assert_close(cos, angles.cos(), rtol=0, atol=1e-6)
+
+
+def test_input_grid_recomputes_a_cached_rope_table_and_restores_it():
+    """LOST's full-image protocol runs a model at another grid (models.pos_table.input_grid): EVA02's RoPE table
+    is cached for the built grid and must follow, as timm's set_input_size does."""
+    from interp.models.pos_table import input_grid
+
+    model = eva_model("eva02")
+    x = eva_images(model, 1)
+    base = model(x)
+    fresh = timm.create_model("eva02_tiny_patch14_224", pretrained=False, depth=2, img_size=70)
+    with input_grid(model, (5, 5)), torch.no_grad():
+        torch.testing.assert_close(model.timm_model.rope.get_embed(), fresh.rope.get_embed())
+        out = model(torch.randn(1, 3, 70, 70))
+        assert out.shape == base.shape and model.layout.grid == (5, 5)
+    torch.testing.assert_close(model(x), base, rtol=0, atol=0)
