@@ -135,3 +135,19 @@ def test_the_same_architecture_without_the_plant_has_no_artifacts():
     noise = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     norms = norms_study(open_source(model=model, images=noise), progress=False)
     assert not norms.artifacts_found and sum(norms.outlier_counts) == 0
+
+
+def test_the_explorer_session_on_planted_dinov3(planted):
+    pytest.importorskip("starlette", reason="the explore extra is not installed")
+    from interp.explore.session import ExploreSession
+    from interp.models import sample_image_paths
+
+    session = ExploreSession(planted, sample_image_paths())
+    info = session.info()
+    assert info["planted"]["neurons"] == [17, 101, 402, 655] and info["grid"] == [14, 14]
+    assert info["threshold"]["artifacts_found"]
+    spec = [{"kind": "TestTimeRegister", "neurons": {"2": [17, 101, 402, 655]}}]
+    none, ttr = session.run(0), session.run(0, spec)
+    assert none["prefix_labels"] == ["CLS", "register 0", "register 1", "register 2", "register 3"]
+    assert ttr["prefix_labels"][-1] == "test-time register 0"
+    assert none["outlier_count"] > 0 and ttr["outlier_count"] == 0
