@@ -253,3 +253,23 @@ def test_input_grid_recomputes_a_cached_rope_table_and_restores_it():
         out = model(torch.randn(1, 3, 70, 70))
         assert out.shape == base.shape and model.layout.grid == (5, 5)
     torch.testing.assert_close(model(x), base, rtol=0, atol=0)
+
+
+def test_nnsight_edit_of_a_rotated_query_equals_the_hook_edit():
+    from nnsight import NNsight
+
+    model = eva_model("dinov3")
+    x = eva_images(model)
+
+    def zero_head(t, hook):
+        t = t.clone()
+        t[:, :, 1] = 0
+        return t
+
+    expected = model.run_with_hooks(x, fwd_hooks=[("blocks.1.attn.hook_rot_q", zero_head)])
+    nn_model = NNsight(model)
+    with nn_model.trace(x):
+        nn_model.blocks[1].attn.hook_rot_q.output[:, :, 1] = 0
+        out = nn_model.output.save()
+    assert (out - expected).abs().max().item() == 0.0
+    assert (out - model(x)).abs().max().item() > 1e-6  # the edit did something
