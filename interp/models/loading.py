@@ -175,9 +175,9 @@ def _fit_to_weights(model: nn.Module, state_dict: dict, name: str, label: str) -
 
 
 def _register_count(state_dict: dict) -> Optional[int]:
-    """Register tokens a checkpoint holds (timm ``reg_token`` or original DINOv2 ``register_tokens``), 0 when
-    it is a DINOv2-style file without them, None when the format does not tell."""
-    for key in ("reg_token", "register_tokens"):
+    """Register tokens a checkpoint holds (timm ``reg_token``, original DINOv2 ``register_tokens`` or original
+    DINOv3 ``storage_tokens``), 0 when it is a DINOv2-style file without them, None when the format does not tell."""
+    for key in ("reg_token", "register_tokens", "storage_tokens"):
         t = state_dict.get(key)
         if isinstance(t, torch.Tensor):
             return int(t.shape[1]) if t.dim() == 3 else int(t.shape[0])
@@ -191,7 +191,7 @@ def check_register_tokens(model: nn.Module, state_dict: dict, name: str, label: 
 
     from timm.models import is_model
 
-    have = int(getattr(model, "num_reg_tokens", 0) or 0)
+    have = family_of(model).layout().n_registers  # read from the model (timm's Eva has no num_reg_tokens)
     held = _register_count(state_dict)
     if held is None or held == have:
         return
@@ -307,13 +307,13 @@ def create_timm_vit(
     import timm
     from timm.models import model_entrypoint
 
-    from .planted import PLANTED_NAME, planted_vit
+    from .planted import PLANTED_BUILDERS
 
-    if name == PLANTED_NAME:  # the synthetic ground-truth model: its weights are its construction
+    if name in PLANTED_BUILDERS:  # a synthetic ground-truth model: its weights are its construction
         if weights is not None:
-            raise ModelLoadError(f"{PLANTED_NAME} is built by construction; it takes no weight file")
+            raise ModelLoadError(f"{name} is built by construction; it takes no weight file")
         with torch.random.fork_rng(devices=[]):
-            model = planted_vit(**timm_kwargs, **({} if seed is None else {"seed": seed}))
+            model = PLANTED_BUILDERS[name](**timm_kwargs, **({} if seed is None else {"seed": seed}))
         return model.to(device=device, dtype=_resolve_dtype(dtype))
     check_model_name(name)
     if pos_resample not in POS_RESAMPLE_CHOICES:

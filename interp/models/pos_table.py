@@ -90,14 +90,19 @@ def dino_pos_table(pos_embed: torch.Tensor, table_grid: Tuple[int, int], grid: T
 def input_grid(model, grid: Tuple[int, int], offset: Optional[float] = DINO_OFFSET,
                antialias: bool = False) -> Iterator[None]:
     """Inside, the HookedViT ``model`` takes inputs of ``grid * patch size`` pixels: its timm module's position
-    table is :func:`dino_pos_table` of its own table for that grid, and its patch embedding's ``img_size`` /
-    ``grid_size`` are that size; all restored on exit. One grid at a time (the model is changed in place)."""
+    table is :func:`dino_pos_table` of its own table for that grid, its patch embedding's ``img_size`` /
+    ``grid_size`` are that size, and a RoPE table cached for the built grid is timm's for that grid; all restored
+    on exit. One grid at a time (the model is changed in place)."""
     tm = model.timm_model
     pe = tm.patch_embed
     ph, pw = (int(p) for p in pe.patch_size)
     saved = (tm.pos_embed, pe.img_size, pe.grid_size, pe.num_patches)
     h, w = (int(g) for g in grid)
+    rope = getattr(tm, "rope", None)  # a RoPE table cached for the built grid (timm's Eva without dynamic size)
+    rope_cached = getattr(rope, "feat_shape", None) is not None and hasattr(rope, "update_feat_shape")
     try:
+        if rope_cached:
+            rope.update_feat_shape((h, w))
         if tm.pos_embed is not None:
             n_prefix = 0 if getattr(tm, "no_embed_class", False) else int(tm.num_prefix_tokens)
             table = dino_pos_table(tm.pos_embed.detach(), tuple(pe.grid_size), (h, w), n_prefix, offset, antialias)
@@ -106,6 +111,8 @@ def input_grid(model, grid: Tuple[int, int], offset: Optional[float] = DINO_OFFS
         yield
     finally:
         tm.pos_embed, pe.img_size, pe.grid_size, pe.num_patches = saved
+        if rope_cached:
+            rope.update_feat_shape(tuple(int(g) for g in saved[2]))
 
 
 def resample_pos_table(pos: torch.Tensor, grid: Tuple[int, int], n_prefix: int, method: str) -> torch.Tensor:

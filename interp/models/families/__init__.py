@@ -11,8 +11,9 @@ from torch import nn
 from ...errors import UnsupportedModelError
 from .base import Family, supported_families
 from .vit import VitFamily
+from .eva import EvaFamily  # noqa: E402 (after ViT: registration order is the order users read)
 
-__all__ = ["Family", "VitFamily", "family_of", "family_of_entry_module", "supported_families"]
+__all__ = ["EvaFamily", "Family", "VitFamily", "family_of", "family_of_entry_module", "supported_families"]
 
 
 def family_of(module: nn.Module) -> Family:

@@ -1,0 +1,381 @@
+"""The Eva family: timm's ``Eva`` (``timm/models/eva.py``): DINOv3 (``vit_*_patch16_dinov3*``, 4 storage tokens),
+Perception Encoder (``vit_pe_core_*``, attention pooling), EVA02 (``eva02_*``, SwiGLU), EVA (``eva_*``) and
+ROPE-ViT (``vit_*_rope_*``), built from ``EvaBlock`` with ``EvaAttention`` or ``timm.layers.AttentionRope``.
+
+Blocks are ``blocks.{i}``; tokens are ``[CLS?, registers..., patches...]`` (``num_prefix_tokens``; DINOv3's
+storage tokens are timm's ``reg_token``, so they are the layout's registers). What differs from a ViT:
+
+* rotary position embedding (RoPE) on q and k of the patch tokens only (the prefix tokens are skipped), one
+  table per forward from ``Eva._pos_embed`` (per block for ``rope_type='mixed'``). ``attn.hook_q``/``hook_k``
+  are q and k *before* RoPE (after ``q_norm``/``k_norm``); ``attn.hook_rot_q``/``hook_rot_k`` are them after
+  RoPE, what the scores are computed from (TransformerLens' names for rotary models). A model without RoPE
+  has no ``hook_rot_*``;
+* LayerScale is ``gamma_1``/``gamma_2`` (parameters of the block, None when the model has none); both hook
+  ``hook_attn_out``/``hook_mlp_out`` see the branch after it, as the residual stream receives it;
+* the attention may normalise its output (``scale_norm``) and gate it (``gated_attn``), the MLP may be
+  ``GluMlp``/``SwiGLU`` with an inner norm (``scale_mlp``), pooling may be ``AttentionPoolLatent`` over all
+  tokens (PE).
+
+Not reproduced (refused by :meth:`EvaFamily.check`): post-norm blocks (``use_post_norm``) and grouped-query
+attention (``num_kv_heads``).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import ImageError, InterpError
+from ..layout import TokenLayout
+from .base import Family
+from .parts import KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward
+
+_ENTRY_POINTS = ("forward_features", "_pos_embed", "forward_head", "pool")
+ROPE_HOOKS = ("hook_rot_q", "hook_rot_k")
+
+
+class EvaFamily(Family):
+    name = "eva"
+    title = ("timm Eva: DINOv3 (vit_*_patch16_dinov3*), Perception Encoder (vit_pe_core_*), EVA02 (eva02_*), "
+             "EVA (eva_*), ROPE-ViT (vit_*_rope_*)")
+    timm_modules = ("timm.models.eva",)
+
+    @classmethod
+    def timm_class(cls) -> type:
+        from timm.models.eva import Eva
+
+        return Eva
+
+    def check(self) -> None:
+        from timm.layers import AttentionRope, GluMlp, Mlp, SwiGLU
+        from timm.models.eva import Eva, EvaAttention, EvaBlock
+
+        for method in _ENTRY_POINTS:
+            if getattr(type(self.module), method) is not getattr(Eva, method):
+                raise self.unsupported(f"it overrides Eva.{method}")
+        for i, block in enumerate(self.module.blocks):
+            problem = None
+            if type(block) is not EvaBlock:
+                problem = (f"block type {type(block).__name__} (only timm's EvaBlock: post-norm blocks, "
+                           "use_post_norm=True, are not instrumented)")
+            elif type(block.attn) not in (EvaAttention, AttentionRope):
+                problem = f"attention type {type(block.attn).__name__} (EvaAttention or AttentionRope)"
+            elif getattr(block.attn, "num_kv_groups", 1) != 1:
+                problem = "grouped-query attention (num_kv_heads)"
+            elif type(block.mlp) not in (Mlp, GluMlp, SwiGLU):
+                problem = f"MLP type {type(block.mlp).__name__} (Mlp, GluMlp or SwiGLU)"
+            elif isinstance(block.mlp, (Mlp, GluMlp)) and isinstance(block.mlp.fc1, nn.Conv2d):
+                problem = "convolutional MLP"
+            if problem:
+                raise self.unsupported(f"blocks.{i} has an unsupported {problem}")
+
+    # ------------------------------------------------------------------ anatomy
+    def blocks(self) -> List[Tuple[str, nn.Module]]:
+        return [(f"blocks.{i}", block) for i, block in enumerate(self.module.blocks)]
+
+    def block(self, layer: int) -> nn.Module:
+        return self.module.blocks[layer]
+
+    @property
+    def has_rope(self) -> bool:
+        return getattr(self.module, "rope", None) is not None
+
+    def grid(self, img_size: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
+        """Patch grid ``(h, w)`` for an input of ``img_size`` (default: the model's own)."""
+        pe = self.module.patch_embed
+        if img_size is None:
+            return tuple(int(g) for g in pe.grid_size)
+        return tuple(int(g) for g in pe.dynamic_feat_size(tuple(img_size)))
+
+    def layout(self, img_size: Optional[Tuple[int, int]] = None) -> TokenLayout:
+        m = self.module
+        reg = getattr(m, "reg_token", None)
+        return TokenLayout(n_prefix=int(m.num_prefix_tokens),
+                           n_registers=0 if reg is None else int(reg.shape[1]),
+                           cls_index=0 if getattr(m, "cls_token", None) is not None else None,
+                           grid=self.grid(img_size))
+
+    def d_model(self, layer: int = -1) -> int:
+        return int(self.module.embed_dim)
+
+    def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
+        return self.block(layer).gamma_2
+
+    def check_input(self, x: torch.Tensor, model_name: str) -> None:
+        """``(H, W)`` must be the model's own size, or any multiple of the patch size for models built with
+        ``dynamic_img_size=True`` (DINOv3's default; any size with ``dynamic_img_pad``)."""
+        super().check_input(x, model_name)
+        m, pe = self.module, self.module.patch_embed
+        hw = tuple(x.shape[-2:])
+        if getattr(m, "dynamic_img_size", False):
+            ph, pw = pe.patch_size
+            if not getattr(pe, "dynamic_img_pad", False) and (hw[0] % ph or hw[1] % pw):
+                raise ImageError(f"image size {hw} is not a multiple of the patch size {(ph, pw)}")
+            return
+        size = self.img_size
+        if hw != size:
+            raise ImageError(
+                f"model {model_name} takes {size[0]}x{size[1]} images, got {hw[0]}x{hw[1]}. Resize with "
+                "interp.load_images(paths, model) (the model's own preprocessing), or load the model with "
+                "dynamic_img_size=True to compute its position embeddings for the input's size.")
+
+    # ------------------------------------------------------------------ hook points
+    def hook_leaves(self, layer: int) -> Tuple[str, ...]:
+        leaves = super().hook_leaves(layer)
+        if self.has_rope:
+            i = leaves.index("attn.hook_v") + 1
+            leaves = leaves[:i] + tuple(f"attn.{h}" for h in ROPE_HOOKS) + leaves[i:]
+        if is_gated(self.mlp(layer)):
+            i = leaves.index("mlp.hook_post")
+            leaves = leaves[:i] + ("mlp.hook_gate",) + leaves[i:]
+        return leaves
+
+    def install(self) -> None:
+        for _, block in self.blocks():
+            install(block, extra_attn=ROPE_HOOKS if self.has_rope else (),
+                    extra_mlp=("hook_gate",) if is_gated(block.mlp) else ())
+
+    # ------------------------------------------------------------------ hooked forward
+    def embed(self, hooked, x: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Images [b, C, H, W] -> (tokens [b, t, d] entering block 0, RoPE table or None): patch embedding
+        (``hook_patch_embed``), prefix tokens and position embedding (timm's ``_pos_embed``, which also builds
+        the RoPE table for the input's grid), test-time registers, ``norm_pre`` (``hook_embed``)."""
+        m = self.module
+        e = m.patch_embed(x)
+        if e.ndim == 4:  # dynamic_img_size: [b, h, w, d]; the hook sees it flattened
+            b, h, w, d = e.shape
+            e = hooked.hook_patch_embed(e.reshape(b, h * w, d)).reshape(b, h, w, d)
+        else:
+            e = hooked.hook_patch_embed(e)
+        tokens, rope = m._pos_embed(e)
+        n_extra = hooked.edit_state.n_extra_tokens
+        if n_extra:
+            n_prefix = m.num_prefix_tokens
+            zeros = tokens.new_zeros(tokens.shape[0], n_extra, tokens.shape[-1])
+            tokens = torch.cat([tokens[:, :n_prefix], zeros, tokens[:, n_prefix:]], dim=1)
+        return hooked.hook_embed(m.norm_pre(tokens)), rope
+
+    def residual_stream(self, hooked, x: torch.Tensor, n_blocks: Optional[int] = None) -> torch.Tensor:
+        m = self.module
+        blocks = m.blocks if n_blocks is None else m.blocks[:n_blocks]
+        h, rope = self.embed(hooked, x)
+        state, force = hooked.edit_state, hooked.force_patterns
+        per_block = getattr(m, "rope_mixed", False) and rope is not None
+        for i, block in enumerate(blocks):
+            h = block_forward(block, h, rope[i] if per_block else rope, state.n_extra_tokens,
+                              state.extra_kv.get(i), force)
+        return h
+
+    def forward_features(self, hooked, x: torch.Tensor) -> torch.Tensor:
+        return hooked.hook_norm_final(self.module.norm(self.residual_stream(hooked, x)))
+
+    def pool(self, hooked, tokens: torch.Tensor) -> torch.Tensor:
+        """Normed tokens [b, t, d] -> pooled [b, d']: timm's own ``Eva.pool`` unless an edit is active.
+
+        With a pooling override (``SelectiveCLS``) it gets the patch tokens and its votes go to
+        ``hook_selective_votes``; with test-time registers they count as prefix tokens (out of patch averages;
+        an attention pool reads every token, prefix tokens included, as timm's does).
+        """
+        from timm.layers import global_pool_nlc
+
+        m, state = self.module, hooked.edit_state
+        if state.pool_override is None and not state.n_extra_tokens:
+            return m.pool(tokens)
+        n_prefix = m.num_prefix_tokens + state.n_extra_tokens
+        if state.pool_override is not None:
+            pooled, votes = state.pool_override(tokens[:, n_prefix:])
+            if votes is not None:
+                hooked.hook_selective_votes(votes)
+            return pooled
+        if m.attn_pool is not None:
+            return m.attn_pool(tokens)
+        return global_pool_nlc(tokens, pool_type=m.global_pool, num_prefix_tokens=n_prefix)
+
+    def forward_head(self, hooked, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """timm's order: pool, ``fc_norm`` (-> ``hook_pooled``), ``head_drop``, ``head`` (-> ``hook_logits``)."""
+        m = self.module
+        pooled = m.head_drop(hooked.hook_pooled(m.fc_norm(self.pool(hooked, tokens))))
+        return pooled if pre_logits else hooked.hook_logits(m.head(pooled))
+
+    # ------------------------------------------------------------------ plain timm models
+    def plain_mlp_edits(self, layer: int, edits: Sequence[nn.Module]) -> None:
+        mlp = self.mlp(layer)
+        mlp.drop1 = MlpActivationEdits(edits, mlp.drop1)
+
+    def plain_extra_tokens(self, n_extra: int) -> None:
+        """Zero tokens after the prefix (inserted after ``pos_drop``, so they get no position embedding); every
+        attention then skips them in RoPE as it skips the prefix tokens, and timm's pooling counts them as
+        prefix tokens."""
+        m = self.module
+        if getattr(m, "dynamic_img_size", False) and m.pos_embed is not None and not m.no_embed_class:
+            raise InterpError("test-time registers in a plain model with dynamic_img_size=True and a position "
+                             "embedding that covers the prefix tokens are not supported (timm resamples it with "
+                             "num_prefix_tokens); build the model without dynamic_img_size, or use the hooked model")
+        m.pos_drop = InsertExtraTokens(m.pos_drop, m.num_prefix_tokens, n_extra)
+        m.num_prefix_tokens = m.num_prefix_tokens + n_extra
+        for block in m.blocks:
+            block.attn.num_prefix_tokens = block.attn.num_prefix_tokens + n_extra
+
+    def plain_extra_kv(self, layer: int, kv: KeyValue) -> None:
+        block = self.block(layer)
+        block.attn = EvaAttentionWithExtraKV(block.attn, *kv)
+
+    def plain_pool(self, pool: nn.Module) -> None:
+        if getattr(self.module, "attn_pool", None) is not None:
+            raise InterpError("SelectiveCLS on a model with attention pooling (attn_pool, e.g. Perception "
+                             "Encoder) would drop the pooling weights from the state dict; use the hooked model")
+        self.module.attn_pool = pool
+
+    def pool_skip(self, n_extra: int) -> int:
+        """``Eva.pool`` hands an attention pool every token, prefix tokens included."""
+        return int(self.module.num_prefix_tokens) + n_extra
+
+    def describe(self):
+        m = self.module
+        return {"family": self.name, "rope": type(m.rope).__name__ if self.has_rope else None,
+                "layerscale": self.block(0).gamma_1 is not None}
+
+
+def project_qkv(attn: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [b, h, t, dh] of ``EvaAttention``/``AttentionRope`` from x [b, t, d], as timm computes them (fused
+    ``qkv`` with EVA's separate q/v biases and fixed zero k bias, or separate ``q_proj``/``k_proj``/``v_proj``)."""
+    B, N, _ = x.shape
+    if attn.qkv is not None:
+        q_bias = getattr(attn, "q_bias", None)
+        if q_bias is None:
+            qkv = attn.qkv(x)
+        else:
+            qkv_bias = torch.cat((q_bias, attn.k_bias, attn.v_bias))
+            if attn.qkv_bias_separate:
+                qkv = attn.qkv(x)
+                qkv += qkv_bias
+            else:
+                qkv = F.linear(x, weight=attn.qkv.weight, bias=qkv_bias)
+        q, k, v = qkv.reshape(B, N, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
+    q = attn.q_proj(x).reshape(B, N, attn.num_heads, -1).transpose(1, 2)
+    k = attn.k_proj(x).reshape(B, N, attn.num_heads, -1).transpose(1, 2)
+    v = attn.v_proj(x).reshape(B, N, attn.num_heads, -1).transpose(1, 2)
+    return q, k, v
+
+
+def apply_rope(t: torch.Tensor, rope: torch.Tensor, n_skip: int, half: bool, like: torch.Tensor) -> torch.Tensor:
+    """RoPE on the rows after the first ``n_skip`` of t [b, h, t, dh], as timm's ``EvaAttention`` does."""
+    from timm.layers import apply_rot_embed_cat
+
+    return torch.cat([t[:, :, :n_skip, :], apply_rot_embed_cat(t[:, :, n_skip:, :], rope, half=half)],
+                     dim=2).type_as(like)
+
+
+def attention_forward(attn: nn.Module, x: torch.Tensor, rope: Optional[torch.Tensor], n_extra: int = 0,
+                      extra_kv: Optional[KeyValue] = None, force_pattern: bool = False,
+                      hooked: bool = True) -> torch.Tensor:
+    """Hooked forward of timm's ``EvaAttention`` and ``AttentionRope``: timm's arithmetic op for op, with hook
+    points.
+
+    Args:
+        x: [b, t, d] normed residual stream.
+        rope: the RoPE table of the patch tokens (from ``Eva._pos_embed``), or None.
+        n_extra: test-time registers after the prefix tokens; RoPE skips them as it skips the prefix tokens.
+        extra_kv: optional (k', v'), each [h, m, dh], appended as m extra key/value columns (no RoPE).
+        force_pattern: compute scores/pattern even with no hook on them.
+        hooked: False for a plain timm attention without hook points (patch files run it so).
+
+    Returns:
+        [b, t, d] attention output (after ``proj``, before LayerScale).
+    """
+    B, N, _ = x.shape
+    gate = attn.gate(x).sigmoid() if attn.gate is not None else None
+    q, k, v = project_qkv(attn, x)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    if hooked:
+        q, k, v = hook_heads(attn.hook_q, q), hook_heads(attn.hook_k, k), hook_heads(attn.hook_v, v)
+    if rope is not None:
+        n_skip, half = attn.num_prefix_tokens + n_extra, getattr(attn, "rotate_half", False)
+        q, k = apply_rope(q, rope, n_skip, half, v), apply_rope(k, rope, n_skip, half, v)
+        if hooked:
+            q, k = hook_heads(attn.hook_rot_q, q), hook_heads(attn.hook_rot_k, k)
+    z = attend(attn, q, k, v, extra_kv, force_pattern, hooked)
+    out = attn.norm(z.reshape(B, N, attn.num_heads * attn.head_dim))
+    if gate is not None:
+        out = out * gate
+    return attn.proj_drop(attn.proj(out))
+
+
+def block_forward(block: nn.Module, x: torch.Tensor, rope: Optional[torch.Tensor], n_extra: int = 0,
+                  extra_kv: Optional[KeyValue] = None, force_pattern: bool = False) -> torch.Tensor:
+    """Hooked forward of timm's ``EvaBlock`` (pre-norm, LayerScale ``gamma_1``/``gamma_2`` where it has them).
+    x: [b, t, d] -> [b, t, d]."""
+    resid_pre = block.hook_resid_pre(x)
+    attn_out = attention_forward(block.attn, block.norm1(resid_pre), rope, n_extra, extra_kv, force_pattern)
+    if block.gamma_1 is not None:
+        attn_out = block.gamma_1 * attn_out
+    resid_mid = block.hook_resid_mid(resid_pre + block.drop_path1(block.hook_attn_out(attn_out)))
+    mlp_out = mlp_forward(block.mlp, block.norm2(resid_mid))
+    if block.gamma_2 is not None:
+        mlp_out = block.gamma_2 * mlp_out
+    return block.hook_resid_post(resid_mid + block.drop_path2(block.hook_mlp_out(mlp_out)))
+
+
+class InsertExtraTokens(nn.Module):
+    """Stand-in for a plain Eva's ``pos_drop``: the original module, then ``n_extra`` zero tokens after
+    ``n_prefix`` rows. x [b, t, d] -> [b, t + n_extra, d]; the tokens get no position embedding (added before)."""
+
+    def __init__(self, pos_drop: nn.Module, n_prefix: int, n_extra: int):
+        super().__init__()
+        self.pos_drop = pos_drop
+        self.n_prefix, self.n_extra = int(n_prefix), int(n_extra)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pos_drop(x)
+        zeros = x.new_zeros(x.shape[0], self.n_extra, x.shape[-1])
+        return torch.cat([x[:, :self.n_prefix], zeros, x[:, self.n_prefix:]], dim=1)
+
+    def extra_repr(self) -> str:
+        return f"n_prefix={self.n_prefix}, n_extra={self.n_extra}"
+
+
+class EvaAttentionWithExtraKV(nn.Module):
+    """Stand-in for a plain timm ``EvaAttention``/``AttentionRope`` that appends (k', v') [h, m, dh] as extra
+    key/value columns: the hooked arithmetic (:func:`attention_forward`) without hook points. It adopts the
+    original's children and parameters under the same names, so the block's ``state_dict`` keys are unchanged."""
+
+    _CHILDREN = ("qkv", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj",
+                 "proj_drop")
+
+    def __init__(self, attn: nn.Module, k_extra: torch.Tensor, v_extra: torch.Tensor):
+        super().__init__()
+        for name in self._CHILDREN:
+            child = getattr(attn, name, None)
+            if child is not None:
+                self.add_module(name, child)
+            else:
+                setattr(self, name, None)
+        for name in ("q_bias", "v_bias"):
+            param = getattr(attn, name, None)
+            if param is not None:
+                self.register_parameter(name, param)
+            else:
+                setattr(self, name, None)
+        k_bias = getattr(attn, "k_bias", None)
+        if k_bias is not None:
+            self.register_buffer("k_bias", k_bias, persistent=False)
+        else:
+            self.k_bias = None
+        self.num_heads, self.head_dim, self.scale = attn.num_heads, attn.head_dim, attn.scale
+        self.num_prefix_tokens = attn.num_prefix_tokens
+        self.qkv_bias_separate = getattr(attn, "qkv_bias_separate", False)
+        self.rotate_half = getattr(attn, "rotate_half", False)
+        self.register_buffer("k_extra", k_extra.detach().clone(), persistent=False)
+        self.register_buffer("v_extra", v_extra.detach().clone(), persistent=False)
+
+    def forward(self, x: torch.Tensor, rope: Optional[torch.Tensor] = None, attn_mask=None,
+                is_causal: bool = False) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise ValueError("EvaAttentionWithExtraKV does not take attention masks")
+        return attention_forward(self, x, rope, 0, (self.k_extra, self.v_extra), hooked=False)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, extra_columns={self.k_extra.shape[1]}"

@@ -1,0 +1,64 @@
+"""Original DINOv3 checkpoint files (facebookresearch/dinov3 key names: ``storage_tokens``, ``ls1.gamma``, a fused
+``qkv.bias`` with its ``bias_mask``, ``mask_token``, ``rope_embed.periods``) load through ``--weights`` into timm's
+DINOv3 architectures, converted by timm's own ``checkpoint_filter_fn`` as DINOv2's files are; tested on state dicts
+built here in the original's key names from a random timm model."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import interp
+from interp.errors import ModelLoadError
+
+SMALL = dict(depth=2, img_size=64, num_classes=0)
+
+
+def original_format(timm_model) -> dict:
+    """``timm_model``'s weights under the original DINOv3 key names (the inverse of timm's conversion)."""
+    sd = {}
+    for key, value in timm_model.state_dict().items():
+        key = key.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma").replace("reg_token", "storage_tokens")
+        if key.endswith("attn.q_bias"):
+            v_bias = timm_model.state_dict()[key.replace("q_bias", "v_bias")]
+            sd[key.replace("q_bias", "qkv.bias")] = torch.cat([value, torch.zeros_like(value), v_bias])
+            sd[key.replace("q_bias", "qkv.bias_mask")] = torch.cat([torch.ones_like(value), torch.zeros_like(value),
+                                                                    torch.ones_like(value)])
+            continue
+        if key.endswith("attn.v_bias"):
+            continue
+        sd[key] = value.clone()
+    sd["mask_token"] = torch.zeros(1, timm_model.embed_dim)
+    sd["rope_embed.periods"] = timm_model.rope.periods.to(torch.bfloat16)  # the original stores them in bfloat16
+    return sd
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_dinov3", "vit_small_patch16_dinov3_qkvb"])
+def test_original_dinov3_file_loads_and_reproduces_the_model(tmp_path, name):
+    torch.manual_seed(3)
+    source = timm.create_model(name, pretrained=False, **SMALL).eval()
+    with torch.no_grad():  # make LayerScale and the q/v biases matter
+        for p in source.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    sd = original_format(source)
+    assert "storage_tokens" in sd and "blocks.0.ls1.gamma" in sd and "reg_token" not in sd
+    path = tmp_path / "dinov3_original.pth"
+    torch.save({"teacher": sd}, path)
+    model = interp.load(name, weights=str(path), **SMALL)
+    assert model.layout.n_registers == 4
+    for key, value in source.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (model(x) - source(x)).abs().max() <= 1e-5
+
+
+def test_a_dinov3_file_with_another_register_count_is_refused_clearly(tmp_path):
+    torch.manual_seed(0)
+    sd = original_format(timm.create_model("vit_small_patch16_dinov3", pretrained=False, **SMALL))
+    sd["storage_tokens"] = sd["storage_tokens"][:, :2]
+    path = tmp_path / "two_storage_tokens.pth"
+    torch.save(sd, path)
+    with pytest.raises(ModelLoadError, match="holds 2 register tokens but 'vit_small_patch16_dinov3' has 4"):
+        interp.load("vit_small_patch16_dinov3", weights=str(path), **SMALL)
