@@ -21,6 +21,7 @@ from .errors import ModelLoadError, UnsupportedModelError, close_matches
 
 NAMES_FILE = Path(__file__).parent / "data" / "timm_models.json"
 PLANTED_NAME = "planted_vit"  # interp.models.planted.PLANTED_NAME (that module imports torch)
+PLANTED_NAMES = (PLANTED_NAME, "planted_pvt")  # and interp.models.planted.PLANTED_PVT_NAME
 DEPRECATED_MODULE = "_registry"  # timm registers its deprecated names there; timm.list_models() leaves them out
 
 
@@ -60,7 +61,7 @@ def check_model_name_fast(name: str) -> bool:
     names = shipped_names()
     if names is None:
         return False
-    if name == PLANTED_NAME:
+    if name in PLANTED_NAMES:
         return True
     base = name.split(".")[0]
     module = names.get(base)

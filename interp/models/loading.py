@@ -309,13 +309,14 @@ def create_timm_vit(
     import timm
     from timm.models import model_entrypoint
 
-    from .planted import PLANTED_NAME, planted_vit
+    from .planted import PLANTED_NAME, PLANTED_PVT_NAME, planted_pvt, planted_vit
 
-    if name == PLANTED_NAME:  # the synthetic ground-truth model: its weights are its construction
+    if name in (PLANTED_NAME, PLANTED_PVT_NAME):  # a synthetic ground-truth model: its weights are its construction
         if weights is not None:
-            raise ModelLoadError(f"{PLANTED_NAME} is built by construction; it takes no weight file")
+            raise ModelLoadError(f"{name} is built by construction; it takes no weight file")
+        build = planted_vit if name == PLANTED_NAME else planted_pvt
         with torch.random.fork_rng(devices=[]):
-            model = planted_vit(**timm_kwargs, **({} if seed is None else {"seed": seed}))
+            model = build(**timm_kwargs, **({} if seed is None else {"seed": seed}))
         return model.to(device=device, dtype=_resolve_dtype(dtype))
     check_model_name(name)
     if pos_resample not in POS_RESAMPLE_CHOICES:
