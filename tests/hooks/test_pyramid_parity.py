@@ -33,7 +33,8 @@ def x_images(n=2, size=SIZE):
 def timm_block_outputs(model, x):
     """timm's logits and every block's output [b, t, d] from its own forward (forward hooks on the blocks)."""
     outs = []
-    handles = [block.register_forward_hook(lambda m, i, o: outs.append(o)) for _, block in model.family.blocks()]
+    handles = [block.register_forward_hook(lambda m, i, o: outs.append(o.reshape(o.shape[0], -1, o.shape[-1])))
+               for _, block in model.family.blocks()]  # Swin's blocks give [b, h, w, d] maps
     try:
         with torch.no_grad():
             logits = model.timm_model(x)
@@ -184,3 +185,101 @@ def test_interp_hooks_lists_the_stage_qualified_names(capsys):
     assert "stage_grids': [[16, 16], [8, 8], [4, 4], [2, 2]]" in out and "'cls_index': None" in out
     assert re.search(r"stages\.0\.blocks\.1\.attn\.hook_pattern +\[1, 1, 256, 4\]", out)
     assert "stages.0.blocks.0.mlp.hook_post" in out and "stages.1." not in out
+
+
+# ---------------------------------------------------------------------------------------------- Swin-v2
+SWIN_KW = dict(embed_dim=24, depths=(2, 2, 2, 2), num_heads=(1, 2, 3, 4), window_size=4)
+
+
+def swin(img_size=64, **kwargs):
+    """A tiny random swinv2 (window 4; 64 px: grids 16, 8, 4, 2) whose residual post-norms, q/v biases and logit
+    scales are drawn at random (timm starts the post-norms at zero, which would make every block a no-op)."""
+    key = ("swin", img_size, repr(sorted(kwargs.items())))
+    if key not in _BUILT:
+        model = interp.load("swinv2_tiny_window8_256", pretrained=False, img_size=img_size, **SWIN_KW, **kwargs)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for _, block in model.family.blocks():
+                for norm in (block.norm1, block.norm2):
+                    norm.weight.copy_(1 + 0.3 * torch.randn(norm.weight.shape, generator=g))
+                    norm.bias.copy_(0.1 * torch.randn(norm.bias.shape, generator=g))
+                attn = block.attn
+                for p in (attn.q_bias, attn.v_bias):
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+                attn.logit_scale.copy_(2 + 0.5 * torch.randn(attn.logit_scale.shape, generator=g))
+        _BUILT[key] = model
+    return copy.deepcopy(_BUILT[key])
+
+
+@pytest.mark.parametrize("size", [64, 72])  # 72: grids 18, 9, 5, 3, padded to whole windows
+def test_swin_parity_every_block_and_logits(size):
+    model = swin(size)
+    diffs, cache = max_diffs(model, x_images(2, size), lambda n: n.endswith(("hook_resid_post", "hook_pattern")))
+    assert len(diffs) == 9 and max(diffs.values()) <= TOL, diffs
+    assert [b.shift_size for _, b in model.family.blocks()][:4] == [(0, 0), (2, 2), (0, 0), (2, 2)]
+    pattern = cache["layers.0.blocks.1.attn.hook_pattern"]  # [b, n_w, h, N, N]
+    n_w = model.family.window_tokens(1, (size, size)).shape[0]
+    assert pattern.shape == (2, n_w, 1, 16, 16)
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(2, n_w, 1, 16), atol=1e-5, rtol=0)
+
+
+def test_swin_parity_with_a_dynamic_size():
+    model = swin(64, dynamic_img_size=True)
+    diffs, _ = max_diffs(model, x_images(1, 96), "*.hook_resid_post")
+    assert max(diffs.values()) <= TOL, diffs
+    assert model.layout.stage_grids == ((24, 24), (12, 12), (6, 6), (3, 3))
+
+
+def test_swin_window_tokens_map_window_slots_back_to_the_grid():
+    """Window w's slot n holds token window_tokens[w, n]: its query is the projection of that token's residual."""
+    import torch.nn.functional as F
+
+    model = swin(72)
+    layer = 3  # layers.1.blocks.1: shifted windows over a 9x9 grid padded to 12x12
+    p = model.block_names
+    _, cache = model.run_with_cache(x_images(1, 72), names_filter=[p.resid_pre(layer), p.attn_q(layer),
+                                                                    p.attn_pattern(layer)])
+    attn = model.family.block(layer).attn
+    q_tokens = F.linear(cache[p.resid_pre(layer)], attn.qkv.weight[:attn.dim], attn.q_bias)  # [1, t, d]
+    slots = model.family.window_tokens(layer, (72, 72))  # [n_w, N]
+    q = cache[p.attn_q(layer)][0].flatten(-2)  # [n_w, N, d]
+    real = slots >= 0
+    assert slots.shape == (9, 16) and int(real.sum()) == 81 and sorted(slots[real].tolist()) == list(range(81))
+    torch.testing.assert_close(q[real], q_tokens[0, slots[real]], atol=1e-5, rtol=0)
+    # the shift mask: a query attends (almost) nothing in the windows' parts the roll brought from elsewhere
+    pattern = cache[p.attn_pattern(layer)][0]  # [n_w, h, N, N]
+    assert pattern[-1, :, 0, -1].max() < 1e-20  # last window: slot 0 and slot N-1 come from different regions
+
+
+def test_swin_edits_and_refusals():
+    model = swin()
+    x = x_images(1)
+    with torch.no_grad():
+        clean = model(x)
+        zeroed = model.run_with_hooks(x, fwd_hooks=[("layers.2.blocks.*.mlp.hook_post", lambda t, hook: t * 0)])
+        assert (clean - zeroed).abs().max() > 1e-4
+        assert model.layout.cls_index is None and model.block_names.label(7) == "stage 3 block 1"
+        stopped = model(x, stop_at_layer=2)
+    assert stopped.shape == (1, 256, 24)
+    with pytest.raises(ImageError, match="takes 64x64 images"):
+        model(x_images(1, 96))
+    from interp.hooks.edit_state import EditState
+    for state, what in ((EditState().add_tokens(1), "test-time registers"),
+                        (EditState().add_kv({0: (torch.zeros(1, 1, 24), torch.zeros(1, 1, 24))}, torch.device("cpu")),
+                         "an attention bias")):
+        model.edit_state = state
+        with pytest.raises(InterpError, match=f"{what} (is|are) not defined for timm SwinTransformerV2"):
+            model(x)
+
+
+def test_pyramid_weight_files_load_without_a_position_table(tmp_path):
+    """A local weight file of a model without a position table (no grid to fit or resample) loads as is."""
+    import timm
+
+    for name, kwargs in (("pvt_v2_b0", {}), ("swinv2_tiny_window8_256", dict(img_size=64, **SWIN_KW))):
+        plain = timm.create_model(name, pretrained=False, **kwargs).eval()
+        torch.save(plain.state_dict(), tmp_path / f"{name}.pth")
+        model = interp.load(name, weights=tmp_path / f"{name}.pth", **kwargs)
+        x = x_images(1, 64)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), plain(x), atol=1e-5, rtol=0)
