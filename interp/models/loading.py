@@ -149,8 +149,10 @@ def _fit_to_weights(model: nn.Module, state_dict: dict, name: str, label: str) -
             file would build a model too large for memory); an explicit ``img_size`` is then needed.
     """
     grid = weights_grid(state_dict, model)
+    if grid is None or not hasattr(model, "set_input_size"):  # no position table (PVTv2, Swin-v2)
+        return
     current = tuple(int(g) for g in model.patch_embed.grid_size)
-    if grid is None or grid == current or not hasattr(model, "set_input_size"):
+    if grid == current:
         return
     patch = tuple(int(p) for p in model.patch_embed.patch_size)
     size = (grid[0] * patch[0], grid[1] * patch[1])
@@ -320,12 +322,24 @@ def create_timm_vit(
         raise ModelLoadError(f"unknown pos_resample {pos_resample!r}; use one of {', '.join(POS_RESAMPLE_CHOICES)}")
     random_init = weights is None and not pretrained
     init_seed = (0 if seed is None else int(seed)) if random_init else None
+    input_size = None
+    if "img_size" in timm_kwargs and not family_of_entry_module(model_entrypoint(name.split(".")[0]).__module__
+                                                                ).takes_img_size:
+        timm_kwargs = dict(timm_kwargs)
+        size = timm_kwargs.pop("img_size")
+        input_size = (int(size), int(size)) if isinstance(size, int) else tuple(int(s) for s in size)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0 if init_seed is None else init_seed)
             model = timm.create_model(name, pretrained=False, **timm_kwargs)
     except Exception as e:
         raise ModelLoadError(f"timm could not build {name!r} with {timm_kwargs}: {e}") from e
+    if input_size is not None:  # a model that takes any size: the size it is run and preprocessed at
+        cfg = dict(model.pretrained_cfg)
+        cfg["input_size"] = (cfg.get("input_size", (3,))[0], *input_size)
+        model.pretrained_cfg = cfg
+        if hasattr(model, "default_cfg"):
+            model.default_cfg = cfg
     model.interp_init_seed = init_seed
     model.interp_pos_resample = None
     family_of(model)  # a variant interp does not instrument is refused before any weight is read

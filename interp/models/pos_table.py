@@ -141,8 +141,10 @@ def resample_positions(model: nn.Module, state_dict: dict, source_grid: Optional
     ``"dinov2_reg"`` when it holds ``register_tokens``), timm's for any other file. ``"timm"`` leaves the table
     to timm's checkpoint filter. An original DINOv2 table has one prefix row (CLS); a timm one has the model's.
     """
+    if source_grid is None:  # no position table (PVTv2, Swin-v2), or no square grid fits it
+        return state_dict, None
     target = tuple(int(g) for g in model.patch_embed.grid_size)
-    if source_grid is None or tuple(source_grid) == target:
+    if tuple(source_grid) == target:
         return state_dict, None
     dinov2_file = "mask_token" in state_dict
     method = choice if choice != "auto" else (

@@ -113,7 +113,7 @@ class LiveSource(ActivationSource):
 
     @property
     def patch_size(self) -> Tuple[int, int]:
-        return tuple(int(p) for p in self.model.patch_embed.patch_size)
+        return tuple(int(p) for p in self.model.patch_size)  # the family's: a PVTv2's stride, not its 7x7 kernel
 
     def display_images(self, limit: int = 8) -> torch.Tensor:
         cfg = self.data_config()

@@ -12,8 +12,11 @@ from ...errors import UnsupportedModelError
 from .base import Family, supported_families
 from .vit import VitFamily
 from .eva import EvaFamily  # noqa: E402 (after ViT: registration order is the order users read)
+from .pvt import PvtV2Family  # noqa: E402
+from .swin import SwinV2Family  # noqa: E402
 
-__all__ = ["EvaFamily", "Family", "VitFamily", "family_of", "family_of_entry_module", "supported_families"]
+__all__ = ["EvaFamily", "Family", "PvtV2Family", "SwinV2Family", "VitFamily", "family_of", "family_of_entry_module",
+           "supported_families"]
 
 
 def family_of(module: nn.Module) -> Family:

@@ -49,6 +49,9 @@ class Family:
     # Structural edits the hooked forward honours, and why not where it does not (one line, shown to users).
     extra_tokens_refusal: ClassVar[Optional[str]] = None
     extra_kv_refusal: ClassVar[Optional[str]] = None
+    # Whether timm's constructor takes ``img_size``; where it does not (a convolutional stem that takes any size),
+    # the loader records an ``img_size`` as the model's input size (``pretrained_cfg["input_size"]``) instead.
+    takes_img_size: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

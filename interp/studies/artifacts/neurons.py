@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import numpy as np
+import torch
 
 from ...detection.detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params
 from ...detection.detection import Detection
 from ...detection.thresholds import Threshold, ThresholdSpec
+from ...errors import InterpError
 from ...detection.presets import resolve_preset
 from .register_scores import RegisterScoreAccumulator, rank_neurons
 from ..core.result import OutlierStudyResult, skipped_records
@@ -47,7 +49,10 @@ class NeuronsResult(OutlierStudyResult):
 
     Attributes:
         neurons: ``[{"layer", "neuron", "score"}]``, best first (at most ``top_k``; empty when nothing to rank).
-        layer_max_score: per scored layer, its best neuron's score (how register-like each layer gets).
+        layer_max_score: per block up to ``highest_layer``, its best neuron's score (how register-like each
+            layer gets; 0 for the blocks below ``lowest_layer``, not scored).
+        lowest_layer: the first block scored: 0, or on a pyramid model the first block of the detection block's
+            stage (outliers are tokens of that stage's grid).
         positions, sparsity, preset: the resolved options (``sparsity`` None = no filter).
         artifacts_found: whether the detection norms have a separated high-norm mode with tokens in it.
         warning: why the ranking does not describe register artifacts (None when artifacts were found).
@@ -56,6 +61,7 @@ class NeuronsResult(OutlierStudyResult):
 
     study = "neurons"
     highest_layer: int = -1
+    lowest_layer: int = 0
     top_k: int = 10
     positions: str = "all"
     sparsity: Optional[str] = None
@@ -123,8 +129,9 @@ class _NeuronScores:
     def __init__(self, source: ActivationSource, detect: int, highest: int, threshold: "float | Threshold", *,
                  positions: str = "all", sparsity: Optional[str] = None, chosen: Optional[set] = None):
         names = source.blocks
-        self.hooks = [names.mlp_post(l) for l in range(highest + 1)]
         self.det_hook, self.highest, self.threshold = names.resid_post(detect), highest, threshold
+        self.lowest = scored_from(source, detect, highest)
+        self.hooks = [names.mlp_post(l) for l in range(self.lowest, highest + 1)]
         self.positions, self.sparsity, self.chosen = positions, sparsity, chosen
         self.patch_slice = source.layout_of(self.det_hook).patch_slice
         self.acc: Optional[RegisterScoreAccumulator] = None
@@ -138,7 +145,7 @@ class _NeuronScores:
         if not rows:
             return
         if self.acc is None:
-            self.acc = RegisterScoreAccumulator(self.highest + 1, batch.acts[self.hooks[0]].shape[-1],
+            self.acc = RegisterScoreAccumulator(len(self.hooks), batch.acts[self.hooks[0]].shape[-1],
                                                 positions=self.positions, sparsity=self.sparsity,
                                                 patch_slice=self.patch_slice)
         acts = {l: batch.acts[h][rows] for l, h in enumerate(self.hooks)}  # {l: [b, t, m]}
@@ -148,13 +155,33 @@ class _NeuronScores:
         self.used += [batch.start + j for j, h in zip(rows, hit.tolist()) if h]
 
 
+def scored_from(source: ActivationSource, detect: int, highest: int) -> int:
+    """The first block whose neurons are scored: 0, or on a pyramid model the first block on the detection
+    block's grid (outlier positions are tokens of that grid; blocks of earlier stages have other tokens).
+
+    Raises:
+        InterpError: ``highest`` is a block of an earlier stage than the detection block's.
+    """
+    names = source.blocks
+    grid = source.layout_of(names.resid_post(detect)).grid
+    lowest = highest
+    while lowest > 0 and source.layout_of(names.mlp_post(lowest - 1)).grid == grid:
+        lowest -= 1
+    if source.layout_of(names.mlp_post(highest)).grid != grid:
+        raise InterpError(f"highest layer {names.label(highest)} runs on another grid than the detection block "
+                          f"{names.label(detect)}: register neurons are scored on the outliers' own stage; give a "
+                          "highest layer of that stage")
+    return lowest
+
+
 def score_register_neurons(source: ActivationSource, detect: int, highest: int, threshold: float, *,
                            positions: str = "all", sparsity: Optional[str] = None, chosen: Optional[set] = None,
                            batch_size: int = 16, progress: bool = True):
     """One pass: the register-neuron score table of blocks ``0..highest``.
 
     Returns:
-        (accumulator, used image indices): ``accumulator.finalize()`` is the float64 [highest + 1, d_mlp] table.
+        (accumulator, used image indices): ``accumulator.finalize()`` is the float64 [highest + 1 - lowest, d_mlp]
+        table of blocks ``lowest..highest`` (:func:`scored_from`: 0 on a single-grid model).
     """
     scores = _NeuronScores(source, detect, highest, threshold, positions=positions, sparsity=sparsity,
                            chosen=chosen)
@@ -225,11 +252,13 @@ def neurons_reading(source: ActivationSource, found: Detection, *, highest_layer
         if not scores.used:
             return NeuronsResult(**base, message=f"no outliers at block {detect}: no token exceeds the threshold "
                                  f"{thr.value:.4g}; nothing to rank")
-        table = scores.acc.finalize()  # [highest + 1, d_mlp] float64
-        kept = min(top_k, table.numel())  # a --top-k above the neurons that exist records the count kept
+        scored = scores.acc.finalize()  # [highest + 1 - lowest, d_mlp] float64
+        table = torch.cat([scored.new_zeros(scores.lowest, scored.shape[1]), scored])  # blocks not scored: 0
+        kept = min(top_k, scored.numel())  # a --top-k above the neurons that exist records the count kept
         return NeuronsResult(
             **{**base, "top_k": kept, "params": {**params, "top_k": kept}}, n_images_with_outliers=len(scores.used), n_outlier_tokens=scores.acc.n_outlier_tokens,
-            image_ids=[source.ids[i] for i in scores.used], neurons=rank_neurons(table, top_k, highest),
+            image_ids=[source.ids[i] for i in scores.used], lowest_layer=scores.lowest,
+            neurons=rank_neurons(table, top_k, highest, lowest_layer=scores.lowest),
             layer_max_score=[float(v) for v in table.clamp_min(0).max(1).values],
         )
 

@@ -309,6 +309,10 @@ def lost_study(source: ActivationSource, config: LostConfig, *, intervention=Non
     """
     c = config
     layer, k, boxes, iou, n_boot, level, seed, ties = c.layer, c.k, c.boxes, c.iou, c.n_boot, c.level, c.seed, c.ties
+    if source.layout.stage_grids:
+        raise InterpError(f"LOST is not defined for the pyramid model {source.model_name}: its seed is the patch "
+                          "with the fewest positive key correlations over one grid of patch keys (a plain ViT's), "
+                          "while a pyramid's keys are reduced (PVTv2) or windowed (Swin) on stages of other grids")
     intervention = study_edit(c.neurons, c.n_registers, intervention)
     if c.protocol == "lost":
         table = read_boxes(boxes, convention="lost") if isinstance(boxes, (str, Path)) else boxes

@@ -1,0 +1,107 @@
+"""The planted PVTv2 (interp.models.planted_pvt): the studies find what was planted in stage 3, on that stage's
+grid; the same architecture without the plant has no artifacts; studies undefined on a pyramid refuse in one line."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interp
+from interp.errors import InterpError
+from interp.models.planted import PlantedPvtTruth, planted_pvt, planted_truth
+from interp.studies import open_source
+
+PLANTED = [17, 101, 402, 655]
+
+
+@pytest.fixture(scope="module")
+def planted():
+    torch.manual_seed(0)
+    model = interp.load("planted_pvt")
+    return model, open_source(model=model, images=interp.models.sample_image_paths(), batch_size=4)
+
+
+def truth_mask(model, source):
+    truth = planted_truth(model)
+    return torch.cat([truth.artifact_mask(model, x) for _, x in source.image_batches()])
+
+
+def test_the_truth_names_stage_3(planted):
+    model, source = planted
+    truth = planted_truth(model)
+    assert isinstance(truth, PlantedPvtTruth) and (truth.stage, truth.block, truth.layer) == (3, 0, 6)
+    assert model.block_names.prefixes[truth.layer] == "stages.3.blocks.0"
+    mask = truth_mask(model, source)
+    assert mask.shape == (4, 7, 7) and 0 < int(mask.sum()) < mask.numel() // 4  # some flat regions, not most
+
+
+def test_norms_finds_the_planted_tokens_at_the_planted_stage(planted):
+    from interp.studies.artifacts.norms import norms_study
+
+    model, source = planted
+    result = norms_study(source, progress=False)
+    assert result.artifacts_found and result.grid == [7, 7]
+    found, energy = result.outlier_map_tensor(), torch.cat([planted_truth(model).texture_energy(model, x)
+                                                           for _, x in source.image_batches()])
+    tau = planted_truth(model).tau
+    assert found[energy < tau / 4].all() and not found[energy > tau].any()  # clearly flat / clearly textured
+    assert (found == truth_mask(model, source)).float().mean() >= 0.95
+    assert result.blocks[6] == "stage 3 block 0"
+    assert all(f == 0 for f in result.outlier_fraction_per_layer[:6]) and result.outlier_fraction_per_layer[6] > 0
+    found = result.emergence_detected
+    assert (found["layer"], found["component"]) == (6, "mlp") and found["separation"] >= 2
+
+
+def test_neurons_ranks_the_planted_neurons_first(planted):
+    from interp.studies.artifacts.neurons import neurons_study
+
+    _, source = planted
+    result = neurons_study(source, top_k=4, progress=False)
+    assert result.artifacts_found and result.neuron_dict() == {6: PLANTED}
+    assert result.lowest_layer == 6 and len(result.layer_max_score) == 8  # stage 3's blocks only are scored
+    with pytest.raises(InterpError, match="another grid"):
+        neurons_study(source, highest_layer=3, progress=False)
+
+
+def test_ablating_the_planted_neurons_removes_the_artifacts_against_random_controls(planted):
+    from interp.studies.artifacts.ablate import ablate_study
+
+    _, source = planted
+    result = ablate_study(source, neurons=",".join(f"6:{n}" for n in PLANTED), controls=2, progress=False)
+    counts = result.summary["outlier_count"]
+    assert counts["baseline"] > 0 and counts["target"] == 0 and counts["control_mean"] == counts["baseline"]
+
+
+def test_a_patch_file_reproduces_the_ablation_on_plain_timm(planted, tmp_path):
+    from interp.interventions import NeuronAblation
+
+    model, source = planted
+    edit = NeuronAblation({6: PLANTED})
+    path = interp.patch.save([edit], tmp_path / "ablate.safetensors", model)
+    plain = interp.patch.apply(planted_pvt(), path)
+    x = next(iter(source.image_batches()))[1]
+    with torch.no_grad():
+        edited = model.run_with_interventions(x, interp.patch.load(path))
+        torch.testing.assert_close(plain(x), edited, atol=1e-4, rtol=0)
+        assert (edited - model(x)).abs().max() > 1e-3
+
+
+def test_without_the_plant_there_are_no_artifacts():
+    from interp.studies.artifacts.norms import norms_study
+
+    model = interp.load("pvt_v2_b0", pretrained=False)
+    result = norms_study(open_source(model=model, images=interp.models.sample_image_paths(), batch_size=4),
+                         progress=False)
+    assert not result.artifacts_found
+
+
+def test_studies_undefined_on_a_pyramid_refuse_in_one_line(planted):
+    from interp.studies.artifacts.registers import registers_study
+    from interp.studies.objects.lost import lost_study
+
+    _, source = planted
+    with pytest.raises(InterpError, match="test-time registers are not defined for .*PVTv2") as e:
+        registers_study(source, neurons="6:17,6:101", progress=False)
+    assert "\n" not in str(e.value)
+    with pytest.raises(InterpError, match="LOST is not defined for the pyramid model planted_pvt") as e:
+        lost_study(source, progress=False)
+    assert "\n" not in str(e.value)
