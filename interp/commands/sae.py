@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 
 from .common import add_model_args, add_output_args, model_from_args, threshold_value
-from ..values import (SAE_ARCHS, existing_file, existing_path, nonnegative_float, positive_float, positive_int,
-                      threshold_arg)
+from ..values import (SAE_ARCHS, existing_file, existing_path, expansion_arg, nonnegative_float, positive_float,
+                      positive_int, sae_batch_arg, threshold_arg)
 
 
 def register(sub) -> None:
@@ -28,7 +28,7 @@ def register(sub) -> None:
     t.add_argument("--hook", required=True, help="hook to train on, e.g. blocks.9.hook_resid_post")
     t.add_argument("--out", required=True, metavar="DIR", help="folder of the SAE files")
     t.add_argument("--arch", choices=SAE_ARCHS, default="topk", help="SAE architecture (default topk)")
-    t.add_argument("--expansion", type=positive_int, default=8, help="features per dimension of the hook (default 8)")
+    t.add_argument("--expansion", type=expansion_arg, default=8, help="features per dimension of the hook (default 8)")
     t.add_argument("--k", type=positive_int, default=32, help="active features per token: topk, batchtopk, archetypal")
     t.add_argument("--tokens", choices=("patches", "all", "cls", "registers"), default="patches",
                    help="which tokens to train on (default patches)")
@@ -36,7 +36,7 @@ def register(sub) -> None:
                    help="high-norm patch tokens (detection at the hook): keep (default), drop, or train on them only")
     t.add_argument("--threshold", type=threshold_arg, default="auto", help="high-norm detection threshold (auto, pNN, a norm)")
     t.add_argument("--steps", type=positive_int, default=1000, help="training steps (default 1000)")
-    t.add_argument("--batch-size", type=positive_int, default=1024, help="tokens per step, all processes together")
+    t.add_argument("--batch-size", type=sae_batch_arg, default=1024, help="tokens per step, all processes together")
     t.add_argument("--lr", type=positive_float, default=4e-4, help="Adam learning rate")
     t.add_argument("--window-images", type=positive_int, default=256,
                    help="images whose tokens are shuffled together (memory: one window per data shard)")
@@ -52,7 +52,27 @@ def register(sub) -> None:
     t.set_defaults(func=run_train)
 
 
+SAE_FILES = ("sae.json", "sae.safetensors", "checkpoint.pt", "training_curve.png")  # what a run writes in --out
+
+
+def check_train_output(args) -> None:
+    """Before torch: ``--out`` is a folder that can be written (not a file, a device node, a FIFO, a path under a
+    file, a pseudo-file system), holds no device node or FIFO where a run's file goes, and holds no run unless
+    --resume or --overwrite says what to do with it."""
+    from ..errors import OutputError
+    from .output import check_output_folder, refuse_special
+
+    check_output_folder(args.out)
+    for name in SAE_FILES:
+        refuse_special(os.path.join(args.out, name), "")
+    held = [n for n in ("sae.json", "checkpoint.pt") if os.path.exists(os.path.join(args.out, n))]
+    if held and not (args.resume or args.overwrite):
+        raise OutputError(f"--out {args.out!r} already holds an SAE run ({', '.join(held)}); pass --resume to "
+                         "continue it or --overwrite to replace it, or choose another --out")
+
+
 def run_train(args) -> int:
+    check_train_output(args)  # before torch and the model
     from ..sae import train
 
     model = model_from_args(args)

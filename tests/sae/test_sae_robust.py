@@ -1,0 +1,126 @@
+"""``interp sae train`` never loses an SAE and refuses what it cannot do in one line (issue 35): a resume with no
+checkpoint over a finished SAE, two runs into one folder, a resume over images whose contents changed, sizes
+beyond the data or the bounds, a hook that is not a token activation, an output that is a device node or FIFO,
+and a full disk while drawing the training curve."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+
+import pytest
+from PIL import Image
+
+from conftest import one_error_line
+from interp.cache.lock import WriterLock
+from interp.cli import main
+from interp.sae import files as sae_files
+from sae_helpers import HOOK, needs_overcomplete, planted_cache, planted_sae
+
+pytestmark = needs_overcomplete
+SMALL = ["--steps", "2", "--batch-size", "64", "--expansion", "2", "--k", "2", "--window-images", "4",
+         "--data-shards", "1", "--holdout", "0", "--checkpoint-every", "1", "--no-progress"]
+
+
+def _cache_cli(out, *extra):
+    return ["sae", "train", "planted_vit", "--cache", str(planted_cache()), "--hook", HOOK, "--out", str(out),
+            *SMALL, *extra]
+
+
+def _finished(tmp_path):
+    out = tmp_path / "sae"
+    shutil.copytree(planted_sae(), out)
+    (out / "checkpoint.pt").unlink(missing_ok=True)
+    return out, {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+def test_resume_without_a_checkpoint_never_replaces_a_finished_sae(tmp_path, capsys, one_thread):
+    out, before = _finished(tmp_path)
+    assert main(_cache_cli(out, "--k", "4", "--resume")) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "other settings" in line and "k=2" in line and "--overwrite" in line, line
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_second_run_into_the_same_folder_is_refused_in_one_line(tmp_path, capsys, one_thread):
+    out = tmp_path / "busy"
+    out.mkdir()
+    with WriterLock(out / "sae.json"):  # the first run holds the folder
+        assert main(_cache_cli(out)) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "another interp run" in line and "pid" in line, line
+    assert not (out / "sae.json").exists()
+
+
+def test_resume_over_changed_image_contents_is_refused(tmp_path, capsys, one_thread):
+    from interp.models import sample_image_paths
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for p in sample_image_paths():
+        Image.open(p).convert("RGB").resize((64, 64)).save(images / (p.stem + ".png"))
+    out = tmp_path / "live"
+    live = ["sae", "train", "planted_vit", "--images", str(images), "--hook", HOOK, "--out", str(out), *SMALL]
+    live[live.index("--steps") + 1] = "3"
+    assert main(live[:live.index("--steps")] + ["--steps", "2"] + live[live.index("--steps") + 2:]) == 0
+    assert (out / "checkpoint.pt").exists()
+    first = sorted(images.iterdir())[0]
+    Image.new("RGB", (64, 64), (10, 200, 10)).save(first)  # same name, other pixels
+    assert main([*live, "--resume"]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "other data" in line and "contents_sha256" in line, line
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--k", "100000"], ["--k 100000", "features"]),
+    (["--batch-size", "100000"], ["--batch-size 100000", "training tokens"]),
+    (["--batch-size", "10000000"], ["--batch-size"]),
+    (["--expansion", "2000"], ["--expansion"]),
+    (["--hook", "hook_logits"], ["not a token activation"]),
+])
+def test_sizes_and_hooks_it_cannot_train_are_refused_with_status_2(tmp_path, capsys, extra, words, one_thread):
+    argv = _cache_cli(tmp_path / "x", *extra)
+    if extra[0] == "--hook":  # a live run: the cache holds only HOOK
+        from interp.models import sample_image_paths
+
+        argv[argv.index("--cache"):argv.index("--cache") + 2] = ["--images", str(sample_image_paths()[0])]
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert all(w in line for w in words), line
+
+
+def test_a_fifo_or_device_link_in_the_run_folder_is_never_replaced(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    os.mkfifo(out / "sae.json")
+    assert main(_cache_cli(out, "--overwrite")) == 2
+    assert "FIFO" in one_error_line(capsys.readouterr().err)
+    assert os.path.exists(out / "sae.json") and not (out / "sae.json").is_file()
+    os.symlink("/dev/zero", tmp_path / "link")
+    assert main(_cache_cli(tmp_path / "link", "--overwrite")) == 2
+    assert "character device" in one_error_line(capsys.readouterr().err)
+
+
+def test_write_atomic_never_replaces_a_fifo(tmp_path):
+    os.mkfifo(tmp_path / "sae.json")
+    with pytest.raises(Exception) as info:
+        sae_files.write_atomic(tmp_path / "sae.json", b"{}", "SAE description")
+    assert "not a regular file" in str(info.value) and not (tmp_path / "sae.json").is_file()
+
+
+def test_a_full_disk_while_drawing_the_curve_is_one_line_and_keeps_the_sae(tmp_path, capsys, monkeypatch,
+                                                                           one_thread):
+    real = sae_files._write
+
+    def no_room_for_png(path, data):
+        if "training_curve" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(sae_files, "_write", no_room_for_png)
+    out = tmp_path / "full"
+    assert main(_cache_cli(out)) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "training-curve figure" in line and "SAE itself is written" in line, line
+    assert json.loads((out / "sae.json").read_text())["hook"] == HOOK
