@@ -58,12 +58,19 @@ def run(args) -> int:
             raise UsageError("--weights needs a MODEL name (the default planted_vit is built by construction)")
         args.model = "planted_vit"
     if args.sae is not None:
-        SaeFeaturesConfig(sae=args.sae)  # a folder without sae.json fails here, before the model
+        from ..studies.sae.configs import sae_hook
+
+        SaeFeaturesConfig(sae=args.sae)
+        sae_hook(args.sae)  # a folder without a readable sae.json fails here, before the model
     old_files = prepare_report_dir(args.out, args.overwrite)  # before torch and the model
     from ..report import SYNTHETIC_NOTE, ReportOptions, run_report
 
     with atomic_output_dir(args.out, REPORT_MARKER, replaces=old_files, what="report") as staging:
         model = model_from_args(args)
+        if args.sae is not None:  # its files checked whole (tensors, model) before the first study, not after
+            from ..sae import load as load_sae
+
+            load_sae(args.sae, model=model)
         options = ReportOptions(threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
                                 highest_layer=args.highest_layer, top_k=args.top_k, n_controls=args.controls,
                                 seed=args.seed, batch_size=args.batch_size, progress_bars=args.progress,
@@ -73,7 +80,8 @@ def run(args) -> int:
                              progress=args.progress_requested, strict=args.strict, preprocess=preprocess)
     index = Path(args.out) / "index.html"
     if summary["synthetic"]:
-        print(f"note: {SYNTHETIC_NOTE}")
+        if not args.progress_requested:  # with the stage lines it was shown once, when the run began
+            print(f"note: {SYNTHETIC_NOTE}")
         p = summary["planted"]
         print(f"planted block {p['layer']} recovered: {'yes' if p['layer_recovered'] else 'no'}; planted neurons "
               f"recovered: {len(p['neurons_recovered'])} of {len(p['neurons'])}")

@@ -124,3 +124,88 @@ def test_a_full_disk_while_drawing_the_curve_is_one_line_and_keeps_the_sae(tmp_p
     line = one_error_line(capsys.readouterr().err)
     assert "training-curve figure" in line and "SAE itself is written" in line, line
     assert json.loads((out / "sae.json").read_text())["hook"] == HOOK
+
+
+# ------------------------------------------------------------------------------------------ damaged SAE files
+def _rewrite(folder, tensors=None, **config_edits):
+    """Replace the SAE's tensors and/or sae.json fields, recomputing both checksums (as a deliberate edit would)."""
+    from safetensors.torch import load_file, save
+
+    from interp.sae.model import config_digest
+
+    path, cfg_path = folder / "sae.safetensors", folder / "sae.json"
+    data = save(tensors(load_file(path))) if tensors else path.read_bytes()
+    path.write_bytes(data)
+    config = {**json.loads(cfg_path.read_text()), **config_edits}
+    config["weights_sha256"] = __import__("hashlib").sha256(data).hexdigest()
+    config["config_sha256"] = config_digest(config)
+    cfg_path.write_text(json.dumps(config))
+
+
+def _set(name, make):
+    def edit(t):
+        t[name] = make(t)
+        return t
+    return edit
+
+
+DAMAGE = {
+    "0-d scale": (_set("scale", lambda t: t["scale"].reshape(())), "scale []"),
+    "3-D w_enc": (_set("w_enc", lambda t: t["w_enc"][None]), "w_enc has shape"),
+    "short feature_means": (_set("feature_means", lambda t: t["feature_means"][:5]), "feature_means [5]"),
+    "scale 0": (_set("scale", lambda t: t["scale"] * 0), "scale 0"),
+    "negative scale": (_set("scale", lambda t: -t["scale"]), "normalisation scale -"),
+    "scale 1e-30": (_set("scale", lambda t: t["scale"] * 0 + 1e-30), "scale 1e-30"),
+    "int64 dictionary": (_set("dictionary", lambda t: t["dictionary"].long()), "dtype int64"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_sae_tensors_with_a_recomputed_checksum_are_refused(tmp_path, damage, capsys):
+    import interp
+
+    folder, _ = _finished(tmp_path)
+    edit, words = DAMAGE[damage]
+    _rewrite(folder, edit)
+    with pytest.raises(interp.errors.InterpError) as info:
+        interp.sae.load(folder)
+    assert "\n" not in str(info.value) and words in str(info.value), str(info.value)
+    # the CLI commands that read an SAE say it in one line too (before: a raw traceback from torch)
+    argv = ["study", "ablate", "planted_vit", "--images", str(tmp_path / "none"), "--sae", str(folder),
+            "--features", "0", "--mode", "mean", "--out", str(tmp_path / "o")]
+    (tmp_path / "none").mkdir()
+    Image.new("RGB", (32, 32)).save(tmp_path / "none" / "a.png")
+    assert main(argv) == 1
+    assert "not a readable SAE" in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"hook": "blocks.4.hook_resid_post"}, "edited after training"),
+    ({"arch": "relu"}, "edited after training"),
+    ({"tokens": "bogus"}, "tokens 'bogus'"),
+    ({"k": 0}, "k 0"),
+    ({"n_features": 7}, "n_features 7"),
+])
+def test_edits_of_sae_json_are_refused(tmp_path, edit, words):
+    import interp
+
+    folder, _ = _finished(tmp_path)
+    cfg = folder / "sae.json"
+    config = {**json.loads(cfg.read_text()), **edit}
+    cfg.write_text(json.dumps(config))  # config_sha256 left as it was: an edit after training
+    with pytest.raises(interp.errors.InterpError) as info:
+        interp.sae.load(folder)
+    assert "\n" not in str(info.value) and words in str(info.value), str(info.value)
+
+
+def test_a_deeply_nested_sae_json_is_one_line_everywhere(tmp_path, capsys):
+    import interp
+    from interp.studies.sae.configs import sae_hook
+
+    folder, _ = _finished(tmp_path)
+    (folder / "sae.json").write_text("[" * 100000)
+    for read in (interp.sae.load, sae_hook):
+        with pytest.raises(interp.errors.InterpError):
+            read(folder)
+    assert main(["report", "--sae", str(folder), "--out", str(tmp_path / "r")]) == 1
+    assert "sae.json" in one_error_line(capsys.readouterr().err)
