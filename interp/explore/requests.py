@@ -43,7 +43,8 @@ class RequestTooLarge(InterpError):
 
 
 def _kind(value: Any) -> str:
-    return {bool: "a boolean", float: "a float", str: "a string"}.get(type(value), f"a {type(value).__name__}")
+    return {bool: "a boolean", float: "a float", str: "a string", int: "an integer", dict: "an object",
+            type(None): "null"}.get(type(value), f"a {type(value).__name__}")
 
 
 def _is_index(value: Any) -> bool:
@@ -121,6 +122,9 @@ def check_spec(spec: Any) -> None:
             if name in entry:
                 _check_index(entry[name], repr(name), f"'{name}'")
         for name, what in (("layers", "layers"), ("features", "SAE features")):
+            if name in entry and not isinstance(entry[name], list):  # "58" would be read as [5, 8], {"58": 1} as [58]
+                raise BadSpec(f"'{name}' must be a JSON list of {what} such as [12, 40], not {_kind(entry[name])} "
+                              f"({entry[name]!r})")
             if isinstance(entry.get(name), list):
                 for value in entry[name]:
                     _check_index(value, repr(name), what)

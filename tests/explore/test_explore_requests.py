@@ -77,6 +77,10 @@ def test_neuron_indices_must_be_json_integers(client, neurons, shown):
     ({"kind": "Relocation", "neurons": PLANTED, "target": {"indices": [0, 1.5]}}, "target cells must be"),
     ({"kind": "Relocation", "neurons": PLANTED, "target": {"box": [0, 0, True, 2]}}, "target cells must be"),
     ({"kind": "Relocation", "neurons": PLANTED, "target": [[0.5] * 14] * 14}, "0 or 1 per cell"),
+    ({"kind": "SAEFeatureAblation", "features": "58"}, "'features' must be a JSON list"),  # ran as [5, 8]
+    ({"kind": "SAEFeatureAblation", "features": "12"}, "not a string ('12')"),  # ran as [1, 2]
+    ({"kind": "SAEFeatureAblation", "features": {"58": 1}}, "not an object"),  # ran as [58]
+    ({"kind": "SAEFeatureAblation", "features": 58}, "not an integer"),
 ])
 def test_other_indices_are_exact_too(client, entry, words):
     status, answer = post(client, "/api/run", {"image": 0, "interventions": [entry]})

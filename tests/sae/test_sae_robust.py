@@ -209,3 +209,13 @@ def test_a_deeply_nested_sae_json_is_one_line_everywhere(tmp_path, capsys):
             read(folder)
     assert main(["report", "--sae", str(folder), "--out", str(tmp_path / "r")]) == 1
     assert "sae.json" in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("features", ["58", "12", {"58": 1}, [5.0], [True]])
+def test_feature_ids_are_never_coerced(features):
+    """The library's own check (the explorer refuses these before, as HTTP 400): "58" was ablated as [5, 8]."""
+    import interp
+    from interp.interventions import SAEFeatureAblation
+
+    with pytest.raises(ValueError, match="whole feature indices"):
+        SAEFeatureAblation(interp.sae.load(planted_sae()), features)
