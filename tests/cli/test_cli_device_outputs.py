@@ -107,3 +107,9 @@ def test_special_kind_names_what_it_finds(tmp_path):
     assert special_kind(tmp_path / "file") is None and special_kind(tmp_path) is None
     assert special_kind(tmp_path / "file-link") is None and special_kind(tmp_path / "missing") is None
     assert "dangling" in special_kind(tmp_path / "dangling")
+
+
+def test_a_mistyped_model_name_is_a_bad_value_exit_2(capsys):
+    """The README: status 2 for a bad command-line value (a mistyped model name exited 1)."""
+    assert main(["hooks", "vit_tiny_patch16_2244"]) == 2
+    assert "Did you mean: vit_tiny_patch16_224" in one_error_line(capsys.readouterr().err)
