@@ -219,3 +219,30 @@ def test_feature_ids_are_never_coerced(features):
 
     with pytest.raises(ValueError, match="whole feature indices"):
         SAEFeatureAblation(interp.sae.load(planted_sae()), features)
+
+
+def test_ablating_a_feature_that_never_fires_says_so(tmp_path, one_thread):
+    """Before: target = baseline with no word. The feature is one whose mean code on the training tokens is 0."""
+    import interp
+    from interp.studies import open_source
+    from interp.studies.artifacts.ablate import ablate_study
+    from interp.studies.artifacts.configs import AblateConfig
+    from sae_helpers import planted_images, planted_model
+
+    sae = interp.sae.load(planted_sae())
+    silent = int((sae.tensors["feature_means"] == 0).nonzero()[0])
+    source = open_source(planted_model(), images=planted_images(4, seed=3))
+    with pytest.warns(UserWarning, match=f"feature\\(s\\) {silent} never fire"):
+        result = ablate_study(source, AblateConfig(sae=str(planted_sae()), features=[silent], controls=1),
+                              progress=False)
+    assert result.summary["outlier_count"]["target"] == result.summary["outlier_count"]["baseline"]
+    assert result.control_pool["silent_features"] == [silent] and "never fire" in result.notes[0]
+
+
+def test_coinciding_control_sets_are_said():
+    from interp.studies.artifacts.ablate import ablation_notes
+
+    same = [{"features": [3, 5]}] * 5
+    assert "only 1 distinct" in ablation_notes(same, [])[0]
+    assert ablation_notes([{"features": [3, 5]}, {"features": [4, 5]}], []) == []
+    assert ablation_notes([{"2": [1, 7]}, {"2": [7, 1]}], [])  # neuron sets: the same set in another order
