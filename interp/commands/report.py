@@ -47,6 +47,20 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_top_k(top_k, model) -> None:
+    """``--top-k`` within what the model has: the random controls of the ablation draw as many other neurons from
+    the same blocks, so at most half of one block's MLP width (before: 10**8 ended in a traceback after the first
+    studies)."""
+    from ..errors import UsageError
+
+    if top_k is None:
+        return
+    width = min(model.family.d_mlp(layer) for layer in range(model.n_layers))
+    if top_k > width // 2:
+        raise UsageError(f"--top-k {top_k} is more than half a block's {width} MLP neurons of {getattr(model, 'model_name', 'the model')}; "
+                         f"the controls draw as many other neurons from the same blocks: give --top-k <= {width // 2}")
+
+
 def run(args) -> int:
     from ..errors import UsageError
     from .output import atomic_output_dir
@@ -67,6 +81,7 @@ def run(args) -> int:
 
     with atomic_output_dir(args.out, REPORT_MARKER, replaces=old_files, what="report") as staging:
         model = model_from_args(args)
+        check_top_k(args.top_k, model)
         if args.sae is not None:  # its files checked whole (tensors, model) before the first study, not after
             from ..sae import load as load_sae
 

@@ -42,6 +42,14 @@ def random_controls(neurons: Neurons, d_mlp: Union[int, Mapping[int, int]], n_co
     """``n_controls`` neuron sets with as many neurons per layer as ``neurons``, drawn from the same layers
     without the targets (``d_mlp``: the MLP width, or each layer's); control i uses ``random.Random(seed + i)``."""
     controls = []
+    for layer, idx in sorted(neurons.items()) if n_controls else ():
+        width = d_mlp if isinstance(d_mlp, int) else d_mlp[layer]
+        if width - len(set(idx)) < len(idx):
+            from ...errors import UsageError
+
+            raise UsageError(f"block {layer} has {width} MLP neurons: {len(idx)} ablated leave {width - len(set(idx))}"
+                             f" others, too few for controls of {len(idx)}; ablate fewer neurons (--top-k) or use "
+                             "--controls 0")
     for i in range(n_controls):
         rng = random.Random(seed + i)
         draw = {}
