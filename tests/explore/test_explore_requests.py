@@ -87,6 +87,18 @@ def test_other_indices_are_exact_too(client, entry, words):
     assert status == 400 and words in one_line(answer), answer
 
 
+def test_test_time_register_tokens_per_request_are_capped(client):
+    """16 test-time registers of 1024 tokens each took the explorer past 7 GB."""
+    from interp.explore.requests import MAX_REGISTER_TOKENS
+
+    many = [{"kind": "TestTimeRegister", "neurons": PLANTED, "n_registers": 1024}] * 16
+    status, answer = post(client, "/api/run", {"image": 0, "interventions": many})
+    assert status == 413 and f"at most {MAX_REGISTER_TOKENS}" in one_line(answer), answer
+    status, answer = post(client, "/api/run", {"image": 0, "interventions": [
+        {"kind": "SAEFeatureAblation", "features": list(range(5000))}]})
+    assert status == 413 and "5000 features" in one_line(answer), answer
+
+
 def test_the_number_of_interventions_is_capped(client):
     from interp.explore.requests import MAX_INTERVENTIONS
 
