@@ -71,8 +71,35 @@ def check_train_output(args) -> None:
                          "continue it or --overwrite to replace it, or choose another --out")
 
 
+PEER_WORDS = ("peer", "connection", "gloo", "nccl", "timed out", "timeout", "socket", "closed", "broken pipe")
+
+
+def peer_lost(e: RuntimeError):
+    """Under torchrun, the one-line error for a collective that failed because another process of the run died
+    (torch.distributed raises DistError or a RuntimeError naming the transport); None otherwise (a bug keeps its
+    traceback)."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    if not (isinstance(e, getattr(dist, "DistError", ())) or any(w in str(e).lower() for w in PEER_WORDS)):
+        return None
+    from ..errors import InterpError
+
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    return InterpError(f"rank {os.environ.get('RANK', '?')}: another process of this torchrun run stopped ({first}); "
+                       "the last checkpoint in --out is kept: rerun the same torchrun command with --resume")
+
+
 def run_train(args) -> int:
     check_train_output(args)  # before torch and the model
+    try:
+        return _run_train(args)
+    except RuntimeError as e:
+        raise peer_lost(e) or e
+
+
+def _run_train(args) -> int:
     from ..sae import train
 
     model = model_from_args(args)

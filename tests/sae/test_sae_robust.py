@@ -246,3 +246,19 @@ def test_coinciding_control_sets_are_said():
     assert "only 1 distinct" in ablation_notes(same, [])[0]
     assert ablation_notes([{"features": [3, 5]}, {"features": [4, 5]}], []) == []
     assert ablation_notes([{"2": [1, 7]}, {"2": [7, 1]}], [])  # neuron sets: the same set in another order
+
+
+def test_a_dead_torchrun_peer_is_one_line_on_the_survivor(monkeypatch):
+    """torchrun rank 0 whose peer died raised a raw gloo traceback; a RuntimeError of another kind stays a bug."""
+    import torch.distributed as dist
+
+    from interp.commands.sae import peer_lost
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    error = peer_lost(dist.DistError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1"))
+    assert "another process of this torchrun run stopped" in str(error) and "--resume" in str(error)
+    assert peer_lost(RuntimeError("Connection reset by peer")) is not None
+    assert peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert peer_lost(dist.DistError("Connection closed by peer")) is None
