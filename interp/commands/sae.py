@@ -14,7 +14,7 @@ from ..values import (SAE_ARCHS, existing_file, existing_path, expansion_arg, no
 
 def register(sub) -> None:
     p = sub.add_parser("sae", help="train sparse autoencoders on a hook's activations",
-                       description="Sparse autoencoders (overcomplete's modules; pip install 'interp[sae]').")
+                       description="Sparse autoencoders (overcomplete's modules; pip install -e '.[sae]' in the clone).")
     actions = p.add_subparsers(dest="sae_command", metavar="ACTION", required=True)
     t = actions.add_parser(
         "train", help="train an SAE on one hook, from a cache or live from the model",
@@ -29,23 +29,23 @@ def register(sub) -> None:
     t.add_argument("--out", required=True, metavar="DIR", help="folder of the SAE files")
     t.add_argument("--arch", choices=SAE_ARCHS, default="topk", help="SAE architecture (default topk)")
     t.add_argument("--expansion", type=expansion_arg, default=8, help="features per dimension of the hook (default 8)")
-    t.add_argument("--k", type=positive_int, default=32, help="active features per token: topk, batchtopk, archetypal")
+    t.add_argument("--k", type=positive_int, default=32, help="active features per token: topk, batchtopk, archetypal (default 32)")
     t.add_argument("--tokens", choices=("patches", "all", "cls", "registers"), default="patches",
                    help="which tokens to train on (default patches)")
     t.add_argument("--high-norm", choices=("include", "exclude", "only"), default="include",
                    help="high-norm patch tokens (detection at the hook): keep (default), drop, or train on them only")
-    t.add_argument("--threshold", type=threshold_arg, default="auto", help="high-norm detection threshold (auto, pNN, a norm)")
+    t.add_argument("--threshold", type=threshold_arg, default="auto", help="high-norm detection threshold (auto, pNN, a norm; default auto)")
     t.add_argument("--steps", type=positive_int, default=1000, help="training steps (default 1000)")
-    t.add_argument("--batch-size", type=sae_batch_arg, default=1024, help="tokens per step, all processes together")
-    t.add_argument("--lr", type=positive_float, default=4e-4, help="Adam learning rate")
+    t.add_argument("--batch-size", type=sae_batch_arg, default=1024, help="tokens per step, all processes together (default 1024)")
+    t.add_argument("--lr", type=positive_float, default=4e-4, help="Adam learning rate (default 4e-4)")
     t.add_argument("--window-images", type=positive_int, default=256,
-                   help="images whose tokens are shuffled together (memory: one window per data shard)")
+                   help="images whose tokens are shuffled together (memory: one window per data shard; default 256)")
     t.add_argument("--data-shards", type=positive_int, default=8,
                    help="interleaved sub-streams of the data; torchrun's process count must divide it (default 8)")
-    t.add_argument("--holdout", type=nonnegative_float, default=0.1, help="share of images held out for metrics")
-    t.add_argument("--dead-window", type=positive_int, default=200, help="steps without firing that make a feature dead")
-    t.add_argument("--checkpoint-every", type=positive_int, default=100, help="steps between checkpoints")
-    t.add_argument("--batch-images", type=positive_int, default=32, help="images per forward pass with --images")
+    t.add_argument("--holdout", type=nonnegative_float, default=0.1, help="share of images held out for metrics (default 0.1)")
+    t.add_argument("--dead-window", type=positive_int, default=200, help="steps without firing that make a feature dead (default 200)")
+    t.add_argument("--checkpoint-every", type=positive_int, default=100, help="steps between checkpoints (default 100)")
+    t.add_argument("--batch-images", type=positive_int, default=32, help="images per forward pass with --images (default 32)")
     t.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
     t.add_argument("--overwrite", action="store_true", help="replace an existing run in DIR")
     add_output_args(t)
