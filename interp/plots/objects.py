@@ -88,7 +88,8 @@ def lost_boxes(result, images=None, n: int = MAX_PANELS) -> Figure:
                 notes.append("hit" if run["hits"][i] else "miss")
             title = short_name(result.ids[i]) + (f" [{label}]" if label else "")
             ax.set_title(title + ("\n" + ", ".join(notes) if notes else ""), fontsize=8)
-    fig.suptitle(f"{result.model}: LOST ({result.hook}, k={result.k})", fontsize=10)
+    shown = "" if count == len(result.ids) else f"; first {count} of {len(result.ids)} images"
+    fig.suptitle(f"{result.model}: LOST ({result.hook}, k={result.k}{shown})", fontsize=10)
     return fig
 
 
@@ -111,5 +112,7 @@ def segmentation_overlays(result, images=None, n: int = MAX_PANELS) -> Figure:
             scores = (run.get("image_miou") or [None] * count)[i], run["jaccard"][i]
             miou, jaccard = ("n/a" if v is None else f"{v:.2f}" for v in scores)
             ax.set_title(f"{short_name(result.ids[i])} [{label}]\nmIoU {miou}, Jaccard {jaccard}", fontsize=8)
-    fig.suptitle(f"{result.model}: coarse segmentation (Patch Score > mean + {result.k_std:g} std)", fontsize=10)
+    shown = "" if count == len(result.ids) else f"; first {count} of {len(result.ids)} images"
+    fig.suptitle(f"{result.model}: coarse segmentation (Patch Score > mean + {result.k_std:g} std{shown})",
+                 fontsize=10)
     return fig
