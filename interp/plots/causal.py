@@ -141,7 +141,7 @@ def _cosine_panel(ax, r, n_controls: int, target_label: str) -> None:
             ax.annotate("cos = " + near_one(c, gap=False), (x, max(above, floor)), xytext=(0, 5),
                         textcoords="offset points", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(3), ["baseline\n(cos = 1)", target_label, "controls\n(mean)"], fontsize=8)
-    ax.set_ylabel("1 - cosine of the pooled vector to the unablated one (log)", fontsize=9)
+    ax.set_ylabel("1 - cos(pooled vector, unablated one)", fontsize=9)
     ax.set_title("pooled cosine (distance from 1)", fontsize=10)
 
 

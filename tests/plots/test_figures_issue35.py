@@ -89,3 +89,11 @@ def test_as_weights_names_what_plain_timm_can_load():
     assert "timm.create_model" not in planted and "interp.models.planted_vit()" in planted  # timm raised "Unknown model"
     real = weights_recipe(argparse.Namespace(model="vit_small_patch16_224", depth=2, img_size=None))
     assert "timm.create_model('vit_small_patch16_224', depth=2)" in real
+
+
+def test_lost_maps_wrap_after_four_images():
+    n = 8
+    r = LostResult(model="m", fingerprint="", params={}, seed=0, ids=[f"i{k}.png" for k in range(n)], grid=[4, 4],
+                   hook="blocks.5.attn.hook_k", k=100, seeds=[0] * n, boxes=[[0, 0, 1, 1]] * n,
+                   box_cells=[[0, 0, 1, 1]] * n, degenerate=[False] * n, hits=[], masks=[[[1] * 4] * 4] * n)
+    assert lost_boxes(r).get_size_inches()[0] * DPI <= 1250  # 8 in a row: 2036 px
