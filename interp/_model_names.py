@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Dict, Optional
 
-from .errors import ModelLoadError, UnsupportedModelError, close_matches
+from .errors import UnknownModelError, UnsupportedModelError, close_matches
 
 NAMES_FILE = Path(__file__).parent / "data" / "timm_models.json"
 PLANTED_NAME = "planted_vit"  # interp.models.planted.PLANTED_NAME (that module imports torch)
@@ -69,7 +69,7 @@ def check_model_name_fast(name: str) -> bool:
         listed = [n for n, m in names.items() if m != DEPRECATED_MODULE]  # what timm.list_models() gives
         hints = close_matches(base, listed, n=5)
         hint = f" Did you mean: {', '.join(hints)}?" if hints else ""
-        raise ModelLoadError(f"unknown timm model {name!r}.{hint}")
+        raise UnknownModelError(f"unknown timm model {name!r}.{hint}")
     families = shipped_families()
     if not any(module in f["modules"] for f in families.values()):
         titles = "; ".join(f["title"] for f in families.values())

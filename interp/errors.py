@@ -59,6 +59,10 @@ class UsageError(InterpError):
     """A command-line value or path is wrong (the CLI exits with status 2, as argparse does)."""
 
 
+class UnknownModelError(ModelLoadError, UsageError):
+    """A model name neither timm nor interp knows (a mistyped name): a bad command-line value, exit status 2."""
+
+
 class OutputError(InterpError):
     """An output cannot be written: read-only or full disk, a path under a regular file, a locked folder."""
 

@@ -182,6 +182,16 @@ def register_count(text: str) -> int:
     return value
 
 
+MAX_EXPANSION = 128  # SAE features per hook dimension: 2000 x 384 wanted > 5 GB of weights and Adam state
+MAX_SAE_BATCH = 2**20  # tokens per SAE training step (the data bound, tokens available, is checked once it is read)
+expansion_arg = _bounded("expansion_arg", _int, lambda v: 1 <= v <= MAX_EXPANSION,
+                         f"expected a whole number 1..{MAX_EXPANSION} (SAEs use 4-64)",
+                         f"SAE features per hook dimension 1..{MAX_EXPANSION} (--expansion).")
+sae_batch_arg = _bounded("sae_batch_arg", _int, lambda v: 1 <= v <= MAX_SAE_BATCH,
+                         f"expected a whole number 1..{MAX_SAE_BATCH} (tokens per step)",
+                         f"Tokens per SAE training step 1..{MAX_SAE_BATCH} (--batch-size of `interp sae train`).")
+
+
 def transform_arg(text: str) -> str:
     """``--transform``: ``model`` or ``resizeN[-cropM]`` (checked without torch), returned lower-cased."""
     from ._transforms import parse_transform_name

@@ -167,8 +167,8 @@ def read_attrs(h5: h5py.File, path=None) -> dict:
         if key in JSON_ATTRIBUTES and isinstance(value, str):
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise damaged(path, f"attribute {key!r} is not valid JSON: {e}") from None
+            except (json.JSONDecodeError, RecursionError) as e:
+                raise damaged(path, f"attribute {key!r} is not valid JSON: {e or 'nested too deeply'}") from None
         meta[key] = value
     return meta
 

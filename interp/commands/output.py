@@ -17,6 +17,7 @@ import errno
 import os
 import re
 import shutil
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Sequence
@@ -78,9 +79,41 @@ def _check_ancestor(path: Path, flag: str) -> Path:
     return base
 
 
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path) -> Optional[str]:
+    """What ``path`` is when it is neither a regular file nor a folder (a device node, FIFO, socket, or a symlink
+    to one, or a dangling symlink), in words; None for a regular file, a folder, or nothing there."""
+    path = str(path)
+    if not os.path.lexists(path):
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a symlink to nothing (dangling)" if os.path.islink(path) else "an entry that cannot be read"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"a symlink to {kind}" if os.path.islink(path) else kind
+
+
+def refuse_special(path, flag: str = "--out") -> None:
+    """Refuse (one line, exit status 2) an output path that is a device node, FIFO, socket or a symlink to one:
+    interp replaces only regular files and folders of its own, even with ``--overwrite``."""
+    kind = special_kind(path)
+    if kind:
+        where = f"{flag} {str(path)!r}" if flag else repr(str(path))
+        raise OutputPathError(f"{where} is {kind}, not a regular file or folder; interp never "
+                              "replaces it (not even with --overwrite): choose another path")
+
+
 def check_output_folder(path, flag: str = "--out") -> None:
-    """Before any work: ``path`` is a folder that exists or can be created, and is writable."""
+    """Before any work: ``path`` is a folder that exists or can be created, and is writable (a device node, FIFO
+    or socket in its place is refused)."""
     path = Path(path)
+    refuse_special(path, flag)
     if path.exists() and not path.is_dir():
         raise OutputPathError(f"{flag} {str(path)!r} is a file; give a folder (it is created if missing)")
     _check_writable(_check_ancestor(path, flag), flag, path)
@@ -90,8 +123,10 @@ def check_output_file(path, flag: str = "--out", overwrite: bool = False, resume
                       example: str = "out.h5", hint: str = "pass --overwrite to replace it or choose another path"
                       ) -> None:
     """Before any work: ``path`` is a file path whose folder is writable; an existing file is refused unless
-    ``overwrite`` (or ``resume``, which continues it)."""
+    ``overwrite`` (or ``resume``, which continues it); a device node, FIFO, socket or a symlink to one is
+    refused even then."""
     path = Path(path)
+    refuse_special(path, flag)
     if path.is_dir():
         raise OutputPathError(f"{flag} {str(path)!r} is a folder; give a file path, e.g. {str(path / example)!r}")
     if path.exists() and not (overwrite or resume):
@@ -144,8 +179,10 @@ def atomic_file(path, what: str = "file") -> Iterator[Path]:
     size limit or a read-only folder is one :class:`OutputError` line."""
     path = Path(os.path.abspath(path))
     tmp = path.with_name(f"{STAGING_PREFIX}{os.getpid()}-{path.name}")  # same suffix: writers choose by it
+    refuse_special(path)
     try:
         yield tmp
+        refuse_special(path)  # checked again: the path may have changed while the file was written
         os.replace(tmp, path)
     except Exception as e:
         code = _write_errno(e, tmp)
@@ -180,6 +217,8 @@ def _commit(staging: Path, out: Path, marker: str, replaces: Sequence[str], back
     new = sorted(p.name for p in staging.iterdir())
     order = [n for n in new if n != marker] + ([marker] if marker in new else [])
     gone = [Path(n).name for n in replaces if Path(n).name not in new and not ours(Path(n).name)]
+    for name in [*order, *gone]:  # a device node or FIFO where a result file goes is not ours to move
+        refuse_special(out / name, "")
     backup.mkdir()
     moved, placed = [], []
     try:
@@ -218,6 +257,7 @@ def atomic_output_dir(out, marker: str, replaces: Sequence[str] = (), what: str 
     from ..errors import CacheError
 
     out = Path(os.path.abspath(out))
+    refuse_special(out)
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -90,10 +90,24 @@ def run_export(args) -> int:
         else:
             patch.save(interventions, tmp, model)
     if args.as_weights:
-        print(f"wrote edited weights {args.out} (load with timm.create_model({args.model!r}) + load_state_dict)")
+        print(f"wrote edited weights {args.out} (plain timm loads them: {weights_recipe(args)})")
     else:
         print(f"wrote patch {args.out} ({', '.join(iv.kind for iv in interventions)})")
     return 0
+
+
+def weights_recipe(args) -> str:
+    """How plain timm (or, for the synthetic planted_vit, which is no timm name, interp's builder) makes the
+    module that ``--as-weights`` weights load into: the same name and the --depth/--img-size given."""
+    from .._model_names import PLANTED_NAME
+
+    if args.model == PLANTED_NAME:
+        return ("model = interp.models.planted_vit(); model.load_state_dict(safetensors.torch.load_file(FILE)) "
+                "(planted_vit is interp's synthetic model, not a timm name)")
+    extra = "".join(f", {k}={v!r}" for k, v in (("depth", getattr(args, "depth", None)),
+                                                 ("img_size", getattr(args, "img_size", None))) if v)
+    return (f"model = timm.create_model({args.model!r}{extra}); "
+            "model.load_state_dict(safetensors.torch.load_file(FILE))")
 
 
 def run_apply(args) -> int:

@@ -20,11 +20,73 @@ def check_before_torch(args: argparse.Namespace) -> None:
     for name in names:
         if isinstance(name, str):
             check_model_name_fast(name)
+    check_against_config(args)
     strict = bool(getattr(args, "strict", False))
     for flag, attr in (("--images", "images"), ("--image-list", "image_list")):
         value = getattr(args, attr, None)
         if isinstance(value, str):
             check_images(value, flag, strict)
+
+
+PLANTED_DEPTH = 6  # interp.models.planted.planted_vit's blocks (that module imports torch)
+LAYER_FLAGS = (("detect_layer", "--detect-layer"), ("highest_layer", "--highest-layer"), ("layer", "--layer"))
+
+
+def known_depth(args: argparse.Namespace):
+    """The model's block count when it is known without torch: ``--depth`` (the model keeps at most that many
+    blocks, so a block >= it cannot exist) or planted_vit's; None otherwise (the check after the build decides)."""
+    from .._model_names import PLANTED_NAME
+
+    depth = getattr(args, "depth", None)
+    if getattr(args, "model", None) == PLANTED_NAME:
+        depth = min(depth or PLANTED_DEPTH, PLANTED_DEPTH)
+    return depth if isinstance(depth, int) else None
+
+
+def check_against_config(args: argparse.Namespace) -> None:
+    """Argument errors that need no model, caught before torch (they cost 10-15 s after the model load): block
+    numbers (``--detect-layer``, ``--highest-layer``, ``--layer``, the block of ``--hook``) beyond a known depth,
+    and ``--features`` beyond the ``n_features`` the ``--sae`` folder's sae.json records."""
+    from ..errors import UsageError
+
+    n = known_depth(args)
+    if n is not None:
+        name = getattr(args, "model", None) or "the model"
+        for attr, flag in LAYER_FLAGS:
+            value = getattr(args, attr, None)
+            if isinstance(value, int) and not -n <= value < n:
+                raise UsageError(f"{flag} {value} is out of range: {name} has {n} blocks "
+                                 f"(0..{n - 1}, or -{n}..-1 counted from the end)")
+        hook = getattr(args, "hook", None)
+        block = _block_number(hook) if isinstance(hook, str) else None
+        if block is not None and block >= n:
+            raise UsageError(f"--hook {hook!r}: {name} has {n} blocks (0..{n - 1}); list its hooks with "
+                             f"`interp hooks {name}`")
+    features, sae = getattr(args, "features", None), getattr(args, "sae", None)
+    if features and isinstance(sae, str):
+        count = _sae_features(sae)
+        bad = [f for f in features if isinstance(f, int) and not 0 <= f < (count or 0)]
+        if count and bad:
+            raise UsageError(f"--features: feature {bad[0]} does not exist: the SAE in {sae!r} has {count} features "
+                             f"(0..{count - 1})")
+
+
+def _block_number(hook: str):
+    import re
+
+    found = re.match(r"blocks\.(\d+)\.", hook)
+    return int(found.group(1)) if found else None
+
+
+def _sae_features(folder: str):
+    """``n_features`` from ``folder/sae.json`` read as text (None when it does not say: the load decides)."""
+    import json
+
+    try:
+        value = json.loads((Path(folder) / "sae.json").read_text(encoding="utf-8")).get("n_features")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def check_images(path: str, flag: str = "--images", strict: bool = False) -> int:

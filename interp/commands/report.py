@@ -47,6 +47,20 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_top_k(top_k, model) -> None:
+    """``--top-k`` within what the model has: the random controls of the ablation draw as many other neurons from
+    the same blocks, so at most half of one block's MLP width (before: 10**8 ended in a traceback after the first
+    studies)."""
+    from ..errors import UsageError
+
+    if top_k is None:
+        return
+    width = min(model.family.d_mlp(layer) for layer in range(model.n_layers))
+    if top_k > width // 2:
+        raise UsageError(f"--top-k {top_k} is more than half a block's {width} MLP neurons of {getattr(model, 'model_name', 'the model')}; "
+                         f"the controls draw as many other neurons from the same blocks: give --top-k <= {width // 2}")
+
+
 def run(args) -> int:
     from ..errors import UsageError
     from .output import atomic_output_dir
@@ -58,12 +72,20 @@ def run(args) -> int:
             raise UsageError("--weights needs a MODEL name (the default planted_vit is built by construction)")
         args.model = "planted_vit"
     if args.sae is not None:
-        SaeFeaturesConfig(sae=args.sae)  # a folder without sae.json fails here, before the model
+        from ..studies.sae.configs import sae_hook
+
+        SaeFeaturesConfig(sae=args.sae)
+        sae_hook(args.sae)  # a folder without a readable sae.json fails here, before the model
     old_files = prepare_report_dir(args.out, args.overwrite)  # before torch and the model
     from ..report import SYNTHETIC_NOTE, ReportOptions, run_report
 
     with atomic_output_dir(args.out, REPORT_MARKER, replaces=old_files, what="report") as staging:
         model = model_from_args(args)
+        check_top_k(args.top_k, model)
+        if args.sae is not None:  # its files checked whole (tensors, model) before the first study, not after
+            from ..sae import load as load_sae
+
+            load_sae(args.sae, model=model)
         options = ReportOptions(threshold=threshold, detect_layer=args.detect_layer, preset=args.preset,
                                 highest_layer=args.highest_layer, top_k=args.top_k, n_controls=args.controls,
                                 seed=args.seed, batch_size=args.batch_size, progress_bars=args.progress,
@@ -73,7 +95,8 @@ def run(args) -> int:
                              progress=args.progress_requested, strict=args.strict, preprocess=preprocess)
     index = Path(args.out) / "index.html"
     if summary["synthetic"]:
-        print(f"note: {SYNTHETIC_NOTE}")
+        if not args.progress_requested:  # with the stage lines it was shown once, when the run began
+            print(f"note: {SYNTHETIC_NOTE}")
         p = summary["planted"]
         print(f"planted block {p['layer']} recovered: {'yes' if p['layer_recovered'] else 'no'}; planted neurons "
               f"recovered: {len(p['neurons_recovered'])} of {len(p['neurons'])}")

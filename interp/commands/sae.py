@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 
 from .common import add_model_args, add_output_args, model_from_args
-from ..values import threshold_value
-from ..values import (SAE_ARCHS, existing_file, existing_path, nonnegative_float, positive_float, positive_int,
-                      threshold_arg)
+from ..values import (SAE_ARCHS, existing_file, existing_path, expansion_arg, nonnegative_float, positive_float,
+                      positive_int, sae_batch_arg, threshold_arg, threshold_value)
 
 
 def register(sub) -> None:
     p = sub.add_parser("sae", help="train sparse autoencoders on a hook's activations",
-                       description="Sparse autoencoders (overcomplete's modules; pip install 'interp[sae]').")
+                       description="Sparse autoencoders (overcomplete's modules; pip install -e '.[sae]' in the clone).")
     actions = p.add_subparsers(dest="sae_command", metavar="ACTION", required=True)
     t = actions.add_parser(
         "train", help="train an SAE on one hook, from a cache or live from the model",
@@ -29,31 +28,78 @@ def register(sub) -> None:
     t.add_argument("--hook", required=True, help="hook to train on, e.g. blocks.9.hook_resid_post")
     t.add_argument("--out", required=True, metavar="DIR", help="folder of the SAE files")
     t.add_argument("--arch", choices=SAE_ARCHS, default="topk", help="SAE architecture (default topk)")
-    t.add_argument("--expansion", type=positive_int, default=8, help="features per dimension of the hook (default 8)")
-    t.add_argument("--k", type=positive_int, default=32, help="active features per token: topk, batchtopk, archetypal")
+    t.add_argument("--expansion", type=expansion_arg, default=8, help="features per dimension of the hook (default 8)")
+    t.add_argument("--k", type=positive_int, default=32, help="active features per token: topk, batchtopk, archetypal (default 32)")
     t.add_argument("--tokens", choices=("patches", "all", "cls", "registers"), default="patches",
                    help="which tokens to train on (default patches)")
     t.add_argument("--high-norm", choices=("include", "exclude", "only"), default="include",
                    help="high-norm patch tokens (detection at the hook): keep (default), drop, or train on them only")
-    t.add_argument("--threshold", type=threshold_arg, default="auto", help="high-norm detection threshold (auto, pNN, a norm)")
+    t.add_argument("--threshold", type=threshold_arg, default="auto", help="high-norm detection threshold (auto, pNN, a norm; default auto)")
     t.add_argument("--steps", type=positive_int, default=1000, help="training steps (default 1000)")
-    t.add_argument("--batch-size", type=positive_int, default=1024, help="tokens per step, all processes together")
-    t.add_argument("--lr", type=positive_float, default=4e-4, help="Adam learning rate")
+    t.add_argument("--batch-size", type=sae_batch_arg, default=1024, help="tokens per step, all processes together (default 1024)")
+    t.add_argument("--lr", type=positive_float, default=4e-4, help="Adam learning rate (default 4e-4)")
     t.add_argument("--window-images", type=positive_int, default=256,
-                   help="images whose tokens are shuffled together (memory: one window per data shard)")
+                   help="images whose tokens are shuffled together (memory: one window per data shard; default 256)")
     t.add_argument("--data-shards", type=positive_int, default=8,
                    help="interleaved sub-streams of the data; torchrun's process count must divide it (default 8)")
-    t.add_argument("--holdout", type=nonnegative_float, default=0.1, help="share of images held out for metrics")
-    t.add_argument("--dead-window", type=positive_int, default=200, help="steps without firing that make a feature dead")
-    t.add_argument("--checkpoint-every", type=positive_int, default=100, help="steps between checkpoints")
-    t.add_argument("--batch-images", type=positive_int, default=32, help="images per forward pass with --images")
+    t.add_argument("--holdout", type=nonnegative_float, default=0.1, help="share of images held out for metrics (default 0.1)")
+    t.add_argument("--dead-window", type=positive_int, default=200, help="steps without firing that make a feature dead (default 200)")
+    t.add_argument("--checkpoint-every", type=positive_int, default=100, help="steps between checkpoints (default 100)")
+    t.add_argument("--batch-images", type=positive_int, default=32, help="images per forward pass with --images (default 32)")
     t.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
     t.add_argument("--overwrite", action="store_true", help="replace an existing run in DIR")
     add_output_args(t)
     t.set_defaults(func=run_train)
 
 
+SAE_FILES = ("sae.json", "sae.safetensors", "checkpoint.pt", "training_curve.png")  # what a run writes in --out
+
+
+def check_train_output(args) -> None:
+    """Before torch: ``--out`` is a folder that can be written (not a file, a device node, a FIFO, a path under a
+    file, a pseudo-file system), holds no device node or FIFO where a run's file goes, and holds no run unless
+    --resume or --overwrite says what to do with it."""
+    from ..errors import OutputError
+    from .output import check_output_folder, refuse_special
+
+    check_output_folder(args.out)
+    for name in SAE_FILES:
+        refuse_special(os.path.join(args.out, name), "")
+    held = [n for n in ("sae.json", "checkpoint.pt") if os.path.exists(os.path.join(args.out, n))]
+    if held and not (args.resume or args.overwrite):
+        raise OutputError(f"--out {args.out!r} already holds an SAE run ({', '.join(held)}); pass --resume to "
+                         "continue it or --overwrite to replace it, or choose another --out")
+
+
+PEER_WORDS = ("peer", "connection", "gloo", "nccl", "timed out", "timeout", "socket", "closed", "broken pipe")
+
+
+def peer_lost(e: RuntimeError):
+    """Under torchrun, the one-line error for a collective that failed because another process of the run died
+    (torch.distributed raises DistError or a RuntimeError naming the transport); None otherwise (a bug keeps its
+    traceback)."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    if not (isinstance(e, getattr(dist, "DistError", ())) or any(w in str(e).lower() for w in PEER_WORDS)):
+        return None
+    from ..errors import InterpError
+
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    return InterpError(f"rank {os.environ.get('RANK', '?')}: another process of this torchrun run stopped ({first}); "
+                       "the last checkpoint in --out is kept: rerun the same torchrun command with --resume")
+
+
 def run_train(args) -> int:
+    check_train_output(args)  # before torch and the model
+    try:
+        return _run_train(args)
+    except RuntimeError as e:
+        raise peer_lost(e) or e
+
+
+def _run_train(args) -> int:
     from ..sae import train
 
     model = model_from_args(args)

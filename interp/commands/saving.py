@@ -59,19 +59,23 @@ def prepare_study_output(out, result_name: str, overwrite: bool) -> list:
     which the new result replaces once it is complete (a failed run leaves the old result whole)."""
     import json
 
-    from .output import check_output_folder
+    from .output import check_output_folder, refuse_special
 
     check_output_folder(out)
     path = Path(out) / f"{result_name}.json"
+    refuse_special(path, "")
     if not path.exists():
         return []
     if not overwrite:
         raise OutputError(f"{str(path)!r} already exists (a {result_name} result); pass --overwrite to replace it "
                          "and the figures it lists, or choose another --out")
     try:
-        return list(json.loads(path.read_text()).get("figure_files", []))  # report.save.FIGURES_KEY
-    except (OSError, ValueError, AttributeError):
+        figures = [str(f) for f in json.loads(path.read_text()).get("figure_files", [])]  # report.save.FIGURES_KEY
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError):
         return []
+    for name in figures:
+        refuse_special(Path(out) / Path(name).name, "")
+    return figures
 
 
 REPORT_MARKER = "report.json"  # moved into place last by interp report: a folder holding it is a report
@@ -86,10 +90,11 @@ def prepare_report_dir(out_dir, overwrite: bool) -> list:
     interp's own staging folders and lock files (left by a killed run) do not count."""
     import json
 
-    from .output import check_output_folder, ours
+    from .output import check_output_folder, ours, refuse_special
 
     out = Path(out_dir)
     check_output_folder(out)
+    refuse_special(out / REPORT_MARKER, "")
     if not out.is_dir() or not any(not ours(e.name) for e in out.iterdir()):
         return []
     marker = out / REPORT_MARKER
@@ -101,6 +106,10 @@ def prepare_report_dir(out_dir, overwrite: bool) -> list:
                          "or choose another folder")
     try:
         files = json.loads(marker.read_text()).get("files", {})
-        return [files.get("index", "index.html"), *files.get("results", []), *files.get("figures", [])]
-    except (OSError, ValueError, AttributeError, TypeError):
-        return ["index.html"]
+        listed = [str(f) for f in [files.get("index", "index.html"), *files.get("results", []),
+                                   *files.get("figures", [])]]
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError):
+        listed = ["index.html"]
+    for name in listed:
+        refuse_special(out / Path(name).name, "")
+    return listed

@@ -8,6 +8,9 @@ relocation cells, ``k``, ``n_registers``) must be a JSON integer, and every numb
 Limits (no real use comes near them; the page sends at most two interventions):
 
 * :data:`MAX_INTERVENTIONS` interventions per request (``/api/run`` and ``/api/export``); more get 413;
+* :data:`MAX_REGISTER_TOKENS` test-time register tokens per request (``n_registers`` summed over its
+  TestTimeRegister and AttentionBias entries) and :data:`MAX_FEATURES` SAE features or layers per intervention;
+  more get 413;
 * a request's model work (calibration, edited forward, readout over all images) stops after
   ``ExploreOptions.max_seconds`` (``--max-seconds``, default :data:`MAX_SECONDS`) with 413
   (:class:`RequestTooLarge`), checked at every block of every forward pass;
@@ -28,6 +31,8 @@ from ..errors import InterpError
 from ..interventions.neuron_sets import NEURONS_SYNTAX
 
 MAX_INTERVENTIONS = 16  # per request: the page sends at most 2 (one neuron edit and SelectiveCLS)
+MAX_REGISTER_TOKENS = 64  # test-time register tokens per request, all interventions together (models use 1-16)
+MAX_FEATURES = 4096  # SAE features (or layers) named in one intervention
 MAX_SECONDS = 600.0  # per request's model work: a toggle takes well under a second on planted_vit
 INDEX_FIELDS = ("k", "n_registers")  # integer parameters besides neurons, layers and relocation cells
 _NEURON_TEXT = re.compile(r"\s*\d+\s*:\s*\d+\s*(,\s*\d+\s*:\s*\d+\s*)*")  # "L:N,...": no file named
@@ -43,7 +48,8 @@ class RequestTooLarge(InterpError):
 
 
 def _kind(value: Any) -> str:
-    return {bool: "a boolean", float: "a float", str: "a string"}.get(type(value), f"a {type(value).__name__}")
+    return {bool: "a boolean", float: "a float", str: "a string", int: "an integer", dict: "an object",
+            type(None): "null"}.get(type(value), f"a {type(value).__name__}")
 
 
 def _is_index(value: Any) -> bool:
@@ -112,15 +118,27 @@ def check_spec(spec: Any) -> None:
     if len(spec) > MAX_INTERVENTIONS:
         raise RequestTooLarge(f"{len(spec)} interventions in one request: the explorer takes at most "
                               f"{MAX_INTERVENTIONS} (the page sends at most 2)")
+    registers = sum(e["n_registers"] if _is_index(e.get("n_registers")) else 1 for e in spec
+                    if isinstance(e, dict) and e.get("kind") in ("TestTimeRegister", "AttentionBias"))
+    if registers > MAX_REGISTER_TOKENS:  # each is one more token through every block: 16 x 1024 took 7 GB
+        raise RequestTooLarge(f"{registers} test-time register tokens in one request: the explorer takes at most "
+                              f"{MAX_REGISTER_TOKENS} (published models use 1-16)")
     for entry in spec:
         if not isinstance(entry, dict):
             continue  # the library's message says what an entry is
+        for name in ("features", "layers"):
+            if isinstance(entry.get(name), list) and len(entry[name]) > MAX_FEATURES:
+                raise RequestTooLarge(f"{len(entry[name])} {name} in one intervention: the explorer takes at most "
+                                      f"{MAX_FEATURES}")
         if entry.get("neurons") is not None:
             check_neurons(entry["neurons"])
         for name in INDEX_FIELDS:
             if name in entry:
                 _check_index(entry[name], repr(name), f"'{name}'")
         for name, what in (("layers", "layers"), ("features", "SAE features")):
+            if name in entry and not isinstance(entry[name], list):  # "58" would be read as [5, 8], {"58": 1} as [58]
+                raise BadSpec(f"'{name}' must be a JSON list of {what} such as [12, 40], not {_kind(entry[name])} "
+                              f"({entry[name]!r})")
             if isinstance(entry.get(name), list):
                 for value in entry[name]:
                     _check_index(value, repr(name), what)

@@ -34,7 +34,7 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from ..errors import InterpError
+from ..errors import InterpError, close_matches
 from .box_types import BoxTable, ImageBoxes, _make_box, _normalise_key, _number, check_box_in_image, image_size_of
 from .voc_xml import read_voc_xml
 
@@ -206,7 +206,26 @@ def match_boxes(ids: Sequence[str], table: BoxTable) -> List[Optional[ImageBoxes
                               f"{image_id!r}); write a longer relative path (e.g. class/file.jpg) in the box file")
         used[best] = image_id
         out.append(table["/".join(best)])
+    _warn_unmatched(ids, out, [k for k in table if tuple(PurePosixPath(k).parts) not in used])
     return out
+
+
+def _warn_unmatched(ids: Sequence[str], entries: Sequence[Optional[ImageBoxes]], unmatched: Sequence[str]) -> None:
+    """Warn when the box file has keys that match no image while some images have no entry: most often a
+    misspelt file name, which would silently leave that image out of the scores. (Keys of images not given are
+    normal when every given image matched: a box file may cover a whole dataset.)"""
+    missing = [image_id for image_id, entry in zip(ids, entries) if entry is None]
+    if not unmatched or not missing or len(missing) == len(ids):  # none matched: the callers refuse that
+        return
+    import warnings
+
+    names = [PurePosixPath(_normalise_key(i)).name for i in missing]
+    shown = []
+    for key in list(unmatched)[:3]:
+        near = close_matches(PurePosixPath(key).name, names, n=1)
+        shown.append(f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    warnings.warn(f"{len(missing)} image(s) have no entry in the box file and are left out of the scores, while "
+                  f"{len(unmatched)} of its key(s) match no image: {', '.join(shown)}; check the file names")
 
 
 def original_size(image_id: str, entry: Optional[ImageBoxes] = None) -> Tuple[int, int]:

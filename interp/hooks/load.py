@@ -30,7 +30,8 @@ def load(
         weights: a local ``.safetensors``/``.pth``/``.bin`` state dict; timm's checkpoint conversions
             apply, so original DINOv2 and OpenAI CLIP files load too, and a torchvision ViT file (``vit_b_16``...)
             loads into the timm name of its shape (``vit_base_patch16_224``...).
-        device, dtype: placement and float type (``"float16"``, ``torch.bfloat16``...).
+        device: where the model runs (default ``"cpu"``; ``"cuda"``, ``"cuda:1"``, ``"mps"``).
+        dtype: float type of the weights (default None: timm's float32; ``"float16"``, ``torch.bfloat16``...).
         seed: seed of the random weights (``pretrained=False`` without ``weights``), default 0: the same
             call gives the same weights (and weights fingerprint) in every run; kept as ``model.init_seed``.
         pos_resample: how a position table trained for another size is resampled to ``img_size``: ``"auto"``

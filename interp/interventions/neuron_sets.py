@@ -82,7 +82,7 @@ def read_neurons_json(path) -> NeuronSet:
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise InterpError(f"cannot read neurons file {str(path)!r} ({type(e).__name__}: {e}); give the "
                           "neurons.json an `interp study neurons` run wrote") from None
     if not isinstance(data, dict) or "neurons" not in data:

@@ -20,6 +20,7 @@ reports.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -144,8 +145,11 @@ class SAEFeatureAblation(Intervention):
             raise ValueError("give the SAE (interp.sae.load(DIR)) whose features to remove")
         self.tokens = self.tokens or "patches"
         check_choice("tokens", self.tokens, FEATURE_TOKENS)
-        self.features = [int(f) for f in (self.features.tolist() if isinstance(self.features, torch.Tensor)
-                                          else self.features)]
+        given = self.features.tolist() if isinstance(self.features, torch.Tensor) else self.features
+        if isinstance(given, (str, bytes, dict)) or not all(
+                isinstance(f, numbers.Integral) and not isinstance(f, bool) for f in given):
+            raise ValueError(f"features must be a list of whole feature indices such as [12, 40], got {given!r}")
+        self.features = [int(f) for f in given]
         self._codes = SparseCodes(self.arch, self.state, self.k)
         n = self._codes.n_features
         if not self.features or len(set(self.features)) != len(self.features):

@@ -16,7 +16,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError, UnsupportedModelError, close_matches
+from ..errors import ModelLoadError, UnknownModelError, UnsupportedModelError, close_matches
 from .pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .families import family_of, family_of_entry_module
 from .torchvision_format import adopt_torchvision_config, convert_torchvision_vit, is_torchvision_vit
@@ -40,7 +40,7 @@ def check_model_name(name: str) -> None:
     if not is_model(base):
         hints = close_matches(base, timm.list_models(), n=5)
         hint = f" Did you mean: {', '.join(hints)}?" if hints else ""
-        raise ModelLoadError(f"unknown timm model {name!r}.{hint}")
+        raise UnknownModelError(f"unknown timm model {name!r}.{hint}")
     try:
         family_of_entry_module(model_entrypoint(base).__module__)
     except UnsupportedModelError as e:

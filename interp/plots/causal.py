@@ -26,7 +26,7 @@ def neuron_scores(neurons_result, max_bars: int = 30) -> Figure:
     top = r.neurons[:max_bars]
     fig = Figure(figsize=(11, max(3.6, 0.24 * len(top) + 1.6)), layout="constrained")
     bars, layers = fig.subplots(1, 2, width_ratios=[1, 1.2])
-    labels = [f"L{e['layer']}:{e['neuron']}" for e in top]
+    labels = [f"block {e['layer']}, neuron {e['neuron']}" for e in top]  # "L2:17" read like an L2 norm
     bars.barh(range(len(top)), [e["score"] for e in top], color="tab:orange")
     for y, e in enumerate(top):
         bars.text(e["score"], y, f" {e['score']:.3g}", va="center", fontsize=8)
@@ -35,7 +35,7 @@ def neuron_scores(neurons_result, max_bars: int = 30) -> Figure:
     bars.invert_yaxis()
     bars.set_xlabel("score: mean |activation| on outlier patches")
     shown = "" if len(top) == len(r.neurons) else f" (first {len(top)})"
-    bars.set_title(f"top {len(r.neurons)} neurons{shown} (block:neuron)", fontsize=10)
+    bars.set_title(f"top {len(r.neurons)} neurons{shown}", fontsize=10)
 
     scores = r.layer_max_score
     chosen = {e["layer"] for e in r.neurons}
@@ -85,7 +85,11 @@ def ablation_bars(ablation_result) -> Figure:
         return message_figure(title, "no ablation measurements in this result")
     fig = Figure(figsize=(3.3 * len(metrics) + 0.5, 4.0), layout="constrained")
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    target_label = "SAE\nfeatures" if r.features else "register\nneurons"
     for ax, metric in zip(axes, metrics):
+        if metric == "pooled_cosine":
+            _cosine_panel(ax, r, n_controls, target_label)
+            continue
         s = r.summary[metric]
         heights = [s["baseline"], s["target"], s["control_mean"] if s["control_mean"] is not None else np.nan]
         ax.bar(range(3), heights, color=["0.6", "tab:red", "tab:blue"], alpha=0.85)
@@ -98,9 +102,8 @@ def ablation_bars(ablation_result) -> Figure:
             ax.plot(2 + np.asarray(jitter), points, "o", color="black", ms=3.5)
         for x, v in enumerate(heights):
             if v is not None and np.isfinite(v):
-                _bar_label(ax, x, v, max([v] + points) if x == 2 else v,  # above the control dots
-                           cosine=metric == "pooled_cosine")
-        ax.set_xticks(range(3), ["baseline", "register\nneurons", "controls\n(mean\u00b1std)"], fontsize=8)
+                _bar_label(ax, x, v, max([v] + points) if x == 2 else v)  # above the control dots
+        ax.set_xticks(range(3), ["baseline", target_label, "controls\n(mean\u00b1std)"], fontsize=8)
         ax.set_ylabel(ABLATION_METRICS[metric], fontsize=9)
         top = max([v for v in heights + points if v is not None and np.isfinite(v)] + [1e-9])
         ax.set_ylim(0, top * 1.18)
@@ -111,6 +114,35 @@ def ablation_bars(ablation_result) -> Figure:
                    loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10)
     return fig
+
+
+def _cosine_panel(ax, r, n_controls: int, target_label: str) -> None:
+    """The pooled vector's cosine to the unablated one as its distance from 1, ``1 - cos``, on a log axis: the
+    cosines are all near 1, so bars of the cosine itself on a 0-1 axis look equal. The baseline (1 by
+    definition) has no bar; each bar is labelled with the cosine's own digits."""
+    s = r.summary["pooled_cosine"]
+    cosines = [s["baseline"], s["target"], s["control_mean"]]
+    gaps = [np.nan if c is None else max(1.0 - float(c), 0.0) for c in cosines]
+    points = [1.0 - r.conditions[f"control_{i}"]["pooled_cosine"] for i in range(n_controls)
+              if r.conditions.get(f"control_{i}", {}).get("pooled_cosine") is not None]
+    shown = [g for g in gaps[1:] + points if np.isfinite(g) and g > 0]
+    floor = min(shown) / 10 if shown else 1e-9
+    ax.bar(range(3), [g if np.isfinite(g) and g > 0 else 0 for g in gaps], bottom=0,
+           color=["0.6", "tab:red", "tab:blue"], alpha=0.85)
+    if points:
+        jitter = np.linspace(-0.2, 0.2, len(points)) if len(points) > 1 else [0.0]
+        ax.plot(2 + np.asarray(jitter), [max(p, floor) for p in points], "o", color="black", ms=3.5)
+    ax.set_yscale("log")
+    top = max(shown + [floor * 10])
+    ax.set_ylim(floor, top * 6)
+    for x, (c, g) in enumerate(zip(cosines, gaps)):
+        if c is not None:
+            above = max([g] + points) if x == 2 else g
+            ax.annotate("cos = " + near_one(c, gap=False), (x, max(above, floor)), xytext=(0, 5),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(3), ["baseline\n(cos = 1)", target_label, "controls\n(mean)"], fontsize=8)
+    ax.set_ylabel("1 - cos(pooled vector, unablated one)", fontsize=9)
+    ax.set_title("pooled cosine (distance from 1)", fontsize=10)
 
 
 # ----------------------------------------------------------------------------------------- relocation
@@ -130,20 +162,28 @@ def relocation_maps(relocation_result, images=None) -> Figure:
     target = np.asarray(r.target, dtype=bool)
     before = np.asarray(r.outlier_maps_before, dtype=np.int64)
     after = np.asarray(r.outlier_maps_after, dtype=np.int64)
-    fig = Figure(figsize=(2.5 * n + 0.8, 5.8), layout="constrained")
-    axes = fig.subplots(2, n, squeeze=False)
+    cols = min(n, 4)  # 8 images side by side made a 2300 px figure shown at half size: titles unreadable
+    blocks = -(-n // cols)
+    fig = Figure(figsize=(2.6 * cols + 0.8, 5.6 * blocks + 0.4), layout="constrained")
+    grid = fig.subplots(2 * blocks, cols, squeeze=False)
     colors = []
     for i in range(n):
         picture = None if pictures is None else pictures[i]
-        for row, maps in ((0, before), (1, after)):
-            ax = axes[row, i]
+        top, col = 2 * (i // cols), i % cols
+        for row, maps in ((top, before), (top + 1, after)):
+            ax = grid[row, col]
             width, height, color = _map_panel(ax, maps[i], picture)
             colors.append(color)
             _outline(ax, target, width, height, halo=True, linestyle=(0, (2.5, 1.5)))
-        axes[0, i].set_title(f"{short_name(r.ids[i])}\n{plural(int(before[i].sum()), 'outlier')} before", fontsize=9)
-        axes[1, i].set_title(f"after: {plural(int(after[i].sum()), 'outlier')}, IoU {r.iou[i]:.2f}", fontsize=9)
-    axes[0, 0].set_ylabel("before", fontsize=10)
-    axes[1, 0].set_ylabel("after relocation", fontsize=10)
+        grid[top, col].set_title(f"{short_name(r.ids[i])}\n{plural(int(before[i].sum()), 'outlier')} before", fontsize=9)
+        grid[top + 1, col].set_title(f"after: {plural(int(after[i].sum()), 'outlier')}, IoU {r.iou[i]:.2f}",
+                                     fontsize=9)
+    for i in range(n, blocks * cols):  # empty places of the last row of images
+        grid[2 * (i // cols), i % cols].set_axis_off()
+        grid[2 * (i // cols) + 1, i % cols].set_axis_off()
+    for b in range(blocks):
+        grid[2 * b, 0].set_ylabel("before", fontsize=10)
+        grid[2 * b + 1, 0].set_ylabel("after relocation", fontsize=10)
     active = "" if r.mean_iou_active is None else f", {r.mean_iou_active:.2f} on images with outliers before"
     shown = "" if n == len(r.ids) else f"; first {n} of {len(r.ids)} images"
     thr = "" if r.counting_threshold is None else f", outlined and tinted = norm > {r.counting_threshold:.3g}"

@@ -26,9 +26,23 @@ BOX_COLOR = "#00e5ff"
 SEED_COLOR = "yellow"
 
 
-def _rows_figure(n_rows: int, n_cols: int) -> Tuple[Figure, np.ndarray]:
-    fig = Figure(figsize=(2.3 * n_cols, 2.5 * n_rows + 0.4), layout="constrained")
-    return fig, fig.subplots(n_rows, n_cols, squeeze=False)
+def _rows_figure(n_rows: int, n_cols: int, wrap: int = 4) -> Tuple[Figure, np.ndarray]:
+    """A figure of ``n_rows`` variants x ``n_cols`` images -> axes [n_rows, n_cols]; the images wrap after
+    ``wrap`` columns (each wrapped block repeats the variants' rows), so 8 images stay readable (1 row of 8 was
+    2000 px wide, shown at half size)."""
+    cols = max(1, min(n_cols, wrap))
+    blocks = -(-n_cols // cols)
+    fig = Figure(figsize=(2.3 * cols + 0.2, (2.5 * n_rows) * blocks + 0.4), layout="constrained")
+    grid = fig.subplots(n_rows * blocks, cols, squeeze=False)
+    axes = np.empty((n_rows, n_cols), dtype=object)
+    for i in range(blocks * cols):
+        for r in range(n_rows):
+            ax = grid[(i // cols) * n_rows + r, i % cols]
+            if i < n_cols:
+                axes[r, i] = ax
+            else:
+                ax.set_axis_off()
+    return fig, axes
 
 
 def _cells_panel(ax, cells: np.ndarray, image: Optional[np.ndarray]) -> Tuple[float, float]:
@@ -88,7 +102,8 @@ def lost_boxes(result, images=None, n: int = MAX_PANELS) -> Figure:
                 notes.append("hit" if run["hits"][i] else "miss")
             title = short_name(result.ids[i]) + (f" [{label}]" if label else "")
             ax.set_title(title + ("\n" + ", ".join(notes) if notes else ""), fontsize=8)
-    fig.suptitle(f"{result.model}: LOST ({result.hook}, k={result.k})", fontsize=10)
+    shown = "" if count == len(result.ids) else f"; first {count} of {len(result.ids)} images"
+    fig.suptitle(f"{result.model}: LOST ({result.hook}, k={result.k}{shown})", fontsize=10)
     return fig
 
 
@@ -111,5 +126,7 @@ def segmentation_overlays(result, images=None, n: int = MAX_PANELS) -> Figure:
             scores = (run.get("image_miou") or [None] * count)[i], run["jaccard"][i]
             miou, jaccard = ("n/a" if v is None else f"{v:.2f}" for v in scores)
             ax.set_title(f"{short_name(result.ids[i])} [{label}]\nmIoU {miou}, Jaccard {jaccard}", fontsize=8)
-    fig.suptitle(f"{result.model}: coarse segmentation (Patch Score > mean + {result.k_std:g} std)", fontsize=10)
+    shown = "" if count == len(result.ids) else f"; first {count} of {len(result.ids)} images"
+    fig.suptitle(f"{result.model}: coarse segmentation (Patch Score > mean + {result.k_std:g} std{shown})",
+                 fontsize=10)
     return fig

@@ -145,8 +145,10 @@ def embedded_image(folder: Optional[Path], name: str) -> str:
     if path is None or not path.is_file():
         return f'<p class="note">figure {html.escape(name)} was not written</p>'
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}" '
-            f'data-file="{html.escape(name)}"></figure>')
+    link = html.escape(Path(name).name)  # the PNG lies beside index.html: open it at full size
+    return (f'<figure><a href="{link}" title="open the figure at full size"><img src="data:image/png;base64,{data}" '
+            f'alt="{html.escape(name)}" data-file="{html.escape(name)}"></a>'
+            f'<figcaption><a href="{link}">{html.escape(Path(name).name)}</a> (full size)</figcaption></figure>')
 
 
 def _heading(key: str) -> str:

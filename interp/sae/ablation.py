@@ -50,4 +50,6 @@ def feature_conditions(sae_dir: str, features: Sequence[int], source, *, n_contr
         sae=str(sae_dir), hook=sae.hook, features=features, target=SAEFeatureAblation(sae, features, mode=mode),
         controls=[SAEFeatureAblation(sae, c, mode=mode) for c in drawn], control_features=drawn,
         pool={"n_alive": report["n_alive"], "artifacts_found": report["artifacts_found"],
-              "n_high_norm_tokens": report["n_tokens"]["high_norm"]})
+              "n_high_norm_tokens": report["n_tokens"]["high_norm"],
+              "silent_features": [f["feature"] for f in report["features"] if f["feature"] in features
+                                  and not f["alive"]]})  # never fire on these images: ablating them does nothing

@@ -1,8 +1,11 @@
 """The training-curve figure of an SAE run: loss, explained variance, L0 and dead features per step."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Dict, List
+
+from .files import write_atomic
 
 
 def draw(curve: Dict[str, List[float]], path: Path, title: str) -> Path:
@@ -24,5 +27,8 @@ def draw(curve: Dict[str, List[float]], path: Path, title: str) -> Path:
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_atomic(Path(path), buf.getvalue(), "training-curve figure",
+                 "The SAE itself is written (sae.json, sae.safetensors); free disk space to draw the figure again")  # a full disk: one line, no traceback
     return path

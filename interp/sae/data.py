@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..errors import InterpError
+from ..errors import InterpError, UsageError
 from ..models.layout import TokenLayout
 from ..runtime.forward import run_hooks
 
@@ -99,6 +99,10 @@ class LiveRows(ActivationRows):
         self.n_images = len(self.source)
         self.layout, self.first_token = model.layout, 0
         x = self._forward(np.arange(min(1, self.n_images)))
+        if x.ndim != 3:
+            raise UsageError(f"--hook {hook!r} is not a token activation [N, T, d] (shape {list(x.shape)}); train "
+                             "the SAE on a block output such as blocks.N.hook_resid_post (`interp hooks MODEL` lists "
+                             "the hooks and their shapes)")
         self.n_tokens, self.d = int(x.shape[1]), int(x.shape[2])
 
     @torch.no_grad()

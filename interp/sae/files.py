@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from ..errors import InterpError
@@ -14,10 +15,17 @@ def _write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def write_atomic(path: Path, data: bytes, what: str) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename; one-line error if that fails."""
+RESUME_HINT = "Free disk space or choose another --out, then rerun with --resume"
+
+
+def write_atomic(path: Path, data: bytes, what: str, hint: str = RESUME_HINT) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename; one-line error (ending with ``hint``) if
+    that fails."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    if os.path.lexists(path) and not (os.path.exists(path) and stat.S_ISREG(os.stat(path).st_mode)):
+        raise InterpError(f"{str(path)!r} is not a regular file (a device node, FIFO, socket or a link to one); "
+                          f"interp never replaces it: move it away or choose another --out")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: never another's
     try:
         _write(tmp, data)
         os.replace(tmp, path)
@@ -27,5 +35,4 @@ def write_atomic(path: Path, data: bytes, what: str) -> None:
         except OSError:
             pass
         kept = "the previous file is kept" if path.exists() else "nothing was written"
-        raise InterpError(f"cannot write the {what} {str(path)!r} ({e.strerror or e}); {kept}. Free disk space "
-                          "or choose another --out, then rerun with --resume") from None
+        raise InterpError(f"cannot write the {what} {str(path)!r} ({e.strerror or e}); {kept}. {hint}") from None

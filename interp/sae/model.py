@@ -134,9 +134,82 @@ def save(out: Union[str, Path], config: Dict[str, Any], tensors: Dict[str, torch
     out = Path(out)
     data = save({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()})
     config = {"format": FORMAT, "version": FORMAT_VERSION, **config, "weights_sha256": _digest(data)}
+    config["config_sha256"] = config_digest(config)
     write_atomic(out / WEIGHTS, data, "SAE weights")
     write_atomic(out / CONFIG, (json.dumps(_json_ready(config), indent=1, allow_nan=False) + "\n").encode(), "SAE description")
     return out
+
+
+MIN_SCALE = 1e-6  # the normalisation's scale is the tokens' RMS norm (about 1-1000 in ViTs): 0 or 1e-30 is damage
+DECISIVE = ("arch", "k", "hook", "tokens", "high_norm", "n_features", "d", "model", "normalisation",
+            "weights_sha256")  # what the SAE means; sae.json's config_sha256 covers them
+
+
+def config_digest(config: Dict[str, Any]) -> str:
+    """sha256 of the decisive fields of ``sae.json`` (:data:`DECISIVE`), canonical JSON: an edit of the hook, arch,
+    k or token choice after training is refused on load."""
+    decisive = {key: config.get(key) for key in DECISIVE}
+    return _digest(json.dumps(_json_ready(decisive), sort_keys=True, separators=(",", ":")).encode())
+
+
+def _shape(t: torch.Tensor) -> tuple:
+    return tuple(int(s) for s in t.shape)
+
+
+def tensor_problem(config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Optional[tuple]:
+    """``("weights", why)`` when the tensors are not an SAE's: a missing one, another dtype than float, shapes
+    that do not fit together (w_enc [n, d], b_enc [n], dictionary [n, d], mean [d], scale [1], feature_means [n],
+    threshold [1] for batchtopk or [n] for jumprelu), a non-finite value, a scale that is not a positive RMS
+    norm; None when they are."""
+    missing = [n for n in REQUIRED if n not in tensors]
+    if missing:
+        return "weights", f"missing tensor(s) {missing}"
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            return "weights", f"tensor {name!r} has dtype {str(t.dtype).replace('torch.', '')}; SAE tensors are floats"
+    if tensors["w_enc"].ndim != 2:
+        return "weights", f"w_enc has shape {list(_shape(tensors['w_enc']))}, not [n_features, d]"
+    n, d = _shape(tensors["w_enc"])
+    want = {"b_enc": (n,), "dictionary": (n, d), "mean": (d,), "scale": (1,), "feature_means": (n,)}
+    if "threshold" in tensors:
+        want["threshold"] = (n,) if config.get("arch") == "jumprelu" else (1,)
+    wrong = [f"{name} {list(_shape(tensors[name]))} (expected {list(shape)})" for name, shape in want.items()
+             if _shape(tensors[name]) != shape]
+    if wrong:
+        return "weights", f"tensor shapes do not fit w_enc [{n}, {d}]: {', '.join(wrong)}"
+    if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
+        return "weights", "non-finite weights"
+    scale = float(tensors["scale"][0])
+    if not scale >= MIN_SCALE:
+        return "weights", f"normalisation scale {scale:g}: it is the tokens' RMS norm, a positive number >= {MIN_SCALE:g}"
+    return None
+
+
+def config_problem(config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Optional[tuple]:
+    """``("config", why)`` when ``sae.json`` does not describe these tensors or was edited after training: its
+    sizes, k, token choice, normalisation scale, or its ``config_sha256`` over the decisive fields."""
+    from .data import HIGH_NORM_CHOICES, TOKEN_CHOICES
+
+    n, d = _shape(tensors["w_enc"])
+    for key, value in (("n_features", n), ("d", d)):
+        if key in config and config[key] != value:
+            return "config", f"{key} {config[key]!r} but the weights have {value}"
+    k = config.get("k")
+    if config["arch"] in ("topk", "batchtopk", "archetypal") and not (
+            isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= n):
+        return "config", f"k {k!r}: a {config['arch']} SAE needs a whole number 1..{n}"
+    if config.get("tokens", "patches") not in TOKEN_CHOICES:
+        return "config", f"tokens {config.get('tokens')!r}: one of {', '.join(TOKEN_CHOICES)}"
+    if config.get("high_norm", "include") not in HIGH_NORM_CHOICES:
+        return "config", f"high_norm {config.get('high_norm')!r}: one of {', '.join(HIGH_NORM_CHOICES)}"
+    recorded = (config.get("normalisation") or {}).get("scale") if isinstance(config.get("normalisation"), dict) else None
+    scale = float(tensors["scale"][0])
+    if isinstance(recorded, (int, float)) and not math.isclose(recorded, scale, rel_tol=1e-5):
+        return "config", f"its normalisation scale {recorded!r} differs from the weights' {scale:g}"
+    if "config_sha256" in config and config["config_sha256"] != config_digest(config):
+        return "config", ("its description was edited after training (config_sha256 does not match the hook, "
+                          "arch, k, tokens, model or normalisation it holds)")
+    return None
 
 
 def _bad(path: Path, why: str) -> InterpError:
@@ -182,17 +255,13 @@ def load(directory: Union[str, Path], model=None, hook: Optional[str] = None) ->
         tensors = load_bytes(data)
     except Exception as e:  # safetensors raises its own error types for a damaged header
         raise _bad(w_path, f"{type(e).__name__}") from None
-    missing = [n for n in REQUIRED if n not in tensors]
-    if missing:
-        raise _bad(w_path, f"missing tensor(s) {missing}")
-    if not all(torch.isfinite(t).all() for t in tensors.values()) or not math.isfinite(float(tensors["scale"][0])):
-        raise _bad(w_path, "non-finite weights")
+    problem = tensor_problem(config, tensors) or config_problem(config, tensors)
+    if problem:
+        raise _bad(w_path if problem[0] == "weights" else cfg_path, problem[1])
     try:
         sae = SAE(config, tensors, directory)
     except InterpError as e:
         raise _bad(w_path, str(e)) from None
-    if sae.tensors["dictionary"].shape != sae.tensors["w_enc"].shape:
-        raise _bad(w_path, "dictionary and encoder shapes differ")
     if model is not None:
         sae.check_model(model)
     if hook is not None:

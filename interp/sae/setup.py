@@ -64,6 +64,26 @@ def _all_norms(rows: ActivationRows, rank: int, n_ranks: int) -> np.ndarray:
     return np.concatenate([a for part in gathered for a in part]).astype(np.float64)
 
 
+def contents_digest(source) -> str:
+    """sha256 of what the images are: every file's bytes (in order) for image files, the feed's own digest (ids,
+    shape and a pixel sample) for in-memory pixels. A resume over images whose contents changed under the same
+    names is refused with it."""
+    paths = getattr(source, "paths", None)
+    if paths is None:
+        return source.digest()
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(str(path).encode("utf-8") + b"\0")
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        except OSError as e:
+            h.update(f"unreadable: {e.errno}".encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
 def prepare_data(model, hook: str, cfg, *, cache=None, images=None, rank: int = 0, n_ranks: int = 1,
                  image_batch: int = 32) -> RunData:
     if (cache is None) == (images is None):
@@ -77,7 +97,8 @@ def prepare_data(model, hook: str, cfg, *, cache=None, images=None, rank: int = 
         model.resolve_hooks([hook])
         rows = LiveRows(model, images, hook, image_batch)
         ids = hashlib.sha256("\0".join(rows.source.ids).encode()).hexdigest()
-        signature = {"source": "images", "n_images": rows.n_images, "ids_sha256": ids}
+        signature = {"source": "images", "n_images": rows.n_images, "ids_sha256": ids,
+                     "contents_sha256": contents_digest(rows.source)}
     n = rows.n_images
     kinds = rows.kinds()
     detection = detect_norms(_all_norms(rows, rank, n_ranks), cfg.threshold) if (kinds == PATCH).any() else None

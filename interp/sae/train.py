@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from .._progress import tqdm
-from ..errors import InterpError
+from ..errors import InterpError, UsageError
+from ..values import MAX_EXPANSION, MAX_SAE_BATCH
 from . import modules as sae_modules
 from .data import HIGH_NORM_CHOICES, TOKEN_CHOICES, TokenStream
 from .files import write_atomic
@@ -67,6 +68,9 @@ class TrainSettings:
                      "dead_window", "n_points"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise InterpError(f"{name} must be a whole number >= 1, got {getattr(self, name)!r}")
+        if self.expansion > MAX_EXPANSION or self.batch_size > MAX_SAE_BATCH:
+            raise UsageError(f"expansion must be <= {MAX_EXPANSION} and batch_size <= {MAX_SAE_BATCH} tokens "
+                             f"(interp's bounds on one run), got {self.expansion} and {self.batch_size}")
         if not 0 <= self.holdout < 1:
             raise InterpError(f"holdout must be in [0, 1), got {self.holdout}")
         if not self.lr > 0:
@@ -114,10 +118,62 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
     if cfg.data_shards % n_ranks:
         raise InterpError(f"--data-shards {cfg.data_shards} must be a multiple of the {n_ranks} processes")
     ckpt_path = out / CHECKPOINT
-    state = _read_checkpoint(ckpt_path, cfg) if resume and ckpt_path.exists() else None
     if not resume and not overwrite and ((out / CONFIG).exists() or ckpt_path.exists()):
         raise InterpError(f"{str(out)!r} already holds an SAE run; pass --resume to continue it or --overwrite to "
                           "replace it")
+    lock = _lock_run(out) if rank == 0 else None
+    try:
+        return _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every, progress, image_batch,
+                             device, rank, n_ranks)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _lock_run(out: Path):
+    """Take ``out``'s writer lock (``out/sae.json.lock``, the cache's flock): one training run per folder at a
+    time; a second is refused in one line. The kernel drops the lock when its process dies (kill -9)."""
+    from ..cache.lock import WriterLock, lock_path
+    from ..errors import CacheError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return WriterLock(out / CONFIG).acquire()
+    except CacheError:
+        try:
+            holder = lock_path(out / CONFIG).read_text().strip() or "another process"
+        except OSError:
+            holder = "another process"
+        raise InterpError(f"--out {str(out)!r} is being trained into by another interp run ({holder}); wait for "
+                          "it to finish or choose another --out") from None
+    except OSError as e:
+        raise InterpError(f"--out {str(out)!r}: cannot create the folder or its lock file ({e.strerror or e}); "
+                          "choose a writable folder on an ordinary disk") from None
+
+
+def _refuse_finished_run(out: Path, cfg: "TrainSettings") -> None:
+    """``--resume`` into a folder that holds a finished SAE and no checkpoint: there is nothing to continue, and
+    training would silently replace that SAE (perhaps trained with other settings)."""
+    import json
+
+    try:
+        saved = json.loads((out / CONFIG).read_text(encoding="utf-8")).get("training") or {}
+    except (OSError, ValueError, AttributeError, RecursionError):
+        saved = {}
+    now = asdict(cfg)
+    differ = [k for k in now if isinstance(saved, dict) and k in saved and saved[k] != now[k]]
+    what = (f"trained with other settings ({', '.join(f'{k}={saved[k]!r}' for k in differ[:6])})" if differ
+            else "finished")
+    raise InterpError(f"{str(out)!r} holds an SAE {what} and no {CHECKPOINT} to continue: --resume has nothing "
+                      "to do; pass --overwrite to replace that SAE, or choose another --out")
+
+
+def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every, progress, image_batch, device,
+                  rank, n_ranks):
+    ckpt_path = out / CHECKPOINT
+    if resume and not ckpt_path.exists() and (out / CONFIG).exists():
+        _refuse_finished_run(out, cfg)
+    state = _read_checkpoint(ckpt_path, cfg) if resume and ckpt_path.exists() else None
     out.mkdir(parents=True, exist_ok=True)
 
     data = prepare_data(model, hook, cfg, cache=cache, images=images, rank=rank, n_ranks=n_ranks,
@@ -131,6 +187,7 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
     norm = data.norm
     torch.manual_seed(cfg.seed)
     n_features = cfg.expansion * data.rows.d
+    check_sizes(cfg, n_features, int(data.counts[data.train].sum()))
     module = sae_modules.build(cfg.arch, data.rows.d, n_features, cfg.k, cfg.batch_size // n_ranks,
                                data.points).to(device)  # built on the CPU: the same weights on any device
     net = module
@@ -193,6 +250,17 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
     if n_ranks > 1:
         torch.distributed.barrier()
     return result
+
+
+def check_sizes(cfg: TrainSettings, n_features: int, n_tokens: int) -> None:
+    """Settings that only the data can bound: ``k`` within the SAE's features, a step's batch within the training
+    tokens (one-line UsageError naming the most that fits)."""
+    if cfg.arch in ("topk", "batchtopk", "archetypal") and cfg.k > n_features:
+        raise UsageError(f"--k {cfg.k} is more than the SAE's {n_features} features (--expansion {cfg.expansion} x "
+                         f"width {n_features // cfg.expansion}); give --k <= {n_features} (SAEs use 8-64)")
+    if cfg.batch_size > n_tokens:
+        raise UsageError(f"--batch-size {cfg.batch_size} is more than the {n_tokens} training tokens of this data "
+                         f"(a step would repeat tokens); give --batch-size <= {n_tokens}, or more images")
 
 
 def _read_checkpoint(path: Path, cfg: TrainSettings) -> Dict[str, Any]:

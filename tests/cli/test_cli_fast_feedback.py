@@ -108,7 +108,7 @@ def test_pre_checks_answer_before_torch_is_imported(tmp_path):
     with WriterLock(tmp_path / "acts.h5"), atomic_output_dir(tmp_path / "o3", "norms.json"):
         out = subprocess.run([sys.executable, "-c", PROBE.format(argvs=argvs)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[1, 1, 1, 1] []", (out.stdout, out.stderr)
+    assert out.stdout.strip() == "[2, 1, 1, 1] []", (out.stdout, out.stderr)  # a mistyped name: a bad value
     err = out.stderr.strip().splitlines()
     assert len(err) == 4 and "Did you mean: vit_tiny_patch16_224" in err[0] and "no image files" in err[1]
     assert "being written by another process" in err[2] and "being written by another interp run" in err[3]

@@ -77,10 +77,26 @@ def test_neuron_indices_must_be_json_integers(client, neurons, shown):
     ({"kind": "Relocation", "neurons": PLANTED, "target": {"indices": [0, 1.5]}}, "target cells must be"),
     ({"kind": "Relocation", "neurons": PLANTED, "target": {"box": [0, 0, True, 2]}}, "target cells must be"),
     ({"kind": "Relocation", "neurons": PLANTED, "target": [[0.5] * 14] * 14}, "0 or 1 per cell"),
+    ({"kind": "SAEFeatureAblation", "features": "58"}, "'features' must be a JSON list"),  # ran as [5, 8]
+    ({"kind": "SAEFeatureAblation", "features": "12"}, "not a string ('12')"),  # ran as [1, 2]
+    ({"kind": "SAEFeatureAblation", "features": {"58": 1}}, "not an object"),  # ran as [58]
+    ({"kind": "SAEFeatureAblation", "features": 58}, "not an integer"),
 ])
 def test_other_indices_are_exact_too(client, entry, words):
     status, answer = post(client, "/api/run", {"image": 0, "interventions": [entry]})
     assert status == 400 and words in one_line(answer), answer
+
+
+def test_test_time_register_tokens_per_request_are_capped(client):
+    """16 test-time registers of 1024 tokens each took the explorer past 7 GB."""
+    from interp.explore.requests import MAX_REGISTER_TOKENS
+
+    many = [{"kind": "TestTimeRegister", "neurons": PLANTED, "n_registers": 1024}] * 16
+    status, answer = post(client, "/api/run", {"image": 0, "interventions": many})
+    assert status == 413 and f"at most {MAX_REGISTER_TOKENS}" in one_line(answer), answer
+    status, answer = post(client, "/api/run", {"image": 0, "interventions": [
+        {"kind": "SAEFeatureAblation", "features": list(range(5000))}]})
+    assert status == 413 and "5000 features" in one_line(answer), answer
 
 
 def test_the_number_of_interventions_is_capped(client):

@@ -15,6 +15,7 @@ unablated one and its norm always).
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Union
 
@@ -41,6 +42,14 @@ def random_controls(neurons: Neurons, d_mlp: Union[int, Mapping[int, int]], n_co
     """``n_controls`` neuron sets with as many neurons per layer as ``neurons``, drawn from the same layers
     without the targets (``d_mlp``: the MLP width, or each layer's); control i uses ``random.Random(seed + i)``."""
     controls = []
+    for layer, idx in sorted(neurons.items()) if n_controls else ():
+        width = d_mlp if isinstance(d_mlp, int) else d_mlp[layer]
+        if width - len(set(idx)) < len(idx):
+            from ...errors import UsageError
+
+            raise UsageError(f"block {layer} has {width} MLP neurons: {len(idx)} ablated leave {width - len(set(idx))}"
+                             f" others, too few for controls of {len(idx)}; ablate fewer neurons (--top-k) or use "
+                             "--controls 0")
     for i in range(n_controls):
         rng = random.Random(seed + i)
         draw = {}
@@ -85,12 +94,29 @@ class AblateResult(OutlierStudyResult):
     hook: Optional[str] = None
     features: List[int] = field(default_factory=list)
     control_pool: Optional[Dict] = None
+    notes: List[str] = field(default_factory=list)
 
     def console_lines(self, config=None) -> List[str]:
-        """The outlier counts of the three conditions, then the behaviour line."""
+        """The outlier counts of the three conditions, then the behaviour line (the notes were warned)."""
         oc = self.summary["outlier_count"]
         return [f"outliers: baseline {oc['baseline']}, ablated {oc['target']}, controls {oc['control_mean']}",
                 *behaviour_lines(self)]
+
+
+def ablation_notes(controls: List[Dict], silent: List[int]) -> List[str]:
+    """What a reader must know about an ablation's conditions: target SAE features that never fire on the images
+    (their ablation cannot move anything), and control sets that coincide (fewer distinct controls than asked,
+    so the controls' std understates their spread)."""
+    notes = []
+    if silent:
+        notes.append(f"SAE feature(s) {', '.join(map(str, silent))} never fire on these images: ablating them "
+                     "changes nothing (target = baseline); choose features from `interp study sae-features`")
+    distinct = {repr(sorted((str(k), sorted(v) if isinstance(v, list) else v) for k, v in c.items()))
+                for c in controls}
+    if len(controls) > 1 and len(distinct) < len(controls):
+        notes.append(f"the {len(controls)} control sets are only {len(distinct)} distinct set(s) (the pool to draw "
+                     "from is small): their std understates the spread of random controls")
+    return notes
 
 
 @study(AblateConfig)
@@ -177,10 +203,13 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     if config.sae is not None:
         params.update(sae=edits.sae, features=edits.features)
         sae = dict(sae=edits.sae, hook=edits.hook, features=edits.features, control_pool=edits.pool)
+    notes = ablation_notes(controls, edits.pool.get("silent_features", []) if config.sae is not None else [])
+    for note in notes:
+        warnings.warn(f"ablate: {note}")
     return AblateResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=config.seed,
                         ids=list(source.ids), skipped=skipped_records(source), **header,
                         neurons={str(k): v for k, v in neurons.items()}, mode=mode,
                         counting_threshold=float(thr_value), n_images=n,
                         controls=[{str(k): v for k, v in c.items()} for c in controls],
                         conditions=table, summary=summary, classifier=readout.record(),
-                        behaviour_note=readout.note, **sae)
+                        behaviour_note=readout.note, notes=notes, **sae)

@@ -102,8 +102,27 @@ def read_coco_polygons(path: Union[str, Path]) -> Dict[str, Tuple[Tuple[int, int
                               "of at least 3 points (an even count >= 6)")
         if ann.get("image_id") not in names:
             raise InterpError(f"{path}: annotation {i} refers to image_id {ann.get('image_id')!r}, not in 'images'")
-        table[names[ann["image_id"]]][1].extend(seg)
+        key = names[ann["image_id"]]
+        _check_polygons(seg, table[key][0], f"{path}: annotation {i} (image {key!r})")
+        table[key][1].extend(seg)
     return table
+
+
+def _check_polygons(polygons: Polygons, size: Tuple[int, int], where: str) -> None:
+    """Refuse an annotation that marks no pixel: no polygon, a polygon of zero area (its points on one line), or
+    one wholly outside its ``size = (width, height)`` image. Each would score the image as if it had no object
+    (mIoU 1.0 for an empty prediction) instead of saying the ground truth is wrong."""
+    if not polygons:
+        raise InterpError(f"{where}: 'segmentation' is an empty list; give its polygons or remove the annotation")
+    width, height = size
+    for j, poly in enumerate(polygons):
+        xs, ys = poly[0::2], poly[1::2]
+        area = 0.5 * abs(sum(xs[k] * ys[k - 1] - xs[k - 1] * ys[k] for k in range(len(xs))))
+        if area == 0:
+            raise InterpError(f"{where}: polygon {j} has zero area (its points lie on one line); fix or remove it")
+        if max(xs) <= 0 or min(xs) >= width or max(ys) <= 0 or min(ys) >= height:
+            raise InterpError(f"{where}: polygon {j} lies wholly outside its {width} x {height} image "
+                              f"(x {min(xs):g}..{max(xs):g}, y {min(ys):g}..{max(ys):g}); fix its coordinates")
 
 
 GroundTruth = Tuple[np.ndarray, np.ndarray]  # (foreground, void): bool [H0, W0] each, original pixels
@@ -121,6 +140,9 @@ def ground_truth_labels(ids: Sequence[str], masks: Union[str, Path]) -> List[Opt
             fg = None if e is None else rasterise_polygons(e[1], e[0])
             if fg is not None:
                 check_mask_size(fg.shape, image_id, f"{masks}: the image record of {image_id!r} (width x height)")
+                if e[1] and not fg.any():  # polygons thinner than a pixel: nothing to score against
+                    raise InterpError(f"{masks}: the polygons of {image_id!r} cover no pixel of its image; fix them "
+                                      "or remove its annotations")
             out.append(None if fg is None else (fg, np.zeros_like(fg)))
         return out
     if not masks.is_dir():

@@ -25,8 +25,9 @@ def read_split(path: PathLike) -> Tuple[List[str], List[str]]:
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InterpError(f"split file {str(path)!r} is not valid JSON: {e}") from None
+        except (json.JSONDecodeError, RecursionError) as e:
+            reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise InterpError(f"split file {str(path)!r} is not valid JSON: {reason}") from None
         if not isinstance(data, dict) or set(data) - set(SPLIT_NAMES) or \
                 not all(isinstance(v, list) for v in data.values()):
             raise InterpError(f"split file {str(path)!r}: JSON must be {{\"train\": [...], \"test\": [...]}}")

@@ -26,7 +26,7 @@ def sae_hook(directory: Union[str, Path]) -> str:
     path = Path(directory) / SAE_FILE
     try:
         hook = json.loads(path.read_text(encoding="utf-8")).get("hook")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError) as e:
         raise InterpError(f"{str(path)!r} is not a readable SAE description ({type(e).__name__}); train one with "
                           "`interp sae train MODEL --cache FILE --hook HOOK --out DIR`") from None
     if not isinstance(hook, str):

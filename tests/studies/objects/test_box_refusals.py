@@ -97,3 +97,43 @@ def test_coco_record_of_another_size_than_its_image_is_refused(tmp_path, folder,
     with pytest.raises(InterpError, match=r"17 x 900 pixels but its image"):
         segment_study(open_source(model, images=folder), masks=tmp_path / "m.json", with_selective=False,
                       progress=False)
+
+
+@pytest.mark.parametrize("segmentation, message", [
+    ([], "empty list"),                                            # scored mIoU 1.0
+    ([[10, 10, 20, 20, 30, 30]], "polygon 0 has zero area"),       # points on one line: scored mIoU 1.0
+    ([[10, 10, 50, 10, 50, 50], [300, 300, 400, 300, 400, 400]], "polygon 1 lies wholly outside its 256 x 256"),
+    ([[-50, 10, -10, 10, -10, 50]], "wholly outside"),
+])
+def test_coco_annotations_that_mark_no_pixel_are_refused(tmp_path, segmentation, message):
+    coco = {"images": [{"id": 1, "file_name": "a.png", "width": 256, "height": 256}],
+            "annotations": [{"image_id": 1, "segmentation": segmentation}]}
+    (tmp_path / "m.json").write_text(json.dumps(coco))
+    with pytest.raises(InterpError, match=message):
+        read_coco_polygons(tmp_path / "m.json")
+
+
+def test_cli_segment_with_a_zero_area_polygon_is_one_line(tmp_path, folder, capsys):
+    coco = {"images": [{"id": 1, "file_name": "a.png", "width": 256, "height": 256}],
+            "annotations": [{"image_id": 1, "segmentation": [[10, 10, 10, 10, 10, 10]]}]}
+    (tmp_path / "m.json").write_text(json.dumps(coco))
+    rc = main(["study", "segment", "vit_small_patch16_224", "--no-pretrained", "--depth", "1", "--images", str(folder),
+               "--masks", str(tmp_path / "m.json"), "--out", str(tmp_path / "out"), "--no-progress"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 1 and len(err) == 1 and "zero area" in err[0], err
+
+
+def test_a_misspelt_box_key_is_said_not_silently_dropped(tmp_path, folder, model):
+    """LOST and PiB evaluated 1 of 2 images without a word when a key was misspelt."""
+    (tmp_path / "b.csv").write_text(HEAD + "a.png,10,10,200,200\nbb.png,10,10,200,200\n")
+    source = open_source(model, images=folder)
+    for run in (lambda: lost_study(source, boxes=tmp_path / "b.csv", progress=False),
+                lambda: pib_study(source, boxes=tmp_path / "b.csv", max_box_fraction=1, progress=False)):
+        with pytest.warns(UserWarning, match=r"1 image\(s\) have no entry .* 'bb.png' \(did you mean 'b.png'\?\)"):
+            run()
+
+
+def test_keys_of_other_images_are_fine_when_every_image_has_boxes(tmp_path, folder, model, recwarn):
+    (tmp_path / "b.csv").write_text(HEAD + "a.png,10,10,200,200\nb.png,1,1,90,90\nc.png,1,1,2,2\n")
+    lost_study(open_source(model, images=folder), boxes=tmp_path / "b.csv", progress=False)
+    assert not [w for w in recwarn if "box file" in str(w.message)]
