@@ -30,35 +30,94 @@ from ..errors import InterpError
 from ..values import SAE_ARCHS
 from .base import NEURON, EditContext, Intervention, check_choice
 
-ARCHS = SAE_ARCHS  # the architectures whose encoder SparseCodes runs
+ARCHS = SAE_ARCHS  # the architectures interp trains (interp.sae.modules registers one class per name)
 FEATURE_TOKENS = ("all", "patches")
-# tensors of an SAE's encoder (w_enc [n, d], b_enc [n], mean [d], scale [1]) and, per arch, its threshold
+# tensors of an SAE's encoder (w_enc [n, d], b_enc [n], mean [d], scale [1]) and, per code rule, its threshold
 # (batchtopk: one [1]; jumprelu: one per feature [n], already exponentiated)
 ENCODER_TENSORS = ("w_enc", "b_enc", "mean", "scale")
+
+
+class CodeRule:
+    """How an SAE sparsifies ``relu(x W^T + b)`` at inference (one class per rule, registered in
+    :data:`CODE_RULES` under its ``name``; an architecture of ``interp.sae.modules`` names the rule it encodes
+    with)."""
+
+    name = ""
+    needs_k = False
+    needs_threshold = False
+
+    def __call__(self, codes: torch.Tensor, k: Optional[int], threshold: Optional[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class ReluCodes(CodeRule):
+    """Every positive code (a ReLU SAE trained with an L1 penalty)."""
+
+    name = "relu"
+
+    def __call__(self, codes, k, threshold):
+        return codes
+
+
+class TopKCodes(CodeRule):
+    """The ``k`` largest codes of each token (TopK, archetypal and Matryoshka SAEs)."""
+
+    name, needs_k = "topk", True
+
+    def __call__(self, codes, k, threshold):
+        top = torch.topk(codes, min(k, codes.shape[-1]), dim=-1)
+        return torch.zeros_like(codes).scatter(-1, top.indices, top.values)
+
+
+class BatchThresholdCodes(CodeRule):
+    """Codes at or above one global threshold (BatchTopK's running threshold at inference)."""
+
+    name, needs_threshold = "batchtopk", True
+
+    def __call__(self, codes, k, threshold):
+        return codes * (codes >= threshold)
+
+
+class JumpCodes(CodeRule):
+    """Codes above each feature's own threshold (JumpReLU)."""
+
+    name, needs_threshold = "jumprelu", True
+
+    def __call__(self, codes, k, threshold):
+        return codes * (codes > threshold)
+
+
+CODE_RULES: Dict[str, CodeRule] = {rule.name: rule for rule in (ReluCodes(), TopKCodes(), BatchThresholdCodes(),
+                                                                  JumpCodes())}
+# patch files written before the rules were named carry the architecture: an archetypal SAE encodes with TopK
+LEGACY_ARCH_RULES = {"archetypal": "topk"}
 
 
 class SparseCodes(nn.Module):
     """An SAE encoder: activations in the hook's units [..., d] -> codes [..., n].
 
-    ``x`` is normalised as in training (``(x - mean) / scale``), then ``relu(x W^T + b)`` is sparsified as the
-    architecture does at inference: the ``k`` largest per token (topk, archetypal), codes at or above the
-    running batch threshold (batchtopk), codes above each feature's threshold (jumprelu), none (relu).
+    ``x`` is normalised as in training (``(x - mean) / scale``), then ``relu(x W^T + b)`` is sparsified by the
+    code rule ``rule`` (:data:`CODE_RULES`): the ``k`` largest per token (topk), codes at or above the running
+    batch threshold (batchtopk), codes above each feature's threshold (jumprelu), none (relu).
     """
 
-    def __init__(self, arch: str, tensors: Dict[str, torch.Tensor], k: Optional[int] = None):
+    def __init__(self, rule: str, tensors: Dict[str, torch.Tensor], k: Optional[int] = None):
         super().__init__()
-        check_choice("arch", arch, ARCHS)
+        check_choice("code rule", rule, tuple(CODE_RULES))
+        self.rule = CODE_RULES[rule]
         missing = [name for name in ENCODER_TENSORS if name not in tensors]
-        if arch in ("batchtopk", "jumprelu") and "threshold" not in tensors:
+        if self.rule.needs_threshold and "threshold" not in tensors:
             missing.append("threshold")
         if missing:
             raise InterpError(f"the SAE's encoder lacks tensor(s) {missing}")
-        if arch in ("topk", "archetypal") and not (isinstance(k, int) and k > 0):
-            raise InterpError(f"a {arch} SAE needs k >= 1, got {k!r}")
-        self.arch, self.k = arch, k
+        if self.rule.needs_k and not (isinstance(k, int) and k > 0):
+            raise InterpError(f"a {rule} SAE needs k >= 1, got {k!r}")
+        self.k = k
         for name in (*ENCODER_TENSORS, "threshold"):
             if name in tensors:
                 self.register_buffer(name, torch.as_tensor(tensors[name], dtype=torch.float32).clone())
+        if "threshold" not in tensors:
+            self.threshold = None
         n, d = self.w_enc.shape
         if self.b_enc.shape != (n,) or self.mean.shape != (d,) or self.scale.numel() != 1:
             raise InterpError(f"the SAE's encoder tensors do not fit together (w_enc {tuple(self.w_enc.shape)}, "
@@ -79,14 +138,7 @@ class SparseCodes(nn.Module):
         if x.shape[-1] != self.d:
             raise InterpError(f"the SAE reads vectors of width {self.d}; these activations have width {x.shape[-1]}")
         codes = torch.relu(self.normalise(x) @ self.w_enc.T + self.b_enc)
-        if self.arch in ("topk", "archetypal"):
-            top = torch.topk(codes, min(self.k, self.n_features), dim=-1)
-            return torch.zeros_like(codes).scatter(-1, top.indices, top.values)
-        if self.arch == "batchtopk":
-            return codes * (codes >= self.threshold)
-        if self.arch == "jumprelu":
-            return codes * (codes > self.threshold)
-        return codes
+        return self.rule(codes, self.k, self.threshold)
 
 
 class FeatureRemoval(nn.Module):
@@ -118,6 +170,7 @@ class SAEFeatureAblation(Intervention):
             training tokens, stored with the SAE).
         tokens: ``"all"`` tokens or ``"patches"`` only (CLS, registers and test-time registers untouched);
             None: ``"all"`` for an SAE trained on all tokens, else ``"patches"``.
+        layer, codes, k, state: what a patch file restores (``codes``: the SAE's rule in :data:`CODE_RULES`).
     """
 
     sae: Any = field(default=None, repr=False)
@@ -125,7 +178,7 @@ class SAEFeatureAblation(Intervention):
     mode: str = "zero"
     tokens: Optional[str] = None
     layer: Optional[int] = None
-    arch: Optional[str] = None
+    codes: Optional[str] = None
     k: Optional[int] = None
     state: Optional[Dict[str, torch.Tensor]] = field(default=None, repr=False)
 
@@ -136,7 +189,7 @@ class SAEFeatureAblation(Intervention):
         check_choice("mode", self.mode, ("zero", "mean"))
         if self.sae is not None:
             info = self.sae.ablation_state()
-            self.layer, self.arch, self.k, self.state = info["layer"], info["arch"], info["k"], info["tensors"]
+            self.layer, self.codes, self.k, self.state = info["layer"], info["codes"], info["k"], info["tensors"]
             if self.tokens is None:
                 self.tokens = "all" if info["tokens"] == "all" else "patches"
             self.sae = None  # the tensors are kept; the object is not needed any more
@@ -146,7 +199,7 @@ class SAEFeatureAblation(Intervention):
         check_choice("tokens", self.tokens, FEATURE_TOKENS)
         self.features = [int(f) for f in (self.features.tolist() if isinstance(self.features, torch.Tensor)
                                           else self.features)]
-        self._codes = SparseCodes(self.arch, self.state, self.k)
+        self._codes = SparseCodes(self.codes, self.state, self.k)
         n = self._codes.n_features
         if not self.features or len(set(self.features)) != len(self.features):
             raise ValueError(f"features must be distinct SAE feature indices, got {self.features}")
@@ -168,11 +221,15 @@ class SAEFeatureAblation(Intervention):
     # ------------------------------------------------------------------ serialisation
     def params(self) -> Dict[str, Any]:
         return {"features": self.features, "mode": self.mode, "tokens": self.tokens, "layer": self.layer,
-                "arch": self.arch, "k": self.k}
+                "codes": self.codes, "k": self.k}
 
     def tensors(self) -> Dict[str, torch.Tensor]:
         return dict(self.state)
 
     @classmethod
     def from_params(cls, params, tensors):
+        params = dict(params)
+        if "arch" in params:  # a patch file written before code rules were named
+            arch = params.pop("arch")
+            params["codes"] = LEGACY_ARCH_RULES.get(arch, arch)
         return cls(**params, state=dict(tensors))

@@ -23,6 +23,7 @@ from ..hooks.names import block_of
 from ..interventions.sae_features import ARCHS, SparseCodes
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
 from .files import write_atomic
+from .modules import architecture
 
 FORMAT, FORMAT_VERSION = "interp-sae", 1
 WEIGHTS, CONFIG = "sae.safetensors", "sae.json"
@@ -40,7 +41,7 @@ class SAE:
 
     def __init__(self, config: Dict[str, Any], tensors: Dict[str, torch.Tensor], path: Optional[Path] = None):
         self.config, self.tensors, self.path = config, tensors, path
-        self.codes = SparseCodes(config["arch"], tensors, config.get("k"))
+        self.codes = SparseCodes(config.get("codes") or architecture(config["arch"]).codes, tensors, config.get("k"))
 
     hook = property(lambda self: self.config["hook"])
     arch = property(lambda self: self.config["arch"])
@@ -102,7 +103,7 @@ class SAE:
             raise InterpError(f"feature ablation edits a block output (blocks.N.hook_resid_post); this SAE reads "
                               f"{self.hook!r}")
         names = ("w_enc", "b_enc", "dictionary", "mean", "scale", "feature_means", "threshold")
-        return {"layer": layer, "arch": self.arch, "k": self.k, "tokens": self.config.get("tokens"),
+        return {"layer": layer, "codes": self.codes.rule.name, "k": self.k, "tokens": self.config.get("tokens"),
                 "tensors": {n: self.tensors[n] for n in names if n in self.tensors}}
 
     def _where(self) -> str:
