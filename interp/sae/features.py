@@ -37,17 +37,18 @@ KINDS = ("normal_patch", "high_norm", "cls", "register")
 
 
 def write_directions(model, neurons) -> Dict[str, torch.Tensor]:
-    """{"L:n": unit fc2 column [d]} of the given register neurons (none without ``neurons``)."""
+    """{"L:n": unit write direction [d]} of the given register neurons (none without ``neurons``): what the
+    neuron adds to the residual stream, ``fc2[:, n]`` times the block's LayerScale where it has one
+    (``HookedViT.neuron_writes``: DINOv2, DeiT-III)."""
     if neurons is None:
         return {}
     if model is None:
-        raise InterpError("comparing with register neurons needs the model (their fc2 columns)")
-    module = getattr(model, "timm_model", model)
+        raise InterpError("comparing with register neurons needs the model (their write directions)")
     out = {}
     for layer, idx in neuron_set(neurons).neurons.items():
-        fc2 = module.blocks[int(layer)].mlp.fc2.weight.detach().float()
+        writes = model.neuron_writes(int(layer))  # [d, d_mlp], LayerScale included
         for n in idx:
-            col = fc2[:, int(n)]
+            col = writes[:, int(n)]
             out[f"{int(layer)}:{int(n)}"] = col / col.norm().clamp_min(1e-12)
     return out
 
