@@ -31,7 +31,7 @@ from ..values import SAE_ARCHS
 from .base import NEURON, EditContext, Intervention, check_choice
 
 ARCHS = SAE_ARCHS  # the architectures interp trains (interp.sae.modules registers one class per name)
-FEATURE_TOKENS = ("all", "patches")
+FEATURE_TOKENS = ("all", "patches", "cls", "registers")  # the token kinds an SAE is trained on (--tokens)
 # tensors of an SAE's encoder (w_enc [n, d], b_enc [n], mean [d], scale [1]) and, per code rule, its threshold
 # (batchtopk: one [1]; jumprelu: one per feature [n], already exponentiated)
 ENCODER_TENSORS = ("w_enc", "b_enc", "mean", "scale")
@@ -142,20 +142,29 @@ class SparseCodes(nn.Module):
 
 
 class FeatureRemoval(nn.Module):
-    """Block output [b, t, d] -> the same with the chosen features' contribution replaced on the chosen rows."""
+    """Block output [b, t, d] -> the same with the chosen features' contribution replaced on the chosen rows:
+    ``rows`` (CLS or registers) when given, else every row from ``first_row`` on (all tokens, or the patches)."""
 
     def __init__(self, codes: SparseCodes, features: List[int], directions: torch.Tensor, means: torch.Tensor,
-                 first_row: int):
+                 first_row: int, rows: Optional[List[int]] = None):
         super().__init__()
         self.codes, self.features, self.first_row = codes, list(features), first_row
+        self.rows = None if rows is None else list(rows)
         self.register_buffer("directions", directions.float())  # [|F|, d], hook units
         self.register_buffer("means", means.float())  # [|F|]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x[:, self.first_row:]
+    def _delta(self, rows: torch.Tensor) -> torch.Tensor:
         a = self.codes(rows)[..., self.features]  # [b, t', |F|]
-        delta = (a - self.means) @ self.directions
-        return torch.cat([x[:, :self.first_row], rows - delta.to(x.dtype)], dim=1)
+        return ((a - self.means) @ self.directions).to(rows.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows is not None:
+            idx = torch.tensor(self.rows, device=x.device)
+            out = x.clone()
+            out[:, idx] = x[:, idx] - self._delta(x[:, idx])
+            return out
+        rows = x[:, self.first_row:]
+        return torch.cat([x[:, :self.first_row], rows - self._delta(rows)], dim=1)
 
 
 @dataclass(eq=False)
@@ -168,8 +177,11 @@ class SAEFeatureAblation(Intervention):
         features: feature indices to remove.
         mode: ``"zero"`` (``m_f = 0``) or ``"mean"`` (``m_f`` = the feature's mean code on the SAE's
             training tokens, stored with the SAE).
-        tokens: ``"all"`` tokens or ``"patches"`` only (CLS, registers and test-time registers untouched);
-            None: ``"all"`` for an SAE trained on all tokens, else ``"patches"``.
+        tokens: the token kind edited: ``"all"``, ``"patches"`` (CLS, registers and test-time registers
+            untouched), ``"cls"`` or ``"registers"`` (the model's trained registers); None: the kind the SAE was
+            trained on (an SAE is only meaningful on the tokens it saw).
+        prefix: with ``tokens`` cls or registers, the model's token layout ``{"cls_index", "n_registers"}``
+            (taken from the SAE, which records it at training).
         layer, codes, k, state: what a patch file restores (``codes``: the SAE's rule in :data:`CODE_RULES`).
     """
 
@@ -177,6 +189,7 @@ class SAEFeatureAblation(Intervention):
     features: Sequence[int] = ()
     mode: str = "zero"
     tokens: Optional[str] = None
+    prefix: Optional[Dict[str, Any]] = None
     layer: Optional[int] = None
     codes: Optional[str] = None
     k: Optional[int] = None
@@ -191,12 +204,16 @@ class SAEFeatureAblation(Intervention):
             info = self.sae.ablation_state()
             self.layer, self.codes, self.k, self.state = info["layer"], info["codes"], info["k"], info["tensors"]
             if self.tokens is None:
-                self.tokens = "all" if info["tokens"] == "all" else "patches"
+                self.tokens = info["tokens"] or "patches"
+            if self.prefix is None:
+                self.prefix = info.get("prefix")
             self.sae = None  # the tensors are kept; the object is not needed any more
         if self.state is None or self.layer is None:
             raise ValueError("give the SAE (interp.sae.load(DIR)) whose features to remove")
         self.tokens = self.tokens or "patches"
         check_choice("tokens", self.tokens, FEATURE_TOKENS)
+        if self.tokens in ("cls", "registers"):
+            self._prefix_rows()  # refuse a missing layout now, not at the first forward
         self.features = [int(f) for f in (self.features.tolist() if isinstance(self.features, torch.Tensor)
                                           else self.features)]
         self._codes = SparseCodes(self.codes, self.state, self.k)
@@ -212,15 +229,35 @@ class SAEFeatureAblation(Intervention):
         idx = torch.tensor(self.features)
         directions = self.state["dictionary"][idx] * self.state["scale"].reshape(())
         means = self.state["feature_means"][idx] if self.mode == "mean" else torch.zeros(len(idx))
+        if self.tokens in ("cls", "registers"):
+            return FeatureRemoval(self._codes, self.features, directions, means, 0, self._prefix_rows())
         return FeatureRemoval(self._codes, self.features, directions, means,
                               ctx.n_prefix if self.tokens == "patches" else 0)
+
+    def _prefix_rows(self) -> List[int]:
+        """The rows of the CLS token or of the trained registers (token order [CLS?, registers, ...])."""
+        prefix = self.prefix or {}
+        if "n_registers" not in prefix:
+            raise InterpError(f"an SAE ablation on the {self.tokens} token(s) needs the model's token layout "
+                              "(cls_index, n_registers), which the SAE records when trained; train it again")
+        cls_index = prefix.get("cls_index")
+        if self.tokens == "cls":
+            if cls_index is None:
+                raise InterpError("--tokens cls: the model has no CLS token")
+            return [int(cls_index)]
+        first = 0 if cls_index is None else int(cls_index) + 1
+        rows = list(range(first, first + int(prefix["n_registers"])))
+        if not rows:
+            raise InterpError("--tokens registers: the model has no register tokens")
+        return rows
 
     def resid_edits(self, ctx: EditContext) -> Dict[int, nn.Module]:
         return {self.layer: self._removal(ctx)}
 
     # ------------------------------------------------------------------ serialisation
     def params(self) -> Dict[str, Any]:
-        return {"features": self.features, "mode": self.mode, "tokens": self.tokens, "layer": self.layer,
+        return {"features": self.features, "mode": self.mode, "tokens": self.tokens, "prefix": self.prefix,
+                "layer": self.layer,
                 "codes": self.codes, "k": self.k}
 
     def tensors(self) -> Dict[str, torch.Tensor]:

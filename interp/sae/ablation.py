@@ -46,8 +46,14 @@ def feature_conditions(sae_dir: str, features: Sequence[int], source, *, n_contr
     sae.ablation_state()  # a hook that is not a block output is refused here, before any pass
     report = source_feature_report(sae, source, progress=progress)
     drawn = control_features(report, features, n_controls, seed)
+    layout = source.layout
+    prefix = {"cls_index": layout.cls_index, "n_registers": layout.n_registers}
+
+    def ablation(chosen):  # on the token kind the SAE was trained on
+        return SAEFeatureAblation(sae, chosen, mode=mode, prefix=prefix)
+
     return FeatureConditions(
-        sae=str(sae_dir), hook=sae.hook, features=features, target=SAEFeatureAblation(sae, features, mode=mode),
-        controls=[SAEFeatureAblation(sae, c, mode=mode) for c in drawn], control_features=drawn,
+        sae=str(sae_dir), hook=sae.hook, features=features, target=ablation(features),
+        controls=[ablation(c) for c in drawn], control_features=drawn,
         pool={"n_alive": report["n_alive"], "artifacts_found": report["artifacts_found"],
-              "n_high_norm_tokens": report["n_tokens"]["high_norm"]})
+              "n_high_norm_tokens": report["n_tokens"]["high_norm"], "tokens": sae.tokens})

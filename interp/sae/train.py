@@ -263,7 +263,8 @@ def _finish(module, arch, cfg: TrainSettings, data: RunData, curve, last_fired, 
     config = {
         "arch": cfg.arch, "codes": arch.codes, "k": arch.k,
         "n_features": codes.n_features, "d": codes.d, "hook": data.hook, "model": data.model,
-        "tokens": cfg.tokens, "high_norm": cfg.high_norm, "detection": describe_detection(data.detection),
+        "tokens": cfg.tokens, "high_norm": cfg.high_norm,
+        "layout": {"cls_index": data.rows.layout.cls_index, "n_registers": data.rows.layout.n_registers}, "detection": describe_detection(data.detection),
         "normalisation": data.norm.to_dict(), "data": data.signature, "training": asdict(cfg), "processes": n_ranks,
         "metrics": {
             "final": {key: float(np.mean(curve[key][-window:])) for key in CURVE_KEYS[1:]} if curve["step"] else {},
