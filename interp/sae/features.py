@@ -279,19 +279,70 @@ def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dic
     return feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps)
 
 
+MATCH_CANDIDATES = 5  # each control feature is drawn among the target's this many nearest matches ...
+MATCH_HIGH_RATE = 0.25  # ... that fire on the high-norm tokens within this rate of the target ...
+MATCH_LOG_RATE = 1.0  # ... and overall within this many decades (else the nearest one)
+
+
+def _overall_rate(report: Dict[str, Any], feature: Dict[str, Any]) -> float:
+    """A feature's firing rate over every token kind the report read."""
+    kinds = [k for k in report.get("analysed_kinds", KINDS) if report["n_tokens"].get(k)]
+    total = sum(report["n_tokens"][k] for k in kinds)
+    return sum((feature["rates"][k] or 0.0) * report["n_tokens"][k] for k in kinds) / total if total else 0.0
+
+
 def control_features(report: Dict[str, Any], targets, n_controls: int, seed: int) -> List[List[int]]:
-    """``n_controls`` random feature sets of ``len(targets)`` for an ablation's controls (docs/sae.md): drawn
-    among the live features of ``report`` (:func:`feature_report`) other than the targets that do not fire on the
-    high-norm tokens (all live ones when there are none); control i uses ``random.Random(seed + i)``.
+    """The control sets of :func:`matched_controls` (without the matched flags)."""
+    return matched_controls(report, targets, n_controls, seed)[0]
+
+
+def matched_controls(report: Dict[str, Any], targets, n_controls: int,
+                     seed: int) -> Tuple[List[List[int]], List[bool]]:
+    """``n_controls`` random feature sets of ``len(targets)`` matched to the targets (docs/sae.md): each target
+    gets a live feature outside the targets, the artifact subspace and the enriched features, drawn among the
+    ``MATCH_CANDIDATES`` nearest to it by firing rate (log scale) and by firing rate on the high-norm tokens that
+    lie within ``MATCH_HIGH_RATE`` and ``MATCH_LOG_RATE`` of it (the nearest one when none does), so a control
+    fires as often, and on the high-norm tokens as much, as what it stands for: it can remove outliers. Control i uses ``random.Random(seed + i)``.
+
+    Returns:
+        (the sets, whether each set's every feature lies within the calipers of the target it stands for).
 
     Raises:
         InterpError: fewer such features than targets.
     """
     chosen = {int(f) for f in targets}
-    pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in chosen
-            and not (f["rates"]["high_norm"] or 0) > 0]
+    excluded = chosen | {int(f) for f in (report.get("artifact_subspace") or {}).get("features", [])} | \
+        {int(f["feature"]) for f in report.get("enriched_features", [])}
+    by_id = {f["feature"]: f for f in report["features"]}
+    pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in excluded]
     if n_controls and len(pool) < len(chosen):
-        raise InterpError(f"only {len(pool)} live feature(s) off the high-norm tokens for controls of "
-                          f"{len(chosen)} feature(s) (of {report['n_alive']} alive); ablate fewer features, give "
+        raise InterpError(f"only {len(pool)} live feature(s) outside the chosen and artifact features for controls "
+                          f"of {len(chosen)} feature(s) (of {report['n_alive']} alive); ablate fewer features, give "
                           "more images or use --controls 0")
-    return [sorted(random.Random(seed + i).sample(pool, len(chosen))) for i in range(n_controls)]
+
+    def signature(f: int):
+        rate = _overall_rate(report, by_id[f])
+        return np.log10(rate + 1e-6), by_id[f]["rates"].get("high_norm") or 0.0
+
+    sig = {f: signature(f) for f in pool}
+    nearest, targets_sig = {}, {}
+    for t in sorted(chosen):
+        lt, ht = targets_sig[t] = signature(t) if t in by_id else (0.0, 0.0)
+        nearest[t] = sorted(pool, key=lambda f: (abs(sig[f][0] - lt) + 4 * abs(sig[f][1] - ht), f))
+    out, matched = [], []
+    for i in range(n_controls):
+        rng, taken, ok = random.Random(seed + i), [], True
+        for t in sorted(chosen):
+            free = [f for f in nearest[t] if f not in taken]
+            close = [f for f in free[:MATCH_CANDIDATES] if abs(sig[f][1] - targets_sig[t][1]) <= MATCH_HIGH_RATE
+                     and abs(sig[f][0] - targets_sig[t][0]) <= MATCH_LOG_RATE]
+            ok = ok and bool(close)
+            taken.append(rng.choice(close or free[:1]))
+        out.append(sorted(taken))
+        matched.append(ok)
+    return out, matched
+
+
+def coinciding_controls(controls: List[List[int]]) -> List[List[int]]:
+    """Pairs ``[i, j]`` of control sets that are the same features (a small pool repeats itself)."""
+    return [[i, j] for i in range(len(controls)) for j in range(i + 1, len(controls)) if controls[i] == controls[j]]

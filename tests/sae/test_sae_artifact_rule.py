@@ -149,3 +149,42 @@ def test_span_cosine():
     assert rule.span_cosine(d, torch.tensor([1.0, 1.0, 0, 0])) == pytest.approx(1.0)
     assert rule.span_cosine(d, torch.tensor([1.0, 0, 1.0, 0])) == pytest.approx(2 ** -0.5)
     assert rule.span_cosine(torch.cat([d, d]), torch.tensor([0, 0, 1.0, 0])) == pytest.approx(0.0, abs=1e-9)
+
+
+def _report_with(rates_high, rates_normal, enriched=(), subspace=()):
+    n = len(rates_high)
+    return {"n_alive": n, "n_tokens": {"normal_patch": 1000, "high_norm": 50, "cls": 0, "register": 0},
+            "analysed_kinds": ["normal_patch", "high_norm"],
+            "features": [{"feature": f, "alive": True, "rates": {"normal_patch": rates_normal[f],
+                                                                 "high_norm": rates_high[f], "cls": None,
+                                                                 "register": None}} for f in range(n)],
+            "artifact_subspace": {"features": list(subspace)}, "enriched_features": [{"feature": f} for f in enriched]}
+
+
+def test_controls_are_matched_on_firing_on_the_high_norm_tokens():
+    """The target fires on every high-norm token: its controls fire on the high-norm tokens too (they can remove
+    outliers; the old draw took only features that never fire there, which cannot fail in zero mode)."""
+    from interp.sae.features import control_features
+
+    rates_high = [1.0, 0.9, 0.95, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.85, 0.8, 0.0]
+    rates_normal = [0.0, 0.3, 0.2, 0.3, 0.2, 0.25, 0.3, 0.2, 0.3, 0.25, 0.3, 0.2]
+    report = _report_with(rates_high, rates_normal, enriched=[11], subspace=[0])
+    controls = control_features(report, [0], 6, seed=0)
+    assert all(len(c) == 1 and c[0] in {1, 2, 9, 10} for c in controls)  # the high-norm firers, not 3..8 or 11
+    assert len({c[0] for c in controls}) > 1
+    from interp.sae.features import matched_controls
+
+    assert matched_controls(report, [0], 6, seed=0)[1] == [True] * 6
+    lonely = _report_with([1.0, 0.0, 0.0], [0.0, 0.2, 0.2], subspace=[0])  # nothing else fires on high-norm tokens
+    assert matched_controls(lonely, [0], 2, seed=0)[1] == [False, False]
+
+
+def test_coinciding_control_sets_are_reported():
+    """Two matched features for one target and four controls: some sets are the same features; said so."""
+    from interp.sae.features import coinciding_controls, control_features
+
+    report = _report_with([1.0, 0.9, 0.9], [0.0, 0.2, 0.2], subspace=[0])
+    controls = control_features(report, [0], 4, seed=0)
+    pairs = coinciding_controls(controls)
+    assert pairs and all(controls[i] == controls[j] for i, j in pairs)
+    assert coinciding_controls([[1, 2], [1, 3]]) == []
