@@ -6,6 +6,7 @@ each reads its own data shards, rank 0 writes the files.
 from __future__ import annotations
 
 import os
+import sys
 
 from .common import add_model_args, add_output_args, model_from_args
 from ..values import (SAE_ARCHS, existing_file, existing_path, expansion_arg, nonnegative_float, positive_float,
@@ -43,7 +44,19 @@ def register(sub) -> None:
     t.add_argument("--data-shards", type=positive_int, default=8,
                    help="interleaved sub-streams of the data; torchrun's process count must divide it (default 8)")
     t.add_argument("--holdout", type=nonnegative_float, default=0.1, help="share of images held out for metrics (default 0.1)")
-    t.add_argument("--dead-window", type=positive_int, default=200, help="steps without firing that make a feature dead (default 200)")
+    t.add_argument("--dead-window", type=positive_int, default=200,
+                   help="steps without firing that make a feature dead (AuxK revives those; default 200)")
+    t.add_argument("--l1-penalty", type=nonnegative_float, default=0.05,
+                   help="relu: weight of the L1 term, per token, in units of the normalised tokens' variance "
+                        "(loss = ||x - x_hat||^2 + l1 * sum_f z_f ||d_f||, averaged over tokens; default 0.05)")
+    t.add_argument("--l0-penalty", type=nonnegative_float, default=0.002,
+                   help="jumprelu: weight of the L0 term per token (each active feature costs this share of the "
+                        "variance; straight-through thresholds; default 0.002)")
+    t.add_argument("--aux-penalty", type=nonnegative_float, default=1 / 32,
+                   help="topk, batchtopk, archetypal: weight of AuxK, the dead features' reconstruction of the "
+                        "residual (Gao et al. 2024; default 1/32)")
+    t.add_argument("--aux-k", type=positive_int, default=None,
+                   help="dead features used by AuxK per token (default: half the hook's width)")
     t.add_argument("--checkpoint-every", type=positive_int, default=100, help="steps between checkpoints (default 100)")
     t.add_argument("--batch-images", type=positive_int, default=32, help="images per forward pass with --images (default 32)")
     t.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
@@ -109,11 +122,14 @@ def _run_train(args) -> int:
                    tokens=args.tokens, high_norm=args.high_norm, threshold=threshold_value(args.threshold),
                    steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                    window_images=args.window_images, data_shards=args.data_shards, holdout=args.holdout,
-                   dead_window=args.dead_window)
+                   dead_window=args.dead_window, l1_penalty=args.l1_penalty, l0_penalty=args.l0_penalty,
+                   aux_penalty=args.aux_penalty, aux_k=args.aux_k)
     if int(os.environ.get("RANK", "0")) == 0:
         held = result["metrics"]["held_out"] or result["metrics"]["train_sample"]
         ev = "n/a" if held["explained_variance"] is None else f"{held['explained_variance']:.3f}"
         print(f"SAE {result['arch']} with {result['n_features']} features on {result['hook']}: explained variance "
               f"{ev}, L0 {held['l0']:.1f}, alive {held['alive_fraction']:.2f} -> "
               f"{os.path.join(args.out, 'sae.json')}")
+        for line in result.get("warnings", []):
+            print(f"warning: {line}", file=sys.stderr)
     return 0

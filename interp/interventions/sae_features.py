@@ -31,35 +31,94 @@ from ..errors import InterpError
 from ..values import SAE_ARCHS
 from .base import NEURON, EditContext, Intervention, check_choice
 
-ARCHS = SAE_ARCHS  # the architectures whose encoder SparseCodes runs
-FEATURE_TOKENS = ("all", "patches")
-# tensors of an SAE's encoder (w_enc [n, d], b_enc [n], mean [d], scale [1]) and, per arch, its threshold
+ARCHS = SAE_ARCHS  # the architectures interp trains (interp.sae.modules registers one class per name)
+FEATURE_TOKENS = ("all", "patches", "cls", "registers")  # the token kinds an SAE is trained on (--tokens)
+# tensors of an SAE's encoder (w_enc [n, d], b_enc [n], mean [d], scale [1]) and, per code rule, its threshold
 # (batchtopk: one [1]; jumprelu: one per feature [n], already exponentiated)
 ENCODER_TENSORS = ("w_enc", "b_enc", "mean", "scale")
+
+
+class CodeRule:
+    """How an SAE sparsifies ``relu(x W^T + b)`` at inference (one class per rule, registered in
+    :data:`CODE_RULES` under its ``name``; an architecture of ``interp.sae.modules`` names the rule it encodes
+    with)."""
+
+    name = ""
+    needs_k = False
+    needs_threshold = False
+
+    def __call__(self, codes: torch.Tensor, k: Optional[int], threshold: Optional[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class ReluCodes(CodeRule):
+    """Every positive code (a ReLU SAE trained with an L1 penalty)."""
+
+    name = "relu"
+
+    def __call__(self, codes, k, threshold):
+        return codes
+
+
+class TopKCodes(CodeRule):
+    """The ``k`` largest codes of each token (TopK, archetypal and Matryoshka SAEs)."""
+
+    name, needs_k = "topk", True
+
+    def __call__(self, codes, k, threshold):
+        top = torch.topk(codes, min(k, codes.shape[-1]), dim=-1)
+        return torch.zeros_like(codes).scatter(-1, top.indices, top.values)
+
+
+class BatchThresholdCodes(CodeRule):
+    """Codes at or above one global threshold (BatchTopK's running threshold at inference)."""
+
+    name, needs_threshold = "batchtopk", True
+
+    def __call__(self, codes, k, threshold):
+        return codes * (codes >= threshold)
+
+
+class JumpCodes(CodeRule):
+    """Codes above each feature's own threshold (JumpReLU)."""
+
+    name, needs_threshold = "jumprelu", True
+
+    def __call__(self, codes, k, threshold):
+        return codes * (codes > threshold)
+
+
+CODE_RULES: Dict[str, CodeRule] = {rule.name: rule for rule in (ReluCodes(), TopKCodes(), BatchThresholdCodes(),
+                                                                  JumpCodes())}
+# patch files written before the rules were named carry the architecture: an archetypal SAE encodes with TopK
+LEGACY_ARCH_RULES = {"archetypal": "topk"}
 
 
 class SparseCodes(nn.Module):
     """An SAE encoder: activations in the hook's units [..., d] -> codes [..., n].
 
-    ``x`` is normalised as in training (``(x - mean) / scale``), then ``relu(x W^T + b)`` is sparsified as the
-    architecture does at inference: the ``k`` largest per token (topk, archetypal), codes at or above the
-    running batch threshold (batchtopk), codes above each feature's threshold (jumprelu), none (relu).
+    ``x`` is normalised as in training (``(x - mean) / scale``), then ``relu(x W^T + b)`` is sparsified by the
+    code rule ``rule`` (:data:`CODE_RULES`): the ``k`` largest per token (topk), codes at or above the running
+    batch threshold (batchtopk), codes above each feature's threshold (jumprelu), none (relu).
     """
 
-    def __init__(self, arch: str, tensors: Dict[str, torch.Tensor], k: Optional[int] = None):
+    def __init__(self, rule: str, tensors: Dict[str, torch.Tensor], k: Optional[int] = None):
         super().__init__()
-        check_choice("arch", arch, ARCHS)
+        check_choice("code rule", rule, tuple(CODE_RULES))
+        self.rule = CODE_RULES[rule]
         missing = [name for name in ENCODER_TENSORS if name not in tensors]
-        if arch in ("batchtopk", "jumprelu") and "threshold" not in tensors:
+        if self.rule.needs_threshold and "threshold" not in tensors:
             missing.append("threshold")
         if missing:
             raise InterpError(f"the SAE's encoder lacks tensor(s) {missing}")
-        if arch in ("topk", "archetypal") and not (isinstance(k, int) and k > 0):
-            raise InterpError(f"a {arch} SAE needs k >= 1, got {k!r}")
-        self.arch, self.k = arch, k
+        if self.rule.needs_k and not (isinstance(k, int) and k > 0):
+            raise InterpError(f"a {rule} SAE needs k >= 1, got {k!r}")
+        self.k = k
         for name in (*ENCODER_TENSORS, "threshold"):
             if name in tensors:
                 self.register_buffer(name, torch.as_tensor(tensors[name], dtype=torch.float32).clone())
+        if "threshold" not in tensors:
+            self.threshold = None
         n, d = self.w_enc.shape
         if self.b_enc.shape != (n,) or self.mean.shape != (d,) or self.scale.numel() != 1:
             raise InterpError(f"the SAE's encoder tensors do not fit together (w_enc {tuple(self.w_enc.shape)}, "
@@ -80,31 +139,33 @@ class SparseCodes(nn.Module):
         if x.shape[-1] != self.d:
             raise InterpError(f"the SAE reads vectors of width {self.d}; these activations have width {x.shape[-1]}")
         codes = torch.relu(self.normalise(x) @ self.w_enc.T + self.b_enc)
-        if self.arch in ("topk", "archetypal"):
-            top = torch.topk(codes, min(self.k, self.n_features), dim=-1)
-            return torch.zeros_like(codes).scatter(-1, top.indices, top.values)
-        if self.arch == "batchtopk":
-            return codes * (codes >= self.threshold)
-        if self.arch == "jumprelu":
-            return codes * (codes > self.threshold)
-        return codes
+        return self.rule(codes, self.k, self.threshold)
 
 
 class FeatureRemoval(nn.Module):
-    """Block output [b, t, d] -> the same with the chosen features' contribution replaced on the chosen rows."""
+    """Block output [b, t, d] -> the same with the chosen features' contribution replaced on the chosen rows:
+    ``rows`` (CLS or registers) when given, else every row from ``first_row`` on (all tokens, or the patches)."""
 
     def __init__(self, codes: SparseCodes, features: List[int], directions: torch.Tensor, means: torch.Tensor,
-                 first_row: int):
+                 first_row: int, rows: Optional[List[int]] = None):
         super().__init__()
         self.codes, self.features, self.first_row = codes, list(features), first_row
+        self.rows = None if rows is None else list(rows)
         self.register_buffer("directions", directions.float())  # [|F|, d], hook units
         self.register_buffer("means", means.float())  # [|F|]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x[:, self.first_row:]
+    def _delta(self, rows: torch.Tensor) -> torch.Tensor:
         a = self.codes(rows)[..., self.features]  # [b, t', |F|]
-        delta = (a - self.means) @ self.directions
-        return torch.cat([x[:, :self.first_row], rows - delta.to(x.dtype)], dim=1)
+        return ((a - self.means) @ self.directions).to(rows.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows is not None:
+            idx = torch.tensor(self.rows, device=x.device)
+            out = x.clone()
+            out[:, idx] = x[:, idx] - self._delta(x[:, idx])
+            return out
+        rows = x[:, self.first_row:]
+        return torch.cat([x[:, :self.first_row], rows - self._delta(rows)], dim=1)
 
 
 @dataclass(eq=False)
@@ -117,16 +178,21 @@ class SAEFeatureAblation(Intervention):
         features: feature indices to remove.
         mode: ``"zero"`` (``m_f = 0``) or ``"mean"`` (``m_f`` = the feature's mean code on the SAE's
             training tokens, stored with the SAE).
-        tokens: ``"all"`` tokens or ``"patches"`` only (CLS, registers and test-time registers untouched);
-            None: ``"all"`` for an SAE trained on all tokens, else ``"patches"``.
+        tokens: the token kind edited: ``"all"``, ``"patches"`` (CLS, registers and test-time registers
+            untouched), ``"cls"`` or ``"registers"`` (the model's trained registers); None: the kind the SAE was
+            trained on (an SAE is only meaningful on the tokens it saw).
+        prefix: with ``tokens`` cls or registers, the model's token layout ``{"cls_index", "n_registers"}``
+            (taken from the SAE, which records it at training).
+        layer, codes, k, state: what a patch file restores (``codes``: the SAE's rule in :data:`CODE_RULES`).
     """
 
     sae: Any = field(default=None, repr=False)
     features: Sequence[int] = ()
     mode: str = "zero"
     tokens: Optional[str] = None
+    prefix: Optional[Dict[str, Any]] = None
     layer: Optional[int] = None
-    arch: Optional[str] = None
+    codes: Optional[str] = None
     k: Optional[int] = None
     state: Optional[Dict[str, torch.Tensor]] = field(default=None, repr=False)
 
@@ -137,20 +203,24 @@ class SAEFeatureAblation(Intervention):
         check_choice("mode", self.mode, ("zero", "mean"))
         if self.sae is not None:
             info = self.sae.ablation_state()
-            self.layer, self.arch, self.k, self.state = info["layer"], info["arch"], info["k"], info["tensors"]
+            self.layer, self.codes, self.k, self.state = info["layer"], info["codes"], info["k"], info["tensors"]
             if self.tokens is None:
-                self.tokens = "all" if info["tokens"] == "all" else "patches"
+                self.tokens = info["tokens"] or "patches"
+            if self.prefix is None:
+                self.prefix = info.get("prefix")
             self.sae = None  # the tensors are kept; the object is not needed any more
         if self.state is None or self.layer is None:
             raise ValueError("give the SAE (interp.sae.load(DIR)) whose features to remove")
         self.tokens = self.tokens or "patches"
         check_choice("tokens", self.tokens, FEATURE_TOKENS)
+        if self.tokens in ("cls", "registers"):
+            self._prefix_rows()  # refuse a missing layout now, not at the first forward
         given = self.features.tolist() if isinstance(self.features, torch.Tensor) else self.features
         if isinstance(given, (str, bytes, dict)) or not all(
                 isinstance(f, numbers.Integral) and not isinstance(f, bool) for f in given):
             raise ValueError(f"features must be a list of whole feature indices such as [12, 40], got {given!r}")
         self.features = [int(f) for f in given]
-        self._codes = SparseCodes(self.arch, self.state, self.k)
+        self._codes = SparseCodes(self.codes, self.state, self.k)
         n = self._codes.n_features
         if not self.features or len(set(self.features)) != len(self.features):
             raise ValueError(f"features must be distinct SAE feature indices, got {self.features}")
@@ -163,20 +233,44 @@ class SAEFeatureAblation(Intervention):
         idx = torch.tensor(self.features)
         directions = self.state["dictionary"][idx] * self.state["scale"].reshape(())
         means = self.state["feature_means"][idx] if self.mode == "mean" else torch.zeros(len(idx))
+        if self.tokens in ("cls", "registers"):
+            return FeatureRemoval(self._codes, self.features, directions, means, 0, self._prefix_rows())
         return FeatureRemoval(self._codes, self.features, directions, means,
                               ctx.n_prefix if self.tokens == "patches" else 0)
+
+    def _prefix_rows(self) -> List[int]:
+        """The rows of the CLS token or of the trained registers (token order [CLS?, registers, ...])."""
+        prefix = self.prefix or {}
+        if "n_registers" not in prefix:
+            raise InterpError(f"an SAE ablation on the {self.tokens} token(s) needs the model's token layout "
+                              "(cls_index, n_registers), which the SAE records when trained; train it again")
+        cls_index = prefix.get("cls_index")
+        if self.tokens == "cls":
+            if cls_index is None:
+                raise InterpError("--tokens cls: the model has no CLS token")
+            return [int(cls_index)]
+        first = 0 if cls_index is None else int(cls_index) + 1
+        rows = list(range(first, first + int(prefix["n_registers"])))
+        if not rows:
+            raise InterpError("--tokens registers: the model has no register tokens")
+        return rows
 
     def resid_edits(self, ctx: EditContext) -> Dict[int, nn.Module]:
         return {self.layer: self._removal(ctx)}
 
     # ------------------------------------------------------------------ serialisation
     def params(self) -> Dict[str, Any]:
-        return {"features": self.features, "mode": self.mode, "tokens": self.tokens, "layer": self.layer,
-                "arch": self.arch, "k": self.k}
+        return {"features": self.features, "mode": self.mode, "tokens": self.tokens, "prefix": self.prefix,
+                "layer": self.layer,
+                "codes": self.codes, "k": self.k}
 
     def tensors(self) -> Dict[str, torch.Tensor]:
         return dict(self.state)
 
     @classmethod
     def from_params(cls, params, tensors):
+        params = dict(params)
+        if "arch" in params:  # a patch file written before code rules were named
+            arch = params.pop("arch")
+            params["codes"] = LEGACY_ARCH_RULES.get(arch, arch)
         return cls(**params, state=dict(tensors))

@@ -1,7 +1,7 @@
 """The conditions of an ablation of SAE features against random controls (``interp study ablate --sae DIR
 --features 12,40``; docs/sae.md): the target :class:`~interp.interventions.SAEFeatureAblation` and one per control
-set, each set as many live features of the SAE that do not fire on the high-norm tokens at its hook
-(:func:`~interp.sae.features.control_features`; their firing is read from the same images)."""
+set, each set as many live features of the SAE matched to the chosen ones by firing rate and by firing on the high-norm
+tokens at its hook (:func:`~interp.sae.features.control_features`; their firing is read from the same images)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,15 +9,17 @@ from typing import Any, Dict, List, Sequence
 
 from ..errors import InterpError
 from ..interventions.sae_features import SAEFeatureAblation
-from .features import control_features, source_feature_report
+from .features import coinciding_controls, matched_controls, source_feature_report
 from .model import load
 
 
 @dataclass
 class FeatureConditions:
     """target: the ablation of the chosen features; controls: one per control set (``control_features``: their
-    feature lists); pool: what the draw was made from (``n_alive``, ``n_high_norm_tokens``, the detection's
-    ``artifacts_found`` at the SAE's hook)."""
+    feature lists); pool: what the draw was made from and how (``n_alive``, ``n_high_norm_tokens``, the
+    detection's ``artifacts_found`` at the SAE's hook, ``tokens`` (the kind ablated: the SAE's), ``matched_by``,
+    the high-norm firing rates of targets and controls, ``coinciding_controls`` (pairs of identical sets), ``matched``
+    (per set: every feature within the matching calipers), a ``note`` saying either, ``artifact_subspace_coverage``)."""
 
     sae: str
     hook: str
@@ -45,11 +47,29 @@ def feature_conditions(sae_dir: str, features: Sequence[int], source, *, n_contr
                           f"{str(sae_dir)!r} (0..{sae.n_features - 1})")
     sae.ablation_state()  # a hook that is not a block output is refused here, before any pass
     report = source_feature_report(sae, source, progress=progress)
-    drawn = control_features(report, features, n_controls, seed)
+    drawn, matched = matched_controls(report, features, n_controls, seed)
+    same = coinciding_controls(drawn)
+    notes = []  # coinciding sets are said by the ablation study's own notes (they hold for neuron controls too)
+    if not all(matched):
+        notes.append(f"{matched.count(False)} control set(s) have no feature firing like the targets (on the "
+                     "high-norm tokens and overall): their nearest features stand in, and such controls cannot "
+                     "show that firing on the high-norm tokens is enough to remove outliers")
+    rates = {f["feature"]: f["rates"].get("high_norm") for f in report["features"]}
+    layout = source.layout
+    prefix = {"cls_index": layout.cls_index, "n_registers": layout.n_registers}
+
+    def ablation(chosen):  # on the token kind the SAE was trained on
+        return SAEFeatureAblation(sae, chosen, mode=mode, prefix=prefix)
+
     return FeatureConditions(
-        sae=str(sae_dir), hook=sae.hook, features=features, target=SAEFeatureAblation(sae, features, mode=mode),
-        controls=[SAEFeatureAblation(sae, c, mode=mode) for c in drawn], control_features=drawn,
+        sae=str(sae_dir), hook=sae.hook, features=features, target=ablation(features),
+        controls=[ablation(c) for c in drawn], control_features=drawn,
         pool={"n_alive": report["n_alive"], "artifacts_found": report["artifacts_found"],
-              "n_high_norm_tokens": report["n_tokens"]["high_norm"],
+              "n_high_norm_tokens": report["n_tokens"]["high_norm"], "tokens": sae.tokens,
               "silent_features": [f["feature"] for f in report["features"] if f["feature"] in features
-                                  and not f["alive"]]})  # never fire on these images: ablating them does nothing
+                                  and not f["alive"]],  # never fire on these images: ablating them does nothing
+              "matched_by": "firing rate and firing rate on the high-norm tokens",
+              "control_high_norm_rates": [[rates[f] for f in c] for c in drawn],
+              "target_high_norm_rates": [rates[f] for f in features],
+              "coinciding_controls": same, "matched": matched, "note": "; ".join(notes) or None,
+              "artifact_subspace_coverage": (report["artifact_subspace"] or {}).get("coverage")})

@@ -1,11 +1,13 @@
-"""Which SAE features are the artifacts: firing rates per token kind, and the features whose firing is concentrated
-on the high-norm tokens, with their directions compared with the register neurons' writes.
+"""Which SAE features are the artifacts: firing rates per token kind, the artifact subspace (the features that
+together reconstruct the high-norm tokens' excess, with its coverage) and the register and CLS features, with
+their directions compared with the register neurons' writes (LayerScale included).
 
-The rule (docs/methods.md, "Sparse autoencoders"): with high-norm tokens found by the detection (patch-token norms
-at the SAE's hook, :func:`~interp.detection.thresholds.detect_norms`), feature ``f`` is an *artifact feature*
-when it fires on at least ``MIN_HIGH_RATE`` of the high-norm patch tokens and its firing rate on the other patch
-tokens is at most ``MAX_NORMAL_RATIO`` times that rate. Without artifacts (the detection's verdict) there are no
-artifact features.
+The rule (:mod:`.artifact_rule`, docs/methods.md "Sparse autoencoders"): with high-norm tokens found by the
+detection (patch-token norms at the SAE's hook, :func:`~interp.detection.thresholds.detect_norms`), a feature is
+a candidate when it fires on at least ``MIN_COUNT`` high-norm tokens with a precision of at least
+``MIN_PRECISION`` that beats the base rate (binomial test, Bonferroni); the artifact features are the candidates
+a greedy search adds while each raises the coverage of the high-norm tokens' excess by ``MIN_GAIN``. Without
+artifacts (the detection's verdict) there are none. An SAE is read only on the token kinds it was trained on.
 
 Example (not run as a doctest: it needs a trained SAE)::
 
@@ -29,25 +31,25 @@ from ..runtime.open import open_source
 from ..runtime.source import n_batches, token_norms
 from ..detection.thresholds import detect_norms
 from .data import CLS, PATCH, REGISTER, token_kinds
+from . import artifact_rule as rule
 from .setup import describe_detection
 
-MIN_HIGH_RATE = 0.5
-MAX_NORMAL_RATIO = 0.1
 KINDS = ("normal_patch", "high_norm", "cls", "register")
 
 
 def write_directions(model, neurons) -> Dict[str, torch.Tensor]:
-    """{"L:n": unit fc2 column [d]} of the given register neurons (none without ``neurons``)."""
+    """{"L:n": unit write direction [d]} of the given register neurons (none without ``neurons``): what the
+    neuron adds to the residual stream, ``fc2[:, n]`` times the block's LayerScale where it has one
+    (``HookedViT.neuron_writes``: DINOv2, DeiT-III)."""
     if neurons is None:
         return {}
     if model is None:
-        raise InterpError("comparing with register neurons needs the model (their fc2 columns)")
-    module = getattr(model, "timm_model", model)
+        raise InterpError("comparing with register neurons needs the model (their write directions)")
     out = {}
     for layer, idx in neuron_set(neurons).neurons.items():
-        fc2 = module.blocks[int(layer)].mlp.fc2.weight.detach().float()
+        writes = model.neuron_writes(int(layer))  # [d, d_mlp], LayerScale included
         for n in idx:
-            col = fc2[:, int(n)]
+            col = writes[:, int(n)]
             out[f"{int(layer)}:{int(n)}"] = col / col.norm().clamp_min(1e-12)
     return out
 
@@ -81,11 +83,34 @@ class _TopCodes:
                 in zip(self.values[:, feature].tolist(), self.where[:, feature].tolist()) if v > 0]
 
 
+# the token kinds an SAE trained on each --tokens choice is analysed on (it is not read on tokens it never saw)
+ANALYSED = {"patches": ("normal_patch", "high_norm"), "all": KINDS, "cls": ("cls",), "registers": ("register",)}
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    return v / v.norm().clamp_min(1e-12)
+
+
+def _prefix_features(kind: str, counts, totals, n: int) -> List[Dict[str, Any]]:
+    """The features enriched on ``kind`` (cls or register) among all tokens (artifact_rule.enrichment)."""
+    everything = sum(counts[k] for k in KINDS)
+    n_all = sum(totals[k] for k in KINDS)
+    if not totals[kind] or not n_all:
+        return []
+    test = rule.enrichment(counts[kind], everything, totals[kind] / n_all, n)
+    found = np.flatnonzero(test["enriched"])
+    found = found[np.argsort(-test["precision"][found], kind="stable")]
+    return [{"feature": int(f), "kind": kind, "rate": float(counts[kind][f] / totals[kind]),
+             "precision": float(test["precision"][f]), "p_value": float(test["p_value"][f])} for f in found]
+
+
 @torch.no_grad()
 def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndarray, detection, *,
                    writes: Optional[Dict[str, torch.Tensor]] = None, n_top: int = 0,
                    n_maps: int = 0) -> Dict[str, Any]:
-    """The firing rates and artifact features of ``sae`` over activations given chunk by chunk.
+    """The firing rates, artifact subspace and register/CLS features of ``sae`` over activations given chunk by
+    chunk (the rule: :mod:`.artifact_rule`). The SAE is read only on the token kinds it was trained on
+    (:data:`ANALYSED`; the other kinds' rates are None).
 
     Args:
         chunks: ``(first image index, float32 [c, T, d])`` in image order, every image once.
@@ -99,12 +124,16 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         the dict :func:`sae_features` documents, plus ``top_patches`` / ``maps`` in each artifact feature.
     """
     writes = writes or {}
+    trained = sae.tokens
+    analysed = ANALYSED[trained]
     patch = kinds == PATCH
     found = bool(detection is not None and detection.artifacts_found)
     n = sae.n_features
     counts = {k: np.zeros(n) for k in KINDS}
     totals = {k: 0 for k in KINDS}
     high_sum = torch.zeros(sae.d, dtype=torch.float64)
+    normal_sum = torch.zeros(sae.d, dtype=torch.float64)
+    excess = rule.ExcessSample()
     top = _TopCodes(n, n_top) if n_top else None
     maps: List[torch.Tensor] = []
     n_images = 0
@@ -118,49 +147,81 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
             high[:, patch] = detection.outliers[start:start + len(x)]
         masks = {"normal_patch": patch[None] & ~high, "high_norm": high,
                  "cls": np.broadcast_to(kinds == CLS, high.shape), "register": np.broadcast_to(kinds == REGISTER, high.shape)}
-        for kind, mask in masks.items():
-            counts[kind] += fired[mask].sum(0)
-            totals[kind] += int(mask.sum())
-        if high.any():
-            high_sum += (x[torch.from_numpy(high)].double() - sae.mean.double()).sum(0)
-        if top is not None and patch.any():
+        for kind in analysed:
+            counts[kind] += fired[masks[kind]].sum(0)
+            totals[kind] += int(masks[kind].sum())
+        if "high_norm" in analysed and high.any():
+            h = torch.from_numpy(high)
+            high_sum += (x[h].double() - sae.mean.double()).sum(0)
+            excess.add(x[h], codes[h])
+        if "normal_patch" in analysed:
+            normal_sum += x[torch.from_numpy(np.ascontiguousarray(masks["normal_patch"]))].double().sum(0)
+        if top is not None and patch.any() and "normal_patch" in analysed:
             top.add(codes[:, torch.from_numpy(patch)], start)
-        if start < n_maps and patch.any():
+        if start < n_maps and patch.any() and "normal_patch" in analysed:
             maps.append(codes[:n_maps - start, torch.from_numpy(patch)])
         n_images += len(x)
-    rates = {k: _rate(counts[k], totals[k]) for k in KINDS}
+    rates = {k: _rate(counts[k], totals[k]) if k in analysed else None for k in KINDS}
     alive = sum(counts[k] for k in KINDS) > 0
     features = [{"feature": f, "alive": bool(alive[f]),
                  "rates": {k: None if rates[k] is None else float(rates[k][f]) for k in KINDS}} for f in range(n)]
-    artifact = []
-    if found and totals["high_norm"]:
-        normal = rates["normal_patch"] if rates["normal_patch"] is not None else np.zeros(n)
-        chosen = np.flatnonzero((rates["high_norm"] >= MIN_HIGH_RATE) & (normal <= MAX_NORMAL_RATIO * rates["high_norm"]))
+    artifact, enriched, subspace = [], [], None
+    directions = sae.directions
+    if found and totals["high_norm"] and "high_norm" in analysed:
+        test = rule.enrichment(counts["high_norm"], counts["high_norm"] + counts["normal_patch"],
+                               totals["high_norm"] / (totals["high_norm"] + totals["normal_patch"]), n)
+        candidates = np.flatnonzero(test["enriched"])
+        mean_normal = normal_sum / max(1, totals["normal_patch"])
+        grown = rule.artifact_subspace(excess, mean_normal, candidates, directions)
         mean_high = (high_sum / totals["high_norm"]).float()
-        unit_high = mean_high / mean_high.norm().clamp_min(1e-12)
-        directions = sae.directions
+        unit_high = _unit(mean_high)
         codes_maps = torch.cat(maps) if maps else None  # [n_maps, P, n]
-        for f in chosen[np.argsort(-rates["high_norm"][chosen], kind="stable")]:
-            unit = directions[f] / directions[f].norm().clamp_min(1e-12)
+        for f, gain in zip(grown["features"], grown["gains"]):
+            unit = _unit(directions[f])
             cos = {name: float(unit @ w) for name, w in writes.items()}
             if cos:
                 cos["max"] = max(cos.values())
             entry = {"feature": int(f), "direction": [float(v) for v in unit], "rates": features[f]["rates"],
+                     "precision": float(test["precision"][f]), "p_value": float(test["p_value"][f]),
+                     "coverage": grown["single_coverage"][int(f)], "coverage_gain": gain,
                      "cos_register_neurons": cos, "cos_mean_high_norm": float(unit @ unit_high)}
             if top is not None:
                 entry["top_patches"] = top.of(int(f))
             if codes_maps is not None:
                 entry["maps"] = codes_maps[..., f].tolist()
             artifact.append(entry)
+        chosen = set(grown["features"])
+        enriched = [{"feature": int(f), "precision": float(test["precision"][f]),
+                     "rate_high_norm": float(rates["high_norm"][f]), "coverage": grown["single_coverage"][int(f)]}
+                    for f in candidates if int(f) not in chosen]
+        span = directions[grown["features"]] if grown["features"] else directions[:0]
+        span_cos = {name: rule.span_cosine(span, w) for name, w in writes.items()}
+        if span_cos and grown["features"]:
+            span_cos["max"] = max(span_cos.values())
+        subspace = {"features": grown["features"], "coverage": grown["coverage"], "n_tokens": grown["n_tokens"],
+                    "n_enriched": int(len(candidates)), "cos_register_neurons": span_cos if grown["features"] else {},
+                    "cos_mean_high_norm": rule.span_cosine(span, unit_high)}
+    prefix = [*(_prefix_features("register", counts, totals, n) if "register" in analysed else []),
+              *(_prefix_features("cls", counts, totals, n) if "cls" in analysed else [])] if trained == "all" else []
     det = describe_detection(detection)
     hook = sae.hook
-    message = (f"{len(artifact)} artifact feature(s) of {n}" if found else
-               f"no artifacts at {hook} ({det['reason'] if det else 'no patch tokens stored'}): no artifact features")
+    if "high_norm" not in analysed:
+        message = (f"the SAE was trained on {trained} tokens: the artifact rule (high-norm patch tokens) does not "
+                   f"apply; {int(alive.sum())} of {n} features fire on them")
+    elif found:
+        message = (f"{len(artifact)} artifact feature(s) of {n}, covering {subspace['coverage']:.0%} of the "
+                   f"high-norm tokens' excess ({subspace['n_enriched']} enriched on them)")
+    else:
+        message = f"no artifacts at {hook} ({det['reason'] if det else 'no patch tokens stored'}): no artifact features"
+    if prefix:
+        message += f"; {sum(p['kind'] == 'register' for p in prefix)} register and " \
+                   f"{sum(p['kind'] == 'cls' for p in prefix)} CLS feature(s)"
     return {"artifacts_found": found, "threshold": None if det is None else det["value"],
-            "reason": None if det is None else det["reason"], "detection": det, "hook": hook,
-            "n_images": n_images, "n_features": n, "n_tokens": totals, "n_alive": int(alive.sum()),
-            "features": features, "artifact_features": artifact, "message": message,
-            "rule": {"min_high_norm_rate": MIN_HIGH_RATE, "max_normal_over_high_rate": MAX_NORMAL_RATIO}}
+            "reason": None if det is None else det["reason"], "detection": det, "hook": hook, "tokens": trained,
+            "analysed_kinds": list(analysed), "n_images": n_images, "n_features": n, "n_tokens": totals,
+            "n_alive": int(alive.sum()), "features": features, "artifact_features": artifact,
+            "artifact_subspace": subspace, "enriched_features": enriched, "prefix_features": prefix,
+            "message": message, "rule": dict(rule.RULE)}
 
 
 @torch.no_grad()
@@ -178,10 +239,15 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
         image_batch: images per forward of a live run.
 
     Returns:
-        ``{"artifacts_found", "threshold", "reason", "hook", "n_images", "n_tokens": {kind: int},
-        "features": [{"feature", "alive", "rates": {kind: rate or None}}], "artifact_features": [{"feature",
-        "direction" (unit, hook units), "rates", "cos_register_neurons": {"L:n": cos, "max": cos},
-        "cos_mean_high_norm"}], "rule", "message"}``.
+        ``{"artifacts_found", "threshold", "reason", "hook", "tokens" (the kind the SAE was trained on),
+        "analysed_kinds", "n_images", "n_tokens": {kind: int}, "features": [{"feature", "alive", "rates": {kind:
+        rate or None}}], "artifact_features": [{"feature", "direction" (unit, hook units), "rates", "precision",
+        "p_value", "coverage" (alone), "coverage_gain" (joining the subspace), "cos_register_neurons": {"L:n": cos,
+        "max": cos}, "cos_mean_high_norm"}] (in the order they joined the subspace), "artifact_subspace":
+        {"features", "coverage", "n_tokens", "n_enriched", "cos_register_neurons" (span cosines),
+        "cos_mean_high_norm"} or None, "enriched_features" (candidates outside the subspace), "prefix_features"
+        ([{"feature", "kind" (register or cls), "rate", "precision", "p_value"}], SAEs on all tokens),
+        "rule", "message"}``.
     """
     source = open_source(model=model, images=images, cache=cache, batch_size=image_batch)
     sae.check_source(source)
@@ -213,19 +279,70 @@ def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dic
     return feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps)
 
 
+MATCH_CANDIDATES = 5  # each control feature is drawn among the target's this many nearest matches ...
+MATCH_HIGH_RATE = 0.25  # ... that fire on the high-norm tokens within this rate of the target ...
+MATCH_LOG_RATE = 1.0  # ... and overall within this many decades (else the nearest one)
+
+
+def _overall_rate(report: Dict[str, Any], feature: Dict[str, Any]) -> float:
+    """A feature's firing rate over every token kind the report read."""
+    kinds = [k for k in report.get("analysed_kinds", KINDS) if report["n_tokens"].get(k)]
+    total = sum(report["n_tokens"][k] for k in kinds)
+    return sum((feature["rates"][k] or 0.0) * report["n_tokens"][k] for k in kinds) / total if total else 0.0
+
+
 def control_features(report: Dict[str, Any], targets, n_controls: int, seed: int) -> List[List[int]]:
-    """``n_controls`` random feature sets of ``len(targets)`` for an ablation's controls (docs/sae.md): drawn
-    among the live features of ``report`` (:func:`feature_report`) other than the targets that do not fire on the
-    high-norm tokens (all live ones when there are none); control i uses ``random.Random(seed + i)``.
+    """The control sets of :func:`matched_controls` (without the matched flags)."""
+    return matched_controls(report, targets, n_controls, seed)[0]
+
+
+def matched_controls(report: Dict[str, Any], targets, n_controls: int,
+                     seed: int) -> Tuple[List[List[int]], List[bool]]:
+    """``n_controls`` random feature sets of ``len(targets)`` matched to the targets (docs/sae.md): each target
+    gets a live feature outside the targets, the artifact subspace and the enriched features, drawn among the
+    ``MATCH_CANDIDATES`` nearest to it by firing rate (log scale) and by firing rate on the high-norm tokens that
+    lie within ``MATCH_HIGH_RATE`` and ``MATCH_LOG_RATE`` of it (the nearest one when none does), so a control
+    fires as often, and on the high-norm tokens as much, as what it stands for: it can remove outliers. Control i uses ``random.Random(seed + i)``.
+
+    Returns:
+        (the sets, whether each set's every feature lies within the calipers of the target it stands for).
 
     Raises:
         InterpError: fewer such features than targets.
     """
     chosen = {int(f) for f in targets}
-    pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in chosen
-            and not (f["rates"]["high_norm"] or 0) > 0]
+    excluded = chosen | {int(f) for f in (report.get("artifact_subspace") or {}).get("features", [])} | \
+        {int(f["feature"]) for f in report.get("enriched_features", [])}
+    by_id = {f["feature"]: f for f in report["features"]}
+    pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in excluded]
     if n_controls and len(pool) < len(chosen):
-        raise InterpError(f"only {len(pool)} live feature(s) off the high-norm tokens for controls of "
-                          f"{len(chosen)} feature(s) (of {report['n_alive']} alive); ablate fewer features, give "
+        raise InterpError(f"only {len(pool)} live feature(s) outside the chosen and artifact features for controls "
+                          f"of {len(chosen)} feature(s) (of {report['n_alive']} alive); ablate fewer features, give "
                           "more images or use --controls 0")
-    return [sorted(random.Random(seed + i).sample(pool, len(chosen))) for i in range(n_controls)]
+
+    def signature(f: int):
+        rate = _overall_rate(report, by_id[f])
+        return np.log10(rate + 1e-6), by_id[f]["rates"].get("high_norm") or 0.0
+
+    sig = {f: signature(f) for f in pool}
+    nearest, targets_sig = {}, {}
+    for t in sorted(chosen):
+        lt, ht = targets_sig[t] = signature(t) if t in by_id else (0.0, 0.0)
+        nearest[t] = sorted(pool, key=lambda f: (abs(sig[f][0] - lt) + 4 * abs(sig[f][1] - ht), f))
+    out, matched = [], []
+    for i in range(n_controls):
+        rng, taken, ok = random.Random(seed + i), [], True
+        for t in sorted(chosen):
+            free = [f for f in nearest[t] if f not in taken]
+            close = [f for f in free[:MATCH_CANDIDATES] if abs(sig[f][1] - targets_sig[t][1]) <= MATCH_HIGH_RATE
+                     and abs(sig[f][0] - targets_sig[t][0]) <= MATCH_LOG_RATE]
+            ok = ok and bool(close)
+            taken.append(rng.choice(close or free[:1]))
+        out.append(sorted(taken))
+        matched.append(ok)
+    return out, matched
+
+
+def coinciding_controls(controls: List[List[int]]) -> List[List[int]]:
+    """Pairs ``[i, j]`` of control sets that are the same features (a small pool repeats itself)."""
+    return [[i, j] for i in range(len(controls)) for j in range(i + 1, len(controls)) if controls[i] == controls[j]]

@@ -23,6 +23,7 @@ from ..hooks.names import block_of
 from ..interventions.sae_features import ARCHS, SparseCodes
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
 from .files import write_atomic
+from .modules import architecture
 
 FORMAT, FORMAT_VERSION = "interp-sae", 1
 WEIGHTS, CONFIG = "sae.safetensors", "sae.json"
@@ -40,7 +41,7 @@ class SAE:
 
     def __init__(self, config: Dict[str, Any], tensors: Dict[str, torch.Tensor], path: Optional[Path] = None):
         self.config, self.tensors, self.path = config, tensors, path
-        self.codes = SparseCodes(config["arch"], tensors, config.get("k"))
+        self.codes = SparseCodes(config.get("codes") or architecture(config["arch"]).codes, tensors, config.get("k"))
 
     hook = property(lambda self: self.config["hook"])
     arch = property(lambda self: self.config["arch"])
@@ -95,15 +96,25 @@ class SAE:
         if d is not None and d != self.d:
             raise InterpError(f"the SAE {self._where()} reads vectors of width {self.d}; {hook} has width {d}")
 
-    def ablation_state(self) -> Dict[str, Any]:
-        """What ``SAEFeatureAblation`` keeps: block, arch, k, token choice and the tensors it needs."""
+    def ablation_state(self, layout=None) -> Dict[str, Any]:
+        """What ``SAEFeatureAblation`` keeps: block, code rule, k, the token kind trained on, the model's prefix
+        layout (``{"cls_index", "n_registers"}``: recorded at training, else from ``layout``, a TokenLayout) and
+        the tensors it needs."""
         layer = block_of(self.hook)
         if layer is None or not self.hook.endswith("hook_resid_post"):
             raise InterpError(f"feature ablation edits a block output (blocks.N.hook_resid_post); this SAE reads "
                               f"{self.hook!r}")
         names = ("w_enc", "b_enc", "dictionary", "mean", "scale", "feature_means", "threshold")
-        return {"layer": layer, "arch": self.arch, "k": self.k, "tokens": self.config.get("tokens"),
-                "tensors": {n: self.tensors[n] for n in names if n in self.tensors}}
+        prefix = self.config.get("layout")
+        if prefix is None and layout is not None:
+            prefix = {"cls_index": layout.cls_index, "n_registers": layout.n_registers}
+        return {"layer": layer, "codes": self.codes.rule.name, "k": self.k, "tokens": self.tokens,
+                "prefix": prefix, "tensors": {n: self.tensors[n] for n in names if n in self.tensors}}
+
+    @property
+    def tokens(self) -> str:
+        """The token kind the SAE was trained on: patches, all, cls or registers."""
+        return self.config.get("tokens") or "patches"
 
     def _where(self) -> str:
         return f"in {str(self.path)!r}" if self.path else "given"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -55,8 +55,10 @@ class TrainSettings:
     holdout: float = 0.1
     norm_images: int = 64
     dead_window: int = 200
-    aux_penalty: float = 0.1
-    l1_penalty: float = 1e-3
+    aux_penalty: float = 1 / 32
+    aux_k: Optional[int] = None
+    l1_penalty: float = 0.05
+    l0_penalty: float = 0.002
     clip_grad: float = 1.0
     n_points: int = 1024
 
@@ -71,6 +73,11 @@ class TrainSettings:
         if self.expansion > MAX_EXPANSION or self.batch_size > MAX_SAE_BATCH:
             raise UsageError(f"expansion must be <= {MAX_EXPANSION} and batch_size <= {MAX_SAE_BATCH} tokens "
                              f"(interp's bounds on one run), got {self.expansion} and {self.batch_size}")
+        for name in ("aux_penalty", "l1_penalty", "l0_penalty"):
+            if not getattr(self, name) >= 0:
+                raise InterpError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.aux_k is not None and not (isinstance(self.aux_k, int) and self.aux_k >= 1):
+            raise InterpError(f"aux_k must be a whole number >= 1 or None, got {self.aux_k!r}")
         if not 0 <= self.holdout < 1:
             raise InterpError(f"holdout must be in [0, 1), got {self.holdout}")
         if not self.lr > 0:
@@ -188,13 +195,13 @@ def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every
     torch.manual_seed(cfg.seed)
     n_features = cfg.expansion * data.rows.d
     check_sizes(cfg, n_features, int(data.counts[data.train].sum()))
-    module = sae_modules.build(cfg.arch, data.rows.d, n_features, cfg.k, cfg.batch_size // n_ranks,
-                               data.points).to(device)  # built on the CPU: the same weights on any device
+    arch = sae_modules.architecture(cfg.arch)(cfg)
+    module = arch.build(data.rows.d, n_features, cfg.batch_size // n_ranks,
+                        data.points).to(device)  # built on the CPU: the same weights on any device
     net = module
     if n_ranks > 1:
         net = torch.nn.parallel.DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None)
     optimiser = torch.optim.Adam(module.parameters(), lr=cfg.lr)
-    criterion = sae_modules.criterion(cfg.arch, cfg.aux_penalty, cfg.l1_penalty)
     curve = {key: [] for key in CURVE_KEYS}
     last_fired = torch.zeros(n_features, dtype=torch.int64)
     start = 0
@@ -214,7 +221,9 @@ def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every
             x = norm.apply(stream.batch(step)).to(device)
             optimiser.zero_grad()
             pre_codes, codes, x_hat = net(x)
-            loss = criterion(x, x_hat, pre_codes, codes, module.get_dictionary())
+            # AuxK's dead features: no firing for dead_window steps, counted from the start
+            dead_aux = ((step - last_fired) >= cfg.dead_window).to(device)
+            loss, _ = arch.loss(x, pre_codes, codes, x_hat, module, module.get_dictionary(), dead_aux)
             loss.backward()
             if cfg.clip_grad:
                 torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad)
@@ -228,7 +237,7 @@ def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every
                 if n_ranks > 1:
                     torch.distributed.all_reduce(fired, op=torch.distributed.ReduceOp.MAX)
                 last_fired[fired.bool().cpu()] = step + 1
-                dead = float(((step + 1 - last_fired) >= cfg.dead_window).float().mean())
+                dead = float(dead_mask(last_fired, step + 1, cfg.dead_window).float().mean())
             for key, value in zip(CURVE_KEYS, (step + 1, *stats.tolist(), dead)):
                 curve[key].append(value)
             bar.update(1)
@@ -246,7 +255,7 @@ def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every
                     torch.distributed.barrier()
     finally:
         bar.close()
-    result = _finish(module, cfg, data, curve, last_fired, out, rank, n_ranks)
+    result = _finish(module, arch, cfg, data, curve, last_fired, out, rank, n_ranks)
     if n_ranks > 1:
         torch.distributed.barrier()
     return result
@@ -281,31 +290,60 @@ def _read_checkpoint(path: Path, cfg: TrainSettings) -> Dict[str, Any]:
     return state
 
 
-def _finish(module, cfg: TrainSettings, data: RunData, curve, last_fired, out: Path, rank: int,
+def dead_mask(last_fired: torch.Tensor, steps: int, window: int) -> torch.Tensor:
+    """Bool [n]: features dead after ``steps`` steps: never fired (``last_fired`` 0), or not in the last
+    ``window`` steps (``last_fired``: the step count when each last fired)."""
+    return (last_fired == 0) | ((steps - last_fired) >= window)
+
+
+MIN_EXPLAINED_VARIANCE = 0.5  # below it the SAE's features describe too little of the hook to be read
+MAX_DEAD_FRACTION = 0.5  # above it most of the dictionary is wasted
+
+
+def quality_warnings(stats: Dict[str, Any], dead_fraction: float, where: str) -> List[str]:
+    """One sentence per failed check of a trained SAE: explained variance below ``MIN_EXPLAINED_VARIANCE`` on
+    ``where`` tokens, or more than ``MAX_DEAD_FRACTION`` of the features dead at the end of training."""
+    out = []
+    ev = stats.get("explained_variance")
+    if ev is None or ev < MIN_EXPLAINED_VARIANCE:
+        shown = "undefined" if ev is None else f"{ev:.3f}"
+        out.append(f"{where} explained variance {shown} < {MIN_EXPLAINED_VARIANCE}: the SAE reconstructs too little "
+                   "of the hook; train longer (--steps), or lower the sparsity penalty / raise --k")
+    if dead_fraction > MAX_DEAD_FRACTION:
+        out.append(f"{dead_fraction:.0%} of the features are dead at the end of training (> "
+                   f"{MAX_DEAD_FRACTION:.0%}): lower --expansion or the learning rate, or train longer")
+    return out
+
+
+def _finish(module, arch, cfg: TrainSettings, data: RunData, curve, last_fired, out: Path, rank: int,
             n_ranks: int) -> Dict[str, Any]:
     """Held-out metrics, feature means, and (rank 0) the SAE files and the curve figure (``n_ranks``: the
     processes that trained it, recorded)."""
     from . import curve as curve_figure
 
-    tensors = {k: v.cpu() for k, v in sae_modules.encoder_tensors(module, cfg.arch).items()}
+    tensors = {k: v.cpu() for k, v in sae_modules.encoder_tensors(module, arch).items()}
     tensors.update({"mean": data.norm.mean, "scale": torch.tensor([data.norm.scale])})
-    codes = SparseCodes(cfg.arch, tensors, cfg.k)
+    codes = SparseCodes(arch.codes, tensors, arch.k)
     train_stats = stats_over(codes, tensors["dictionary"], data, data.norm_images)
     tensors["feature_means"] = train_stats["feature_means"]
     held = stats_over(codes, tensors["dictionary"], data, data.holdout) if len(data.holdout) else None
     window = max(1, min(len(curve["step"]), 20))
     config = {
-        "arch": cfg.arch, "k": cfg.k if cfg.arch in ("topk", "batchtopk", "archetypal") else None,
+        "arch": cfg.arch, "codes": arch.codes, "k": arch.k,
         "n_features": codes.n_features, "d": codes.d, "hook": data.hook, "model": data.model,
-        "tokens": cfg.tokens, "high_norm": cfg.high_norm, "detection": describe_detection(data.detection),
+        "tokens": cfg.tokens, "high_norm": cfg.high_norm,
+        "layout": {"cls_index": data.rows.layout.cls_index, "n_registers": data.rows.layout.n_registers}, "detection": describe_detection(data.detection),
         "normalisation": data.norm.to_dict(), "data": data.signature, "training": asdict(cfg), "processes": n_ranks,
         "metrics": {
             "final": {key: float(np.mean(curve[key][-window:])) for key in CURVE_KEYS[1:]} if curve["step"] else {},
             "dead_fraction_window_steps": cfg.dead_window,
-            "dead_features": int(((len(curve["step"]) - last_fired) >= cfg.dead_window).sum()),
+            "dead_features": int(dead_mask(last_fired, len(curve["step"]), cfg.dead_window).sum()),
             "train_sample": {k: v for k, v in train_stats.items() if k != "feature_means"},
             "held_out": None if held is None else {k: v for k, v in held.items() if k != "feature_means"},
         },
+        "warnings": quality_warnings(held or train_stats, float(dead_mask(last_fired, len(curve["step"]),
+                                                                           cfg.dead_window).float().mean()),
+                                     "held-out" if held is not None else "training-sample"),
         "curve": curve,
     }
     if rank == 0:

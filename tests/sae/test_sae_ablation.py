@@ -60,3 +60,35 @@ def test_bad_features_are_refused(sae):
         SAEFeatureAblation(sae, [1, 1])
     with pytest.raises(ValueError, match="mode"):
         SAEFeatureAblation(sae, [1], mode="resample")
+
+
+@pytest.mark.parametrize("tokens", ["cls", "registers", "patches", "all"])
+def test_the_ablation_edits_the_token_kind_the_sae_was_trained_on(sae, tokens):
+    """An SAE trained on the CLS token (or the registers) is ablated there, nowhere else; by default the kind
+    is the SAE's own (sae.json's tokens). Layout [CLS, 2 registers, patches]."""
+    x = torch.from_numpy(interp.cache.open(planted_cache())[HOOK][:2])  # [2, T, d]
+    x = torch.cat([x[:, 5:6], x[:, 7:9], x[:, 1:]], dim=1)  # patch rows standing in for the CLS and 2 registers
+    codes = sae.encode(x)
+    features = sorted({int(f) for f in codes[:, :3].reshape(-1, sae.n_features).argmax(-1)})  # fire on all rows
+    trained = SAEFeatureAblation(sae, features, tokens=tokens, prefix={"cls_index": 0, "n_registers": 2})
+    ctx = EditContext(base_prefix=3, n_prefix=3, extra_start=None, n_layers=6, d_mlp=768)
+    edited = trained.resid_edits(ctx)[3](x)
+    rows = {"cls": [0], "registers": [1, 2], "patches": list(range(3, x.shape[1])),
+            "all": list(range(x.shape[1]))}[tokens]
+    expected = x - codes[..., features] @ sae.directions[features]
+    others = [r for r in range(x.shape[1]) if r not in rows]
+    assert torch.allclose(edited[:, rows], expected[:, rows], atol=1e-3)
+    assert torch.equal(edited[:, others], x[:, others])
+    assert not torch.allclose(edited[:, rows], x[:, rows], atol=1e-4)
+
+
+def test_default_token_kind_is_the_sae_s_and_survives_a_patch_file(sae, tmp_path, monkeypatch):
+    monkeypatch.setitem(sae.config, "tokens", "cls")
+    ablation = SAEFeatureAblation(sae, FEATURES)
+    assert ablation.tokens == "cls" and ablation.prefix == {"cls_index": 0, "n_registers": 0}
+    path = interp.patch.save([ablation], tmp_path / "cls.safetensors", planted_model())
+    (loaded,) = interp.patch.load(path)
+    assert loaded.tokens == "cls" and loaded.prefix == ablation.prefix
+    monkeypatch.setitem(sae.config, "tokens", "registers")
+    with pytest.raises(interp.errors.InterpError, match="no register tokens"):
+        SAEFeatureAblation(sae, FEATURES)

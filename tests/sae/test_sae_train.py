@@ -13,11 +13,11 @@ import torch
 import interp
 from interp.cli import main
 from interp.errors import InterpError
-from interp.interventions.sae_features import ARCHS, SparseCodes
+from interp.interventions.sae_features import ARCHS, CODE_RULES, SparseCodes
 from interp.sae import modules as sae_modules
 from interp.sae.data import TokenStream, token_mask
 from interp.sae.setup import prepare_data
-from interp.sae.train import TrainSettings
+from interp.sae.train import TrainSettings, dead_mask
 from sae_helpers import HOOK, TRAIN, needs_overcomplete, planted_cache, planted_images, planted_model, train_planted
 from forked import Forked
 from forked import cli as forked_cli
@@ -25,35 +25,136 @@ from forked import cli as forked_cli
 pytestmark = needs_overcomplete
 
 
+def _settings(**overrides):
+    return TrainSettings(**{**TRAIN, **overrides})
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_plain_encoder_gives_overcomplete_codes(arch, one_thread):
     """SparseCodes (used by load, features and the ablation) = the overcomplete module's encode, normalisation
-    undone, after a few training steps (BatchTopK's running threshold and JumpReLU's thresholds set)."""
+    undone, after a few training steps with the architecture's own loss (BatchTopK's running threshold and
+    JumpReLU's thresholds set)."""
     torch.manual_seed(0)
     x = torch.randn(64, 16)
-    module = sae_modules.build(arch, 16, 32, 4, 64, points=x[:20].clone())
-    criterion = sae_modules.criterion(arch, 0.1, 1e-3)
+    cls = sae_modules.architecture(arch)
+    owner = cls(_settings(arch=arch, k=4))
+    module = owner.build(16, 32, 64, points=x[:20].clone())
     optimiser = torch.optim.Adam(module.parameters(), 1e-2)
-    for _ in range(3):
+    for step in range(3):
         optimiser.zero_grad()
         pre, codes, x_hat = module(x)
-        criterion(x, x_hat, pre, codes, module.get_dictionary()).backward()
+        dead = torch.arange(32) % 2 == step % 2
+        owner.loss(x, pre, codes, x_hat, module, module.get_dictionary(), dead)[0].backward()
         optimiser.step()
-    tensors = sae_modules.encoder_tensors(module, arch)
+    tensors = sae_modules.encoder_tensors(module, owner)
     mean, scale = torch.randn(16), 3.0
-    plain = SparseCodes(arch, {**tensors, "mean": mean, "scale": torch.tensor([scale])}, 4)
+    plain = SparseCodes(cls.codes, {**tensors, "mean": mean, "scale": torch.tensor([scale])}, owner.k)
     module.eval()
     expected = module.encode(x)[1]
     assert torch.allclose(plain(mean + scale * x), expected, atol=1e-5)
     assert torch.allclose(tensors["dictionary"], module.get_dictionary(), atol=0)
 
 
-def test_same_loss_curve_as_overcompletes_own_loop(tmp_path, one_thread, capsys):
-    """The same batches, arch and seed: overcomplete's train_sae on an in-memory tensor and interp's streaming loop
-    give the same loss at every step."""
-    from overcomplete.sae.train import train_sae
+def test_the_registry_is_the_cli_choices():
+    assert tuple(sae_modules.ARCHITECTURES) == tuple(ARCHS)
+    for name, cls in sae_modules.ARCHITECTURES.items():
+        assert cls.name == name and cls.codes in CODE_RULES
 
-    settings = {**TRAIN, "steps": 12}
+
+def _batch(n, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g)
+
+
+@pytest.mark.parametrize("arch", ["relu", "jumprelu"])
+def test_sparsity_term_is_per_token_whatever_the_batch(arch, one_thread):
+    """The loss of a batch and of the same batch repeated 4 times are equal: every term is a mean over tokens (the
+    summed L1 of before grew with the batch: 4x here)."""
+    torch.manual_seed(0)
+    owner = sae_modules.architecture(arch)(_settings(arch=arch))
+    module = owner.build(16, 32, 64, None)
+    x = _batch(64)
+    one = owner.loss(x, *_forward(module, x), module, module.get_dictionary(), torch.zeros(32, dtype=bool))
+    x4 = x.repeat(4, 1)
+    four = owner.loss(x4, *_forward(module, x4), module, module.get_dictionary(), torch.zeros(32, dtype=bool))
+    assert float(one[1]["sparsity"].detach()) > 0
+    assert float(four[0].detach()) == pytest.approx(float(one[0].detach()), rel=1e-5)
+    assert float(four[1]["sparsity"].detach()) == pytest.approx(float(one[1]["sparsity"].detach()), rel=1e-5)
+
+
+def _forward(module, x):
+    pre, codes, x_hat = module(x)
+    return pre, codes, x_hat
+
+
+def test_relu_loss_is_mse_plus_l1_per_token(one_thread):
+    torch.manual_seed(0)
+    owner = sae_modules.architecture("relu")(_settings(arch="relu", l1_penalty=0.3))
+    module = owner.build(16, 32, 64, None)
+    x = _batch(64)
+    pre, codes, x_hat = module(x)
+    total, parts = owner.loss(x, pre, codes, x_hat, module, module.get_dictionary(), torch.zeros(32, dtype=bool))
+    mse = ((x - x_hat) ** 2).sum(1).mean()
+    l1 = (codes * module.get_dictionary().norm(dim=1)).sum(1).mean()
+    assert float(parts["mse"]) == pytest.approx(float(mse), rel=1e-6)
+    assert float(total) == pytest.approx(float(mse + 0.3 * l1), rel=1e-6)
+
+
+def test_jumprelu_l0_term_counts_active_features_and_moves_the_thresholds(one_thread):
+    """The L0 term is l0_penalty x the mean count of codes above threshold, and its straight-through gradient
+    reaches the thresholds (rectangle kernel): raising the penalty raises them (Rajamanoharan et al. 2024)."""
+    torch.manual_seed(0)
+    owner = sae_modules.architecture("jumprelu")(_settings(arch="jumprelu", l0_penalty=0.5))
+    module = owner.build(16, 32, 64, None)
+    x = _batch(256)
+    with torch.no_grad():  # put every threshold inside the band of some pre-activations
+        module.thresholds.fill_(float(torch.log(torch.relu(module.encode(x)[0]).median() + 1e-3)))
+    pre, codes, x_hat = module(x)
+    total, parts = owner.loss(x, pre, codes, x_hat, module, module.get_dictionary(), torch.zeros(32, dtype=bool))
+    count = (torch.relu(pre) > torch.exp(module.thresholds)).float().sum(1).mean()
+    assert float(parts["sparsity"]) == pytest.approx(0.5 * float(count), rel=1e-6)
+    module.zero_grad()
+    parts["sparsity"].backward()
+    assert module.thresholds.grad is not None and float(module.thresholds.grad.sum()) < 0  # descent raises them
+
+
+def test_auxk_reconstructs_the_detached_residual_with_dead_features_only(one_thread):
+    """AuxK (Gao et al. 2024): 0 with no dead feature; with dead ones, the k_aux largest positive pre-activations
+    among them reconstruct the residual, whose gradient does not reach x_hat; alive features get no gradient."""
+    torch.manual_seed(0)
+    x, d, n = _batch(32), 16, 32
+    dictionary = torch.nn.functional.normalize(torch.randn(n, d), dim=1).requires_grad_(True)
+    pre = torch.randn(32, n, requires_grad=True)
+    x_hat = (0.5 * x).requires_grad_(True)
+    none = torch.zeros(n, dtype=torch.bool)
+    assert float(sae_modules.auxk_loss(x, x_hat, pre, dictionary, none, 4)) == 0.0
+    dead = torch.arange(n) >= 24
+    loss = sae_modules.auxk_loss(x, x_hat, pre, dictionary, dead, 4)
+    relu = torch.relu(pre.detach()) * dead
+    top = relu.topk(4, dim=1)
+    z = torch.zeros_like(relu).scatter(1, top.indices, top.values)
+    e = x - x_hat.detach()
+    expected = ((e - z @ dictionary.detach()) ** 2).sum() / (e ** 2).sum()
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    loss.backward()
+    assert x_hat.grad is None or float(x_hat.grad.abs().sum()) == 0.0
+    assert float(pre.grad[:, :24].abs().sum()) == 0.0 and float(pre.grad[:, 24:].abs().sum()) > 0
+
+
+def test_dead_counts_features_that_never_fired():
+    """A feature that never fired is dead from step 1 (it counted alive until dead_window steps before)."""
+    last = torch.tensor([0, 1, 5, 50])
+    assert dead_mask(last, 50, 200).tolist() == [True, False, False, False]
+    assert dead_mask(last, 205, 200).tolist() == [True, True, True, False]
+
+
+def test_same_loss_curve_as_overcompletes_own_loop(tmp_path, one_thread, capsys):
+    """The same batches, arch and seed: overcomplete's train_sae on an in-memory tensor (given the relu
+    architecture's loss) and interp's streaming loop give the same loss at every step: the loop's arithmetic
+    (forward, backward, clipping, Adam) is train_sae's."""
+    train_sae = sae_modules.overcomplete().train_sae
+
+    settings = {**TRAIN, "steps": 12, "arch": "relu"}
     result = train_planted(tmp_path / "ours", **settings)
     cfg = TrainSettings(**settings)
     data = prepare_data(planted_model(), HOOK, cfg, cache=planted_cache())
@@ -62,9 +163,15 @@ def test_same_loss_curve_as_overcompletes_own_loop(tmp_path, one_thread, capsys)
     tokens = torch.cat([data.norm.apply(stream.batch(t)) for t in range(cfg.steps)])  # in memory
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=cfg.batch_size)
     torch.manual_seed(cfg.seed)
-    module = sae_modules.build(cfg.arch, data.rows.d, cfg.expansion * data.rows.d, cfg.k, cfg.batch_size)
-    logs = train_sae(module, loader, sae_modules.criterion(cfg.arch, cfg.aux_penalty, cfg.l1_penalty),
-                     torch.optim.Adam(module.parameters(), lr=cfg.lr), nb_epochs=1, clip_grad=cfg.clip_grad)
+    owner = sae_modules.architecture(cfg.arch)(cfg)
+    module = owner.build(data.rows.d, cfg.expansion * data.rows.d, cfg.batch_size, None)
+    none = torch.zeros(cfg.expansion * data.rows.d, dtype=torch.bool)
+
+    def criterion(x, x_hat, pre, codes, dictionary):
+        return owner.loss(x, pre, codes, x_hat, module, dictionary, none)[0]
+
+    logs = train_sae(module, loader, criterion, torch.optim.Adam(module.parameters(), lr=cfg.lr), nb_epochs=1,
+                     clip_grad=cfg.clip_grad)
     capsys.readouterr()
     assert np.allclose(logs["step_loss"], result["curve"]["loss"], rtol=1e-4, atol=1e-9)
     ours = interp.sae.load(tmp_path / "ours").tensors["dictionary"]
@@ -159,3 +266,20 @@ def test_two_ddp_ranks_equal_one_process(tmp_path):
     for name in ("w_enc", "b_enc", "dictionary"):
         assert torch.allclose(a.tensors[name], b.tensors[name], atol=1e-5), name
     assert np.allclose(a.config["curve"]["loss"], b.config["curve"]["loss"], rtol=1e-4)
+
+
+def test_overcomplete_is_loaded_without_patching_matplotlib():
+    """overcomplete 0.3.0's package __init__ calls matplotlib.cm.get_cmap (gone in Matplotlib 3.9): interp loads
+    overcomplete.sae without running it, leaves matplotlib as it was and no bare 'overcomplete' package behind."""
+    import subprocess
+
+    code = ("import sys, matplotlib.cm\n"
+            "before = getattr(matplotlib.cm, 'get_cmap', None)\n"
+            "from interp.sae import modules\n"
+            "oc = modules.overcomplete()\n"
+            "assert oc.TopKSAE and getattr(matplotlib.cm, 'get_cmap', None) is before\n"
+            "assert 'overcomplete' not in sys.modules and 'overcomplete.sae' in sys.modules\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

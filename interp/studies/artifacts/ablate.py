@@ -204,6 +204,8 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
         params.update(sae=edits.sae, features=edits.features)
         sae = dict(sae=edits.sae, hook=edits.hook, features=edits.features, control_pool=edits.pool)
     notes = ablation_notes(controls, edits.pool.get("silent_features", []) if config.sae is not None else [])
+    if config.sae is not None and edits.pool.get("note"):
+        notes.append(edits.pool["note"])  # controls that could not be matched to the targets' firing
     for note in notes:
         warnings.warn(f"ablate: {note}")
     return AblateResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=config.seed,

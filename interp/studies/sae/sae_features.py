@@ -44,6 +44,11 @@ class SaeFeaturesResult(OutlierStudyResult):
             ({"L:n": cos, "max": cos}; empty without ``--neurons``), "cos_mean_high_norm", "top_patches"
             ([{"image" (index into ids), "patch" (flat index, row-major on ``grid``), "code"}], strongest first),
             "maps" ([n_maps][P] codes on the first images)}]``, most concentrated on the high-norm tokens first.
+        artifact_subspace: ``{"features", "coverage", "n_tokens", "n_enriched", "cos_register_neurons" (the
+            neurons' cosine with their projection on the subspace), "cos_mean_high_norm"}`` or None (rule:
+            docs/methods.md section 8); enriched_features: features enriched on the high-norm tokens outside it;
+            prefix_features: register and CLS features of an SAE on all tokens.
+        tokens: the token kind the SAE was trained on (and is read on).
         neurons: the register neurons compared with (``{"L": [n, ...]}``) or None.
         grid: the patch grid [rows, cols] of the maps and top patches.
         reason: the detection's one sentence; rule: the artifact-feature rule's numbers; message: the headline.
@@ -63,17 +68,25 @@ class SaeFeaturesResult(OutlierStudyResult):
     rule: Dict[str, float] = field(default_factory=dict)
     features: List[Dict[str, Any]] = field(default_factory=list)
     artifact_features: List[Dict[str, Any]] = field(default_factory=list)
+    artifact_subspace: Optional[Dict[str, Any]] = None
+    enriched_features: List[Dict[str, Any]] = field(default_factory=list)
+    prefix_features: List[Dict[str, Any]] = field(default_factory=list)
+    tokens: str = "patches"
     message: str = ""
 
     def console_lines(self, config=None) -> List[str]:
         """The headline (said once, also without artifacts), then one line per artifact feature."""
-        lines = [f"{self.message} ({self.n_alive} alive; {self.sae})"]
+        lines = [f"{self.message} ({self.n_alive} alive; trained and read on {self.tokens} tokens; {self.sae})"]
         for f in self.artifact_features:
             rates, cos = f["rates"], f["cos_register_neurons"]
             neurons = f", cos to register neurons max {cos['max']:.3f}" if cos else ""
             lines.append(f"feature {f['feature']}: fires on {rates['high_norm']:.0%} of high-norm and "
-                         f"{rates['normal_patch'] or 0:.1%} of normal patches; cos to the mean high-norm token "
+                         f"{rates['normal_patch'] or 0:.1%} of normal patches (precision {f['precision']:.3f}), covers "
+                         f"{f['coverage']:.0%} of the excess alone; cos to the mean high-norm token "
                          f"{f['cos_mean_high_norm']:.3f}{neurons}")
+        for f in self.prefix_features:
+            lines.append(f"{f['kind']} feature {f['feature']}: fires on {f['rate']:.0%} of the {f['kind']} tokens "
+                         f"(precision {f['precision']:.3f})")
         return lines
 
     def crop_images(self) -> int:
@@ -150,4 +163,6 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
         sae=str(config.sae), hook=hook, arch=sae.arch, n_features=report["n_features"], n_alive=report["n_alive"],
         n_images=report["n_images"], n_tokens=report["n_tokens"], grid=list(layout.grid), neurons=neurons,
         reason=report["reason"], rule=report["rule"], features=report["features"],
-        artifact_features=report["artifact_features"], message=report["message"])
+        artifact_features=report["artifact_features"], artifact_subspace=report["artifact_subspace"],
+        enriched_features=report["enriched_features"], prefix_features=report["prefix_features"],
+        tokens=report["tokens"], message=report["message"])

@@ -59,10 +59,11 @@ def test_the_planted_artifact_feature_through_the_command_line(tmp_path, capsys,
     assert data["study"] == "sae_features" and data["artifacts_found"] is True and data["hook"] == HOOK
     assert data["detect_layer"] == 3 and data["threshold"] > 0
     assert len(data["features"]) == data["n_features"] and data["n_tokens"]["high_norm"] > 0
+    subspace = data["artifact_subspace"]
+    assert subspace["cos_register_neurons"]["max"] >= 0.9 and subspace["cos_mean_high_norm"] >= 0.9
+    assert subspace["features"] == [f["feature"] for f in data["artifact_features"]] and subspace["coverage"] >= 0.5
     best = max(data["artifact_features"], key=lambda f: f["cos_register_neurons"]["max"])
-    assert best["cos_register_neurons"]["max"] >= 0.9 and best["cos_mean_high_norm"] >= 0.9
-    assert abs(best["direction"][truth.artifact_dim]) >= 0.9  # the planted write direction is that channel
-    assert best["rates"]["high_norm"] >= 0.5 and best["rates"]["normal_patch"] <= 0.1 * best["rates"]["high_norm"]
+    assert best["precision"] >= 0.5 and data["tokens"] == "patches"
     assert 0 < len(best["top_patches"]) <= 8 and len(best["maps"]) == 4
     assert len(best["maps"][0]) == data["grid"][0] * data["grid"][1]
     assert sorted(data["figure_files"]) == ["sae_feature_maps.png", "sae_top_patches.png"]
@@ -77,7 +78,7 @@ def test_a_live_run_crops_the_top_patches_from_the_images(one_thread):
     result = sae_features_study(source, sae=str(planted_sae()), neurons={truth.layer: list(truth.neurons)},
                                 n_maps=2, progress=False)
     assert isinstance(result, SaeFeaturesResult) and result.artifact_features
-    assert max(f["cos_register_neurons"]["max"] for f in result.artifact_features) >= 0.9
+    assert result.artifact_subspace["cos_register_neurons"]["max"] >= 0.9
     images = result.figure_images(source)
     assert images is not None and len(images) == result.crop_images() >= 2
     stems = [stem for stem, _ in study_figures(result, images, n_maps=2)]

@@ -1,0 +1,159 @@
+"""The artifact-feature rule (docs/methods.md section 8): which SAE features are concentrated on a kind of token
+beyond chance, and which group of them reconstructs the high-norm tokens' excess (the *artifact subspace*).
+
+A feature is **enriched** on a kind of token (high-norm patches among the patches; register or CLS tokens among
+all tokens) when all three hold:
+
+- it fires on at least ``MIN_COUNT`` tokens of that kind (too few tokens cannot show anything);
+- its **precision** (the kind's share of the tokens it fires on) is at least ``MIN_PRECISION``: most of its
+  firing is on that kind, whatever the kind's base rate;
+- the precision is above the kind's **base rate** beyond chance: the one-sided binomial p-value of its count
+  among the tokens it fires on, bounded by Chernoff's ``exp(-n KL(precision || base))`` (conservative), is below
+  ``ALPHA`` divided by the number of features (Bonferroni).
+
+The **artifact subspace** is grown greedily from the features enriched on the high-norm tokens: at each step
+the feature that most raises the **coverage** joins it, while the gain is at least ``MIN_GAIN``. Coverage of a
+set ``S`` is the share of the high-norm tokens' excess over the mean normal patch token, ``e_i = x_i -
+mean_normal``, that the features' contributions remove: ``1 - sum_i ||e_i - sum_{f in S} a_f(x_i) d_f||^2 /
+sum_i ||e_i||^2``, over up to ``MAX_COVERAGE_TOKENS`` high-norm tokens (a seeded reservoir sample). A feature
+split into parts that each cover a share of the artifacts joins with its parts; an enriched feature that
+describes something else than the excess adds no coverage and stays out.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+MIN_COUNT = 5
+MIN_PRECISION = 0.5
+ALPHA = 0.01
+MIN_GAIN = 0.02
+MAX_SUBSPACE = 64
+MAX_COVERAGE_TOKENS = 4096
+
+RULE = {"min_count": MIN_COUNT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "test": "binomial, Chernoff bound, "
+        "Bonferroni over features", "min_coverage_gain": MIN_GAIN, "max_subspace": MAX_SUBSPACE,
+        "max_coverage_tokens": MAX_COVERAGE_TOKENS}
+
+
+def _kl(q: np.ndarray, p: float) -> np.ndarray:
+    """KL(Bernoulli(q) || Bernoulli(p)) elementwise, 0 log 0 = 0."""
+    q = np.clip(q, 0.0, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(q > 0, q * np.log(q / p), 0.0)
+        b = np.where(q < 1, (1 - q) * np.log((1 - q) / (1 - p)), 0.0)
+    return a + b
+
+
+def enrichment(count_kind: np.ndarray, count_all: np.ndarray, base_rate: float, n_features: int) -> Dict[str, np.ndarray]:
+    """Per feature: ``precision`` (count_kind / count_all), ``p_value`` (Chernoff bound on P(X >= count_kind), X
+    ~ Binomial(count_all, base_rate)) and ``enriched`` (the three conditions of the module docstring).
+
+    Args:
+        count_kind: [n] tokens of the kind each feature fires on; count_all: [n] tokens of the population
+            (the kind and the others it is compared with) each fires on; base_rate: the kind's share of the
+            population's tokens; n_features: the Bonferroni divisor.
+    """
+    count_kind = np.asarray(count_kind, np.float64)
+    count_all = np.asarray(count_all, np.float64)
+    precision = np.divide(count_kind, count_all, out=np.zeros_like(count_kind), where=count_all > 0)
+    if not 0 < base_rate < 1:
+        p_value = np.ones_like(precision)
+    else:
+        above = precision > base_rate
+        p_value = np.where(above, np.exp(-count_all * _kl(precision, base_rate)), 1.0)
+    enriched = (count_kind >= MIN_COUNT) & (precision >= MIN_PRECISION) & (p_value < ALPHA / max(1, n_features))
+    return {"precision": precision, "p_value": p_value, "enriched": enriched}
+
+
+class ExcessSample:
+    """A seeded reservoir of up to ``MAX_COVERAGE_TOKENS`` high-norm tokens: their activations (hook units) and
+    sparse codes, for the coverage of the artifact subspace (memory bounded whatever the data size)."""
+
+    def __init__(self, capacity: int = MAX_COVERAGE_TOKENS, seed: int = 0):
+        self.capacity, self.seen = capacity, 0
+        self.rng = np.random.default_rng(seed)
+        self.x: List[torch.Tensor] = []
+        self.codes: List[torch.Tensor] = []
+
+    def add(self, x: torch.Tensor, codes: torch.Tensor) -> None:
+        """x [m, d], codes [m, n] of high-norm tokens (in order of reading)."""
+        for i in range(len(x)):
+            self.seen += 1
+            if len(self.x) < self.capacity:
+                self.x.append(x[i].double().clone())
+                self.codes.append(codes[i].to_sparse())
+            else:
+                j = int(self.rng.integers(0, self.seen))
+                if j < self.capacity:
+                    self.x[j], self.codes[j] = x[i].double().clone(), codes[i].to_sparse()
+
+    def columns(self, features: np.ndarray) -> torch.Tensor:
+        """Dense codes [m, len(features)] of the sampled tokens."""
+        if not self.codes:
+            return torch.zeros(0, len(features), dtype=torch.float64)
+        dense = torch.stack([c.to_dense() for c in self.codes])
+        return dense[:, torch.as_tensor(features, dtype=torch.long)].double()
+
+
+def coverage(excess: torch.Tensor, codes: torch.Tensor, directions: torch.Tensor) -> float:
+    """``1 - sum ||e - codes @ directions||^2 / sum ||e||^2``: excess [m, d], codes [m, s], directions [s, d]."""
+    total = float(excess.square().sum())
+    if total <= 0:
+        return 0.0
+    return 1.0 - float((excess - codes @ directions).square().sum()) / total
+
+
+def artifact_subspace(sample: ExcessSample, mean_normal: torch.Tensor, candidates: np.ndarray,
+                      directions: torch.Tensor) -> Dict[str, object]:
+    """The greedy group of ``candidates`` (feature indices) covering the sampled high-norm tokens' excess.
+
+    Returns:
+        {"features": [f, ...] in the order they joined, "coverage": of the group, "gains": coverage added by each,
+        "single_coverage": {f: coverage of f alone} for every candidate, "n_tokens": sampled tokens}.
+    """
+    candidates = np.asarray(candidates, dtype=np.int64)
+    if not sample.x or not len(candidates):
+        return {"features": [], "coverage": 0.0, "gains": [], "single_coverage": {}, "n_tokens": len(sample.x)}
+    excess = torch.stack(sample.x) - mean_normal.double()  # [m, d]
+    a = sample.columns(candidates)  # [m, c]
+    dirs = directions[torch.as_tensor(candidates)].double()  # [c, d]
+    total = float(excess.square().sum())
+    norms2 = dirs.square().sum(1)  # [c]
+    a2 = a.square().sum(0)  # [c]
+
+    def gains(residual: torch.Tensor) -> torch.Tensor:
+        # adding f to the group: ||r - a_f d_f^T||^2 = ||r||^2 - 2 a_f^T r d_f + ||a_f||^2 ||d_f||^2
+        return (2 * (a * (residual @ dirs.T)).sum(0) - a2 * norms2) / max(total, 1e-300)
+
+    single = gains(excess)
+    chosen: List[int] = []
+    added: List[float] = []
+    residual = excess.clone()
+    free = torch.ones(len(candidates), dtype=torch.bool)
+    while len(chosen) < MAX_SUBSPACE and bool(free.any()):
+        g = gains(residual).masked_fill(~free, -math.inf)
+        best = int(g.argmax())
+        if float(g[best]) < MIN_GAIN:
+            break
+        chosen.append(best)
+        added.append(float(g[best]))
+        free[best] = False
+        residual = residual - a[:, best:best + 1] * dirs[best]
+    cover = 1.0 - float(residual.square().sum()) / total if total > 0 else 0.0
+    return {"features": [int(candidates[i]) for i in chosen], "coverage": cover if chosen else 0.0,
+            "gains": added, "single_coverage": {int(f): float(v) for f, v in zip(candidates, single)},
+            "n_tokens": len(sample.x)}
+
+
+def span_cosine(directions: torch.Tensor, target: torch.Tensor) -> Optional[float]:
+    """cos between unit ``target`` [d] and its projection on the span of ``directions`` [s, d] (None if s = 0)."""
+    if len(directions) == 0:
+        return None
+    u, sv, _ = torch.linalg.svd(directions.double().T, full_matrices=False)
+    q = u[:, sv > 1e-8 * sv.max()]  # [d, rank] orthonormal basis of the span
+    t = target.double() / target.double().norm().clamp_min(1e-12)
+    return float((q.T @ t).norm())
