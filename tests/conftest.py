@@ -7,6 +7,8 @@ import io
 import json
 import os
 import signal
+import stat
+import tempfile
 import sys
 import time
 import warnings
@@ -38,6 +40,18 @@ def one_error_line(err: str) -> str:
     lines = [l for l in err.strip().splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("interp: error: ") and "Traceback" not in err, err
     return lines[0]
+
+
+def character_device() -> str:
+    """A character device a test may point a symlink at: as root, a node with /dev/zero's numbers made in a fresh
+    temporary folder, so that a regression which replaced the link's target replaces that node, never the system's
+    /dev/zero (it happened once: /dev/null and /dev/zero became regular files); otherwise /dev/zero itself, which a
+    user cannot replace."""
+    if os.geteuid() != 0:
+        return "/dev/zero"
+    node = os.path.join(tempfile.mkdtemp(prefix="interp-test-device-"), "zero")
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 5))
+    return node
 
 
 # name -> timm kwargs for a small but structurally faithful config (fewer blocks, 224 px).

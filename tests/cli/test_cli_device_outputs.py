@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from conftest import one_error_line
+from conftest import character_device, one_error_line
 from interp.cli import main
 from interp.commands.output import atomic_file, special_kind
 from interp.errors import OutputPathError
@@ -53,7 +53,7 @@ def _make(kind: str, path) -> str:
         os.mkfifo(path)
         return "FIFO"
     if kind == "device link":
-        os.symlink("/dev/zero", path)
+        os.symlink(character_device(), path)
         return "symlink to a character device"
     if os.geteuid() != 0:  # only root creates device nodes; the link above covers the same refusal
         pytest.skip("creating a device node needs root")

@@ -12,7 +12,7 @@ import shutil
 import pytest
 from PIL import Image
 
-from conftest import one_error_line
+from conftest import character_device, one_error_line
 from interp.cache.lock import WriterLock
 from interp.cli import main
 from interp.sae import files as sae_files
@@ -98,7 +98,7 @@ def test_a_fifo_or_device_link_in_the_run_folder_is_never_replaced(tmp_path, cap
     assert main(_cache_cli(out, "--overwrite")) == 2
     assert "FIFO" in one_error_line(capsys.readouterr().err)
     assert os.path.exists(out / "sae.json") and not (out / "sae.json").is_file()
-    os.symlink("/dev/zero", tmp_path / "link")
+    os.symlink(character_device(), tmp_path / "link")
     assert main(_cache_cli(tmp_path / "link", "--overwrite")) == 2
     assert "character device" in one_error_line(capsys.readouterr().err)
 
