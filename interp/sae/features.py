@@ -40,7 +40,7 @@ KINDS = ("normal_patch", "high_norm", "cls", "register")
 def write_directions(model, neurons) -> Dict[str, torch.Tensor]:
     """{"L:n": unit write direction [d]} of the given register neurons (none without ``neurons``): what the
     neuron adds to the residual stream, ``fc2[:, n]`` times the block's LayerScale where it has one
-    (``HookedViT.neuron_writes``: DINOv2, DeiT-III)."""
+    (``neuron_writes`` of a ``HookedViT`` or of an activation source: DINOv2, DeiT-III)."""
     if neurons is None:
         return {}
     if model is None:

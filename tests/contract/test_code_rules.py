@@ -1,4 +1,5 @@
-"""Rules the source keeps (read as text): hook names come from ``interp.hooks.names`` builders, never f-strings."""
+"""Rules the source keeps (read as text): hook names come from ``interp.hooks.names`` builders, never f-strings;
+studies ask their source, never the model."""
 from __future__ import annotations
 
 import re
@@ -25,3 +26,23 @@ def test_the_rule_sees_what_it_is_meant_to_see():
     assert HOOK_FSTRING.search("kept[f'blocks.{l}.hook_{s}']") and HOOK_FSTRING.search('f"blocks.{i}.{rel}"')
     assert not HOOK_FSTRING.search('state[f"blocks.{layer}.mlp.fc2.weight"]')
     assert not HOOK_FSTRING.search('f"blocks.{i} has an unsupported {problem}"')
+
+
+# A study reads the model's anatomy through its source (source.neuron_writes, d_mlp, head, layout_of...) and edits
+# it through runtime.paired; reaching into the module itself ties the study to one family's attributes.
+MODEL_REACH = re.compile(r"\btimm_model\b|\bsource\.model\b(?!_)|\blive_model\(|\.blocks\[")
+STUDIES = PACKAGE / "studies"
+
+
+def test_studies_do_not_reach_into_the_model():
+    found = [f"{p.relative_to(PACKAGE.parent)}:{i}: {line.strip()}"
+             for p in sorted(STUDIES.rglob("*.py"))
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if MODEL_REACH.search(line)]
+    assert found == [], "ask the source (interp.runtime.source.ActivationSource):\n" + "\n".join(found)
+
+
+def test_the_model_rule_sees_what_it_is_meant_to_see():
+    assert MODEL_REACH.search("blocks = getattr(model, 'timm_model', model).blocks")
+    assert MODEL_REACH.search("w = source.model.blocks") and MODEL_REACH.search("m = live_model(source)")
+    assert MODEL_REACH.search("fc2 = model.blocks[layer].mlp.fc2")
+    assert not MODEL_REACH.search("name = source.model_name") and not MODEL_REACH.search("source.blocks.layout_of(h)")

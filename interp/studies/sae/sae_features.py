@@ -115,15 +115,13 @@ def _writes(config: SaeFeaturesConfig, source: ActivationSource):
     """(unit fc2 columns of ``--neurons``, their ``{"L": [n]}``), checked against the model; ({}, None) without."""
     if config.neurons is None:
         return {}, None
-    model = source.weights_model
-    if model is None:
+    if source.weights_model is None:
         raise InterpError("--neurons: their write directions are the model's fc2 columns; open the cache with "
                           "the model (open_source(cache=..., model=...))")
     nset = neuron_set(config.neurons, "--neurons")
-    check_ranked_on(nset, model, flag="their LAYER:NEURON text to --neurons")
-    blocks = getattr(model, "timm_model", model).blocks
-    check_neurons(nset.neurons, len(blocks), int(blocks[0].mlp.fc2.weight.shape[1]))
-    return write_directions(model, nset.neurons), {str(k): [int(n) for n in v] for k, v in nset.neurons.items()}
+    check_ranked_on(nset, source.weights_model, flag="their LAYER:NEURON text to --neurons")
+    check_neurons(nset.neurons, source.n_layers, [source.d_mlp(i) for i in range(source.n_layers)])
+    return write_directions(source, nset.neurons), {str(k): [int(n) for n in v] for k, v in nset.neurons.items()}
 
 
 @study(SaeFeaturesConfig)
