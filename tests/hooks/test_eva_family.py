@@ -273,3 +273,29 @@ def test_nnsight_edit_of_a_rotated_query_equals_the_hook_edit():
         out = nn_model.output.save()
     assert (out - expected).abs().max().item() == 0.0
     assert (out - model(x)).abs().max().item() > 1e-6  # the edit did something
+
+
+@pytest.mark.parametrize("variant", [
+    dict(attn_type="rope", qkv_fused=False, scale_attn_inner=True, use_rot_pos_emb=True, init_values=0.5,
+         attn_only_layer_scale=True, num_reg_tokens=2, gate=True),  # Sapiens2-like without GQA, gated attention
+    dict(swiglu_mlp=True, scale_mlp=True, use_rot_pos_emb=True, rope_type="mixed",
+         class_token=False, global_pool="avg"),                                       # SwiGLU with inner norm, mixed RoPE
+    dict(qk_norm=True, use_rot_pos_emb=False, global_pool="token"),                   # EVA-style: no RoPE, qk norm
+])
+def test_other_eva_variants_equal_timm(variant):
+    torch.manual_seed(0)
+    variant = dict(variant)
+    gate = variant.pop("gate", False)
+    timm_model = Eva(img_size=48, patch_size=16, embed_dim=64, depth=2, num_heads=4, num_classes=5, **variant).eval()
+    if gate:  # timm's attention gate (EvaBlock(gated_attn=True); Eva's constructor does not expose it)
+        for block in timm_model.blocks:
+            block.attn.gate = torch.nn.Linear(64, 64)
+    with torch.no_grad():
+        for p in timm_model.parameters():
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    model = interp.HookedViT.from_timm(timm_model)
+    x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(1))
+    for pattern_hook in (False, True):
+        blocks, out = parity(model, x, pattern_hook)
+        assert blocks <= TOL and out <= TOL, (variant, pattern_hook, blocks, out)
