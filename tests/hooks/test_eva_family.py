@@ -163,11 +163,13 @@ def test_token_layout_is_read_from_the_model():
 
 def test_unsupported_variants_are_refused_in_one_line():
     tiny = dict(img_size=32, patch_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=3)
-    with pytest.raises(UnsupportedModelError, match="post-norm") as e:
-        interp.HookedViT.from_timm(Eva(use_post_norm=True, **tiny))
-    assert "\n" not in str(e.value)
-    with pytest.raises(UnsupportedModelError, match="grouped-query attention"):
+    with pytest.raises(UnsupportedModelError, match="grouped-query attention") as e:
         interp.HookedViT.from_timm(Eva(attn_type="rope", qkv_fused=False, num_kv_heads=1, **tiny))
+    assert "\n" not in str(e.value)
+    odd = Eva(**tiny)
+    odd.blocks[0] = torch.nn.Identity()
+    with pytest.raises(UnsupportedModelError, match="blocks.0 has an unsupported block type Identity"):
+        interp.HookedViT.from_timm(odd)
 
 
 def test_cli_name_check_accepts_eva_models():
@@ -281,6 +283,7 @@ def test_nnsight_edit_of_a_rotated_query_equals_the_hook_edit():
     dict(swiglu_mlp=True, scale_mlp=True, use_rot_pos_emb=True, rope_type="mixed",
          class_token=False, global_pool="avg"),                                       # SwiGLU with inner norm, mixed RoPE
     dict(qk_norm=True, use_rot_pos_emb=False, global_pool="token"),                   # EVA-style: no RoPE, qk norm
+    dict(use_post_norm=True, use_rot_pos_emb=True, swiglu_mlp=True),                 # EVA02-E CLIP: post-norm blocks
 ])
 def test_other_eva_variants_equal_timm(variant):
     torch.manual_seed(0)

@@ -16,8 +16,10 @@ storage tokens are timm's ``reg_token``, so they are the layout's registers). Wh
   ``GluMlp``/``SwiGLU`` with an inner norm (``scale_mlp``), pooling may be ``AttentionPoolLatent`` over all
   tokens (PE).
 
-Not reproduced (refused by :meth:`EvaFamily.check`): post-norm blocks (``use_post_norm``) and grouped-query
-attention (``num_kv_heads``).
+Post-norm blocks (``EvaBlockPostNorm``, ``use_post_norm=True``: EVA02-E CLIP) normalise each branch's output
+instead of its input and have no LayerScale; there a neuron's write direction is not linear in its activation
+(``norm2`` follows ``fc2``), and ``neuron_writes`` gives ``fc2``'s columns. Not reproduced (refused by
+:meth:`EvaFamily.check`): grouped-query attention (``num_kv_heads``: Sapiens2 above 0.1B).
 """
 from __future__ import annotations
 
@@ -50,16 +52,15 @@ class EvaFamily(Family):
 
     def check(self) -> None:
         from timm.layers import AttentionRope, GluMlp, Mlp, SwiGLU
-        from timm.models.eva import Eva, EvaAttention, EvaBlock
+        from timm.models.eva import Eva, EvaAttention, EvaBlock, EvaBlockPostNorm
 
         for method in _ENTRY_POINTS:
             if getattr(type(self.module), method) is not getattr(Eva, method):
                 raise self.unsupported(f"it overrides Eva.{method}")
         for i, block in enumerate(self.module.blocks):
             problem = None
-            if type(block) is not EvaBlock:
-                problem = (f"block type {type(block).__name__} (only timm's EvaBlock: post-norm blocks, "
-                           "use_post_norm=True, are not instrumented)")
+            if type(block) not in (EvaBlock, EvaBlockPostNorm):
+                problem = f"block type {type(block).__name__} (timm's EvaBlock or EvaBlockPostNorm)"
             elif type(block.attn) not in (EvaAttention, AttentionRope):
                 problem = f"attention type {type(block.attn).__name__} (EvaAttention or AttentionRope)"
             elif getattr(block.attn, "num_kv_groups", 1) != 1:
@@ -101,7 +102,7 @@ class EvaFamily(Family):
         return int(self.module.embed_dim)
 
     def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
-        return self.block(layer).gamma_2
+        return getattr(self.block(layer), "gamma_2", None)
 
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """``(H, W)`` must be the model's own size, or any multiple of the patch size for models built with
@@ -235,7 +236,7 @@ class EvaFamily(Family):
     def describe(self):
         m = self.module
         return {"family": self.name, "rope": type(m.rope).__name__ if self.has_rope else None,
-                "layerscale": self.block(0).gamma_1 is not None}
+                "layerscale": getattr(self.block(0), "gamma_1", None) is not None}
 
 
 def project_qkv(attn: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -306,16 +307,24 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, rope: Optional[torch.Ten
 
 def block_forward(block: nn.Module, x: torch.Tensor, rope: Optional[torch.Tensor], n_extra: int = 0,
                   extra_kv: Optional[KeyValue] = None, force_pattern: bool = False) -> torch.Tensor:
-    """Hooked forward of timm's ``EvaBlock`` (pre-norm, LayerScale ``gamma_1``/``gamma_2`` where it has them).
-    x: [b, t, d] -> [b, t, d]."""
+    """Hooked forward of timm's ``EvaBlock`` (pre-norm, LayerScale ``gamma_1``/``gamma_2`` where it has them) and
+    ``EvaBlockPostNorm`` (``norm1``/``norm2`` on each branch's output, no LayerScale: ``hook_attn_out`` and
+    ``hook_mlp_out`` are the normed branches the residual stream receives). x: [b, t, d] -> [b, t, d]."""
+    post_norm = not hasattr(block, "gamma_1")
     resid_pre = block.hook_resid_pre(x)
-    attn_out = attention_forward(block.attn, block.norm1(resid_pre), rope, n_extra, extra_kv, force_pattern)
-    if block.gamma_1 is not None:
-        attn_out = block.gamma_1 * attn_out
+    if post_norm:
+        attn_out = block.norm1(attention_forward(block.attn, resid_pre, rope, n_extra, extra_kv, force_pattern))
+    else:
+        attn_out = attention_forward(block.attn, block.norm1(resid_pre), rope, n_extra, extra_kv, force_pattern)
+        if block.gamma_1 is not None:
+            attn_out = block.gamma_1 * attn_out
     resid_mid = block.hook_resid_mid(resid_pre + block.drop_path1(block.hook_attn_out(attn_out)))
-    mlp_out = mlp_forward(block.mlp, block.norm2(resid_mid))
-    if block.gamma_2 is not None:
-        mlp_out = block.gamma_2 * mlp_out
+    if post_norm:
+        mlp_out = block.norm2(mlp_forward(block.mlp, resid_mid))
+    else:
+        mlp_out = mlp_forward(block.mlp, block.norm2(resid_mid))
+        if block.gamma_2 is not None:
+            mlp_out = block.gamma_2 * mlp_out
     return block.hook_resid_post(resid_mid + block.drop_path2(block.hook_mlp_out(mlp_out)))
 
 
