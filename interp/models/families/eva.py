@@ -18,8 +18,9 @@ storage tokens are timm's ``reg_token``, so they are the layout's registers). Wh
 
 Post-norm blocks (``EvaBlockPostNorm``, ``use_post_norm=True``: EVA02-E CLIP) normalise each branch's output
 instead of its input and have no LayerScale; there a neuron's write direction is not linear in its activation
-(``norm2`` follows ``fc2``), and ``neuron_writes`` gives ``fc2``'s columns. Not reproduced (refused by
-:meth:`EvaFamily.check`): grouped-query attention (``num_kv_heads``: Sapiens2 above 0.1B).
+(``norm2`` follows ``fc2``), and ``neuron_writes`` gives ``fc2``'s columns. With grouped-query attention
+(``num_kv_heads``: Sapiens2 above 0.1B) ``hook_k``/``hook_v``/``hook_rot_k`` have the key/value heads
+[b, t, h_kv, dh]; scores and patterns have every query head (query head i reads key/value head i // groups).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ ROPE_HOOKS = ("hook_rot_q", "hook_rot_k")
 class EvaFamily(Family):
     name = "eva"
     title = ("timm Eva: DINOv3 (vit_*_patch16_dinov3*), Perception Encoder (vit_pe_core_*), EVA02 (eva02_*), "
-             "EVA (eva_*), ROPE-ViT (vit_*_rope_*)")
+             "EVA (eva_*), ROPE-ViT (vit_*_rope_*), LingBot-Vision (vit_*_lingbot), Sapiens2 (vit_*_sapiens2)")
     timm_modules = ("timm.models.eva",)
 
     @classmethod
@@ -63,8 +64,6 @@ class EvaFamily(Family):
                 problem = f"block type {type(block).__name__} (timm's EvaBlock or EvaBlockPostNorm)"
             elif type(block.attn) not in (EvaAttention, AttentionRope):
                 problem = f"attention type {type(block.attn).__name__} (EvaAttention or AttentionRope)"
-            elif getattr(block.attn, "num_kv_groups", 1) != 1:
-                problem = "grouped-query attention (num_kv_heads)"
             elif type(block.mlp) not in (Mlp, GluMlp, SwiGLU):
                 problem = f"MLP type {type(block.mlp).__name__} (Mlp, GluMlp or SwiGLU)"
             elif isinstance(block.mlp, (Mlp, GluMlp)) and isinstance(block.mlp.fc1, nn.Conv2d):
@@ -256,9 +255,10 @@ def project_qkv(attn: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.T
                 qkv = F.linear(x, weight=attn.qkv.weight, bias=qkv_bias)
         q, k, v = qkv.reshape(B, N, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         return q, k, v
+    n_kv = getattr(attn, "num_kv_heads", attn.num_heads)  # fewer with grouped-query attention
     q = attn.q_proj(x).reshape(B, N, attn.num_heads, -1).transpose(1, 2)
-    k = attn.k_proj(x).reshape(B, N, attn.num_heads, -1).transpose(1, 2)
-    v = attn.v_proj(x).reshape(B, N, attn.num_heads, -1).transpose(1, 2)
+    k = attn.k_proj(x).reshape(B, N, n_kv, -1).transpose(1, 2)
+    v = attn.v_proj(x).reshape(B, N, n_kv, -1).transpose(1, 2)
     return q, k, v
 
 
@@ -298,6 +298,11 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, rope: Optional[torch.Ten
         q, k = apply_rope(q, rope, n_skip, half, v), apply_rope(k, rope, n_skip, half, v)
         if hooked:
             q, k = hook_heads(attn.hook_rot_q, q), hook_heads(attn.hook_rot_k, k)
+    groups = getattr(attn, "num_kv_groups", 1)
+    if groups > 1:  # grouped-query attention: query head i reads key/value head i // groups, as timm expands them
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if extra_kv is not None and extra_kv[0].shape[0] != attn.num_heads:  # columns per key/value head
+            extra_kv = tuple(t.repeat_interleave(groups, dim=0) for t in extra_kv)
     z = attend(attn, q, k, v, extra_kv, force_pattern, hooked)
     out = attn.norm(z.reshape(B, N, attn.num_heads * attn.head_dim))
     if gate is not None:
@@ -375,6 +380,8 @@ class EvaAttentionWithExtraKV(nn.Module):
             self.k_bias = None
         self.num_heads, self.head_dim, self.scale = attn.num_heads, attn.head_dim, attn.scale
         self.num_prefix_tokens = attn.num_prefix_tokens
+        self.num_kv_heads = getattr(attn, "num_kv_heads", attn.num_heads)
+        self.num_kv_groups = getattr(attn, "num_kv_groups", 1)
         self.qkv_bias_separate = getattr(attn, "qkv_bias_separate", False)
         self.rotate_half = getattr(attn, "rotate_half", False)
         self.register_buffer("k_extra", k_extra.detach().clone(), persistent=False)
