@@ -5,6 +5,8 @@ there it fails at once with a message saying how to pass ``weights=`` or ``pretr
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 import socket
@@ -85,8 +87,13 @@ def load_weights_file(model: nn.Module, path: Union[str, Path, dict], entry_modu
     module = importlib.import_module(entry_module or "timm.models.vision_transformer")
     filter_fn = getattr(module, "checkpoint_filter_fn", None)
     if filter_fn is not None:
+        # timm's Eva filter prints one line per block when it drops a DINOv3 file's all-zero qkv biases for a
+        # model without them (the intended conversion, not a problem): keep that off the user's terminal
+        quiet = contextlib.redirect_stdout(io.StringIO()) if module.__name__ == "timm.models.eva" else (
+            contextlib.nullcontext())
         try:
-            sd = filter_fn(dict(sd), model)
+            with quiet:
+                sd = filter_fn(dict(sd), model)
         except Exception as e:
             raise ModelLoadError(f"timm could not convert {where!r} for this architecture: {e}") from e
     hint = ("Pass the timm name of the architecture these weights were trained with, and timm kwargs "

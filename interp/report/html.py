@@ -19,9 +19,9 @@ from .sections import (CAUSAL, SECTIONS, SMALL_SAMPLE, number_of, numbered, one_
                        outlier_share_remark, small_sample)
 from .summary import SYNTHETIC_NOTE
 
-PLANTED_PROBES_CAVEAT = ("Caveat: planted_vit's high-norm tokens are ordinary patch tokens with a planted direction "
-                         "added, so they keep their local information: high position and pixel scores here show "
-                         "that the probes run, not Darcet et al.'s finding on trained ViTs.")
+PLANTED_PROBES_CAVEAT = ("Caveat: the planted model's high-norm tokens are ordinary patch tokens with a planted "
+                         "direction added, so they keep their local information: high position and pixel scores "
+                         "here show that the probes run, not Darcet et al.'s finding on trained ViTs.")
 
 
 def _num(value, digits: int = 3) -> str:

@@ -67,7 +67,7 @@ def outlier_share_remark(s: Dict) -> Optional[str]:
     ids = s.get("image_ids") or []
     name = PurePath(str(ids[top])).stem if top < len(ids) else f"image {top}"
     per_image = f" ({name}: {counts[top]} of {grid[0] * grid[1]} patches)" if grid else ""
-    why = ("planted_vit's register neurons fire on every flat patch by construction, so large plain areas (sky, "
+    why = ("the planted register neurons fire on every flat patch by construction, so large plain areas (sky, "
            "background) are outliers" if s.get("synthetic") else
            "check the threshold (--threshold) and the detection block (--detect-layer), or whether these images "
            "have large plain areas")

@@ -9,9 +9,9 @@ import torch
 
 from ..models.planted import planted_truth
 
-SYNTHETIC_NOTE = ("planted_vit is a synthetic model: its register neurons were planted by construction in "
-                  "random weights; it is not a trained network. Its findings show that the studies recover a "
-                  "known ground truth, not how a real ViT behaves.")
+SYNTHETIC_NOTE = ("This is a synthetic planted model (planted_vit, planted_dinov3): its register neurons were "
+                  "planted by construction in random weights; it is not a trained network. Its findings show that "
+                  "the studies recover a known ground truth, not how a real ViT behaves.")
 NO_ARTIFACTS_NOTE = ("This model shows no artifacts: at block {block}, {reason}. Neurons ranked under a fixed or "
                      "percentile threshold describe ordinary high-norm tokens; they are not register neurons.")
 

@@ -163,11 +163,11 @@ def test_token_layout_is_read_from_the_model():
 
 def test_unsupported_variants_are_refused_in_one_line():
     tiny = dict(img_size=32, patch_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=3)
-    with pytest.raises(UnsupportedModelError, match="post-norm") as e:
-        interp.HookedViT.from_timm(Eva(use_post_norm=True, **tiny))
+    odd = Eva(**tiny)
+    odd.blocks[0] = torch.nn.Identity()
+    with pytest.raises(UnsupportedModelError, match="blocks.0 has an unsupported block type Identity") as e:
+        interp.HookedViT.from_timm(odd)
     assert "\n" not in str(e.value)
-    with pytest.raises(UnsupportedModelError, match="grouped-query attention"):
-        interp.HookedViT.from_timm(Eva(attn_type="rope", qkv_fused=False, num_kv_heads=1, **tiny))
 
 
 def test_cli_name_check_accepts_eva_models():
@@ -273,3 +273,67 @@ def test_nnsight_edit_of_a_rotated_query_equals_the_hook_edit():
         out = nn_model.output.save()
     assert (out - expected).abs().max().item() == 0.0
     assert (out - model(x)).abs().max().item() > 1e-6  # the edit did something
+
+
+@pytest.mark.parametrize("variant", [
+    dict(attn_type="rope", qkv_fused=False, scale_attn_inner=True, use_rot_pos_emb=True, init_values=0.5,
+         attn_only_layer_scale=True, num_reg_tokens=2, gate=True),  # Sapiens2-like without GQA, gated attention
+    dict(swiglu_mlp=True, scale_mlp=True, use_rot_pos_emb=True, rope_type="mixed",
+         class_token=False, global_pool="avg"),                                       # SwiGLU with inner norm, mixed RoPE
+    dict(qk_norm=True, use_rot_pos_emb=False, global_pool="token"),                   # EVA-style: no RoPE, qk norm
+    dict(use_post_norm=True, use_rot_pos_emb=True, swiglu_mlp=True),                 # EVA02-E CLIP: post-norm blocks
+    dict(attn_type="rope", qkv_fused=False, num_kv_heads=(4, 2), use_rot_pos_emb=True, num_reg_tokens=2,
+         init_values=0.5, attn_only_layer_scale=True),                                # Sapiens2: grouped-query attention
+])
+def test_other_eva_variants_equal_timm(variant):
+    torch.manual_seed(0)
+    variant = dict(variant)
+    gate = variant.pop("gate", False)
+    timm_model = Eva(img_size=48, patch_size=16, embed_dim=64, depth=2, num_heads=4, num_classes=5, **variant).eval()
+    if gate:  # timm's attention gate (EvaBlock(gated_attn=True); Eva's constructor does not expose it)
+        for block in timm_model.blocks:
+            block.attn.gate = torch.nn.Linear(64, 64)
+    with torch.no_grad():
+        for p in timm_model.parameters():
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    model = interp.HookedViT.from_timm(timm_model)
+    x = torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(1))
+    for pattern_hook in (False, True):
+        blocks, out = parity(model, x, pattern_hook)
+        assert blocks <= TOL and out <= TOL, (variant, pattern_hook, blocks, out)
+
+
+def _gqa_model():
+    torch.manual_seed(0)
+    timm_model = Eva(img_size=48, patch_size=16, embed_dim=64, depth=2, num_heads=4, num_classes=5, attn_type="rope",
+                     qkv_fused=False, num_kv_heads=(4, 2), use_rot_pos_emb=True, num_reg_tokens=2).eval()
+    return interp.HookedViT.from_timm(timm_model)
+
+
+def test_grouped_query_attention_hooks_have_the_key_value_heads():
+    model = _gqa_model()
+    x = torch.randn(1, 3, 48, 48)
+    _, cache = model.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.1.attn."))
+    t = model.layout.n_tokens
+    assert cache["blocks.1.attn.hook_q"].shape == (1, t, 4, 16)
+    assert cache["blocks.1.attn.hook_k"].shape == cache["blocks.1.attn.hook_rot_k"].shape == (1, t, 2, 16)
+    assert cache["blocks.1.attn.hook_v"].shape == (1, t, 2, 16)
+    assert cache["blocks.1.attn.hook_pattern"].shape == (1, 4, t, t)
+    # query heads 0 and 1 read key/value head 0 (timm's repeat_interleave)
+    q, k = cache["blocks.1.attn.hook_rot_q"], cache["blocks.1.attn.hook_rot_k"]
+    attn = model.timm_model.blocks[1].attn
+    scores = torch.einsum("bqhd,bkhd->bhqk", q * attn.scale, k.repeat_interleave(2, dim=2))
+    torch.testing.assert_close(cache["blocks.1.attn.hook_attn_scores"], scores)
+
+
+def test_attention_bias_and_registers_on_grouped_query_attention_match_the_plain_model():
+    model = _gqa_model()
+    x, calib = torch.randn(2, 3, 48, 48), torch.randn(2, 3, 48, 48)
+    for interventions in ([AttentionBias.calibrate(model, calib, {1: [3, 4]})],
+                          [TestTimeRegister({0: [3, 4]}, n_registers=2)]):
+        with torch.no_grad():
+            hooked = model.run_with_interventions(x, interventions)
+            plain = apply_interventions(copy.deepcopy(model.timm_model), interventions).eval()
+            assert (plain(x) - hooked).abs().max() <= TOL
+            assert (hooked - model(x)).abs().max() > 1e-6

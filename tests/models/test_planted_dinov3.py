@@ -21,6 +21,7 @@ from interp.studies.artifacts.ablate import ablate_study
 from interp.studies.artifacts.neurons import neurons_study
 from interp.studies.artifacts.norms import norms_study
 from interp.studies.artifacts.registers import registers_study
+from interp.studies.artifacts.relocate import relocate_study
 from interp.studies.core.stats import iou
 
 
@@ -107,6 +108,14 @@ def test_ablating_the_planted_neurons_removes_the_tokens_but_random_controls_do_
     assert counts["target"] == 0
     controls = [result.conditions[f"control_{i}"]["outlier_count"] for i in range(3)]
     assert all(c >= 0.9 * counts["baseline"] for c in controls)
+
+
+def test_relocation_puts_the_tokens_on_the_smiley(planted, source, planted_neurons):
+    from interp.interventions import masks
+
+    result = relocate_study(source, neurons=planted_neurons, progress=False)
+    assert result.target == masks.smiley(planted.layout.grid).int().tolist()
+    assert min(result.iou) >= 0.9 and result.cls_attention_argmax_on_target == 1.0
 
 
 def test_test_time_register_moves_the_high_norm_off_the_patches(source, planted_neurons, norms):

@@ -16,8 +16,11 @@ storage tokens are timm's ``reg_token``, so they are the layout's registers). Wh
   ``GluMlp``/``SwiGLU`` with an inner norm (``scale_mlp``), pooling may be ``AttentionPoolLatent`` over all
   tokens (PE).
 
-Not reproduced (refused by :meth:`EvaFamily.check`): post-norm blocks (``use_post_norm``) and grouped-query
-attention (``num_kv_heads``).
+Post-norm blocks (``EvaBlockPostNorm``, ``use_post_norm=True``: EVA02-E CLIP) normalise each branch's output
+instead of its input and have no LayerScale; there a neuron's write direction is not linear in its activation
+(``norm2`` follows ``fc2``), and ``neuron_writes`` gives ``fc2``'s columns. With grouped-query attention
+(``num_kv_heads``: Sapiens2 above 0.1B) ``hook_k``/``hook_v``/``hook_rot_k`` have the key/value heads
+[b, t, h_kv, dh]; scores and patterns have every query head (query head i reads key/value head i // groups).
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ ROPE_HOOKS = ("hook_rot_q", "hook_rot_k")
 class EvaFamily(Family):
     name = "eva"
     title = ("timm Eva: DINOv3 (vit_*_patch16_dinov3*), Perception Encoder (vit_pe_core_*), EVA02 (eva02_*), "
-             "EVA (eva_*), ROPE-ViT (vit_*_rope_*)")
+             "EVA (eva_*), ROPE-ViT (vit_*_rope_*), LingBot-Vision (vit_*_lingbot), Sapiens2 (vit_*_sapiens2)")
     timm_modules = ("timm.models.eva",)
 
     @classmethod
@@ -50,20 +53,17 @@ class EvaFamily(Family):
 
     def check(self) -> None:
         from timm.layers import AttentionRope, GluMlp, Mlp, SwiGLU
-        from timm.models.eva import Eva, EvaAttention, EvaBlock
+        from timm.models.eva import Eva, EvaAttention, EvaBlock, EvaBlockPostNorm
 
         for method in _ENTRY_POINTS:
             if getattr(type(self.module), method) is not getattr(Eva, method):
                 raise self.unsupported(f"it overrides Eva.{method}")
         for i, block in enumerate(self.module.blocks):
             problem = None
-            if type(block) is not EvaBlock:
-                problem = (f"block type {type(block).__name__} (only timm's EvaBlock: post-norm blocks, "
-                           "use_post_norm=True, are not instrumented)")
+            if type(block) not in (EvaBlock, EvaBlockPostNorm):
+                problem = f"block type {type(block).__name__} (timm's EvaBlock or EvaBlockPostNorm)"
             elif type(block.attn) not in (EvaAttention, AttentionRope):
                 problem = f"attention type {type(block.attn).__name__} (EvaAttention or AttentionRope)"
-            elif getattr(block.attn, "num_kv_groups", 1) != 1:
-                problem = "grouped-query attention (num_kv_heads)"
             elif type(block.mlp) not in (Mlp, GluMlp, SwiGLU):
                 problem = f"MLP type {type(block.mlp).__name__} (Mlp, GluMlp or SwiGLU)"
             elif isinstance(block.mlp, (Mlp, GluMlp)) and isinstance(block.mlp.fc1, nn.Conv2d):
@@ -101,7 +101,7 @@ class EvaFamily(Family):
         return int(self.module.embed_dim)
 
     def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
-        return self.block(layer).gamma_2
+        return getattr(self.block(layer), "gamma_2", None)
 
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """``(H, W)`` must be the model's own size, or any multiple of the patch size for models built with
@@ -235,7 +235,7 @@ class EvaFamily(Family):
     def describe(self):
         m = self.module
         return {"family": self.name, "rope": type(m.rope).__name__ if self.has_rope else None,
-                "layerscale": self.block(0).gamma_1 is not None}
+                "layerscale": getattr(self.block(0), "gamma_1", None) is not None}
 
 
 def project_qkv(attn: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -255,9 +255,10 @@ def project_qkv(attn: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.T
                 qkv = F.linear(x, weight=attn.qkv.weight, bias=qkv_bias)
         q, k, v = qkv.reshape(B, N, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         return q, k, v
+    n_kv = getattr(attn, "num_kv_heads", attn.num_heads)  # fewer with grouped-query attention
     q = attn.q_proj(x).reshape(B, N, attn.num_heads, -1).transpose(1, 2)
-    k = attn.k_proj(x).reshape(B, N, attn.num_heads, -1).transpose(1, 2)
-    v = attn.v_proj(x).reshape(B, N, attn.num_heads, -1).transpose(1, 2)
+    k = attn.k_proj(x).reshape(B, N, n_kv, -1).transpose(1, 2)
+    v = attn.v_proj(x).reshape(B, N, n_kv, -1).transpose(1, 2)
     return q, k, v
 
 
@@ -297,6 +298,11 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, rope: Optional[torch.Ten
         q, k = apply_rope(q, rope, n_skip, half, v), apply_rope(k, rope, n_skip, half, v)
         if hooked:
             q, k = hook_heads(attn.hook_rot_q, q), hook_heads(attn.hook_rot_k, k)
+    groups = getattr(attn, "num_kv_groups", 1)
+    if groups > 1:  # grouped-query attention: query head i reads key/value head i // groups, as timm expands them
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if extra_kv is not None and extra_kv[0].shape[0] != attn.num_heads:  # columns per key/value head
+            extra_kv = tuple(t.repeat_interleave(groups, dim=0) for t in extra_kv)
     z = attend(attn, q, k, v, extra_kv, force_pattern, hooked)
     out = attn.norm(z.reshape(B, N, attn.num_heads * attn.head_dim))
     if gate is not None:
@@ -306,16 +312,24 @@ def attention_forward(attn: nn.Module, x: torch.Tensor, rope: Optional[torch.Ten
 
 def block_forward(block: nn.Module, x: torch.Tensor, rope: Optional[torch.Tensor], n_extra: int = 0,
                   extra_kv: Optional[KeyValue] = None, force_pattern: bool = False) -> torch.Tensor:
-    """Hooked forward of timm's ``EvaBlock`` (pre-norm, LayerScale ``gamma_1``/``gamma_2`` where it has them).
-    x: [b, t, d] -> [b, t, d]."""
+    """Hooked forward of timm's ``EvaBlock`` (pre-norm, LayerScale ``gamma_1``/``gamma_2`` where it has them) and
+    ``EvaBlockPostNorm`` (``norm1``/``norm2`` on each branch's output, no LayerScale: ``hook_attn_out`` and
+    ``hook_mlp_out`` are the normed branches the residual stream receives). x: [b, t, d] -> [b, t, d]."""
+    post_norm = not hasattr(block, "gamma_1")
     resid_pre = block.hook_resid_pre(x)
-    attn_out = attention_forward(block.attn, block.norm1(resid_pre), rope, n_extra, extra_kv, force_pattern)
-    if block.gamma_1 is not None:
-        attn_out = block.gamma_1 * attn_out
+    if post_norm:
+        attn_out = block.norm1(attention_forward(block.attn, resid_pre, rope, n_extra, extra_kv, force_pattern))
+    else:
+        attn_out = attention_forward(block.attn, block.norm1(resid_pre), rope, n_extra, extra_kv, force_pattern)
+        if block.gamma_1 is not None:
+            attn_out = block.gamma_1 * attn_out
     resid_mid = block.hook_resid_mid(resid_pre + block.drop_path1(block.hook_attn_out(attn_out)))
-    mlp_out = mlp_forward(block.mlp, block.norm2(resid_mid))
-    if block.gamma_2 is not None:
-        mlp_out = block.gamma_2 * mlp_out
+    if post_norm:
+        mlp_out = block.norm2(mlp_forward(block.mlp, resid_mid))
+    else:
+        mlp_out = mlp_forward(block.mlp, block.norm2(resid_mid))
+        if block.gamma_2 is not None:
+            mlp_out = block.gamma_2 * mlp_out
     return block.hook_resid_post(resid_mid + block.drop_path2(block.hook_mlp_out(mlp_out)))
 
 
@@ -366,6 +380,8 @@ class EvaAttentionWithExtraKV(nn.Module):
             self.k_bias = None
         self.num_heads, self.head_dim, self.scale = attn.num_heads, attn.head_dim, attn.scale
         self.num_prefix_tokens = attn.num_prefix_tokens
+        self.num_kv_heads = getattr(attn, "num_kv_heads", attn.num_heads)
+        self.num_kv_groups = getattr(attn, "num_kv_groups", 1)
         self.qkv_bias_separate = getattr(attn, "qkv_bias_separate", False)
         self.rotate_half = getattr(attn, "rotate_half", False)
         self.register_buffer("k_extra", k_extra.detach().clone(), persistent=False)
