@@ -33,7 +33,7 @@ from torch import nn
 from ...errors import ImageError, InterpError
 from ..layout import TokenLayout
 from .base import Family
-from .parts import KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward
+from .parts import InsertExtraTokens, KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward
 
 _ENTRY_POINTS = ("forward_features", "_pos_embed", "forward_head", "pool")
 ROPE_HOOKS = ("hook_rot_q", "hook_rot_k")
@@ -331,24 +331,6 @@ def block_forward(block: nn.Module, x: torch.Tensor, rope: Optional[torch.Tensor
         if block.gamma_2 is not None:
             mlp_out = block.gamma_2 * mlp_out
     return block.hook_resid_post(resid_mid + block.drop_path2(block.hook_mlp_out(mlp_out)))
-
-
-class InsertExtraTokens(nn.Module):
-    """Stand-in for a plain Eva's ``pos_drop``: the original module, then ``n_extra`` zero tokens after
-    ``n_prefix`` rows. x [b, t, d] -> [b, t + n_extra, d]; the tokens get no position embedding (added before)."""
-
-    def __init__(self, pos_drop: nn.Module, n_prefix: int, n_extra: int):
-        super().__init__()
-        self.pos_drop = pos_drop
-        self.n_prefix, self.n_extra = int(n_prefix), int(n_extra)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pos_drop(x)
-        zeros = x.new_zeros(x.shape[0], self.n_extra, x.shape[-1])
-        return torch.cat([x[:, :self.n_prefix], zeros, x[:, self.n_prefix:]], dim=1)
-
-    def extra_repr(self) -> str:
-        return f"n_prefix={self.n_prefix}, n_extra={self.n_extra}"
 
 
 class EvaAttentionWithExtraKV(nn.Module):

@@ -136,3 +136,22 @@ class MlpActivationEdits(nn.Module):
         for edit in self.edits:
             h = edit(h)
         return self.drop(h)
+
+
+class InsertExtraTokens(nn.Module):
+    """Stand-in for the module a plain model runs right after adding position embeddings (ViT's ``patch_drop``,
+    Eva's ``pos_drop``): that module, then ``n_extra`` zero tokens after ``n_prefix`` rows (test-time registers).
+    x [b, t, d] -> [b, t + n_extra, d]; the tokens get no position embedding (it was added before)."""
+
+    def __init__(self, inner: nn.Module, n_prefix: int, n_extra: int):
+        super().__init__()
+        self.inner = inner
+        self.n_prefix, self.n_extra = int(n_prefix), int(n_extra)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inner(x)
+        zeros = x.new_zeros(x.shape[0], self.n_extra, x.shape[-1])
+        return torch.cat([x[:, :self.n_prefix], zeros, x[:, self.n_prefix:]], dim=1)
+
+    def extra_repr(self) -> str:
+        return f"n_prefix={self.n_prefix}, n_extra={self.n_extra}"

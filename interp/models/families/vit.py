@@ -14,7 +14,7 @@ from torch import nn
 from ...errors import ImageError, InterpError
 from ..layout import TokenLayout
 from .base import Family
-from .parts import KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward
+from .parts import InsertExtraTokens, KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward
 
 _ENTRY_POINTS = ("forward_features", "_pos_embed", "forward_head", "pool")
 
@@ -235,24 +235,6 @@ def block_forward(block: nn.Module, x: torch.Tensor, extra_kv: Optional[KeyValue
     resid_mid = block.hook_resid_mid(resid_pre + block.drop_path1(attn_out))
     mlp_out = block.hook_mlp_out(block.ls2(mlp_forward(block.mlp, block.norm2(resid_mid))))
     return block.hook_resid_post(resid_mid + block.drop_path2(mlp_out))
-
-
-class InsertExtraTokens(nn.Module):
-    """Stand-in for a plain ViT's ``patch_drop``: the original module, then ``n_extra`` zero tokens after
-    ``n_prefix`` rows. x [b, t, d] -> [b, t + n_extra, d]; the tokens get no position embedding (added before)."""
-
-    def __init__(self, patch_drop: nn.Module, n_prefix: int, n_extra: int):
-        super().__init__()
-        self.patch_drop = patch_drop
-        self.n_prefix, self.n_extra = int(n_prefix), int(n_extra)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_drop(x)
-        zeros = x.new_zeros(x.shape[0], self.n_extra, x.shape[-1])
-        return torch.cat([x[:, :self.n_prefix], zeros, x[:, self.n_prefix:]], dim=1)
-
-    def extra_repr(self) -> str:
-        return f"n_prefix={self.n_prefix}, n_extra={self.n_extra}"
 
 
 class AttentionWithExtraKV(nn.Module):
