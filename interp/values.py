@@ -11,7 +11,7 @@ import math
 import re
 from pathlib import Path
 
-SAE_ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal")  # interp sae train --arch
+SAE_ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal", "matryoshka")  # interp sae train --arch
 NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
 DEVICE_SYNTAX = "cpu, cuda, cuda:N (N = GPU index, e.g. cuda:0) or mps"
 

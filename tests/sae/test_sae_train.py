@@ -283,3 +283,17 @@ def test_overcomplete_is_loaded_without_patching_matplotlib():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_matryoshka_loss_is_the_mean_over_nested_prefixes(one_thread):
+    torch.manual_seed(0)
+    owner = sae_modules.architecture("matryoshka")(_settings(arch="matryoshka", k=4))
+    module = owner.build(16, 32, 64, None)
+    x = _batch(64)
+    pre, codes, x_hat = module(x)
+    dictionary = module.get_dictionary()
+    total, parts = owner.loss(x, pre, codes, x_hat, module, dictionary, torch.zeros(32, dtype=torch.bool))
+    assert sae_modules.matryoshka_prefixes(32) == [2, 4, 8, 16, 32]
+    nested = [((x - codes[:, :m] @ dictionary[:m]) ** 2).sum(1).mean() for m in (2, 4, 8, 16, 32)]
+    assert float(total.detach()) == pytest.approx(float(sum(nested).detach()) / 5, rel=1e-5)
+    assert float(parts["matryoshka"].detach()) > 0  # a prefix reconstructs worse than the whole dictionary
