@@ -38,6 +38,7 @@ import torch
 
 from ..cache.format import model_fingerprints
 from ..errors import InterpError
+from ..hooks.names import block_hook
 from .model import save
 
 FORMATS = ("saelens", "saev", "vit_prisma")
@@ -126,7 +127,7 @@ def _vit_prisma(source: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
         raise _bad(source, f"activation_fn_str {fn!r}; read: {sorted(kinds)}")
     hook = cfg.get("hook_point")
     if hook is None and cfg.get("hook_point_layer") is not None:
-        hook = f"blocks.{cfg['hook_point_layer']}.{cfg.get('layer_subtype', 'hook_resid_post')}"
+        hook = block_hook(cfg["hook_point_layer"], cfg.get("layer_subtype", "hook_resid_post"))
     return _weights(weights), {"arch": kinds[fn], "k": (cfg.get("activation_fn_kwargs") or {}).get("k"),
                                "subtract_b_dec": True, "hook": hook, "model_name": cfg.get("model_name")}
 
