@@ -107,7 +107,7 @@ def _prefix_features(kind: str, counts, totals, n: int) -> List[Dict[str, Any]]:
 @torch.no_grad()
 def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndarray, detection, *,
                    writes: Optional[Dict[str, torch.Tensor]] = None, n_top: int = 0,
-                   n_maps: int = 0) -> Dict[str, Any]:
+                   n_maps: int = 0, targets: Optional[List[int]] = None) -> Dict[str, Any]:
     """The firing rates, artifact subspace and register/CLS features of ``sae`` over activations given chunk by
     chunk (the rule: :mod:`.artifact_rule`). The SAE is read only on the token kinds it was trained on
     (:data:`ANALYSED`; the other kinds' rates are None).
@@ -119,9 +119,12 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         writes: unit write directions to compare with (:func:`write_directions`).
         n_top: keep each artifact feature's ``n_top`` strongest patch tokens (``top_patches``).
         n_maps: keep each artifact feature's code on every patch of the first ``n_maps`` images (``maps``).
+        targets: features whose coverage of the high-norm tokens' excess to report (``target_coverage``; an
+            ablation's chosen features).
 
     Returns:
-        the dict :func:`sae_features` documents, plus ``top_patches`` / ``maps`` in each artifact feature.
+        the dict :func:`sae_features` documents, plus ``top_patches`` / ``maps`` in each artifact feature and
+        ``target_coverage`` (None without targets or high-norm tokens).
     """
     writes = writes or {}
     trained = sae.tokens
@@ -153,7 +156,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         if "high_norm" in analysed and high.any():
             h = torch.from_numpy(high)
             high_sum += (x[h].double() - sae.mean.double()).sum(0)
-            excess.add(x[h], codes[h])
+            excess.add(x[h], codes[h], sae.decode(codes[h]))
         if "normal_patch" in analysed:
             normal_sum += x[torch.from_numpy(np.ascontiguousarray(masks["normal_patch"]))].double().sum(0)
         if top is not None and patch.any() and "normal_patch" in analysed:
@@ -199,8 +202,14 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         if span_cos and grown["features"]:
             span_cos["max"] = max(span_cos.values())
         subspace = {"features": grown["features"], "coverage": grown["coverage"], "n_tokens": grown["n_tokens"],
+                    "reconstruction_coverage": excess.reconstruction_coverage(mean_normal),
                     "n_enriched": int(len(candidates)), "cos_register_neurons": span_cos if grown["features"] else {},
                     "cos_mean_high_norm": rule.span_cosine(span, unit_high)}
+    target_coverage = None
+    if targets and excess.x and "high_norm" in analysed:
+        chosen_ids = np.asarray(sorted(int(f) for f in targets))
+        target_coverage = rule.coverage(torch.stack(excess.x) - (normal_sum / max(1, totals["normal_patch"])),
+                                        excess.columns(chosen_ids), directions[torch.as_tensor(chosen_ids)].double())
     prefix = [*(_prefix_features("register", counts, totals, n) if "register" in analysed else []),
               *(_prefix_features("cls", counts, totals, n) if "cls" in analysed else [])] if trained == "all" else []
     det = describe_detection(detection)
@@ -221,6 +230,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
             "analysed_kinds": list(analysed), "n_images": n_images, "n_features": n, "n_tokens": totals,
             "n_alive": int(alive.sum()), "features": features, "artifact_features": artifact,
             "artifact_subspace": subspace, "enriched_features": enriched, "prefix_features": prefix,
+            "target_coverage": target_coverage,
             "message": message, "rule": dict(rule.RULE)}
 
 
@@ -256,7 +266,8 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
 
 @torch.no_grad()
 def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dict[str, torch.Tensor]] = None,
-                          n_top: int = 0, n_maps: int = 0, progress: bool = False) -> Dict[str, Any]:
+                          n_top: int = 0, n_maps: int = 0, progress: bool = False,
+                          targets: Optional[List[int]] = None) -> Dict[str, Any]:
     """:func:`feature_report` over an activation source (``interp.runtime``; live or a cache holding the SAE's
     hook): one pass for the patch-token norms at the hook (the detection), one for the codes. The source's
     batch size; memory: one batch. The caller checks that the SAE fits the source's model."""
@@ -276,7 +287,8 @@ def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dic
                 raise InterpError(f"{hook} gives {tuple(x.shape)} per batch, not token rows [b, {len(kinds)}, d]")
             yield b.start, x.numpy()
 
-    return feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps)
+    return feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps,
+                          targets=targets)
 
 
 MATCH_CANDIDATES = 5  # each control feature is drawn among the target's this many nearest matches ...
