@@ -311,7 +311,7 @@ def control_features(report: Dict[str, Any], targets, n_controls: int, seed: int
 def matched_controls(report: Dict[str, Any], targets, n_controls: int,
                      seed: int) -> Tuple[List[List[int]], List[bool]]:
     """``n_controls`` random feature sets of ``len(targets)`` matched to the targets (docs/sae.md): each target
-    gets a live feature outside the targets, the artifact subspace and the enriched features, drawn among the
+    gets a live feature outside the targets and the artifact subspace, drawn among the
     ``MATCH_CANDIDATES`` nearest to it by firing rate (log scale) and by firing rate on the high-norm tokens that
     lie within ``MATCH_HIGH_RATE`` and ``MATCH_LOG_RATE`` of it (the nearest one when none does), so a control
     fires as often, and on the high-norm tokens as much, as what it stands for: it can remove outliers. Control i uses ``random.Random(seed + i)``.
@@ -323,12 +323,13 @@ def matched_controls(report: Dict[str, Any], targets, n_controls: int,
         InterpError: fewer such features than targets.
     """
     chosen = {int(f) for f in targets}
-    excluded = chosen | {int(f) for f in (report.get("artifact_subspace") or {}).get("features", [])} | \
-        {int(f["feature"]) for f in report.get("enriched_features", [])}
+    # enriched features outside the subspace stay in: they fire on the high-norm tokens without carrying the excess,
+    # the controls that can show whether firing there is enough
+    excluded = chosen | {int(f) for f in (report.get("artifact_subspace") or {}).get("features", [])}
     by_id = {f["feature"]: f for f in report["features"]}
     pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in excluded]
     if n_controls and len(pool) < len(chosen):
-        raise InterpError(f"only {len(pool)} live feature(s) outside the chosen and artifact features for controls "
+        raise InterpError(f"only {len(pool)} live feature(s) outside the chosen ones and the artifact subspace for controls "
                           f"of {len(chosen)} feature(s) (of {report['n_alive']} alive); ablate fewer features, give "
                           "more images or use --controls 0")
 
