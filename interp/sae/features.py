@@ -293,7 +293,7 @@ def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dic
 
 MATCH_CANDIDATES = 5  # each control feature is drawn among the target's this many nearest matches ...
 MATCH_HIGH_RATE = 0.25  # ... that fire on the high-norm tokens within this rate of the target ...
-MATCH_LOG_RATE = 1.0  # ... and overall within this many decades (else the nearest one)
+MATCH_LOG_RATE = 1.0  # ... and overall within this many decades (else any of the nearest, flagged unmatched)
 
 
 def _overall_rate(report: Dict[str, Any], feature: Dict[str, Any]) -> float:
@@ -313,7 +313,8 @@ def matched_controls(report: Dict[str, Any], targets, n_controls: int,
     """``n_controls`` random feature sets of ``len(targets)`` matched to the targets (docs/sae.md): each target
     gets a live feature outside the targets and the artifact subspace, drawn among the
     ``MATCH_CANDIDATES`` nearest to it by firing rate (log scale) and by firing rate on the high-norm tokens that
-    lie within ``MATCH_HIGH_RATE`` and ``MATCH_LOG_RATE`` of it (the nearest one when none does), so a control
+    lie within ``MATCH_HIGH_RATE`` and ``MATCH_LOG_RATE`` of it (any of the nearest, flagged unmatched, when none
+    does), so a control
     fires as often, and on the high-norm tokens as much, as what it stands for: it can remove outliers. Control i uses ``random.Random(seed + i)``.
 
     Returns:
@@ -350,7 +351,7 @@ def matched_controls(report: Dict[str, Any], targets, n_controls: int,
             close = [f for f in free[:MATCH_CANDIDATES] if abs(sig[f][1] - targets_sig[t][1]) <= MATCH_HIGH_RATE
                      and abs(sig[f][0] - targets_sig[t][0]) <= MATCH_LOG_RATE]
             ok = ok and bool(close)
-            taken.append(rng.choice(close or free[:1]))
+            taken.append(rng.choice(close or free[:MATCH_CANDIDATES]))
         out.append(sorted(taken))
         matched.append(ok)
     return out, matched
