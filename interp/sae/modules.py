@@ -118,13 +118,14 @@ class Architecture:
 
     Class attributes: ``name`` (``--arch``), ``codes`` (its inference rule in
     ``interp.interventions.sae_features.CODE_RULES``), ``uses_k`` (``--k`` sets its sparsity), ``auxk`` (its loss
-    has the AuxK term).
+    has the AuxK term), ``needs_points`` (it is built on a sample of the normalised training tokens).
     """
 
     name: ClassVar[str] = ""
     codes: ClassVar[str] = ""
     uses_k: ClassVar[bool] = False
     auxk: ClassVar[bool] = False
+    needs_points: ClassVar[bool] = False
 
     def __init__(self, settings):
         self.settings = settings
@@ -224,6 +225,7 @@ class ReLU(Architecture):
 @register
 class Archetypal(Architecture):
     name, codes, uses_k, auxk = "archetypal", "topk", True, True
+    needs_points = True
 
     def build(self, d, n_features, batch_size, points):
         if points is None:
