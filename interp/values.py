@@ -14,7 +14,7 @@ from typing import Any, Union
 
 from .errors import UsageError
 
-SAE_ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal")  # interp sae train --arch
+SAE_ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal", "matryoshka")  # interp sae train --arch
 NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
 DEVICE_SYNTAX = "cpu, cuda, cuda:N (N = GPU index, e.g. cuda:0) or mps"
 
@@ -201,6 +201,32 @@ def transform_arg(text: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text.strip().lower()
+
+
+def sae_feature_ids(text) -> tuple:
+    """SAE feature ids for ``--features``: ``12,40`` or a JSON file: ``sae_features.json`` of ``interp study
+    sae-features`` (its artifact subspace's features, else its artifact features) or a plain list of ids."""
+    if isinstance(text, (tuple, list)):
+        return index_list(",".join(str(int(v)) for v in text))
+    path = Path(str(text).strip())
+    if path.suffix.lower() != ".json" and not path.is_file():
+        return index_list(text)
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise _fail(str(text), f"a readable sae_features.json or a JSON list of feature ids ({type(e).__name__})") from None
+    if isinstance(data, dict):
+        subspace = data.get("artifact_subspace") or {}
+        ids = subspace.get("features") if isinstance(subspace, dict) and subspace.get("features") else \
+            [f.get("feature") for f in data.get("artifact_features") or [] if isinstance(f, dict)]
+    else:
+        ids = data
+    if not isinstance(ids, list) or not ids or not all(isinstance(v, int) and not isinstance(v, bool) for v in ids):
+        raise _fail(str(text), "a sae_features.json with artifact features (or a JSON list of feature ids); this one "
+                               "lists none")
+    return index_list(",".join(str(v) for v in ids))
 
 
 def index_list(text: str) -> tuple:

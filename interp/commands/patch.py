@@ -6,7 +6,8 @@ import copy
 from .common import add_batch_size_arg, add_model_args
 from .output import atomic_file
 from .saving import refuse_existing_file
-from ..values import existing_file, existing_path, nonnegative_float
+from ..errors import UsageError
+from ..values import existing_file, existing_path, nonnegative_float, sae_feature_ids
 
 
 def register(sub) -> None:
@@ -18,8 +19,17 @@ def register(sub) -> None:
                            description="Build the interventions of SPEC.json for MODEL (calibrating those that "
                                        "need it) and write them as one patch file.")
     add_model_args(e)
-    e.add_argument("--interventions", required=True, metavar="SPEC.json", type=existing_file,
-                   help="JSON list of {\"kind\": ..., params}; see interp.interventions.spec")
+    e.add_argument("--interventions", default=None, metavar="SPEC.json", type=existing_file,
+                   help="JSON list of {\"kind\": ..., params}; see interp.interventions.spec (required unless "
+                        "--sae)")
+    e.add_argument("--sae", default=None, metavar="DIR", type=existing_path,
+                   help="add the ablation of --features of this trained SAE (interp sae train) after the spec's "
+                        "interventions, on the token kind the SAE was trained on")
+    e.add_argument("--features", default=None, metavar="F,...|FILE.json", type=sae_feature_ids,
+                   help="with --sae: feature ids (12,40) or the sae_features.json of interp study sae-features "
+                        "(its artifact subspace)")
+    e.add_argument("--sae-mode", default="zero", choices=("zero", "mean"),
+                   help="with --sae: remove the features (zero, default) or set them to their mean code (mean)")
     e.add_argument("--out", required=True, help="patch file to write (.safetensors)")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     e.add_argument("--calibration-images", default=None, metavar="DIR", type=existing_path,
@@ -74,6 +84,10 @@ def _models(args):
 
 
 def run_export(args) -> int:
+    if args.interventions is None and args.sae is None:
+        raise UsageError("interp patch export needs --interventions SPEC.json, or --sae DIR --features F,...")
+    if (args.sae is None) != (args.features is None):
+        raise UsageError("--sae DIR and --features go together: the SAE and the features of it to ablate")
     refuse_existing_file(args.out, args.overwrite)  # before torch and the model
     from ..interventions import export as patch
     from ..interventions import interventions_from_spec
@@ -81,8 +95,10 @@ def run_export(args) -> int:
 
     _, model = _models(args)
     images = load_images(args.calibration_images, model) if args.calibration_images else None
-    interventions = interventions_from_spec(args.interventions, model=model, calibration_images=images,
-                                            batch_size=args.batch_size)
+    interventions = [] if args.interventions is None else interventions_from_spec(
+        args.interventions, model=model, calibration_images=images, batch_size=args.batch_size)
+    if args.sae is not None:
+        interventions.append(_sae_ablation(args, model))
     what = "edited weights" if args.as_weights else "patch"
     with atomic_file(args.out, what) as tmp:  # a failed write (full disk, ulimit -f) leaves --out as it was
         if args.as_weights:
@@ -97,17 +113,31 @@ def run_export(args) -> int:
 
 
 def weights_recipe(args) -> str:
-    """How plain timm (or, for the synthetic planted_vit, which is no timm name, interp's builder) makes the
+    """How plain timm (or, for a synthetic planted model, which is no timm name, interp's builder) makes the
     module that ``--as-weights`` weights load into: the same name and the --depth/--img-size given."""
-    from .._model_names import PLANTED_NAME
+    from .._model_names import PLANTED_NAMES
 
-    if args.model == PLANTED_NAME:
-        return ("model = interp.models.planted_vit(); model.load_state_dict(safetensors.torch.load_file(FILE)) "
-                "(planted_vit is interp's synthetic model, not a timm name)")
+    if args.model in PLANTED_NAMES:
+        return (f"model = interp.models.{args.model}(); model.load_state_dict(safetensors.torch.load_file(FILE)) "
+                f"({args.model} is interp's synthetic model, not a timm name)")
     extra = "".join(f", {k}={v!r}" for k, v in (("depth", getattr(args, "depth", None)),
                                                  ("img_size", getattr(args, "img_size", None))) if v)
     return (f"model = timm.create_model({args.model!r}{extra}); "
             "model.load_state_dict(safetensors.torch.load_file(FILE))")
+
+
+def _sae_ablation(args, model):
+    """The SAEFeatureAblation of ``--sae DIR --features ...`` on ``model`` (an SAE of another model is refused)."""
+    from ..errors import InterpError
+    from ..interventions import SAEFeatureAblation
+    from ..sae.model import load
+
+    sae = load(args.sae, model=model)
+    try:
+        return SAEFeatureAblation(sae, list(args.features), mode=args.sae_mode,
+                                  prefix={"cls_index": model.layout.cls_index, "n_registers": model.layout.n_registers})
+    except ValueError as e:
+        raise InterpError(f"--features: {e}") from None
 
 
 def run_apply(args) -> int:

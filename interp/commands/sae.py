@@ -64,6 +64,21 @@ def register(sub) -> None:
     add_output_args(t)
     t.set_defaults(func=run_train)
 
+    i = actions.add_parser(
+        "import", help="convert an SAE trained with SAELens, saev or ViT-Prisma into an interp SAE folder",
+        description="Read an SAE in another project's files (SAELens: DIR with cfg.json + sae_weights.safetensors; "
+                    "saev: the .pt dump; ViT-Prisma: config.json + a .pt state dict) and write DIR/sae.json + "
+                    "DIR/sae.safetensors for MODEL, so sae-features, study ablate --sae and patch export --sae "
+                    "run on it (conversion: docs/sae.md).")
+    add_model_args(i)
+    i.add_argument("format", choices=("saelens", "saev", "vit_prisma"), help="the files' project")
+    i.add_argument("source", type=existing_path, help="the SAE's folder or file")
+    i.add_argument("--out", required=True, metavar="DIR", help="folder of the interp SAE files")
+    i.add_argument("--hook", default=None, help="the hook it reads (default: the one its files name; saev: required)")
+    i.add_argument("--tokens", choices=("patches", "all", "cls", "registers"), default="patches",
+                   help="the token kind it was trained on (default patches)")
+    i.set_defaults(func=run_import)
+
 
 SAE_FILES = ("sae.json", "sae.safetensors", "checkpoint.pt", "training_curve.png")  # what a run writes in --out
 
@@ -132,4 +147,13 @@ def _run_train(args) -> int:
               f"{os.path.join(args.out, 'sae.json')}")
         for line in result.get("warnings", []):
             print(f"warning: {line}", file=sys.stderr)
+    return 0
+
+
+def run_import(args) -> int:
+    from ..sae.foreign import import_sae
+
+    model = model_from_args(args)
+    out = import_sae(args.format, args.source, args.out, model, hook=args.hook, tokens=args.tokens)
+    print(f"imported the {args.format} SAE {args.source} -> {out}")
     return 0

@@ -8,7 +8,8 @@ Example (not run as a doctest: it needs a trained SAE)::
     report = interp.sae.sae_features(sae, model, cache="acts.h5")   # which features are artifacts
 
 Training is :mod:`.train` (streaming :mod:`.data`, run set-up :mod:`.setup`), files and loading :mod:`.model`,
-the artifact-feature computation :mod:`.features`; the feature ablation is
+the artifact-feature computation :mod:`.features` (rule: :mod:`.artifact_rule`), loss recovered :mod:`.evaluate`;
+the feature ablation is
 ``interp.interventions.SAEFeatureAblation``. See docs/sae.md.
 """
 from .features import sae_features

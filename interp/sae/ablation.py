@@ -19,7 +19,11 @@ class FeatureConditions:
     feature lists); pool: what the draw was made from and how (``n_alive``, ``n_high_norm_tokens``, the
     detection's ``artifacts_found`` at the SAE's hook, ``tokens`` (the kind ablated: the SAE's), ``matched_by``,
     the high-norm firing rates of targets and controls, ``coinciding_controls`` (pairs of identical sets), ``matched``
-    (per set: every feature within the matching calipers), a ``note`` saying either, ``artifact_subspace_coverage``)."""
+    (per set: every feature within the matching calipers), a ``note`` saying either, ``artifact_subspace_coverage``; the reconstruction's
+    share of the effect: ``target_coverage`` (the share of the high-norm tokens' excess over the mean normal patch
+    that the chosen features' contributions hold, what their zero ablation removes at the hook),
+    ``reconstruction_coverage`` (what the SAE's whole reconstruction holds: the most any features can remove; the
+    rest is its error, which the ablation keeps) and ``share_of_reconstruction`` (their ratio))."""
 
     sae: str
     hook: str
@@ -28,6 +32,13 @@ class FeatureConditions:
     controls: List[SAEFeatureAblation]
     control_features: List[List[int]]
     pool: Dict[str, Any]
+
+
+def _share(report: Dict[str, Any]) -> Any:
+    """The chosen features' share of what the SAE's reconstruction holds of the high-norm tokens' excess."""
+    whole = (report["artifact_subspace"] or {}).get("reconstruction_coverage")
+    part = report["target_coverage"]
+    return None if whole is None or part is None or whole <= 0 else part / whole
 
 
 def feature_conditions(sae_dir: str, features: Sequence[int], source, *, n_controls: int, seed: int,
@@ -46,7 +57,7 @@ def feature_conditions(sae_dir: str, features: Sequence[int], source, *, n_contr
         raise InterpError(f"--features {','.join(map(str, features))}: give distinct features of the SAE in "
                           f"{str(sae_dir)!r} (0..{sae.n_features - 1})")
     sae.ablation_state()  # a hook that is not a block output is refused here, before any pass
-    report = source_feature_report(sae, source, progress=progress)
+    report = source_feature_report(sae, source, progress=progress, targets=features)
     drawn, matched = matched_controls(report, features, n_controls, seed)
     same = coinciding_controls(drawn)
     notes = []  # coinciding sets are said by the ablation study's own notes (they hold for neuron controls too)
@@ -72,4 +83,7 @@ def feature_conditions(sae_dir: str, features: Sequence[int], source, *, n_contr
               "control_high_norm_rates": [[rates[f] for f in c] for c in drawn],
               "target_high_norm_rates": [rates[f] for f in features],
               "coinciding_controls": same, "matched": matched, "note": "; ".join(notes) or None,
-              "artifact_subspace_coverage": (report["artifact_subspace"] or {}).get("coverage")})
+              "artifact_subspace_coverage": (report["artifact_subspace"] or {}).get("coverage"),
+              "target_coverage": report["target_coverage"],
+              "reconstruction_coverage": (report["artifact_subspace"] or {}).get("reconstruction_coverage"),
+              "share_of_reconstruction": _share(report)})

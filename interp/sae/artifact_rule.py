@@ -78,18 +78,30 @@ class ExcessSample:
         self.rng = np.random.default_rng(seed)
         self.x: List[torch.Tensor] = []
         self.codes: List[torch.Tensor] = []
+        self.error: List[float] = []  # ||x - x_hat||^2 of each sampled token (the SAE's own reconstruction)
 
-    def add(self, x: torch.Tensor, codes: torch.Tensor) -> None:
-        """x [m, d], codes [m, n] of high-norm tokens (in order of reading)."""
+    def add(self, x: torch.Tensor, codes: torch.Tensor, recon: Optional[torch.Tensor] = None) -> None:
+        """x [m, d], codes [m, n] of high-norm tokens (in order of reading); recon [m, d]: the SAE's x_hat."""
+        err = (x - recon).double().square().sum(-1) if recon is not None else torch.full((len(x),), math.nan)
         for i in range(len(x)):
             self.seen += 1
+            item = (x[i].double().clone(), codes[i].to_sparse(), float(err[i]))
             if len(self.x) < self.capacity:
-                self.x.append(x[i].double().clone())
-                self.codes.append(codes[i].to_sparse())
+                self.x.append(item[0])
+                self.codes.append(item[1])
+                self.error.append(item[2])
             else:
                 j = int(self.rng.integers(0, self.seen))
                 if j < self.capacity:
-                    self.x[j], self.codes[j] = x[i].double().clone(), codes[i].to_sparse()
+                    self.x[j], self.codes[j], self.error[j] = item
+
+    def reconstruction_coverage(self, mean_normal: torch.Tensor) -> Optional[float]:
+        """The share of the sampled tokens' excess the SAE's whole reconstruction holds: ``1 - sum ||x - x_hat||^2 /
+        sum ||x - mean_normal||^2`` (the most any set of its features can remove)."""
+        if not self.x:
+            return None
+        total = float((torch.stack(self.x) - mean_normal.double()).square().sum())
+        return 1.0 - sum(self.error) / total if total > 0 else None
 
     def columns(self, features: np.ndarray) -> torch.Tensor:
         """Dense codes [m, len(features)] of the sampled tokens."""

@@ -107,7 +107,7 @@ def _prefix_features(kind: str, counts, totals, n: int) -> List[Dict[str, Any]]:
 @torch.no_grad()
 def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndarray, detection, *,
                    writes: Optional[Dict[str, torch.Tensor]] = None, n_top: int = 0,
-                   n_maps: int = 0) -> Dict[str, Any]:
+                   n_maps: int = 0, targets: Optional[List[int]] = None) -> Dict[str, Any]:
     """The firing rates, artifact subspace and register/CLS features of ``sae`` over activations given chunk by
     chunk (the rule: :mod:`.artifact_rule`). The SAE is read only on the token kinds it was trained on
     (:data:`ANALYSED`; the other kinds' rates are None).
@@ -119,9 +119,12 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         writes: unit write directions to compare with (:func:`write_directions`).
         n_top: keep each artifact feature's ``n_top`` strongest patch tokens (``top_patches``).
         n_maps: keep each artifact feature's code on every patch of the first ``n_maps`` images (``maps``).
+        targets: features whose coverage of the high-norm tokens' excess to report (``target_coverage``; an
+            ablation's chosen features).
 
     Returns:
-        the dict :func:`sae_features` documents, plus ``top_patches`` / ``maps`` in each artifact feature.
+        the dict :func:`sae_features` documents, plus ``top_patches`` / ``maps`` in each artifact feature and
+        ``target_coverage`` (None without targets or high-norm tokens).
     """
     writes = writes or {}
     trained = sae.tokens
@@ -153,7 +156,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         if "high_norm" in analysed and high.any():
             h = torch.from_numpy(high)
             high_sum += (x[h].double() - sae.mean.double()).sum(0)
-            excess.add(x[h], codes[h])
+            excess.add(x[h], codes[h], sae.decode(codes[h]))
         if "normal_patch" in analysed:
             normal_sum += x[torch.from_numpy(np.ascontiguousarray(masks["normal_patch"]))].double().sum(0)
         if top is not None and patch.any() and "normal_patch" in analysed:
@@ -199,8 +202,14 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         if span_cos and grown["features"]:
             span_cos["max"] = max(span_cos.values())
         subspace = {"features": grown["features"], "coverage": grown["coverage"], "n_tokens": grown["n_tokens"],
+                    "reconstruction_coverage": excess.reconstruction_coverage(mean_normal),
                     "n_enriched": int(len(candidates)), "cos_register_neurons": span_cos if grown["features"] else {},
                     "cos_mean_high_norm": rule.span_cosine(span, unit_high)}
+    target_coverage = None
+    if targets and excess.x and "high_norm" in analysed:
+        chosen_ids = np.asarray(sorted(int(f) for f in targets))
+        target_coverage = rule.coverage(torch.stack(excess.x) - (normal_sum / max(1, totals["normal_patch"])),
+                                        excess.columns(chosen_ids), directions[torch.as_tensor(chosen_ids)].double())
     prefix = [*(_prefix_features("register", counts, totals, n) if "register" in analysed else []),
               *(_prefix_features("cls", counts, totals, n) if "cls" in analysed else [])] if trained == "all" else []
     det = describe_detection(detection)
@@ -221,6 +230,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
             "analysed_kinds": list(analysed), "n_images": n_images, "n_features": n, "n_tokens": totals,
             "n_alive": int(alive.sum()), "features": features, "artifact_features": artifact,
             "artifact_subspace": subspace, "enriched_features": enriched, "prefix_features": prefix,
+            "target_coverage": target_coverage,
             "message": message, "rule": dict(rule.RULE)}
 
 
@@ -256,7 +266,8 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
 
 @torch.no_grad()
 def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dict[str, torch.Tensor]] = None,
-                          n_top: int = 0, n_maps: int = 0, progress: bool = False) -> Dict[str, Any]:
+                          n_top: int = 0, n_maps: int = 0, progress: bool = False,
+                          targets: Optional[List[int]] = None) -> Dict[str, Any]:
     """:func:`feature_report` over an activation source (``interp.runtime``; live or a cache holding the SAE's
     hook): one pass for the patch-token norms at the hook (the detection), one for the codes. The source's
     batch size; memory: one batch. The caller checks that the SAE fits the source's model."""
@@ -276,12 +287,13 @@ def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dic
                 raise InterpError(f"{hook} gives {tuple(x.shape)} per batch, not token rows [b, {len(kinds)}, d]")
             yield b.start, x.numpy()
 
-    return feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps)
+    return feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps,
+                          targets=targets)
 
 
 MATCH_CANDIDATES = 5  # each control feature is drawn among the target's this many nearest matches ...
 MATCH_HIGH_RATE = 0.25  # ... that fire on the high-norm tokens within this rate of the target ...
-MATCH_LOG_RATE = 1.0  # ... and overall within this many decades (else the nearest one)
+MATCH_LOG_RATE = 1.0  # ... and overall within this many decades (else any of the nearest, flagged unmatched)
 
 
 def _overall_rate(report: Dict[str, Any], feature: Dict[str, Any]) -> float:
@@ -299,9 +311,10 @@ def control_features(report: Dict[str, Any], targets, n_controls: int, seed: int
 def matched_controls(report: Dict[str, Any], targets, n_controls: int,
                      seed: int) -> Tuple[List[List[int]], List[bool]]:
     """``n_controls`` random feature sets of ``len(targets)`` matched to the targets (docs/sae.md): each target
-    gets a live feature outside the targets, the artifact subspace and the enriched features, drawn among the
+    gets a live feature outside the targets and the artifact subspace, drawn among the
     ``MATCH_CANDIDATES`` nearest to it by firing rate (log scale) and by firing rate on the high-norm tokens that
-    lie within ``MATCH_HIGH_RATE`` and ``MATCH_LOG_RATE`` of it (the nearest one when none does), so a control
+    lie within ``MATCH_HIGH_RATE`` and ``MATCH_LOG_RATE`` of it (any of the nearest, flagged unmatched, when none
+    does), so a control
     fires as often, and on the high-norm tokens as much, as what it stands for: it can remove outliers. Control i uses ``random.Random(seed + i)``.
 
     Returns:
@@ -311,12 +324,13 @@ def matched_controls(report: Dict[str, Any], targets, n_controls: int,
         InterpError: fewer such features than targets.
     """
     chosen = {int(f) for f in targets}
-    excluded = chosen | {int(f) for f in (report.get("artifact_subspace") or {}).get("features", [])} | \
-        {int(f["feature"]) for f in report.get("enriched_features", [])}
+    # enriched features outside the subspace stay in: they fire on the high-norm tokens without carrying the excess,
+    # the controls that can show whether firing there is enough
+    excluded = chosen | {int(f) for f in (report.get("artifact_subspace") or {}).get("features", [])}
     by_id = {f["feature"]: f for f in report["features"]}
     pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in excluded]
     if n_controls and len(pool) < len(chosen):
-        raise InterpError(f"only {len(pool)} live feature(s) outside the chosen and artifact features for controls "
+        raise InterpError(f"only {len(pool)} live feature(s) outside the chosen ones and the artifact subspace for controls "
                           f"of {len(chosen)} feature(s) (of {report['n_alive']} alive); ablate fewer features, give "
                           "more images or use --controls 0")
 
@@ -337,7 +351,7 @@ def matched_controls(report: Dict[str, Any], targets, n_controls: int,
             close = [f for f in free[:MATCH_CANDIDATES] if abs(sig[f][1] - targets_sig[t][1]) <= MATCH_HIGH_RATE
                      and abs(sig[f][0] - targets_sig[t][0]) <= MATCH_LOG_RATE]
             ok = ok and bool(close)
-            taken.append(rng.choice(close or free[:1]))
+            taken.append(rng.choice(close or free[:MATCH_CANDIDATES]))
         out.append(sorted(taken))
         matched.append(ok)
     return out, matched

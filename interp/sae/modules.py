@@ -9,6 +9,7 @@ batchtopk   ``BatchTopKSAE(top_k=k * batch)``        MSE + AuxK                 
 jumprelu    ``JumpSAE`` (rectangle kernel)           MSE + l0_penalty * L0 (straight-through)     jumprelu
 relu        ``SAE`` (linear encoder + ReLU)          MSE + l1_penalty * sum_f z_f ||d_f||         relu
 archetypal  ``RATopKSAE(points=sample, top_k=k)``    MSE + AuxK                                   topk
+matryoshka  ``TopKSAE(top_k=k)``                     mean MSE of nested prefixes + AuxK           topk
 =========== ======================================= ============================================ ==========
 
 Every term is a mean over the batch's tokens of a per-token quantity, so a coefficient means the same at any
@@ -38,7 +39,7 @@ import importlib
 import importlib.util
 import sys
 import types
-from typing import ClassVar, Dict, Optional, Tuple, Type
+from typing import ClassVar, Dict, List, Optional, Tuple, Type
 
 import torch
 
@@ -117,13 +118,14 @@ class Architecture:
 
     Class attributes: ``name`` (``--arch``), ``codes`` (its inference rule in
     ``interp.interventions.sae_features.CODE_RULES``), ``uses_k`` (``--k`` sets its sparsity), ``auxk`` (its loss
-    has the AuxK term).
+    has the AuxK term), ``needs_points`` (it is built on a sample of the normalised training tokens).
     """
 
     name: ClassVar[str] = ""
     codes: ClassVar[str] = ""
     uses_k: ClassVar[bool] = False
     auxk: ClassVar[bool] = False
+    needs_points: ClassVar[bool] = False
 
     def __init__(self, settings):
         self.settings = settings
@@ -223,11 +225,37 @@ class ReLU(Architecture):
 @register
 class Archetypal(Architecture):
     name, codes, uses_k, auxk = "archetypal", "topk", True, True
+    needs_points = True
 
     def build(self, d, n_features, batch_size, points):
         if points is None:
             raise InterpError("an archetypal SAE needs candidate points (a sample of the normalised tokens)")
         return overcomplete().RATopKSAE(d, n_features, points=points, top_k=self.settings.k)
+
+
+def matryoshka_prefixes(n_features: int, levels: int = 5) -> List[int]:
+    """The nested dictionary sizes of a Matryoshka SAE: n/16, n/8, n/4, n/2, n (each at least 1, distinct)."""
+    return sorted({max(1, n_features >> i) for i in range(levels)})
+
+
+@register
+class Matryoshka(Architecture):
+    """A TopK SAE whose nested prefixes of the dictionary must each reconstruct the token (Bussmann et al. 2025,
+    Nabeshima 2024; saev's and SAELens' Matryoshka SAEs): the loss is the mean over the prefixes of
+    :func:`matryoshka_prefixes` of ``||x - z[:m] @ D[:m]||^2`` (the last prefix is the whole dictionary), plus
+    AuxK. The first features learn the coarse directions, later ones refine them, so features split less."""
+
+    name, codes, uses_k, auxk = "matryoshka", "topk", True, True
+
+    def build(self, d, n_features, batch_size, points):
+        return tied_init(overcomplete().TopKSAE(d, n_features, top_k=self.settings.k))
+
+    def loss(self, x, pre_codes, codes, x_hat, module, dictionary, dead):
+        total, parts = super().loss(x, pre_codes, codes, x_hat, module, dictionary, dead)
+        prefixes = matryoshka_prefixes(codes.shape[-1])
+        nested = [mse(x, codes[:, :m] @ dictionary[:m]) for m in prefixes[:-1]] + [parts["mse"]]
+        parts["matryoshka"] = sum(nested) / len(nested) - parts["mse"]  # the prefixes' share beyond the full MSE
+        return total + parts["matryoshka"], parts
 
 
 def architecture(name: str) -> Type[Architecture]:

@@ -15,6 +15,7 @@ from ..cache.format import model_fingerprints
 from ..cache.reader import open as open_cache
 from ..errors import InterpError
 from ..detection.thresholds import NormsDetection, detect_norms
+from .modules import architecture
 from .data import PATCH, ActivationRows, CacheRows, LiveRows, Normalisation, fit_normalisation, token_mask
 
 CHUNK = 64  # images per read outside the training stream (norms, normalisation, statistics)
@@ -116,7 +117,7 @@ def prepare_data(model, hook: str, cfg, *, cache=None, images=None, rank: int = 
     sample = np.sort(np.random.default_rng([cfg.seed, 11]).permutation(train)[:cfg.norm_images])
     norm = fit_normalisation(rows, sample, mask)
     points = None
-    if cfg.arch == "archetypal":
+    if architecture(cfg.arch).needs_points:
         tokens = norm.apply(torch.from_numpy(rows.read(sample)[mask[sample]]))
         pick = np.random.default_rng([cfg.seed, 13]).permutation(len(tokens))[:cfg.n_points]
         points = tokens[np.sort(pick)].contiguous()

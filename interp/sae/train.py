@@ -1,10 +1,12 @@
 """``interp.sae.train``: train an overcomplete SAE on one hook's activations, streamed from a cache or the model.
 
-The loop is interp's own, around overcomplete's modules and losses: overcomplete's ``train_sae`` iterates a
-dataloader for whole epochs and keeps no state to resume from (no checkpoint of the optimiser, the step or the
-data position) and calls ``model.get_dictionary()`` on the module it is given, which a DDP wrapper hides. Each
-step is the same arithmetic as ``train_sae`` (forward, overcomplete's criterion, backward, gradient clipping at
-``clip_grad``, Adam step), tested step for step against it.
+The loop is interp's own, around overcomplete's modules and the architectures' losses (:mod:`.modules`: per-token
+MSE, L1 / L0 / AuxK / Matryoshka terms): overcomplete's ``train_sae`` iterates a dataloader for whole epochs and
+keeps no state to resume from (no checkpoint of the optimiser, the step or the data position) and calls
+``model.get_dictionary()`` on the module it is given, which a DDP wrapper hides. Each step is the same arithmetic
+as ``train_sae`` given the architecture's loss (forward, loss, backward, gradient clipping at ``clip_grad``, Adam
+step), tested step for step against it. AuxK's dead features (no firing for ``dead_window`` steps) come from the
+loop's firing record, all-reduced across processes.
 
 Example (not run as a doctest: it needs a trained SAE)::
 

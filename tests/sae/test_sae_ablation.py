@@ -92,3 +92,47 @@ def test_default_token_kind_is_the_sae_s_and_survives_a_patch_file(sae, tmp_path
     monkeypatch.setitem(sae.config, "tokens", "registers")
     with pytest.raises(interp.errors.InterpError, match="no register tokens"):
         SAEFeatureAblation(sae, FEATURES)
+
+
+def test_patch_export_builds_an_sae_feature_ablation_from_sae_features_json(sae, tmp_path, capsys, one_thread):
+    """`interp patch export --sae DIR --features sae_features.json` writes the ablation of the artifact subspace;
+    `interp patch apply` then matches the hooked model; ids work too; the pair is required together."""
+    import json
+
+    from interp.cli import main
+
+    report = tmp_path / "sae_features.json"
+    report.write_text(json.dumps({"artifact_subspace": {"features": FEATURES[:2]},
+                                  "artifact_features": [{"feature": 99}]}))
+    out = tmp_path / "sae-patch.safetensors"
+    assert main(["patch", "export", "planted_vit", "--sae", str(planted_sae()), "--features", str(report),
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    (loaded,) = interp.patch.load(out)
+    assert loaded.kind == "SAEFeatureAblation" and loaded.features == FEATURES[:2] and loaded.tokens == "patches"
+    assert main(["patch", "apply", "planted_vit", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["patch", "export", "planted_vit", "--sae", str(planted_sae()), "--features", "0,5",
+                 "--sae-mode", "mean", "--out", str(tmp_path / "ids.safetensors")]) == 0
+    assert interp.patch.load(tmp_path / "ids.safetensors")[0].mode == "mean"
+    capsys.readouterr()
+    assert main(["patch", "export", "planted_vit", "--sae", str(planted_sae()), "--out", str(tmp_path / "x")]) == 2
+    assert "go together" in capsys.readouterr().err
+    assert main(["patch", "export", "planted_vit", "--out", str(tmp_path / "x")]) == 2
+    assert "--interventions" in capsys.readouterr().err
+
+
+def test_features_take_ids_or_a_sae_features_json(tmp_path):
+    import argparse
+    import json
+
+    from interp.values import sae_feature_ids
+
+    assert sae_feature_ids("12,40") == (12, 40)
+    path = tmp_path / "sae_features.json"
+    path.write_text(json.dumps({"artifact_subspace": None, "artifact_features": [{"feature": 7}, {"feature": 3}]}))
+    assert sae_feature_ids(str(path)) == (7, 3)
+    path.write_text(json.dumps({"artifact_subspace": {"features": []}, "artifact_features": []}))
+    with pytest.raises(argparse.ArgumentTypeError, match="lists none"):
+        sae_feature_ids(str(path))
+    with pytest.raises(argparse.ArgumentTypeError, match="readable"):
+        sae_feature_ids(str(tmp_path / "missing.json"))

@@ -34,12 +34,15 @@ class ChannelSAE:
     def encode(self, x):
         return torch.relu(x[..., :N_FEATURES])
 
+    def decode(self, codes):
+        return self.mean + codes @ self.directions
 
-def _report(x: np.ndarray, kinds: np.ndarray, sae=None):
+
+def _report(x: np.ndarray, kinds: np.ndarray, sae=None, targets=None):
     """feature_report over x [N, T, D] with the high-norm tokens those of patch norm > 5."""
     patches = kinds == PATCH
     detection = detect_norms(np.linalg.norm(x[:, patches], axis=-1), 5.0)
-    return feature_report(sae or ChannelSAE(), [(0, x)], kinds, detection)
+    return feature_report(sae or ChannelSAE(), [(0, x)], kinds, detection, targets=targets)
 
 
 def _tokens(n_prefix_kinds=(CLS,)):
@@ -96,8 +99,11 @@ def test_a_feature_split_in_three_is_flagged_as_one_subspace():
     high = np.arange(0, 5000, 20)  # 250 tokens (5 %)
     for i, f in enumerate((2, 3, 4)):
         _high(x, kinds, high[i::3], f)
-    r = _report(x, kinds)
+    r = _report(x, kinds, targets=[2, 3])
     assert sorted(f["feature"] for f in r["artifact_features"]) == [2, 3, 4]
+    # the reconstruction's share: two of the three parts hold two thirds of what the SAE reconstructs
+    whole = r["artifact_subspace"]["reconstruction_coverage"]
+    assert whole > 0.95 and r["target_coverage"] == pytest.approx(2 / 3, abs=0.05)
     assert all(f["precision"] == 1.0 and 0.25 < f["coverage"] < 0.42 for f in r["artifact_features"])
     assert r["artifact_subspace"]["coverage"] > 0.95
 
@@ -168,9 +174,10 @@ def test_controls_are_matched_on_firing_on_the_high_norm_tokens():
 
     rates_high = [1.0, 0.9, 0.95, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.85, 0.8, 0.0]
     rates_normal = [0.0, 0.3, 0.2, 0.3, 0.2, 0.25, 0.3, 0.2, 0.3, 0.25, 0.3, 0.2]
+    rates_high[11] = 0.9  # enriched but outside the subspace: a control that fires there without the excess
     report = _report_with(rates_high, rates_normal, enriched=[11], subspace=[0])
     controls = control_features(report, [0], 6, seed=0)
-    assert all(len(c) == 1 and c[0] in {1, 2, 9, 10} for c in controls)  # the high-norm firers, not 3..8 or 11
+    assert all(len(c) == 1 and c[0] in {1, 2, 9, 10, 11} for c in controls)  # the high-norm firers, not 3..8
     assert len({c[0] for c in controls}) > 1
     from interp.sae.features import matched_controls
 

@@ -191,6 +191,7 @@ def test_cli_writes_the_sae_the_figure_and_a_described_run(tmp_path, one_thread,
     assert config["model"]["model_name"] == "planted_vit" and config["hook"] == HOOK
     assert config["tokens"] == "all" and config["high_norm"] == "exclude" and config["detection"]["artifacts_found"]
     assert len(config["curve"]["loss"]) == 12 and config["metrics"]["held_out"]["l0"] <= 2
+    assert config["warnings"] and all(f"warning: {w}" in captured.err for w in config["warnings"])  # 12 steps
     sae = interp.sae.load(out, model=planted_model(), hook=HOOK)
     assert sae.directions.shape == (384, 192)
     x = torch.from_numpy(interp.cache.open(planted_cache())[HOOK][:2])
@@ -283,3 +284,38 @@ def test_overcomplete_is_loaded_without_patching_matplotlib():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_matryoshka_loss_is_the_mean_over_nested_prefixes(one_thread):
+    torch.manual_seed(0)
+    owner = sae_modules.architecture("matryoshka")(_settings(arch="matryoshka", k=4))
+    module = owner.build(16, 32, 64, None)
+    x = _batch(64)
+    pre, codes, x_hat = module(x)
+    dictionary = module.get_dictionary()
+    total, parts = owner.loss(x, pre, codes, x_hat, module, dictionary, torch.zeros(32, dtype=torch.bool))
+    assert sae_modules.matryoshka_prefixes(32) == [2, 4, 8, 16, 32]
+    nested = [((x - codes[:, :m] @ dictionary[:m]) ** 2).sum(1).mean() for m in (2, 4, 8, 16, 32)]
+    assert float(total.detach()) == pytest.approx(float(sum(nested).detach()) / 5, rel=1e-5)
+    assert float(parts["matryoshka"].detach()) > 0  # a prefix reconstructs worse than the whole dictionary
+
+
+@pytest.mark.parametrize("arch", ["relu", "jumprelu"])
+def test_relu_and_jumprelu_train_with_the_default_objective(arch, tmp_path, one_thread):
+    """With the default penalties and learning rate (small: expansion 2, 100 steps of 256 tokens), the held-out
+    explained variance is high and the codes sparse (the summed L1 of before left it at -0.1 with every code 0)."""
+    defaults = TrainSettings()
+    result = train_planted(tmp_path / arch, arch=arch, steps=100, lr=defaults.lr, l1_penalty=defaults.l1_penalty,
+                           l0_penalty=defaults.l0_penalty)
+    held = result["metrics"]["held_out"]
+    assert held["explained_variance"] > 0.9 and 1 <= held["l0"] < result["n_features"] / 2
+    assert result["warnings"] == []
+
+
+def test_quality_warnings():
+    from interp.sae.train import quality_warnings
+
+    low = quality_warnings({"explained_variance": 0.2}, 0.9, "held-out")
+    assert len(low) == 2 and "explained variance 0.200" in low[0] and "90%" in low[1]
+    assert quality_warnings({"explained_variance": 0.95}, 0.1, "held-out") == []
+    assert "undefined" in quality_warnings({"explained_variance": None}, 0.0, "held-out")[0]

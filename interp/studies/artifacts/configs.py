@@ -11,11 +11,12 @@ registers re-run the model with an edit, so they take ``--images`` and the neuro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, BlockNames
 from ...errors import InterpError, UsageError
-from ...values import NEURONS_SYNTAX, existing_path, index_list, nonnegative_int, positive_int, register_count
+from ...values import (NEURONS_SYNTAX, existing_path, nonnegative_int, positive_int, register_count,
+                       sae_feature_ids)
 from ..core.options import DetectionOptions, NeuronsOptions
 from ...detection.presets import resolve_preset
 from ..declaration import declare, option
@@ -121,14 +122,16 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
 
     Zero (or mean-ablate) --neurons and --controls random neuron sets from the same blocks; compare outliers, max
     norm and top-1 with the unablated model. With --sae DIR --features F,... instead: remove those SAE features
-    (SAEFeatureAblation) against random sets of as many live features that do not fire on the high-norm
-    tokens."""
+    (SAEFeatureAblation, on the token kind the SAE was trained on) against random sets of as many features
+    matched to them by firing rate and by firing on the high-norm tokens."""
 
     name: ClassVar[str] = "ablate"
     module: ClassVar[str] = "interp.studies.artifacts.ablate"
     function: ClassVar[str] = "ablate_study"
     result: ClassVar[str] = "AblateResult"
 
+    neurons: Union[str, Dict[int, List[int]], None] = option(
+        None, f"the register neurons to ablate (required unless --sae DIR --features F,...): {NEURONS_SYNTAX}")
     controls: int = option(5, "random control neuron sets of the same size and blocks (default 5)",
                            parse=nonnegative_int)
     mode: str = option("zero", "zero: set the neurons to 0 (default); mean: to their mean activation over the "
@@ -137,8 +140,8 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
                                       "(with --features; an alternative to --neurons); mean: the feature's mean "
                                       "code", metavar="DIR", parse=existing_path)
     features: Optional[Tuple[int, ...]] = option(
-        None, "the SAE features to ablate with --sae, e.g. 12,40 (interp study sae-features lists the artifact "
-              "features)", parse=index_list, metavar="F,...")
+        None, "the SAE features to ablate with --sae: ids (12,40) or the sae_features.json of interp study "
+              "sae-features (its artifact subspace)", parse=sae_feature_ids, metavar="F,...|FILE.json")
 
     def check(self) -> None:
         super().check()

@@ -30,6 +30,8 @@ def test_ablating_the_artifact_feature_against_random_live_features(tmp_path, ca
     assert pool["tokens"] == "patches" and pool["matched_by"].startswith("firing rate")
     assert len(pool["control_high_norm_rates"]) == 3 and pool["artifact_subspace_coverage"] >= 0.5
     assert all(set(pair) <= {0, 1, 2} for pair in pool["coinciding_controls"])
+    assert pool["reconstruction_coverage"] >= pool["target_coverage"] >= 0.5
+    assert pool["share_of_reconstruction"] == pool["target_coverage"] / pool["reconstruction_coverage"]
     assert data["features"] == [int(f) for f in features.split(",")] and data["hook"] == HOOK
     chosen = set(data["features"])
     assert all(len(c["features"]) == len(chosen) and not chosen & set(c["features"]) for c in data["controls"])

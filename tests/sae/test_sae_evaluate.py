@@ -1,0 +1,52 @@
+"""Loss recovered (interp.sae.evaluate) against its definition: a perfect reconstruction recovers 1, one that
+outputs nothing 0 (zero ablation), the planted SAE most of the model's output."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interp
+from interp.sae.evaluate import loss_recovered, token_rows
+from sae_helpers import HOOK, needs_overcomplete, planted_images, planted_model, planted_sae
+
+
+class Stand:
+    """An SAE stand-in: encode is the identity, decode gives ``x * gain``."""
+
+    hook, tokens = HOOK, "patches"
+
+    def __init__(self, gain):
+        self.gain = gain
+
+    def check_model(self, model):
+        pass
+
+    def encode(self, x):
+        return x
+
+    def decode(self, codes):
+        return codes * self.gain
+
+
+def test_perfect_and_empty_reconstructions(one_thread):
+    model, images = planted_model(), planted_images(2, seed=3)
+    perfect = loss_recovered(Stand(1.0), model, images)
+    assert perfect["spliced"] == pytest.approx(0.0, abs=1e-9) and perfect["loss_recovered"] == pytest.approx(1.0)
+    assert perfect["distance"] == "kl_logits" and perfect["zero_ablated"] > 0
+    empty = loss_recovered(Stand(0.0), model, images)
+    assert empty["loss_recovered"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_rows_follow_the_token_kind():
+    layout = planted_model().layout
+    assert token_rows(layout, "cls") == [0] and token_rows(layout, "patches")[0] == 1
+    assert len(token_rows(layout, "all")) == layout.n_tokens
+    with pytest.raises(interp.errors.InterpError, match="no registers"):
+        token_rows(layout, "registers")
+
+
+@needs_overcomplete
+def test_the_planted_sae_recovers_most_of_the_output(one_thread):
+    sae = interp.sae.load(planted_sae(), model=planted_model())
+    out = loss_recovered(sae, planted_model(), planted_images(4, seed=5))
+    assert 0.5 < out["loss_recovered"] <= 1.0 and out["tokens"] == "patches"
