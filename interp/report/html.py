@@ -35,7 +35,12 @@ def _num(value, digits: int = 3) -> str:
 
 
 def _neuron_list(entries: List[Dict], limit: int = 12) -> str:
-    text = ", ".join(f"{e['layer']}:{e['neuron']}" for e in entries[:limit])
+    """'block 2: neurons 17, 101; block 5: neuron 40' (not '2:17', which read like an L2 norm)."""
+    by_block: Dict[int, List[int]] = {}
+    for e in entries[:limit]:
+        by_block.setdefault(int(e["layer"]), []).append(int(e["neuron"]))
+    text = "; ".join(f"block {b}: neuron{'s' if len(ns) > 1 else ''} {', '.join(map(str, ns))}"
+                     for b, ns in by_block.items())
     return text + (f" (+{len(entries) - limit} more)" if len(entries) > limit else "")
 
 

@@ -97,3 +97,10 @@ def test_lost_maps_wrap_after_four_images():
                    hook="blocks.5.attn.hook_k", k=100, seeds=[0] * n, boxes=[[0, 0, 1, 1]] * n,
                    box_cells=[[0, 0, 1, 1]] * n, degenerate=[False] * n, hits=[], masks=[[[1] * 4] * 4] * n)
     assert lost_boxes(r).get_size_inches()[0] * DPI <= 1250  # 8 in a row: 2036 px
+
+
+def test_the_report_table_names_blocks_and_neurons():
+    from interp.report.html import _neuron_list
+
+    entries = [{"layer": 2, "neuron": 17}, {"layer": 2, "neuron": 101}, {"layer": 5, "neuron": 40}]
+    assert _neuron_list(entries) == "block 2: neurons 17, 101; block 5: neuron 40"
