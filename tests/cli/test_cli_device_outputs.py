@@ -11,7 +11,6 @@ import pytest
 
 from conftest import one_error_line
 from interp.cli import main
-from interp.commands.output import atomic_file, special_kind
 from interp.errors import OutputPathError
 from interp.models import sample_image_paths
 
@@ -92,6 +91,8 @@ def test_a_device_or_fifo_where_a_result_file_goes_is_refused(tmp_path, capsys, 
 
 def test_atomic_file_checks_again_before_the_rename(tmp_path):
     """A FIFO that appears at the output while the file is being written is not replaced either."""
+    from interp.commands.output import atomic_file
+
     out = tmp_path / "late.safetensors"
     with pytest.raises(OutputPathError):
         with atomic_file(out) as tmp:
@@ -101,6 +102,8 @@ def test_atomic_file_checks_again_before_the_rename(tmp_path):
 
 
 def test_special_kind_names_what_it_finds(tmp_path):
+    from interp.commands.output import special_kind
+
     (tmp_path / "file").write_text("x")
     os.symlink(tmp_path / "file", tmp_path / "file-link")
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
