@@ -54,3 +54,19 @@ def test_arguments_the_config_refutes_are_refused_before_torch(tmp_path):
     err = out.stderr.strip().splitlines()
     assert "planted_vit has 6 blocks" in err[0] and "has 2 blocks" in err[1] and "blocks.9" in err[2], err
     assert "feature 999 does not exist" in err[3] and "384 features" in err[3], err
+
+
+@pytest.mark.parametrize("where, status, words", [
+    ("file", 2, "is a file"), ("under a file", 2, "lies under"), ("/proc/x", 1, "cannot create a file in '/proc'"),
+])
+def test_sae_train_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, where, status, words):
+    """`sae train --out` an existing file, a path under a file, /proc/x: raw tracebacks before."""
+    from interp.models import sample_image_paths
+
+    (tmp_path / "f").write_text("mine")
+    out = {"file": tmp_path / "f", "under a file": tmp_path / "f" / "sub", "/proc/x": "/proc/x"}[where]
+    argv = ["sae", "train", "planted_vit", "--images", str(sample_image_paths()[0]), "--hook",
+            "blocks.3.hook_resid_post", "--out", str(out), "--overwrite"]
+    assert main(argv) == status
+    assert words in one_error_line(capsys.readouterr().err)
+    assert (tmp_path / "f").read_text() == "mine"
