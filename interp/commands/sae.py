@@ -65,6 +65,20 @@ def check_train_output(args) -> None:
     check_output_folder(args.out)
     for name in SAE_FILES:
         refuse_special(os.path.join(args.out, name), "")
+    if os.path.exists(os.path.join(args.out, "sae.json.lock")):  # a run is training into --out: say it now
+        from ..cache.lock import WriterLock
+        from ..errors import CacheError
+
+        lock = WriterLock(os.path.join(args.out, "sae.json"))
+        try:
+            lock.acquire()
+        except OSError:
+            pass  # the training run says what is wrong with the folder
+        except CacheError:
+            raise OutputError(f"--out {args.out!r} is being trained into by another interp run; wait for it to "
+                              "finish or choose another --out") from None
+        else:
+            lock.release()
     held = [n for n in ("sae.json", "checkpoint.pt") if os.path.exists(os.path.join(args.out, n))]
     if held and not (args.resume or args.overwrite):
         raise OutputError(f"--out {args.out!r} already holds an SAE run ({', '.join(held)}); pass --resume to "

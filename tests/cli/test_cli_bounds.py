@@ -25,8 +25,9 @@ def test_controls_that_cannot_be_drawn_are_one_line():
 
 
 def test_arguments_the_config_refutes_are_refused_before_torch(tmp_path):
-    """--detect-layer 9 on a 6-block model, a hook of block 9, --features 999 of a 384-feature SAE: refused in a
-    fresh interpreter without importing torch (they arrived after 10-15 s of model loading)."""
+    """--detect-layer 9 on a 6-block model, a hook of block 9, --features 999 of a 384-feature SAE, an SAE folder
+    another run trains into: refused in a fresh interpreter without importing torch (they arrived after 10-15 s
+    of model loading)."""
     import json
     import subprocess
     import sys
@@ -45,15 +46,23 @@ def test_arguments_the_config_refutes_are_refused_before_torch(tmp_path):
          "--out", str(tmp_path / "c")],
         ["study", "ablate", "planted_vit", "--images", image, "--sae", str(sae), "--features", "3,999",
          "--out", str(tmp_path / "d")],
+        ["sae", "train", "planted_vit", "--images", image, "--hook", "blocks.3.hook_resid_post",
+         "--out", str(tmp_path / "busy")],
     ]
+    from interp.cache.lock import WriterLock
+
+    (tmp_path / "busy").mkdir()
+    held = WriterLock(tmp_path / "busy" / "sae.json").acquire()  # another run trains into busy/
     probe = ("import sys\nfrom interp.cli import main\n"
              f"codes = [main(a) for a in {argvs!r}]\n"
              "print(codes, 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    assert out.stdout.strip() == "[2, 2, 2, 2] False", (out.stdout, out.stderr)
+    held.release()
+    assert out.stdout.strip() == "[2, 2, 2, 2, 1] False", (out.stdout, out.stderr)
     err = out.stderr.strip().splitlines()
     assert "planted_vit has 6 blocks" in err[0] and "has 2 blocks" in err[1] and "blocks.9" in err[2], err
     assert "feature 999 does not exist" in err[3] and "384 features" in err[3], err
+    assert "being trained into by another interp run" in err[4], err
 
 
 @pytest.mark.parametrize("where, status, words", [
