@@ -46,13 +46,23 @@ COMMANDS = {
 INNER = {"study": "norms.json", "report": "report.json", "compare": "compare.json", "sae train": "sae.safetensors"}
 
 
+def device_node(path) -> str:
+    """A character device to link to: one made in the test's folder when root (/dev/zero's numbers; a regression
+    that replaced the link's target as root must not replace the system's /dev/zero), else /dev/zero itself
+    (only root could replace it)."""
+    if os.geteuid() != 0:
+        return "/dev/zero"
+    os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 5))
+    return str(path)
+
+
 def _make(kind: str, path) -> str:
     """A non-regular entry at ``path``; returns the words its refusal names."""
     if kind == "fifo":
         os.mkfifo(path)
         return "FIFO"
     if kind == "device link":
-        os.symlink("/dev/zero", path)
+        os.symlink(device_node(path.parent / f".{path.name}-device"), path)
         return "symlink to a character device"
     if os.geteuid() != 0:  # only root creates device nodes; the link above covers the same refusal
         pytest.skip("creating a device node needs root")

@@ -38,5 +38,5 @@ def test_ablating_the_artifact_feature_against_random_live_features(tmp_path, ca
     assert "go together" in capsys.readouterr().err
     assert main(base + ["--sae", str(planted_sae()), "--features", "12,x"]) == 2
     assert main(base) == 1 and "--sae DIR --features" in capsys.readouterr().err
-    assert main(base + ["--sae", str(planted_sae()), "--features", "99999"]) == 1
-    assert "give distinct features" in capsys.readouterr().err
+    assert main(base + ["--sae", str(planted_sae()), "--features", "99999"]) == 2  # a bad value, said before torch
+    assert "feature 99999 does not exist" in capsys.readouterr().err
