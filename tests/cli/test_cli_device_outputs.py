@@ -150,3 +150,17 @@ def test_a_second_writer_of_the_same_output_is_refused_in_one_line(tmp_path, cap
         code = main([*COMMANDS[name](tmp_path, str(out)), "--overwrite"])
     line = one_error_line(capsys.readouterr().err)
     assert code == 1 and ("being written" in line or "being trained into" in line), (code, line)
+
+
+def test_the_cache_api_never_writes_over_a_device_behind_a_link(tmp_path):
+    """interp.cache.write writes at the link's resolved path: as root, a link to /dev/zero with overwrite=True
+    replaced /dev/zero itself with an HDF5 file (the CLI refuses first; the library now refuses too)."""
+    import interp
+    from conftest import images, make_model
+    from interp.errors import CacheError
+
+    link = tmp_path / "acts.h5"
+    os.symlink(device_node(tmp_path / "node"), link)
+    with pytest.raises(CacheError, match="not a regular file"):
+        interp.cache.write(make_model("vit"), images(1), hooks=[HOOK], path=link, overwrite=True, progress=False)
+    assert os.path.islink(link)
