@@ -75,8 +75,12 @@ def check_train_output(args) -> None:
         except OSError:
             pass  # the training run says what is wrong with the folder
         except CacheError:
-            raise OutputError(f"--out {args.out!r} is being trained into by another interp run; wait for it to "
-                              "finish or choose another --out") from None
+            try:
+                holder = lock.path.read_text().strip() or "another process"
+            except OSError:
+                holder = "another process"
+            raise OutputError(f"--out {args.out!r} is being trained into by another interp run ({holder}); wait for "
+                              "it to finish or choose another --out") from None
         else:
             lock.release()
     held = [n for n in ("sae.json", "checkpoint.pt") if os.path.exists(os.path.join(args.out, n))]

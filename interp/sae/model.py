@@ -141,8 +141,8 @@ def save(out: Union[str, Path], config: Dict[str, Any], tensors: Dict[str, torch
 
 
 MIN_SCALE = 1e-6  # the normalisation's scale is the tokens' RMS norm (about 1-1000 in ViTs): 0 or 1e-30 is damage
-DECISIVE = ("arch", "k", "hook", "tokens", "high_norm", "n_features", "d", "model", "normalisation",
-            "weights_sha256")  # what the SAE means; sae.json's config_sha256 covers them
+DECISIVE = ("arch", "codes", "k", "hook", "tokens", "high_norm", "layout", "n_features", "d", "model",
+            "normalisation", "weights_sha256")  # what the SAE means; sae.json's config_sha256 covers them
 
 
 def config_digest(config: Dict[str, Any]) -> str:
