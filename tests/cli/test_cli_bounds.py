@@ -79,3 +79,14 @@ def test_sae_train_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, whe
     assert main(argv) == status
     assert words in one_error_line(capsys.readouterr().err)
     assert (tmp_path / "f").read_text() == "mine"
+
+
+def test_sae_train_defaults_on_a_handful_of_photos_say_what_to_change_at_once(capsys):
+    """With its defaults on the 4 sample photos `sae train` failed after 15 s ("cannot fill 8 data shards")."""
+    from interp.models import sample_image_paths
+
+    folder = str(sample_image_paths()[0].parent)
+    argv = ["sae", "train", "planted_vit", "--images", folder, "--hook", "blocks.3.hook_resid_post", "--out", "x"]
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "fewer than --data-shards 8" in line and "--data-shards 1" in line, line
