@@ -71,6 +71,9 @@ def write_file(
     if path.is_dir():
         raise CacheError(f"{str(path)!r} is a folder; give the path of the .h5 file to write")
     target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():  # a device node, FIFO or socket (or a link to one): not a cache
+        raise CacheError(f"{str(path)!r} is {'a link to ' if os.path.islink(path) else ''}a device, FIFO or socket "
+                         f"({str(target)!r}), not a regular file; interp never writes over it: choose another path")
     layout = model.layout_for(source.input_size)
     extractor = Extractor(hook_names, layout, model.block_names, tokens, norms_only, dtype)
     shapes = extractor.per_image_shapes(model, source.input_size)

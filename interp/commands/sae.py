@@ -93,6 +93,36 @@ def check_train_output(args) -> None:
     check_output_folder(args.out)
     for name in SAE_FILES:
         refuse_special(os.path.join(args.out, name), "")
+    if os.path.exists(os.path.join(args.out, "sae.json.lock")):  # a run is training into --out: say it now
+        from ..cache.lock import WriterLock
+        from ..errors import CacheError
+
+        lock = WriterLock(os.path.join(args.out, "sae.json"))
+        try:
+            lock.acquire()
+        except OSError:
+            pass  # the training run says what is wrong with the folder
+        except CacheError:
+            try:
+                holder = lock.path.read_text().strip() or "another process"
+            except OSError:
+                holder = "another process"
+            raise OutputError(f"--out {args.out!r} is being trained into by another interp run ({holder}); wait for "
+                              "it to finish or choose another --out") from None
+        else:
+            lock.release()
+    if getattr(args, "images", None):  # the defaults are for thousands of images: say it before torch loads
+        from ..formats.image_files import list_images
+        from ..errors import UsageError
+
+        try:
+            n_images = len(list_images(args.images))
+        except Exception:  # noqa: BLE001 - the image checks say what is wrong with --images
+            n_images = None
+        if n_images is not None and n_images < args.data_shards:
+            raise UsageError(f"--images {args.images!r} holds {n_images} image(s), fewer than --data-shards "
+                             f"{args.data_shards} (each shard needs training images): give --data-shards 1 (and a "
+                             "smaller --window-images, --batch-size) or more images; docs/sae.md has a recipe")
     held = [n for n in ("sae.json", "checkpoint.pt") if os.path.exists(os.path.join(args.out, n))]
     if held and not (args.resume or args.overwrite):
         raise OutputError(f"--out {args.out!r} already holds an SAE run ({', '.join(held)}); pass --resume to "

@@ -35,7 +35,12 @@ def _num(value, digits: int = 3) -> str:
 
 
 def _neuron_list(entries: List[Dict], limit: int = 12) -> str:
-    text = ", ".join(f"{e['layer']}:{e['neuron']}" for e in entries[:limit])
+    """'block 2: neurons 17, 101; block 5: neuron 40' (not '2:17', which read like an L2 norm)."""
+    by_block: Dict[int, List[int]] = {}
+    for e in entries[:limit]:
+        by_block.setdefault(int(e["layer"]), []).append(int(e["neuron"]))
+    text = "; ".join(f"block {b}: neuron{'s' if len(ns) > 1 else ''} {', '.join(map(str, ns))}"
+                     for b, ns in by_block.items())
     return text + (f" (+{len(entries) - limit} more)" if len(entries) > limit else "")
 
 
@@ -145,10 +150,12 @@ def embedded_image(folder: Optional[Path], name: str) -> str:
     if path is None or not path.is_file():
         return f'<p class="note">figure {html.escape(name)} was not written</p>'
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    link = html.escape(Path(name).name)  # the PNG lies beside index.html: open it at full size
-    return (f'<figure><a href="{link}" title="open the figure at full size"><img src="data:image/png;base64,{data}" '
-            f'alt="{html.escape(name)}" data-file="{html.escape(name)}"></a>'
-            f'<figcaption><a href="{link}">{html.escape(Path(name).name)}</a> (full size)</figcaption></figure>')
+    # A click shows the figure at its full size (scroll sideways) and back: the page stays one self-contained
+    # file, with no link to the PNG beside it (a wide figure shown at the page's width has unreadable titles).
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}" '
+            f'data-file="{html.escape(name)}" title="click: full size / fit the page" '
+            f'onclick="this.classList.toggle(\'full\')">'
+            f'<figcaption>{html.escape(Path(name).name)}: click the figure for its full size</figcaption></figure>')
 
 
 def _heading(key: str) -> str:
@@ -365,7 +372,8 @@ def write_html(path: Path, s: Dict, figures: Dict[str, List[str]]) -> None:
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:1250px;margin:1.5em auto;padding:0 1em;line-height:1.4}"
              "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;"
-             "vertical-align:top}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}"
+             "vertical-align:top}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;cursor:zoom-in}"
+             "img.full{max-width:none;cursor:zoom-out}figure{overflow-x:auto}"
              ".warn{background:#fff4d6;border:1px solid #e0b84c;padding:.6em}.note{background:#eef3ff;"
              "border:1px solid #9ab;padding:.6em}.caveat{background:#fff4d6;border-left:4px solid #e0b84c;"
              "padding:.4em .6em}.files{font-size:90%;color:#555}figure{margin:1em 0}"

@@ -152,8 +152,8 @@ def save(out: Union[str, Path], config: Dict[str, Any], tensors: Dict[str, torch
 
 
 MIN_SCALE = 1e-6  # the normalisation's scale is the tokens' RMS norm (about 1-1000 in ViTs): 0 or 1e-30 is damage
-DECISIVE = ("arch", "k", "hook", "tokens", "high_norm", "n_features", "d", "model", "normalisation",
-            "weights_sha256")  # what the SAE means; sae.json's config_sha256 covers them
+DECISIVE = ("arch", "codes", "k", "hook", "tokens", "high_norm", "layout", "n_features", "d", "model",
+            "normalisation", "weights_sha256")  # what the SAE means; sae.json's config_sha256 covers them
 
 
 def config_digest(config: Dict[str, Any]) -> str:
@@ -223,6 +223,24 @@ def config_problem(config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> 
     return None
 
 
+POOR_EXPLAINED_VARIANCE = 0.5  # below it the SAE's features describe too little of the hook to be read
+
+
+def quality_notes(config: Dict[str, Any]) -> list:
+    """What makes an SAE's features unreliable, from its ``sae.json``: the warnings its training recorded, else a
+    held-out (or training-sample) explained variance below :data:`POOR_EXPLAINED_VARIANCE`."""
+    recorded = config.get("warnings")
+    if isinstance(recorded, list) and recorded:
+        return [str(w) for w in recorded]
+    metrics = config.get("metrics") if isinstance(config.get("metrics"), dict) else {}
+    stats = metrics.get("held_out") or metrics.get("train_sample") or {}
+    ev = stats.get("explained_variance") if isinstance(stats, dict) else None
+    if isinstance(ev, (int, float)) and ev < POOR_EXPLAINED_VARIANCE:
+        return [f"held-out explained variance {ev:.3f} < {POOR_EXPLAINED_VARIANCE}: it reconstructs too little of "
+                "the hook for its features (and 'artifact features') to mean much; train it longer (docs/sae.md)"]
+    return []
+
+
 def _bad(path: Path, why: str) -> InterpError:
     return InterpError(f"{str(path)!r} is not a readable SAE ({why}); train it again with `interp sae train`")
 
@@ -277,4 +295,8 @@ def load(directory: Union[str, Path], model=None, hook: Optional[str] = None) ->
         sae.check_model(model)
     if hook is not None:
         sae.check_hook(hook)
+    import warnings
+
+    for note in quality_notes(config):  # every command and study that reads a poor SAE says so
+        warnings.warn(f"the SAE in {str(directory)!r}: {note}")
     return sae

@@ -25,8 +25,9 @@ def test_controls_that_cannot_be_drawn_are_one_line():
 
 
 def test_arguments_the_config_refutes_are_refused_before_torch(tmp_path):
-    """--detect-layer 9 on a 6-block model, a hook of block 9, --features 999 of a 384-feature SAE: refused in a
-    fresh interpreter without importing torch (they arrived after 10-15 s of model loading)."""
+    """--detect-layer 9 on a 6-block model, a hook of block 9, --features 999 of a 384-feature SAE, an SAE folder
+    another run trains into: refused in a fresh interpreter without importing torch (they arrived after 10-15 s
+    of model loading)."""
     import json
     import subprocess
     import sys
@@ -45,12 +46,47 @@ def test_arguments_the_config_refutes_are_refused_before_torch(tmp_path):
          "--out", str(tmp_path / "c")],
         ["study", "ablate", "planted_vit", "--images", image, "--sae", str(sae), "--features", "3,999",
          "--out", str(tmp_path / "d")],
+        ["sae", "train", "planted_vit", "--images", image, "--hook", "blocks.3.hook_resid_post",
+         "--out", str(tmp_path / "busy")],
     ]
+    from interp.cache.lock import WriterLock
+
+    (tmp_path / "busy").mkdir()
+    held = WriterLock(tmp_path / "busy" / "sae.json").acquire()  # another run trains into busy/
     probe = ("import sys\nfrom interp.cli import main\n"
              f"codes = [main(a) for a in {argvs!r}]\n"
              "print(codes, 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    assert out.stdout.strip() == "[2, 2, 2, 2] False", (out.stdout, out.stderr)
+    held.release()
+    assert out.stdout.strip() == "[2, 2, 2, 2, 1] False", (out.stdout, out.stderr)
     err = out.stderr.strip().splitlines()
     assert "planted_vit has 6 blocks" in err[0] and "has 2 blocks" in err[1] and "blocks.9" in err[2], err
     assert "feature 999 does not exist" in err[3] and "384 features" in err[3], err
+    assert "being trained into by another interp run" in err[4], err
+
+
+@pytest.mark.parametrize("where, status, words", [
+    ("file", 2, "is a file"), ("under a file", 2, "lies under"), ("/proc/x", 1, "in '/proc'"),
+])
+def test_sae_train_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, where, status, words):
+    """`sae train --out` an existing file, a path under a file, /proc/x: raw tracebacks before."""
+    from interp.models import sample_image_paths
+
+    (tmp_path / "f").write_text("mine")
+    out = {"file": tmp_path / "f", "under a file": tmp_path / "f" / "sub", "/proc/x": "/proc/x"}[where]
+    argv = ["sae", "train", "planted_vit", "--images", str(sample_image_paths()[0]), "--hook",
+            "blocks.3.hook_resid_post", "--out", str(out), "--overwrite"]
+    assert main(argv) == status
+    assert words in one_error_line(capsys.readouterr().err)
+    assert (tmp_path / "f").read_text() == "mine"
+
+
+def test_sae_train_defaults_on_a_handful_of_photos_say_what_to_change_at_once(capsys):
+    """With its defaults on the 4 sample photos `sae train` failed after 15 s ("cannot fill 8 data shards")."""
+    from interp.models import sample_image_paths
+
+    folder = str(sample_image_paths()[0].parent)
+    argv = ["sae", "train", "planted_vit", "--images", folder, "--hook", "blocks.3.hook_resid_post", "--out", "x"]
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "fewer than --data-shards 8" in line and "--data-shards 1" in line, line

@@ -11,7 +11,6 @@ import pytest
 
 from conftest import character_device, one_error_line
 from interp.cli import main
-from interp.commands.output import atomic_file, special_kind
 from interp.errors import OutputPathError
 from interp.models import sample_image_paths
 
@@ -92,6 +91,8 @@ def test_a_device_or_fifo_where_a_result_file_goes_is_refused(tmp_path, capsys, 
 
 def test_atomic_file_checks_again_before_the_rename(tmp_path):
     """A FIFO that appears at the output while the file is being written is not replaced either."""
+    from interp.commands.output import atomic_file
+
     out = tmp_path / "late.safetensors"
     with pytest.raises(OutputPathError):
         with atomic_file(out) as tmp:
@@ -101,6 +102,8 @@ def test_atomic_file_checks_again_before_the_rename(tmp_path):
 
 
 def test_special_kind_names_what_it_finds(tmp_path):
+    from interp.commands.output import special_kind
+
     (tmp_path / "file").write_text("x")
     os.symlink(tmp_path / "file", tmp_path / "file-link")
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
@@ -113,3 +116,41 @@ def test_a_mistyped_model_name_is_a_bad_value_exit_2(capsys):
     """The README: status 2 for a bad command-line value (a mistyped model name exited 1)."""
     assert main(["hooks", "vit_tiny_patch16_2244"]) == 2
     assert "Did you mean: vit_tiny_patch16_224" in one_error_line(capsys.readouterr().err)
+
+
+LOCKED = {  # command -> (argv builder, the marker whose lock a running writer holds)
+    "cache": ("cache", None),
+    "study": ("study", "norms.json"),
+    "report": ("report", "report.json"),
+    "compare": ("compare", "compare.json"),
+    "sae train": ("sae train", "sae.json"),
+}
+
+
+@pytest.mark.parametrize("command", list(LOCKED))
+def test_a_second_writer_of_the_same_output_is_refused_in_one_line(tmp_path, capsys, command):
+    """The lock battery: while one run writes an output, a second run of any writing command into it is refused
+    (before: two `sae train` into one folder lost an SAE in 2 of 6 trials)."""
+    from interp.cache.lock import WriterLock
+
+    name, marker = LOCKED[command]
+    out = tmp_path / ("acts.h5" if marker is None else "out")
+    held = WriterLock(out if marker is None else out / marker)
+    with held:
+        code = main([*COMMANDS[name](tmp_path, str(out)), "--overwrite"])
+    line = one_error_line(capsys.readouterr().err)
+    assert code == 1 and ("being written" in line or "being trained into" in line), (code, line)
+
+
+def test_the_cache_api_never_writes_over_a_device_behind_a_link(tmp_path):
+    """interp.cache.write writes at the link's resolved path: as root, a link to /dev/zero with overwrite=True
+    replaced /dev/zero itself with an HDF5 file (the CLI refuses first; the library now refuses too)."""
+    import interp
+    from conftest import images, make_model
+    from interp.errors import CacheError
+
+    link = tmp_path / "acts.h5"
+    os.symlink(character_device(), link)
+    with pytest.raises(CacheError, match="not a regular file"):
+        interp.cache.write(make_model("vit"), images(1), hooks=[HOOK], path=link, overwrite=True, progress=False)
+    assert os.path.islink(link)

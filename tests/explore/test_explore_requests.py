@@ -87,6 +87,14 @@ def test_other_indices_are_exact_too(client, entry, words):
     assert status == 400 and words in one_line(answer), answer
 
 
+def test_export_refuses_feature_ids_it_would_coerce(client):
+    """/api/export wrote features [5, 8] for "58"."""
+    for features in ("58", {"58": 1}):
+        status, answer = post(client, "/api/export", {"interventions": [{"kind": "SAEFeatureAblation",
+                                                                          "features": features}]})
+        assert status == 400 and "must be a JSON list" in one_line(answer), answer
+
+
 def test_test_time_register_tokens_per_request_are_capped(client):
     """16 test-time registers of 1024 tokens each took the explorer past 7 GB."""
     from interp.explore.requests import MAX_REGISTER_TOKENS

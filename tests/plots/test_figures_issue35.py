@@ -74,12 +74,12 @@ def test_lost_maps_say_how_many_images_they_show():
     assert "first 8 of 12 images" in lost_boxes(r)._suptitle.get_text()
 
 
-def test_each_report_figure_links_to_its_full_size_file(tmp_path):
+def test_each_report_figure_opens_at_full_size_on_a_click(tmp_path):
     from PIL import Image
 
     Image.new("RGB", (4, 4)).save(tmp_path / "relocation_maps.png")
     tag = embedded_image(tmp_path, "relocation_maps.png")
-    assert '<a href="relocation_maps.png"' in tag and "full size" in tag
+    assert "classList.toggle('full')" in tag and "full size" in tag and "href" not in tag  # still one file
 
 
 def test_as_weights_names_what_plain_timm_can_load():
@@ -97,3 +97,10 @@ def test_lost_maps_wrap_after_four_images():
                    hook="blocks.5.attn.hook_k", k=100, seeds=[0] * n, boxes=[[0, 0, 1, 1]] * n,
                    box_cells=[[0, 0, 1, 1]] * n, degenerate=[False] * n, hits=[], masks=[[[1] * 4] * 4] * n)
     assert lost_boxes(r).get_size_inches()[0] * DPI <= 1250  # 8 in a row: 2036 px
+
+
+def test_the_report_table_names_blocks_and_neurons():
+    from interp.report.html import _neuron_list
+
+    entries = [{"layer": 2, "neuron": 17}, {"layer": 2, "neuron": 101}, {"layer": 5, "neuron": 40}]
+    assert _neuron_list(entries) == "block 2: neurons 17, 101; block 5: neuron 40"

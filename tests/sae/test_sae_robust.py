@@ -263,3 +263,18 @@ def test_a_dead_torchrun_peer_is_one_line_on_the_survivor(monkeypatch):
     assert peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert peer_lost(dist.DistError("Connection closed by peer")) is None
+
+
+def test_reading_a_poor_sae_warns(tmp_path):
+    """An SAE with held-out explained variance -1.36 was read by every study without a word."""
+    import interp
+
+    folder, _ = _finished(tmp_path)
+    config = json.loads((folder / "sae.json").read_text())
+    config["metrics"]["held_out"]["explained_variance"] = -1.356
+    from interp.sae.model import config_digest
+
+    config["config_sha256"] = config_digest(config)  # metrics are not decisive: no digest change needed
+    (folder / "sae.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match="explained variance -1.356 < 0.5"):
+        interp.sae.load(folder)

@@ -1,5 +1,5 @@
 """``interp study ablate --sae DIR --features F,...``: removing the planted artifact feature removes the outliers,
-controls matched by firing rate and by firing on the high-norm tokens remove at most 20 %, with the records of the neuron ablation; the options'
+random live features off the high-norm tokens remove none, with the records of the neuron ablation; the options'
 refusals. Reuses the SAE of tests/sae_helpers.py."""
 from __future__ import annotations
 
@@ -25,13 +25,7 @@ def test_ablating_the_artifact_feature_against_random_live_features(tmp_path, ca
     counts = {name: c["outlier_count"] for name, c in data["conditions"].items()}
     assert counts["baseline"] > 0 and counts["target"] <= 0.1 * counts["baseline"]  # >= 90 % removed
     controls = [counts[f"control_{i}"] for i in range(3)]
-    assert all(c >= 0.8 * counts["baseline"] for c in controls)  # matched controls: <= 20 % removed
-    pool = data["control_pool"]
-    assert pool["tokens"] == "patches" and pool["matched_by"].startswith("firing rate")
-    assert len(pool["control_high_norm_rates"]) == 3 and pool["artifact_subspace_coverage"] >= 0.5
-    assert all(set(pair) <= {0, 1, 2} for pair in pool["coinciding_controls"])
-    assert pool["reconstruction_coverage"] >= pool["target_coverage"] >= 0.5
-    assert pool["share_of_reconstruction"] == pool["target_coverage"] / pool["reconstruction_coverage"]
+    assert all(c >= 0.9 * counts["baseline"] for c in controls)  # random live features: almost none removed
     assert data["features"] == [int(f) for f in features.split(",")] and data["hook"] == HOOK
     chosen = set(data["features"])
     assert all(len(c["features"]) == len(chosen) and not chosen & set(c["features"]) for c in data["controls"])
@@ -44,5 +38,5 @@ def test_ablating_the_artifact_feature_against_random_live_features(tmp_path, ca
     assert "go together" in capsys.readouterr().err
     assert main(base + ["--sae", str(planted_sae()), "--features", "12,x"]) == 2
     assert main(base) == 1 and "--sae DIR --features" in capsys.readouterr().err
-    assert main(base + ["--sae", str(planted_sae()), "--features", "99999"]) == 2
+    assert main(base + ["--sae", str(planted_sae()), "--features", "99999"]) == 2  # a bad value, said before torch
     assert "feature 99999 does not exist" in capsys.readouterr().err
