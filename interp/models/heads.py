@@ -27,7 +27,7 @@ def classify_head(model, random_weights: bool = False) -> Tuple[str, str]:
     m = model.timm_model
     name = str(model.model_name).lower()
     if planted_truth(model) is not None:
-        return "embedding", "planted_vit is synthetic: its head has random weights and classifies nothing"
+        return "embedding", f"{model.model_name} is synthetic: its head has random weights and classifies nothing"
     if getattr(m, "num_classes", 0) == 0 or isinstance(getattr(m, "head", None), nn.Identity):
         return "embedding", "the model has no classification head (identity head: the output is the pooled vector)"
     if random_weights:

@@ -105,3 +105,17 @@ def test_studies_undefined_on_a_pyramid_refuse_in_one_line(planted):
     with pytest.raises(InterpError, match="LOST is not defined for the pyramid model planted_pvt") as e:
         lost_study(source, progress=False)
     assert "\n" not in str(e.value)
+
+
+def test_redundancy_compares_each_token_on_the_detection_stages_grid(planted):
+    """The input embeddings (stage 0's 56x56 grid) are averaged over the cells each stage-3 token covers."""
+    from interp.studies.artifacts.redundancy import pool_to_grid, redundancy_study
+
+    e = torch.arange(2 * 16 * 3, dtype=torch.float32).reshape(2, 16, 3)
+    pooled = pool_to_grid(e, (4, 4), (2, 2))
+    torch.testing.assert_close(pooled[:, 0], e.reshape(2, 4, 4, 3)[:, :2, :2].mean((1, 2)))
+    assert pool_to_grid(e, (4, 4), (4, 4)) is e
+    _, source = planted
+    result = redundancy_study(source, progress=False, warn=False)
+    assert result.grid == [7, 7] and result.groups["normal"]["n_tokens"] + result.groups["high_norm"][
+        "n_tokens"] == 4 * 49 and result.groups["high_norm"]["n_tokens"] > 0
