@@ -73,7 +73,7 @@ def run(args) -> int:
                              progress=args.progress_requested, strict=args.strict, preprocess=preprocess)
     index = Path(args.out) / "index.html"
     if summary["synthetic"]:
-        print(f"note: {SYNTHETIC_NOTE}")
+        print(f"note: {summary.get('synthetic_note') or SYNTHETIC_NOTE}")
         p = summary["planted"]
         print(f"planted block {p['layer']} recovered: {'yes' if p['layer_recovered'] else 'no'}; planted neurons "
               f"recovered: {len(p['neurons_recovered'])} of {len(p['neurons'])}")

@@ -371,7 +371,7 @@ def write_html(path: Path, s: Dict, figures: Dict[str, List[str]]) -> None:
              ".toc ul{margin:.3em 0 .6em;padding-left:1em;list-style:none}</style>",
              "</head><body>", f"<h1>{html.escape(title)}</h1>"]
     if s["synthetic"]:
-        parts.append(f'<p class="warn"><strong>Synthetic model.</strong> {html.escape(SYNTHETIC_NOTE)}</p>')
+        parts.append(f'<p class="warn"><strong>Synthetic model.</strong> {html.escape(s.get("synthetic_note") or SYNTHETIC_NOTE)}</p>')
     if s.get("no_artifacts_note"):
         parts.append(f'<p class="warn"><strong>No artifacts.</strong> {html.escape(s["no_artifacts_note"])}</p>')
     if small_sample(s["n_images"]):

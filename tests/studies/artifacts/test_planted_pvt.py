@@ -119,3 +119,18 @@ def test_redundancy_compares_each_token_on_the_detection_stages_grid(planted):
     result = redundancy_study(source, progress=False, warn=False)
     assert result.grid == [7, 7] and result.groups["normal"]["n_tokens"] + result.groups["high_norm"][
         "n_tokens"] == 4 * 49 and result.groups["high_norm"]["n_tokens"] > 0
+
+
+@pytest.mark.slow  # end to end: the whole report battery (~25 s on 2 busy cores)
+def test_the_report_runs_on_the_planted_pvt_and_skips_what_a_pyramid_does_not_define(tmp_path):
+    """The battery on a pyramid: no LOST and no test-time register (one line each), the plant recovered."""
+    from interp.report import run_report
+
+    model = interp.load("planted_pvt")
+    summary = run_report(model, images=interp.models.sample_image_paths(), out_dir=tmp_path, progress=False,
+                         n_controls=1)
+    planted = summary["planted"]
+    assert planted["layer_recovered"] and planted["all_neurons_recovered"]
+    assert "PVTv2" in summary["synthetic_note"] and summary["lost"] is None
+    assert "registers.json" not in summary["files"]["results"] and "ablate.json" in summary["files"]["results"]
+    assert (tmp_path / "index.html").is_file()
