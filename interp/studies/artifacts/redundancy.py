@@ -2,8 +2,8 @@
 
 For every patch token, the cosine similarity of its input patch embedding to those of its 4 grid neighbours
 (up, down, left, right; 2 or 3 at the border), averaged per token (on a pyramid model, whose detection block runs
-on a coarser grid than the patch embedding, each token's input embedding is the mean of the embedding cells it
-covers: :func:`pool_to_grid`); then the distribution of that value over the
+on a coarser grid than the patch embedding, the similarity is measured on the patch embedding's grid and each
+token of the detection grid gets the mean over the cells it covers: :func:`pool_to_grid`); then the distribution of that value over the
 normal and over the high-norm patch tokens. Darcet et al. measure it "right after the patch embedding layer":
 here ``hook_patch_embed``, timm's patch-embedding output before the prefix tokens and the position embedding
 (``embedding="position"`` reads ``hook_embed`` instead, after the position embedding, for comparison). They
@@ -74,8 +74,8 @@ def neighbour_similarity(embeddings: torch.Tensor, grid) -> torch.Tensor:
 
 
 def pool_to_grid(embeddings: torch.Tensor, grid, target) -> torch.Tensor:
-    """[b, h*w, d] embeddings on ``grid`` -> [b, h'*w', d] on ``target``: each target cell the mean of the cells
-    it covers (adaptive average pooling; the embeddings themselves when the grids agree, as in a plain ViT)."""
+    """[b, h*w, d] values on ``grid`` -> [b, h'*w', d] on ``target``: each target cell the mean of the cells it
+    covers (adaptive average pooling; the values themselves when the grids agree, as in a plain ViT)."""
     grid, target = tuple(int(v) for v in grid), tuple(int(v) for v in target)
     if grid == target:
         return embeddings
@@ -158,7 +158,8 @@ def redundancy_reading(source: ActivationSource, detection, *, embedding: str = 
         target = source.blocks.layout_of(layout, det_hook).grid  # a pyramid: the detection stage's grid
         layout = source.blocks.layout_of(layout, hook)
         rows = slice(None) if hook == PATCH_EMBED else layout.patch_slice  # hook_patch_embed holds patches only
-        return {hook: lambda t: neighbour_similarity(pool_to_grid(t[:, rows], layout.grid, target), target)}
+        return {hook: lambda t: pool_to_grid(neighbour_similarity(t[:, rows], layout.grid)[..., None], layout.grid,
+                                             target)[..., 0]}
 
     def finish() -> RedundancyResult:
         grid = tuple(source.layout_of(det_hook).grid)

@@ -108,7 +108,8 @@ def test_studies_undefined_on_a_pyramid_refuse_in_one_line(planted):
 
 
 def test_redundancy_compares_each_token_on_the_detection_stages_grid(planted):
-    """The input embeddings (stage 0's 56x56 grid) are averaged over the cells each stage-3 token covers."""
+    """Neighbour similarity on stage 0's 56x56 grid, averaged over the cells each stage-3 token covers: the
+    planted (flat) tokens' regions are more redundant than the others."""
     from interp.studies.artifacts.redundancy import pool_to_grid, redundancy_study
 
     e = torch.arange(2 * 16 * 3, dtype=torch.float32).reshape(2, 16, 3)
@@ -116,10 +117,10 @@ def test_redundancy_compares_each_token_on_the_detection_stages_grid(planted):
     torch.testing.assert_close(pooled[:, 0], e.reshape(2, 4, 4, 3)[:, :2, :2].mean((1, 2)))
     assert pool_to_grid(e, (4, 4), (4, 4)) is e
     _, source = planted
-    result = redundancy_study(source, progress=False, warn=False)
+    result = redundancy_study(source, min_tokens=4, progress=False, warn=False)
     assert result.grid == [7, 7] and result.groups["normal"]["n_tokens"] + result.groups["high_norm"][
         "n_tokens"] == 4 * 49 and result.groups["high_norm"]["n_tokens"] > 0
-
+    assert result.difference > 0.02
 
 @pytest.mark.slow  # end to end: the whole report battery (~25 s on 2 busy cores)
 def test_the_report_runs_on_the_planted_pvt_and_skips_what_a_pyramid_does_not_define(tmp_path):
