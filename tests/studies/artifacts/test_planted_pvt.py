@@ -135,3 +135,11 @@ def test_the_report_runs_on_the_planted_pvt_and_skips_what_a_pyramid_does_not_de
     assert "PVTv2" in summary["synthetic_note"] and summary["lost"] is None
     assert "registers.json" not in summary["files"]["results"] and "ablate.json" in summary["files"]["results"]
     assert (tmp_path / "index.html").is_file()
+
+
+def test_the_explorer_refuses_a_pyramid_in_one_line(planted):
+    from interp.explore.session import ExploreSession
+
+    model, _ = planted
+    with pytest.raises(InterpError, match="pyramid model whose stages run on different grids"):
+        ExploreSession(model, interp.models.sample_image_paths())
