@@ -283,3 +283,22 @@ def test_pyramid_weight_files_load_without_a_position_table(tmp_path):
         x = x_images(1, 64)
         with torch.no_grad():
             torch.testing.assert_close(model(x), plain(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("which", ["pvt", "swin"])
+def test_pyramid_attention_hooks_cache_in_their_own_coordinates(which, tmp_path):
+    """PVTv2's reduced keys and Swin's windows are stored whole and read back as run_with_cache gives them."""
+    import interp.cache
+
+    model = pvt() if which == "pvt" else swin()
+    hooks = (["stages.0.blocks.0.attn.hook_k", "stages.1.blocks.1.attn.hook_pattern", "stages.2.blocks.0.hook_resid_post"]
+             if which == "pvt" else
+             ["layers.0.blocks.1.attn.hook_q", "layers.1.blocks.1.attn.hook_pattern", "layers.2.blocks.0.hook_resid_post"])
+    x = x_images(2)
+    summary = interp.cache.write(model, x, hooks=hooks, path=tmp_path / "acts.h5", dtype="float32", progress=False)
+    assert summary.complete
+    with torch.no_grad():
+        _, ref = model.run_with_cache(x, names_filter=hooks)
+    with interp.cache.open(tmp_path / "acts.h5", model=model) as cache:
+        for hook in hooks:
+            torch.testing.assert_close(torch.as_tensor(cache[hook][:]), ref[hook], atol=1e-6, rtol=0)
