@@ -291,6 +291,8 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     fractions = [float(f) for f in fractions]
     grid = tuple(source.layout.grid)
     patch = source.patch_size
+    if source.layout.stage_grids:  # a pyramid: the cells are the last stage's, each covering image / grid pixels
+        patch = tuple(int(s) // g for s, g in zip(source.image_size, grid))
     n_patches = grid[0] * grid[1]
     ks = [n_masked(f, n_patches) for f in fractions]
     sigma = float(blur_sigma) if blur_sigma is not None else patch[0] / 2.0

@@ -143,3 +143,12 @@ def test_the_explorer_refuses_a_pyramid_in_one_line(planted):
     model, _ = planted
     with pytest.raises(InterpError, match="pyramid model whose stages run on different grids"):
         ExploreSession(model, interp.models.sample_image_paths())
+
+
+def test_masking_masks_the_last_stages_cells_in_pixels(planted):
+    """A stage-3 cell of PVTv2 covers 32 x 32 input pixels (224 / 7), not the 4-pixel embedding stride."""
+    from interp.studies.aggregation.masking import masking_study
+
+    _, source = planted
+    result = masking_study(source, reference="pooled", fractions=(0.0, 0.5), orders=("random",), progress=False)
+    assert result.patch_size == [32, 32]
