@@ -152,3 +152,13 @@ def test_masking_masks_the_last_stages_cells_in_pixels(planted):
     _, source = planted
     result = masking_study(source, reference="pooled", fractions=(0.0, 0.5), orders=("random",), progress=False)
     assert result.patch_size == [32, 32]
+
+
+def test_patch_score_records_the_cells_pixel_size(planted):
+    from interp.studies.aggregation.patch_score import patch_score_study
+    from interp.studies.core.regions import cell_size
+
+    model, source = planted
+    assert cell_size(source) == (32, 32) and tuple(source.patch_size) == (4, 4)
+    result = patch_score_study(source, reference="pooled", progress=False)
+    assert result.grid == [7, 7] and result.patch_size == [32, 32]
