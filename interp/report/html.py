@@ -50,6 +50,9 @@ def _geometry(s: Dict) -> str:
              + [f"{others} other"] * bool(others))
     pre = s.get("preprocess") or "model"
     how = "timm's own preprocessing" if pre == "model" else f"eval transform {pre}"
+    if s.get("stage_grids"):  # a pyramid: no prefix tokens, one grid per stage
+        grids = ", ".join(f"{a} x {b}" for a, b in s["stage_grids"])
+        return f"{h} x {w} px ({how}), {patch} patch embedding \u2192 stage grids {grids}, no prefix tokens"
     return (f"{h} x {w} px ({how}), {patch} patches \u2192 {gh} x {gw} grid, "
             f"{plural(s['n_prefix'], 'prefix token')} ({' + '.join(kinds)})")
 

@@ -79,13 +79,13 @@ def behaviour_summary(ablation, register) -> Optional[Dict]:
 
 
 def input_geometry(source) -> Dict:
-    """What the model saw: input size [h, w] in pixels, patch size [h, w], patch grid [h, w], prefix tokens, and
-    the preprocessing (``"model"``: timm's own, or an eval transform's name)."""
+    """What the model saw: input size [h, w] in pixels, patch size [h, w], patch grid [h, w] (the last stage's
+    of a pyramid, whose ``stage_grids`` are listed; empty otherwise), prefix tokens, and the preprocessing (``"model"``: timm's own, or an eval transform's name)."""
     layout = source.layout
     return {"input_size": [int(v) for v in source.image_size], "patch_size": [int(v) for v in source.patch_size],
             "preprocess": source.preprocess,
             "grid": [int(v) for v in layout.grid], "n_prefix": int(layout.n_prefix),
-            "n_registers": int(layout.n_registers)}
+            "n_registers": int(layout.n_registers), "stage_grids": [list(g) for g in layout.stage_grids]}
 
 
 def build_summary(model, source, norms, neurons, ablation, register, relocation, skipped: Optional[str]) -> Dict:

@@ -134,7 +134,8 @@ def test_the_report_runs_on_the_planted_pvt_and_skips_what_a_pyramid_does_not_de
     assert planted["layer_recovered"] and planted["all_neurons_recovered"]
     assert "PVTv2" in summary["synthetic_note"] and summary["lost"] is None
     assert "registers.json" not in summary["files"]["results"] and "ablate.json" in summary["files"]["results"]
-    assert (tmp_path / "index.html").is_file()
+    assert summary["stage_grids"] == [[56, 56], [28, 28], [14, 14], [7, 7]]
+    assert "stage grids 56 x 56, 28 x 28, 14 x 14, 7 x 7, no prefix tokens" in (tmp_path / "index.html").read_text()
 
 
 def test_the_explorer_refuses_a_pyramid_in_one_line(planted):
