@@ -1,12 +1,12 @@
-"""Hook overhead: HookedViT vs plain timm forward (ViT-S/16, batch 16, CPU, float32, no grad).
+"""Hook overhead: HookedViT vs plain timm forward (ViT-S/16 by default, batch 16, CPU, float32, no grad).
 
 (a) hooked forward with no hooks attached, (b) ``run_with_cache`` of every ``hook_resid_post``; each as the
 median of per-round ratios over interleaved rounds. Targets: (a) <= 1.03, (b) <= 1.10.
 
     python benchmarks/hook_overhead.py [--repeats 15] [--batch-size 16] [--device cpu] [--model NAME]
 
-``--model`` measures another family's model (random weights, e.g. ``vit_small_patch16_dinov3``,
-``eva02_small_patch14_224``, ``vit_pe_core_small_patch16_384``); its results go to ``hook_overhead_NAME.json``.
+``--model`` measures another family's model (random weights at its default size, e.g. ``vit_small_patch16_dinov3``,
+``eva02_small_patch14_224``, ``pvt_v2_b0``, ``swinv2_tiny_window8_256``); its results go to ``hook_overhead_NAME.json``.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def main() -> None:
 
     @torch.no_grad()
     def hooked_cache():
-        return model.run_with_cache(x, names_filter="blocks.*.hook_resid_post")
+        return model.run_with_cache(x, names_filter=model.block_names.every("hook_resid_post"))
 
     times = interleaved_times({"timm": timm_forward, "hooked": hooked_forward, "cache": hooked_cache}, args.repeats)
     result = {

@@ -65,7 +65,9 @@ class Extractor:
             pass  # [b, P, d]: patch rows only, stored whole
         elif axis is not None:
             n, layout = act.shape[axis + 1], self.blocks.layout_of(self.layout, hook)
-            if n != layout.n_tokens:
+            # a pyramid's attention hooks keep their own rows (PVTv2's reduced keys, Swin's windows), stored
+            # whole: such a model has no prefix tokens, so every token mode it takes is "all"
+            if n != layout.n_tokens and not (self.layout.stage_grids and self.tokens == "all"):
                 raise CacheError(f"{hook} has {n} rows on its token axis but the token layout has "
                                  f"{layout.n_tokens} tokens ({layout.to_dict()})")
             if self.tokens != "all":

@@ -96,7 +96,7 @@ def run(args) -> int:
     index = Path(args.out) / "index.html"
     if summary["synthetic"]:
         if not args.progress_requested:  # with the stage lines it was shown once, when the run began
-            print(f"note: {SYNTHETIC_NOTE}")
+            print(f"note: {summary.get('synthetic_note') or SYNTHETIC_NOTE}")
         p = summary["planted"]
         print(f"planted block {p['layer']} recovered: {'yes' if p['layer_recovered'] else 'no'}; planted neurons "
               f"recovered: {len(p['neurons_recovered'])} of {len(p['neurons'])}")

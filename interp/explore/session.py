@@ -106,6 +106,9 @@ class ExploreSession:
     """
 
     def __init__(self, model, images, options: Optional[ExploreOptions] = None, progress: bool = False):
+        if model.layout.stage_grids:  # a pyramid (PVTv2, Swin-v2): its stages have other grids
+            raise InterpError(f"the explorer draws every block's tokens on one patch grid; {model.model_name} is a "
+                              "pyramid model whose stages run on different grids: use the studies and the report")
         self.model = model
         self.options = options or ExploreOptions()
         self.lock = threading.RLock()  # one forward at a time: hooks and edit state live on the model

@@ -412,6 +412,7 @@ def planted_pvt(*, stage: int = 3, block: int = 0, neurons: Sequence[int] = (17,
                 _restore_scale(st.norm, plan)
             if s > 0:
                 _plant_downsample(st.downsample, plans[s - 1], plan)
+        _plant_pvt_anchors(stages[0].blocks[0].attn, plans[0])
         _plant_pvt_neurons(stages[0].blocks[0].mlp, range(2 * n_filters), plans[0])
         _plant_texture_neurons(stages[0].blocks[0].mlp, plans[0])
         _plant_pvt_neurons(stages[stage].blocks[block].mlp, neurons, plans[stage])
@@ -491,14 +492,31 @@ def _protect_reserved(plan: _Plan, *writers: nn.Linear) -> None:
 
 
 def _plant_pvt_embedding(model: nn.Module, plan: _Plan, generator: torch.Generator) -> None:
-    """Filters and anchors into the overlapping patch embedding (its LayerNorm keeps their scale)."""
+    """Filters and anchors into the overlapping patch embedding.
+
+    The convolution's anchors (+-A) set its LayerNorm's scale; its output channels sum to zero for every input
+    (the random channels absorb the filters' sum), so the LayerNorm subtracts no mean and its gains may differ:
+    the filter responses keep their scale, the anchors come out at about +-1 (``hook_patch_embed`` shows the
+    patch's content, not the anchors, so neighbour similarity means something), and stage 0's first attention
+    adds them back to +-A (its ``proj`` bias; see :func:`_plant_pvt_anchors`).
+    """
     pe = model.patch_embed.proj
     pe.weight[plan.reserved] = 0.0
     pe.bias[plan.reserved] = 0.0
     pe.weight[:plan.n_filters] = _zero_mean_filters(plan.n_filters, pe.kernel_size[0], generator)
     pe.bias[plan.pos_anchor] = _ANCHOR
     pe.bias[plan.neg_anchor] = -_ANCHOR
+    others = [c for c in range(pe.out_channels) if c >= plan.reserved.stop]
+    pe.weight[others] -= pe.weight.sum(0, keepdim=True) / len(others)
+    pe.bias[others] -= pe.bias.sum() / len(others)
     _restore_scale(model.patch_embed.norm, plan)
+    model.patch_embed.norm.weight[[plan.pos_anchor, plan.neg_anchor]] = plan.sigma / _ANCHOR  # anchors out at ~+-1
+
+
+def _plant_pvt_anchors(attn: nn.Module, plan: _Plan) -> None:
+    """Stage 0's first attention restores the anchors to about +-A (they leave the embedding at about +-1)."""
+    attn.proj.bias[plan.pos_anchor] = _ANCHOR - 1.0
+    attn.proj.bias[plan.neg_anchor] = -(_ANCHOR - 1.0)
 
 
 def _plant_downsample(ds: nn.Module, before: _Plan, after: _Plan) -> None:

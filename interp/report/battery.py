@@ -39,7 +39,7 @@ from ..runtime.live_source import LiveSource
 from ..runtime.open import open_source
 from .html import write_html
 from .sections import CAUSAL, SECTIONS, outlier_share_remark, section_index, small_sample, step_line
-from .summary import (SYNTHETIC_NOTE, build_summary, lost_summary, planted_comparison, probes_summary,
+from .summary import (build_summary, synthetic_note, lost_summary, planted_comparison, probes_summary,
                       redundancy_summary, sae_features_summary)
 
 N_STAGES = len(SECTIONS)  # the console's steps = the page's sections
@@ -182,16 +182,19 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
                 neurons_reading(source, found, highest_layer=highest, top_k=settings["top_k"],
                                 positions=settings["positions"], sparsity=settings["sparsity"], seed=o.seed,
                                 batch_size=o.batch_size)]
+    pyramid = bool(source.layout.stage_grids)  # PVTv2, Swin-v2: no LOST (one grid of patch keys needed)
     if objects:
         _say(progress, step_line("redundancy", "input-patch similarity to the neighbours per token group"))
         _say(progress, step_line("probes", "position / pixels / label per token group"))
-        _say(progress, step_line("lost", "seed and box from the last block's keys"))
-        readings += object_readings(source, found, options)
+        _say(progress, step_line("lost", "skipped: LOST is not defined for a pyramid model" if pyramid else
+                                 "seed and box from the last block's keys"))
+        readings += object_readings(source, found, options, lost=not pyramid)
     _say(progress, step_line("neurons", f"ranking register neurons in blocks <= {highest} (the same pass)"))
     results = run_readings(source, readings, desc="observational pass", **common)
     out = BatteryResults(found, results[0], results[1])
     if objects:
-        out.probes, out.lost, out.redundancy = results[2:5]
+        out.probes, out.redundancy = results[2], results[-1]
+        out.lost = results[3] if not pyramid else None
     if not out.neurons.neurons:
         out.skipped = (f"no register neurons to test ({out.neurons.message or 'nothing ranked'}); the ablation, "
                        "test-time register and relocation studies need neurons and were not run")
@@ -202,8 +205,12 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     _say(progress, step_line("ablate", f"{len(out.neurons.neurons)} neurons vs {o.n_controls} random controls"))
     edits = dict(neurons=chosen, detection=found, baseline=baseline, classifier=clf, progress=o.bars(progress))
     out.ablation = ablate_study(source, controls=o.n_controls, seed=o.seed, **edits)
-    _say(progress, step_line("registers", "test-time register with these neurons"))
-    out.register = registers_study(source, **edits)
+    refusal = source.model.family.extra_tokens_refusal  # e.g. a pyramid model: no place for an extra token
+    if refusal:
+        _say(progress, step_line("registers", f"skipped: test-time registers are not defined here ({refusal})"))
+    else:
+        _say(progress, step_line("registers", "test-time register with these neurons"))
+        out.register = registers_study(source, **edits)
     _say(progress, step_line("relocate", "moving the high norm onto a smiley"))
     out.relocation = relocate_study(source, **edits)
     return out
@@ -212,7 +219,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
 REPORT_PROBE_TOKENS = 2000  # training tokens of the report's probes (a seeded sample; keeps them to seconds)
 
 
-def object_readings(source: LiveSource, detection: Detection, options: ReportOptions) -> List:
+def object_readings(source: LiveSource, detection: Detection, options: ReportOptions, lost: bool = True) -> List:
     """The report's last two sections and its redundancy row as readings of the observational pass, on the same
     source and detection: the linear probes (position and pixels per token group, the label too when the images
     carry one) on a capped token sample, LOST's seeds, masks and boxes (no CorLoc: the report has no
@@ -225,7 +232,7 @@ def object_readings(source: LiveSource, detection: Detection, options: ReportOpt
     return [probes_reading(source, detection=detection, seed=options.seed, batch_size=options.batch_size,
                            probe_options=PROBE_OPTIONS, max_train_tokens=REPORT_PROBE_TOKENS,
                            max_test_tokens=REPORT_PROBE_TOKENS // 2),
-            lost_reading(source, seed=options.seed),
+            *([lost_reading(source, seed=options.seed)] if lost else []),
             redundancy_reading(source, detection, warn=False)]
 
 
@@ -279,7 +286,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
         model = load(model or "planted_vit")
     truth = planted_truth(model)
     if truth is not None:
-        _say(progress, f"interp report: note: {SYNTHETIC_NOTE}")
+        _say(progress, f"interp report: note: {synthetic_note(model)}")
     if options.top_k is None and truth is not None:  # else 10, or the preset's
         options = dataclasses.replace(options, top_k=len(truth.neurons))
     source = report_source(model, images, options.batch_size, strict, preprocess)

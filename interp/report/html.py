@@ -55,6 +55,9 @@ def _geometry(s: Dict) -> str:
              + [f"{others} other"] * bool(others))
     pre = s.get("preprocess") or "model"
     how = "timm's own preprocessing" if pre == "model" else f"eval transform {pre}"
+    if s.get("stage_grids"):  # a pyramid: no prefix tokens, one grid per stage
+        grids = ", ".join(f"{a} x {b}" for a, b in s["stage_grids"])
+        return f"{h} x {w} px ({how}), {patch} patch embedding \u2192 stage grids {grids}, no prefix tokens"
     return (f"{h} x {w} px ({how}), {patch} patches \u2192 {gh} x {gw} grid, "
             f"{plural(s['n_prefix'], 'prefix token')} ({' + '.join(kinds)})")
 
@@ -381,7 +384,7 @@ def write_html(path: Path, s: Dict, figures: Dict[str, List[str]]) -> None:
              ".toc ul{margin:.3em 0 .6em;padding-left:1em;list-style:none}</style>",
              "</head><body>", f"<h1>{html.escape(title)}</h1>"]
     if s["synthetic"]:
-        parts.append(f'<p class="warn"><strong>Synthetic model.</strong> {html.escape(SYNTHETIC_NOTE)}</p>')
+        parts.append(f'<p class="warn"><strong>Synthetic model.</strong> {html.escape(s.get("synthetic_note") or SYNTHETIC_NOTE)}</p>')
     if s.get("no_artifacts_note"):
         parts.append(f'<p class="warn"><strong>No artifacts.</strong> {html.escape(s["no_artifacts_note"])}</p>')
     if small_sample(s["n_images"]):

@@ -7,13 +7,21 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from ..models.planted import planted_truth
+from ..models.planted import PlantedPvtTruth, planted_truth
 
 SYNTHETIC_NOTE = ("This is a synthetic planted model (planted_vit, planted_dinov3): its register neurons were "
                   "planted by construction in random weights; it is not a trained network. Its findings show that "
                   "the studies recover a known ground truth, not how a real ViT behaves.")
+SYNTHETIC_PVT_NOTE = ("This is a synthetic planted model (planted_pvt, a PVTv2-b0): its register neurons were planted "
+                      "by construction in random weights; it is not a trained network. Its findings show that the "
+                      "studies recover a known ground truth, not how a real PVTv2 behaves.")
 NO_ARTIFACTS_NOTE = ("This model shows no artifacts: at block {block}, {reason}. Neurons ranked under a fixed or "
                      "percentile threshold describe ordinary high-norm tokens; they are not register neurons.")
+
+
+def synthetic_note(model) -> str:
+    """The note a planted model's report carries (:data:`SYNTHETIC_NOTE`, or its PVTv2 counterpart)."""
+    return SYNTHETIC_PVT_NOTE if isinstance(planted_truth(model), PlantedPvtTruth) else SYNTHETIC_NOTE
 
 
 def planted_comparison(model, source, norms, neurons) -> Dict:
@@ -26,7 +34,8 @@ def planted_comparison(model, source, norms, neurons) -> Dict:
     truth = planted_truth(model)
     planted = {(truth.layer, int(n)) for n in truth.neurons}
     found = [(int(e["layer"]), int(e["neuron"])) for e in neurons.neurons]
-    emergence = norms.emergence or {}
+    # the max-norm jump (averaged over images) misses a plant that only some images trigger; then the detected one
+    emergence = norms.emergence or norms.emergence_detected or {}
     masks = [truth.artifact_mask(model, x).cpu() for _, x in source.image_batches()]
     expected = torch.cat(masks) if masks else torch.zeros(0, *norms.grid, dtype=torch.bool)
     ious = [iou(a, b) for a, b in zip(norms.outlier_map_tensor(), expected)]  # None: no outlier found or planted
@@ -72,13 +81,13 @@ def behaviour_summary(ablation, register) -> Optional[Dict]:
 
 
 def input_geometry(source) -> Dict:
-    """What the model saw: input size [h, w] in pixels, patch size [h, w], patch grid [h, w], prefix tokens, and
-    the preprocessing (``"model"``: timm's own, or an eval transform's name)."""
+    """What the model saw: input size [h, w] in pixels, patch size [h, w], patch grid [h, w] (the last stage's
+    of a pyramid, whose ``stage_grids`` are listed; empty otherwise), prefix tokens, and the preprocessing (``"model"``: timm's own, or an eval transform's name)."""
     layout = source.layout
     return {"input_size": [int(v) for v in source.image_size], "patch_size": [int(v) for v in source.patch_size],
             "preprocess": source.preprocess,
             "grid": [int(v) for v in layout.grid], "n_prefix": int(layout.n_prefix),
-            "n_registers": int(layout.n_registers)}
+            "n_registers": int(layout.n_registers), "stage_grids": [list(g) for g in layout.stage_grids]}
 
 
 def build_summary(model, source, norms, neurons, ablation, register, relocation, skipped: Optional[str]) -> Dict:
@@ -89,7 +98,7 @@ def build_summary(model, source, norms, neurons, ablation, register, relocation,
         "model": norms.model,
         "fingerprint": norms.fingerprint,
         "synthetic": synthetic,
-        "synthetic_note": SYNTHETIC_NOTE if synthetic else None,
+        "synthetic_note": synthetic_note(model) if synthetic else None,
         "random_weights": synthetic or getattr(model, "init_seed", None) is not None,
         "n_images": len(source),
         **input_geometry(source),

@@ -283,3 +283,73 @@ def test_pyramid_weight_files_load_without_a_position_table(tmp_path):
         x = x_images(1, 64)
         with torch.no_grad():
             torch.testing.assert_close(model(x), plain(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("which", ["pvt", "swin"])
+def test_pyramid_attention_hooks_cache_in_their_own_coordinates(which, tmp_path):
+    """PVTv2's reduced keys and Swin's windows are stored whole and read back as run_with_cache gives them."""
+    import interp.cache
+
+    model = pvt() if which == "pvt" else swin()
+    hooks = (["stages.0.blocks.0.attn.hook_k", "stages.1.blocks.1.attn.hook_pattern", "stages.2.blocks.0.hook_resid_post"]
+             if which == "pvt" else
+             ["layers.0.blocks.1.attn.hook_q", "layers.1.blocks.1.attn.hook_pattern", "layers.2.blocks.0.hook_resid_post"])
+    x = x_images(2)
+    summary = interp.cache.write(model, x, hooks=hooks, path=tmp_path / "acts.h5", dtype="float32", progress=False)
+    assert summary.complete
+    with torch.no_grad():
+        _, ref = model.run_with_cache(x, names_filter=hooks)
+    with interp.cache.open(tmp_path / "acts.h5", model=model) as cache:
+        for hook in hooks:
+            torch.testing.assert_close(torch.as_tensor(cache[hook][:]), ref[hook], atol=1e-6, rtol=0)
+
+
+# family x hook: each hook point against the timm submodule output it stands for (forward hooks on timm's modules)
+def _pvt_points(b):
+    def k_or_v(which):
+        return lambda o: o.reshape(b, o.shape[1], 2, -1)[:, :, which]  # kv output [b, t_k, 2d] -> [b, t_k, d]
+    return {"mlp.hook_pre": ("mlp.fc1", None), "mlp.hook_post": ("mlp.act", None),
+            "hook_attn_out": ("attn", None), "hook_mlp_out": ("mlp", None),
+            "attn.hook_q": ("attn.q", None), "attn.hook_k": ("attn.kv", k_or_v(0)),
+            "attn.hook_v": ("attn.kv", k_or_v(1))}
+
+
+def _swin_points(b):
+    flat = lambda o: o.reshape(b, -1, o.shape[-1])  # noqa: E731  [b, h, w, d] -> [b, t, d]
+    windows = lambda o: o.reshape(b, -1, *o.shape[1:])  # noqa: E731  [b * n_w, h, N, N] -> [b, n_w, h, N, N]
+    return {"mlp.hook_pre": ("mlp.fc1", None), "mlp.hook_post": ("mlp.act", None),
+            "hook_attn_out": ("norm1", flat), "hook_mlp_out": ("norm2", None),
+            "attn.hook_pattern": ("attn.softmax", windows)}
+
+
+@pytest.mark.parametrize("which", ["pvt", "swin"])
+def test_every_hook_point_equals_the_timm_module_output_it_stands_for(which):
+    """The parity table's rows: per family and hook, max |hook - timm module output| over every block <= 1e-5."""
+    model = pvt() if which == "pvt" else swin(72)
+    size = SIZE if which == "pvt" else 72
+    x = x_images(2, size)
+    points = (_pvt_points if which == "pvt" else _swin_points)(2)
+    timm_out, handles = {}, []
+    for i, (_, block) in enumerate(model.family.blocks()):
+        for leaf, (path, _) in points.items():
+            module = block.get_submodule(path)
+            handles.append(module.register_forward_hook(
+                lambda m, inp, out, key=(i, leaf): timm_out.setdefault(key, out)))
+    try:
+        with torch.no_grad():
+            model.timm_model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(x, names_filter=lambda n: any(n.endswith(leaf) for leaf in points))
+    worst = {}
+    for (i, leaf), out in timm_out.items():
+        transform = points[leaf][1]
+        ref = transform(out) if transform else out
+        got = cache[model.block_names.hook(i, leaf)]
+        if leaf.startswith("attn.hook_") and got.ndim == 4 and ref.ndim == 3:  # [b, t, h, dh] vs [b, t, d]
+            got = got.flatten(2)
+        assert got.shape == ref.shape, (leaf, got.shape, ref.shape)
+        worst[leaf] = max(worst.get(leaf, 0.0), (got - ref).abs().max().item())
+    assert set(worst) == set(points) and max(worst.values()) <= TOL, worst

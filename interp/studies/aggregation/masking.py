@@ -57,6 +57,7 @@ from ...runtime.paired import Condition, paired_pass
 from ...detection.detection import Detection
 from ...detection.thresholds import ThresholdSpec
 from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
+from ..core.regions import cell_size
 from ..core.result import OutlierStudyResult, behaviour_lines
 from ..declaration import study
 from .configs import MaskingConfig
@@ -290,7 +291,7 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     meter = BehaviourMeter(readout)
     fractions = [float(f) for f in fractions]
     grid = tuple(source.layout.grid)
-    patch = source.patch_size
+    patch = cell_size(source)  # a pyramid's cells are its last stage's: image / grid pixels, not the stride
     n_patches = grid[0] * grid[1]
     ks = [n_masked(f, n_patches) for f in fractions]
     sigma = float(blur_sigma) if blur_sigma is not None else patch[0] / 2.0

@@ -35,7 +35,7 @@ import torch
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
 from ...runtime.source import ActivationSource
-from ..core.regions import Regions, regions_from_masks
+from ..core.regions import Regions, cell_size, regions_from_masks
 from ..core.result import StudyResult
 from ..core.score_maps import FINAL, compute_score_maps
 from ..declaration import study
@@ -215,7 +215,7 @@ def patch_score_study(source: ActivationSource, config: PatchScoreConfig, *,
     return PatchScoreResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
         ids=list(source.ids), hook=c.hook, reference=c.reference, selective=selective_params,
-        grid=list(source.layout.grid), patch_size=list(source.patch_size),
+        grid=list(source.layout.grid), patch_size=list(cell_size(source)),
         maps=maps.tolist(), top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [],
         scores=ScoreDistribution.of(values, c.bins), fg=fg, bg=bg,
         boxes_input=regions.boxes_input if regions is not None else [],

@@ -21,7 +21,7 @@ from ...errors import InterpError, UsageError
 from ...interventions.selective_cls import SelectiveCLS
 from ...formats.box_files import matched_entries, original_size, read_boxes
 from ...formats.box_types import BoxTable
-from ..core.regions import Regions, regions_from_boxes
+from ..core.regions import Regions, cell_size, regions_from_boxes
 from ..core.stats import bootstrap_ci
 from ..core.score_maps import FINAL, compute_score_maps
 from .pib_protocol import LAST_MAX_BOX_FRACTION, LAST_PREPROCESS, last_grid, last_regions
@@ -204,6 +204,6 @@ def pib_study(source: ActivationSource, config: PiBConfig, *, selective: Optiona
         n_images=len(source), n_used=summary.n_used, excluded=regions.excluded_counts(), hook=c.hook,
         reference=c.reference, ids=list(source.ids), hits=summary.hits,
         top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [], boxes_input=regions.boxes_input,
-        grid=list(source.layout.grid), patch_size=list(source.patch_size),
+        grid=list(source.layout.grid), patch_size=list(cell_size(source)),
         maps=maps.tolist() if c.store_maps else [],
     )

@@ -1,7 +1,9 @@
 """Do high-norm tokens sit on redundant patches? (Darcet et al., Fig. 5a; docs/methods.md section 1)
 
 For every patch token, the cosine similarity of its input patch embedding to those of its 4 grid neighbours
-(up, down, left, right; 2 or 3 at the border), averaged per token; then the distribution of that value over the
+(up, down, left, right; 2 or 3 at the border), averaged per token (on a pyramid model, whose detection block runs
+on a coarser grid than the patch embedding, the similarity is measured on the patch embedding's grid and each
+token of the detection grid gets the mean over the cells it covers: :func:`pool_to_grid`); then the distribution of that value over the
 normal and over the high-norm patch tokens. Darcet et al. measure it "right after the patch embedding layer":
 here ``hook_patch_embed``, timm's patch-embedding output before the prefix tokens and the position embedding
 (``embedding="position"`` reads ``hook_embed`` instead, after the position embedding, for comparison). They
@@ -71,6 +73,17 @@ def neighbour_similarity(embeddings: torch.Tensor, grid) -> torch.Tensor:
     return (total / count.clamp(min=1)).clamp(-1.0, 1.0).reshape(b, p)  # rounding can step past +-1
 
 
+def pool_to_grid(embeddings: torch.Tensor, grid, target) -> torch.Tensor:
+    """[b, h*w, d] values on ``grid`` -> [b, h'*w', d] on ``target``: each target cell the mean of the cells it
+    covers (adaptive average pooling; the values themselves when the grids agree, as in a plain ViT)."""
+    grid, target = tuple(int(v) for v in grid), tuple(int(v) for v in target)
+    if grid == target:
+        return embeddings
+    b, _, d = embeddings.shape
+    maps = embeddings.float().reshape(b, grid[0], grid[1], d).permute(0, 3, 1, 2)
+    return F.adaptive_avg_pool2d(maps, target).flatten(2).transpose(1, 2)
+
+
 def group_summary(values: np.ndarray, edges: np.ndarray, min_tokens: int = MIN_GROUP_TOKENS) -> Dict:
     """Statistics of one token group's similarities: ``n_tokens``, ``mean``, ``median``, ``p10``, ``p90``,
     ``histogram`` (counts over ``edges``) and ``note``; the statistics are None (and the note says why) below
@@ -94,7 +107,7 @@ class RedundancyResult(OutlierStudyResult):
     Attributes:
         embedding: ``"patch"`` (``hook_patch_embed``, before the position embedding: Darcet's measure) or
             ``"position"`` (``hook_embed``, after it); hook: that hook's name.
-        grid: (h, w) of the patch grid.
+        grid: (h, w) of the detection block's grid (the patch grid of a plain ViT).
         groups: ``"normal"`` / ``"high_norm"`` -> :func:`group_summary` (n_tokens, mean, median, p10, p90,
             histogram, note).
         hist_edges: the histogram bin edges over [-1, 1].
@@ -139,13 +152,17 @@ def redundancy_reading(source: ActivationSource, detection, *, embedding: str = 
     det = detection.check(source)
     parts: List[torch.Tensor] = []
 
+    det_hook = source.blocks.resid_post(det.layer)
+
     def reducers(layout):
+        target = source.blocks.layout_of(layout, det_hook).grid  # a pyramid: the detection stage's grid
         layout = source.blocks.layout_of(layout, hook)
         rows = slice(None) if hook == PATCH_EMBED else layout.patch_slice  # hook_patch_embed holds patches only
-        return {hook: lambda t: neighbour_similarity(t[:, rows], layout.grid)}
+        return {hook: lambda t: pool_to_grid(neighbour_similarity(t[:, rows], layout.grid)[..., None], layout.grid,
+                                             target)[..., 0]}
 
     def finish() -> RedundancyResult:
-        grid = tuple(source.layout_of(hook).grid)
+        grid = tuple(source.layout_of(det_hook).grid)
         similarity = torch.cat(parts) if parts else torch.zeros(0, grid[0] * grid[1])  # [N, P]
         outliers = det.outliers
         if outliers.shape != similarity.shape:

@@ -66,6 +66,14 @@ def patch_size_of(data_cfg: dict, grid: Tuple[int, int]) -> Tuple[int, int]:
     return h // gh, w // gw
 
 
+def cell_size(source) -> Tuple[int, int]:
+    """Input pixels a side of one cell of ``source.layout.grid`` (the grid studies map): the patch size, or on a
+    pyramid model (whose last grid is coarser than its embedding's) the input size / that grid."""
+    if not source.layout.stage_grids:
+        return tuple(int(p) for p in source.patch_size)
+    return tuple(int(s) // int(g) for s, g in zip(source.image_size, source.layout.grid))
+
+
 # ---------------------------------------------------------------------------------------------- regions
 @dataclass
 class Regions:

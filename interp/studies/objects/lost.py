@@ -284,6 +284,14 @@ def _key_hook(source: ActivationSource, layer: int, k: int) -> Tuple[int, str]:
     return layer, hook
 
 
+def refuse_pyramid(source: ActivationSource) -> None:
+    """Raise :class:`~interp.errors.InterpError` for a pyramid model (a layout with stage grids)."""
+    if source.layout.stage_grids:
+        raise InterpError(f"LOST is not defined for the pyramid model {source.model_name}: its seed is the patch "
+                          "with the fewest positive key correlations over one grid of patch keys (a plain ViT's), "
+                          "while a pyramid's keys are reduced (PVTv2) or windowed (Swin) on stages of other grids")
+
+
 @study(LostConfig)
 def lost_study(source: ActivationSource, config: LostConfig, *, intervention=None,
                progress: bool = True) -> LostResult:
@@ -309,10 +317,7 @@ def lost_study(source: ActivationSource, config: LostConfig, *, intervention=Non
     """
     c = config
     layer, k, boxes, iou, n_boot, level, seed, ties = c.layer, c.k, c.boxes, c.iou, c.n_boot, c.level, c.seed, c.ties
-    if source.layout.stage_grids:
-        raise InterpError(f"LOST is not defined for the pyramid model {source.model_name}: its seed is the patch "
-                          "with the fewest positive key correlations over one grid of patch keys (a plain ViT's), "
-                          "while a pyramid's keys are reduced (PVTv2) or windowed (Swin) on stages of other grids")
+    refuse_pyramid(source)
     intervention = study_edit(c.neurons, c.n_registers, intervention)
     if c.protocol == "lost":
         table = read_boxes(boxes, convention="lost") if isinstance(boxes, (str, Path)) else boxes
@@ -336,6 +341,7 @@ def lost_reading(source: ActivationSource, layer: int = -1, k: int = 100,
                  level: float = 0.95, seed: int = 0, ties: str = "index") -> Reading:
     """:func:`lost_study` without an intervention, around its pass: the fold that runs LOST on each batch's
     keys, then the :class:`LostResult` (for a shared pass, :mod:`interp.runtime.passes`)."""
+    refuse_pyramid(source)
     layer, hook = _key_hook(source, layer, k)
     table = read_boxes(boxes) if isinstance(boxes, (str, Path)) else boxes
     if table is not None:  # impossible boxes and a box file for other images refused before the pass

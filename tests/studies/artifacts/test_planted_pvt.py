@@ -105,3 +105,61 @@ def test_studies_undefined_on_a_pyramid_refuse_in_one_line(planted):
     with pytest.raises(InterpError, match="LOST is not defined for the pyramid model planted_pvt") as e:
         lost_study(source, progress=False)
     assert "\n" not in str(e.value)
+
+
+def test_redundancy_compares_each_token_on_the_detection_stages_grid(planted):
+    """Neighbour similarity on stage 0's 56x56 grid, averaged over the cells each stage-3 token covers: the
+    planted (flat) tokens' regions are more redundant than the others."""
+    from interp.studies.artifacts.redundancy import pool_to_grid, redundancy_study
+
+    e = torch.arange(2 * 16 * 3, dtype=torch.float32).reshape(2, 16, 3)
+    pooled = pool_to_grid(e, (4, 4), (2, 2))
+    torch.testing.assert_close(pooled[:, 0], e.reshape(2, 4, 4, 3)[:, :2, :2].mean((1, 2)))
+    assert pool_to_grid(e, (4, 4), (4, 4)) is e
+    _, source = planted
+    result = redundancy_study(source, min_tokens=4, progress=False, warn=False)
+    assert result.grid == [7, 7] and result.groups["normal"]["n_tokens"] + result.groups["high_norm"][
+        "n_tokens"] == 4 * 49 and result.groups["high_norm"]["n_tokens"] > 0
+    assert result.difference > 0.02
+
+@pytest.mark.slow  # end to end: the whole report battery (~25 s on 2 busy cores)
+def test_the_report_runs_on_the_planted_pvt_and_skips_what_a_pyramid_does_not_define(tmp_path):
+    """The battery on a pyramid: no LOST and no test-time register (one line each), the plant recovered."""
+    from interp.report import run_report
+
+    model = interp.load("planted_pvt")
+    summary = run_report(model, images=interp.models.sample_image_paths(), out_dir=tmp_path, progress=False,
+                         n_controls=1)
+    planted = summary["planted"]
+    assert planted["layer_recovered"] and planted["all_neurons_recovered"]
+    assert "PVTv2" in summary["synthetic_note"] and summary["lost"] is None
+    assert "registers.json" not in summary["files"]["results"] and "ablate.json" in summary["files"]["results"]
+    assert summary["stage_grids"] == [[56, 56], [28, 28], [14, 14], [7, 7]]
+    assert "stage grids 56 x 56, 28 x 28, 14 x 14, 7 x 7, no prefix tokens" in (tmp_path / "index.html").read_text()
+
+
+def test_the_explorer_refuses_a_pyramid_in_one_line(planted):
+    from interp.explore.session import ExploreSession
+
+    model, _ = planted
+    with pytest.raises(InterpError, match="pyramid model whose stages run on different grids"):
+        ExploreSession(model, interp.models.sample_image_paths())
+
+
+def test_masking_masks_the_last_stages_cells_in_pixels(planted):
+    """A stage-3 cell of PVTv2 covers 32 x 32 input pixels (224 / 7), not the 4-pixel embedding stride."""
+    from interp.studies.aggregation.masking import masking_study
+
+    _, source = planted
+    result = masking_study(source, reference="pooled", fractions=(0.0, 0.5), orders=("random",), progress=False)
+    assert result.patch_size == [32, 32]
+
+
+def test_patch_score_records_the_cells_pixel_size(planted):
+    from interp.studies.aggregation.patch_score import patch_score_study
+    from interp.studies.core.regions import cell_size
+
+    model, source = planted
+    assert cell_size(source) == (32, 32) and tuple(source.patch_size) == (4, 4)
+    result = patch_score_study(source, reference="pooled", progress=False)
+    assert result.grid == [7, 7] and result.patch_size == [32, 32]
