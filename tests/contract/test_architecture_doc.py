@@ -44,5 +44,5 @@ def test_the_catalogue_of_the_page_is_the_code():
     text = PAGE.read_text(encoding="utf-8")
     for theme in THEMES:
         assert re.search(rf"^\s+{theme.name}/\s+configs\.py", text, re.M), f"theme {theme.name} is not on the page"
-        for config in theme.studies():
-            assert config.module.rpartition(".")[2] + ".py" in text, f"{config.module} is not on the page"
+    # every study is listed by the generated API reference (docs/api-studies.md), so a new study's module need
+    # not be pasted here; what the page names must exist (test_every_path_the_page_names_exists)

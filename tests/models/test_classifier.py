@@ -144,7 +144,7 @@ def test_a_clip_like_head_without_classifier_gets_cosine_and_a_note_never_accura
     from interp.plots.causal import ablation_bars
 
     titles = [t.get_text() for t in ablation_bars(result).findobj(Text)]  # the cosine panel, no accuracy panel
-    assert "pooled cosine" in titles and "accuracy" not in titles and "top1 agreement" not in titles
+    assert "pooled cosine (distance from 1)" in titles and "accuracy" not in titles and "top1 agreement" not in titles
 
 
 def test_a_zeroshot_file_gives_accuracy_equal_to_a_hand_computation(tmp_path):

@@ -130,7 +130,7 @@ def test_report_page_says_once_why_stages_were_skipped_and_shows_the_input(tmp_p
 def test_input_geometry_of_a_register_model():
     source = open_source(model=make_model("dinov2_reg"), images=images(1))
     assert input_geometry(source) == {"input_size": [224, 224], "patch_size": [14, 14], "grid": [16, 16],
-                                      "n_prefix": 5, "n_registers": 4, "preprocess": "model"}
+                                      "n_prefix": 5, "n_registers": 4, "preprocess": "model", "stage_grids": []}
 
 
 # ----------------------------------------------------------------------------------------- issue 18, point 19
