@@ -1,7 +1,8 @@
 """timm's DINOv3 RoPE (``RotaryEmbeddingDinoV3`` in ``vit_small_patch16_dinov3``, as interp hooks it) against the
 original DINOv3 code's arithmetic (tests/reference/dinov3_rope.py, facebookresearch/dinov3 at 6876159a): the
 periods, the sin/cos tables and the rotated q/k of an attention layer at 224, 448 and 512 px and a non-square
-input; and the one deliberate deviation, the original checkpoints' bfloat16 periods."""
+input; and the one deviation, the original checkpoints' bfloat16 periods, which interp keeps when it loads an
+original file."""
 from __future__ import annotations
 
 import pytest
@@ -88,7 +89,8 @@ def test_no_coordinate_augmentation_in_eval_and_none_in_timm_training():
 def test_bfloat16_periods_of_the_original_checkpoints_are_the_one_deviation(dinov3):
     """The original checkpoints carry ``rope_embed.periods`` rounded to bfloat16 (a persistent buffer; timm drops
     it and recomputes them in float32): the original code then rotates with those periods, and timm's rotation
-    differs by up to ~0.008 in sin/cos and ~0.01 in q/k of unit scale (docs/methods.md gives the figures)."""
+    differs by up to ~0.008 in sin/cos and ~0.01 in q/k of unit scale (docs/methods.md gives the figures); interp
+    keeps the file's periods (next test)."""
     bf16 = ref.periods(HEAD_DIM).to(torch.bfloat16)
     assert (bf16.float() != ref.periods(HEAD_DIM)).any()
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
@@ -98,3 +100,17 @@ def test_bfloat16_periods_of_the_original_checkpoints_are_the_one_deviation(dino
     table_diff = max_diff(timm_sin_cos(dinov3.timm_model.rope, 14, 14), table)
     qk_diff = max_diff((rot_q, rot_k), ref.apply_rope(q, k, *table))
     assert 1e-3 < table_diff < 0.02 and 1e-3 < qk_diff < 0.05
+
+
+@pytest.mark.parametrize("height, width", [(224, 224), (512, 512), (224, 320)])
+def test_with_an_original_files_periods_the_rotation_is_the_originals(height, width):
+    """``interp.load(..., weights=<original DINOv3 file>)`` keeps the file's ``rope_embed.periods``
+    (``keep_file_rope_periods``): q/k then rotate exactly as the original code rotates them with that file."""
+    from interp.models.loading import keep_file_rope_periods
+
+    model = interp.load("vit_small_patch16_dinov3", pretrained=False, seed=0, depth=1)
+    bf16 = ref.periods(HEAD_DIM).to(torch.bfloat16)
+    assert keep_file_rope_periods(model.timm_model, {"rope_embed.periods": bf16}, "file") == "file"
+    x = torch.randn(1, 3, height, width, generator=torch.Generator().manual_seed(0))
+    q, k, rot_q, rot_k = rotated_qk(model, x)
+    assert max_diff((rot_q, rot_k), ref.apply_rope(q, k, *ref.sin_cos(height // PATCH, width // PATCH, bf16))) <= EXACT
