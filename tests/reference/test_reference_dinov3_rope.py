@@ -114,3 +114,15 @@ def test_with_an_original_files_periods_the_rotation_is_the_originals(height, wi
     x = torch.randn(1, 3, height, width, generator=torch.Generator().manual_seed(0))
     q, k, rot_q, rot_k = rotated_qk(model, x)
     assert max_diff((rot_q, rot_k), ref.apply_rope(q, k, *ref.sin_cos(height // PATCH, width // PATCH, bf16))) <= EXACT
+
+
+def test_a_bfloat16_model_rotates_as_the_original_in_float32():
+    """The released backbones compute the table in float32 (``pos_embed_rope_dtype="fp32"``) and rotate bfloat16
+    q/k in float32, casting back; timm keeps its periods in float32 under a bfloat16 cast and does the same."""
+    model = interp.load("vit_small_patch16_dinov3", pretrained=False, seed=0, depth=1, dtype="bfloat16")
+    assert model.timm_model.rope.periods.dtype == torch.float32
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0)).bfloat16()
+    q, k, rot_q, rot_k = rotated_qk(model, x)
+    assert q.dtype == rot_q.dtype == torch.bfloat16
+    oracle = ref.apply_rope(q, k, *ref.sin_cos(14, 14, ref.periods(HEAD_DIM)))
+    assert max_diff((rot_q.float(), rot_k.float()), (oracle[0].float(), oracle[1].float())) <= 1e-2  # measured 0
