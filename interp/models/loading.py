@@ -390,4 +390,37 @@ def create_timm_vit(
         check_finite(model, f"the hub weights of {name!r}")
     model.eval()
     model.to(device=device, dtype=_resolve_dtype(dtype))
+    model.interp_rope_periods = None
+    if local is not None:  # after the cast: timm recomputes float32 periods when a cast lowers them
+        model.interp_rope_periods = keep_file_rope_periods(model, state_dict, label)
     return model
+
+
+ORIGINAL_ROPE_PERIODS_KEY = "rope_embed.periods"  # facebookresearch/dinov3's persistent RoPE buffer
+
+
+def keep_file_rope_periods(model: nn.Module, state_dict: dict, label: str) -> Optional[str]:
+    """Rotate with the RoPE periods an original DINOv3 file carries, as the original code does.
+
+    The original keeps ``rope_embed.periods`` [head_dim // 4] as a persistent buffer, stored rounded to bfloat16
+    in the released checkpoints; timm's conversion drops it and recomputes the periods in float32, which moves
+    sin/cos by up to ~0.008 (docs/methods.md, *RoPE*). The file's values are copied, in float32, into the timm
+    model's ``rope.periods`` (the only input of its table other than the grid). Returns ``"file"`` when they were,
+    None when the file has none (timm hub files, other families)."""
+    periods = state_dict.get(ORIGINAL_ROPE_PERIODS_KEY)
+    rope = getattr(model, "rope", None)
+    target = getattr(rope, "periods", None)
+    if periods is None or not isinstance(target, torch.Tensor):
+        return None
+    if periods.shape != target.shape:
+        raise ModelLoadError(f"{label} holds {periods.numel()} RoPE periods ({ORIGINAL_ROPE_PERIODS_KEY}) but this "
+                             f"architecture has {target.numel()} (head_dim / 4): pass the architecture the file was "
+                             f"trained with")
+    if not torch.isfinite(periods).all() or not (periods > 0).all():
+        raise ModelLoadError(f"{label}: {ORIGINAL_ROPE_PERIODS_KEY} holds non-positive or non-finite periods; the file "
+                             f"is damaged: download or export it again")
+    with torch.no_grad():
+        target.copy_(periods.to(dtype=target.dtype, device=target.device))
+    if getattr(rope, "pos_embed_cached", None) is not None and getattr(rope, "feat_shape", None) is not None:
+        rope._cache_embed(list(rope.feat_shape))  # a cached table (fixed-size models) follows the new periods
+    return "file"

@@ -54,8 +54,14 @@ def test_original_dinov3_file_loads_and_reproduces_the_model(tmp_path, name, cap
     assert model.layout.n_registers == 4
     for key, value in source.state_dict().items():
         torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    # RoPE rotates with the file's (bfloat16-rounded) periods, as the original code does
+    assert model.timm_model.interp_rope_periods == "file"
+    torch.testing.assert_close(model.timm_model.rope.periods, sd["rope_embed.periods"].float(), rtol=0, atol=0)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
+        # timm's float32 periods give another table (the difference is small in this tiny random model's output)
+        assert (model.timm_model.rope.get_embed(shape=(4, 4)) - source.rope.get_embed(shape=(4, 4))).abs().max() > 1e-3
+        source.rope.periods.copy_(sd["rope_embed.periods"].float())
         assert (model(x) - source(x)).abs().max() <= 1e-5
 
 
@@ -67,3 +73,41 @@ def test_a_dinov3_file_with_another_register_count_is_refused_clearly(tmp_path):
     torch.save(sd, path)
     with pytest.raises(ModelLoadError, match="holds 2 register tokens but 'vit_small_patch16_dinov3' has 4"):
         interp.load("vit_small_patch16_dinov3", weights=str(path), **SMALL)
+
+
+def test_the_file_periods_survive_a_lower_dtype_and_a_fixed_size_cache(tmp_path):
+    """timm recomputes float32 periods when a cast lowers them, and caches the table of a fixed-size model: the
+    file's periods are applied after the cast and the cache follows them."""
+    torch.manual_seed(0)
+    sd = original_format(timm.create_model("vit_small_patch16_dinov3", pretrained=False, **SMALL))
+    path = tmp_path / "dinov3_original.pth"
+    torch.save(sd, path)
+    bf16 = sd["rope_embed.periods"].float()
+    model = interp.load("vit_small_patch16_dinov3", weights=str(path), dtype="bfloat16", **SMALL)
+    assert model.timm_model.rope.periods.dtype == torch.float32
+    torch.testing.assert_close(model.timm_model.rope.periods, bf16, rtol=0, atol=0)
+    fixed = interp.load("vit_small_patch16_dinov3", weights=str(path), dynamic_img_size=False, **SMALL).timm_model
+    assert fixed.rope.pos_embed_cached is not None
+    torch.testing.assert_close(fixed.rope.get_embed(), fixed.rope.get_embed(shape=(4, 4)), rtol=0, atol=0)
+    fresh = timm.create_model("vit_small_patch16_dinov3", pretrained=False, dynamic_img_size=False, **SMALL)
+    assert (fixed.rope.get_embed() - fresh.rope.get_embed()).abs().max() > 1e-4  # the cache was rebuilt
+
+
+def test_a_dinov3_file_with_other_rope_periods_is_refused_clearly(tmp_path):
+    torch.manual_seed(0)
+    sd = original_format(timm.create_model("vit_small_patch16_dinov3", pretrained=False, **SMALL))
+    sd["rope_embed.periods"] = sd["rope_embed.periods"][:8]
+    path = tmp_path / "other_periods.pth"
+    torch.save(sd, path)
+    with pytest.raises(ModelLoadError, match="holds 8 RoPE periods"):
+        interp.load("vit_small_patch16_dinov3", weights=str(path), **SMALL)
+
+
+def test_timm_files_without_periods_keep_timms_float32_periods(tmp_path):
+    torch.manual_seed(0)
+    source = timm.create_model("vit_small_patch16_dinov3", pretrained=False, **SMALL)
+    path = tmp_path / "timm_format.pth"
+    torch.save(source.state_dict(), path)
+    model = interp.load("vit_small_patch16_dinov3", weights=str(path), **SMALL)
+    assert model.timm_model.interp_rope_periods is None
+    torch.testing.assert_close(model.timm_model.rope.periods, source.rope.periods, rtol=0, atol=0)
