@@ -7,21 +7,21 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from ..models.planted import PlantedPvtTruth, planted_truth
+from ..models.planted import planted_truth
 
-SYNTHETIC_NOTE = ("This is a synthetic planted model (planted_vit, planted_dinov3): its register neurons were "
-                  "planted by construction in random weights; it is not a trained network. Its findings show that "
-                  "the studies recover a known ground truth, not how a real ViT behaves.")
-SYNTHETIC_PVT_NOTE = ("This is a synthetic planted model (planted_pvt, a PVTv2-b0): its register neurons were planted "
-                      "by construction in random weights; it is not a trained network. Its findings show that the "
-                      "studies recover a known ground truth, not how a real PVTv2 behaves.")
+SYNTHETIC_NOTE = ("This is a synthetic planted model: its register neurons were planted by construction in random "
+                  "weights; it is not a trained network. Its findings show that the studies recover a known ground "
+                  "truth, not how a real trained model behaves.")
 NO_ARTIFACTS_NOTE = ("This model shows no artifacts: at block {block}, {reason}. Neurons ranked under a fixed or "
                      "percentile threshold describe ordinary high-norm tokens; they are not register neurons.")
 
 
 def synthetic_note(model) -> str:
-    """The note a planted model's report carries (:data:`SYNTHETIC_NOTE`, or its PVTv2 counterpart)."""
-    return SYNTHETIC_PVT_NOTE if isinstance(planted_truth(model), PlantedPvtTruth) else SYNTHETIC_NOTE
+    """The note a planted model's report carries: :data:`SYNTHETIC_NOTE`, naming what the model is (its planted
+    truth's description: a ViT, a DINOv3-architecture Eva, a PVTv2-b0)."""
+    truth = planted_truth(model)
+    what = f" ({truth.description})" if truth is not None else ""
+    return SYNTHETIC_NOTE.replace("synthetic planted model", f"synthetic planted model{what}", 1)
 
 
 def planted_comparison(model, source, norms, neurons) -> Dict:
