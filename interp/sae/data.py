@@ -78,7 +78,13 @@ class CacheRows(ActivationRows):
         self.first_token = int((reader.meta.get("token_rows") or (0, self.n_tokens))[0])
 
     def read(self, images: np.ndarray) -> np.ndarray:
-        return np.asarray(self.view[np.asarray(images, np.int64)], dtype=np.float32)
+        # one slice per run of consecutive rows: h5py's list indexing read a window of 64 scattered rows of
+        # ViT-S tokens 18x slower (0.45 s against 0.025 s; benchmarks/sae_step_profile.py)
+        images = np.asarray(images, np.int64)
+        if len(images) == 0:
+            return np.zeros((0, self.n_tokens, self.d), np.float32)
+        runs = np.split(images, np.flatnonzero(np.diff(images) != 1) + 1)
+        return np.concatenate([np.asarray(self.view[int(r[0]):int(r[-1]) + 1], dtype=np.float32) for r in runs])
 
 
 class LiveRows(ActivationRows):
