@@ -14,7 +14,7 @@ dropped from the OS page cache (``posix_fadvise(DONTNEED)``) and a fresh stream,
 again with the file in the page cache. Rounds repeat; the figures are ratios (the data path's share of a step),
 never seconds as pass/fail. The data path's tokens/s and a GPU step's need are derived from the same timings.
 
-Usage: python benchmarks/sae_step_profile.py [--images 256] [--rounds 3] [--threads 1]
+Usage: python benchmarks/sae_step_profile.py [--images 256] [--rounds 3] [--threads 1] [--device cpu|cuda]
 Writes benchmarks/results/sae_step_profile.json and prints the figures.
 """
 from __future__ import annotations
@@ -58,14 +58,21 @@ def evict(path: Path) -> None:
         os.close(fd)
 
 
-def run_steps(data, cfg, arch, module, optimiser, last_fired, steps: range) -> dict:
-    """Per-step seconds of each part over ``steps`` (a fresh stream: its windows are read anew)."""
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_steps(data, cfg, arch, module, optimiser, last_fired, steps: range, device: torch.device) -> dict:
+    """Per-step seconds of each part over ``steps`` (a fresh stream: its windows are read anew); on a GPU the
+    data path includes the copy to the device and each part ends with a synchronisation."""
     stream = TokenStream(data.train, data.counts[data.train], data.read_tokens, cfg.seed, cfg.window_images,
                          cfg.batch_size, cfg.data_shards, range(cfg.data_shards))
     times = {p: [] for p in PARTS}
     for step in steps:
         t0 = time.perf_counter()
-        x = data.norm.apply(stream.batch(step))
+        x = data.norm.apply(stream.batch(step)).to(device)
+        sync(device)
         t1 = time.perf_counter()
         optimiser.zero_grad()
         pre_codes, codes, x_hat = module(x)
@@ -74,6 +81,7 @@ def run_steps(data, cfg, arch, module, optimiser, last_fired, steps: range) -> d
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad)
         optimiser.step()
+        sync(device)
         t2 = time.perf_counter()
         with torch.no_grad():
             sse = (x - x_hat).square().sum()
@@ -81,6 +89,7 @@ def run_steps(data, cfg, arch, module, optimiser, last_fired, steps: range) -> d
             stats = torch.stack([loss.detach(), 1 - sse / sst, (codes > 0).sum(1).float().mean()]).tolist()
             last_fired[(codes > 0).any(0)] = step + 1
             dead = float(((step + 1 - last_fired) >= cfg.dead_window).float().mean())
+        sync(device)
         t3 = time.perf_counter()
         assert np.isfinite(stats).all() and 0 <= dead <= 1
         for part, seconds in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2)):
@@ -111,7 +120,9 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the SAE's compute; the data path is the CPU's)")
     args = parser.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
@@ -122,20 +133,21 @@ def main() -> None:
     data = prepare_data(model, HOOK, cfg, cache=cache)
     arch = sae_modules.architecture(cfg.arch)(cfg)
     n_features = cfg.expansion * data.rows.d
-    module = arch.build(data.rows.d, n_features, cfg.batch_size, data.points)
+    module = arch.build(data.rows.d, n_features, cfg.batch_size, data.points).to(device)
     module.train()
     optimiser = torch.optim.Adam(module.parameters(), lr=cfg.lr)
-    last_fired = torch.zeros(n_features, dtype=torch.int64)
-    run_steps(data, cfg, arch, module, optimiser, last_fired, range(5))  # warm-up: first-call costs
+    last_fired = torch.zeros(n_features, dtype=torch.int64, device=device)
+    run_steps(data, cfg, arch, module, optimiser, last_fired, range(5), device)  # warm-up: first-call costs
     merged = {mode: {p: [] for p in PARTS} for mode in ("cold", "warm")}
     for _ in range(args.rounds):
         for mode in ("cold", "warm"):
             if mode == "cold":
                 evict(cache)
-            times = run_steps(data, cfg, arch, module, optimiser, last_fired, range(epoch))
+            times = run_steps(data, cfg, arch, module, optimiser, last_fired, range(epoch), device)
             for p in PARTS:
                 merged[mode][p] += times[p]
     results = {"images": args.images, "rounds": args.rounds, "steps_per_round": epoch, "threads": args.threads,
+               "device": str(device),
                "batch_tokens": cfg.batch_size, "d": data.rows.d, "n_features": n_features,
                **{mode: summary(merged[mode], cfg.batch_size) for mode in merged}}
     # A GPU step (not measured here: no GPU): its matmuls, and the data path's rate that a step of 1 ms (an
@@ -143,7 +155,7 @@ def main() -> None:
     flops = 6 * cfg.batch_size * data.rows.d * n_features * 2  # encoder + decoder matmuls, forward and backward
     results["step_matmul_gflop"] = flops / 1e9
     results["data_path_tokens_per_s_needed_for_10pct_at_1ms_step"] = 9 * cfg.batch_size / 1e-3
-    path = write_results("sae_step_profile", results)
+    path = write_results("sae_step_profile" if device.type == "cpu" else f"sae_step_profile_{device.type}", results)
     for key, value in results.items():
         print(f"{key:50s} {value}")
     print(f"-> {path}")
