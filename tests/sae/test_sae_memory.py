@@ -1,6 +1,6 @@
 """Memory of the SAE line: the detection fitted on a bounded sample of images (``interp.sae.norm_cuts``) marks
-what the detection on every image marks, and a run's data set-up and token stream keep the peak RSS flat from 1x
-to 4x the images (no [N, P] norms, no [N, T] mask)."""
+what the detection on every image marks, and a run's data set-up and token stream, and the feature report over
+a source, keep the peak RSS flat from 1x to 4x the images (no [N, P] norms, no [N, T] mask)."""
 from __future__ import annotations
 
 import sys
@@ -74,3 +74,11 @@ def test_sae_data_memory_is_flat_from_1x_to_4x_images():
     growth = measured["4x"] - measured["1x"]
     assert growth < norms_added / 3, (f"peak RSS grew {growth / 1e6:.1f} MB from 1x to 4x images "
                                       f"({measured['1x'] / 1e6:.1f} -> {measured['4x'] / 1e6:.1f} MB)")
+    # the feature report over a source (sae-features, ablate --sae): its peak holds batches of codes, so it
+    # scatters more (-4 to +1 MB measured); the code before grew +49 and +52 MB (37 -> 86-89 MB)
+    high = sae_memory.IMAGES_1X * sae_memory.N_HIGH_REPORT  # every planted patch found, none else
+    assert measured["report_1x"] == {"artifacts_found": True, "high_norm": high}
+    assert measured["report_4x"] == {"artifacts_found": True, "high_norm": 4 * high}
+    growth = measured["features_4x"] - measured["features_1x"]
+    assert growth < norms_added, (f"the feature report's peak RSS grew {growth / 1e6:.1f} MB from 1x to 4x images "
+                                  f"({measured['features_1x'] / 1e6:.1f} -> {measured['features_4x'] / 1e6:.1f} MB)")
