@@ -1,12 +1,11 @@
-"""SAE training throughput from a cache vs an in-memory tensor, peak memory at 1x and 4x the data, DDP 2 vs 1.
+"""SAE training: peak memory at 1x and 4x the data, DDP 2 vs 1 (the data path's share of a step:
+``sae_step_profile.py``).
 
 Model: ``vit_small_patch16_224`` (random init, depth 1: d = 384), hook ``blocks.0.hook_resid_post``, all 197
 tokens of random images, float16 cache. SAE: TopK, expansion 4 (1536 features), k 32, batch 1024 tokens.
 
-1. Marginal tokens/s (time of 3S steps minus time of S steps after a warm-up run, so set-up passes cancel):
-     cache     = ``interp.sae.train`` streaming from the cache (windows of 64 images, 8 shards)
-     in-memory = overcomplete's ``train_sae`` on the same number of tokens held in a Tensor (DataLoader, shuffle)
-   ratio = cache / in-memory (goal >= 0.8).
+1. (removed: whole loops' tokens/s from the cache over overcomplete's loop in memory, one 20-step difference on a
+   loaded machine, measured 0.74 and 1.32 in two runs; ``sae_step_profile.py`` times the data path inside every step)
 2. Peak RSS (``ru_maxrss`` of a fresh process, reported by itself) of ``interp sae train`` on caches of N and 4N
    images (the process holds torch, the model and overcomplete's imports besides the data).
 3. Wall time of ``torchrun --nproc_per_node 2`` vs 1 process for the same run (start-up included).
@@ -33,8 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PEAK = ("import resource, sys; from interp.cli import main; rc = main(sys.argv[1:]); "
         "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
 HOOK = "blocks.0.hook_resid_post"
-SAE = dict(arch="topk", expansion=4, k=32, batch_size=1024, tokens="all", window_images=64, data_shards=8,
-           holdout=0.0, lr=4e-4)
 CLI = ["--arch", "topk", "--expansion", "4", "--k", "32", "--batch-size", "1024", "--tokens", "all",
        "--window-images", "64", "--data-shards", "8", "--holdout", "0", "--no-pretrained", "--depth", "1"]
 
@@ -43,42 +40,6 @@ def write_cache(model, n: int, path: Path) -> Path:
     images = torch.randn(n, 3, 224, 224, generator=torch.Generator().manual_seed(n))
     interp.cache.write(model, images, hooks=HOOK, path=path, progress=False, overwrite=True)
     return path
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def cache_rate(model, cache: Path, folder: Path, steps: int) -> float:
-    run = lambda s: interp.sae.train(model, HOOK, folder / f"s{s}", cache=cache, steps=s, progress=False,
-                                     overwrite=True, checkpoint_every=10**9, **SAE)
-    run(1)  # warm-up: overcomplete's import and the first reads are not the loop's cost
-    t1, t2 = timed(lambda: run(steps)), timed(lambda: run(3 * steps))
-    return 2 * steps * SAE["batch_size"] / (t2 - t1)
-
-
-def memory_rate(cache: Path, steps: int) -> float:
-    from overcomplete.sae.train import train_sae
-    from interp.sae import modules
-
-    with interp.cache.open(cache) as reader:
-        tokens = torch.from_numpy(reader[HOOK][:].reshape(-1, 384)).float()
-    tokens = (tokens - tokens.mean(0)) / (tokens - tokens.mean(0)).square().sum(1).mean().sqrt()
-
-    def run(s):
-        assert s * 1024 <= len(tokens), "use fewer --steps or more --images"
-        torch.manual_seed(0)
-        module = modules.build("topk", 384, 1536, 32, 1024)
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens[: s * 1024]), batch_size=1024,
-                                             shuffle=True)
-        train_sae(module, loader, modules.criterion("topk", 0.1, 0), torch.optim.Adam(module.parameters(), 4e-4),
-                  nb_epochs=1, monitoring=0)
-
-    run(1)
-    t1, t2 = timed(lambda: run(steps)), timed(lambda: run(3 * steps))
-    return 2 * steps * 1024 / (t2 - t1)
 
 
 def cli(cache: Path, out: Path, steps: int, nproc: int = 0) -> tuple:
@@ -107,9 +68,6 @@ def main() -> None:
     small = write_cache(model, args.images, folder / "x1.h5")
     large = write_cache(model, 4 * args.images, folder / "x4.h5")
     results = {"images": args.images, "steps": args.steps}
-    results["tokens_per_s_cache"] = cache_rate(model, large, folder, args.steps)
-    results["tokens_per_s_memory"] = memory_rate(large, args.steps)
-    results["ratio_cache_over_memory"] = results["tokens_per_s_cache"] / results["tokens_per_s_memory"]
     # fresh processes, in increasing order of data: ru_maxrss of the children is a running maximum
     results["peak_rss_mb_1x"] = cli(small, folder / "r1", args.steps)[1]
     results["peak_rss_mb_4x"] = cli(large, folder / "r4", args.steps)[1]

@@ -29,8 +29,8 @@ from ..interventions.neuron_sets import neuron_set
 from .._progress import tqdm
 from ..runtime.open import open_source
 from ..runtime.source import n_batches, token_norms
-from ..detection.thresholds import detect_norms
 from .data import CLS, PATCH, REGISTER, token_kinds
+from .norm_cuts import detection_sample, fit_detection
 from . import artifact_rule as rule
 from .setup import describe_detection
 
@@ -115,7 +115,8 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
     Args:
         chunks: ``(first image index, float32 [c, T, d])`` in image order, every image once.
         kinds: int8 [T] token kinds of the rows (``data.token_kinds``).
-        detection: the high-norm patch tokens (:func:`detect_norms` on the patch norms [N, P]) or None.
+        detection: decides the high-norm patch tokens of each chunk from their norms
+            (:class:`~interp.sae.norm_cuts.SampledDetection`) or None.
         writes: unit write directions to compare with (:func:`write_directions`).
         n_top: keep each artifact feature's ``n_top`` strongest patch tokens (``top_patches``).
         n_maps: keep each artifact feature's code on every patch of the first ``n_maps`` images (``maps``).
@@ -146,8 +147,8 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         codes = sae.encode(x)  # [c, T, n]
         fired = (codes > 0).numpy()
         high = np.zeros(fired.shape[:2], bool)
-        if found:
-            high[:, patch] = detection.outliers[start:start + len(x)]
+        if found:  # from the chunk's own norms, as the detection's norm pass computes them
+            high[:, patch] = detection.outliers(token_norms(x)[:, torch.from_numpy(patch)].double().numpy())
         masks = {"normal_patch": patch[None] & ~high, "high_norm": high,
                  "cls": np.broadcast_to(kinds == CLS, high.shape), "register": np.broadcast_to(kinds == REGISTER, high.shape)}
         for kind in analysed:
@@ -269,16 +270,21 @@ def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dic
                           n_top: int = 0, n_maps: int = 0, progress: bool = False,
                           targets: Optional[List[int]] = None) -> Dict[str, Any]:
     """:func:`feature_report` over an activation source (``interp.runtime``; live or a cache holding the SAE's
-    hook): one pass for the patch-token norms at the hook (the detection), one for the codes. The source's
-    batch size; memory: one batch. The caller checks that the SAE fits the source's model."""
+    hook): one pass for the patch-token norms at the hook (the detection, fitted on the norms of
+    :func:`~interp.sae.norm_cuts.detection_sample`'s images), one for the codes. The source's batch size; memory:
+    one batch and the sample's norms. The caller checks that the SAE fits the source's model."""
     hook, layout, bs = sae.hook, source.layout, source.batch_size
     source.require([hook])
     kinds = token_kinds(layout, 0, layout.n_tokens)
     patch = torch.from_numpy(kinds == PATCH)
     bar = dict(total=n_batches(source, bs), disable=not progress, unit="batch", leave=False)
-    norms = [b.acts[hook][:, patch].double().numpy()
-             for b in tqdm(source.batches([hook], bs, reduce={hook: token_norms}), desc="SAE hook norms", **bar)]
-    detection = detect_norms(np.concatenate(norms), threshold) if bool(patch.any()) and norms else None
+    fitted = detection_sample(len(source))
+    norms = []
+    for b in tqdm(source.batches([hook], bs, reduce={hook: token_norms}), desc="SAE hook norms", **bar):
+        rows = fitted[(fitted >= b.start) & (fitted < b.start + len(b.acts[hook]))] - b.start
+        norms.append(b.acts[hook][torch.from_numpy(rows)][:, patch].double().numpy())
+    detection = (fit_detection(np.concatenate(norms), threshold, len(source))
+                 if bool(patch.any()) and norms else None)
 
     def chunks():
         for b in tqdm(source.batches([hook], bs), desc="SAE codes", **bar):

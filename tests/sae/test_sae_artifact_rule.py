@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from interp.detection.thresholds import detect_norms
 from interp.sae import artifact_rule as rule
 from interp.sae.data import CLS, PATCH, REGISTER
 from interp.sae.features import feature_report
+from interp.sae.norm_cuts import fit_detection
 
 N_FEATURES, N_IMAGES, N_PATCHES = 12, 50, 100
 D = N_FEATURES + 1  # the last channel: a constant background
@@ -41,7 +41,7 @@ class ChannelSAE:
 def _report(x: np.ndarray, kinds: np.ndarray, sae=None, targets=None):
     """feature_report over x [N, T, D] with the high-norm tokens those of patch norm > 5."""
     patches = kinds == PATCH
-    detection = detect_norms(np.linalg.norm(x[:, patches], axis=-1), 5.0)
+    detection = fit_detection(np.linalg.norm(x[:, patches], axis=-1), 5.0, len(x))
     return feature_report(sae or ChannelSAE(), [(0, x)], kinds, detection, targets=targets)
 
 
