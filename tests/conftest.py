@@ -22,6 +22,7 @@ import interp
 from interp.cli import main
 
 import early
+from built_once import built_once
 import notebook_helpers
 
 TESTS = Path(__file__).resolve().parent  # the tests folder (its helpers: conftest, sae_helpers, reference)
@@ -161,17 +162,22 @@ def labelled16(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def default_report(tmp_path_factory):
-    """``interp report --out DIR`` on the bundled default (planted_vit, the bundled photos), run once per session
-    in-process: a namespace with ``out`` (the folder), ``stdout``, ``stderr``, ``seconds``, ``rc``, ``page`` (the
-    index.html text) and ``report`` (report.json)."""
-    out = tmp_path_factory.mktemp("default_report")
-    stdout, stderr = io.StringIO(), io.StringIO()
-    start = time.monotonic()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        rc = main(["report", "--out", str(out)])
-    seconds = time.monotonic() - start
-    return SimpleNamespace(out=out, stdout=stdout.getvalue(), stderr=stderr.getvalue(), seconds=seconds, rc=rc,
+def default_report():
+    """``interp report --out DIR`` on the bundled default (planted_vit, the bundled photos), run once per test run
+    in-process (shared by the xdist workers: tests read it, never change it): a namespace with ``out`` (the
+    folder), ``stdout``, ``stderr``, ``seconds``, ``rc``, ``page`` (the index.html text) and ``report``
+    (report.json)."""
+    def build(folder):
+        stdout, stderr = io.StringIO(), io.StringIO()
+        start = time.monotonic()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            rc = main(["report", "--out", str(folder / "report")])
+        run = {"stdout": stdout.getvalue(), "stderr": stderr.getvalue(), "seconds": time.monotonic() - start, "rc": rc}
+        (folder / "run.json").write_text(json.dumps(run))
+
+    folder = built_once("default-report", build)
+    out = folder / "report"
+    return SimpleNamespace(out=out, **json.loads((folder / "run.json").read_text()),
                            page=(out / "index.html").read_text(encoding="utf-8"),
                            report=json.loads((out / "report.json").read_text()))
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 import interp
+from built_once import built_once
 
 # overcomplete is the optional extra interp[sae] (in [test]); find_spec does not import it
 needs_overcomplete = pytest.mark.skipif(importlib.util.find_spec("overcomplete") is None,
@@ -38,15 +38,15 @@ def planted_model():
 
 @functools.lru_cache(maxsize=None)
 def planted_cache(n: int = 48) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="interp-sae-"))
-    path = folder / "planted.h5"
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with torch.no_grad():
-        interp.cache.write(planted_model(), planted_images(n, seed=1), hooks=HOOK,
-                           path=path, progress=False, dtype="float32", batch_size=16)
-    torch.set_num_threads(before)
-    return path
+    def build(folder: Path) -> None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            interp.cache.write(planted_model(), planted_images(n, seed=1), hooks=HOOK,
+                               path=folder / "planted.h5", progress=False, dtype="float32", batch_size=16)
+        torch.set_num_threads(before)
+
+    return built_once(f"sae-cache-{n}", build) / "planted.h5"
 
 
 def train_planted(out, **overrides):
@@ -62,9 +62,10 @@ def train_planted(out, **overrides):
 
 @functools.lru_cache(maxsize=None)
 def planted_sae() -> Path:
-    out = planted_cache().parent / "sae"
     # 300 steps at lr 1e-3: the artifact subspace covers about 80 % of the high-norm tokens' excess (TRAIN's 200
     # steps at 3e-3 leave one feature covering 69 %, and the high-norm tokens of the last block at the edge of the
     # detection threshold once it is removed in mean mode)
-    train_planted(out, checkpoint_every=1000, steps=300, lr=1e-3)
-    return out
+    def build(folder: Path) -> None:
+        train_planted(folder / "sae", checkpoint_every=1000, steps=300, lr=1e-3)
+
+    return built_once("sae", build) / "sae"

@@ -75,6 +75,13 @@ class Family:
         """Raise :class:`~interp.errors.UnsupportedModelError` for a variant of the class the hooked forward
         does not reproduce (checked when a model is instrumented)."""
 
+    def refuse_overrides(self, base: type, methods: Sequence[str], example: str = "") -> None:
+        """Refuse a subclass of ``base`` that overrides one of ``methods``: the hooked forward reproduces
+        ``base``'s own (``example``: a known case, said in the message)."""
+        for method in methods:
+            if getattr(type(self.module), method) is not getattr(base, method):
+                raise self.unsupported(f"it overrides {base.__name__}.{method}{example}")
+
     def unsupported(self, problem: str) -> UnsupportedModelError:
         return UnsupportedModelError(f"{type(self.module).__name__}: {problem}. interp instruments: "
                                      f"{supported_families()}.")

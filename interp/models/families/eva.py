@@ -55,9 +55,7 @@ class EvaFamily(Family):
         from timm.layers import AttentionRope, GluMlp, Mlp, SwiGLU
         from timm.models.eva import Eva, EvaAttention, EvaBlock, EvaBlockPostNorm
 
-        for method in _ENTRY_POINTS:
-            if getattr(type(self.module), method) is not getattr(Eva, method):
-                raise self.unsupported(f"it overrides Eva.{method}")
+        self.refuse_overrides(Eva, _ENTRY_POINTS)
         for i, block in enumerate(self.module.blocks):
             problem = None
             if type(block) not in (EvaBlock, EvaBlockPostNorm):

@@ -68,9 +68,7 @@ class PvtV2Family(Family):
     def check(self) -> None:
         from timm.models.pvt_v2 import Attention, Block, MlpWithDepthwiseConv, PyramidVisionTransformerV2
 
-        for method in _ENTRY_POINTS:
-            if getattr(type(self.module), method) is not getattr(PyramidVisionTransformerV2, method):
-                raise self.unsupported(f"it overrides PyramidVisionTransformerV2.{method}")
+        self.refuse_overrides(PyramidVisionTransformerV2, _ENTRY_POINTS)
         if self.module.global_pool != "avg":
             raise self.unsupported(f"global_pool={self.module.global_pool!r} (only 'avg')")
         for prefix, block in self.blocks():

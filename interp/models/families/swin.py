@@ -64,9 +64,7 @@ class SwinV2Family(Family):
         from timm.models.swin_transformer_v2 import (PatchMerging, SwinTransformerV2, SwinTransformerV2Block,
                                                      WindowAttention)
 
-        for method in _ENTRY_POINTS:
-            if getattr(type(self.module), method) is not getattr(SwinTransformerV2, method):
-                raise self.unsupported(f"it overrides SwinTransformerV2.{method}")
+        self.refuse_overrides(SwinTransformerV2, _ENTRY_POINTS)
         if getattr(self.module, "absolute_pos_embed", None) is not None:
             raise self.unsupported("an absolute position embedding")
         for s, stage in enumerate(self.module.layers):

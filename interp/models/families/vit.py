@@ -35,9 +35,7 @@ class VitFamily(Family):
         from timm.layers import Attention, GluMlp, Mlp, SwiGLU
         from timm.models.vision_transformer import Block, VisionTransformer
 
-        for method in _ENTRY_POINTS:
-            if getattr(type(self.module), method) is not getattr(VisionTransformer, method):
-                raise self.unsupported(f"it overrides VisionTransformer.{method} (e.g. distilled DeiT)")
+        self.refuse_overrides(VisionTransformer, _ENTRY_POINTS, " (e.g. distilled DeiT)")
         for i, block in enumerate(self.module.blocks):
             problem = None
             if type(block) is not Block:
