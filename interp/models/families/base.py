@@ -147,6 +147,24 @@ class Family:
             raise ImageError(f"model takes {self.in_chans}-channel images, got {x.shape[1]} channels "
                              "(interp.load_images converts grayscale/RGBA files to RGB)")
 
+    def check_patch_grid_size(self, x: torch.Tensor, model_name: str, dynamic: bool, how: str) -> None:
+        """For a plain patch-grid model: ``(H, W)`` must be the model's own size, or with ``dynamic`` any multiple
+        of the patch size (any size with ``dynamic_img_pad``); ``how`` says what a dynamic model does at another
+        size (the message's last words)."""
+        pe = self.module.patch_embed
+        hw = tuple(x.shape[-2:])
+        if dynamic:
+            ph, pw = pe.patch_size
+            if not getattr(pe, "dynamic_img_pad", False) and (hw[0] % ph or hw[1] % pw):
+                raise ImageError(f"image size {hw} is not a multiple of the patch size {(ph, pw)}")
+            return
+        size = self.img_size
+        if hw != size:
+            raise ImageError(
+                f"model {model_name} takes {size[0]}x{size[1]} images, got {hw[0]}x{hw[1]}. Resize with "
+                "interp.load_images(paths, model) (the model's own preprocessing), or load the model with "
+                f"dynamic_img_size=True to {how}.")
+
     # ------------------------------------------------------------------ hook points
     def hook_leaves(self, layer: int) -> Tuple[str, ...]:
         """The hook names of block ``layer`` relative to its prefix, in firing order."""

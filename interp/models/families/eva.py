@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...errors import ImageError, InterpError
+from ...errors import InterpError
 from ..layout import TokenLayout
 from .base import Family
 from .parts import InsertExtraTokens, KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward
@@ -105,19 +105,8 @@ class EvaFamily(Family):
         """``(H, W)`` must be the model's own size, or any multiple of the patch size for models built with
         ``dynamic_img_size=True`` (DINOv3's default; any size with ``dynamic_img_pad``)."""
         super().check_input(x, model_name)
-        m, pe = self.module, self.module.patch_embed
-        hw = tuple(x.shape[-2:])
-        if getattr(m, "dynamic_img_size", False):
-            ph, pw = pe.patch_size
-            if not getattr(pe, "dynamic_img_pad", False) and (hw[0] % ph or hw[1] % pw):
-                raise ImageError(f"image size {hw} is not a multiple of the patch size {(ph, pw)}")
-            return
-        size = self.img_size
-        if hw != size:
-            raise ImageError(
-                f"model {model_name} takes {size[0]}x{size[1]} images, got {hw[0]}x{hw[1]}. Resize with "
-                "interp.load_images(paths, model) (the model's own preprocessing), or load the model with "
-                "dynamic_img_size=True to compute its position embeddings for the input's size.")
+        self.check_patch_grid_size(x, model_name, getattr(self.module, "dynamic_img_size", False),
+                                   "compute its position embeddings for the input's size")
 
     # ------------------------------------------------------------------ hook points
     def hook_leaves(self, layer: int) -> Tuple[str, ...]:
