@@ -9,142 +9,18 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
-
-import numpy as np
+from typing import Dict, List, Optional
 
 from .._version import __version__
-from ..plots.common import near_one, plural
+from ..plots.common import near_one
 from .sections import (CAUSAL, SECTIONS, SMALL_SAMPLE, number_of, numbered, one_line_reasons,
                        outlier_share_remark, small_sample)
 from .summary import SYNTHETIC_NOTE
+from .summary_table import neuron_list_text, number_text, summary_rows
 
 PLANTED_PROBES_CAVEAT = ("Caveat: the planted model's high-norm tokens are ordinary patch tokens with a planted "
                          "direction added, so they keep their local information: high position and pixel scores "
                          "here show that the probes run, not Darcet et al.'s finding on trained ViTs.")
-
-
-def _num(value, digits: int = 3) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    return f"{value:.{digits}g}"
-
-
-def _neuron_list(entries: List[Dict], limit: int = 12) -> str:
-    """'block 2: neurons 17, 101; block 5: neuron 40' (not '2:17', which read like an L2 norm)."""
-    by_block: Dict[int, List[int]] = {}
-    for e in entries[:limit]:
-        by_block.setdefault(int(e["layer"]), []).append(int(e["neuron"]))
-    text = "; ".join(f"block {b}: neuron{'s' if len(ns) > 1 else ''} {', '.join(map(str, ns))}"
-                     for b, ns in by_block.items())
-    return text + (f" (+{len(entries) - limit} more)" if len(entries) > limit else "")
-
-
-def _geometry(s: Dict) -> str:
-    """'224 x 224 px, 16 px patches -> 14 x 14 grid, 5 prefix tokens (CLS + 4 registers)' ("n/a" when unknown)."""
-    if s.get("input_size") is None:
-        return "n/a"
-    (h, w), (ph, pw), (gh, gw) = s["input_size"], s["patch_size"], s["grid"]
-    patch = f"{ph} px" if ph == pw else f"{ph} x {pw} px"
-    others = s["n_prefix"] - 1 - s["n_registers"]
-    kinds = (["CLS"] + [plural(s["n_registers"], "register")] * bool(s["n_registers"])
-             + [f"{others} other"] * bool(others))
-    pre = s.get("preprocess") or "model"
-    how = "timm's own preprocessing" if pre == "model" else f"eval transform {pre}"
-    if s.get("stage_grids"):  # a pyramid: no prefix tokens, one grid per stage
-        grids = ", ".join(f"{a} x {b}" for a, b in s["stage_grids"])
-        return f"{h} x {w} px ({how}), {patch} patch embedding \u2192 stage grids {grids}, no prefix tokens"
-    return (f"{h} x {w} px ({how}), {patch} patches \u2192 {gh} x {gw} grid, "
-            f"{plural(s['n_prefix'], 'prefix token')} ({' + '.join(kinds)})")
-
-
-def summary_rows(s: Dict) -> List[Tuple[str, str]]:
-    """(label, value) rows of the summary table at the top of the page."""
-    small = small_sample(s["n_images"])
-    flag = f" (small sample: {s['n_images']} images)" if small else ""  # on every verdict row
-    rows = [("model", f"{s['model']} (weights {s['fingerprint']})"),
-            ("synthetic", "yes: planted by construction, not a trained network" if s["synthetic"] else "no"),
-            ("images", str(s["n_images"]) + (f" (small sample: fewer than {SMALL_SAMPLE}; every verdict below "
-                                              "is indicative only)" if small else "")),
-            ("input", _geometry(s)),
-            ("high-norm tokens found", _num(s["artifacts_found"]) + flag),
-            ("threshold", f"{_num(s['threshold'])} ({s['threshold_method']}) at block {s['detect_layer']}"),
-            ("outlier fraction", f"{100 * s['outlier_fraction']:.2f} % of patch tokens"
-             + (f" (far above the papers' few per cent: see {number_of('norms')}.)" if outlier_share_remark(s)
-                else ""))]
-    e = s["emergence"]
-    rows.append(("emergence", "none" if not e else f"block {e['layer']}, {e['component']} step"))
-    d = s.get("emergence_detected")
-    rows.append(("detected tokens separate", "none" if not d else f"block {d['layer']}, {d['component']} step"))
-    if s.get("no_artifacts_note"):
-        rows.append(("register neurons", "none: the model shows no artifacts"
-                     + (f" (neurons ranked under the threshold: {_neuron_list(s['neurons'])})" if s["neurons"] else "")))
-    else:
-        rows.append(("register neurons", (_neuron_list(s["neurons"]) + flag) if s["neurons"] else
-                     f"none ranked (see {number_of('neurons')}.)"))
-    a = s["ablation"]
-    if a:
-        oc = a["effects"].get("outlier_count", {})
-        rows.append(("ablation: outlier count", f"baseline {_num(oc.get('baseline'))}, register neurons "
-                     f"{_num(oc.get('target'))}, controls {_num(oc.get('control_mean'))} \u00b1 "
-                     f"{_num(oc.get('control_std'))}{flag}"))
-    r = s["test_time_register"]
-    if r:
-        rows.append(("test-time register", f"outliers {r['outliers_before']} \u2192 {r['outliers_after']}; register "
-                     f"norm {_num(r['register_norm_mean'])} (max patch {_num(r['max_patch_norm_after'])})"))
-    rows += _behaviour_rows(s.get("behaviour"))
-    rl = s["relocation"]
-    if rl:
-        active = rl.get("n_images_active")
-        rows.append(("relocation: IoU of the outliers with the smiley (0 none, 1 exactly on it)",
-                     f"mean IoU {_num(rl['mean_iou'])} over all {rl.get('n_images', s['n_images'])} images; mean IoU "
-                     f"{_num(rl['mean_iou_active'])} over the "
-                     f"{'' if active is None else f'{active} '}images that had outliers before{flag}"))
-    red = s.get("redundancy")
-    if red:
-        cells = [f"{name} {near_one(red[g]['median'])} (n={red[g]['n_tokens']})"
-                 if red[g]["median"] is not None else
-                 f"{name} - ({red[g]['note']})" for g, name in (("normal", "normal"), ("high_norm", "high-norm"))]
-        rows.append(("redundant patches (median cosine to the 4 neighbouring input patches)", "; ".join(cells)))
-    p = s.get("planted")
-    if p:
-        rows.append(("planted layer recovered", f"{_num(p['layer_recovered'])} (planted {p['layer']}, found "
-                     f"{_num(p['emergence_layer'])} {p['emergence_component'] or ''}){flag}"))
-        rows.append(("planted neurons recovered", f"{len(p['neurons_recovered'])} of {len(p['neurons'])} "
-                     f"(planted {', '.join(str(n) for n in p['neurons'])} in block {p['layer']}){flag}"))
-        rows.append(("outlier map IoU vs planted", _num(p["outlier_iou_mean"])))
-    if s["skipped"]:
-        first, last = number_of("ablate"), number_of("relocate")
-        rows.append((f"sections {first}-{last}", "not run (no register neurons)"))
-    return rows
-
-
-BEHAVIOUR_LABELS = {"accuracy": "top-1 accuracy", "top1_agreement": "top-1 agreement with the unedited model",
-                    "pooled_cosine": "cosine of the pooled vector to the unedited one"}
-
-
-def _behaviour_rows(b) -> list:
-    """Rows for the behaviour readout: the metric that exists (never an accuracy without class logits)."""
-    if not b:
-        return []
-    parts = []
-    num = near_one if b["metric"] == "pooled_cosine" else _num  # a cosine of 0.99997 is not "1"
-    if b["ablation"]:
-        a = b["ablation"]
-        parts.append(f"ablation: baseline {num(a['baseline'])}, register neurons {num(a['target'])}, controls "
-                     f"{num(a['control_mean'])}")
-    if b["test_time_register"]:
-        r = b["test_time_register"]
-        parts.append(f"test-time register: {num(r['baseline'])} \u2192 {num(r['with_register'])}")
-    clf = b.get("classifier") or {}
-    used = (f"{clf.get('kind')} classifier {clf.get('path') or clf.get('source') or ''}".strip()
-            if clf.get("kind") not in (None, "model_head") else "the model's head")
-    rows = [(f"behaviour ({BEHAVIOUR_LABELS[b['metric']]}, through {used})", "; ".join(parts))]
-    return rows + ([("behaviour note", b["note"])] if b.get("note") else [])
 
 
 def embedded_image(folder: Optional[Path], name: str) -> str:
@@ -187,7 +63,7 @@ def study_explanations(s: Dict) -> Dict[str, List[str]]:
     if s["artifacts_found"]:
         out["norms"] = [
             f"At block {s['detect_layer']}, {100 * s['outlier_fraction']:.2f} % of patch tokens have an L2 norm "
-            f"above {_num(s['threshold'])} ({s['threshold_method']} threshold on the un-normalised residual stream).",
+            f"above {number_text(s['threshold'])} ({s['threshold_method']} threshold on the un-normalised residual stream).",
             "" if not e else f"The max patch norm first jumps in the {e['component']} step of block {e['layer']}; "
                              "the profile draws the attention step and the MLP step of every block apart."]
     else:
@@ -199,37 +75,37 @@ def study_explanations(s: Dict) -> Dict[str, List[str]]:
             "The profile and histograms still show how the norms evolve through the blocks."]
     if s.get("no_artifacts_note"):
         out["neurons"] = ["No register neurons: the model shows no artifacts (see the note at the top)."] + ([f"Ranked under the threshold (not register neurons): "
-                                                      f"{_neuron_list(s['neurons'])}."] if s["neurons"] else [])
+                                                      f"{neuron_list_text(s['neurons'])}."] if s["neurons"] else [])
     elif s["neurons"]:
         out["neurons"] = [
             f"Register-neuron score = mean |MLP activation| on the outlier tokens, over the images that have "
             f"outliers; blocks up to {s['highest_layer']} scored, top {s['top_k']} kept.",
-            f"Ranked: {_neuron_list(s['neurons'])}."]
+            f"Ranked: {neuron_list_text(s['neurons'])}."]
     else:
         out["neurons"] = [s["neurons_message"] or "No neurons ranked."]
     a = s["ablation"]
     if a:
         oc, mx = a["effects"].get("outlier_count", {}), a["effects"].get("max_norm", {})
         out["ablate"] = [
-            f"Setting the register neurons to {a['mode']} takes the outlier count from {_num(oc.get('baseline'))} to "
-            f"{_num(oc.get('target'))} and the max patch norm from {_num(mx.get('baseline'))} to "
-            f"{_num(mx.get('target'))}; {a['n_controls']} random same-size neuron sets from the same blocks give "
-            f"{_num(oc.get('control_mean'))} \u00b1 {_num(oc.get('control_std'))} outliers."]
+            f"Setting the register neurons to {a['mode']} takes the outlier count from {number_text(oc.get('baseline'))} to "
+            f"{number_text(oc.get('target'))} and the max patch norm from {number_text(mx.get('baseline'))} to "
+            f"{number_text(mx.get('target'))}; {a['n_controls']} random same-size neuron sets from the same blocks give "
+            f"{number_text(oc.get('control_mean'))} \u00b1 {number_text(oc.get('control_std'))} outliers."]
     r = s["test_time_register"]
     if r:
         out["registers"] = [
             "A test-time register: one extra token (zero, no position embedding) receives the register neurons' "
             "value while those neurons are zeroed on the patches.",
             f"Patch outliers go from {r['outliers_before']} to {r['outliers_after']}; the register token's norm is "
-            f"{_num(r['register_norm_mean'])} on average (min {_num(r['register_norm_min'])}) against a max patch "
-            f"norm of {_num(r['max_patch_norm_after'])} with the register."]
+            f"{number_text(r['register_norm_mean'])} on average (min {number_text(r['register_norm_min'])}) against a max patch "
+            f"norm of {number_text(r['max_patch_norm_after'])} with the register."]
     rl = s["relocation"]
     if rl:
         out["relocate"] = [
             "The register neurons' maximum is written on the smiley's patches (outlined) and zeroed elsewhere; "
             "the high-norm tokens should then sit exactly on the smiley.",
-            f"Mean IoU of the relocated outliers with the smiley: {_num(rl['mean_iou'])} over all images, "
-            f"{_num(rl['mean_iou_active'])} over the images that had outliers before (where the neurons fire)."]
+            f"Mean IoU of the relocated outliers with the smiley: {number_text(rl['mean_iou'])} over all images, "
+            f"{number_text(rl['mean_iou_active'])} over the images that had outliers before (where the neurons fire)."]
     remark = outlier_share_remark(s)
     if remark:
         out["norms"].append(remark)
@@ -262,7 +138,7 @@ def _probe_sentence(name: str, groups: Dict, value: str = "score", chance: str =
     error) shows its ``score``."""
     def number(v: Dict) -> str:
         key, ref = (value, chance) if v.get(value) is not None else ("score", "chance")
-        return f"{_num(v[key])} (chance {_num(v.get(ref))}, n={v['n']})"
+        return f"{number_text(v[key])} (chance {number_text(v.get(ref))}, n={v['n']})"
 
     cells = [f"{g.replace('_', '-')}: " + ("NOT SCORED, " if v.get("not_scored") else "") + (v["note"] or "empty")
              if v["score"] is None else f"{g.replace('_', '-')} {number(v)}" for g, v in groups.items()]
@@ -359,8 +235,8 @@ def sae_appendix(s: Dict, figures: Dict[str, List[str]], folder: Optional[Path])
         cos = f["cos_register_neurons_max"]
         text.append(f"Feature {f['feature']} fires on {100 * f['rate_high_norm']:.0f} % of the high-norm tokens and "
                     f"{100 * (f['rate_normal_patch'] or 0):.1f} % of the other patches; its direction has cosine "
-                    f"{_num(f['cos_mean_high_norm'])} with the mean high-norm token"
-                    + (f" and up to {_num(cos)} with the ranked register neurons' write directions." if cos is not None
+                    f"{number_text(f['cos_mean_high_norm'])} with the mean high-norm token"
+                    + (f" and up to {number_text(cos)} with the ranked register neurons' write directions." if cos is not None
                        else " (no register neurons ranked to compare with)."))
     parts = [f'<section id="{key}"><h2>{html.escape(title)}</h2>'] + [f"<p>{html.escape(t)}</p>" for t in text]
     parts += [embedded_image(folder, name) for name in figures.get("sae_features", [])]

@@ -100,7 +100,7 @@ def test_lost_maps_wrap_after_four_images():
 
 
 def test_the_report_table_names_blocks_and_neurons():
-    from interp.report.html import _neuron_list
+    from interp.report.summary_table import neuron_list_text as _neuron_list
 
     entries = [{"layer": 2, "neuron": 17}, {"layer": 2, "neuron": 101}, {"layer": 5, "neuron": 40}]
     assert _neuron_list(entries) == "block 2: neurons 17, 101; block 5: neuron 40"

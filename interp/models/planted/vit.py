@@ -1,0 +1,71 @@
+"""``planted_vit``: the planted register-neuron circuit in a small timm ViT."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .circuit import (PlantedTruth, _ANCHOR, _Plan, _TRUTH_ATTR, _plant_attention_sink, _plant_inputs,
+                      _plant_register_neurons, _plant_texture_neurons)
+
+
+PLANTED_NAME = "planted_vit"
+
+
+def planted_vit(
+    *,
+    layer: int = 2,
+    neurons: Sequence[int] = (17, 101, 402, 655),
+    depth: int = 6,
+    embed_dim: int = 192,
+    num_heads: int = 3,
+    img_size: int = 224,
+    patch_size: int = 16,
+    num_classes: int = 10,
+    tau: float = 0.03,
+    seed: int = 0,
+) -> nn.Module:
+    """Build the planted ViT (a plain timm ``VisionTransformer`` in eval mode) with its ground truth.
+
+    Args:
+        layer: block whose MLP holds the register neurons (0-indexed); high norms appear after its MLP.
+        neurons: indices of the planted register neurons in that MLP (hidden size ``4 * embed_dim``).
+        tau: texture energy under which a patch counts as flat (becomes a high-norm token).
+        seed: seed of the random weights; the same arguments always give the same weights.
+
+    Returns:
+        ``timm.models.vision_transformer.VisionTransformer``; :func:`planted_truth` gives its
+        :class:`PlantedTruth`. Wrap it with ``interp.HookedViT.from_timm`` (``interp.load("planted_vit")`` does both).
+    """
+    from timm.models.vision_transformer import VisionTransformer
+
+    if not 0 <= layer < depth - 1:
+        raise ValueError(f"layer must be in [0, {depth - 2}] so that later blocks can sink attention")
+    d_mlp = 4 * embed_dim
+    neurons = tuple(int(n) for n in neurons)
+    n_filters = 8
+    if any(not (2 * n_filters <= n < d_mlp) for n in neurons) or len(set(neurons)) != len(neurons):
+        raise ValueError(f"neurons must be distinct indices in [{2 * n_filters}, {d_mlp})")
+
+    torch.manual_seed(seed)
+    model = VisionTransformer(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
+                              num_heads=num_heads, mlp_ratio=4.0, qkv_bias=True, num_classes=num_classes,
+                              class_token=True, global_pool="token")
+    model.pretrained_cfg = {"architecture": PLANTED_NAME, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5),
+                            "input_size": (3, img_size, img_size), "interpolation": "bicubic",
+                            "crop_pct": 0.875, "crop_mode": "center", "num_classes": num_classes}
+    model.default_cfg = model.pretrained_cfg
+    plan = _Plan(n_filters=n_filters, tau=tau, sigma=_ANCHOR * math.sqrt(2.0 / embed_dim))
+    with torch.no_grad():
+        _plant_inputs(model, plan, patch_size, torch.Generator().manual_seed(seed + 1))
+        _plant_texture_neurons(model.blocks[0].mlp, plan)
+        _plant_register_neurons(model.blocks[layer].mlp, neurons, plan)
+        for block in model.blocks[layer + 1:]:
+            _plant_attention_sink(block.attn, plan)
+    truth = PlantedTruth(layer=layer, neurons=neurons, tau=tau, n_filters=n_filters, texture_dim=plan.tex,
+                         artifact_dim=plan.art, anchor_dims=(plan.pos_anchor, plan.neg_anchor),
+                         patch_size=patch_size, gelu_gain=plan.gelu_gain)
+    setattr(model, _TRUTH_ATTR, truth)
+    return model.eval()

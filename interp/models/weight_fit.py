@@ -1,0 +1,158 @@
+"""Fitting a built timm model to a weight file before its state dict loads: the position grid the file was
+trained for, its register-token count, its head's width, and the RoPE periods an original DINOv3 file carries.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError
+from .families import family_of
+
+_POS_EMBED_KEYS = (
+    ("pos_embed", None),                              # timm, and original DINOv2 (see weights_grid)
+    ("visual.trunk.pos_embed", None),                 # OpenCLIP with a timm trunk
+    ("module.visual.trunk.pos_embed", None),
+    ("visual.positional_embedding", 1),               # OpenAI CLIP: [1 + h*w, d], CLS has a position
+    ("module.visual.positional_embedding", 1),
+)
+
+
+def weights_grid(state_dict: dict, model: nn.Module) -> Optional[Tuple[int, int]]:
+    """The square patch grid ``(h, w)`` a checkpoint's position embedding was trained for, or None.
+
+    The embedding is ``[1, n_pos_prefix + h*w, d]`` (OpenAI CLIP: ``[n_pos_prefix + h*w, d]``), where
+    ``n_pos_prefix`` is the number of prefix tokens that carry a position: timm models read it from
+    ``no_embed_class``/``num_prefix_tokens``; original DINOv2 files (``mask_token`` key) give one to CLS
+    only, registers included. None when there is no position embedding or no square grid fits.
+    """
+    timm_prefix = 0 if getattr(model, "no_embed_class", False) else int(getattr(model, "num_prefix_tokens", 1))
+    for key, fmt_prefix in _POS_EMBED_KEYS:
+        pos = state_dict.get(key)
+        if not isinstance(pos, torch.Tensor) or pos.dim() < 2:
+            continue
+        n_tokens = int(pos.shape[-2])
+        if fmt_prefix is None:
+            fmt_prefix = 1 if "mask_token" in state_dict else timm_prefix
+        side = math.isqrt(max(n_tokens - fmt_prefix, 0))
+        return (side, side) if side > 0 and side * side == n_tokens - fmt_prefix else None
+    return None
+
+
+MAX_WEIGHTS_GRID = 100  # patches per side a weight file may set on its own (100x100 = 1600 px at patch 16)
+_GRID_WARNINGS_SHOWN: set = set()  # the position-grid warning is shown once per process and file
+
+
+def fit_to_weights(model: nn.Module, state_dict: dict, name: str, label: str) -> None:
+    """Set ``model``'s input size to the grid ``state_dict`` was trained for (timm ``set_input_size``),
+    and say so in one warning line (once per process). Called only when the user asked for no ``img_size``.
+
+    Raises:
+        ModelLoadError: the grid has more than ``MAX_WEIGHTS_GRID`` patches per side (a crafted or foreign
+            file would build a model too large for memory); an explicit ``img_size`` is then needed.
+    """
+    grid = weights_grid(state_dict, model)
+    if grid is None or not hasattr(model, "set_input_size"):  # no position table (PVTv2, Swin-v2)
+        return
+    current = tuple(int(g) for g in model.patch_embed.grid_size)
+    if grid == current:
+        return
+    patch = tuple(int(p) for p in model.patch_embed.patch_size)
+    size = (grid[0] * patch[0], grid[1] * patch[1])
+    old = tuple(int(s) for s in model.patch_embed.img_size)
+    if max(grid) > MAX_WEIGHTS_GRID:
+        raise ModelLoadError(
+            f"{label} holds a {grid[0]}x{grid[1]} position grid ({size[0]} px input): larger than the "
+            f"{MAX_WEIGHTS_GRID}x{MAX_WEIGHTS_GRID} grid interp builds on a file's word; pass img_size=... (CLI "
+            f"--img-size {old[0]}) to resample the position embedding to the size you want")
+    model.set_input_size(img_size=size)
+    shown = f"{size[0]}" if size[0] == size[1] else f"{size[0]}x{size[1]}"
+    key = (name, label, grid)
+    if key in _GRID_WARNINGS_SHOWN:
+        return
+    _GRID_WARNINGS_SHOWN.add(key)
+    warnings.warn(
+        f"{label} holds a {grid[0]}x{grid[1]} position grid: building {name} at {shown} px, not its default "
+        f"{old[0]}x{old[1]}; pass img_size={size[0]} (CLI --img-size {size[0]}) to keep this size without "
+        f"this warning, or img_size={old[0]} (--img-size {old[0]}) to resample",
+        stacklevel=4,
+    )
+
+
+def _register_count(state_dict: dict) -> Optional[int]:
+    """Register tokens a checkpoint holds (timm ``reg_token``, original DINOv2 ``register_tokens`` or original
+    DINOv3 ``storage_tokens``), 0 when it is a DINOv2-style file without them, None when the format does not tell."""
+    for key in ("reg_token", "register_tokens", "storage_tokens"):
+        t = state_dict.get(key)
+        if isinstance(t, torch.Tensor):
+            return int(t.shape[1]) if t.dim() == 3 else int(t.shape[0])
+    return 0 if ("mask_token" in state_dict or "cls_token" in state_dict) else None
+
+
+def check_register_tokens(model: nn.Module, state_dict: dict, name: str, label: str) -> None:
+    """A clear error when a file with(out) register tokens meets a model without (with) them, naming the
+    timm architecture that fits (``*_reg4_*`` <-> plain), instead of a reshape error deep in timm."""
+    import re
+
+    from timm.models import is_model
+
+    have = family_of(model).layout().n_registers  # read from the model (timm's Eva has no num_reg_tokens)
+    held = _register_count(state_dict)
+    if held is None or held == have:
+        return
+    base = name.split(".")[0]
+    if held == 0:
+        fit = re.sub(r"_reg\d+", "", base)
+    else:
+        fit = base.replace("_dinov2", f"_reg{held}_dinov2") if "_reg" not in base else re.sub(
+            r"_reg\d+", f"_reg{held}", base)
+    hint = f"load it into {fit!r}" if fit != base and is_model(fit) else (
+        f"load it into an architecture with {held} register tokens")
+    raise ModelLoadError(
+        f"{label} holds {'no' if held == 0 else held} register tokens but {name!r} has {have or 'none'}: "
+        f"{hint} (or pass weights trained with registers = {have})")
+
+
+def fit_head_to_weights(model: nn.Module, state_dict: dict) -> None:
+    """Size the head to an OpenAI/open_clip checkpoint's image projection ``visual.proj`` [width, D], which timm's
+    conversion makes the head: a CLIP name's default tag may be a 1000-class fine-tune (vit_base_patch16_clip_224)."""
+    for key in ("visual.proj", "module.visual.proj"):
+        proj = state_dict.get(key)
+        if isinstance(proj, torch.Tensor) and proj.dim() == 2:
+            if int(model.num_classes) != int(proj.shape[1]) and hasattr(model, "reset_classifier"):
+                model.reset_classifier(int(proj.shape[1]))
+            return
+
+
+ORIGINAL_ROPE_PERIODS_KEY = "rope_embed.periods"  # facebookresearch/dinov3's persistent RoPE buffer
+
+
+def keep_file_rope_periods(model: nn.Module, state_dict: dict, label: str) -> Optional[str]:
+    """Rotate with the RoPE periods an original DINOv3 file carries, as the original code does.
+
+    The original keeps ``rope_embed.periods`` [head_dim // 4] as a persistent buffer, stored rounded to bfloat16
+    in the released checkpoints; timm's conversion drops it and recomputes the periods in float32, which moves
+    sin/cos by up to ~0.008 (docs/methods.md, *RoPE*). The file's values are copied, in float32, into the timm
+    model's ``rope.periods`` (the only input of its table other than the grid). Returns ``"file"`` when they were,
+    None when the file has none (timm hub files, other families)."""
+    periods = state_dict.get(ORIGINAL_ROPE_PERIODS_KEY)
+    rope = getattr(model, "rope", None)
+    target = getattr(rope, "periods", None)
+    if periods is None or not isinstance(target, torch.Tensor):
+        return None
+    if periods.shape != target.shape:
+        raise ModelLoadError(f"{label} holds {periods.numel()} RoPE periods ({ORIGINAL_ROPE_PERIODS_KEY}) but this "
+                             f"architecture has {target.numel()} (head_dim / 4): pass the architecture the file was "
+                             f"trained with")
+    if not torch.isfinite(periods).all() or not (periods > 0).all():
+        raise ModelLoadError(f"{label}: {ORIGINAL_ROPE_PERIODS_KEY} holds non-positive or non-finite periods; the file "
+                             f"is damaged: download or export it again")
+    with torch.no_grad():
+        target.copy_(periods.to(dtype=target.dtype, device=target.device))
+    if getattr(rope, "pos_embed_cached", None) is not None and getattr(rope, "feat_shape", None) is not None:
+        rope._cache_embed(list(rope.feat_shape))  # a cached table (fixed-size models) follows the new periods
+    return "file"
