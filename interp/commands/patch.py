@@ -6,7 +6,8 @@ import copy
 from .common import add_batch_size_arg, add_model_args
 from .output import atomic_file
 from .saving import refuse_existing_file
-from ..errors import UsageError
+from .._model_names import PLANTED_NAMES
+from ..errors import InterpError, UsageError
 from ..values import existing_file, existing_path, nonnegative_float, sae_feature_ids
 
 
@@ -115,7 +116,6 @@ def run_export(args) -> int:
 def weights_recipe(args) -> str:
     """How plain timm (or, for a synthetic planted model, which is no timm name, interp's builder) makes the
     module that ``--as-weights`` weights load into: the same name and the --depth/--img-size given."""
-    from .._model_names import PLANTED_NAMES
 
     if args.model in PLANTED_NAMES:
         return (f"model = interp.models.{args.model}(); model.load_state_dict(safetensors.torch.load_file(FILE)) "
@@ -128,7 +128,6 @@ def weights_recipe(args) -> str:
 
 def _sae_ablation(args, model):
     """The SAEFeatureAblation of ``--sae DIR --features ...`` on ``model`` (an SAE of another model is refused)."""
-    from ..errors import InterpError
     from ..interventions import SAEFeatureAblation
     from ..sae.model import load
 

@@ -8,8 +8,8 @@ import argparse
 from pathlib import Path
 
 from ..formats.image_files import LIST_SUFFIXES, list_images
-from .._model_names import check_model_name_fast
-from ..errors import ImageError
+from .._model_names import PLANTED_NAME, check_model_name_fast
+from ..errors import ImageError, UsageError
 
 HEADERS_CHECKED = 64  # image headers opened before the run (PIL reads a few hundred bytes of each)
 
@@ -35,7 +35,6 @@ LAYER_FLAGS = (("detect_layer", "--detect-layer"), ("highest_layer", "--highest-
 def known_depth(args: argparse.Namespace):
     """The model's block count when it is known without torch: ``--depth`` (the model keeps at most that many
     blocks, so a block >= it cannot exist) or planted_vit's; None otherwise (the check after the build decides)."""
-    from .._model_names import PLANTED_NAME
 
     depth = getattr(args, "depth", None)
     if getattr(args, "model", None) == PLANTED_NAME:
@@ -47,7 +46,6 @@ def check_against_config(args: argparse.Namespace) -> None:
     """Argument errors that need no model, caught before torch (they cost 10-15 s after the model load): block
     numbers (``--detect-layer``, ``--highest-layer``, ``--layer``, the block of ``--hook``) beyond a known depth,
     and ``--features`` beyond the ``n_features`` the ``--sae`` folder's sae.json records."""
-    from ..errors import UsageError
 
     n = known_depth(args)
     if n is not None:

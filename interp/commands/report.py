@@ -12,7 +12,9 @@ from .common import (add_batch_size_arg, add_classifier_arg, add_model_args, add
                      add_preprocess_args, add_strict_arg, add_detection_args, model_from_args, preprocess_arg)
 from ..values import threshold_value
 from .saving import REPORT_MARKER, prepare_report_dir
-from ..studies.sae.configs import SaeFeaturesConfig
+from ..errors import UsageError
+from .output import atomic_output_dir
+from ..studies.sae.configs import SaeFeaturesConfig, sae_hook
 from ..values import existing_path, nonnegative_int, positive_int
 
 
@@ -51,7 +53,6 @@ def check_top_k(top_k, model) -> None:
     """``--top-k`` within what the model has: the random controls of the ablation draw as many other neurons from
     the same blocks, so at most half of one block's MLP width (before: 10**8 ended in a traceback after the first
     studies)."""
-    from ..errors import UsageError
 
     if top_k is None:
         return
@@ -62,8 +63,6 @@ def check_top_k(top_k, model) -> None:
 
 
 def run(args) -> int:
-    from ..errors import UsageError
-    from .output import atomic_output_dir
 
     threshold = threshold_value(args.threshold)  # fails before the model
     preprocess = preprocess_arg(args)
@@ -72,7 +71,6 @@ def run(args) -> int:
             raise UsageError("--weights needs a MODEL name (the default planted_vit is built by construction)")
         args.model = "planted_vit"
     if args.sae is not None:
-        from ..studies.sae.configs import sae_hook
 
         SaeFeaturesConfig(sae=args.sae)
         sae_hook(args.sae)  # a folder without a readable sae.json fails here, before the model

@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import sys
 
+from ..errors import CacheError, InterpError, OutputError, UsageError
+from ..formats.image_files import list_images
 from .common import add_model_args, add_output_args, model_from_args
+from .output import check_output_folder, refuse_special
 from ..values import (SAE_ARCHS, existing_file, existing_path, expansion_arg, nonnegative_float, positive_float,
                       positive_int, sae_batch_arg, threshold_arg, threshold_value)
 
@@ -87,15 +90,12 @@ def check_train_output(args) -> None:
     """Before torch: ``--out`` is a folder that can be written (not a file, a device node, a FIFO, a path under a
     file, a pseudo-file system), holds no device node or FIFO where a run's file goes, and holds no run unless
     --resume or --overwrite says what to do with it."""
-    from ..errors import OutputError
-    from .output import check_output_folder, refuse_special
 
     check_output_folder(args.out)
     for name in SAE_FILES:
         refuse_special(os.path.join(args.out, name), "")
     if os.path.exists(os.path.join(args.out, "sae.json.lock")):  # a run is training into --out: say it now
         from ..cache.lock import WriterLock
-        from ..errors import CacheError
 
         lock = WriterLock(os.path.join(args.out, "sae.json"))
         try:
@@ -112,8 +112,6 @@ def check_train_output(args) -> None:
         else:
             lock.release()
     if getattr(args, "images", None):  # the defaults are for thousands of images: say it before torch loads
-        from ..formats.image_files import list_images
-        from ..errors import UsageError
 
         try:
             n_images = len(list_images(args.images))
@@ -142,7 +140,6 @@ def peer_lost(e: RuntimeError):
         return None
     if not (isinstance(e, getattr(dist, "DistError", ())) or any(w in str(e).lower() for w in PEER_WORDS)):
         return None
-    from ..errors import InterpError
 
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     return InterpError(f"rank {os.environ.get('RANK', '?')}: another process of this torchrun run stopped ({first}); "

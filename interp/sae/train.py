@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from .._progress import tqdm
-from ..errors import InterpError, UsageError
+from ..cache.lock import WriterLock, lock_path
+from ..errors import CacheError, InterpError, UsageError
 from ..values import MAX_EXPANSION, MAX_SAE_BATCH
 from . import modules as sae_modules
 from .data import HIGH_NORM_CHOICES, TOKEN_CHOICES, TokenStream
@@ -142,8 +143,6 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
 def _lock_run(out: Path):
     """Take ``out``'s writer lock (``out/sae.json.lock``, the cache's flock): one training run per folder at a
     time; a second is refused in one line. The kernel drops the lock when its process dies (kill -9)."""
-    from ..cache.lock import WriterLock, lock_path
-    from ..errors import CacheError
 
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ from ...sae.ablation import feature_conditions
 from ..declaration import study
 from .configs import AblateConfig
 from ...runtime.source import require_live
+from ...errors import UsageError
 
 Neurons = Dict[int, List[int]]
 
@@ -45,7 +46,6 @@ def random_controls(neurons: Neurons, d_mlp: Union[int, Mapping[int, int]], n_co
     for layer, idx in sorted(neurons.items()) if n_controls else ():
         width = d_mlp if isinstance(d_mlp, int) else d_mlp[layer]
         if width - len(set(idx)) < len(idx):
-            from ...errors import UsageError
 
             raise UsageError(f"block {layer} has {width} MLP neurons: {len(idx)} ablated leave {width - len(set(idx))}"
                              f" others, too few for controls of {len(idx)}; ablate fewer neurons (--top-k) or use "
