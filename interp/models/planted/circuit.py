@@ -169,3 +169,20 @@ def _plant_attention_sink(attn: nn.Module, plan: _Plan) -> None:
         plan.read(qkv.weight[k_row], plan.art, 1.0)
         qkv.bias[k_row] = 0.0
     qkv.weight[2 * embed_dim:, plan.art] = 0.0
+
+
+N_FILTERS = 8  # zero-mean filters whose responses make the texture energy (reserved dims 0..F-1)
+
+
+def check_sink_layer(layer: int, depth: int) -> None:
+    """The register neurons' block must leave later blocks to sink attention onto their tokens."""
+    if not 0 <= layer < depth - 1:
+        raise ValueError(f"layer must be in [0, {depth - 2}] so that later blocks can sink attention")
+
+
+def checked_neurons(neurons: Sequence[int], d_mlp: int, low: int) -> Tuple[int, ...]:
+    """``neurons`` as ints, refused unless distinct and in ``[low, d_mlp)`` (below ``low``: the texture neurons)."""
+    neurons = tuple(int(n) for n in neurons)
+    if any(not (low <= n < d_mlp) for n in neurons) or len(set(neurons)) != len(neurons):
+        raise ValueError(f"neurons must be distinct indices in [{low}, {d_mlp})")
+    return neurons

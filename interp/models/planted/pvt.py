@@ -8,8 +8,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .circuit import (PlantedTruth, _ANCHOR, _Plan, _TRUTH_ATTR, _plant_register_neurons, _plant_texture_neurons,
-                      _zero_mean_filters)
+from .circuit import (N_FILTERS, checked_neurons, PlantedTruth, _ANCHOR, _Plan, _TRUTH_ATTR, _plant_register_neurons,
+                      _plant_texture_neurons, _zero_mean_filters)
 
 
 PLANTED_PVT_NAME = "planted_pvt"
@@ -75,12 +75,9 @@ def planted_pvt(*, stage: int = 3, block: int = 0, neurons: Sequence[int] = (17,
     stages = model.stages
     if not 0 <= stage < len(stages) or not 0 <= block < len(stages[stage].blocks):
         raise ValueError(f"stages.{stage}.blocks.{block} does not exist in PVTv2-b0 (4 stages of 2 blocks)")
-    n_filters = 8
+    n_filters = N_FILTERS
     d_mlp = stages[stage].blocks[block].mlp.fc2.in_features
-    neurons = tuple(int(n) for n in neurons)
-    low = 2 * n_filters if stage == 0 and block == 0 else 0
-    if any(not (low <= n < d_mlp) for n in neurons) or len(set(neurons)) != len(neurons):
-        raise ValueError(f"neurons must be distinct indices in [{low}, {d_mlp})")
+    neurons = checked_neurons(neurons, d_mlp, 2 * n_filters if stage == 0 and block == 0 else 0)
     model.pretrained_cfg = {"architecture": PLANTED_PVT_NAME, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5),
                             "input_size": (3, img_size, img_size), "interpolation": "bicubic",
                             "crop_pct": 0.875, "crop_mode": "center", "num_classes": num_classes}

@@ -7,8 +7,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .circuit import (PlantedTruth, _ANCHOR, _Plan, _TRUTH_ATTR, _plant_attention_sink, _plant_inputs,
-                      _plant_register_neurons, _plant_texture_neurons)
+from .circuit import (N_FILTERS, check_sink_layer, checked_neurons, PlantedTruth, _ANCHOR, _Plan, _TRUTH_ATTR,
+                      _plant_attention_sink, _plant_inputs, _plant_register_neurons, _plant_texture_neurons)
 
 
 PLANTED_NAME = "planted_vit"
@@ -41,13 +41,10 @@ def planted_vit(
     """
     from timm.models.vision_transformer import VisionTransformer
 
-    if not 0 <= layer < depth - 1:
-        raise ValueError(f"layer must be in [0, {depth - 2}] so that later blocks can sink attention")
+    check_sink_layer(layer, depth)
     d_mlp = 4 * embed_dim
-    neurons = tuple(int(n) for n in neurons)
-    n_filters = 8
-    if any(not (2 * n_filters <= n < d_mlp) for n in neurons) or len(set(neurons)) != len(neurons):
-        raise ValueError(f"neurons must be distinct indices in [{2 * n_filters}, {d_mlp})")
+    n_filters = N_FILTERS
+    neurons = checked_neurons(neurons, d_mlp, 2 * n_filters)
 
     torch.manual_seed(seed)
     model = VisionTransformer(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
