@@ -88,8 +88,9 @@ class Family:
 
     # ------------------------------------------------------------------ anatomy
     def blocks(self) -> List[Tuple[str, nn.Module]]:
-        """(hook-name prefix, block) of every block in forward order; the prefix is its module path in timm."""
-        raise NotImplementedError
+        """(hook-name prefix, block) of every block in forward order; the prefix is its module path in timm.
+        By default one plain stack, ``module.blocks`` (ViT, Eva); pyramid families name their stages."""
+        return [(f"blocks.{i}", block) for i, block in enumerate(self.module.blocks)]
 
     def block(self, layer: int) -> nn.Module:
         return self.blocks()[layer][1]

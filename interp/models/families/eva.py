@@ -24,7 +24,7 @@ instead of its input and have no LayerScale; there a neuron's write direction is
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,8 @@ from torch import nn
 from ...errors import InterpError
 from ..layout import TokenLayout
 from .base import Family
-from .parts import InsertExtraTokens, KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward
+from .parts import (InsertExtraTokens, KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward,
+                    unsupported_mlp)
 
 _ENTRY_POINTS = ("forward_features", "_pos_embed", "forward_head", "pool")
 ROPE_HOOKS = ("hook_rot_q", "hook_rot_k")
@@ -52,7 +53,7 @@ class EvaFamily(Family):
         return Eva
 
     def check(self) -> None:
-        from timm.layers import AttentionRope, GluMlp, Mlp, SwiGLU
+        from timm.layers import AttentionRope
         from timm.models.eva import Eva, EvaAttention, EvaBlock, EvaBlockPostNorm
 
         self.refuse_overrides(Eva, _ENTRY_POINTS)
@@ -62,17 +63,12 @@ class EvaFamily(Family):
                 problem = f"block type {type(block).__name__} (timm's EvaBlock or EvaBlockPostNorm)"
             elif type(block.attn) not in (EvaAttention, AttentionRope):
                 problem = f"attention type {type(block.attn).__name__} (EvaAttention or AttentionRope)"
-            elif type(block.mlp) not in (Mlp, GluMlp, SwiGLU):
-                problem = f"MLP type {type(block.mlp).__name__} (Mlp, GluMlp or SwiGLU)"
-            elif isinstance(block.mlp, (Mlp, GluMlp)) and isinstance(block.mlp.fc1, nn.Conv2d):
-                problem = "convolutional MLP"
+            else:
+                problem = unsupported_mlp(block.mlp)
             if problem:
                 raise self.unsupported(f"blocks.{i} has an unsupported {problem}")
 
     # ------------------------------------------------------------------ anatomy
-    def blocks(self) -> List[Tuple[str, nn.Module]]:
-        return [(f"blocks.{i}", block) for i, block in enumerate(self.module.blocks)]
-
     def block(self, layer: int) -> nn.Module:
         return self.module.blocks[layer]
 

@@ -155,3 +155,15 @@ class InsertExtraTokens(nn.Module):
 
     def extra_repr(self) -> str:
         return f"n_prefix={self.n_prefix}, n_extra={self.n_extra}"
+
+
+def unsupported_mlp(mlp: nn.Module) -> Optional[str]:
+    """Why the hooked forward cannot run ``mlp`` (timm's ``Mlp``, ``GluMlp``/SwiGLUPacked or ``SwiGLU`` with linear
+    layers only), or None."""
+    from timm.layers import GluMlp, Mlp, SwiGLU
+
+    if type(mlp) not in (Mlp, GluMlp, SwiGLU):
+        return f"MLP type {type(mlp).__name__} (Mlp, GluMlp/SwiGLUPacked or SwiGLU)"
+    if isinstance(mlp, (Mlp, GluMlp)) and isinstance(mlp.fc1, nn.Conv2d):
+        return "convolutional MLP"
+    return None

@@ -6,7 +6,7 @@ Blocks are ``blocks.{i}``; tokens are ``[CLS?, registers..., patches...]`` as ti
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -14,7 +14,8 @@ from torch import nn
 from ...errors import InterpError
 from ..layout import TokenLayout
 from .base import Family
-from .parts import InsertExtraTokens, KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward
+from .parts import (InsertExtraTokens, KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward,
+                    unsupported_mlp)
 
 _ENTRY_POINTS = ("forward_features", "_pos_embed", "forward_head", "pool")
 
@@ -32,7 +33,7 @@ class VitFamily(Family):
         return VisionTransformer
 
     def check(self) -> None:
-        from timm.layers import Attention, GluMlp, Mlp, SwiGLU
+        from timm.layers import Attention
         from timm.models.vision_transformer import Block, VisionTransformer
 
         self.refuse_overrides(VisionTransformer, _ENTRY_POINTS, " (e.g. distilled DeiT)")
@@ -44,17 +45,12 @@ class VitFamily(Family):
                 problem = f"attention type {type(block.attn).__name__} (only timm.layers.Attention)"
             elif getattr(block.attn, "gate", None) is not None:
                 problem = "gated attention"
-            elif type(block.mlp) not in (Mlp, GluMlp, SwiGLU):
-                problem = f"MLP type {type(block.mlp).__name__} (Mlp, GluMlp/SwiGLUPacked or SwiGLU)"
-            elif isinstance(block.mlp, (Mlp, GluMlp)) and isinstance(block.mlp.fc1, nn.Conv2d):
-                problem = "convolutional MLP"
+            else:
+                problem = unsupported_mlp(block.mlp)
             if problem:
                 raise self.unsupported(f"blocks.{i} has an unsupported {problem}")
 
     # ------------------------------------------------------------------ anatomy
-    def blocks(self) -> List[Tuple[str, nn.Module]]:
-        return [(f"blocks.{i}", block) for i, block in enumerate(self.module.blocks)]
-
     def block(self, layer: int) -> nn.Module:
         return self.module.blocks[layer]
 
