@@ -52,6 +52,8 @@ class Family:
     # Whether timm's constructor takes ``img_size``; where it does not (a convolutional stem that takes any size),
     # the loader records an ``img_size`` as the model's input size (``pretrained_cfg["input_size"]``) instead.
     takes_img_size: ClassVar[bool] = True
+    # A pyramid's attribute holding its stages (each with ``.blocks``); None: one plain stack ``module.blocks``.
+    stages_attr: ClassVar[Optional[str]] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -89,8 +91,20 @@ class Family:
     # ------------------------------------------------------------------ anatomy
     def blocks(self) -> List[Tuple[str, nn.Module]]:
         """(hook-name prefix, block) of every block in forward order; the prefix is its module path in timm.
-        By default one plain stack, ``module.blocks`` (ViT, Eva); pyramid families name their stages."""
-        return [(f"blocks.{i}", block) for i, block in enumerate(self.module.blocks)]
+        One plain stack, ``module.blocks`` (ViT, Eva), unless ``stages_attr`` names the pyramid's list of stages
+        (``module.<stages_attr>[s].blocks[j]``: prefix ``<stages_attr>.s.blocks.j``)."""
+        if self.stages_attr is None:
+            return [(f"blocks.{i}", block) for i, block in enumerate(self.module.blocks)]
+        return [(f"{self.stages_attr}.{s}.blocks.{j}", block) for s, stage in enumerate(self.stages())
+                for j, block in enumerate(stage.blocks)]
+
+    def stages(self) -> List[nn.Module]:
+        """The pyramid's stages in forward order (``module.<stages_attr>``); a plain stack has none."""
+        return [] if self.stages_attr is None else list(getattr(self.module, self.stages_attr))
+
+    def block_stages(self) -> Tuple[int, ...]:
+        """The stage of each block, in forward order (empty for a plain stack)."""
+        return tuple(s for s, stage in enumerate(self.stages()) for _ in stage.blocks)
 
     def block(self, layer: int) -> nn.Module:
         return self.blocks()[layer][1]

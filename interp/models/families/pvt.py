@@ -53,6 +53,7 @@ def downsample_grid(grid: Grid) -> Grid:
 
 class PvtV2Family(Family):
     name = "pvt_v2"
+    stages_attr = "stages"
     title = "timm PyramidVisionTransformerV2 (pvt_v2_b0 .. pvt_v2_b5)"
     timm_modules = ("timm.models.pvt_v2",)
     takes_img_size = False  # any size: an img_size becomes the pretrained_cfg input_size
@@ -85,14 +86,6 @@ class PvtV2Family(Family):
                 raise self.unsupported(f"{prefix} has an unsupported {problem}")
 
     # ------------------------------------------------------------------ anatomy
-    def blocks(self) -> List[Tuple[str, nn.Module]]:
-        return [(f"stages.{s}.blocks.{j}", block) for s, stage in enumerate(self.module.stages)
-                for j, block in enumerate(stage.blocks)]
-
-    def block_stages(self) -> Tuple[int, ...]:
-        """The stage of each block, in forward order."""
-        return tuple(s for s, stage in enumerate(self.module.stages) for _ in stage.blocks)
-
     def stage_grids(self, img_size: Optional[Tuple[int, int]] = None) -> Tuple[Grid, ...]:
         """The token grid ``(h, w)`` of every stage for an input of ``img_size`` (default: the model's own)."""
         grid = embed_grid(tuple(img_size) if img_size is not None else self.img_size)

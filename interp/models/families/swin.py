@@ -47,6 +47,7 @@ _ENTRY_POINTS = ("forward_features", "forward_head")
 
 class SwinV2Family(Family):
     name = "swinv2"
+    stages_attr = "layers"
     title = "timm SwinTransformerV2 (swinv2_*, not swinv2_cr_*)"
     timm_modules = ("timm.models.swin_transformer_v2",)
     extra_tokens_refusal = ("Swin-v2 has no prefix tokens and attends inside windows of the token grid, so a token "
@@ -67,7 +68,7 @@ class SwinV2Family(Family):
         self.refuse_overrides(SwinTransformerV2, _ENTRY_POINTS)
         if getattr(self.module, "absolute_pos_embed", None) is not None:
             raise self.unsupported("an absolute position embedding")
-        for s, stage in enumerate(self.module.layers):
+        for s, stage in enumerate(self.stages()):
             if not isinstance(stage.downsample, (nn.Identity, PatchMerging)):
                 raise self.unsupported(f"layers.{s} has an unsupported downsampling {type(stage.downsample).__name__}")
         for prefix, block in self.blocks():
@@ -82,13 +83,6 @@ class SwinV2Family(Family):
                 raise self.unsupported(f"{prefix} has an unsupported {problem}")
 
     # ------------------------------------------------------------------ anatomy
-    def blocks(self) -> List[Tuple[str, nn.Module]]:
-        return [(f"layers.{s}.blocks.{j}", block) for s, stage in enumerate(self.module.layers)
-                for j, block in enumerate(stage.blocks)]
-
-    def block_stages(self) -> Tuple[int, ...]:
-        return tuple(s for s, stage in enumerate(self.module.layers) for _ in stage.blocks)
-
     def stage_grids(self, img_size: Optional[Tuple[int, int]] = None) -> Tuple[Grid, ...]:
         """The token grid ``(h, w)`` of every stage for an input of ``img_size`` (default: the model's own)."""
         pe = self.module.patch_embed
