@@ -14,15 +14,25 @@ from pathlib import Path
 from typing import Callable
 
 
+SHARED_ENV = "INTERP_TESTS_SHARED"  # the run's shared folder, made by the main pytest process; workers inherit it
+
+
+def shared_root() -> str:
+    """Make the run's shared folder and name it in the environment (the xdist workers started after this see it);
+    :func:`remove_shared_root` removes it at the end of the run."""
+    os.environ[SHARED_ENV] = tempfile.mkdtemp(prefix="interp-tests-")
+    return os.environ[SHARED_ENV]
+
+
+def remove_shared_root() -> None:
+    root = os.environ.pop(SHARED_ENV, None)
+    if root:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def built_once(name: str, build: Callable[[Path], None]) -> Path:
     """The folder ``name`` that ``build(folder)`` filled, built by the first caller of this test run."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:  # one process: nobody to share with
-        folder = Path(tempfile.mkdtemp(prefix=f"interp-{name}-"))
-        build(folder)
-        return folder
-    root = Path(tempfile.gettempdir()) / f"interp-tests-{run}"
-    root.mkdir(exist_ok=True)
+    root = Path(os.environ.get(SHARED_ENV) or shared_root())
     folder = root / name
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this worker dies

@@ -22,7 +22,7 @@ import interp
 from interp.cli import main
 
 import early
-from built_once import built_once
+from built_once import built_once, remove_shared_root, shared_root
 import notebook_helpers
 
 TESTS = Path(__file__).resolve().parent  # the tests folder (its helpers: conftest, sae_helpers, reference)
@@ -187,6 +187,18 @@ def executed_notebook():
     """The example notebook and the explorer's notebook cells, executed once in one kernel (an early launch:
     tests that use it are marked ``early("notebook")``)."""
     return notebook_helpers.executed()
+
+
+def pytest_configure(config):
+    """The main process (not an xdist worker) makes the folder of the data built once per run (tests/built_once.py)
+    before the workers start, so that they share it, and removes it when the run ends."""
+    if not hasattr(config, "workerinput"):
+        shared_root()
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        remove_shared_root()
 
 
 def pytest_xdist_auto_num_workers(config):
