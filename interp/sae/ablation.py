@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Sequence
 
 from ..errors import InterpError
 from ..interventions.sae_features import SAEFeatureAblation
-from .features import coinciding_controls, matched_controls, source_feature_report
+from .features import ALIGNED_COS, aligned_features, coinciding_controls, matched_controls, source_feature_report
 from .model import load
 
 
@@ -82,6 +82,8 @@ def feature_conditions(sae_dir: str, features: Sequence[int], source, *, n_contr
               "matched_by": "firing rate and firing rate on the high-norm tokens",
               "control_high_norm_rates": [[rates[f] for f in c] for c in drawn],
               "target_high_norm_rates": [rates[f] for f in features],
+              "excluded_aligned": [f for f in aligned_features(report) if f not in features],
+              "aligned_cos": ALIGNED_COS,
               "coinciding_controls": same, "matched": matched, "note": "; ".join(notes) or None,
               "artifact_subspace_coverage": (report["artifact_subspace"] or {}).get("coverage"),
               "target_coverage": report["target_coverage"],

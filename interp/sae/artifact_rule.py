@@ -69,6 +69,18 @@ def enrichment(count_kind: np.ndarray, count_all: np.ndarray, base_rate: float, 
     return {"precision": precision, "p_value": p_value, "enriched": enriched}
 
 
+def mass_enriched(mass_kind, mass_all, count_kind, base_rate: float) -> Dict[str, np.ndarray]:
+    """Per feature: its code mass concentrated on a kind of token: ``precision`` (the kind's share of the
+    feature's summed codes) at least ``MIN_PRECISION`` and above ``base_rate``, on at least ``MIN_COUNT`` tokens
+    of the kind. Catches a feature that fires weakly elsewhere but strongly there (the count precision misses it:
+    a dense feature whose code carries the artifacts' magnitude)."""
+    mass_kind = np.asarray(mass_kind, np.float64)
+    mass_all = np.asarray(mass_all, np.float64)
+    precision = np.divide(mass_kind, mass_all, out=np.zeros_like(mass_kind), where=mass_all > 0)
+    enriched = ((np.asarray(count_kind) >= MIN_COUNT) & (precision >= MIN_PRECISION) & (precision > base_rate))
+    return {"precision": precision, "enriched": enriched}
+
+
 class ExcessSample:
     """A seeded reservoir of up to ``MAX_COVERAGE_TOKENS`` high-norm tokens: their activations (hook units) and
     sparse codes, for the coverage of the artifact subspace (memory bounded whatever the data size)."""
