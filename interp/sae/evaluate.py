@@ -16,24 +16,11 @@ Example (not run as a doctest: it needs a trained SAE)::
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import torch
 
 from ..errors import InterpError
-from .data import CLS, PATCH, REGISTER, token_kinds
-
-KIND_OF_TOKENS = {"patches": (PATCH,), "all": (CLS, REGISTER, PATCH), "cls": (CLS,), "registers": (REGISTER,)}
-
-
-def token_rows(layout, tokens: str) -> List[int]:
-    """The rows of the token axis an SAE trained on ``tokens`` reads (the model's own tokens, in order)."""
-    kinds = token_kinds(layout, 0, layout.n_tokens)
-    rows = [i for i, k in enumerate(kinds) if int(k) in KIND_OF_TOKENS[tokens]]
-    if not rows:
-        raise InterpError(f"the model has no {tokens} token for this SAE")
-    return rows
-
 
 def _distance(clean: torch.Tensor, edited: torch.Tensor, logits: bool) -> torch.Tensor:
     """Per image: KL(softmax(clean) || softmax(edited)) for logits, else the mean squared distance."""
@@ -53,7 +40,7 @@ def loss_recovered(sae, model, images: torch.Tensor, batch_size: int = 16) -> Di
         distances), "n_images", "tokens"}.
     """
     sae.check_model(model)
-    rows = torch.tensor(token_rows(model.layout, sae.tokens))
+    rows = model.layout.rows_of(sae.tokens)  # raises for a model without that kind of token
     logits = int(getattr(getattr(model, "timm_model", model), "num_classes", 0) or 0) > 0
     spliced_sum = zero_sum = 0.0
     device = next(model.parameters()).device

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import InterpError
 from ..interventions.neuron_sets import neuron_set
+from ..models.layout import TOKEN_SELECTIONS
 from .._progress import tqdm
 from ..runtime.open import open_source
 from ..runtime.source import n_batches, token_norms
@@ -83,8 +84,13 @@ class _TopCodes:
                 in zip(self.values[:, feature].tolist(), self.where[:, feature].tolist()) if v > 0]
 
 
-# the token kinds an SAE trained on each --tokens choice is analysed on (it is not read on tokens it never saw)
-ANALYSED = {"patches": ("normal_patch", "high_norm"), "all": KINDS, "cls": ("cls",), "registers": ("register",)}
+_KIND_OF = {"normal_patch": "patches", "high_norm": "patches", "cls": "cls", "register": "registers"}
+
+
+def analysed_kinds(tokens: str) -> tuple:
+    """The report's kinds an SAE trained on the token selection ``tokens`` is analysed on (it is not read on
+    tokens it never saw): those of :data:`~interp.models.layout.TOKEN_SELECTIONS`."""
+    return tuple(k for k in KINDS if _KIND_OF[k] in TOKEN_SELECTIONS[tokens])
 
 
 def _unit(v: torch.Tensor) -> torch.Tensor:
@@ -110,7 +116,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
                    n_maps: int = 0, targets: Optional[List[int]] = None) -> Dict[str, Any]:
     """The firing rates, artifact subspace and register/CLS features of ``sae`` over activations given chunk by
     chunk (the rule: :mod:`.artifact_rule`). The SAE is read only on the token kinds it was trained on
-    (:data:`ANALYSED`; the other kinds' rates are None).
+    (:func:`analysed_kinds`; the other kinds' rates are None).
 
     Args:
         chunks: ``(first image index, float32 [c, T, d])`` in image order, every image once.
@@ -129,7 +135,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
     """
     writes = writes or {}
     trained = sae.tokens
-    analysed = ANALYSED[trained]
+    analysed = analysed_kinds(trained)
     patch = kinds == PATCH
     found = bool(detection is not None and detection.artifacts_found)
     n = sae.n_features

@@ -2,11 +2,12 @@
 outputs nothing 0 (zero ablation), the planted SAE most of the model's output."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import interp
-from interp.sae.evaluate import loss_recovered, token_rows
+from interp.sae.evaluate import loss_recovered
 from sae_helpers import HOOK, needs_overcomplete, planted_images, planted_model, planted_sae
 
 
@@ -38,11 +39,21 @@ def test_perfect_and_empty_reconstructions(one_thread):
 
 
 def test_rows_follow_the_token_kind():
+    """One decision (TokenLayout.rows_of) for training, analysis, ablation and loss recovered."""
+    from interp.models.layout import TokenLayout
+    from interp.sae.data import token_kinds, token_mask
+
     layout = planted_model().layout
-    assert token_rows(layout, "cls") == [0] and token_rows(layout, "patches")[0] == 1
-    assert len(token_rows(layout, "all")) == layout.n_tokens
-    with pytest.raises(interp.errors.InterpError, match="no registers"):
-        token_rows(layout, "registers")
+    t = torch.arange(layout.n_tokens)
+    assert t[layout.rows_of("cls")].tolist() == [0] and t[layout.rows_of("patches")][0] == 1
+    assert len(t[layout.rows_of("all")]) == layout.n_tokens
+    with pytest.raises(interp.errors.InterpError, match="no register tokens"):
+        layout.rows_of("registers")
+    reg = TokenLayout(n_prefix=5, n_registers=4, cls_index=0, grid=(2, 2))
+    kinds = token_kinds(reg, 0, reg.n_tokens)
+    t = torch.arange(reg.n_tokens)
+    for tokens in ("all", "patches", "cls", "registers"):  # the training tokens are the rows the SAE is read on
+        assert t[reg.rows_of(tokens)].tolist() == np.flatnonzero(token_mask(kinds, tokens, "include", None, 1)[0]).tolist()
 
 
 @needs_overcomplete
