@@ -71,7 +71,7 @@ class CacheRows(ActivationRows):
         if reader.meta.get("norms_only"):
             raise InterpError(f"{str(reader.path)!r} holds token norms only; an SAE needs the activations "
                               "(write the cache without --norms-only)")
-        self.view = reader[hook]
+        self.view, self.reader = reader[hook], reader
         if len(self.view.shape) != 3:
             raise InterpError(f"{hook} is not a token activation [N, T, d] (shape {self.view.shape})")
         self.n_images, self.n_tokens, self.d = (int(s) for s in self.view.shape)

@@ -61,3 +61,16 @@ def test_the_planted_sae_recovers_most_of_the_output(one_thread):
     sae = interp.sae.load(planted_sae(), model=planted_model())
     out = loss_recovered(sae, planted_model(), planted_images(4, seed=5))
     assert 0.5 < out["loss_recovered"] <= 1.0 and out["tokens"] == "patches"
+
+
+@needs_overcomplete
+def test_sae_train_prints_the_loss_recovered(tmp_path, capsys, one_thread):
+    """`interp sae train --images` reports the held-out loss recovered and which output it is measured on."""
+    from interp.cli import main
+
+    photos = str(interp.models.sample_image_paths()[0].parent)
+    assert main(["sae", "train", "planted_vit", "--images", photos, "--hook", HOOK, "--out", str(tmp_path / "s"),
+                 "--steps", "5", "--batch-size", "64", "--expansion", "1", "--k", "4", "--data-shards", "1",
+                 "--window-images", "3", "--holdout", "0.25", "--no-progress"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "loss recovered " in line and "(KL of the logits, 1 held-out images)" in line
