@@ -22,6 +22,9 @@ class Stand:
     def check_model(self, model):
         pass
 
+    def to(self, device):
+        return self
+
     def encode(self, x):
         return x
 
