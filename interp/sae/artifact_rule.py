@@ -11,7 +11,11 @@ all tokens) when all three hold:
   among the tokens it fires on, bounded by Chernoff's ``exp(-n KL(precision || base))`` (conservative), is below
   ``ALPHA`` divided by the number of features (Bonferroni).
 
-The **artifact subspace** is grown greedily from the features enriched on the high-norm tokens: at each step
+A feature is also a candidate for the artifact subspace when its code *mass* is concentrated on the high-norm
+tokens (:func:`mass_enriched`): a dense feature whose code is small on normal tokens and large on the high-norm
+ones has a count precision at the base rate but carries the artifacts.
+
+The **artifact subspace** is grown greedily from these candidates: at each step
 the feature that most raises the **coverage** joins it, while the gain is at least ``MIN_GAIN``. Coverage of a
 set ``S`` is the share of the high-norm tokens' excess over the mean normal patch token, ``e_i = x_i -
 mean_normal``, that the features' contributions remove: ``1 - sum_i ||e_i - sum_{f in S} a_f(x_i) d_f||^2 /
@@ -34,7 +38,7 @@ MIN_GAIN = 0.02
 MAX_SUBSPACE = 64
 MAX_COVERAGE_TOKENS = 4096
 
-RULE = {"min_count": MIN_COUNT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "test": "binomial, Chernoff bound, "
+RULE = {"candidates": "enriched (count) or magnitude-enriched (code mass)", "min_count": MIN_COUNT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "test": "binomial, Chernoff bound, "
         "Bonferroni over features", "min_coverage_gain": MIN_GAIN, "max_subspace": MAX_SUBSPACE,
         "max_coverage_tokens": MAX_COVERAGE_TOKENS}
 

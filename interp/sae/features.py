@@ -5,7 +5,8 @@ their directions compared with the register neurons' writes (LayerScale included
 The rule (:mod:`.artifact_rule`, docs/methods.md "Sparse autoencoders"): with high-norm tokens found by the
 detection (patch-token norms at the SAE's hook, :func:`~interp.detection.thresholds.detect_norms`), a feature is
 a candidate when it fires on at least ``MIN_COUNT`` high-norm tokens with a precision of at least
-``MIN_PRECISION`` that beats the base rate (binomial test, Bonferroni); the artifact features are the candidates
+``MIN_PRECISION`` that beats the base rate (binomial test, Bonferroni), or when at least ``MIN_PRECISION`` of its
+code mass is on the high-norm tokens (``artifact_rule.mass_enriched``); the artifact features are the candidates
 a greedy search adds while each raises the coverage of the high-norm tokens' excess by ``MIN_GAIN``. Without
 artifacts (the detection's verdict) there are none. An SAE is read only on the token kinds it was trained on.
 
