@@ -270,8 +270,9 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
     Returns:
         ``{"artifacts_found", "threshold", "reason", "hook", "tokens" (the kind the SAE was trained on),
         "analysed_kinds", "n_images", "n_tokens": {kind: int}, "features": [{"feature", "alive", "rates": {kind:
-        rate or None}}], "artifact_features": [{"feature", "direction" (unit, hook units), "rates", "precision",
-        "p_value", "coverage" (alone), "coverage_gain" (joining the subspace), "cos_register_neurons": {"L:n": cos,
+        rate or None}, "cos_excess" (with artifacts: cosine of its direction with the high-norm tokens' mean excess
+        over the mean normal patch)}], "artifact_features": [{"feature", "direction" (unit, hook units), "rates",
+        "precision", "mass_precision" (share of its code mass on the high-norm tokens), "p_value", "coverage" (alone), "coverage_gain" (joining the subspace), "cos_register_neurons": {"L:n": cos,
         "max": cos}, "cos_mean_high_norm"}] (in the order they joined the subspace), "artifact_subspace":
         {"features", "coverage", "n_tokens", "n_enriched", "cos_register_neurons" (span cosines),
         "cos_mean_high_norm"} or None, "enriched_features" (candidates outside the subspace), "prefix_features"
