@@ -18,7 +18,8 @@ class FeatureConditions:
     """target: the ablation of the chosen features; controls: one per control set (``control_features``: their
     feature lists); pool: what the draw was made from and how (``n_alive``, ``n_high_norm_tokens``, the
     detection's ``artifacts_found`` at the SAE's hook, ``tokens`` (the kind ablated: the SAE's), ``matched_by``,
-    the high-norm firing rates of targets and controls, ``coinciding_controls`` (pairs of identical sets), ``matched``
+    the high-norm firing rates of targets and controls, ``excluded_aligned`` (features left out of the pool for
+    writing along the artifact direction, cosine >= ``aligned_cos``), ``coinciding_controls`` (pairs of identical sets), ``matched``
     (per set: every feature within the matching calipers), a ``note`` saying either, ``artifact_subspace_coverage``; the reconstruction's
     share of the effect: ``target_coverage`` (the share of the high-norm tokens' excess over the mean normal patch
     that the chosen features' contributions hold, what their zero ablation removes at the hook),
