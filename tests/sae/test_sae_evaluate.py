@@ -77,3 +77,17 @@ def test_sae_train_prints_the_loss_recovered(tmp_path, capsys, one_thread):
                  "--window-images", "3", "--holdout", "0.25", "--no-progress"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "loss recovered " in line and "(KL of the logits, 1 held-out images)" in line
+
+
+@needs_overcomplete
+def test_a_cache_of_image_files_gives_the_loss_recovered(tmp_path, one_thread):
+    """Trained on a cache written from image files, the held-out images are read back from the cache's ids."""
+    model = planted_model()
+    photos = interp.models.sample_image_paths()
+    path = tmp_path / "photos.h5"
+    interp.cache.write(model, str(photos[0].parent), hooks=HOOK, path=path, progress=False, dtype="float32")
+    out = interp.sae.train(model, HOOK, tmp_path / "s", cache=path, progress=False, arch="topk", expansion=1, k=4,
+                           steps=5, batch_size=64, data_shards=1, window_images=3, holdout=0.25)
+    measured = out["metrics"]["held_out"]["loss_recovered"]
+    assert measured["n_images"] == 1 and measured["loss_recovered"] is not None
+    assert measured["distance"] == "kl_logits" and measured["tokens"] == "patches"
