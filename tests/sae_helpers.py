@@ -69,3 +69,15 @@ def planted_sae() -> Path:
         train_planted(folder / "sae", checkpoint_every=1000, steps=300, lr=1e-3)
 
     return built_once("sae", build) / "sae"
+
+
+@functools.lru_cache(maxsize=None)
+def planted_sae_wide() -> Path:
+    """A Matryoshka SAE (expansion 4, k 16) on the planted cache: besides the artifact's own features, several
+    features fire on every high-norm token without writing along the artifact, so controls matched by firing
+    exist (the test SAE above has none: 4 live features). About 40 s on one thread, built once per run."""
+    def build(folder: Path) -> None:
+        train_planted(folder / "sae", checkpoint_every=1000, arch="matryoshka", expansion=4, k=16, steps=300,
+                      batch_size=512, lr=1e-3)
+
+    return built_once("sae-wide", build) / "sae"

@@ -169,8 +169,11 @@ def _run_train(args) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         held = result["metrics"]["held_out"] or result["metrics"]["train_sample"]
         ev = "n/a" if held["explained_variance"] is None else f"{held['explained_variance']:.3f}"
+        lr = held.get("loss_recovered") or {}
+        lr = (f"{lr['loss_recovered']:.3f} ({'KL of the logits' if lr['distance'] == 'kl_logits' else 'MSE of the embedding'}, "
+              f"{lr['n_images']} held-out images)" if lr.get("loss_recovered") is not None else f"n/a ({lr.get('note', 'no held-out image')})")
         print(f"SAE {result['arch']} with {result['n_features']} features on {result['hook']}: explained variance "
-              f"{ev}, L0 {held['l0']:.1f}, alive {held['alive_fraction']:.2f} -> "
+              f"{ev}, L0 {held['l0']:.1f}, alive {held['alive_fraction']:.2f}, loss recovered {lr} -> "
               f"{os.path.join(args.out, 'sae.json')}")
         for line in result.get("warnings", []):
             print(f"warning: {line}", file=sys.stderr)

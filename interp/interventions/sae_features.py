@@ -28,11 +28,12 @@ import torch
 from torch import nn
 
 from ..errors import InterpError
+from ..models.layout import TOKEN_SELECTIONS, selected_rows
 from ..values import SAE_ARCHS
 from .base import NEURON, EditContext, Intervention, check_choice
 
 ARCHS = SAE_ARCHS  # the architectures interp trains (interp.sae.modules registers one class per name)
-FEATURE_TOKENS = ("all", "patches", "cls", "registers")  # the token kinds an SAE is trained on (--tokens)
+FEATURE_TOKENS = tuple(TOKEN_SELECTIONS)  # the token kinds an SAE is trained on (--tokens)
 # tensors of an SAE's encoder (w_enc [n, d], b_enc [n], mean [d], scale [1]) and, per code rule, its threshold
 # (batchtopk: one [1]; jumprelu: one per feature [n], already exponentiated)
 ENCODER_TENSORS = ("w_enc", "b_enc", "mean", "scale")
@@ -143,14 +144,13 @@ class SparseCodes(nn.Module):
 
 
 class FeatureRemoval(nn.Module):
-    """Block output [b, t, d] -> the same with the chosen features' contribution replaced on the chosen rows:
-    ``rows`` (CLS or registers) when given, else every row from ``first_row`` on (all tokens, or the patches)."""
+    """Block output [b, t, d] -> the same with the chosen features' contribution replaced on the rows ``rows``
+    (the SAE's token selection, ``TokenLayout.rows_of``)."""
 
     def __init__(self, codes: SparseCodes, features: List[int], directions: torch.Tensor, means: torch.Tensor,
-                 first_row: int, rows: Optional[List[int]] = None):
+                 rows: slice):
         super().__init__()
-        self.codes, self.features, self.first_row = codes, list(features), first_row
-        self.rows = None if rows is None else list(rows)
+        self.codes, self.features, self.rows = codes, list(features), rows
         self.register_buffer("directions", directions.float())  # [|F|, d], hook units
         self.register_buffer("means", means.float())  # [|F|]
 
@@ -159,13 +159,9 @@ class FeatureRemoval(nn.Module):
         return ((a - self.means) @ self.directions).to(rows.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rows is not None:
-            idx = torch.tensor(self.rows, device=x.device)
-            out = x.clone()
-            out[:, idx] = x[:, idx] - self._delta(x[:, idx])
-            return out
-        rows = x[:, self.first_row:]
-        return torch.cat([x[:, :self.first_row], rows - self._delta(rows)], dim=1)
+        out = x.clone()
+        out[:, self.rows] = x[:, self.rows] - self._delta(x[:, self.rows])
+        return out
 
 
 @dataclass(eq=False)
@@ -214,7 +210,7 @@ class SAEFeatureAblation(Intervention):
         self.tokens = self.tokens or "patches"
         check_choice("tokens", self.tokens, FEATURE_TOKENS)
         if self.tokens in ("cls", "registers"):
-            self._prefix_rows()  # refuse a missing layout now, not at the first forward
+            self._rows(0)  # refuse a missing layout now, not at the first forward
         given = self.features.tolist() if isinstance(self.features, torch.Tensor) else self.features
         if isinstance(given, (str, bytes, dict)) or not all(
                 isinstance(f, numbers.Integral) and not isinstance(f, bool) for f in given):
@@ -233,27 +229,16 @@ class SAEFeatureAblation(Intervention):
         idx = torch.tensor(self.features)
         directions = self.state["dictionary"][idx] * self.state["scale"].reshape(())
         means = self.state["feature_means"][idx] if self.mode == "mean" else torch.zeros(len(idx))
-        if self.tokens in ("cls", "registers"):
-            return FeatureRemoval(self._codes, self.features, directions, means, 0, self._prefix_rows())
-        return FeatureRemoval(self._codes, self.features, directions, means,
-                              ctx.n_prefix if self.tokens == "patches" else 0)
+        return FeatureRemoval(self._codes, self.features, directions, means, self._rows(ctx.n_prefix))
 
-    def _prefix_rows(self) -> List[int]:
-        """The rows of the CLS token or of the trained registers (token order [CLS?, registers, ...])."""
+    def _rows(self, n_prefix: int) -> slice:
+        """The rows the SAE's token selection reads when ``n_prefix`` prefix tokens precede the patches."""
         prefix = self.prefix or {}
-        if "n_registers" not in prefix:
+        if self.tokens in ("cls", "registers") and "n_registers" not in prefix:
             raise InterpError(f"an SAE ablation on the {self.tokens} token(s) needs the model's token layout "
                               "(cls_index, n_registers), which the SAE records when trained; train it again")
-        cls_index = prefix.get("cls_index")
-        if self.tokens == "cls":
-            if cls_index is None:
-                raise InterpError("--tokens cls: the model has no CLS token")
-            return [int(cls_index)]
-        first = 0 if cls_index is None else int(cls_index) + 1
-        rows = list(range(first, first + int(prefix["n_registers"])))
-        if not rows:
-            raise InterpError("--tokens registers: the model has no register tokens")
-        return rows
+        return selected_rows(self.tokens, n_prefix=n_prefix, n_registers=int(prefix.get("n_registers") or 0),
+                             cls_index=prefix.get("cls_index"))
 
     def resid_edits(self, ctx: EditContext) -> Dict[int, nn.Module]:
         return {self.layer: self._removal(ctx)}

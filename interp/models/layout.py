@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Dict, Optional, Tuple
 
+from ..errors import InterpError
+
 Grid = Tuple[int, int]
+
+# the token kinds each token selection of an SAE (``--tokens``) reads; "registers" are the trained ones
+TOKEN_SELECTIONS: Dict[str, Tuple[str, ...]] = {"all": ("cls", "registers", "patches"), "patches": ("patches",),
+                                                "cls": ("cls",), "registers": ("registers",)}
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,10 @@ class TokenLayout:
         cls = slice(self.cls_index, self.cls_index + 1) if self.cls_index is not None else slice(0, 0)
         return {"cls": cls, "registers": self.register_slice, "patches": self.patch_slice}
 
+    def rows_of(self, tokens: str) -> slice:
+        """The rows of the token axis the token selection ``tokens`` (:data:`TOKEN_SELECTIONS`) reads."""
+        return selected_rows(tokens, n_prefix=self.n_prefix, n_registers=self.n_registers, cls_index=self.cls_index)
+
     @property
     def n_stages(self) -> int:
         """Stages of blocks on distinct grids (1 for a plain ViT)."""
@@ -107,3 +117,28 @@ class TokenLayout:
             stage_grids=tuple(tuple(int(v) for v in g) for g in d.get("stage_grids", ())),
             block_stages=tuple(int(s) for s in d.get("block_stages", ())),
         )
+
+
+def selected_rows(tokens: str, *, n_prefix: int, n_registers: int, cls_index: Optional[int]) -> slice:
+    """The rows of ``[b, t, d]`` activations that the token selection ``tokens`` reads, given the prefix alone
+    (what an SAE ablation restored from a patch file knows): ``all`` every row, ``patches`` the rows after every
+    prefix token (test-time registers included) to the end, ``cls`` the CLS row, ``registers`` the trained
+    registers (not test-time ones). ``TokenLayout.rows_of`` with the layout's own prefix.
+
+    Raises:
+        InterpError: an unknown selection, or a model without the selected kind of token.
+    """
+    if tokens not in TOKEN_SELECTIONS:
+        raise InterpError(f"tokens must be one of {', '.join(TOKEN_SELECTIONS)}, got {tokens!r}")
+    if tokens == "all":
+        return slice(0, None)
+    if tokens == "patches":
+        return slice(int(n_prefix), None)
+    if tokens == "cls":
+        if cls_index is None:
+            raise InterpError("--tokens cls: the model has no CLS token")
+        return slice(int(cls_index), int(cls_index) + 1)
+    first = 0 if cls_index is None else int(cls_index) + 1
+    if not n_registers:
+        raise InterpError("--tokens registers: the model has no register tokens")
+    return slice(first, first + int(n_registers))

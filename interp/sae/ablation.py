@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Sequence
 
 from ..errors import InterpError
 from ..interventions.sae_features import SAEFeatureAblation
-from .features import coinciding_controls, matched_controls, source_feature_report
+from .features import ALIGNED_COS, aligned_features, coinciding_controls, matched_controls, source_feature_report
 from .model import load
 
 
@@ -18,7 +18,8 @@ class FeatureConditions:
     """target: the ablation of the chosen features; controls: one per control set (``control_features``: their
     feature lists); pool: what the draw was made from and how (``n_alive``, ``n_high_norm_tokens``, the
     detection's ``artifacts_found`` at the SAE's hook, ``tokens`` (the kind ablated: the SAE's), ``matched_by``,
-    the high-norm firing rates of targets and controls, ``coinciding_controls`` (pairs of identical sets), ``matched``
+    the high-norm firing rates of targets and controls, ``excluded_aligned`` (features left out of the pool for
+    writing along the artifact direction, cosine >= ``aligned_cos``), ``coinciding_controls`` (pairs of identical sets), ``matched``
     (per set: every feature within the matching calipers), a ``note`` saying either, ``artifact_subspace_coverage``; the reconstruction's
     share of the effect: ``target_coverage`` (the share of the high-norm tokens' excess over the mean normal patch
     that the chosen features' contributions hold, what their zero ablation removes at the hook),
@@ -82,6 +83,8 @@ def feature_conditions(sae_dir: str, features: Sequence[int], source, *, n_contr
               "matched_by": "firing rate and firing rate on the high-norm tokens",
               "control_high_norm_rates": [[rates[f] for f in c] for c in drawn],
               "target_high_norm_rates": [rates[f] for f in features],
+              "excluded_aligned": [f for f in aligned_features(report) if f not in features],
+              "aligned_cos": ALIGNED_COS,
               "coinciding_controls": same, "matched": matched, "note": "; ".join(notes) or None,
               "artifact_subspace_coverage": (report["artifact_subspace"] or {}).get("coverage"),
               "target_coverage": report["target_coverage"],

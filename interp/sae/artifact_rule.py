@@ -11,7 +11,11 @@ all tokens) when all three hold:
   among the tokens it fires on, bounded by Chernoff's ``exp(-n KL(precision || base))`` (conservative), is below
   ``ALPHA`` divided by the number of features (Bonferroni).
 
-The **artifact subspace** is grown greedily from the features enriched on the high-norm tokens: at each step
+A feature is also a candidate for the artifact subspace when its code *mass* is concentrated on the high-norm
+tokens (:func:`mass_enriched`): a dense feature whose code is small on normal tokens and large on the high-norm
+ones has a count precision at the base rate but carries the artifacts.
+
+The **artifact subspace** is grown greedily from these candidates: at each step
 the feature that most raises the **coverage** joins it, while the gain is at least ``MIN_GAIN``. Coverage of a
 set ``S`` is the share of the high-norm tokens' excess over the mean normal patch token, ``e_i = x_i -
 mean_normal``, that the features' contributions remove: ``1 - sum_i ||e_i - sum_{f in S} a_f(x_i) d_f||^2 /
@@ -34,7 +38,7 @@ MIN_GAIN = 0.02
 MAX_SUBSPACE = 64
 MAX_COVERAGE_TOKENS = 4096
 
-RULE = {"min_count": MIN_COUNT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "test": "binomial, Chernoff bound, "
+RULE = {"candidates": "enriched (count) or magnitude-enriched (code mass)", "min_count": MIN_COUNT, "min_precision": MIN_PRECISION, "alpha": ALPHA, "test": "binomial, Chernoff bound, "
         "Bonferroni over features", "min_coverage_gain": MIN_GAIN, "max_subspace": MAX_SUBSPACE,
         "max_coverage_tokens": MAX_COVERAGE_TOKENS}
 
@@ -67,6 +71,18 @@ def enrichment(count_kind: np.ndarray, count_all: np.ndarray, base_rate: float, 
         p_value = np.where(above, np.exp(-count_all * _kl(precision, base_rate)), 1.0)
     enriched = (count_kind >= MIN_COUNT) & (precision >= MIN_PRECISION) & (p_value < ALPHA / max(1, n_features))
     return {"precision": precision, "p_value": p_value, "enriched": enriched}
+
+
+def mass_enriched(mass_kind, mass_all, count_kind, base_rate: float) -> Dict[str, np.ndarray]:
+    """Per feature: its code mass concentrated on a kind of token: ``precision`` (the kind's share of the
+    feature's summed codes) at least ``MIN_PRECISION`` and above ``base_rate``, on at least ``MIN_COUNT`` tokens
+    of the kind. Catches a feature that fires weakly elsewhere but strongly there (the count precision misses it:
+    a dense feature whose code carries the artifacts' magnitude)."""
+    mass_kind = np.asarray(mass_kind, np.float64)
+    mass_all = np.asarray(mass_all, np.float64)
+    precision = np.divide(mass_kind, mass_all, out=np.zeros_like(mass_kind), where=mass_all > 0)
+    enriched = ((np.asarray(count_kind) >= MIN_COUNT) & (precision >= MIN_PRECISION) & (precision > base_rate))
+    return {"precision": precision, "enriched": enriched}
 
 
 class ExcessSample:

@@ -18,12 +18,13 @@ import numpy as np
 import torch
 
 from ..errors import InterpError, UsageError
-from ..models.layout import TokenLayout
+from ..models.layout import TOKEN_SELECTIONS, TokenLayout
 from ..runtime.forward import run_hooks
 
-TOKEN_CHOICES = ("patches", "all", "cls", "registers")
+TOKEN_CHOICES = tuple(TOKEN_SELECTIONS)  # --tokens
 HIGH_NORM_CHOICES = ("include", "exclude", "only")
 CLS, REGISTER, PATCH = 0, 1, 2  # token kinds
+KIND_CODES = {"cls": CLS, "registers": REGISTER, "patches": PATCH}  # TOKEN_SELECTIONS' kinds
 
 
 def token_kinds(layout: TokenLayout, first_token: int, n_tokens: int) -> np.ndarray:
@@ -70,7 +71,7 @@ class CacheRows(ActivationRows):
         if reader.meta.get("norms_only"):
             raise InterpError(f"{str(reader.path)!r} holds token norms only; an SAE needs the activations "
                               "(write the cache without --norms-only)")
-        self.view = reader[hook]
+        self.view, self.reader = reader[hook], reader
         if len(self.view.shape) != 3:
             raise InterpError(f"{hook} is not a token activation [N, T, d] (shape {self.view.shape})")
         self.n_images, self.n_tokens, self.d = (int(s) for s in self.view.shape)
@@ -132,8 +133,7 @@ def token_mask(kinds: np.ndarray, tokens: str, high_norm: str, outliers: Optiona
         raise InterpError(f"tokens must be one of {TOKEN_CHOICES}, got {tokens!r}")
     if high_norm not in HIGH_NORM_CHOICES:
         raise InterpError(f"high_norm must be one of {HIGH_NORM_CHOICES}, got {high_norm!r}")
-    base = {"all": np.ones_like(kinds, bool), "patches": kinds == PATCH, "cls": kinds == CLS,
-            "registers": kinds == REGISTER}[tokens]
+    base = np.isin(kinds, [KIND_CODES[k] for k in TOKEN_SELECTIONS[tokens]])
     if not base.any():
         raise InterpError(f"the stored tokens hold no {tokens} token (model layout / cache --tokens); choose "
                           f"--tokens among those the cache holds")

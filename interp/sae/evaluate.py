@@ -16,24 +16,15 @@ Example (not run as a doctest: it needs a trained SAE)::
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List
 
 import torch
 
+from ..cache.image_feed import image_feed
 from ..errors import InterpError
-from .data import CLS, PATCH, REGISTER, token_kinds
-
-KIND_OF_TOKENS = {"patches": (PATCH,), "all": (CLS, REGISTER, PATCH), "cls": (CLS,), "registers": (REGISTER,)}
-
-
-def token_rows(layout, tokens: str) -> List[int]:
-    """The rows of the token axis an SAE trained on ``tokens`` reads (the model's own tokens, in order)."""
-    kinds = token_kinds(layout, 0, layout.n_tokens)
-    rows = [i for i, k in enumerate(kinds) if int(k) in KIND_OF_TOKENS[tokens]]
-    if not rows:
-        raise InterpError(f"the model has no {tokens} token for this SAE")
-    return rows
-
+from ..models import data_config
+from .data import CacheRows, LiveRows
 
 def _distance(clean: torch.Tensor, edited: torch.Tensor, logits: bool) -> torch.Tensor:
     """Per image: KL(softmax(clean) || softmax(edited)) for logits, else the mean squared distance."""
@@ -45,23 +36,25 @@ def _distance(clean: torch.Tensor, edited: torch.Tensor, logits: bool) -> torch.
 
 
 @torch.no_grad()
-def loss_recovered(sae, model, images: torch.Tensor, batch_size: int = 16) -> Dict[str, Any]:
-    """The loss recovered of ``sae`` on ``model`` over ``images`` [N, C, H, W] (module docstring).
+def loss_recovered(sae, model, images, batch_size: int = 16) -> Dict[str, Any]:
+    """The loss recovered of ``sae`` on ``model`` over ``images`` [N, C, H, W], or an iterable of such batches
+    (module docstring). The SAE runs on the model's device.
 
     Returns:
         {"loss_recovered", "distance": "kl_logits" or "mse_embedding", "spliced", "zero_ablated" (mean
         distances), "n_images", "tokens"}.
     """
     sae.check_model(model)
-    rows = torch.tensor(token_rows(model.layout, sae.tokens))
+    rows = model.layout.rows_of(sae.tokens)  # raises for a model without that kind of token
     logits = int(getattr(getattr(model, "timm_model", model), "num_classes", 0) or 0) > 0
     spliced_sum = zero_sum = 0.0
+    n = 0
     device = next(model.parameters()).device
+    on_device = sae.to(device)
 
     def splice(act, hook=None):
         out = act.clone()
-        x = act[:, rows].float().cpu()
-        out[:, rows] = sae.decode(sae.encode(x)).to(act.dtype).to(act.device)
+        out[:, rows] = on_device.decode(on_device.encode(act[:, rows])).to(act.dtype)
         return out
 
     def zero(act, hook=None):
@@ -69,17 +62,65 @@ def loss_recovered(sae, model, images: torch.Tensor, batch_size: int = 16) -> Di
         out[:, rows] = 0
         return out
 
-    for i in range(0, len(images), batch_size):
-        x = images[i:i + batch_size].to(device)
+    batches = images
+    if isinstance(images, torch.Tensor):
+        batches = [images[i:i + batch_size] for i in range(0, len(images), batch_size)]
+    for batch in batches:
+        x = batch.to(device)
         clean = model(x)
         spliced = model.run_with_hooks(x, fwd_hooks=[(sae.hook, splice)])
         zeroed = model.run_with_hooks(x, fwd_hooks=[(sae.hook, zero)])
         spliced_sum += float(_distance(clean, spliced, logits).sum())
         zero_sum += float(_distance(clean, zeroed, logits).sum())
-    n = len(images)
+        n += len(x)
     if n == 0:
         raise InterpError("loss recovered needs at least one image")
     d_splice, d_zero = spliced_sum / n, zero_sum / n
     return {"loss_recovered": 1.0 - d_splice / d_zero if d_zero > 0 else None,
             "distance": "kl_logits" if logits else "mse_embedding", "spliced": d_splice, "zero_ablated": d_zero,
             "n_images": n, "tokens": sae.tokens}
+
+
+MAX_HELD_OUT_IMAGES = 256  # loss recovered at the end of training: on at most this many held-out images
+
+
+def _held_out_feed(rows, model, picked: List[int]):
+    """The images behind activation rows, or (None, why): a live run's own images; a cache's when the ids of the
+    ``picked`` rows are image files, decoded with the model's own preprocessing."""
+    if isinstance(rows, LiveRows):
+        return rows.source, None
+    if not isinstance(rows, CacheRows):
+        return None, "the activations come without their images"
+    ids = rows.reader.ids
+    if not all(Path(ids[i]).is_file() for i in picked):
+        return None, "the cache's image ids are not image files here (a cache written from tensors, or moved)"
+    recorded = rows.reader.meta.get("data_config")
+    own = {k: (list(v) if isinstance(v, tuple) else v) for k, v in data_config(model).items()}
+    if recorded is not None and recorded != own:
+        return None, "the cache was written with another preprocessing than the model's own"
+    return image_feed(list(ids), model), None
+
+
+@torch.no_grad()
+def held_out_loss_recovered(sae, model, rows, held_out, batch_size: int = 16) -> Dict[str, Any]:
+    """:func:`loss_recovered` on the first ``MAX_HELD_OUT_IMAGES`` of the held-out images ``held_out`` (indices of
+    ``rows``, an ``ActivationRows``), or ``{"loss_recovered": None, "note": why}`` when their images are not at
+    hand (a cache of tensors) or none is held out."""
+    picked = [int(i) for i in held_out[:MAX_HELD_OUT_IMAGES]]
+    if not picked:
+        return {"loss_recovered": None, "note": "no held-out image"}
+    feed, why = _held_out_feed(rows, model, picked)
+    if feed is None:
+        return {"loss_recovered": None, "note": why}
+
+    def batches():
+        for i in range(0, len(picked), batch_size):
+            pixels = [feed.load(j, j + 1).pixels for j in picked[i:i + batch_size]]
+            pixels = [p for p in pixels if p is not None]  # an image gone unreadable since: left out
+            if pixels:
+                yield torch.cat(pixels)
+
+    try:
+        return loss_recovered(sae, model, batches())
+    except InterpError as e:
+        return {"loss_recovered": None, "note": str(e)}

@@ -5,7 +5,8 @@ their directions compared with the register neurons' writes (LayerScale included
 The rule (:mod:`.artifact_rule`, docs/methods.md "Sparse autoencoders"): with high-norm tokens found by the
 detection (patch-token norms at the SAE's hook, :func:`~interp.detection.thresholds.detect_norms`), a feature is
 a candidate when it fires on at least ``MIN_COUNT`` high-norm tokens with a precision of at least
-``MIN_PRECISION`` that beats the base rate (binomial test, Bonferroni); the artifact features are the candidates
+``MIN_PRECISION`` that beats the base rate (binomial test, Bonferroni), or when at least ``MIN_PRECISION`` of its
+code mass is on the high-norm tokens (``artifact_rule.mass_enriched``); the artifact features are the candidates
 a greedy search adds while each raises the coverage of the high-norm tokens' excess by ``MIN_GAIN``. Without
 artifacts (the detection's verdict) there are none. An SAE is read only on the token kinds it was trained on.
 
@@ -26,6 +27,7 @@ import torch
 
 from ..errors import InterpError
 from ..interventions.neuron_sets import neuron_set
+from ..models.layout import TOKEN_SELECTIONS
 from .._progress import tqdm
 from ..runtime.open import open_source
 from ..runtime.source import n_batches, token_norms
@@ -83,8 +85,13 @@ class _TopCodes:
                 in zip(self.values[:, feature].tolist(), self.where[:, feature].tolist()) if v > 0]
 
 
-# the token kinds an SAE trained on each --tokens choice is analysed on (it is not read on tokens it never saw)
-ANALYSED = {"patches": ("normal_patch", "high_norm"), "all": KINDS, "cls": ("cls",), "registers": ("register",)}
+_KIND_OF = {"normal_patch": "patches", "high_norm": "patches", "cls": "cls", "register": "registers"}
+
+
+def analysed_kinds(tokens: str) -> tuple:
+    """The report's kinds an SAE trained on the token selection ``tokens`` is analysed on (it is not read on
+    tokens it never saw): those of :data:`~interp.models.layout.TOKEN_SELECTIONS`."""
+    return tuple(k for k in KINDS if _KIND_OF[k] in TOKEN_SELECTIONS[tokens])
 
 
 def _unit(v: torch.Tensor) -> torch.Tensor:
@@ -110,7 +117,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
                    n_maps: int = 0, targets: Optional[List[int]] = None) -> Dict[str, Any]:
     """The firing rates, artifact subspace and register/CLS features of ``sae`` over activations given chunk by
     chunk (the rule: :mod:`.artifact_rule`). The SAE is read only on the token kinds it was trained on
-    (:data:`ANALYSED`; the other kinds' rates are None).
+    (:func:`analysed_kinds`; the other kinds' rates are None).
 
     Args:
         chunks: ``(first image index, float32 [c, T, d])`` in image order, every image once.
@@ -129,11 +136,12 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
     """
     writes = writes or {}
     trained = sae.tokens
-    analysed = ANALYSED[trained]
+    analysed = analysed_kinds(trained)
     patch = kinds == PATCH
     found = bool(detection is not None and detection.artifacts_found)
     n = sae.n_features
     counts = {k: np.zeros(n) for k in KINDS}
+    masses = {k: np.zeros(n) for k in KINDS}  # summed codes: the magnitude-weighted firing
     totals = {k: 0 for k in KINDS}
     high_sum = torch.zeros(sae.d, dtype=torch.float64)
     normal_sum = torch.zeros(sae.d, dtype=torch.float64)
@@ -153,6 +161,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
                  "cls": np.broadcast_to(kinds == CLS, high.shape), "register": np.broadcast_to(kinds == REGISTER, high.shape)}
         for kind in analysed:
             counts[kind] += fired[masks[kind]].sum(0)
+            masses[kind] += codes[torch.from_numpy(np.ascontiguousarray(masks[kind]))].double().sum(0).numpy()
             totals[kind] += int(masks[kind].sum())
         if "high_norm" in analysed and high.any():
             h = torch.from_numpy(high)
@@ -174,11 +183,18 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
     if found and totals["high_norm"] and "high_norm" in analysed:
         test = rule.enrichment(counts["high_norm"], counts["high_norm"] + counts["normal_patch"],
                                totals["high_norm"] / (totals["high_norm"] + totals["normal_patch"]), n)
-        candidates = np.flatnonzero(test["enriched"])
+        heavy = rule.mass_enriched(masses["high_norm"], masses["high_norm"] + masses["normal_patch"],
+                                   counts["high_norm"], totals["high_norm"] / (totals["high_norm"] + totals["normal_patch"]))
+        candidates = np.flatnonzero(test["enriched"] | heavy["enriched"])
         mean_normal = normal_sum / max(1, totals["normal_patch"])
         grown = rule.artifact_subspace(excess, mean_normal, candidates, directions)
         mean_high = (high_sum / totals["high_norm"]).float()
         unit_high = _unit(mean_high)
+        # the artifact direction: the high-norm tokens' mean excess over the mean normal patch (coverage's excess)
+        unit_excess = _unit((mean_high.double() + sae.mean.double() - mean_normal).float())
+        cos_excess = (directions / directions.norm(dim=1, keepdim=True).clamp_min(1e-12)) @ unit_excess  # [n]
+        for f in features:
+            f["cos_excess"] = float(cos_excess[f["feature"]])
         codes_maps = torch.cat(maps) if maps else None  # [n_maps, P, n]
         for f, gain in zip(grown["features"], grown["gains"]):
             unit = _unit(directions[f])
@@ -187,6 +203,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
                 cos["max"] = max(cos.values())
             entry = {"feature": int(f), "direction": [float(v) for v in unit], "rates": features[f]["rates"],
                      "precision": float(test["precision"][f]), "p_value": float(test["p_value"][f]),
+                     "mass_precision": float(heavy["precision"][f]),
                      "coverage": grown["single_coverage"][int(f)], "coverage_gain": gain,
                      "cos_register_neurons": cos, "cos_mean_high_norm": float(unit @ unit_high)}
             if top is not None:
@@ -196,6 +213,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
             artifact.append(entry)
         chosen = set(grown["features"])
         enriched = [{"feature": int(f), "precision": float(test["precision"][f]),
+                     "mass_precision": float(heavy["precision"][f]),
                      "rate_high_norm": float(rates["high_norm"][f]), "coverage": grown["single_coverage"][int(f)]}
                     for f in candidates if int(f) not in chosen]
         span = directions[grown["features"]] if grown["features"] else directions[:0]
@@ -252,8 +270,9 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
     Returns:
         ``{"artifacts_found", "threshold", "reason", "hook", "tokens" (the kind the SAE was trained on),
         "analysed_kinds", "n_images", "n_tokens": {kind: int}, "features": [{"feature", "alive", "rates": {kind:
-        rate or None}}], "artifact_features": [{"feature", "direction" (unit, hook units), "rates", "precision",
-        "p_value", "coverage" (alone), "coverage_gain" (joining the subspace), "cos_register_neurons": {"L:n": cos,
+        rate or None}, "cos_excess" (with artifacts: cosine of its direction with the high-norm tokens' mean excess
+        over the mean normal patch)}], "artifact_features": [{"feature", "direction" (unit, hook units), "rates",
+        "precision", "mass_precision" (share of its code mass on the high-norm tokens), "p_value", "coverage" (alone), "coverage_gain" (joining the subspace), "cos_register_neurons": {"L:n": cos,
         "max": cos}, "cos_mean_high_norm"}] (in the order they joined the subspace), "artifact_subspace":
         {"features", "coverage", "n_tokens", "n_enriched", "cos_register_neurons" (span cosines),
         "cos_mean_high_norm"} or None, "enriched_features" (candidates outside the subspace), "prefix_features"
@@ -300,6 +319,7 @@ def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dic
 MATCH_CANDIDATES = 5  # each control feature is drawn among the target's this many nearest matches ...
 MATCH_HIGH_RATE = 0.25  # ... that fire on the high-norm tokens within this rate of the target ...
 MATCH_LOG_RATE = 1.0  # ... and overall within this many decades (else any of the nearest, flagged unmatched)
+ALIGNED_COS = 0.5  # a feature whose direction is this close to the artifact direction is never a control
 
 
 def _overall_rate(report: Dict[str, Any], feature: Dict[str, Any]) -> float:
@@ -307,6 +327,14 @@ def _overall_rate(report: Dict[str, Any], feature: Dict[str, Any]) -> float:
     kinds = [k for k in report.get("analysed_kinds", KINDS) if report["n_tokens"].get(k)]
     total = sum(report["n_tokens"][k] for k in kinds)
     return sum((feature["rates"][k] or 0.0) * report["n_tokens"][k] for k in kinds) / total if total else 0.0
+
+
+def aligned_features(report: Dict[str, Any]) -> List[int]:
+    """Live features whose decoder direction lies within ``ALIGNED_COS`` of the artifact direction (the high-norm
+    tokens' mean excess over the mean normal patch; ``cos_excess`` of the report): part of the artifact component
+    whatever their firing, so never controls."""
+    return [f["feature"] for f in report["features"]
+            if f["alive"] and (f.get("cos_excess") or 0.0) >= ALIGNED_COS]
 
 
 def control_features(report: Dict[str, Any], targets, n_controls: int, seed: int) -> List[List[int]]:
@@ -330,10 +358,13 @@ def matched_controls(report: Dict[str, Any], targets, n_controls: int,
         InterpError: fewer such features than targets.
     """
     chosen = {int(f) for f in targets}
-    # enriched features outside the subspace stay in: they fire on the high-norm tokens without carrying the excess,
-    # the controls that can show whether firing there is enough
-    excluded = chosen | {int(f) for f in (report.get("artifact_subspace") or {}).get("features", [])}
     by_id = {f["feature"]: f for f in report["features"]}
+    # the artifact component is no control: the subspace, and features writing along the artifact direction that
+    # the count-based rule leaves out (dense or low-precision features whose code is large on the high-norm
+    # tokens); enriched features pointing elsewhere stay in: they fire there without carrying the excess, the
+    # controls that can show whether firing there is enough
+    excluded = chosen | {int(f) for f in (report.get("artifact_subspace") or {}).get("features", [])} \
+        | set(aligned_features(report))
     pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in excluded]
     if n_controls and len(pool) < len(chosen):
         raise InterpError(f"only {len(pool)} live feature(s) outside the chosen ones and the artifact subspace for controls "

@@ -51,6 +51,10 @@ class SAE:
     scale = property(lambda self: float(self.tensors["scale"].reshape(())))
     mean = property(lambda self: self.tensors["mean"])
 
+    def to(self, device) -> "SAE":
+        """This SAE with its tensors on ``device`` (a new object; encode and decode then run there)."""
+        return SAE(self.config, {k: v.to(device) for k, v in self.tensors.items()}, self.path)
+
     @torch.no_grad()
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Codes [..., n_features] of activations [..., d] in the hook's units."""

@@ -31,7 +31,8 @@ from ..values import MAX_EXPANSION, MAX_SAE_BATCH
 from . import modules as sae_modules
 from .data import HIGH_NORM_CHOICES, TOKEN_CHOICES, TokenStream
 from .files import write_atomic
-from .model import CONFIG, save
+from .evaluate import held_out_loss_recovered
+from .model import CONFIG, SAE, save
 from .setup import RunData, describe_detection, prepare_data, stats_over, world
 from ..interventions.sae_features import ARCHS, SparseCodes
 
@@ -256,7 +257,7 @@ def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every
                     torch.distributed.barrier()
     finally:
         bar.close()
-    result = _finish(module, arch, cfg, data, curve, last_fired, out, rank, n_ranks)
+    result = _finish(module, arch, cfg, data, curve, last_fired, out, rank, n_ranks, model)
     if n_ranks > 1:
         torch.distributed.barrier()
     return result
@@ -317,9 +318,10 @@ def quality_warnings(stats: Dict[str, Any], dead_fraction: float, where: str) ->
 
 
 def _finish(module, arch, cfg: TrainSettings, data: RunData, curve, last_fired, out: Path, rank: int,
-            n_ranks: int) -> Dict[str, Any]:
+            n_ranks: int, model=None) -> Dict[str, Any]:
     """Held-out metrics, feature means, and (rank 0) the SAE files and the curve figure (``n_ranks``: the
-    processes that trained it, recorded)."""
+    processes that trained it, recorded); rank 0 also measures the loss recovered on the held-out images of
+    ``model`` (``metrics.held_out.loss_recovered``; :func:`~interp.sae.evaluate.held_out_loss_recovered`)."""
     from . import curve as curve_figure
 
     tensors = {k: v.cpu() for k, v in sae_modules.encoder_tensors(module, arch).items()}
@@ -347,6 +349,9 @@ def _finish(module, arch, cfg: TrainSettings, data: RunData, curve, last_fired, 
                                      "held-out" if held is not None else "training-sample"),
         "curve": curve,
     }
+    if rank == 0 and held is not None and model is not None:
+        config["metrics"]["held_out"]["loss_recovered"] = held_out_loss_recovered(SAE(config, tensors), model,
+                                                                                  data.rows, data.holdout)
     if rank == 0:
         save(out, config, tensors)
         if curve["step"]:

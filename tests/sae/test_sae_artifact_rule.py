@@ -195,3 +195,21 @@ def test_coinciding_control_sets_are_reported():
     pairs = coinciding_controls(controls)
     assert pairs and all(controls[i] == controls[j] for i, j in pairs)
     assert coinciding_controls([[1, 2], [1, 3]]) == []
+
+
+def test_a_dense_feature_carrying_the_excess_is_an_artifact_feature():
+    """Feature 2 fires on every patch, weakly (0.1) on the normal ones and strongly (10) on the 2 % high-norm ones:
+    its count precision is the base rate (0.02), but 67 % of its code mass is on the high-norm tokens and it
+    carries their whole excess (a Matryoshka SAE on the planted model puts the artifact in such a feature). It
+    is magnitude-enriched and the one artifact feature; feature 0 (code 0.5 everywhere it fires) is neither."""
+    x, kinds = _tokens()
+    high = np.arange(0, 5000, 50)
+    _fire(x, kinds, np.arange(5000), 2, 0.1)
+    _high(x, kinds, high, 2)
+    _fire(x, kinds, np.arange(0, 5000, 7), 0, 0.5)
+    r = _report(x, kinds)
+    assert [f["feature"] for f in r["artifact_features"]] == [2]
+    (f,) = r["artifact_features"]
+    assert f["precision"] == pytest.approx(0.02) and f["mass_precision"] == pytest.approx(1000 / 1490, rel=1e-4)
+    assert r["artifact_subspace"]["coverage"] > 0.95
+    assert r["features"][2]["cos_excess"] > 0.99 and abs(r["features"][0]["cos_excess"]) < 0.1

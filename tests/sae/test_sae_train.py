@@ -16,6 +16,7 @@ from interp.errors import InterpError
 from interp.interventions.sae_features import ARCHS, CODE_RULES, SparseCodes
 from interp.sae import modules as sae_modules
 from interp.sae.data import TokenStream, token_mask
+from interp.sae.evaluate import loss_recovered
 from interp.sae.setup import prepare_data
 from interp.sae.train import TrainSettings, dead_mask
 from sae_helpers import HOOK, TRAIN, needs_overcomplete, planted_cache, planted_images, planted_model, train_planted
@@ -225,6 +226,15 @@ def test_live_from_the_model_equals_the_cache(tmp_path, one_thread):
     live = interp.sae.train(model, HOOK, tmp_path / "l", images=images, progress=False, **settings)
     assert np.allclose(cached["curve"]["loss"], live["curve"]["loss"], rtol=1e-4)
     assert cached["detection"]["n_above"] == live["detection"]["n_above"]
+    # loss recovered on the held-out images: a live run has them; a cache written from tensors does not
+    measured = live["metrics"]["held_out"]["loss_recovered"]
+    held = np.sort(np.random.default_rng([TRAIN.get("seed", 0), 7]).permutation(8)[:2])  # prepare_rows' split
+    again = loss_recovered(interp.sae.load(tmp_path / "l", model=model), model, images[torch.from_numpy(held)])
+    assert measured["n_images"] == 2 and measured["distance"] == "kl_logits"
+    assert measured["loss_recovered"] == pytest.approx(again["loss_recovered"], rel=1e-4, abs=1e-6)
+    assert json.loads((tmp_path / "l" / "sae.json").read_text())["metrics"]["held_out"]["loss_recovered"] == measured
+    cached_lr = cached["metrics"]["held_out"]["loss_recovered"]
+    assert cached_lr["loss_recovered"] is None and "tensors" in cached_lr["note"]
 
 
 def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch, capsys):

@@ -76,6 +76,8 @@ class AblateResult(OutlierStudyResult):
         control_pool: with an SAE, what the controls were drawn from (``n_alive``, ``artifacts_found`` and
             ``n_high_norm_tokens`` at the SAE's hook).
         summary: metric -> {"baseline", "target", "control_mean", "control_std"}.
+        comparison: the share of the baseline's outliers each condition removes and whether the target's share
+            beats every control's by ``SPECIFIC_MARGIN`` (:func:`outlier_comparison`; None without controls).
         counting_threshold: the norm the outlier counts use: ``threshold``, or the 99th percentile of the
             unablated norms when "auto" finds no separated mode (so counts stay comparable).
     """
@@ -94,6 +96,7 @@ class AblateResult(OutlierStudyResult):
     hook: Optional[str] = None
     features: List[int] = field(default_factory=list)
     control_pool: Optional[Dict] = None
+    comparison: Optional[Dict] = None
     notes: List[str] = field(default_factory=list)
 
     def console_lines(self, config=None) -> List[str]:
@@ -101,6 +104,27 @@ class AblateResult(OutlierStudyResult):
         oc = self.summary["outlier_count"]
         return [f"outliers: baseline {oc['baseline']}, ablated {oc['target']}, controls {oc['control_mean']}",
                 *behaviour_lines(self)]
+
+
+SPECIFIC_MARGIN = 0.5  # the target must remove this share of the baseline's outliers more than any control
+
+
+def outlier_comparison(table: Dict[str, Dict], n_controls: int) -> Optional[Dict]:
+    """``{"removed": {"target": share, "controls": [share, ...]}, "margin", "target_beyond_controls"}``: the share
+    of the baseline's outliers each condition removes, and whether the target removes at least ``SPECIFIC_MARGIN``
+    more than every control set (else the chosen units are not special: random matched ones do as much). None
+    without controls or without outliers at baseline."""
+    base = table["baseline"]["outlier_count"]
+    if not n_controls or not base:
+        return None
+
+    def removed(name):
+        return 1.0 - table[name]["outlier_count"] / base
+
+    controls = [removed(f"control_{i}") for i in range(n_controls)]
+    target = removed("target")
+    return {"removed": {"target": target, "controls": controls}, "margin": SPECIFIC_MARGIN,
+            "target_beyond_controls": bool(target - max(controls) >= SPECIFIC_MARGIN)}
 
 
 def ablation_notes(controls: List[Dict], silent: List[int]) -> List[str]:
@@ -206,6 +230,11 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     notes = ablation_notes(controls, edits.pool.get("silent_features", []) if config.sae is not None else [])
     if config.sae is not None and edits.pool.get("note"):
         notes.append(edits.pool["note"])  # controls that could not be matched to the targets' firing
+    comparison = outlier_comparison(table, n_controls)
+    if comparison is not None and not comparison["target_beyond_controls"]:
+        r = comparison["removed"]
+        notes.append(f"the target removes {r['target']:.0%} of the outliers, its controls up to {max(r['controls']):.0%}: "
+                     "the chosen units are not special (random matched ones do about as much)")
     for note in notes:
         warnings.warn(f"ablate: {note}")
     return AblateResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=config.seed,
@@ -214,4 +243,4 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
                         counting_threshold=float(thr_value), n_images=n,
                         controls=[{str(k): v for k, v in c.items()} for c in controls],
                         conditions=table, summary=summary, classifier=readout.record(),
-                        behaviour_note=readout.note, notes=notes, **sae)
+                        behaviour_note=readout.note, notes=notes, comparison=comparison, **sae)
