@@ -38,7 +38,8 @@ class Flag:
         many: one or more values (``nargs="+"``; the field holds a tuple); ``"*"``: zero or more.
         metavar: the value's name in ``--help``.
         required: the command line must give it.
-        off: for a boolean that defaults to True: the flag that turns it off (``--no-selective``).
+        off: for a boolean that defaults to True: the flag that turns it off (``--no-selective``); with
+            ``flag`` given too, both (``--pretrained`` / ``--no-pretrained``, ``off_help`` the second's help).
         group: the ``--help`` section it is listed under.
         positional: a positional argument (``MODEL``); with a default, it may be left out.
         exclusive: the name of a mutually exclusive group (``--images`` / ``--cache``); the class attribute
@@ -54,6 +55,7 @@ class Flag:
     metavar: Optional[str] = None
     required: bool = False
     off: Optional[str] = None
+    off_help: Optional[str] = None
     group: Optional[str] = None
     positional: bool = False
     exclusive: Optional[str] = None
@@ -158,7 +160,11 @@ class Options:
             flag = spec.flag or "--" + f.name.replace("_", "-")
             kind = base_type(hints[f.name])
             if kind is bool and not spec.positional:
-                if spec.off:
+                if spec.off and spec.flag:
+                    target.add_argument(spec.flag, dest=f.name, action="store_true", default=f.default, help=text)
+                    target.add_argument(spec.off, *spec.aliases, dest=f.name, action="store_false",
+                                        help=spec.off_help)
+                elif spec.off:
                     target.add_argument(spec.off, *spec.aliases, dest=f.name, action="store_false",
                                         default=f.default, help=text)
                 else:

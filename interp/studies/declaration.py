@@ -40,7 +40,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Type, Union
 from ..errors import InterpError
 from ..hooks.names import BlockNames
 from ..options import Flag, Options, option  # noqa: F401  (Flag, option: what a config is declared with)
-from ..values import seed_arg
+from ..values import SEED_HELP, seed_arg
 
 LIVE_DOC = "none: they re-run the model (`--images`)"
 
@@ -71,9 +71,7 @@ class StudyConfig(Options):
     cache_doc: ClassVar[str] = LIVE_DOC
     cache_images_help: ClassVar[str] = ""
 
-    seed: int = option(0, "seed of every random draw of the run: the random weights of --no-pretrained (the same "
-                          "seed gives the same model in every command) and the study's own sampling (default 0)",
-                       parse=seed_arg)
+    seed: int = option(0, SEED_HELP, parse=seed_arg)
 
     # ------------------------------------------------------------------ what a study overrides
     def check_inputs(self, images: Optional[Any], cache: Optional[str]) -> None:
