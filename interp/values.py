@@ -192,7 +192,7 @@ expansion_arg = _bounded("expansion_arg", _int, lambda v: 1 <= v <= MAX_EXPANSIO
                          f"SAE features per hook dimension 1..{MAX_EXPANSION} (--expansion).")
 sae_batch_arg = _bounded("sae_batch_arg", _int, lambda v: 1 <= v <= MAX_SAE_BATCH,
                          f"expected a whole number 1..{MAX_SAE_BATCH} (tokens per step)",
-                         f"Tokens per SAE training step 1..{MAX_SAE_BATCH} (--batch-size of `interp sae train`).")
+                         f"Tokens per SAE training step 1..{MAX_SAE_BATCH} (--tokens-per-step of `interp sae train`).")
 
 
 def transform_arg(text: str) -> str:

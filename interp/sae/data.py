@@ -20,9 +20,8 @@ import torch
 from ..errors import InterpError, UsageError
 from ..models.layout import TokenLayout
 from ..runtime.forward import run_hooks
+from ..sae_settings import HIGH_NORM_CHOICES, TOKEN_CHOICES  # noqa: F401  (declared with the settings)
 
-TOKEN_CHOICES = ("patches", "all", "cls", "registers")
-HIGH_NORM_CHOICES = ("include", "exclude", "only")
 CLS, REGISTER, PATCH = 0, 1, 2  # token kinds
 
 

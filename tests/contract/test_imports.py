@@ -34,7 +34,7 @@ LAYERS = [
     ("interp.interventions",),
     ("interp.runtime",),
     ("interp.detection",),
-    ("interp.studies", "interp.sae"),
+    ("interp.studies", "interp.sae", "interp.sae_settings"),
     ("interp.plots",),
     ("interp.report", "interp.explore", "interp.commands", "interp.cli", "interp.console", "interp.__main__",
      "interp"),
