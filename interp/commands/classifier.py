@@ -112,7 +112,7 @@ def run_zeroshot(options: ZeroshotOptions, inputs: RunInputs) -> int:
          f"logit scale {classifier.logit_scale:.4g}, {classifier.source} (give it to the studies as "
          "--classifier FILE)")
     weights = o.checkpoint or "the same open_clip checkpoint"
-    extra = {k: v for k, v in kwo.items() if k != "num_classes"}
+    extra = {k: v for k, v in kwargs.items() if k != "num_classes"}
     if extra:  # a size timm has no name for: its architecture is in the kwargs
         info(f"its image tower in interp: interp.load({name!r}, weights=<{weights}>, num_classes="
              f"{kwargs['num_classes']}, {', '.join(f'{k}={v!r}' for k, v in extra.items())})")

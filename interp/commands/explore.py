@@ -71,13 +71,14 @@ def run(options: ExploreOptions, inputs: RunInputs) -> int:
     import sys
     import warnings
 
+    from ..errors import InterpError
     from ..explore.server import LOCAL_HOSTS, ExploreServer, require_extra
     from ..explore.session import ExploreOptions as SessionOptions, ExploreSession
 
     o = options
     require_extra()  # before the model is built
     neurons = parse_neurons(o.neurons) if o.neurons is not None else None
-    spec = inputs.model.named(PLANTED)
+    spec = inputs.model.named(PLANTED, error=InterpError)
     images = o.images
     if images is None:
         from ..models.samples import sample_image_paths

@@ -157,13 +157,13 @@ class ModelSpec:
     depth: Optional[int] = None
     pos_resample: str = "auto"
 
-    def named(self, default: str) -> "ModelSpec":
+    def named(self, default: str, error: type = UsageError) -> "ModelSpec":
         """This spec, named ``default`` when no MODEL was given (``interp report`` / ``explore``: planted_vit);
-        --weights need a name."""
+        --weights need a name (else ``error``: ``interp explore`` has always exited 1 there, ``report`` 2)."""
         if self.name is not None:
             return self
         if self.weights:
-            raise UsageError(f"--weights needs a MODEL name (the default {default} is built by construction)")
+            raise error(f"--weights needs a MODEL name (the default {default} is built by construction)")
         return ModelSpec(default, None, self.pretrained, self.img_size, self.depth, self.pos_resample)
 
 
