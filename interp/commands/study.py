@@ -13,7 +13,7 @@ study; the study's own options come from its config dataclass. One run:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Type
+from typing import Any, Optional
 
 from ..errors import InterpError
 from ..options import Options, option

@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 import torch

@@ -39,7 +39,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Type, Union
 
 from ..errors import InterpError
 from ..hooks.names import BlockNames
-from ..options import Flag, Options, option  # noqa: F401  (Flag, option: what a config is declared with)
+from ..options import Options, option
 from ..values import SEED_HELP, seed_arg
 
 LIVE_DOC = "none: they re-run the model (`--images`)"
