@@ -30,12 +30,9 @@ class CacheImages(Options):
         parse=image_list_file, metavar="FILE", exclusive="images")
 
 
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
 @dataclass(frozen=True, kw_only=True)
-class CacheOptions(OutputOptions, PreprocessOptions, StrictOption, CacheImages, SeedOption, ModelOptions):
-    """The options of ``interp cache``."""
-
-    REQUIRED_GROUPS = ("images",)
+class CacheWrite(Options):
+    """What ``interp cache`` stores and where."""
 
     hooks: Tuple[str, ...] = option((), "hook names or glob patterns, e.g. 'blocks.*.hook_resid_post' (see "
                                         "`interp hooks MODEL`)", many="+", metavar="PATTERN")
@@ -53,6 +50,15 @@ class CacheOptions(OutputOptions, PreprocessOptions, StrictOption, CacheImages, 
                               choices=("none", "lzf", "gzip"))
     resume: bool = option(False, "continue an interrupted FILE.h5 (same settings)")
     overwrite: bool = option(False, "replace an existing FILE.h5")
+
+
+# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
+@dataclass(frozen=True, kw_only=True)
+class CacheOptions(OutputOptions, PreprocessOptions, StrictOption, CacheWrite, CacheImages, SeedOption,
+                   ModelOptions):
+    """The options of ``interp cache``."""
+
+    REQUIRED_GROUPS = ("images",)
 
     def check(self) -> None:
         super().check()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from ..options import option
+from ..options import Options, option
 from ..values import existing_file, positive_int
 from .inputs import DeviceOption, OutputOptions, RunInputs, command
 from .saving import refuse_existing_file
@@ -50,13 +50,8 @@ def class_names_file(text: str) -> List[str]:
     return names
 
 
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
 @dataclass(frozen=True, kw_only=True)
-class ZeroshotOptions(OutputOptions, DeviceOption):
-    """The options of ``interp classifier zeroshot``."""
-
-    REQUIRED_GROUPS = ("weights", "classes")
-
+class ZeroshotInputs(Options):
     open_clip: str = option(None, "open_clip model name, e.g. ViT-B-16 (ViT-B-16-quickgelu: QuickGELU, as Jiang et "
                                   "al. run it)", required=True, metavar="NAME")
     pretrained: Optional[str] = option(None, "open_clip pretrained tag, e.g. laion2b_s34b_b88k (downloaded, or "
@@ -75,6 +70,14 @@ class ZeroshotOptions(OutputOptions, DeviceOption):
     overwrite: bool = option(False, "replace an existing --out file")
     classes_per_batch: int = option(10, "classes encoded per text forward (all their prompts at once; default 10)",
                                     parse=positive_int, metavar="N")
+
+
+# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
+@dataclass(frozen=True, kw_only=True)
+class ZeroshotOptions(OutputOptions, DeviceOption, ZeroshotInputs):
+    """The options of ``interp classifier zeroshot``."""
+
+    REQUIRED_GROUPS = ("weights", "classes")
 
 
 def register(sub) -> None:

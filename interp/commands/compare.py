@@ -49,15 +49,22 @@ class CompareProbes(Options):
     probe_tokens: int = option(2000, "training tokens of each probe (seeded sample)", parse=positive_int)
 
 
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
 @dataclass(frozen=True, kw_only=True)
-class CompareOptions(OutputOptions, StrictOption, ProbeBudget, CompareProbes, SeedOption, PreprocessOptions,
-                     DetectionFields, CompareModels):
-    """The options of ``interp compare``."""
-
-    batch_size: int = batch_size_option(16)
+class CompareOutput(Options):
     out: Optional[str] = option(None, "write compare.json into this folder")
     overwrite: bool = overwrite_option("an existing compare.json in --out")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareBatch(Options):
+    batch_size: int = batch_size_option(16)
+
+
+# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions(OutputOptions, CompareOutput, StrictOption, ProbeBudget, CompareProbes, SeedOption,
+                     CompareBatch, PreprocessOptions, DetectionFields, CompareModels):
+    """The options of ``interp compare``."""
 
 
 def register(sub) -> None:

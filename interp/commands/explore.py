@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..options import option
+from ..options import Options, option
 from ..studies.core.options import ClassifierFile
 from ..studies.sae.configs import SaeFeaturesConfig
 from ..values import (NEURONS_SYNTAX, existing_path, port_number, positive_float, positive_int, threshold_arg)
@@ -39,11 +39,8 @@ class ExploreModel(SeedOption, ModelOptions):
                                       "their maps and toggle their ablation", parse=existing_path, metavar="DIR")
 
 
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
 @dataclass(frozen=True, kw_only=True)
-class ExploreOptions(OutputOptions, ClassifierFile, ExploreModel):
-    """The options of ``interp explore``."""
-
+class ExploreServing(Options):
     port: int = option(0, "port to listen on (default 0: any free port)", parse=port_number)
     host: str = option("127.0.0.1", "address to listen on (default 127.0.0.1; another one exposes the model to "
                                     "the network)")
@@ -55,6 +52,12 @@ class ExploreOptions(OutputOptions, ClassifierFile, ExploreModel):
         MAX_SECONDS, f"stop a request's model work after this many seconds and answer 413 (default {MAX_SECONDS}: "
                      "a toggle takes well under a second on planted_vit; raise it for a large model on many "
                      "images on a CPU)", parse=positive_float)
+
+
+# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
+@dataclass(frozen=True, kw_only=True)
+class ExploreOptions(OutputOptions, ExploreServing, ClassifierFile, ExploreModel):
+    """The options of ``interp explore``."""
 
 
 def register(sub) -> None:

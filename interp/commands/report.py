@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import UsageError
-from ..options import option
+from ..options import Options, option
 from ..studies.core.options import ClassifierFile, DetectionFields
 from ..studies.sae.configs import SaeFeaturesConfig, sae_hook
 from ..values import existing_path, nonnegative_int, positive_int
@@ -44,14 +44,17 @@ class ReportStudies(ClassifierFile, DetectionFields):
                                 parse=existing_path, metavar="DIR")
 
 
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
 @dataclass(frozen=True, kw_only=True)
-class ReportOptions(OutputOptions, StrictOption, PreprocessOptions, ReportStudies, ReportInputs):
-    """The options of ``interp report``."""
-
+class ReportRun(Options):
     batch_size: int = batch_size_option(16)
     overwrite: bool = overwrite_option("a report written before into --out (its own files are removed first; a "
                                        "non-empty folder that holds no report.json is never touched)")
+
+
+# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions(OutputOptions, ReportRun, StrictOption, PreprocessOptions, ReportStudies, ReportInputs):
+    """The options of ``interp report``."""
 
 
 def register(sub) -> None:
