@@ -28,9 +28,12 @@ import sys, time
 t0 = time.perf_counter()
 from interp.cli import build_parser
 args = build_parser().parse_args(["study", "norms", "planted_vit", "--images", sys.argv[1], "--out", "unused"])
-from interp.commands.common import model_from_args, source_from_args
-model = model_from_args(args)
-source = source_from_args(args, model)
+from interp.commands.common import load_model
+from interp.commands.inputs import RunInputs
+from interp.commands.study import open_study_source
+options, config = args.func.parse(args)
+model = load_model(RunInputs.of((options, config), []), (options, config))
+source = open_study_source(options, model, config)
 print(time.perf_counter() - t0)
 """
 
@@ -47,7 +50,7 @@ def median_seconds(command, runs: int) -> float:
 
 def import_offenders(top: int = 8):
     """The ``top`` modules with the largest cumulative import time (us) when a study command runs."""
-    code = "import interp.commands.study_artifacts, interp.studies.artifacts.norms, interp.hooks.load"
+    code = "import interp.commands.study, interp.studies.artifacts.norms, interp.hooks.load"
     err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True).stderr
     rows = []
     for line in err.splitlines():

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEAK = ("import resource, sys; from interp.cli import main; rc = main(sys.argv[1:]); "
         "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
 HOOK = "blocks.0.hook_resid_post"
-CLI = ["--arch", "topk", "--expansion", "4", "--k", "32", "--batch-size", "1024", "--tokens", "all",
+CLI = ["--arch", "topk", "--expansion", "4", "--k", "32", "--tokens-per-step", "1024", "--tokens", "all",
        "--window-images", "64", "--data-shards", "8", "--holdout", "0", "--no-pretrained", "--depth", "1"]
 
 

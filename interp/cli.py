@@ -1,5 +1,8 @@
 """The ``interp`` command line. Thin: each sub-command lives in ``interp/commands/<name>.py`` and
-exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
+exposes ``register(subparsers)``, which declares its options (a frozen dataclass of ``option()`` fields) and its
+function with :func:`interp.commands.inputs.command`. After parsing, the Namespace is read here once: into the
+command's options dataclass(es) and the run's :class:`~interp.commands.inputs.RunInputs`, which the command's
+function receives; nothing is written onto it or read from it later.
 
 Building the parsers imports neither torch, timm nor nnsight (a command imports them when it runs), so
 ``interp --help`` and argument errors answer at once; ``tests/cli/test_cli_policies.py`` checks it. The model
@@ -29,7 +32,13 @@ COMMANDS = ("hooks", "cache", "patch", "study", "report", "compare", "explore", 
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error: ``interp: error: <what> (see `interp cmd --help`)``, exit status 2."""
+    """argparse with a one-line error: ``interp: error: <what> (see `interp cmd --help`)``, exit status 2, and
+    no abbreviations (``--batch`` is not ``--batch-size``: a former option name must never silently mean
+    another option)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"interp: error: {message} (see `{self.prog} --help`)\n")
@@ -70,22 +79,24 @@ def _main(argv: Optional[List[str]]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or a bad argument (one line already shown)
         return e.code if isinstance(e.code, int) else 2
-    if not getattr(args, "func", None):
+    command = getattr(args, "func", None)
+    if command is None:
         parser.print_help()
         return 2
     from . import console
+    from .commands.inputs import RunInputs
     from .commands.prechecks import check_before_torch
 
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for "rerun with --resume" hints
-
     shown_format = warnings.formatwarning
-    console.configure(args)  # one-line warnings; args.progress: bars only on a terminal; --quiet
     try:
-        check_before_torch(args)  # model names, image folders: a mistake costs a second, not a torch import
-        if args.quiet:  # no info lines: what a command prints on stdout is dropped (stderr still shows)
+        options = command.parse(args)  # the last read of args: options dataclasses (checked) and the run inputs
+        inputs = RunInputs.of(options, sys.argv[1:] if argv is None else argv)
+        console.configure(quiet=inputs.quiet)  # one-line warnings; --quiet
+        check_before_torch(options, inputs)  # model names, image folders: a mistake costs a second, not torch
+        if inputs.quiet:  # no info lines: what a command prints on stdout is dropped (stderr still shows)
             with contextlib.redirect_stdout(io.StringIO()):
-                return int(args.func(args) or 0)
-        return int(args.func(args) or 0)
+                return int(command(*options, inputs) or 0)
+        return int(command(*options, inputs) or 0)
     except InterpError as e:
         print(f"interp: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1

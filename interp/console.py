@@ -2,7 +2,8 @@
 help, and ``--quiet``. Library code never prints; it warns (``warnings.warn``) and takes ``progress=``.
 
 The CLI calls :func:`configure` once after parsing; commands then print their info lines with :func:`info`
-(silent under ``--quiet``) and pass ``args.progress`` (already resolved here) to the library.
+(silent under ``--quiet``) and pass the run's ``progress`` (resolved once, :func:`progress_wanted`) to the
+library.
 
 Progress bars are shown only when all of these hold: stderr is a terminal, ``--no-progress`` and ``--quiet``
 were not given, and the environment variable ``INTERP_NO_PROGRESS`` is unset (or ``0``/empty).
@@ -42,15 +43,11 @@ def install_warning_format() -> None:
     warnings.formatwarning = format_warning
 
 
-def configure(args) -> None:
-    """Resolve ``args.progress`` (bars shown or not) and the quiet mode from the parsed arguments.
-
-    Sub-commands without these flags get ``progress`` from the environment and the terminal alone."""
+def configure(quiet: bool = False) -> None:
+    """For one command run: one-line warnings, and the quiet mode (no :func:`info` lines). Whether bars are
+    drawn is resolved once with the run's inputs (:func:`progress_wanted`, ``interp.commands.inputs.RunInputs``)."""
     global _quiet
-    _quiet = bool(getattr(args, "quiet", False))
-    args.quiet = _quiet
-    args.progress_requested = bool(getattr(args, "progress", True)) and not _quiet  # stage lines, summaries
-    args.progress = progress_wanted(getattr(args, "progress", True), _quiet)
+    _quiet = bool(quiet)
     install_warning_format()
 
 
@@ -62,11 +59,3 @@ def info(text: str) -> None:
     """An info line on stdout (what was written, a one-line result); nothing under ``--quiet``."""
     if not _quiet:
         print(text, flush=True)
-
-
-def add_output_args(parser) -> None:
-    """``--no-progress`` and ``--quiet``, the same on every sub-command."""
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help=f"no progress bars (also: {NO_PROGRESS_ENV}=1; bars are drawn only on a terminal)")
-    parser.add_argument("--quiet", "-q", action="store_true",
-                        help="no progress bars and no info lines; warnings and errors are still shown")

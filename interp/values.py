@@ -59,6 +59,8 @@ port_number = _bounded("port_number", _int, lambda v: 0 <= v <= 65535, "expected
 nonnegative_int = _bounded("nonnegative_int", _int, lambda v: v >= 0, "expected a whole number >= 0",
                            "A whole number >= 0 (--controls, --seed, --n-maps).")
 MAX_SEED = 2**32 - 1  # every RNG interp seeds takes it (torch, numpy); 2**70 overflowed torch's seed
+SEED_HELP = ("seed of every random draw of the run: the random weights of --no-pretrained (the same seed gives the "
+             "same model in every command) and the study's own sampling (default 0)")
 seed_arg = _bounded("seed_arg", _int, lambda v: 0 <= v <= MAX_SEED, f"expected a whole number 0..{MAX_SEED}",
                     "A random seed 0..2**32-1 (--seed).")
 MAX_IMG_SIZE = 4096  # 85,000 tokens at patch 14 already; 100000 px asked timm for a 30 GB position embedding
@@ -100,8 +102,9 @@ def masked_fraction(text: str) -> float:
     return value
 
 
-def threshold_arg(text: str) -> str:
-    """An outlier threshold: ``auto``, ``pNN`` with 0 < NN < 100, or a norm value > 0 (returned as text)."""
+def threshold_arg(text: str) -> Union[float, str]:
+    """The one threshold parser (``--threshold`` of every command and study): ``auto``, ``pNN`` with 0 < NN < 100
+    (returned as that text, lower-cased), or a norm value > 0 (returned as a float)."""
     expected = "expected auto, pNN with 0 < NN < 100 (e.g. p98) or a norm value > 0"
     t = str(text).strip().lower()
     if t == "auto":
@@ -120,7 +123,7 @@ def threshold_arg(text: str) -> str:
         raise _fail(text, expected) from None
     if not (math.isfinite(value) and value > 0):
         raise _fail(text, expected)
-    return t
+    return value
 
 
 def device_arg(text: str) -> str:
@@ -189,7 +192,7 @@ expansion_arg = _bounded("expansion_arg", _int, lambda v: 1 <= v <= MAX_EXPANSIO
                          f"SAE features per hook dimension 1..{MAX_EXPANSION} (--expansion).")
 sae_batch_arg = _bounded("sae_batch_arg", _int, lambda v: 1 <= v <= MAX_SAE_BATCH,
                          f"expected a whole number 1..{MAX_SAE_BATCH} (tokens per step)",
-                         f"Tokens per SAE training step 1..{MAX_SAE_BATCH} (--batch-size of `interp sae train`).")
+                         f"Tokens per SAE training step 1..{MAX_SAE_BATCH} (--tokens-per-step of `interp sae train`).")
 
 
 def transform_arg(text: str) -> str:
@@ -250,10 +253,6 @@ def threshold_value(value: Any) -> Union[float, str, None]:
     if value is None or isinstance(value, (int, float)):
         return None if value is None else float(value)
     try:
-        text = threshold_arg(value)
+        return threshold_arg(value)
     except argparse.ArgumentTypeError as e:
         raise UsageError(f"--threshold: {e}") from None
-    try:
-        return float(text)
-    except ValueError:
-        return text

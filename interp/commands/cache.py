@@ -6,11 +6,14 @@ into ``FILE.rank{r}-of-K.h5`` and rank 0 writes FILE.h5 as virtual datasets over
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
-from .common import (add_model_args, add_output_args, add_preprocess_args, add_strict_arg, model_from_args,
-                     preprocess_arg)
+from ..options import Options, option
 from ..studies.catalog import declared, hooks_for_studies
 from ..values import existing_path, image_list_file, positive_int
+from .common import load_model
+from .inputs import (ModelOptions, OutputOptions, PreprocessOptions, RunInputs, SeedOption, StrictOption, command)
 
 
 def _study_names(text: str) -> list:
@@ -18,96 +21,117 @@ def _study_names(text: str) -> list:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
+@dataclass(frozen=True, kw_only=True)
+class CacheImages(Options):
+    images: Optional[str] = option(None, "folder of images (searched recursively)", parse=existing_path,
+                                   metavar="DIR", exclusive="images")
+    image_list: Optional[str] = option(
+        None, ".txt/.lst file with one image path per line (relative paths are relative to the file)",
+        parse=image_list_file, metavar="FILE", exclusive="images")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheWrite(Options):
+    """What ``interp cache`` stores and where."""
+
+    hooks: Tuple[str, ...] = option((), "hook names or glob patterns, e.g. 'blocks.*.hook_resid_post' (see "
+                                        "`interp hooks MODEL`)", many="+", metavar="PATTERN")
+    for_studies: Optional[str] = option(
+        None, "write exactly the hooks these studies read (with their default options), e.g. --for norms,neurons; "
+              "adds to --hooks", flag="--for", metavar="STUDY[,STUDY...]")
+    out: str = option(None, "cache file to write", required=True, metavar="FILE.h5")
+    batch_size: int = option(32, "images per forward pass (default 32); each batch is also the file's commit unit "
+                                 "(a resumed file keeps its own) and HDF5 chunk", parse=positive_int)
+    dtype: str = option("float16", "stored float type", choices=("float16", "float32"))
+    tokens: str = option("all", "token rows to keep (prefix = CLS + registers); attention maps: query rows",
+                         choices=("all", "prefix", "patches", "cls"))
+    norms_only: bool = option(False, "store per-token L2 norms [N, T] instead of vectors")
+    compression: str = option("none", "HDF5 compression of the stored activations (default none: fastest to read)",
+                              choices=("none", "lzf", "gzip"))
+    resume: bool = option(False, "continue an interrupted FILE.h5 (same settings)")
+    overwrite: bool = option(False, "replace an existing FILE.h5")
+
+
+# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
+@dataclass(frozen=True, kw_only=True)
+class CacheOptions(OutputOptions, PreprocessOptions, StrictOption, CacheWrite, CacheImages, SeedOption,
+                   ModelOptions):
+    """The options of ``interp cache``."""
+
+    REQUIRED_GROUPS = ("images",)
+
+    def check(self) -> None:
+        super().check()
+        from ..errors import UsageError
+
+        if not self.hooks and not self.for_studies:
+            raise UsageError("say what to cache: --hooks PATTERN... and/or --for STUDY[,STUDY...] (e.g. --for norms)")
+
+
 def register(sub) -> None:
-    p = sub.add_parser(
-        "cache", help="cache hook activations over an image folder into an HDF5 file",
-        description="Run MODEL over images and store the activations of the chosen hooks in an HDF5 file "
-                    "(streamed batch by batch, resumable after a crash, shardable with torchrun).")
-    add_model_args(p)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--images", metavar="DIR", type=existing_path, help="folder of images (searched recursively)")
-    src.add_argument("--image-list", metavar="FILE", type=image_list_file,
-                     help=".txt/.lst file with one image path per line (relative paths are relative to the file)")
-    p.add_argument("--hooks", nargs="+", default=[], metavar="PATTERN",
-                   help="hook names or glob patterns, e.g. 'blocks.*.hook_resid_post' (see `interp hooks MODEL`)")
-    p.add_argument("--for", dest="for_studies", default=None, metavar="STUDY[,STUDY...]",
-                   help="write exactly the hooks these studies read (with their default options), e.g. "
-                        "--for norms,neurons; adds to --hooks")
-    p.add_argument("--out", required=True, metavar="FILE.h5", help="cache file to write")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass and per HDF5 chunk")
-    p.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="stored float type")
-    p.add_argument("--tokens", choices=("all", "prefix", "patches", "cls"), default="all",
-                   help="token rows to keep (prefix = CLS + registers); attention maps: query rows")
-    p.add_argument("--norms-only", action="store_true", help="store per-token L2 norms [N, T] instead of vectors")
-    p.add_argument("--compression", choices=("none", "lzf", "gzip"), default="none",
-                   help="HDF5 compression of the stored activations (default none: fastest to read)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted FILE.h5 (same settings)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing FILE.h5")
-    add_strict_arg(p)
-    add_preprocess_args(p)
-    add_output_args(p)
-    p.set_defaults(func=run)
+    command(sub, "cache", CacheOptions, run, help="cache hook activations over an image folder into an HDF5 file",
+            description="Run MODEL over images and store the activations of the chosen hooks in an HDF5 file "
+                        "(streamed batch by batch, resumable after a crash, shardable with torchrun).")
 
 
-def run(args) -> int:
+def run(options: CacheOptions, inputs: RunInputs) -> int:
     from ..errors import UsageError
     from .output import check_output_file
     from .prechecks import check_cache_lock
 
-    preprocess = preprocess_arg(args)
-    if not args.hooks and not args.for_studies:
-        raise UsageError("say what to cache: --hooks PATTERN... and/or --for STUDY[,STUDY...] (e.g. --for norms)")
-    check_output_file(args.out, overwrite=args.overwrite, resume=args.resume, example="acts.h5",
+    o = options
+    check_output_file(o.out, overwrite=o.overwrite, resume=o.resume, example="acts.h5",
                       hint="pass --resume to continue it, --overwrite to replace it, or choose another path")
-    check_cache_lock(args.out)  # another writer: said before torch loads, not after the model is built
-    if args.for_studies:
+    check_cache_lock(o.out)  # another writer: said before torch loads, not after the model is built
+    if o.for_studies:
         studies = declared()
-        unknown = [s for s in _study_names(args.for_studies) if s not in studies]
+        unknown = [s for s in _study_names(o.for_studies) if s not in studies]
         if unknown:
-            raise UsageError(f"--for {args.for_studies!r}: unknown study {unknown[0]!r}; known: {', '.join(studies)}")
+            raise UsageError(f"--for {o.for_studies!r}: unknown study {unknown[0]!r}; known: {', '.join(studies)}")
     from ..cache import write  # imports torch: after the checks above
     from ..cache.format import weights_source
 
-    model = model_from_args(args)
-    hooks = list(args.hooks)
-    if args.for_studies:
-        hooks += [h for h in hooks_for_studies(_study_names(args.for_studies), model.block_names) if h not in hooks]
-    replacing = os.path.exists(args.out) and not args.resume
+    model = load_model(inputs, (o,))
+    hooks = list(o.hooks)
+    if o.for_studies:
+        hooks += [h for h in hooks_for_studies(_study_names(o.for_studies), model.block_names) if h not in hooks]
+    replacing = os.path.exists(o.out) and not o.resume
+    spec = inputs.model
     try:
         summary = write(
-            model, args.images or args.image_list, hooks=hooks, path=args.out, batch_size=args.batch_size,
-            dtype=args.dtype, tokens=args.tokens, norms_only=args.norms_only, compression=args.compression,
-            resume=args.resume, overwrite=args.overwrite, strict=args.strict, progress=args.progress,
+            model, inputs.images or inputs.image_list, hooks=hooks, path=o.out, batch_size=o.batch_size,
+            dtype=o.dtype, tokens=o.tokens, norms_only=o.norms_only, compression=o.compression,
+            resume=o.resume, overwrite=o.overwrite, strict=inputs.strict, progress=inputs.progress,
             # Recorded so that a mismatch can say how to load these weights again (seed: random weights).
-            weights_source=weights_source(pretrained=args.pretrained and not args.weights, weights=args.weights,
+            weights_source=weights_source(pretrained=spec.pretrained and not spec.weights, weights=spec.weights,
                                           seed=getattr(model, "init_seed", None)),
-            preprocess=preprocess,
+            preprocess=o.preprocess(),
         )
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(interrupted_note(args, replacing)) from None
-    if args.progress_requested and not args.progress:  # no bar (not a terminal): the summary line still shows
+        raise KeyboardInterrupt(interrupted_note(o.out, inputs, replacing)) from None
+    if inputs.stage_lines and not inputs.progress:  # no bar (not a terminal): the summary line still shows
         import sys
 
         print(summary.line(), file=sys.stderr)
     return 0 if summary.complete else 1
 
 
-def interrupted_note(args, replacing: bool) -> str:
-    """What an interrupted ``interp cache`` kept, and the command that continues it."""
+def interrupted_note(out: str, inputs: RunInputs, replacing: bool) -> str:
+    """What an interrupted ``interp cache`` into ``out`` kept, and the command that continues it."""
     import shlex
 
     from ..cache.integrity import open_read_only
 
     if replacing:
-        return f"{args.out} is unchanged (an interrupted --overwrite keeps the old file)"
-    if not os.path.exists(args.out):
-        return f"nothing was committed to {args.out}; rerun the command to start again"
-    argv = [a for a in getattr(args, "argv", []) if a != "--overwrite"] or ["cache", args.model, "..."]
+        return f"{out} is unchanged (an interrupted --overwrite keeps the old file)"
+    if not os.path.exists(out):
+        return f"nothing was committed to {out}; rerun the command to start again"
+    argv = [a for a in inputs.argv if a != "--overwrite"] or ["cache", inputs.model.name, "..."]
     resume = shlex.join(["interp", *argv, *([] if "--resume" in argv else ["--resume"])])
     try:
-        h5, _ = open_read_only(args.out)
+        h5, _ = open_read_only(out)
         with h5:
-            kept = f"{int(h5.attrs['n_written'])} of {int(h5.attrs['n_images'])} images are committed in {args.out}"
+            kept = f"{int(h5.attrs['n_written'])} of {int(h5.attrs['n_images'])} images are committed in {out}"
     except Exception:  # noqa: BLE001 - the note must not hide the interrupt; the resume run checks the file
-        kept = f"the rows committed to {args.out} so far are kept"
+        kept = f"the rows committed to {out} so far are kept"
     return f"{kept}; continue with `{resume}`"

@@ -7,13 +7,14 @@ Arguments are checked before torch or open_clip is imported: the classes file (o
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import List, Optional, Tuple
 
-from ..console import add_output_args
-from .common import add_device_arg
-from .saving import refuse_existing_file
+from ..options import Options, option
 from ..values import existing_file, positive_int
+from .inputs import DeviceOption, OutputOptions, RunInputs, command
+from .saving import refuse_existing_file
 
 MAX_CLASS_NAME = 200  # characters; a longer "name" is a wrong file (a list on one line, a binary file)
 
@@ -49,61 +50,71 @@ def class_names_file(text: str) -> List[str]:
     return names
 
 
+@dataclass(frozen=True, kw_only=True)
+class ZeroshotInputs(Options):
+    open_clip: str = option(None, "open_clip model name, e.g. ViT-B-16 (ViT-B-16-quickgelu: QuickGELU, as Jiang et "
+                                  "al. run it)", required=True, metavar="NAME")
+    pretrained: Optional[str] = option(None, "open_clip pretrained tag, e.g. laion2b_s34b_b88k (downloaded, or "
+                                             "open_clip's cache)", metavar="TAG", exclusive="weights")
+    checkpoint: Optional[str] = option(None, "local open_clip checkpoint (open_clip_pytorch_model.bin, "
+                                             ".safetensors, .pt)", metavar="FILE", parse=existing_file,
+                                       exclusive="weights")
+    classes: Optional[Tuple[str, ...]] = option(None, "text file, one class name per line (blank lines and # "
+                                                      "comments skipped)", metavar="FILE", parse=class_names_file,
+                                                exclusive="classes")
+    imagenet_classes: bool = option(False, "open_clip's 1000 ImageNet class names (those of its zero-shot "
+                                           "evaluation)", exclusive="classes")
+    templates: str = option("openai", "prompt templates: openai = open_clip's 80 ImageNet templates (default), "
+                                      "simple = its 7", choices=("openai", "simple"))
+    out: str = option(None, "classifier file to write (.pt)", required=True, metavar="FILE")
+    overwrite: bool = option(False, "replace an existing --out file")
+    classes_per_batch: int = option(10, "classes encoded per text forward (all their prompts at once; default 10)",
+                                    parse=positive_int, metavar="N")
+
+
+# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
+@dataclass(frozen=True, kw_only=True)
+class ZeroshotOptions(OutputOptions, DeviceOption, ZeroshotInputs):
+    """The options of ``interp classifier zeroshot``."""
+
+    REQUIRED_GROUPS = ("weights", "classes")
+
+
 def register(sub) -> None:
     p = sub.add_parser("classifier", help="build classifier files (--classifier) for the studies",
                        description="Classifier files for the studies that measure behaviour (--classifier).")
     actions = p.add_subparsers(dest="classifier_command", metavar="ACTION", required=True)
-    z = actions.add_parser(
-        "zeroshot", help="a zero-shot classifier from an open_clip model's text tower",
-        description="Encode every class name in each prompt template with the open_clip model's text tower, "
-                    "average the L2-normalised prompt embeddings per class and normalise again (open_clip's "
-                    "build_zero_shot_classifier), and write them with the model's logit scale as a classifier "
-                    "file for the timm image tower of the same model (its name is printed). Needs the openclip "
-                    "extra: pip install 'interp[openclip]'.")
-    z.add_argument("--open-clip", required=True, metavar="NAME", dest="open_clip",
-                   help="open_clip model name, e.g. ViT-B-16 (ViT-B-16-quickgelu: QuickGELU, as Jiang et al. run it)")
-    weights = z.add_mutually_exclusive_group(required=True)
-    weights.add_argument("--pretrained", metavar="TAG", default=None,
-                         help="open_clip pretrained tag, e.g. laion2b_s34b_b88k (downloaded, or open_clip's cache)")
-    weights.add_argument("--checkpoint", metavar="FILE", default=None, type=existing_file,
-                         help="local open_clip checkpoint (open_clip_pytorch_model.bin, .safetensors, .pt)")
-    classes = z.add_mutually_exclusive_group(required=True)
-    classes.add_argument("--classes", metavar="FILE", type=class_names_file, default=None,
-                         help="text file, one class name per line (blank lines and # comments skipped)")
-    classes.add_argument("--imagenet-classes", action="store_true",
-                         help="open_clip's 1000 ImageNet class names (those of its zero-shot evaluation)")
-    z.add_argument("--templates", choices=("openai", "simple"), default="openai",
-                   help="prompt templates: openai = open_clip's 80 ImageNet templates (default), simple = its 7")
-    z.add_argument("--out", required=True, metavar="FILE", help="classifier file to write (.pt)")
-    z.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    z.add_argument("--classes-per-batch", type=positive_int, default=10, metavar="N",
-                   help="classes encoded per text forward (all their prompts at once; default 10)")
-    add_device_arg(z)
-    add_output_args(z)
-    z.set_defaults(func=run_zeroshot)
+    command(actions, "zeroshot", ZeroshotOptions, run_zeroshot,
+            help="a zero-shot classifier from an open_clip model's text tower",
+            description="Encode every class name in each prompt template with the open_clip model's text tower, "
+                        "average the L2-normalised prompt embeddings per class and normalise again (open_clip's "
+                        "build_zero_shot_classifier), and write them with the model's logit scale as a classifier "
+                        "file for the timm image tower of the same model (its name is printed). Needs the openclip "
+                        "extra: pip install 'interp[openclip]'.")
 
 
-def run_zeroshot(args) -> int:
-    refuse_existing_file(args.out, args.overwrite)  # before open_clip, torch and the model
+def run_zeroshot(options: ZeroshotOptions, inputs: RunInputs) -> int:
+    o = options
+    refuse_existing_file(o.out, o.overwrite)  # before open_clip, torch and the model
     from ..console import info
     from ..models.open_clip_bridge import (load_open_clip, require_open_clip, save_classifier_file, timm_spec,
                                            zeroshot_classifier)
     from .common import check_device
 
     open_clip = require_open_clip()
-    check_device(args.device)
-    names = list(open_clip.IMAGENET_CLASSNAMES) if args.imagenet_classes else args.classes
-    clip, tokenizer, described = load_open_clip(args.open_clip, pretrained=args.pretrained,
-                                                checkpoint=args.checkpoint, device=args.device)
+    check_device(inputs.device)
+    names = list(open_clip.IMAGENET_CLASSNAMES) if o.imagenet_classes else list(o.classes)
+    clip, tokenizer, described = load_open_clip(o.open_clip, pretrained=o.pretrained,
+                                                checkpoint=o.checkpoint, device=inputs.device)
     name, kwargs = timm_spec(clip)  # refused here, before the text passes, when the tower has no timm twin
-    classifier = zeroshot_classifier(clip, tokenizer, names, args.templates, model=name, source=described,
-                                     device=args.device, classes_per_batch=args.classes_per_batch,
-                                     progress=args.progress)
-    out = save_classifier_file(classifier, args.out)
+    classifier = zeroshot_classifier(clip, tokenizer, names, o.templates, model=name, source=described,
+                                     device=inputs.device, classes_per_batch=o.classes_per_batch,
+                                     progress=inputs.progress)
+    out = save_classifier_file(classifier, o.out)
     info(f"wrote {out}: zero-shot classifier, {classifier.n_classes} classes x {classifier.dim} dims, "
          f"logit scale {classifier.logit_scale:.4g}, {classifier.source} (give it to the studies as "
          "--classifier FILE)")
-    weights = args.checkpoint or "the same open_clip checkpoint"
+    weights = o.checkpoint or "the same open_clip checkpoint"
     extra = {k: v for k, v in kwargs.items() if k != "num_classes"}
     if extra:  # a size timm has no name for: its architecture is in the kwargs
         info(f"its image tower in interp: interp.load({name!r}, weights=<{weights}>, num_classes="

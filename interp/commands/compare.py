@@ -11,48 +11,67 @@ applies to every model:
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-from .common import (add_batch_size_arg, add_device_arg, add_output_args, add_overwrite_arg, add_seed_arg,
-                     add_strict_arg, add_detection_args, add_preprocess_args, add_probe_budget_args, check_device,
-                     preprocess_arg, probe_budget)
+from ..options import Options, option
+from ..studies.core.options import DetectionFields, ProbeBudget
+from ..values import existing_path, positive_int
+from .common import check_device
+from .inputs import (DeviceOption, OutputOptions, PreprocessOptions, RunInputs, SeedOption, StrictOption,
+                     batch_size_option, command, overwrite_option)
 from .saving import write_outputs
-from ..values import existing_path, positive_int, threshold_value
 
 NONE = "-"  # in a per-model list: no value for this model
 
 
+@dataclass(frozen=True, kw_only=True)
+class CompareModels(DeviceOption):
+    models: Tuple[str, ...] = option((), "timm model names (or planted_vit)", positional=True, required=True,
+                                     many=True)
+    images: Optional[str] = option(None, "image directory, list file or image (default: the bundled sample photos)",
+                                   parse=existing_path)
+    weights: Optional[Tuple[str, ...]] = option(
+        None, f"local weight file per model, in order; '{NONE}' for a model without one (it takes hub weights, or "
+              "random ones with --no-pretrained)", many=True, metavar="FILE|-")
+    pretrained: bool = option(True, "random weights for the models without a --weights file (no download)",
+                              off="--no-pretrained")
+    img_size: Optional[Tuple[str, ...]] = option(
+        None, f"input size in pixels: one for all models, or one per model ('{NONE}': the model's own)", many=True,
+        metavar="SIZE|-")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareProbes(Options):
+    probes: bool = option(True, "skip the linear probes (position / pixels / global per token group)",
+                          off="--no-probes")
+    probe_tokens: int = option(2000, "training tokens of each probe (seeded sample)", parse=positive_int)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareOutput(Options):
+    out: Optional[str] = option(None, "write compare.json into this folder")
+    overwrite: bool = overwrite_option("an existing compare.json in --out")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareBatch(Options):
+    batch_size: int = batch_size_option(16)
+
+
+# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions(OutputOptions, CompareOutput, StrictOption, ProbeBudget, CompareProbes, SeedOption,
+                     CompareBatch, PreprocessOptions, DetectionFields, CompareModels):
+    """The options of ``interp compare``."""
+
+
 def register(sub) -> None:
-    p = sub.add_parser("compare", help="compare high-norm artifacts across models (one table)",
-                       description="Run the norms study on each model over the same images; print one table. "
-                                   "Per-model options (--weights, --img-size) take one value per model in order, "
-                                   f"'{NONE}' for none, or one value for all.")
-    p.add_argument("models", nargs="+", help="timm model names (or planted_vit)")
-    p.add_argument("--images", default=None, type=existing_path,
-                   help="image directory, list file or image (default: the bundled sample photos)")
-    p.add_argument("--weights", nargs="+", default=None, metavar="FILE|-",
-                   help=f"local weight file per model, in order; '{NONE}' for a model without one (it takes hub "
-                        "weights, or random ones with --no-pretrained)")
-    p.add_argument("--no-pretrained", dest="pretrained", action="store_false", default=True,
-                   help="random weights for the models without a --weights file (no download)")
-    p.add_argument("--img-size", nargs="+", default=None, metavar="SIZE|-",
-                   help=f"input size in pixels: one for all models, or one per model ('{NONE}': the model's own)")
-    add_device_arg(p)
-    add_detection_args(p)
-    add_preprocess_args(p)
-    add_batch_size_arg(p)
-    add_seed_arg(p)
-    p.add_argument("--no-probes", dest="probes", action="store_false", default=True,
-                   help="skip the linear probes (position / pixels / global per token group)")
-    p.add_argument("--probe-tokens", type=positive_int, default=2000,
-                   help="training tokens of each probe (seeded sample)")
-    add_probe_budget_args(p)
-    add_strict_arg(p)
-    p.add_argument("--out", default=None, help="write compare.json into this folder")
-    add_overwrite_arg(p, "an existing compare.json in --out")
-    add_output_args(p)
-    p.set_defaults(func=run)
+    command(sub, "compare", CompareOptions, run, help="compare high-norm artifacts across models (one table)",
+            description="Run the norms study on each model over the same images; print one table. Per-model options "
+                        f"(--weights, --img-size) take one value per model in order, '{NONE}' for none, or one "
+                        "value for all.")
 
 
 def per_model(values: Optional[List[str]], n_models: int, flag: str) -> List[Optional[str]]:
@@ -69,13 +88,13 @@ def per_model(values: Optional[List[str]], n_models: int, flag: str) -> List[Opt
     return [None if v == NONE else v for v in values]
 
 
-def _check_values(args) -> tuple:
+def _check_values(options: CompareOptions) -> tuple:
     """Before torch: per-model lists of weights files (existing) and image sizes (positive integers)."""
     from ..errors import UsageError
     from ..values import existing_file
 
-    weights = per_model(args.weights, len(args.models), "--weights")
-    sizes = per_model(args.img_size, len(args.models), "--img-size")
+    weights = per_model(options.weights, len(options.models), "--weights")
+    sizes = per_model(options.img_size, len(options.models), "--img-size")
     for flag, values, check in (("--weights", weights, existing_file), ("--img-size", sizes, positive_int)):
         try:
             values[:] = [None if v is None else check(v) for v in values]
@@ -97,39 +116,39 @@ def _labels(names: List[str], weights: List[Optional[str]], pretrained: bool) ->
     return labels
 
 
-def run(args: argparse.Namespace) -> int:
+def run(options: CompareOptions, inputs: RunInputs) -> int:
     import contextlib
 
     from .output import atomic_output_dir, check_output_folder
 
-    weights, sizes = _check_values(args)
-    preprocess = preprocess_arg(args)
-    budget = probe_budget(args)
+    o = options
+    weights, sizes = _check_values(o)
     from ..detection.presets import resolve_preset
 
-    resolve_preset(args.preset)  # an unknown preset is refused before torch and any model
-    if args.out:
+    resolve_preset(o.preset)  # an unknown preset is refused before torch and any model
+    if o.out:
         from .saving import refuse_existing_file
 
-        check_output_folder(args.out)
-        refuse_existing_file(Path(args.out) / "compare.json", args.overwrite)
-    check_device(args.device)
+        check_output_folder(o.out)
+        refuse_existing_file(Path(o.out) / "compare.json", o.overwrite)
+    check_device(inputs.device)
     from ..hooks.load import load
     from ..models import sample_image_paths
     from ..report.compare import PROBE_OPTIONS, compare_models
     from ..detection.detection import DetectionSpec
 
-    staged = atomic_output_dir(args.out, "compare.json", what="comparison") if args.out else contextlib.nullcontext()
+    staged = atomic_output_dir(o.out, "compare.json", what="comparison") if o.out else contextlib.nullcontext()
     with staged as staging:
-        models = [load(name, pretrained=args.pretrained, device=args.device, weights=w, seed=args.seed,
+        models = [load(name, pretrained=o.pretrained, device=inputs.device, weights=w, seed=o.seed,
                        **({"img_size": size} if size else {}))
-                  for name, w, size in zip(args.models, weights, sizes)]
-        labels = _labels(args.models, weights, args.pretrained)
-        images = args.images or sample_image_paths()
-        spec = DetectionSpec(threshold_value(args.threshold), args.detect_layer, args.preset)
-        result = compare_models(models, images, detection=spec, batch_size=args.batch_size, progress=args.progress,
-                                probes=args.probes, probe_tokens=args.probe_tokens, strict=args.strict, names=labels,
-                                seed=args.seed, preprocess=preprocess, probe_options={**PROBE_OPTIONS, **budget})
+                  for name, w, size in zip(o.models, weights, sizes)]
+        labels = _labels(list(o.models), weights, o.pretrained)
+        images = o.images or sample_image_paths()
+        spec = DetectionSpec(o.threshold, o.detect_layer, o.preset)
+        result = compare_models(models, images, detection=spec, batch_size=o.batch_size, progress=inputs.progress,
+                                probes=o.probes, probe_tokens=o.probe_tokens, strict=o.strict, names=labels,
+                                seed=o.seed, preprocess=o.preprocess(),
+                                probe_options={**PROBE_OPTIONS, **o.probe_budget()})
         print(result.table())
         if staging is not None:
             write_outputs(result, staging)

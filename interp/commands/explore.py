@@ -5,11 +5,17 @@ Without MODEL it explores the synthetic ``planted_vit`` on the bundled sample ph
 """
 from __future__ import annotations
 
-from ..console import add_output_args
-from .common import (NEURONS_SYNTAX, add_classifier_arg, add_model_args, model_from_args, parse_neurons)
-from ..studies.sae.configs import SaeFeaturesConfig
-from ..values import existing_path, port_number, positive_float, positive_int, threshold_arg, threshold_value
+from dataclasses import dataclass
+from typing import Any, Optional
 
+from ..options import Options, option
+from ..studies.core.options import ClassifierFile
+from ..studies.sae.configs import SaeFeaturesConfig
+from ..values import (NEURONS_SYNTAX, existing_path, port_number, positive_float, positive_int, threshold_arg)
+from .common import load_model, parse_neurons
+from .inputs import ModelOptions, OutputOptions, RunInputs, SeedOption, batch_size_option, command
+
+PLANTED = "planted_vit"  # MODEL when none is given: the synthetic demo
 # the explorer's request limits, said in --help (interp.explore.requests, .server, .connections hold them;
 # importing those here would import the web stack and torch before the arguments are checked)
 LIMITS = ("Requests are bounded: at most 16 interventions each (the page sends at most 2), neuron indices that "
@@ -19,82 +25,90 @@ LIMITS = ("Requests are bounded: at most 16 interventions each (the page sends a
 MAX_SECONDS = 600
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExploreModel(SeedOption, ModelOptions):
+    model: Optional[str] = option(None, "timm model name", positional=True)
+    images: Optional[str] = option(None, "image directory, list file or image (default: bundled samples)",
+                                   parse=existing_path)
+    neurons: Optional[str] = option(None, f"register neurons to list: {NEURONS_SYNTAX} (default: ranked by the "
+                                          "neurons study on start)", metavar="FILE|L:N,...")
+    threshold: Any = option("auto", "outlier threshold: a norm, pNN or auto (default)", parse=threshold_arg)
+    detect_layer: Optional[int] = option(None, "block whose output decides outliers (default: last)")
+    top_k: int = option(10, "register neurons ranked on start (default 10)", parse=positive_int)
+    sae: Optional[str] = option(None, "a trained SAE's folder (interp sae train): list its artifact features with "
+                                      "their maps and toggle their ablation", parse=existing_path, metavar="DIR")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExploreServing(Options):
+    port: int = option(0, "port to listen on (default 0: any free port)", parse=port_number)
+    host: str = option("127.0.0.1", "address to listen on (default 127.0.0.1; another one exposes the model to "
+                                    "the network)")
+    no_open: bool = option(False, "do not open a browser")
+    max_images: int = option(64, "refuse more images than this (they are held in memory and re-run for each "
+                                 "edit's readout)", parse=positive_int)
+    batch_size: int = batch_size_option(16)
+    max_seconds: float = option(
+        MAX_SECONDS, f"stop a request's model work after this many seconds and answer 413 (default {MAX_SECONDS}: "
+                     "a toggle takes well under a second on planted_vit; raise it for a large model on many "
+                     "images on a CPU)", parse=positive_float)
+
+
+# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
+@dataclass(frozen=True, kw_only=True)
+class ExploreOptions(OutputOptions, ExploreServing, ClassifierFile, ExploreModel):
+    """The options of ``interp explore``."""
+
+
 def register(sub) -> None:
-    p = sub.add_parser(
-        "explore", help="serve an interactive page: ablate neurons and watch the artifacts move",
-        description="Serve a local page over MODEL and the images: per-block patch norms, the norm and CLS "
-                    "attention maps, the register neurons, and edits (ablation, test-time register, relocation, "
-                    "SelectiveCLS) that re-run the forward. Listens on 127.0.0.1 and prints the URL with its "
-                    "access token. Without MODEL: the synthetic planted_vit on the bundled sample photos.",
-        epilog=LIMITS)
-    add_model_args(p, model_optional=True)
-    p.add_argument("--images", default=None, type=existing_path, help="image directory, list file or image (default: bundled samples)")
-    p.add_argument("--neurons", default=None, metavar="FILE|L:N,...",
-                   help=f"register neurons to list: {NEURONS_SYNTAX} (default: ranked by the neurons study on start)")
-    p.add_argument("--threshold", default="auto", type=threshold_arg, help="outlier threshold: a norm, pNN or auto (default)")
-    p.add_argument("--detect-layer", type=int, default=None, help="block whose output decides outliers (default: last)")
-    p.add_argument("--top-k", type=positive_int, default=10, help="register neurons ranked on start (default 10)")
-    p.add_argument("--sae", default=None, type=existing_path, metavar="DIR",
-                   help="a trained SAE's folder (interp sae train): list its artifact features with their maps "
-                        "and toggle their ablation")
-    add_classifier_arg(p)  # the studies' behaviour readout and label rule (interp.studies.core.behaviour)
-    p.add_argument("--port", type=port_number, default=0, help="port to listen on (default 0: any free port)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1; another one exposes the model to the network)")
-    p.add_argument("--no-open", action="store_true", help="do not open a browser")
-    p.add_argument("--max-images", type=positive_int, default=64,
-                   help="refuse more images than this (they are held in memory and re-run for each edit's readout)")
-    p.add_argument("--batch-size", type=positive_int, default=16, help="images per forward pass (default 16)")
-    p.add_argument("--max-seconds", type=positive_float, default=MAX_SECONDS,
-                   help=f"stop a request's model work after this many seconds and answer 413 (default "
-                        f"{MAX_SECONDS}: a toggle takes well under a second on planted_vit; raise it for a large "
-                        "model on many images on a CPU)")
-    add_output_args(p)
-    p.set_defaults(func=run)
+    command(sub, "explore", ExploreOptions, run,
+            help="serve an interactive page: ablate neurons and watch the artifacts move",
+            description="Serve a local page over MODEL and the images: per-block patch norms, the norm and CLS "
+                        "attention maps, the register neurons, and edits (ablation, test-time register, relocation, "
+                        "SelectiveCLS) that re-run the forward. Listens on 127.0.0.1 and prints the URL with its "
+                        "access token. Without MODEL: the synthetic planted_vit on the bundled sample photos.",
+            epilog=LIMITS)
 
 
-def run(args) -> int:
+def run(options: ExploreOptions, inputs: RunInputs) -> int:
     import sys
     import warnings
 
     from ..errors import InterpError
     from ..explore.server import LOCAL_HOSTS, ExploreServer, require_extra
-    from ..explore.session import ExploreOptions, ExploreSession
+    from ..explore.session import ExploreOptions as SessionOptions, ExploreSession
 
+    o = options
     require_extra()  # before the model is built
-    threshold = threshold_value(args.threshold)
-    neurons = parse_neurons(args.neurons) if args.neurons is not None else None
-    if args.model is None:
-        if args.weights:
-            raise InterpError("--weights needs a MODEL name (the default planted_vit is built by construction)")
-        args.model = "planted_vit"
-    if args.images is None:
+    neurons = parse_neurons(o.neurons) if o.neurons is not None else None
+    spec = inputs.model.named(PLANTED, error=InterpError)
+    images = o.images
+    if images is None:
         from ..models.samples import sample_image_paths
 
-        args.images = sample_image_paths()
-    if args.host not in LOCAL_HOSTS:
-        warnings.warn(f"--host {args.host}: the explorer is reachable from other machines; anyone who has the "
+        images = sample_image_paths()
+    if o.host not in LOCAL_HOSTS:
+        warnings.warn(f"--host {o.host}: the explorer is reachable from other machines; anyone who has the "
                       "token can run the model. Use 127.0.0.1 unless you mean it")
-    if args.sae is not None:
-        SaeFeaturesConfig(sae=args.sae)  # a folder without sae.json fails here, before the model
-    model = model_from_args(args)
-    options = ExploreOptions(threshold=threshold, detect_layer=args.detect_layer, top_k=args.top_k,
-                             neurons=neurons, batch_size=args.batch_size, classifier=args.classifier,
-                             max_images=args.max_images,
-                             max_seconds=args.max_seconds, sae=args.sae)
+    if o.sae is not None:
+        SaeFeaturesConfig(sae=o.sae)  # a folder without sae.json fails here, before the model
+    model = load_model(inputs, (o,), spec=spec)
+    session_options = SessionOptions(threshold=o.threshold, detect_layer=o.detect_layer, top_k=o.top_k,
+                                     neurons=neurons, batch_size=o.batch_size, classifier=o.classifier,
+                                     max_images=o.max_images, max_seconds=o.max_seconds, sae=o.sae)
     # status lines go to stderr, as interp report's stage lines do (stdout stays free); --quiet drops them
-    if args.progress_requested:
-        print(f"interp explore: preparing {args.model} (unedited runs, detection, neuron ranking)...",
+    if inputs.stage_lines:
+        print(f"interp explore: preparing {spec.name} (unedited runs, detection, neuron ranking)...",
               file=sys.stderr, flush=True)
-    session = ExploreSession(model, args.images, options, progress=args.progress)
+    session = ExploreSession(model, images, session_options, progress=inputs.progress)
     for text in session.warnings:
         warnings.warn(text, stacklevel=1)  # one line on stderr: "interp: warning: ..."
-    server = ExploreServer(session, host=args.host, port=args.port)
+    server = ExploreServer(session, host=o.host, port=o.port)
     try:
         # the URL goes to stderr too, as Jupyter's does, and also under --quiet (it is what the command gives)
         print(f"interp explore: {len(session.source)} images; serving on {server.host}:{server.port} (Ctrl-C "
               f"stops)\n    {server.url}", file=sys.stderr, flush=True)
-        if not args.no_open:
+        if not o.no_open:
             import webbrowser
 
             webbrowser.open(server.url)

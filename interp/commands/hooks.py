@@ -1,21 +1,28 @@
 """``interp hooks MODEL``: print every hook name with its shape."""
 from __future__ import annotations
 
-from .common import add_model_args, model_from_args
+from dataclasses import dataclass
+from typing import Optional
+
+from ..options import option
+from .common import load_model
+from .inputs import ModelOptions, RunInputs, SeedOption, command
+
+
+@dataclass(frozen=True, kw_only=True)
+class HooksOptions(SeedOption, ModelOptions):
+    pattern: Optional[str] = option(None, "only hooks matching this glob, e.g. 'blocks.*.mlp.*'")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("hooks", help="list every hook name with its shape",
-                       description="Print every hook point of MODEL with its activation shape for one image.")
-    add_model_args(p)
-    p.add_argument("--pattern", default=None, help="only hooks matching this glob, e.g. 'blocks.*.mlp.*'")
-    p.set_defaults(func=run)
+    command(sub, "hooks", HooksOptions, run, help="list every hook name with its shape",
+            description="Print every hook point of MODEL with its activation shape for one image.")
 
 
-def run(args) -> int:
-    model = model_from_args(args)
+def run(options: HooksOptions, inputs: RunInputs) -> int:
+    model = load_model(inputs, (options,))
     shapes = model.hook_shapes()
-    names = model.resolve_hooks(args.pattern) if args.pattern else model.hook_names()
+    names = model.resolve_hooks(options.pattern) if options.pattern else model.hook_names()
     print(f"# {model!r}")
     print(f"# layout: {model.layout.to_dict()}")
     print(f"# position table: {_pos_table_line(model)}")

@@ -4,63 +4,65 @@ and at least one opens as an image; all of them with ``--strict``), and the writ
 output. The same checks run again where the work happens; these only make a mistake cost a second."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
+from typing import Sequence
 
 from ..formats.image_files import LIST_SUFFIXES, list_images
 from .._model_names import PLANTED_NAME, check_model_name_fast
 from ..errors import ImageError, UsageError
+from ..options import Options
+from .inputs import RunInputs, option_value
 
 HEADERS_CHECKED = 64  # image headers opened before the run (PIL reads a few hundred bytes of each)
 
 
-def check_before_torch(args: argparse.Namespace) -> None:
-    """Every pre-check that applies to the parsed ``args`` (a command without these options passes)."""
-    names = [getattr(args, "model", None), *(getattr(args, "models", None) or [])]
+def check_before_torch(options: Sequence[Options], inputs: RunInputs) -> None:
+    """Every pre-check that applies to a command's parsed ``options`` and run ``inputs`` (a command without
+    these options passes)."""
+    names = [inputs.model.name if inputs.model else None, *(option_value(options, "models") or [])]
     for name in names:
         if isinstance(name, str):
             check_model_name_fast(name)
-    check_against_config(args)
-    strict = bool(getattr(args, "strict", False))
-    for flag, attr in (("--images", "images"), ("--image-list", "image_list")):
-        value = getattr(args, attr, None)
+    check_against_config(options, inputs)
+    for flag, value in (("--images", inputs.images), ("--image-list", inputs.image_list)):
         if isinstance(value, str):
-            check_images(value, flag, strict)
+            check_images(value, flag, inputs.strict)
 
 
 PLANTED_DEPTH = 6  # interp.models.planted.planted_vit's blocks (that module imports torch)
 LAYER_FLAGS = (("detect_layer", "--detect-layer"), ("highest_layer", "--highest-layer"), ("layer", "--layer"))
 
 
-def known_depth(args: argparse.Namespace):
+def known_depth(inputs: RunInputs):
     """The model's block count when it is known without torch: ``--depth`` (the model keeps at most that many
     blocks, so a block >= it cannot exist) or planted_vit's; None otherwise (the check after the build decides)."""
-
-    depth = getattr(args, "depth", None)
-    if getattr(args, "model", None) == PLANTED_NAME:
+    if inputs.model is None:
+        return None
+    depth = inputs.model.depth
+    if inputs.model.name == PLANTED_NAME:
         depth = min(depth or PLANTED_DEPTH, PLANTED_DEPTH)
     return depth if isinstance(depth, int) else None
 
 
-def check_against_config(args: argparse.Namespace) -> None:
+def check_against_config(options: Sequence[Options], inputs: RunInputs) -> None:
     """Argument errors that need no model, caught before torch (they cost 10-15 s after the model load): block
     numbers (``--detect-layer``, ``--highest-layer``, ``--layer``, the block of ``--hook``) beyond a known depth,
     and ``--features`` beyond the ``n_features`` the ``--sae`` folder's sae.json records."""
 
-    n = known_depth(args)
+    n = known_depth(inputs)
     if n is not None:
-        name = getattr(args, "model", None) or "the model"
+        name = inputs.model.name or "the model"
         for attr, flag in LAYER_FLAGS:
-            value = getattr(args, attr, None)
+            value = option_value(options, attr)
             if isinstance(value, int) and not -n <= value < n:
                 raise UsageError(f"{flag} {value} is out of range: {name} has {n} blocks "
                                  f"(0..{n - 1}, or -{n}..-1 counted from the end)")
-        hook = getattr(args, "hook", None)
+        hook = option_value(options, "hook")
         block = _block_number(hook) if isinstance(hook, str) else None
         if block is not None and block >= n:
             raise UsageError(f"--hook {hook!r}: {name} has {n} blocks (0..{n - 1}); list its hooks with "
                              f"`interp hooks {name}`")
-    features, sae = getattr(args, "features", None), getattr(args, "sae", None)
+    features, sae = option_value(options, "features"), option_value(options, "sae")
     if features and isinstance(sae, str):
         count = _sae_features(sae)
         bad = [f for f in features if isinstance(f, int) and not 0 <= f < (count or 0)]

@@ -12,56 +12,79 @@ study; the study's own options come from its config dataclass. One run:
 """
 from __future__ import annotations
 
-import argparse
-import functools
 from dataclasses import dataclass
-from typing import Any, Optional, Type
+from typing import Any, Optional
 
 from ..errors import InterpError
+from ..options import Options, option
 from ..studies.catalog import declared, study_function
 from ..studies.declaration import StudyConfig
-from .common import add_study_args, model_from_args, preprocess_arg
+from ..values import existing_file, existing_path
+from .common import load_model
+from .inputs import (Command, ModelOptions, OutputOptions, PreprocessOptions, RunInputs, StrictOption, batch_size_option,
+                     command, overwrite_option)
+
+IMAGES_HELP = "image directory (DIR/<class>/img gives labels), list file or image"
+CACHE_HELP = "an interp cache file (.h5) to read activations from"
 
 
-@dataclass(frozen=True)
-class StudyInputs:
-    """What one ``interp study`` run reads and where it writes (the study's own options are its config).
+@dataclass(frozen=True, kw_only=True)
+class StudySources(Options):
+    """``--images`` or ``--cache`` (one of them), and ``--out``."""
 
-    Attributes:
-        images: ``--images`` (a folder, list file or image; a list of paths when a study widens it) or None.
-        cache: ``--cache`` file or None.
-        out: ``--out`` folder.
-        batch_size: images per forward pass.
-        strict: stop at the first unreadable image.
-        preprocess: the eval transform's name (``--transform`` / ``--resize`` / ``--crop``) or None (timm's own).
-        overwrite: replace an existing result.
-        progress: show progress bars.
-    """
-
-    images: Any
-    cache: Optional[str]
-    out: str
-    batch_size: int
-    strict: bool
-    preprocess: Optional[str]
-    overwrite: bool
-    progress: bool
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "StudyInputs":
-        return cls(images=args.images, cache=args.cache, out=args.out, batch_size=args.batch_size,
-                   strict=args.strict, preprocess=preprocess_arg(args), overwrite=args.overwrite,
-                   progress=args.progress)
+    images: Any = option(None, IMAGES_HELP, parse=existing_path, exclusive="source")
+    cache: Optional[str] = option(None, CACHE_HELP, parse=existing_file, exclusive="source")
+    out: str = option(None, "output directory for <study>.json and PNGs", required=True)
 
 
-def open_study_source(inputs: StudyInputs, model, config: StudyConfig):
+@dataclass(frozen=True, kw_only=True)
+class StudyBatch(Options):
+    batch_size: int = batch_size_option(16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyOverwrite(Options):
+    overwrite: bool = overwrite_option("an existing <study>.json in --out (and the figures it lists)")
+
+
+# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
+@dataclass(frozen=True, kw_only=True)
+class StudyRun(OutputOptions, StudyOverwrite, StrictOption, StudyBatch, PreprocessOptions, StudySources,
+               ModelOptions):
+    """What one ``interp study`` run reads and where it writes, the same for every study (the study's own options
+    are its config): the model, ``--images`` / ``--cache`` (one of them), ``--out``, preprocessing, images per
+    forward pass, ``--strict``, ``--overwrite``, progress."""
+
+    REQUIRED_GROUPS = ("source",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveStudyRun(StudyRun):
+    """A study that re-runs the model: ``--images`` only."""
+
+    cache: Optional[str] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImagesAndCacheStudyRun(StudyRun):
+    """A study whose ``--cache`` run takes ``--images`` too (what for: the config's ``cache_images_help``)."""
+
+    REQUIRED_GROUPS = ()
+    images: Any = option(None, IMAGES_HELP, parse=existing_path)
+    cache: Optional[str] = option(None, CACHE_HELP, parse=existing_file)
+
+
+RUN_OPTIONS = {"images": LiveStudyRun, "images_or_cache": StudyRun, "images_and_cache": ImagesAndCacheStudyRun}
+
+
+def open_study_source(options: StudyRun, model, config: StudyConfig):
     """The activation source of a run: live over the images the config asks for, or the cache (checked up front
     against the hooks the config reads, so a cache that cannot serve the study fails before any work)."""
     from ..runtime.open import open_source
 
-    images = None if inputs.cache else config.source_images(inputs.images)
-    source = open_source(model=model, images=images, cache=inputs.cache, batch_size=inputs.batch_size,
-                         strict=inputs.strict, preprocess=inputs.preprocess)
+    images = None if options.cache else config.source_images(options.images)
+    source = open_source(model=model, images=images, cache=options.cache, batch_size=options.batch_size,
+                         strict=options.strict, preprocess=options.preprocess())
     if not source.is_live:
         check_cache_serves(source, config, model.block_names)
     return source
@@ -80,21 +103,19 @@ def check_cache_serves(source, config: StudyConfig, blocks) -> None:
                           "the activations: write the cache without --norms-only")
 
 
-def run_study(config_class: Type[StudyConfig], args: argparse.Namespace) -> int:
+def run_study(options: StudyRun, config: StudyConfig, inputs: RunInputs) -> int:
     """One ``interp study NAME`` run (see the module docstring)."""
     from .output import atomic_output_dir
     from .saving import prepare_study_output, save_study
 
-    config = config_class.from_args(args)
-    inputs = StudyInputs.from_args(args)
-    config.check_inputs(inputs.images, inputs.cache)
+    config.check_inputs(options.images, options.cache)
     name = config.json_name()
-    old_figures = prepare_study_output(inputs.out, name, inputs.overwrite)
-    with atomic_output_dir(inputs.out, f"{name}.json", replaces=old_figures, what=f"{name} result") as staging:
-        model = model_from_args(args)
-        source = open_study_source(inputs, model, config)
-        result = study_function(config_class)(source, config, progress=inputs.progress,
-                                              **config.run_keywords(inputs.images, inputs.cache))
+    old_figures = prepare_study_output(options.out, name, options.overwrite)
+    with atomic_output_dir(options.out, f"{name}.json", replaces=old_figures, what=f"{name} result") as staging:
+        model = load_model(inputs, (options, config))
+        source = open_study_source(options, model, config)
+        result = study_function(type(config))(source, config, progress=inputs.progress,
+                                              **config.run_keywords(options.images, options.cache))
         for line in result.console_lines(config):
             print(line)
         save_study(result, staging, source, model, **config.to_dict())
@@ -106,8 +127,9 @@ def register(sub) -> None:
                        description="Run one study on a model over images (or a cache) and write JSON + PNGs.")
     studies = p.add_subparsers(dest="study", metavar="NAME")
     for name, config in declared().items():
-        parser = studies.add_parser(name, help=config.summary(), description=config.description())
-        add_study_args(parser, config.inputs, config.cache_images_help)
-        config.add_arguments(parser)
-        parser.set_defaults(func=functools.partial(run_study, config))
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+        # with --cache, the --images help says what the images add to the run
+        shown = {"images": f"{IMAGES_HELP}; with --cache: {config.cache_images_help}"} \
+            if config.inputs == "images_and_cache" else None
+        command(studies, name, (RUN_OPTIONS[config.inputs], config), run_study, option_help=shown,
+                help=config.summary(), description=config.description())
+    p.set_defaults(func=Command((), lambda inputs: (p.print_help(), 2)[1]))

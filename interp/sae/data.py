@@ -20,9 +20,8 @@ import torch
 from ..errors import InterpError, UsageError
 from ..models.layout import TOKEN_SELECTIONS, TokenLayout
 from ..runtime.forward import run_hooks
+from ..sae_settings import HIGH_NORM_CHOICES, TOKEN_CHOICES  # noqa: F401  (declared with the settings)
 
-TOKEN_CHOICES = tuple(TOKEN_SELECTIONS)  # --tokens
-HIGH_NORM_CHOICES = ("include", "exclude", "only")
 CLS, REGISTER, PATCH = 0, 1, 2  # token kinds
 KIND_CODES = {"cls": CLS, "registers": REGISTER, "patches": PATCH}  # TOKEN_SELECTIONS' kinds
 

@@ -17,9 +17,9 @@ Example (not run as a doctest: it needs a trained SAE)::
 from __future__ import annotations
 
 import io
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 import torch
@@ -27,65 +27,17 @@ import torch
 from .._progress import tqdm
 from ..cache.lock import WriterLock, lock_path
 from ..errors import CacheError, InterpError, UsageError
-from ..values import MAX_EXPANSION, MAX_SAE_BATCH
 from . import modules as sae_modules
-from .data import HIGH_NORM_CHOICES, TOKEN_CHOICES, TokenStream
+from ..sae_settings import TrainSettings
+from .data import TokenStream
 from .files import write_atomic
 from .evaluate import held_out_loss_recovered
 from .model import CONFIG, SAE, save
 from .setup import RunData, describe_detection, prepare_data, stats_over, world
-from ..interventions.sae_features import ARCHS, SparseCodes
+from ..interventions.sae_features import SparseCodes
 
 CHECKPOINT = "checkpoint.pt"
 CURVE_KEYS = ("step", "loss", "explained_variance", "l0", "dead_fraction")
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Everything that decides the weights (a resumed run must match all of them but ``steps``)."""
-
-    arch: str = "topk"
-    expansion: int = 8
-    k: int = 32
-    tokens: str = "patches"
-    high_norm: str = "include"
-    threshold: Any = "auto"
-    steps: int = 1000
-    batch_size: int = 1024
-    lr: float = 4e-4
-    seed: int = 0
-    window_images: int = 256
-    data_shards: int = 8
-    holdout: float = 0.1
-    norm_images: int = 64
-    dead_window: int = 200
-    aux_penalty: float = 1 / 32
-    aux_k: Optional[int] = None
-    l1_penalty: float = 0.05
-    l0_penalty: float = 0.002
-    clip_grad: float = 1.0
-    n_points: int = 1024
-
-    def check(self) -> None:
-        for name, choices in (("arch", ARCHS), ("tokens", TOKEN_CHOICES), ("high_norm", HIGH_NORM_CHOICES)):
-            if getattr(self, name) not in choices:
-                raise InterpError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")
-        for name in ("expansion", "k", "steps", "batch_size", "window_images", "data_shards", "norm_images",
-                     "dead_window", "n_points"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise InterpError(f"{name} must be a whole number >= 1, got {getattr(self, name)!r}")
-        if self.expansion > MAX_EXPANSION or self.batch_size > MAX_SAE_BATCH:
-            raise UsageError(f"expansion must be <= {MAX_EXPANSION} and batch_size <= {MAX_SAE_BATCH} tokens "
-                             f"(interp's bounds on one run), got {self.expansion} and {self.batch_size}")
-        for name in ("aux_penalty", "l1_penalty", "l0_penalty"):
-            if not getattr(self, name) >= 0:
-                raise InterpError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.aux_k is not None and not (isinstance(self.aux_k, int) and self.aux_k >= 1):
-            raise InterpError(f"aux_k must be a whole number >= 1 or None, got {self.aux_k!r}")
-        if not 0 <= self.holdout < 1:
-            raise InterpError(f"holdout must be in [0, 1), got {self.holdout}")
-        if not self.lr > 0:
-            raise InterpError(f"lr must be > 0, got {self.lr}")
 
 
 def _state_bytes(obj) -> bytes:
@@ -270,8 +222,8 @@ def check_sizes(cfg: TrainSettings, n_features: int, n_tokens: int) -> None:
         raise UsageError(f"--k {cfg.k} is more than the SAE's {n_features} features (--expansion {cfg.expansion} x "
                          f"width {n_features // cfg.expansion}); give --k <= {n_features} (SAEs use 8-64)")
     if cfg.batch_size > n_tokens:
-        raise UsageError(f"--batch-size {cfg.batch_size} is more than the {n_tokens} training tokens of this data "
-                         f"(a step would repeat tokens); give --batch-size <= {n_tokens}, or more images")
+        raise UsageError(f"--tokens-per-step {cfg.batch_size} is more than the {n_tokens} training tokens of this "
+                         f"data (a step would repeat tokens); give --tokens-per-step <= {n_tokens}, or more images")
 
 
 def _read_checkpoint(path: Path, cfg: TrainSettings) -> Dict[str, Any]:

@@ -32,68 +32,23 @@ importing torch); its function, result class and figures import torch and live i
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
-import typing
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Type, Union
 
-from ..errors import InterpError, UsageError
+from ..errors import InterpError
 from ..hooks.names import BlockNames
-from ..values import seed_arg
+from ..options import Options, option
+from ..values import SEED_HELP, seed_arg
 
 LIVE_DOC = "none: they re-run the model (`--images`)"
 
 
-@dataclass(frozen=True)
-class Flag:
-    """How one config field appears on the command line (kept in the field's ``metadata["flag"]``).
-
-    Attributes:
-        help: the help text.
-        flag: the option (default ``--`` + the field name with dashes).
-        aliases: former names still accepted.
-        parse: ``text -> value``, raising ``argparse.ArgumentTypeError`` (:mod:`interp.values`); default from
-            the field's type (``int``, ``float``, ``str``).
-        choices: the accepted values.
-        many: one or more values (``nargs="+"``; the field holds a tuple).
-        metavar: the value's name in ``--help``.
-        required: the command line must give it.
-        off: for a boolean that defaults to True: the flag that turns it off (``--no-selective``).
-        group: the ``--help`` section it is listed under.
-    """
-
-    help: str
-    flag: Optional[str] = None
-    aliases: Tuple[str, ...] = ()
-    parse: Optional[Callable[[str], Any]] = None
-    choices: Optional[Tuple[Any, ...]] = None
-    many: bool = False
-    metavar: Optional[str] = None
-    required: bool = False
-    off: Optional[str] = None
-    group: Optional[str] = None
-
-
-def option(default: Any, help: str, **flag: Any) -> Any:
-    """A config field with its command-line form: ``threshold: Optional[str] = option(None, "...", parse=...)``
-    (keyword arguments: :class:`Flag`'s)."""
-    return dataclasses.field(default=default, metadata={"flag": Flag(help=help, **flag)})
-
-
-def _base_type(hint: Any) -> Any:
-    """``Optional[int]`` -> ``int``; ``Tuple[float, ...]`` -> ``float``; other hints unchanged."""
-    args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, tuple) and args:
-        return _base_type(args[0])
-    return hint
-
-
 @dataclass(frozen=True, kw_only=True)
-class StudyConfig:
-    """The options of one study (subclass it, set ``name``, declare the fields with :func:`option`).
+class StudyConfig(Options):
+    """The options of one study (subclass it, set ``name``, declare the fields with :func:`~interp.options.option`;
+    the command line and the checks come from :class:`~interp.options.Options`).
 
     Class attributes:
         name: the study's one name (``patch-score``).
@@ -116,28 +71,9 @@ class StudyConfig:
     cache_doc: ClassVar[str] = LIVE_DOC
     cache_images_help: ClassVar[str] = ""
 
-    seed: int = option(0, "seed of every random draw of the run: the random weights of --no-pretrained (the same "
-                          "seed gives the same model in every command) and the study's own sampling (default 0)",
-                       parse=seed_arg)
-
-    def __post_init__(self) -> None:
-        self.check_choices()
-        self.check()
-
-    def check_choices(self) -> None:
-        """Every option given one of its declared ``choices`` (None: not given), for Python callers as the
-        command line's parser does."""
-        for f in self.cli_fields():
-            choices, value = f.metadata["flag"].choices, getattr(self, f.name)
-            values = value if f.metadata["flag"].many and isinstance(value, (list, tuple)) else [value]
-            bad = [v for v in values if v is not None and choices is not None and v not in choices]
-            if bad:
-                raise UsageError(f"{f.name}={bad[0]!r}: use one of {list(choices)}")
+    seed: int = option(0, SEED_HELP, parse=seed_arg)
 
     # ------------------------------------------------------------------ what a study overrides
-    def check(self) -> None:
-        """Refuse option values that cannot go together (a :class:`~interp.errors.UsageError`); torch-free."""
-
     def check_inputs(self, images: Optional[Any], cache: Optional[str]) -> None:
         """Refuse a run whose images / cache this study cannot take, before the model is built."""
 
@@ -187,63 +123,6 @@ class StudyConfig:
             raise InterpError(f"interp study {self.name} re-runs the model with an edit, so it reads no cache; "
                               f"give it --images (cacheable studies: {cacheable})")
         return list(dict.fromkeys(hooks))
-
-    def with_options(self, **options: Any) -> "StudyConfig":
-        """A copy with some options changed (checked again)."""
-        return dataclasses.replace(self, **options)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The options as JSON values."""
-        return {f.name: (list(v) if isinstance(v, tuple) else v)
-                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
-
-    # ------------------------------------------------------------------ command line
-    @classmethod
-    def cli_fields(cls) -> List[dataclasses.Field]:
-        return [f for f in dataclasses.fields(cls) if "flag" in f.metadata]
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, only: Optional[Sequence[str]] = None) -> None:
-        """Add one option per field (in declaration order; grouped by :attr:`Flag.group`); ``only``: just these
-        fields (a shared option group on another command)."""
-        hints = typing.get_type_hints(cls)
-        groups: Dict[str, Any] = {}
-        for f in cls.cli_fields():
-            if only is not None and f.name not in only:
-                continue
-            spec: Flag = f.metadata["flag"]
-            target = parser if spec.group is None else groups.setdefault(
-                spec.group, parser.add_argument_group(spec.group))
-            flag = spec.flag or "--" + f.name.replace("_", "-")
-            kind = _base_type(hints[f.name])
-            if kind is bool:
-                if spec.off:
-                    target.add_argument(spec.off, *spec.aliases, dest=f.name, action="store_false",
-                                        default=f.default, help=spec.help)
-                else:
-                    target.add_argument(flag, *spec.aliases, dest=f.name, action="store_true", default=f.default,
-                                        help=spec.help)
-                continue
-            kwargs: Dict[str, Any] = dict(dest=f.name, help=spec.help, required=spec.required,
-                                          type=spec.parse or (kind if kind in (int, float) else str))
-            kwargs["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
-            if spec.choices is not None:
-                kwargs["choices"] = spec.choices
-            if spec.many:
-                kwargs["nargs"] = "+"
-            if spec.metavar:
-                kwargs["metavar"] = spec.metavar
-            target.add_argument(flag, *spec.aliases, **kwargs)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "StudyConfig":
-        """The config of parsed command-line ``args`` (checked)."""
-        values = {}
-        for f in cls.cli_fields():
-            value = getattr(args, f.name)
-            values[f.name] = tuple(value) if isinstance(value, list) else value
-        return cls(**values)
-
 
 # ---------------------------------------------------------------------------------------------- registry
 _DECLARED: Dict[str, Type[StudyConfig]] = {}

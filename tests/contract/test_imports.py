@@ -26,7 +26,7 @@ ROOT = "interp"
 # Lower rank = lower layer; a module may import only modules of its own rank or lower.
 LAYERS = [
     ("interp.errors", "interp._version", "interp._progress", "interp._transforms",
-     "interp._model_names", "interp.values"),
+     "interp._model_names", "interp.values", "interp.options"),
     ("interp.formats",),
     ("interp.models",),
     ("interp.hooks",),
@@ -34,7 +34,7 @@ LAYERS = [
     ("interp.interventions",),
     ("interp.runtime",),
     ("interp.detection",),
-    ("interp.studies", "interp.sae"),
+    ("interp.studies", "interp.sae", "interp.sae_settings"),
     ("interp.plots",),
     ("interp.report", "interp.explore", "interp.commands", "interp.cli", "interp.console", "interp.__main__",
      "interp"),

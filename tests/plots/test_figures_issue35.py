@@ -83,11 +83,12 @@ def test_each_report_figure_opens_at_full_size_on_a_click(tmp_path):
 
 
 def test_as_weights_names_what_plain_timm_can_load():
+    from interp.commands.inputs import ModelSpec
     from interp.commands.patch import weights_recipe
 
-    planted = weights_recipe(argparse.Namespace(model="planted_vit", depth=None, img_size=None))
+    planted = weights_recipe(ModelSpec("planted_vit"))
     assert "timm.create_model" not in planted and "interp.models.planted_vit()" in planted  # timm raised "Unknown model"
-    real = weights_recipe(argparse.Namespace(model="vit_small_patch16_224", depth=2, img_size=None))
+    real = weights_recipe(ModelSpec("vit_small_patch16_224", depth=2))
     assert "timm.create_model('vit_small_patch16_224', depth=2)" in real
 
 

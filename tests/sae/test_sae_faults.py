@@ -24,7 +24,7 @@ from sae_helpers import HOOK, needs_overcomplete, planted_cache, planted_sae, tr
 
 pytestmark = needs_overcomplete
 STEPS, EVERY = 48, 3
-ARGS = ["--steps", str(STEPS), "--batch-size", "256", "--expansion", "2", "--k", "2", "--lr", "3e-3",
+ARGS = ["--steps", str(STEPS), "--tokens-per-step", "256", "--expansion", "2", "--k", "2", "--lr", "3e-3",
         "--window-images", "16", "--data-shards", "2", "--holdout", "0.125", "--dead-window", "100",
         "--checkpoint-every", str(EVERY)]
 

@@ -19,7 +19,7 @@ from interp.sae import files as sae_files
 from sae_helpers import HOOK, needs_overcomplete, planted_cache, planted_sae
 
 pytestmark = needs_overcomplete
-SMALL = ["--steps", "2", "--batch-size", "64", "--expansion", "2", "--k", "2", "--window-images", "4",
+SMALL = ["--steps", "2", "--tokens-per-step", "64", "--expansion", "2", "--k", "2", "--window-images", "4",
          "--data-shards", "1", "--holdout", "0", "--checkpoint-every", "1", "--no-progress"]
 
 
@@ -75,8 +75,8 @@ def test_resume_over_changed_image_contents_is_refused(tmp_path, capsys, one_thr
 
 @pytest.mark.parametrize("extra, words", [
     (["--k", "100000"], ["--k 100000", "features"]),
-    (["--batch-size", "100000"], ["--batch-size 100000", "training tokens"]),
-    (["--batch-size", "10000000"], ["--batch-size"]),
+    (["--tokens-per-step", "100000"], ["--tokens-per-step 100000", "training tokens"]),
+    (["--tokens-per-step", "10000000"], ["--tokens-per-step"]),
     (["--expansion", "2000"], ["--expansion"]),
     (["--hook", "hook_logits"], ["not a token activation"]),
 ])

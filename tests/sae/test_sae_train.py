@@ -183,7 +183,7 @@ def test_same_loss_curve_as_overcompletes_own_loop(tmp_path, one_thread, capsys)
 def test_cli_writes_the_sae_the_figure_and_a_described_run(tmp_path, one_thread, capsys):
     out = tmp_path / "run"
     rc = main(["sae", "train", "planted_vit", "--cache", str(planted_cache()), "--hook", HOOK, "--out", str(out),
-               "--steps", "12", "--batch-size", "256", "--expansion", "2", "--k", "2", "--data-shards", "2",
+               "--steps", "12", "--tokens-per-step", "256", "--expansion", "2", "--k", "2", "--data-shards", "2",
                "--window-images", "16", "--lr", "3e-3", "--tokens", "all", "--high-norm", "exclude"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
@@ -265,7 +265,7 @@ def test_two_ddp_ranks_equal_one_process(tmp_path):
         return environment
 
     argv = ["sae", "train", "planted_vit", "--cache", planted_cache(), "--hook", HOOK, "--out", two, "--steps", "6",
-            "--batch-size", "256", "--expansion", "2", "--k", "2", "--lr", "3e-3", "--window-images", "16",
+            "--tokens-per-step", "256", "--expansion", "2", "--k", "2", "--lr", "3e-3", "--window-images", "16",
             "--data-shards", "2", "--holdout", "0.125", "--dead-window", "100", "--no-progress"]
     ranks = [Forked(forked_cli, *argv, capture=True, before=as_rank(rank)) for rank in range(2)]
     for rank in ranks:

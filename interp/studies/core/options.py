@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...errors import InterpError, UsageError
+from ...options import Options
 from ...values import (NEURONS_SYNTAX, existing_file, nonnegative_float, open_fraction, positive_float, positive_int,
                        threshold_arg, threshold_value)
 from ..declaration import StudyConfig, option
@@ -41,10 +42,10 @@ CLASSIFIER_HELP = ("classifier file (zero-shot matrix, linear head, or a DINOv2 
 
 
 @dataclass(frozen=True, kw_only=True)
-class DetectionOptions(StudyConfig):
+class DetectionFields(Options):
     """What counts as a high-norm token (:class:`~interp.detection.detection.DetectionSpec`): a threshold at
-    the detection block, filled in by a preset where not given."""
-
+    the detection block, filled in by a preset where not given. The option group of the studies
+    (:class:`DetectionOptions`) and of ``interp report`` / ``interp compare``."""
 
     threshold: Union[float, str, None] = option(
         None, "outlier norm threshold: a norm value > 0, pNN (e.g. p98) or auto (default, or the preset's)",
@@ -68,10 +69,20 @@ class DetectionOptions(StudyConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClassifierOption(StudyConfig):
-    """The class logits of the behaviour metrics (:mod:`interp.models.classifier`)."""
+class DetectionOptions(DetectionFields, StudyConfig):
+    """A study's detection options (:class:`DetectionFields`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifierFile(Options):
+    """The class logits of the behaviour metrics (:mod:`interp.models.classifier`): ``--classifier FILE``."""
 
     classifier: Optional[str] = option(None, CLASSIFIER_HELP, parse=existing_file, metavar="FILE")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifierOption(ClassifierFile, StudyConfig):
+    """A study's ``--classifier`` (:class:`ClassifierFile`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +112,7 @@ PROBE_BUDGET_GROUP = "probe budget (position and label probes; the pixel probe i
 
 
 @dataclass(frozen=True, kw_only=True)
-class ProbeBudgetOptions(StudyConfig):
+class ProbeBudget(Options):
     """The linear probes' budget and schedule (``interp study probes``, ``interp compare``): each option given
     overrides the probes' own default (:meth:`probe_budget`, the probes' ``probe_options``)."""
 
@@ -133,3 +144,8 @@ class ProbeBudgetOptions(StudyConfig):
     def probe_budget(self) -> Dict[str, Any]:
         """The budget options given (None: the probes' default), as the probes' ``probe_options``."""
         return {k: getattr(self, k) for k in self.BUDGET if getattr(self, k) is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeBudgetOptions(ProbeBudget, StudyConfig):
+    """A study's probe budget (:class:`ProbeBudget`)."""

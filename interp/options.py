@@ -1,0 +1,200 @@
+"""Options declared once: a frozen dataclass whose fields are made with :func:`option` is a command line. Every
+``interp`` command and every study declares its options this way (:mod:`interp.commands.inputs`,
+:mod:`interp.studies.declaration`); the parser, ``--help``, the parse-time checks (:mod:`interp.values`) and the
+values handed to the work all come from the one declaration. Torch-free: ``interp --help`` reads them all.
+
+>>> from dataclasses import dataclass
+>>> @dataclass(frozen=True, kw_only=True)
+... class Greeting(Options):
+...     name: str = option("world", "who to greet")
+...     times: int = option(1, "how often", parse=int)
+>>> parser = argparse.ArgumentParser()
+>>> Greeting.add_arguments(parser)
+>>> Greeting.from_args(parser.parse_args(["--times", "2"]))
+Greeting(name='world', times=2)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+
+from .errors import UsageError
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one field appears on the command line (kept in the field's ``metadata["flag"]``).
+
+    Attributes:
+        help: the help text.
+        flag: the option (default ``--`` + the field name with dashes).
+        aliases: other names of the same option (a short ``-q``; a former name with the same meaning).
+        parse: ``text -> value``, raising ``argparse.ArgumentTypeError`` (:mod:`interp.values`); default from
+            the field's type (``int``, ``float``, ``str``).
+        choices: the accepted values.
+        many: one or more values (``nargs="+"``; the field holds a tuple); ``"*"``: zero or more.
+        metavar: the value's name in ``--help``.
+        required: the command line must give it.
+        off: for a boolean that defaults to True: the flag that turns it off (``--no-selective``); with
+            ``flag`` given too, both (``--pretrained`` / ``--no-pretrained``, ``off_help`` the second's help).
+        group: the ``--help`` section it is listed under.
+        positional: a positional argument (``MODEL``); with a default, it may be left out.
+        exclusive: the name of a mutually exclusive group (``--images`` / ``--cache``); the class attribute
+            ``REQUIRED_GROUPS`` names the groups of which one must be given.
+    """
+
+    help: str
+    flag: Optional[str] = None
+    aliases: Tuple[str, ...] = ()
+    parse: Optional[Callable[[str], Any]] = None
+    choices: Optional[Tuple[Any, ...]] = None
+    many: Any = False
+    metavar: Optional[str] = None
+    required: bool = False
+    off: Optional[str] = None
+    off_help: Optional[str] = None
+    group: Optional[str] = None
+    positional: bool = False
+    exclusive: Optional[str] = None
+
+
+def option(default: Any, help: str, **flag: Any) -> Any:
+    """A field with its command-line form: ``threshold: Optional[str] = option(None, "...", parse=...)``
+    (keyword arguments: :class:`Flag`'s)."""
+    return dataclasses.field(default=default, metadata={"flag": Flag(help=help, **flag)})
+
+
+def base_type(hint: Any) -> Any:
+    """``Optional[int]`` -> ``int``; ``Tuple[float, ...]`` -> ``float``; other hints unchanged."""
+    args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, tuple) and args:
+        return base_type(args[0])
+    return hint
+
+
+class Renamed(argparse.Action):
+    """A former option name: giving it is a one-line error (exit 2) that names the option to use now. Declared
+    as an option of its own, so that argparse never reads the old name as an abbreviation of another."""
+
+    def __init__(self, option_strings, dest, message: str = "", **kwargs):
+        kwargs.update(nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+        super().__init__(option_strings, dest=argparse.SUPPRESS, **kwargs)
+        self.message = message
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} was {self.message}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """Options declared with :func:`option` (subclass it as a frozen, keyword-only dataclass; mix option groups
+    in by inheritance). Building one checks it: each value among its ``choices``, then :meth:`check`.
+
+    Class attributes:
+        RENAMED: ``{former flag: what it became}``; the former flag is refused in one line that says it.
+        REQUIRED_GROUPS: the :attr:`Flag.exclusive` groups of which one option must be given.
+    """
+
+    RENAMED: ClassVar[Dict[str, str]] = {}
+    REQUIRED_GROUPS: ClassVar[Tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        self.check_choices()
+        self.check()
+
+    def check(self) -> None:
+        """Refuse option values that cannot go together (a :class:`~interp.errors.UsageError`); torch-free."""
+
+    def check_choices(self) -> None:
+        """Every option given one of its declared ``choices`` (None: not given), for Python callers as the
+        command line's parser does."""
+        for f in self.cli_fields():
+            choices, value = f.metadata["flag"].choices, getattr(self, f.name)
+            values = value if f.metadata["flag"].many and isinstance(value, (list, tuple)) else [value]
+            bad = [v for v in values if v is not None and choices is not None and v not in choices]
+            if bad:
+                raise UsageError(f"{f.name}={bad[0]!r}: use one of {list(choices)}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The fields as JSON values."""
+        return {f.name: (list(v) if isinstance(v, tuple) else v)
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+
+    def with_options(self, **options: Any) -> "Options":
+        """A copy with some options changed (checked again)."""
+        return dataclasses.replace(self, **options)
+
+    # ------------------------------------------------------------------ command line
+    @classmethod
+    def cli_fields(cls) -> List[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if "flag" in f.metadata]
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser, only: Optional[Sequence[str]] = None,
+                      help: Optional[Dict[str, str]] = None, required_groups: Optional[Sequence[str]] = None
+                      ) -> None:
+        """Add one argument per field (in declaration order; grouped by :attr:`Flag.group` and
+        :attr:`Flag.exclusive`), and the :attr:`RENAMED` flags. ``only``: just these fields (a shared option
+        group on another command); ``help``: other help texts by field name; ``required_groups``: instead of
+        :attr:`REQUIRED_GROUPS`."""
+        hints = typing.get_type_hints(cls)
+        required = cls.REQUIRED_GROUPS if required_groups is None else tuple(required_groups)
+        sections: Dict[str, Any] = {}
+        exclusive: Dict[str, Any] = {}
+        for f in cls.cli_fields():
+            if only is not None and f.name not in only:
+                continue
+            spec: Flag = f.metadata["flag"]
+            target = parser if spec.group is None else sections.setdefault(
+                spec.group, parser.add_argument_group(spec.group))
+            if spec.exclusive is not None:
+                if spec.exclusive not in exclusive:
+                    exclusive[spec.exclusive] = target.add_mutually_exclusive_group(
+                        required=spec.exclusive in required)
+                target = exclusive[spec.exclusive]
+            text = (help or {}).get(f.name, spec.help)
+            flag = spec.flag or "--" + f.name.replace("_", "-")
+            kind = base_type(hints[f.name])
+            if kind is bool and not spec.positional:
+                if spec.off and spec.flag:
+                    target.add_argument(spec.flag, dest=f.name, action="store_true", default=f.default, help=text)
+                    target.add_argument(spec.off, *spec.aliases, dest=f.name, action="store_false",
+                                        help=spec.off_help)
+                elif spec.off:
+                    target.add_argument(spec.off, *spec.aliases, dest=f.name, action="store_false",
+                                        default=f.default, help=text)
+                else:
+                    target.add_argument(flag, *spec.aliases, dest=f.name, action="store_true", default=f.default,
+                                        help=text)
+                continue
+            kwargs: Dict[str, Any] = dict(help=text, type=spec.parse or (kind if kind in (int, float) else str))
+            kwargs["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
+            if spec.choices is not None:
+                kwargs["choices"] = spec.choices
+            if spec.many:
+                kwargs["nargs"] = spec.many if isinstance(spec.many, str) else "+"
+            if spec.metavar:
+                kwargs["metavar"] = spec.metavar
+            if spec.positional:
+                if f.default is not None or not spec.required:
+                    kwargs.setdefault("nargs", "?")
+                target.add_argument(f.name, **kwargs)
+            else:
+                target.add_argument(flag, *spec.aliases, dest=f.name, required=spec.required, **kwargs)
+        if only is None:
+            for old, message in cls.RENAMED.items():
+                parser.add_argument(old, action=Renamed, message=message)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Options":
+        """The options of parsed command-line ``args`` (checked); fields without a command-line form keep
+        their defaults."""
+        values = {}
+        for f in cls.cli_fields():
+            value = getattr(args, f.name)
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+        return cls(**values)

@@ -1,0 +1,123 @@
+"""Every command is declared once (an options dataclass of ``option()`` fields, :mod:`interp.options`), its run's
+inputs travel in one :class:`~interp.commands.inputs.RunInputs`, and each option name has one meaning: a former
+name is refused in one line that names the new one, never read as an abbreviation of another. Torch-free."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from interp.cli import build_parser, main
+from interp.commands.inputs import Command, ModelSpec, RunInputs
+from interp.options import Options
+from interp.sae_settings import TrainSettings
+
+
+def walk(parser, words=("interp",)):
+    """(words, parser) of every parser of the command tree."""
+    yield words, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from walk(child, words + (name,))
+
+
+def leaf_parsers():
+    """(words, parser) of every command that runs (no sub-commands of its own)."""
+    return [(w, p) for w, p in walk(build_parser())
+            if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)]
+
+
+def test_every_command_is_a_declared_options_dataclass_and_every_option_a_field():
+    for words, parser in leaf_parsers():
+        command = parser.get_default("func")
+        assert isinstance(command, Command), words
+        assert command.options and all(issubclass(o, Options) for o in command.options), words
+        declared = {f.name for o in command.options for f in o.cli_fields()}
+        dests = {a.dest for a in parser._actions if a.dest not in ("help", argparse.SUPPRESS)}
+        assert dests == declared, (words, dests ^ declared)
+
+
+def test_sae_train_options_are_the_train_settings():
+    """One place for each default and help text: every TrainSettings option is an option of `sae train` with
+    TrainSettings' default."""
+    parser = dict((" ".join(w), p) for w, p in walk(build_parser()))["interp sae train"]
+    actions = {a.dest: a for a in parser._actions}
+    for f in TrainSettings.cli_fields():
+        assert actions[f.name].default == f.default, f.name
+        assert actions[f.name].help == f.metadata["flag"].help, f.name
+    assert "--tokens-per-step" in actions["batch_size"].option_strings
+    assert "--batch-size" in actions["image_batch"].option_strings
+
+
+def test_the_run_inputs_come_from_the_parsed_options_once(tmp_path):
+    images = tmp_path / "img"
+    images.mkdir()
+    argv = ["sae", "train", "planted_vit", "--images", str(images), "--hook", "blocks.1.hook_resid_post", "--out",
+            str(tmp_path / "o"), "--seed", "7", "--depth", "2", "--batch-size", "4", "--tokens-per-step", "64",
+            "--no-progress"]
+    args = build_parser().parse_args(argv)
+    options = args.func.parse(args)
+    inputs = RunInputs.of(options, argv)
+    assert inputs.model == ModelSpec("planted_vit", depth=2)
+    assert (inputs.seed, inputs.images, inputs.progress, inputs.stage_lines, inputs.argv) == (
+        7, str(images), False, False, tuple(argv))
+    (train,) = options
+    assert (train.image_batch, train.batch_size) == (4, 64)  # images per forward; tokens per step
+
+
+@pytest.fixture
+def sae_argv(tmp_path):
+    cache = tmp_path / "acts.h5"
+    cache.write_bytes(b"")
+    return ["sae", "train", "planted_vit", "--cache", str(cache), "--hook", "blocks.1.hook_resid_post", "--out",
+            str(tmp_path / "o")]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--batch-images", "32"], ["--batch-images was renamed --batch-size (images per forward)", "--tokens-per-step"]),
+    (["--batch-size", "1024"], ["--batch-size 1024", "a --cache run makes no forward pass", "--tokens-per-step"]),
+    (["--batch", "32"], ["unrecognized arguments: --batch 32"]),  # no abbreviation of --batch-size
+    (["--tokens-per", "32"], ["unrecognized arguments: --tokens-per 32"]),
+])
+def test_a_former_or_abbreviated_option_is_one_line_naming_the_new_one(sae_argv, capsys, extra, words):
+    assert main([*sae_argv, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and all(w in err for w in words), err
+
+
+def test_a_token_sized_batch_size_on_a_live_run_is_refused(tmp_path, capsys):
+    images = tmp_path / "img"
+    images.mkdir()
+    argv = ["sae", "train", "planted_vit", "--images", str(images), "--hook", "blocks.1.hook_resid_post", "--out",
+            str(tmp_path / "o"), "--batch-size", "1024"]  # the former default of tokens per step
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "more than --window-images 256" in err and "--tokens-per-step" in err and len(err.splitlines()) == 1
+
+
+def test_cache_batch_size_is_images_per_forward_and_the_file_keeps_its_chunking():
+    parser = dict((" ".join(w), p) for w, p in walk(build_parser()))["interp cache"]
+    (action,) = [a for a in parser._actions if a.dest == "batch_size"]
+    assert action.default == 32 and "images per forward pass" in action.help
+
+
+def test_options_objects_are_frozen_and_checked_on_construction():
+    from interp.commands.inputs import PreprocessOptions
+    from interp.errors import UsageError
+
+    with pytest.raises(UsageError, match="--crop 224 needs --resize"):
+        PreprocessOptions(eval_crop=224)
+    options = PreprocessOptions(eval_resize=256, eval_crop=224)
+    assert options.preprocess() == "resize256-crop224"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.eval_resize = 1
+
+
+def test_sae_token_choices_are_the_layouts_token_selections():
+    """``--tokens`` is declared torch-free (interp/sae_settings.py); the rows it selects come from the token layout."""
+    from interp.models.layout import TOKEN_SELECTIONS
+    from interp.sae_settings import TOKEN_CHOICES
+
+    assert set(TOKEN_CHOICES) == set(TOKEN_SELECTIONS)
