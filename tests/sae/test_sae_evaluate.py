@@ -73,7 +73,7 @@ def test_sae_train_prints_the_loss_recovered(tmp_path, capsys, one_thread):
 
     photos = str(interp.models.sample_image_paths()[0].parent)
     assert main(["sae", "train", "planted_vit", "--images", photos, "--hook", HOOK, "--out", str(tmp_path / "s"),
-                 "--steps", "5", "--batch-size", "64", "--expansion", "1", "--k", "4", "--data-shards", "1",
+                 "--steps", "5", "--tokens-per-step", "64", "--expansion", "1", "--k", "4", "--data-shards", "1",
                  "--window-images", "3", "--holdout", "0.25", "--no-progress"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "loss recovered " in line and "(KL of the logits, 1 held-out images)" in line
