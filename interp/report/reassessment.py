@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..errors import InterpError
 from ..detection.detection import DetectionSpec, detection_from_norms, spec_of, threshold_param
 from ..hooks.names import resolve_block
 from ..models.planted import planted_truth
@@ -315,7 +316,7 @@ class ReassessmentResult(StudyResult):
 def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSpec] = None,
                     names: Optional[Sequence[str]] = None, batch_size: int = 16, probes: bool = True,
                     probe_tokens: int = 2000, probe_options: Optional[Dict] = None, top_k: Optional[int] = None,
-                    seed: int = 0, strict: bool = False, preprocess=None,
+                    seed: int = 0, strict: bool = False, preprocess=None, siblings: Optional[Dict[str, str]] = None,
                     progress: bool = True) -> ReassessmentResult:
     """The reassessment table of ``models`` (HookedViTs) over the same ``images`` (what ``open_source`` takes).
 
@@ -326,6 +327,8 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
             ``model.model_name`` (:func:`register_siblings`).
         probes, probe_tokens, probe_options: the linear probes of claim 4 (as in ``compare_models``).
         top_k: register neurons the test-time register edits (default: the planted count, else 10).
+        siblings: {trained-register column: its no-register sibling's column} (names as in ``names``); default
+            the pairs :func:`register_siblings` finds among the model names.
         preprocess: one eval transform for every model's images (default each model's own).
     """
     spec = spec_of(detection)
@@ -337,11 +340,12 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
                                   top_k=top_k, seed=seed, strict=strict, preprocess=preprocess, progress=progress)
         runs.append(run)
         skipped = skipped or skips
+    labels = [run.name for run in runs]
+    pairs = sibling_pairs(labels, [run.model_name for run in runs], siblings)
     columns = {run.name: model_cells(run) for run in runs}
     for i, run in enumerate(runs):
-        columns[run.name].update(trained_cells_of(i, runs))
-    labels = [run.name for run in runs]
-    siblings = {runs[r].name: runs[p].name for r, p in register_siblings([run.model_name for run in runs]).items()}
+        columns[run.name].update(trained_cells_of(i, runs, pairs))
+    siblings = {labels[r]: labels[p] for r, p in pairs.items()}
     params = {"models": labels, "threshold": threshold_param(spec.threshold), "detect_layer": spec.layer,
               "preset": spec.preset, "batch_size": batch_size, "probes": probes, "probe_tokens": probe_tokens,
               "probe_options": probe_options, "top_k": top_k, "seed": seed, "preprocess": preprocess_name(preprocess)}
@@ -352,16 +356,34 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
                               definitions={key: doc for key, (_, _, doc) in ROWS.items()})
 
 
-def trained_cells_of(me: int, runs: Sequence[ModelRun]) -> Dict[str, Cell]:
-    """The trained-register rows of model ``runs[me]``'s column: its pair's cells when it has a sibling among
-    ``runs``, else "no artifacts" or n/a."""
-    pairs = register_siblings([r.model_name for r in runs])
+def sibling_pairs(labels: Sequence[str], model_names: Sequence[str],
+                  siblings: Optional[Dict[str, str]] = None) -> Dict[int, int]:
+    """{column of a trained-register model: column of its no-register sibling}: ``siblings`` (column names) when
+    given, else :func:`register_siblings` over the model names. A name that is not a column, a model paired with
+    itself or twice is refused."""
+    if siblings is None:
+        return register_siblings(model_names)
+    pairs: Dict[int, int] = {}
+    for reg, plain in siblings.items():
+        for name in (reg, plain):
+            if name not in labels:
+                raise InterpError(f"sibling {name!r} is not one of the models ({', '.join(labels)})")
+        r, p = list(labels).index(reg), list(labels).index(plain)
+        if r == p or r in pairs or r in pairs.values() or p in pairs or p in pairs.values():
+            raise InterpError(f"{reg}={plain}: a model is paired with itself or twice; give each pair once")
+        pairs[r] = p
+    return pairs
+
+
+def trained_cells_of(me: int, runs: Sequence[ModelRun], pairs: Dict[int, int]) -> Dict[str, Cell]:
+    """The trained-register rows of model ``runs[me]``'s column: its pair's cells when ``pairs`` (trained-register
+    column -> sibling column) pairs it, else "no artifacts" or n/a."""
     run = runs[me]
     for reg, plain in pairs.items():
         if me in (reg, plain):
             return _trained_cells(runs[plain], runs[reg])
     if not run.artifacts:
         return {key: Cell(text=NO_ARTIFACTS) for key in ("trained_attention", "trained_accuracy")}
-    why = ("no register sibling among the models (a trained-register model is paired with the model named like "
-           "it without _regN, e.g. vit_small_patch14_reg4_dinov2 with vit_small_patch14_dinov2)")
+    why = ("no register sibling among the models (a model named like it with _regN, e.g. "
+           "vit_small_patch14_reg4_dinov2 beside vit_small_patch14_dinov2, or --siblings REG=PLAIN)")
     return {key: _na(why) for key in ("trained_attention", "trained_accuracy")}
