@@ -124,3 +124,16 @@ def test_reassess_cli(tmp_path, capsys):
     assert "--siblings: '2:1' is not REG=PLAIN" in capsys.readouterr().err
     assert main(args[:-3] + ["--siblings", "3=1"]) == 2
     assert "neither a model nor a position 1..2" in capsys.readouterr().err
+
+
+def test_attention_on_artifacts_is_the_patch_share_of_the_cls_row():
+    import torch
+
+    from interp.studies.artifacts.registers import attention_on_artifacts
+
+    # image 0: 0.4 of the row on the patches (the rest on CLS / registers), 0.2 of it on the one outlier patch;
+    # image 1 has no outlier: left out
+    attention = torch.tensor([[0.2, 0.1, 0.1, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    outliers = torch.tensor([[True, False, False, False], [False] * 4])
+    shares, patch_shares = attention_on_artifacts(attention, outliers)
+    assert shares == pytest.approx([0.5]) and patch_shares == pytest.approx([0.25])
