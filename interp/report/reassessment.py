@@ -15,9 +15,12 @@ neurons study and :func:`~interp.studies.artifacts.registers.registers_study`. E
 detection rule (a :class:`DetectionSpec`), each model's threshold its own. A model without artifacts gives
 "no artifacts" in rows 3-5; a figure that is not defined for a model is "n/a", and why is printed under the table.
 
->>> result = reassess_models([interp.load("planted_vit"), make_model("vit")], images, names=["planted", "vit"])
->>> result.cells["redundancy"]["vit"].text
+>>> vit = interp.load("vit_small_patch16_224", pretrained=False, depth=2)
+>>> result = reassess_models([model, vit], photos, names=["planted", "vit"], probes=False, progress=False)
+>>> result.cell("redundancy", "vit").text                        # a random ViT has no artifacts
 'no artifacts'
+>>> result.cell("ttr_attention", "planted").values["without"] > 0.8    # CLS attends to the planted sinks
+True
 """
 from __future__ import annotations
 
@@ -108,11 +111,15 @@ def _pair(a: Optional[float], b: Optional[float], sep: str = " / ") -> str:
     return f"{_fmt(a)}{sep}{_fmt(b)}"
 
 
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
 def _na(why: str) -> Cell:
     return Cell(text="n/a", why=why)
 
 
-@dataclass
+@dataclass(eq=False)
 class ModelRun:
     """What the reassessment keeps of one model: its comparison row and notes, the unedited forward (per-image
     CLS attention and logits), the high-norm patches, the behaviour readout, the test-time register result or
@@ -133,8 +140,9 @@ class ModelRun:
 
 
 def register_siblings(model_names: Sequence[str]) -> Dict[int, int]:
-    """{index of a trained-register model: index of its no-register sibling} among ``model_names``: a name with
-    ``_reg<N>`` (timm: ``vit_small_patch14_reg4_dinov2``) and the same name without it (``vit_small_patch14_dinov2``)."""
+    """{index of a trained-register model: index of its no-register sibling} among ``model_names``: a name
+    with ``_reg<N>`` (timm: ``vit_small_patch14_reg4_dinov2``) and the same name without it
+    (``vit_small_patch14_dinov2``)."""
     pairs = {}
     for i, name in enumerate(model_names):
         plain = re.sub(r"_reg\d+", "", name)
@@ -143,7 +151,7 @@ def register_siblings(model_names: Sequence[str]) -> Dict[int, int]:
     return pairs
 
 
-def _test_time_register(source, found, baseline, top_k: int, seed: int, progress: bool):
+def _test_time_register(source, found, baseline, top_k: int, progress: bool):
     """(registers result, ranked neurons, None) or (None, None, why there is none) for one model."""
     if not found.artifacts_found:
         return None, None, NO_ARTIFACTS
@@ -177,7 +185,7 @@ def assess_model(model, images, spec: DetectionSpec, *, name: Optional[str] = No
                            probe_options=probe_options, seed=seed, progress=progress)
     truth = planted_truth(model)
     k = top_k or (len(truth.neurons) if truth is not None else DEFAULT_TOP_K)
-    registers, neurons, why = _test_time_register(source, found, base, k, seed, progress)
+    registers, neurons, why = _test_time_register(source, found, base, k, progress)
     outliers = base.patch_norms > found.counting_threshold()
     run = ModelRun(name, model.model_name, row, notes, bool(found.artifacts_found), outliers, base.cls_attention,
                    base.logits, readout, registers, why, neurons)
@@ -241,13 +249,13 @@ def _trained_cells(plain: ModelRun, reg: ModelRun) -> Dict[str, Cell]:
     elif plain.outliers.shape != reg.cls_attention.shape:
         attention = _na(f"the siblings' patch grids differ ({plain.outliers.shape[-1]} vs "
                         f"{reg.cls_attention.shape[-1]} patches): give both the same --img-size")
+    elif not plain.outliers.any():
+        attention = _na(f"{plain.name} has no patch above the counting threshold")
     else:
-        without, share = attention_on_artifacts(plain.cls_attention, plain.outliers)
-        with_, _ = attention_on_artifacts(reg.cls_attention, plain.outliers)
-        mean = lambda v: sum(v) / len(v)  # noqa: E731
-        attention = Cell({"without": mean(without), "with": mean(with_), "uniform": mean(share)},
-                         f"{_pair(mean(without), mean(with_), ' -> ')} ({_fmt(mean(share))})",
-                         f"{plain.name} -> {reg.name}")
+        without, share = (_mean(v) for v in attention_on_artifacts(plain.cls_attention, plain.outliers))
+        with_ = _mean(attention_on_artifacts(reg.cls_attention, plain.outliers)[0])
+        attention = Cell({"without": without, "with": with_, "uniform": share},
+                         f"{_pair(without, with_, ' -> ')} ({_fmt(share)})", f"{plain.name} -> {reg.name}")
     acc = (_accuracy(plain), _accuracy(reg))
     if None in acc:
         why = next(r.readout.note for r in (plain, reg) if _accuracy(r) is None)

@@ -2,8 +2,10 @@
 tokens; without vs with a test-time register), a model without a number labelled with its cell's text
 ("no artifacts", "n/a").
 
->>> fig = reassessment_figure(reassess_models(models, images))
->>> fig.savefig("reassess.png")
+>>> from interp.report.reassessment import reassess_models
+>>> fig = reassessment_figure(reassess_models([model], photos, probes=False, progress=False))
+>>> len(fig.axes)
+3
 """
 from __future__ import annotations
 

@@ -100,9 +100,10 @@ def test_table_json_and_figure(table, tmp_path):
     text = table.table()
     assert text.splitlines()[0].split()[:2] == ["claim", "figure"]
     assert len([line for line in text.splitlines() if line[:1] and line[:1] in "2345"]) == len(ROWS)
-    assert f"- planted_pvt, ttr_attention: test-time registers are not defined here" in text
+    assert "- planted_pvt, ttr_attention: test-time registers are not defined here" in text
     markdown = table.table(markdown=True)
-    assert markdown.startswith("| claim | figure | planted_vit |") and "| 3 | redundancy normal / high-norm |" in markdown
+    assert markdown.startswith("| claim | figure | planted_vit |")
+    assert "| 3 | redundancy normal / high-norm |" in markdown
     back = ReassessmentResult.from_dict(json.loads(json.dumps(table.to_dict())))
     assert back.cell("ttr_attention", "planted_vit").values == table.cell("ttr_attention", "planted_vit").values
     assert back.table() == text
