@@ -25,6 +25,7 @@ True
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -343,6 +344,9 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
     probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
     runs, skipped = [], []
     for i, model in enumerate(models):
+        if progress:
+            print(f"interp reassess: model {i + 1}/{len(models)}: {names[i] if names else model.model_name}",
+                  file=sys.stderr, flush=True)
         run, skips = assess_model(model, images, spec, name=names[i] if names else None, batch_size=batch_size,
                                   probes=probes, probe_tokens=probe_tokens, probe_options=probe_options,
                                   top_k=top_k, seed=seed, strict=strict, preprocess=preprocess, progress=progress)

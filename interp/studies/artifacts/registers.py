@@ -69,8 +69,11 @@ class RegistersResult(OutlierStudyResult):
 
     def console_lines(self, config=None) -> List[str]:
         """The patch outliers without and with the register, then the behaviour line."""
+        on = self.attention_on_artifacts
+        attention = [f"CLS attention on the outlier patches: {on['baseline']:.3f} -> {on['with_register']:.3f} "
+                     f"(uniform {on['patch_share']:.3f})"] if on else []
         return [f"patch outliers: {self.baseline['outlier_count']} -> {self.with_register['outlier_count']}",
-                *behaviour_lines(self)]
+                *attention, *behaviour_lines(self)]
 
 
 def attention_on_artifacts(attention: torch.Tensor, outliers: torch.Tensor) -> Tuple[List[float], List[float]]:
