@@ -29,7 +29,7 @@ def register(sub) -> None:
                                    "position / pixel probes (4), attention cleanliness and behaviour with and "
                                    "without registers (5). Per-model options (--weights, --img-size) take one "
                                    f"value per model in order, '{NONE}' for none, or one value for all.")
-    p.add_argument("models", nargs="+", help="timm model names (or planted_vit, planted_dinov3, planted_pvt)")
+    p.add_argument("models", nargs="+", help="timm model names (or planted_vit, planted_dinov3, planted_pvt, planted_swin)")
     p.add_argument("--images", default=None, type=existing_path,
                    help="image directory, list file or image (default: the bundled sample photos); an image-folder "
                         "layout DIR/<class>/img gives the label probe")

@@ -14,7 +14,7 @@ from interp.report.reassessment import (ARTIFACT_ROWS, NO_ARTIFACTS, ROWS, Reass
                                         register_siblings, sibling_pairs)
 from interp.report.reassessment_figure import reassessment_figure
 
-PLANTED = ("planted_vit", "planted_dinov3", "planted_pvt")
+PLANTED = ("planted_vit", "planted_dinov3", "planted_pvt", "planted_swin")
 RANDOM = {  # one random model per family, small: none has artifacts
     "vit": ("vit_small_patch16_224", dict(img_size=64, depth=2)),
     "dinov2": ("vit_small_patch14_dinov2", dict(img_size=56, depth=2)),
@@ -71,8 +71,9 @@ def test_test_time_register_cleans_the_attention_map(table):
         assert table.register_neurons[name]  # the planted neurons it edited
     # a pyramid model: no place for a register token, said in one line
     for row in ("ttr_attention", "ttr_behaviour"):
-        cell = table.cell(row, "planted_pvt")
-        assert cell.text == "n/a" and cell.why.startswith("test-time registers are not defined here: PVTv2")
+        for name, family in (("planted_pvt", "PVTv2"), ("planted_swin", "Swin-v2")):
+            cell = table.cell(row, name)
+            assert cell.text == "n/a" and cell.why.startswith(f"test-time registers are not defined here: {family}")
 
 
 def test_trained_register_siblings(table):
