@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 from .common import (add_batch_size_arg, add_device_arg, add_output_args, add_overwrite_arg, add_seed_arg,
                      add_strict_arg, add_detection_args, add_preprocess_args, add_probe_budget_args, check_device,
                      preprocess_arg, probe_budget)
-from .compare import NONE, _check_values, _labels
+from .compare import NONE, _check_values, _labels, per_model
 from ..values import existing_path, positive_int, threshold_value
 
 
@@ -29,12 +29,16 @@ def register(sub) -> None:
                                    "position / pixel probes (4), attention cleanliness and behaviour with and "
                                    "without registers (5). Per-model options (--weights, --img-size) take one "
                                    f"value per model in order, '{NONE}' for none, or one value for all.")
-    p.add_argument("models", nargs="+", help="timm model names (or planted_vit, planted_dinov3, planted_pvt, planted_swin)")
+    p.add_argument("models", nargs="+",
+                   help="timm model names (or planted_vit, planted_dinov3, planted_pvt, planted_swin)")
     p.add_argument("--images", default=None, type=existing_path,
                    help="image directory, list file or image (default: the bundled sample photos); an image-folder "
                         "layout DIR/<class>/img gives the label probe")
     p.add_argument("--weights", nargs="+", default=None, metavar="FILE|-",
                    help=f"local weight file per model, in order; '{NONE}' for a model without one")
+    p.add_argument("--classifier", nargs="+", default=None, metavar="FILE|-",
+                   help=f"classifier file per model, in order ('{NONE}': the model's own head), whose class logits "
+                        "give claim 5's accuracy (labelled images) or top-1 agreement (interp classifier)")
     p.add_argument("--no-pretrained", dest="pretrained", action="store_false", default=True,
                    help="random weights for the models without a --weights file (no download)")
     p.add_argument("--img-size", nargs="+", default=None, metavar="SIZE|-",
@@ -75,6 +79,7 @@ class ReassessArgs:
     probe_options: dict
     out: Optional[Path]
     siblings: Optional[Dict[str, str]]
+    classifiers: List[Optional[str]]
 
 
 def parse_siblings(values: Optional[List[str]], labels: List[str]) -> Optional[Dict[str, str]]:
@@ -104,7 +109,9 @@ def check_args(args: argparse.Namespace) -> ReassessArgs:
     """Everything that can be checked before torch and any model: per-model values, the preset, the output
     folder (an existing reassess.json is refused without --overwrite) and the device."""
     from ..detection.presets import resolve_preset
+    from ..errors import UsageError
     from ..report.compare import PROBE_OPTIONS
+    from ..values import existing_file
     from .output import check_output_folder
     from .saving import refuse_existing_file
 
@@ -118,8 +125,13 @@ def check_args(args: argparse.Namespace) -> ReassessArgs:
         refuse_existing_file(out / "reassess.json", args.overwrite)
     check_device(args.device)
     labels = _labels(args.models, weights, args.pretrained)
+    classifiers = per_model(args.classifier, len(args.models), "--classifier")
+    try:
+        classifiers = [None if c is None else existing_file(c) for c in classifiers]
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"argument --classifier: {e}") from None
     return ReassessArgs(list(args.models), weights, sizes, labels, preprocess, {**PROBE_OPTIONS, **budget}, out,
-                        parse_siblings(args.siblings, labels))
+                        parse_siblings(args.siblings, labels), classifiers)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
                                  batch_size=args.batch_size, probes=args.probes, probe_tokens=args.probe_tokens,
                                  probe_options=checked.probe_options, top_k=args.top_k, seed=args.seed,
                                  strict=args.strict, preprocess=checked.preprocess, siblings=checked.siblings,
-                                 progress=args.progress)
+                                 classifiers=checked.classifiers, progress=args.progress)
         print(result.table())
         if staging is not None:
             (Path(staging) / "reassess.md").write_text(result.table(markdown=True))

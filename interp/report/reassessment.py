@@ -152,7 +152,7 @@ def register_siblings(model_names: Sequence[str]) -> Dict[int, int]:
     return pairs
 
 
-def _test_time_register(source, found, baseline, top_k: int, progress: bool):
+def _test_time_register(source, found, baseline, top_k: int, classifier, progress: bool):
     """(registers result, ranked neurons, None) or (None, None, why there is none) for one model."""
     if not found.artifacts_found:
         return None, None, NO_ARTIFACTS
@@ -163,30 +163,34 @@ def _test_time_register(source, found, baseline, top_k: int, progress: bool):
     if not ranked.neurons:
         return None, None, f"no register neurons ranked ({ranked.message or 'nothing above the threshold'})"
     neurons = ranked.neuron_dict()
-    return registers_study(source, neurons=neurons, detection=found, baseline=baseline, progress=progress), \
-        neurons, None
+    result = registers_study(source, neurons=neurons, detection=found, baseline=baseline, classifier=classifier,
+                             progress=progress)
+    return result, neurons, None
 
 
 def assess_model(model, images, spec: DetectionSpec, *, name: Optional[str] = None, batch_size: int = 16,
                  probes: bool = True, probe_tokens: int = 2000, probe_options: Optional[Dict] = None,
                  top_k: Optional[int] = None, seed: int = 0, strict: bool = False, preprocess=None,
-                 progress: bool = True) -> Tuple[ModelRun, List]:
+                 classifier=None, progress: bool = True) -> Tuple[ModelRun, List]:
     """One model's measures (a :class:`ModelRun`) and the images it skipped. One unedited forward gives the
     detection, the CLS attention and the logits; then the comparison row (norms, redundancy, probes) and, where
     defined, the neurons study and the test-time register (top ``top_k`` neurons; default the planted count
-    for a planted model, else :data:`DEFAULT_TOP_K`)."""
+    for a planted model, else :data:`DEFAULT_TOP_K`). ``classifier``: a classifier file (path, dict or
+    :func:`interp.load_classifier`) whose class logits give claim 5's accuracy or agreement (default the model's
+    own head)."""
     name = name or model.model_name
     source = open_source(model=model, images=images, batch_size=batch_size, strict=strict, preprocess=preprocess)
     skipped = skipped_records(source)
     source = source.held_if_small()
-    readout = behaviour_readout(source)
-    base = baseline_pass(source, resolve_block(spec.layer, source.n_layers), progress=progress)
+    readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
+    base = baseline_pass(source, resolve_block(spec.layer, source.n_layers), progress=progress,
+                         classifier=readout.classifier)
     found = detection_from_norms(source, spec, base.patch_norms)
     row, notes = model_row(source, found, name, probes=probes, probe_tokens=probe_tokens,
                            probe_options=probe_options, seed=seed, progress=progress)
     truth = planted_truth(model)
     k = top_k or (len(truth.neurons) if truth is not None else DEFAULT_TOP_K)
-    registers, neurons, why = _test_time_register(source, found, base, k, progress)
+    registers, neurons, why = _test_time_register(source, found, base, k, readout.classifier, progress)
     outliers = base.patch_norms > found.counting_threshold()
     run = ModelRun(name, model.model_name, row, notes, bool(found.artifacts_found), outliers, base.cls_attention,
                    base.logits, readout, registers, why, neurons)
@@ -326,7 +330,7 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
                     names: Optional[Sequence[str]] = None, batch_size: int = 16, probes: bool = True,
                     probe_tokens: int = 2000, probe_options: Optional[Dict] = None, top_k: Optional[int] = None,
                     seed: int = 0, strict: bool = False, preprocess=None, siblings: Optional[Dict[str, str]] = None,
-                    progress: bool = True) -> ReassessmentResult:
+                    classifiers: Optional[Sequence] = None, progress: bool = True) -> ReassessmentResult:
     """The reassessment table of ``models`` (HookedViTs) over the same ``images`` (what ``open_source`` takes).
 
     Args:
@@ -339,6 +343,7 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
         siblings: {trained-register column: its no-register sibling's column} (names as in ``names``); default
             the pairs :func:`register_siblings` finds among the model names.
         preprocess: one eval transform for every model's images (default each model's own).
+        classifiers: one classifier file (or None: the model's own head) per model, for claim 5's behaviour.
     """
     spec = spec_of(detection)
     probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
@@ -349,7 +354,8 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
                   file=sys.stderr, flush=True)
         run, skips = assess_model(model, images, spec, name=names[i] if names else None, batch_size=batch_size,
                                   probes=probes, probe_tokens=probe_tokens, probe_options=probe_options,
-                                  top_k=top_k, seed=seed, strict=strict, preprocess=preprocess, progress=progress)
+                                  top_k=top_k, seed=seed, strict=strict, preprocess=preprocess,
+                                  classifier=classifiers[i] if classifiers else None, progress=progress)
         runs.append(run)
         skipped = skipped or skips
     labels = [run.name for run in runs]

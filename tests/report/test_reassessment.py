@@ -139,3 +139,22 @@ def test_attention_on_artifacts_is_the_patch_share_of_the_cls_row():
     outliers = torch.tensor([[True, False, False, False], [False] * 4])
     shares, patch_shares = attention_on_artifacts(attention, outliers)
     assert shares == pytest.approx([0.5]) and patch_shares == pytest.approx([0.25])
+
+
+def test_a_classifier_file_gives_claim_5_its_accuracy(labelled16, tmp_path, capsys):
+    """With a classifier that names the image folders' classes (a, b), claim 5's behaviour is accuracy."""
+    import torch
+
+    from interp.models.classifier import save_classifier
+
+    model = interp.load("planted_vit")
+    width = model.run_with_cache(torch.zeros(1, 3, 224, 224), names_filter="hook_pooled")[1]["hook_pooled"].shape[-1]
+    weight = torch.randn(2, width, generator=torch.Generator().manual_seed(0))
+    path = save_classifier(tmp_path / "ab.pt", "linear", weight, torch.zeros(2), class_names=["a", "b"])
+    result = reassess_models([model], labelled16, classifiers=[str(path)], probes=False, progress=False)
+    cell = result.cell("ttr_behaviour", "planted_vit")
+    assert cell.text.endswith("(accuracy)") and cell.why == "accuracy"
+    assert 0 <= cell.values["without"] <= 1 and 0 <= cell.values["with"] <= 1
+    args = ["reassess", "planted_vit", "--images", str(labelled16), "--no-probes", "--no-progress"]
+    assert main(args + ["--classifier", str(tmp_path / "missing.pt")]) == 2
+    assert "argument --classifier" in capsys.readouterr().err
