@@ -21,7 +21,7 @@ from .errors import UnknownModelError, UnsupportedModelError, close_matches
 
 NAMES_FILE = Path(__file__).parent / "data" / "timm_models.json"
 PLANTED_NAME = "planted_vit"  # interp.models.planted.PLANTED_NAME (that module imports torch)
-PLANTED_NAMES = (PLANTED_NAME, "planted_dinov3", "planted_pvt")  # interp.models.planted.PLANTED_BUILDERS
+PLANTED_NAMES = (PLANTED_NAME, "planted_dinov3", "planted_pvt", "planted_swin")  # interp.models.planted.PLANTED_BUILDERS
 DEPRECATED_MODULE = "_registry"  # timm registers its deprecated names there; timm.list_models() leaves them out
 
 

@@ -28,7 +28,7 @@ from typing import List, Optional
 
 from .errors import InterpError, UsageError
 
-COMMANDS = ("hooks", "cache", "patch", "study", "report", "compare", "explore", "classifier", "sae")
+COMMANDS = ("hooks", "cache", "patch", "study", "report", "compare", "reassess", "explore", "classifier", "sae")
 
 
 class Parser(argparse.ArgumentParser):

@@ -80,7 +80,7 @@ def per_model(values: Optional[List[str]], n_models: int, flag: str) -> List[Opt
 
     if not values:
         return [None] * n_models
-    if len(values) == 1 and n_models > 1 and values[0] != NONE and flag != "--weights":
+    if len(values) == 1 and n_models > 1 and values[0] != NONE and flag not in ("--weights", "--classifier"):
         values = values * n_models
     if len(values) != n_models:
         raise UsageError(f"{flag} takes one value per model ({n_models}), got {len(values)}; "

@@ -90,10 +90,11 @@ def _rounded(t: torch.Tensor, digits: int = 5) -> list:
     return [float(f"{v:.{digits}g}") for v in t.reshape(-1).tolist()] if t.dim() == 1 else [_rounded(r, digits) for r in t]
 
 
-def _curves(norms: Dict[str, torch.Tensor]) -> Dict[str, Dict[str, List[float]]]:
-    """Per block max and median (``torch.quantile`` 0.5, as the emergence curves) of patch norms [L, P]."""
-    return {s: {"max": norms[s].max(dim=1).values.tolist(),
-                "median": torch.quantile(norms[s].double(), 0.5, dim=1).tolist()} for s in STAGES}
+def _curves(norms: Dict[str, List[torch.Tensor]]) -> Dict[str, Dict[str, List[float]]]:
+    """Per block max and median (``torch.quantile`` 0.5, as the emergence curves) of each block's patch norms
+    (L x [P_l]: a pyramid's blocks have grids of their stage)."""
+    return {s: {"max": [float(row.max()) for row in norms[s]],
+                "median": [float(torch.quantile(row.double(), 0.5)) for row in norms[s]]} for s in STAGES}
 
 
 class ExploreSession:
@@ -106,9 +107,6 @@ class ExploreSession:
     """
 
     def __init__(self, model, images, options: Optional[ExploreOptions] = None, progress: bool = False):
-        if model.layout.stage_grids:  # a pyramid (PVTv2, Swin-v2): its stages have other grids
-            raise InterpError(f"the explorer draws every block's tokens on one patch grid; {model.model_name} is a "
-                              "pyramid model whose stages run on different grids: use the studies and the report")
         self.model = model
         self.options = options or ExploreOptions()
         self.lock = threading.RLock()  # one forward at a time: hooks and edit state live on the model
@@ -127,7 +125,8 @@ class ExploreSession:
         self.pixels = torch.cat([x for _, x in self.source.image_batches()])  # [N, 3, H, W] on the model's device
         self.display = self.source.display_images(limit=len(self.source))  # [N, 3, H, W] in 0..1
         self.layout = self.source.layout
-        self.grid = tuple(self.layout.grid)
+        # every block's token grid: one for a ViT; a pyramid's (PVTv2, Swin-v2) stages run on coarser ones
+        self.grids = [tuple(self.layout.for_block(l).grid) for l in range(model.n_layers)]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             self.detection = detect(self.source, self.options.threshold, self.options.detect_layer,
@@ -139,6 +138,7 @@ class ExploreSession:
             self.sae = None if self.options.sae is None else SaePanel(self.options.sae, self.source, listed,
                                                                        progress)
         self.warnings = sorted({str(w.message) for w in caught})
+        self.grid = self.grids[self.detection.layer]  # the outliers', the ranked neurons' and the targets' grid
         self.default_threshold = float(self.detection.counting_threshold())
         self._runs: "OrderedDict[tuple, Dict]" = OrderedDict()
         self._readouts: "OrderedDict[str, Dict]" = OrderedDict()
@@ -174,7 +174,8 @@ class ExploreSession:
                                                    "note": truth.description},
             "images": [{"index": i, "id": image_id} for i, image_id in enumerate(self.source.ids)],
             "n_blocks": self.model.n_layers, "n_heads": self.model.n_heads, "d_mlp": self.model.d_mlp,
-            "grid": list(self.grid), "image_size": list(self.pixels.shape[-2:]),
+            "grid": list(self.grid), "grids": [list(g) for g in self.grids],
+            "image_size": list(self.pixels.shape[-2:]),
             "has_cls": self.layout.cls_index is not None,
             "detect_layer": det.layer,
             "threshold": {"value": self.default_threshold, "spec": det.spec, "method": det.method,
@@ -252,6 +253,8 @@ class ExploreSession:
         with self.model.intervene(*ivs):
             lay = self.model.layout_for(tuple(self.pixels.shape[-2:]))
             patches, n_prefix = lay.patch_slice, lay.n_prefix
+            L, names = self.model.n_layers, self.model.block_names
+            block_patches = {names.mlp_post(l): lay.for_block(l).patch_slice for l in range(L)}
 
             def norms(t, hook):
                 kept[hook.name] = t[0].float().norm(dim=-1).cpu()  # [t]
@@ -260,21 +263,20 @@ class ExploreSession:
                 kept[hook.name] = t[0, :, lay.cls_index].float().cpu()  # [H, t]
 
             def neuron_cols(t, hook):
-                kept[hook.name] = t[0, patches].float().cpu()  # [P, d_mlp]
+                kept[hook.name] = t[0, block_patches[hook.name]].float().cpu()  # [P_l, d_mlp] on the block's grid
 
-            L, names = self.model.n_layers, self.model.block_names
             hooks = [(names.resid_mid(l), norms) for l in range(L)] + [(names.resid_post(l), norms) for l in range(L)]
             if lay.cls_index is not None:
                 hooks += [(names.attn_pattern(l), cls_row) for l in range(L)]
             hooks += [(names.mlp_post(l), neuron_cols) for l in layers]
             out = self.model.run_with_hooks(self.pixels[index:index + 1], fwd_hooks=hooks)[0].float().cpu()
-        stage = {s: torch.stack([kept[names.resid_stage(l, s)] for l in range(L)]) for s in STAGES}  # [L, t]
-        patch = {s: v[:, patches] for s, v in stage.items()}
+        stage = {s: [kept[names.resid_stage(l, s)] for l in range(L)] for s in STAGES}  # L x [t_l]
+        patch = {s: [v[lay.for_block(l).patch_slice] for l, v in enumerate(rows)] for s, rows in stage.items()}
         maps = [{**n, "map": _rounded(kept[names.mlp_post(n["layer"])][:, n["neuron"]])} for n in shown]
         return {
-            "patch_norms": patch["resid_post"],  # [L, P] float32
+            "patch_norms": patch["resid_post"],  # L x [P_l] float32 (P_l: block l's grid)
             "curves": _curves(patch),
-            "prefix_norms": stage["resid_post"][:, :n_prefix].tolist(),
+            "prefix_norms": [row[:n_prefix].tolist() for row in stage["resid_post"]],
             "prefix_labels": self._prefix_labels(lay),
             "cls_attention": None if lay.cls_index is None else
             [_rounded(kept[names.attn_pattern(l)][:, patches]) for l in range(L)],  # [L][H][P]
@@ -352,11 +354,11 @@ class ExploreSession:
         return {
             "image": index, "id": self.source.ids[index], "n_blocks": self.model.n_layers, "grid": list(self.grid),
             "detect_layer": det, "threshold": float(thr), "default_threshold": self.default_threshold,
-            "norms": edited["patch_norms"].tolist(), "outlier_count": int(outliers.sum()),
+            "norms": [row.tolist() for row in edited["patch_norms"]], "outlier_count": int(outliers.sum()),
             "outliers": outliers.int().tolist(), "edits": describe_edits(spec),
             **{k: v for k, v in edited.items() if k != "patch_norms"},
             "readout": readout,
-            "baseline": {"norms": base["patch_norms"].tolist(), "curves": base["curves"],
+            "baseline": {"norms": [row.tolist() for row in base["patch_norms"]], "curves": base["curves"],
                          "outlier_count": int((base["patch_norms"][det] > thr).sum())},
             "cached": cached, "seconds": time.perf_counter() - started,
         }

@@ -149,6 +149,24 @@ def preprocess_name(preprocess) -> str:
     return "model" if t is None else t.name
 
 
+def model_row(source, found, name: str, *, probes: bool = True, probe_tokens: int = 2000,
+              probe_options: Optional[Dict] = None, seed: int = 0, progress: bool = True):
+    """One model's comparison row and notes on ``source`` with its detection ``found``: the norms study's
+    columns, the redundancy columns and (with ``probes``) the probe columns. Returns (row, {column: why "-"})."""
+    probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
+    row = summary_row(name, norms_study(source, detection=found, progress=progress))
+    redundancy = redundancy_study(source, detection=found, progress=progress, warn=False)  # the row says it
+    row.update(redundancy_columns(redundancy))
+    notes = redundancy_notes(redundancy)
+    if probes:
+        probed = probes_study(source, detection=found, seed=seed, progress=progress,
+                              max_train_tokens=probe_tokens, max_test_tokens=max(probe_tokens // 2, 1),
+                              probe_options=probe_options)
+        row.update(probe_columns(probed))
+        notes.update(probe_notes(probed))
+    return row, notes
+
+
 def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpec] = None,
                    threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
                    preset: Optional[str] = None, batch_size: int = 16, progress: bool = True,
@@ -173,18 +191,9 @@ def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpe
         skipped = skipped or skipped_records(source)
         source = source.held_if_small()  # decoded once for every pass
         found = spec.detect(source, RunOptions(batch_size, progress=progress))
-        result = norms_study(source, detection=found, progress=progress)
-        rows.append(summary_row(name, result))
-        redundancy = redundancy_study(source, detection=found, progress=progress,
-                                      warn=False)  # the artifacts column says it
-        rows[-1].update(redundancy_columns(redundancy))
-        notes[name] = redundancy_notes(redundancy)
-        if probes:
-            probed = probes_study(source, detection=found, seed=seed, progress=progress,
-                                  max_train_tokens=probe_tokens, max_test_tokens=max(probe_tokens // 2, 1),
-                                  probe_options=probe_options)
-            rows[-1].update(probe_columns(probed))
-            notes[name].update(probe_notes(probed))
+        row, notes[name] = model_row(source, found, name, probes=probes, probe_tokens=probe_tokens,
+                                     probe_options=probe_options, seed=seed, progress=progress)
+        rows.append(row)
     params = {"models": [r["model"] for r in rows], "threshold": threshold_param(spec.threshold),
               "detect_layer": spec.layer, "preset": spec.preset, "batch_size": batch_size, "probes": probes,
               "probe_tokens": probe_tokens, "probe_options": probe_options, "seed": seed,

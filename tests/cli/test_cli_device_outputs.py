@@ -39,11 +39,13 @@ COMMANDS = {
     "study": lambda t, out: ["study", "norms", "planted_vit", "--images", IMAGE, "--out", out],
     "report": lambda t, out: ["report", "--out", out],
     "compare": lambda t, out: ["compare", "planted_vit", "--images", IMAGE, "--out", out],
+    "reassess": lambda t, out: ["reassess", "planted_vit", "--images", IMAGE, "--no-probes", "--out", out],
     "sae train": lambda t, out: ["sae", "train", "planted_vit", "--images", IMAGE, "--hook", "blocks.3.hook_resid_post",
                                  "--out", out],
 }
 # inside a result folder: the file a second run would replace
-INNER = {"study": "norms.json", "report": "report.json", "compare": "compare.json", "sae train": "sae.safetensors"}
+INNER = {"study": "norms.json", "report": "report.json", "compare": "compare.json", "reassess": "reassess.json",
+         "sae train": "sae.safetensors"}
 
 
 def _make(kind: str, path) -> str:
@@ -123,6 +125,7 @@ LOCKED = {  # command -> (argv builder, the marker whose lock a running writer h
     "study": ("study", "norms.json"),
     "report": ("report", "report.json"),
     "compare": ("compare", "compare.json"),
+    "reassess": ("reassess", "reassess.json"),
     "sae train": ("sae train", "sae.json"),
 }
 

@@ -35,10 +35,12 @@
   // ------------------------------------------------------------------ drawing (helpers in draw.js)
   const D = window.interpDraw;
   const { ramp, viridis, magma, fmt } = D;
+  // opts.grid: the grid of the values (a pyramid's block of another stage); default the detection block's
   function drawGrid(canvas, values, lo, hi, cmap, opts) {
-    D.drawGrid(canvas, state.info.grid, values, lo, hi, cmap, Object.assign({}, opts,
+    D.drawGrid(canvas, opts.grid || state.info.grid, values, lo, hi, cmap, Object.assign({}, opts,
       { image: opts.image ? thumb(state.image) : null }));
   }
+  const blockGrid = (b) => state.info.grids[b];
   function renderCurves() {
     D.curves($("curves"), state.last.curves, state.last.baseline.curves, state.info.n_blocks, state.block);
   }
@@ -62,8 +64,10 @@
     const lo = Math.min.apply(null, all), hi = Math.max.apply(null, all.concat([thr * 1.05]));
     const above = (row) => row.map((v) => (v > thr ? 1 : 0));
     const outCur = above(cur);
-    drawGrid($("norm-map"), cur, lo, hi, viridis, { log: true, outline: outCur, image: true, alpha: 0.72 });
-    drawGrid($("norm-base"), base, lo, hi, viridis, { log: true, outline: above(base), image: true, alpha: 0.72 });
+    const grid = blockGrid(b);
+    drawGrid($("norm-map"), cur, lo, hi, viridis, { log: true, outline: outCur, image: true, alpha: 0.72, grid: grid });
+    drawGrid($("norm-base"), base, lo, hi, viridis,
+      { log: true, outline: above(base), image: true, alpha: 0.72, grid: grid });
     $("map-count").textContent = outCur.reduce((a, v) => a + v, 0) + " above " + fmt(thr) + " at block " + b;
     $("scale").textContent = "norm colour scale (log, both maps): " + fmt(lo) + " (dark) to " + fmt(hi) + " (yellow)";
     if (r.cls_attention) {
@@ -94,7 +98,7 @@
       if (!m) return;
       // each map on its own scale, lowest to highest value: a dense neuron's variations show too
       const lo = Math.min.apply(null, m.map), hi = Math.max.apply(null, m.map);
-      drawGrid(cv, m.map, lo, hi, D.activationRamp, { log: false });
+      drawGrid(cv, m.map, lo, hi, D.activationRamp, { log: false, grid: blockGrid(m.layer) });
       const range = lo === hi ? fmt(lo) + " everywhere" : fmt(lo) + " to " + fmt(hi);
       cv.title = cv.dataset.key + ": activation " + range + " (white: lowest, dark red: highest on this map)";
       cv.parentNode.nextSibling.textContent = range;

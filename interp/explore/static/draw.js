@@ -18,6 +18,9 @@ window.interpDraw = (function () {
   // opts.image: an <img> drawn under the cells (opts.alpha: their opacity)
   function drawGrid(canvas, grid, values, lo, hi, cmap, opts) {
     const [h, w] = grid;
+    if (values.length !== h * w) {  // a map drawn on another block's grid (a pyramid's stages differ) is a bug
+      throw new Error("a map of " + values.length + " values drawn on a " + h + " x " + w + " grid");
+    }
     const ctx = canvas.getContext("2d");
     const cw = canvas.width / w, ch = canvas.height / h;
     ctx.clearRect(0, 0, canvas.width, canvas.height);

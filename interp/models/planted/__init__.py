@@ -28,10 +28,12 @@ from __future__ import annotations
 from .circuit import PlantedTruth, planted_truth
 from .dinov3 import PLANTED_DINOV3_NAME, planted_dinov3
 from .pvt import PLANTED_PVT_NAME, PlantedPvtTruth, planted_pvt
+from .swin import PLANTED_SWIN_NAME, PlantedSwinTruth, planted_swin
 from .vit import PLANTED_NAME, planted_vit
 
 PLANTED_BUILDERS = {PLANTED_NAME: planted_vit, PLANTED_DINOV3_NAME: planted_dinov3,
-                    PLANTED_PVT_NAME: planted_pvt}  # name -> builder (interp.load)
+                    PLANTED_PVT_NAME: planted_pvt, PLANTED_SWIN_NAME: planted_swin}  # name -> builder (interp.load)
 
-__all__ = ["PLANTED_BUILDERS", "PLANTED_DINOV3_NAME", "PLANTED_NAME", "PLANTED_PVT_NAME", "PlantedPvtTruth",
-           "PlantedTruth", "planted_dinov3", "planted_pvt", "planted_truth", "planted_vit"]
+__all__ = ["PLANTED_BUILDERS", "PLANTED_DINOV3_NAME", "PLANTED_NAME", "PLANTED_PVT_NAME", "PLANTED_SWIN_NAME",
+           "PlantedPvtTruth", "PlantedSwinTruth", "PlantedTruth", "planted_dinov3", "planted_pvt", "planted_swin",
+           "planted_truth", "planted_vit"]

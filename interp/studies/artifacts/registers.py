@@ -2,7 +2,9 @@
 measure whether the high norm leaves the patches for the new register token.
 
 Reports, with and without the register: patch outliers and max patch norm at the detection layer, the
-register token's norm, CLS attention share on the register token (last block), and the behaviour metrics of
+register token's norm, CLS attention share on the register token (last block), the attention map's
+cleanliness (:func:`attention_on_artifacts`: the share of the last block's CLS->patch attention on the unedited
+model's high-norm patches, without and with the register), and the behaviour metrics of
 :mod:`interp.studies.core.behaviour` (top-1 agreement through a real classifier; pooled-vector cosine always).
 
 >>> result = registers_study(source, neurons="2:17,2:101,2:402,2:655", progress=False)
@@ -12,7 +14,7 @@ register token's norm, CLS attention share on the register token (last block), a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -41,6 +43,10 @@ class RegistersResult(OutlierStudyResult):
             accuracy (None when both exist).
         register_norm: per image, the test-time register token's norm at the detection layer.
         cls_attention_on_register: per image, CLS attention (last block, head mean) on the register token.
+        attention_on_artifacts: {"baseline", "with_register"}: the share of the last block's CLS->patch attention
+            (head mean, over the patch tokens) on the unedited model's outlier patches, mean over the images that
+            have any (:func:`attention_on_artifacts`); "patch_share": the share of the patches they are (what
+            a uniform map would put there). Empty without a CLS token or without outliers.
         outlier_maps_after: [N][h][w] 0/1 patch outliers with the register.
         counting_threshold: the norm the outlier counts use: ``threshold``, or the 99th percentile of the
             unedited norms when "auto" finds no separated mode.
@@ -55,6 +61,7 @@ class RegistersResult(OutlierStudyResult):
     with_register: Dict = field(default_factory=dict)
     register_norm: List[float] = field(default_factory=list)
     cls_attention_on_register: List[float] = field(default_factory=list)
+    attention_on_artifacts: Dict[str, float] = field(default_factory=dict)
     outlier_maps_after: List = field(default_factory=list)
     conditions: Dict[str, Dict] = field(default_factory=dict)
     classifier: Optional[Dict] = None
@@ -62,8 +69,27 @@ class RegistersResult(OutlierStudyResult):
 
     def console_lines(self, config=None) -> List[str]:
         """The patch outliers without and with the register, then the behaviour line."""
+        on = self.attention_on_artifacts
+        attention = [f"CLS attention on the outlier patches: {on['baseline']:.3f} -> {on['with_register']:.3f} "
+                     f"(uniform {on['patch_share']:.3f})"] if on else []
         return [f"patch outliers: {self.baseline['outlier_count']} -> {self.with_register['outlier_count']}",
-                *behaviour_lines(self)]
+                *attention, *behaviour_lines(self)]
+
+
+def attention_on_artifacts(attention: torch.Tensor, outliers: torch.Tensor) -> Tuple[List[float], List[float]]:
+    """Attention-map cleanliness: per image that has outliers, the share of its CLS->patch attention
+    ``attention`` [b, P] (head mean; renormalised over the P patches, so attention on CLS or register tokens
+    is left out) that lands on the patches of ``outliers`` Bool[b, P], and the share of the patches they are
+    (the same share under a uniform map). Returns (attention shares, patch shares), one entry per image with at
+    least one outlier."""
+    attention = attention.float()
+    keep = outliers.any(-1)
+    on = (attention * outliers).sum(-1) / attention.sum(-1).clamp_min(1e-12)
+    return on[keep].tolist(), outliers.float().mean(-1)[keep].tolist()
+
+
+def _mean(values: List[float]) -> Optional[float]:
+    return sum(values) / len(values) if values else None
 
 
 @study(RegistersConfig)
@@ -106,6 +132,7 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
     last = source.n_layers - 1
     stats = {k: {"outliers": 0, "max": 0.0} for k in ("baseline", "with_register")}
     reg_norm, reg_attn, maps = [], [], []
+    on_artifacts: Dict[str, List[float]] = {"baseline": [], "with_register": [], "patch_share": []}
     grid = tuple(source.layout_of(source.blocks.resid_post(detect)).grid)
     has_cls = source.layout.cls_index is not None
     edited = {"with_register": Condition([ttr], attention_layers=[last] if has_cls else [])}
@@ -122,6 +149,12 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
             stats[key]["max"] = max(stats[key]["max"], float(out.patch_norms.max()))
             meter.add(key, pair.start, out.logits, out.pooled, base.logits, base.pooled)
         maps.append((run.patch_norms > thr_value).reshape(-1, *grid))
+        if has_cls:  # the unedited model's outlier patches, read in both maps
+            outliers = base.patch_norms > thr_value
+            for key, out in (("baseline", base), ("with_register", run)):
+                shares, patch_share = attention_on_artifacts(out.cls_attention[last], outliers)
+                on_artifacts[key] += shares
+            on_artifacts["patch_share"] += patch_share
     table = {k: {"outlier_count": v["outliers"], "max_patch_norm": v["max"], **meter.metrics(k)}
              for k, v in stats.items()}
     params = {"neurons": {str(k): list(v) for k, v in neurons.items()}, "n_registers": n_registers,
@@ -132,6 +165,7 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
         counting_threshold=float(thr_value), ids=list(source.ids), skipped=skipped_records(source),
         baseline=table["baseline"],
         with_register=table["with_register"], register_norm=reg_norm, cls_attention_on_register=reg_attn,
+        attention_on_artifacts={k: _mean(v) for k, v in on_artifacts.items() if v},
         outlier_maps_after=torch.cat(maps).int().tolist() if maps else [],
         conditions=table, classifier=readout.record(), behaviour_note=readout.note,
     )

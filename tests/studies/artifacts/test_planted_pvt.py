@@ -138,14 +138,6 @@ def test_the_report_runs_on_the_planted_pvt_and_skips_what_a_pyramid_does_not_de
     assert "stage grids 56 x 56, 28 x 28, 14 x 14, 7 x 7, no prefix tokens" in (tmp_path / "index.html").read_text()
 
 
-def test_the_explorer_refuses_a_pyramid_in_one_line(planted):
-    from interp.explore.session import ExploreSession
-
-    model, _ = planted
-    with pytest.raises(InterpError, match="pyramid model whose stages run on different grids"):
-        ExploreSession(model, interp.models.sample_image_paths())
-
-
 def test_masking_masks_the_last_stages_cells_in_pixels(planted):
     """A stage-3 cell of PVTv2 covers 32 x 32 input pixels (224 / 7), not the 4-pixel embedding stride."""
     from interp.studies.aggregation.masking import masking_study
