@@ -57,7 +57,8 @@ ROWS: Dict[str, Tuple[str, str, str]] = {
                    "max over median patch-token norm at the detection block's output (before the final norm)"),
     "redundancy": ("3", "redundancy normal / high-norm",
                    "median cosine of a token's input patch embedding to its 4 neighbours, normal vs high-norm "
-                   "tokens (high: the artifacts sit in redundant regions)"),
+                   "tokens (high: the artifacts sit in redundant regions); n/a when the normal median reaches 0.99 "
+                   "(nothing to contrast)"),
     "label_probe": ("4", "label probe normal / high-norm",
                     "image-label linear probe top-1 from one normal vs one high-norm patch token (chance in "
                     "brackets); needs labelled images (DIR/<class>/img)"),
@@ -271,6 +272,24 @@ def _trained_cells(plain: ModelRun, reg: ModelRun) -> Dict[str, Cell]:
     return {"trained_attention": attention, "trained_accuracy": accuracy}
 
 
+PARALLEL_COS = 0.99  # normal patches this alike at the input: a shared component dominates, nothing to contrast
+
+
+def _redundancy_cell(run: ModelRun) -> Cell:
+    """Claim 3's cell; n/a (the medians kept in ``values``) when even the normal patches' input embeddings are
+    nearly parallel to their neighbours: a component shared by every patch (e.g. a large embedding bias) hides
+    the image, so "redundant region" has no contrast to show."""
+    row = run.row
+    values = {"normal": row["redund_normal"], "high_norm": row["redund_high"]}
+    if row["redund_normal"] is not None and row["redund_normal"] >= PARALLEL_COS:
+        return Cell(values, "n/a", f"normal patches' input embeddings are already nearly parallel to their "
+                                   f"neighbours (median cos {row['redund_normal']:.3f} >= {PARALLEL_COS}): a "
+                                   "component shared by every patch dominates, so the measure cannot tell "
+                                   "redundant regions")
+    whys = sorted({run.notes[c] for c in ("redund_normal", "redund_high") if c in run.notes})
+    return Cell(values, _pair(row["redund_normal"], row["redund_high"]), "; ".join(whys) or None)
+
+
 def model_cells(run: ModelRun) -> Dict[str, Cell]:
     """The cells of one model's column, but the trained-register rows (:func:`_trained_cells`)."""
     row = run.row
@@ -279,9 +298,7 @@ def model_cells(run: ModelRun) -> Dict[str, Cell]:
              "norm_ratio": Cell({"ratio": row["max/median"]}, _fmt(row["max/median"]))}
     if not run.artifacts:
         return {**cells, **{key: Cell(text=NO_ARTIFACTS) for key in ARTIFACT_ROWS}}
-    whys = sorted({run.notes[c] for c in ("redund_normal", "redund_high") if c in run.notes})
-    cells["redundancy"] = Cell({"normal": row["redund_normal"], "high_norm": row["redund_high"]},
-                               _pair(row["redund_normal"], row["redund_high"]), "; ".join(whys) or None)
+    cells["redundancy"] = _redundancy_cell(run)
     cells.update({key: _probe_cell(run, key) for key in PROBE_ROWS})
     cells.update(_ttr_cells(run))
     return cells

@@ -23,6 +23,11 @@ PANELS = (
 )
 
 
+def _shown(cell, key: str):
+    """A cell's value as a bar; none for an n/a cell (its numbers are kept in the JSON, not drawn)."""
+    return None if cell.text == "n/a" else cell.values.get(key)
+
+
 def reassessment_figure(result) -> Figure:
     """Three panels (redundancy, position probe, test-time register cleanliness) of a ReassessmentResult."""
     models = result.models
@@ -31,12 +36,12 @@ def reassessment_figure(result) -> Figure:
     y = np.arange(len(models))
     for ax, (row, title, bars, reference) in zip(axes, PANELS):
         for j, ((key, label), color) in enumerate(zip(bars, (ATTN_COLOR, MLP_COLOR))):
-            values = [result.cell(row, m).values.get(key) for m in models]
+            values = [_shown(result.cell(row, m), key) for m in models]
             ax.barh(y + (j - 0.5) * 0.38, [np.nan if v is None else v for v in values], height=0.38,
                     color=color, label=label)
         for i, m in enumerate(models):
             cell = result.cell(row, m)
-            if all(cell.values.get(key) is None for key, _ in bars):
+            if all(_shown(cell, key) is None for key, _ in bars):
                 ax.text(0.02, i, cell.text, va="center", fontsize=8, color="0.35", transform=ax.get_yaxis_transform())
             if reference and cell.values.get(reference) is not None:
                 ax.plot([cell.values[reference]] * 2, [i - 0.45, i + 0.45], ":", color="k", lw=1)

@@ -158,3 +158,26 @@ def test_a_classifier_file_gives_claim_5_its_accuracy(labelled16, tmp_path, caps
     args = ["reassess", "planted_vit", "--images", str(labelled16), "--no-probes", "--no-progress"]
     assert main(args + ["--classifier", str(tmp_path / "missing.pt")]) == 2
     assert "argument --classifier" in capsys.readouterr().err
+
+
+def test_redundancy_is_na_when_even_normal_patches_are_parallel():
+    """A component shared by every patch (cos >= 0.99 between normal neighbours) leaves nothing to contrast: the
+    cell says n/a and why, its medians kept in the values; below that the medians are the cell."""
+    from types import SimpleNamespace
+
+    from interp.report.reassessment import PARALLEL_COS, _redundancy_cell
+
+    flat = _redundancy_cell(SimpleNamespace(row={"redund_normal": 0.999, "redund_high": 1.0}, notes={}))
+    assert flat.text == "n/a" and "nearly parallel" in flat.why and flat.values["normal"] == 0.999
+    fine = _redundancy_cell(SimpleNamespace(row={"redund_normal": PARALLEL_COS - 0.3, "redund_high": 0.99}, notes={}))
+    assert fine.text == "0.69 / 0.99" and fine.why is None
+
+
+def test_the_methods_page_holds_the_rows_as_declared():
+    """docs/methods.md section 6's table is ``row_table()`` (regenerate it from ROWS when a row changes)."""
+    from pathlib import Path
+
+    from interp.report.reassessment import row_table
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "methods.md").read_text()
+    assert row_table() in page
