@@ -21,6 +21,14 @@ def lock_path(path: Union[str, Path]) -> Path:
     return path.with_name(path.name + ".lock")
 
 
+class LockHeld(CacheError):
+    """Another process holds the lock; ``holder`` says which (``pid N on HOST``, read from the lock file)."""
+
+    def __init__(self, message: str, holder: str):
+        super().__init__(message)
+        self.holder = holder
+
+
 class WriterLock:
     """Exclusive right to write ``path``. Use as a context manager, or ``acquire()`` / ``release()``."""
 
@@ -30,7 +38,7 @@ class WriterLock:
         self._fd: Optional[int] = None
 
     def acquire(self) -> "WriterLock":
-        """Take the lock. Raises CacheError when another process holds it, OSError when the lock file cannot
+        """Take the lock. Raises :class:`LockHeld` (a CacheError) when another process holds it, OSError when the lock file cannot
         be created (a read-only folder: callers say it their way)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
@@ -40,9 +48,9 @@ class WriterLock:
             except BlockingIOError:
                 holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "unknown process"
                 os.close(fd)
-                raise CacheError(
+                raise LockHeld(
                     f"{str(self.target)!r} is being written by another process ({holder}; lock "
-                    f"{str(self.path)!r}). Wait for it to finish or stop it, then rerun with --resume."
+                    f"{str(self.path)!r}). Wait for it to finish or stop it, then rerun with --resume.", holder
                 ) from None
             # The previous holder may have unlinked the lock file between our open and flock: retry.
             try:

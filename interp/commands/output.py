@@ -253,8 +253,7 @@ def atomic_output_dir(out, marker: str, replaces: Sequence[str] = (), what: str 
     Raises:
         OutputError: another process holds the lock; the disk filled up or the folder became read-only.
     """
-    from ..cache.lock import WriterLock, lock_path  # here: importing interp.cache imports torch
-    from ..errors import CacheError
+    from ..cache.lock import LockHeld, WriterLock  # here: importing interp.cache imports torch
 
     out = Path(os.path.abspath(out))
     refuse_special(out)
@@ -266,12 +265,8 @@ def atomic_output_dir(out, marker: str, replaces: Sequence[str] = (), what: str 
     lock = WriterLock(out / marker)
     try:
         lock.acquire()
-    except CacheError:
-        try:
-            holder = lock_path(out / marker).read_text().strip() or "another process"
-        except OSError:
-            holder = "another process"
-        raise OutputError(f"--out {str(out)!r} is being written by another interp run ({holder}); wait for it "
+    except LockHeld as e:
+        raise OutputError(f"--out {str(out)!r} is being written by another interp run ({e.holder}); wait for it "
                           "to finish, or choose another --out") from None
     except OSError as e:
         raise (output_error(e, out, what) or e) from None

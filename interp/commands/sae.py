@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional
 
-from ..errors import CacheError, InterpError, OutputError, UsageError
+from ..errors import InterpError, OutputError, UsageError
 from ..formats.image_files import list_images
 from ..options import Options, option
 from ..sae_settings import TOKEN_CHOICES, TrainSettings
@@ -111,19 +111,15 @@ def check_train_output(options: SaeTrainOptions) -> None:
     for name in SAE_FILES:
         refuse_special(os.path.join(options.out, name), "")
     if os.path.exists(os.path.join(options.out, "sae.json.lock")):  # a run is training into --out: say it now
-        from ..cache.lock import WriterLock
+        from ..cache.lock import LockHeld, WriterLock
 
         lock = WriterLock(os.path.join(options.out, "sae.json"))
         try:
             lock.acquire()
         except OSError:
             pass  # the training run says what is wrong with the folder
-        except CacheError:
-            try:
-                holder = lock.path.read_text().strip() or "another process"
-            except OSError:
-                holder = "another process"
-            raise OutputError(f"--out {options.out!r} is being trained into by another interp run ({holder}); wait for "
+        except LockHeld as e:
+            raise OutputError(f"--out {options.out!r} is being trained into by another interp run ({e.holder}); wait for "
                               "it to finish or choose another --out") from None
         else:
             lock.release()

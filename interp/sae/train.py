@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from .._progress import tqdm
-from ..cache.lock import WriterLock, lock_path
-from ..errors import CacheError, InterpError, UsageError
+from ..cache.lock import LockHeld, WriterLock
+from ..errors import InterpError, UsageError
 from . import modules as sae_modules
 from ..sae_settings import TrainSettings
 from .data import TokenStream
@@ -100,12 +100,8 @@ def _lock_run(out: Path):
     try:
         out.mkdir(parents=True, exist_ok=True)
         return WriterLock(out / CONFIG).acquire()
-    except CacheError:
-        try:
-            holder = lock_path(out / CONFIG).read_text().strip() or "another process"
-        except OSError:
-            holder = "another process"
-        raise InterpError(f"--out {str(out)!r} is being trained into by another interp run ({holder}); wait for "
+    except LockHeld as e:
+        raise InterpError(f"--out {str(out)!r} is being trained into by another interp run ({e.holder}); wait for "
                           "it to finish or choose another --out") from None
     except OSError as e:
         raise InterpError(f"--out {str(out)!r}: cannot create the folder or its lock file ({e.strerror or e}); "

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

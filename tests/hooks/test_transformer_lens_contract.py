@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import re
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 import torch

@@ -4,7 +4,6 @@ at most 4 images wide, "first n of N images" on every map figure that shows fewe
 figure in the report page."""
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 

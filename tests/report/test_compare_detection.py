@@ -2,7 +2,6 @@
 redundancy columns, and documented columns that claim no published table."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

@@ -31,7 +31,7 @@ n_w windows per image, N = ws * ws tokens per window; d the stage's width):
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F

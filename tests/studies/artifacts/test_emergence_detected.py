@@ -4,7 +4,6 @@ detection block. Synthetic norms fed to the accumulator; one planted_vit run for
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 import interp

@@ -6,7 +6,6 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from interp.cli import main
