@@ -53,6 +53,32 @@ class PlantedTruth:
         return self.texture_energy(model, images) < self.tau / 2
 
 
+@dataclass(frozen=True)
+class PlantedPyramidTruth(PlantedTruth):
+    """What a planted pyramid (``planted_pvt``, ``planted_swin``) planted: ``layer`` is the flat block index of
+    block ``block`` of stage ``stage``, and the high-norm tokens live on that stage's grid."""
+
+    stage: int = 3
+    block: int = 0
+
+    def texture_energy(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """Per-token texture energy E [b, h_s, w_s] on the planted stage's grid: ``E0 = sum_f softabs(r_f)`` per
+        cell of the patch embedding's grid (r_f: the response to filter f of the embedding convolution, its zero
+        padding included), then every downsampling to the planted stage averages 2x2 cells (an odd grid padded
+        with zeros first, as timm pads): what the construction computes."""
+        module = getattr(model, "timm_model", model)
+        pe = module.patch_embed.proj
+        g = self.gelu_gain
+        with torch.no_grad():
+            resp = nn.functional.conv2d(images.to(pe.weight.dtype), pe.weight[: self.n_filters], stride=pe.stride,
+                                        padding=pe.padding)  # [b, F, h0, w0]
+            energy = ((nn.functional.gelu(g * resp) + nn.functional.gelu(-g * resp)) / g).sum(1, keepdim=True)
+            for _ in range(self.stage):
+                h, w = energy.shape[-2:]
+                energy = nn.functional.avg_pool2d(nn.functional.pad(energy, (0, w % 2, 0, h % 2)), 2)
+        return energy[:, 0]
+
+
 def planted_truth(model: nn.Module) -> Optional[PlantedTruth]:
     """What :func:`planted_vit` planted in ``model`` (a ``HookedViT`` or the timm module), or None for any
     other model.

@@ -8,40 +8,19 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .circuit import (N_FILTERS, checked_neurons, PlantedTruth, _ANCHOR, _Plan, _TRUTH_ATTR, _plant_register_neurons,
-                      _plant_texture_neurons, _zero_mean_filters)
+from .circuit import (N_FILTERS, checked_neurons, PlantedPyramidTruth, _ANCHOR, _Plan, _TRUTH_ATTR,
+                      _plant_register_neurons, _plant_texture_neurons, _zero_mean_filters)
 
 
 PLANTED_PVT_NAME = "planted_pvt"
 
 
 @dataclass(frozen=True)
-class PlantedPvtTruth(PlantedTruth):
+class PlantedPvtTruth(PlantedPyramidTruth):
     """What :func:`planted_pvt` planted: ``layer`` is the flat block index of ``stages.{stage}.blocks.{block}``,
     and the high-norm tokens live on that stage's grid."""
 
-    stage: int = 3
-    block: int = 0
     description: str = "synthetic PVTv2-b0 with planted register neurons (random weights; not a trained model)"
-
-    def texture_energy(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-        """Per-token texture energy E [b, h_s, w_s] on the planted stage's grid.
-
-        ``E0 = sum_f softabs(r_f)`` per cell of the patch embedding's grid (r_f: the response to filter f of the
-        7x7 stride-4 embedding, zero padding included), then each downsampling to the planted stage averages
-        2x2 cells (an odd grid is padded with zeros, flat, first): what the construction computes.
-        """
-        module = getattr(model, "timm_model", model)
-        pe = module.patch_embed.proj
-        g = self.gelu_gain
-        with torch.no_grad():
-            resp = nn.functional.conv2d(images.to(pe.weight.dtype), pe.weight[: self.n_filters], stride=pe.stride,
-                                        padding=pe.padding)  # [b, F, h0, w0]
-            energy = ((nn.functional.gelu(g * resp) + nn.functional.gelu(-g * resp)) / g).sum(1, keepdim=True)
-            for _ in range(self.stage):
-                h, w = energy.shape[-2:]
-                energy = nn.functional.avg_pool2d(nn.functional.pad(energy, (0, w % 2, 0, h % 2)), 2)
-        return energy[:, 0]
 
 
 def planted_pvt(*, stage: int = 3, block: int = 0, neurons: Sequence[int] = (17, 101, 402, 655),

@@ -8,7 +8,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .circuit import N_FILTERS, PlantedTruth, _ANCHOR, _Plan, _TRUTH_ATTR, _zero_mean_filters, checked_neurons
+from .circuit import (N_FILTERS, PlantedPyramidTruth, _ANCHOR, _Plan, _TRUTH_ATTR, _zero_mean_filters,
+                      checked_neurons)
 
 PLANTED_SWIN_NAME = "planted_swin"
 # the constant channel of a planted MLP's output: it sets the post-norm's scale, so that the norm passes the
@@ -17,28 +18,11 @@ _SCALE = 1e4
 
 
 @dataclass(frozen=True)
-class PlantedSwinTruth(PlantedTruth):
+class PlantedSwinTruth(PlantedPyramidTruth):
     """What :func:`planted_swin` planted: ``layer`` is the flat block index of ``layers.{stage}.blocks.{block}``,
     and the high-norm tokens live on that stage's grid."""
 
-    stage: int = 3
-    block: int = 0
-    description: str = ("synthetic Swin-v2 with planted register neurons (random weights; not a trained model)")
-
-    def texture_energy(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-        """Per-token texture energy E [b, h_s, w_s] on the planted stage's grid: ``E0 = sum_f softabs(r_f)`` per
-        4x4 patch (r_f: the response to filter f of the patch embedding), then every patch merging averages 2x2
-        cells (an odd grid padded with zeros first, as timm pads): what the construction computes."""
-        module = getattr(model, "timm_model", model)
-        pe = module.patch_embed.proj
-        g = self.gelu_gain
-        with torch.no_grad():
-            resp = nn.functional.conv2d(images.to(pe.weight.dtype), pe.weight[: self.n_filters], stride=pe.stride)
-            energy = ((nn.functional.gelu(g * resp) + nn.functional.gelu(-g * resp)) / g).sum(1, keepdim=True)
-            for _ in range(self.stage):
-                h, w = energy.shape[-2:]
-                energy = nn.functional.avg_pool2d(nn.functional.pad(energy, (0, w % 2, 0, h % 2)), 2)
-        return energy[:, 0]
+    description: str = "synthetic Swin-v2 with planted register neurons (random weights; not a trained model)"
 
 
 def planted_swin(*, stage: int = 3, block: int = 0, neurons: Sequence[int] = (17, 101, 402, 655),
