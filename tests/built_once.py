@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Callable
 
 
+def _run_root(run: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"interp-tests-{run}"
+
+
 def built_once(name: str, build: Callable[[Path], None]) -> Path:
     """The folder ``name`` that ``build(folder)`` filled, built by the first caller of this test run."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
@@ -21,7 +25,7 @@ def built_once(name: str, build: Callable[[Path], None]) -> Path:
         folder = Path(tempfile.mkdtemp(prefix=f"interp-{name}-"))
         build(folder)
         return folder
-    root = Path(tempfile.gettempdir()) / f"interp-tests-{run}"
+    root = _run_root(run)
     root.mkdir(exist_ok=True)
     folder = root / name
     with open(root / f"{name}.lock", "w") as lock:
@@ -32,3 +36,11 @@ def built_once(name: str, build: Callable[[Path], None]) -> Path:
             build(folder)
             (folder / ".built").touch()
     return folder
+
+
+def remove_run_folders(config) -> None:
+    """At the end of an xdist run, in the controller (its workers are done): remove what the run built."""
+    session = config.pluginmanager.getplugin("dsession")
+    nodes = getattr(session, "nodemanager", None)
+    if nodes is not None and not hasattr(config, "workerinput"):
+        shutil.rmtree(_run_root(nodes.testrunuid), ignore_errors=True)

@@ -22,7 +22,7 @@ import interp
 from interp.cli import main
 
 import early
-from built_once import built_once
+from built_once import built_once, remove_run_folders
 import notebook_helpers
 
 TESTS = Path(__file__).resolve().parent  # the tests folder (its helpers: conftest, sae_helpers, reference)
@@ -206,4 +206,5 @@ def pytest_runtest_setup(item):
 
 def pytest_sessionfinish(session):
     early.stop_all()
+    remove_run_folders(session.config)
 
