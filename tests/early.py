@@ -13,6 +13,11 @@ A launch is declared next to its test's code, ``@launcher(NAME)`` on a function 
 ``@pytest.mark.early(NAME)`` and calls :func:`result`, which starts it then if the session has not (a test run
 by node id starts its own). ``tests/conftest.py`` queues the launches of the collected tests, starts the next
 one before each test when none runs, and stops what is left at the end.
+
+Under pytest-xdist (``-n``) a launch runs once per test run, not once per worker: the first worker whose test
+asks for it runs it to the end (tests/built_once.py) and every worker reads how it ended, so a launch that
+several tests share (the notebook's kernel, a fresh interpreter, the memory measurements) costs one
+interpreter start wherever the scheduler sends those tests.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import pytest
 import torch
+
+from built_once import built_once
 
 SAFETY_NET_S = 1800  # a hung child fails its test after this; never a timing assertion
 
@@ -92,6 +99,8 @@ def result(name: str) -> Finished:
     """Wait for the launch ``name`` (starting it if needed) and return how it ended."""
     if name in _QUEUE:
         _QUEUE.remove(name)
+    if XDIST_WORKERS > 1:
+        return _shared_result(name)
     start(name)
     proc, workdir = _STARTED[name]
     if proc is None:
@@ -103,6 +112,31 @@ def result(name: str) -> Finished:
         pytest.fail(f"{name}: no end in {SAFETY_NET_S} s: {(workdir / 'stderr.txt').read_text()[-3000:]}")
     return Finished(proc.returncode, (workdir / "stdout.txt").read_text(), (workdir / "stderr.txt").read_text(),
                     workdir)
+
+
+def _shared_result(name: str) -> Finished:
+    """How the launch ``name`` ended, run to the end by the first worker of the test run that asks."""
+    def run(workdir: Path) -> None:
+        spec = LAUNCHERS[name](workdir)
+        if spec is None:
+            (workdir / "nothing-to-run").touch()
+            return
+        with open(workdir / "stdout.txt", "w") as out, open(workdir / "stderr.txt", "w") as err:
+            proc = subprocess.Popen(spec.argv, cwd=spec.cwd or workdir, env={**os.environ, **spec.env},
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+        try:
+            proc.wait(timeout=SAFETY_NET_S)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            with open(workdir / "stderr.txt", "a") as err:
+                err.write(f"\n{name}: no end in {SAFETY_NET_S} s (killed)\n")
+        (workdir / "returncode.txt").write_text(str(proc.returncode))
+
+    workdir = built_once("early-" + re.sub(r"[^\w.-]", "_", name), run)
+    if (workdir / "nothing-to-run").exists():
+        pytest.fail(f"the launch {name!r} had nothing to run (its launcher returned None)")
+    return Finished(int((workdir / "returncode.txt").read_text()), (workdir / "stdout.txt").read_text(),
+                    (workdir / "stderr.txt").read_text(), workdir)
 
 
 def queue_for(items: Iterable[pytest.Item]) -> None:

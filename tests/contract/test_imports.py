@@ -10,14 +10,13 @@ stack and is left out.
 from __future__ import annotations
 
 import ast
-import json
-import sys
+import functools
 from pathlib import Path
 from typing import Dict, List, Set
 
 import pytest
 
-import early
+import fresh_interpreter
 import interp
 
 PACKAGE_DIR = Path(interp.__file__).resolve().parent
@@ -93,6 +92,7 @@ def imported_modules(name: str, path: Path, known: Set[str], include_functions: 
     return {m for m in found if m in known}
 
 
+@functools.lru_cache(maxsize=None)  # read once per session: four tests check the same graph (don't change it)
 def import_graph(include_functions: bool) -> Dict[str, Set[str]]:
     files = module_files()
     known = set(files)
@@ -205,23 +205,11 @@ def test_no_module_replaces_itself_or_hooks_the_import_system():
     assert found == []
 
 
-@early.launcher("import interp")
-def launch_import(workdir: Path) -> early.Launch:
-    """A fresh interpreter: ``import interp``, what it loaded, and every public name resolved."""
-    code = ("import json, sys, interp\n"
-            "heavy = sorted(m for m in ('torch', 'timm', 'nnsight', 'transformer_lens', 'h5py', 'matplotlib') "
-            "if m in sys.modules)\n"
-            "names = {n: type(getattr(interp, n)).__name__ for n in interp.__all__}\n"
-            "print(json.dumps({'heavy': heavy, 'names': names, 'patch_save': callable(interp.patch.save)}))\n")
-    return early.Launch([sys.executable, "-c", code])
-
-
-@pytest.mark.early("import interp")
+@pytest.mark.early(fresh_interpreter.NAME)
 def test_import_interp_is_lazy_and_every_public_name_resolves():
-    run = early.result("import interp")
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    result = fresh_interpreter.checks()  # a fresh interpreter: ``import interp``, then every public name resolved
     assert result["heavy"] == []
+    assert "error" not in result["names"], result["names"]
     assert set(result["names"]) == set(interp.__all__) and result["patch_save"] is True
     assert result["names"]["load"] == "function" and result["names"]["HookedViT"] == "type"
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):

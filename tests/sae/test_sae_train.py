@@ -20,6 +20,7 @@ from interp.sae.evaluate import loss_recovered
 from interp.sae.setup import prepare_data
 from interp.sae.train import TrainSettings, dead_mask
 from sae_helpers import HOOK, TRAIN, needs_overcomplete, planted_cache, planted_images, planted_model, train_planted
+import fresh_interpreter
 from forked import Forked
 from forked import cli as forked_cli
 
@@ -279,21 +280,14 @@ def test_two_ddp_ranks_equal_one_process(tmp_path):
     assert np.allclose(a.config["curve"]["loss"], b.config["curve"]["loss"], rtol=1e-4)
 
 
+@pytest.mark.early(fresh_interpreter.NAME)
 def test_overcomplete_is_loaded_without_patching_matplotlib():
     """overcomplete 0.3.0's package __init__ calls matplotlib.cm.get_cmap (gone in Matplotlib 3.9): interp loads
-    overcomplete.sae without running it, leaves matplotlib as it was and no bare 'overcomplete' package behind."""
-    import subprocess
-
-    code = ("import sys, matplotlib.cm\n"
-            "before = getattr(matplotlib.cm, 'get_cmap', None)\n"
-            "from interp.sae import modules\n"
-            "oc = modules.overcomplete()\n"
-            "assert oc.TopKSAE and getattr(matplotlib.cm, 'get_cmap', None) is before\n"
-            "assert 'overcomplete' not in sys.modules and 'overcomplete.sae' in sys.modules\n"
-            "print('ok')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    overcomplete.sae without running it, leaves matplotlib as it was and no bare 'overcomplete' package behind
+    (in a fresh interpreter that imported matplotlib.cm first: tests/fresh_interpreter.py)."""
+    found = fresh_interpreter.checks()["overcomplete"]
+    assert found == {"TopKSAE": True, "get_cmap_unchanged": True, "bare_package_loaded": False,
+                     "sae_module_loaded": True}, found
 
 
 def test_matryoshka_loss_is_the_mean_over_nested_prefixes(one_thread):
