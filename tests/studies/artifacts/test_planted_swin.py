@@ -10,8 +10,8 @@ import interp
 from interp.errors import InterpError
 from interp.models.planted import PlantedSwinTruth, planted_swin, planted_truth
 from interp.studies import open_source
+from planted_pyramid_checks import PLANTED, check_ablation_against_random_controls, check_patch_file_on_plain_timm
 
-PLANTED = [17, 101, 402, 655]
 
 
 @pytest.fixture(scope="module")
@@ -60,25 +60,11 @@ def test_neurons_ranks_the_planted_neurons_first(planted):
 
 
 def test_ablating_the_planted_neurons_removes_the_artifacts_against_random_controls(planted):
-    from interp.studies.artifacts.ablate import ablate_study
-
-    _, source = planted
-    result = ablate_study(source, neurons=",".join(f"6:{n}" for n in PLANTED), controls=2, progress=False)
-    counts = result.summary["outlier_count"]
-    assert counts["baseline"] > 0 and counts["target"] == 0 and counts["control_mean"] == counts["baseline"]
+    check_ablation_against_random_controls(planted[1])
 
 
 def test_a_patch_file_reproduces_the_ablation_on_plain_timm(planted, tmp_path):
-    from interp.interventions import NeuronAblation
-
-    model, source = planted
-    path = interp.patch.save([NeuronAblation({6: PLANTED})], tmp_path / "ablate.safetensors", model)
-    plain = interp.patch.apply(planted_swin(), path)
-    x = next(iter(source.image_batches()))[1]
-    with torch.no_grad():
-        edited = model.run_with_interventions(x, interp.patch.load(path))
-        torch.testing.assert_close(plain(x), edited, atol=1e-4, rtol=0)
-        assert (edited - model(x)).abs().max() > 1e-3
+    check_patch_file_on_plain_timm(*planted, planted_swin, tmp_path)
 
 
 def test_test_time_registers_refuse_in_one_line(planted):
