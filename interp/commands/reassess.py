@@ -1,5 +1,5 @@
 """``interp reassess MODEL [MODEL ...]``: the cross-architecture reassessment's claims as one table, one row
-per measured figure (claims 2-5, definitions in ``interp.report.reassessment.ROWS`` and docs/methods.md section
+per measured figure (claims 2-5, definitions in ``interp.report.reassessment_cells.ROWS`` and docs/methods.md section
 6), one column per model; writes ``reassess.json``, ``reassess.md`` and ``reassess.png`` with ``--out``.
 
 Per-model options take one value per MODEL, in order, ``-`` meaning "none" for that model; a single value

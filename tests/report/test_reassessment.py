@@ -10,8 +10,8 @@ import pytest
 import interp
 from interp.cli import main
 from interp.errors import InterpError
-from interp.report.reassessment import (ARTIFACT_ROWS, NO_ARTIFACTS, ROWS, ReassessmentResult, reassess_models,
-                                        register_siblings, sibling_pairs)
+from interp.report.reassessment import ReassessmentResult, reassess_models, register_siblings, sibling_pairs
+from interp.report.reassessment_cells import ARTIFACT_ROWS, NO_ARTIFACTS, ROWS
 from interp.report.reassessment_figure import reassessment_figure
 
 PLANTED = ("planted_vit", "planted_dinov3", "planted_pvt", "planted_swin")
@@ -165,7 +165,7 @@ def test_redundancy_is_na_when_even_normal_patches_are_parallel():
     cell says n/a and why, its medians kept in the values; below that the medians are the cell."""
     from types import SimpleNamespace
 
-    from interp.report.reassessment import PARALLEL_COS, _redundancy_cell
+    from interp.report.reassessment_cells import PARALLEL_COS, _redundancy_cell
 
     flat = _redundancy_cell(SimpleNamespace(row={"redund_normal": 0.999, "redund_high": 1.0}, notes={}))
     assert flat.text == "n/a" and "nearly parallel" in flat.why and flat.values["normal"] == 0.999
@@ -177,7 +177,7 @@ def test_the_methods_page_holds_the_rows_as_declared():
     """docs/methods.md section 6's table is ``row_table()`` (regenerate it from ROWS when a row changes)."""
     from pathlib import Path
 
-    from interp.report.reassessment import row_table
+    from interp.report.reassessment_cells import row_table
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "methods.md").read_text()
     assert row_table() in page
