@@ -25,7 +25,7 @@ from ..detection.thresholds import Threshold, ThresholdSpec, resolve_threshold
 from ..errors import InterpError
 
 # 4096 images of ViT-L/14 (256 patches) are 8 MB of float64 norms: enough tokens (1M) for the two-mode fit,
-# which runs on at most 20 000 order statistics anyway (interp.detection.norm_split.MAX_FIT_POINTS).
+# which runs on at most 10 000 order statistics anyway (interp.detection.norm_split.MAX_FIT_POINTS).
 MAX_DETECTION_IMAGES = 4096
 SAMPLE_SEED = 17
 

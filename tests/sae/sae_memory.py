@@ -26,7 +26,7 @@ from interp.sae.train import TrainSettings  # noqa: E402
 GRID = (32, 32)  # 1024 patches
 D = 8
 N_HIGH_REPORT = 8
-D_REPORT = 64  # the feature report's source: normal tokens' norms within ~10 % (8 channels spread them too wide)
+D_REPORT = 32  # the feature report's source: normal tokens' norms within ~12 % (8 channels spread them too wide)
 N_HIGH = 3  # high-norm patches per image (x20)
 IMAGES_1X = 600
 CAP = 200  # detection images in the measurement (norm_cuts.MAX_DETECTION_IMAGES is 4096: 1x and 4x both above it)

@@ -136,6 +136,18 @@ def test_the_split_is_deterministic_order_free_and_fast_on_a_million_norms():
 
 
 # ----------------------------------------------------------------------------------------- fixed values
+def test_the_same_norms_are_split_once_and_other_norms_again():
+    norms, _ = planted(0.03, 0.3, 6, n=2000)
+    grid = norms.reshape(10, 200)
+    first = split_norms(grid)
+    assert split_norms(grid.copy()) is first  # the same bytes and shape: the kept split
+    assert split_norms(grid, "none") is not first and split_norms(grid, "none").normalisation == "none"
+    assert split_norms(norms) is not first  # the same bytes, another shape: pooled, not per image
+    other = grid.copy()
+    other[0, 0] *= 1.5
+    assert split_norms(other) is not first and split_norms(other).image_scales is not None
+
+
 def test_a_fixed_threshold_between_the_modes_finds_the_outliers_whatever_the_split_says():
     """The issue's model (log-sigma 0.29, 2.6 % at 6x) and its harder cousins (0.44 / 8x, 0.28 / 3x)."""
     for sigma, ratio, cut in ((0.29, 6, 4.5), (0.44, 8, 6.0), (0.28, 3, 2.3)):
