@@ -185,11 +185,11 @@ def test_live_and_cached_runs_give_the_same_results(planted, tmp_path):
 
 # ----------------------------------------------------------------------------------------- memory
 @pytest.mark.skipif(not CLEAR_REFS.exists(), reason="needs Linux /proc to reset the peak RSS")
-@pytest.mark.early("norms_memory")
+@pytest.mark.early("studies_memory")
 def test_norms_study_memory_stays_bounded_over_a_1000_image_cache():
     reader = LazyReader(1000)
     one_hook_bytes = 1000 * reader.layout.n_tokens * reader.d_model * 4  # ~50 MB; the 4 hooks read: ~200 MB
-    measured = measured_in_a_fresh_process("norms_memory")
+    measured = measured_in_a_fresh_process("studies_memory")["norms"]
     # The instrument sees a whole-dataset read of a single hook ...
     assert measured["whole_hook"] >= 0.9 * one_hook_bytes
     # ... and the study, which reads every hook of all 1000 images, stays below half of it: its results hold

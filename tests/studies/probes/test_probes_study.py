@@ -150,10 +150,10 @@ def test_a_group_with_few_held_out_tokens_is_not_scored_and_the_figure_draws_who
 
 @pytest.mark.skipif(not CLEAR_REFS.exists(), reason="needs Linux /proc to reset the peak RSS")
 @pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
-@pytest.mark.early("probes_memory")
+@pytest.mark.early("studies_memory")
 def test_memory_stays_bounded_over_a_1000_image_cache():
     one_hook_bytes = 1000 * 197 * 64 * 4                                 # LazyReader: 197 tokens x 64 dims
-    measured = measured_in_a_fresh_process("probes_memory")
+    measured = measured_in_a_fresh_process("studies_memory")["probes"]
     assert measured["whole_hook"] >= 0.9 * one_hook_bytes
     assert measured["n_train_tokens"] <= 8000 + 750 and measured["high"] == 250 * 3   # 3 outliers per image
     # Below half of one hook's size (its peak, ~16 MB measured, is torch's and the allocator's working set and
