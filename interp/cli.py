@@ -73,8 +73,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             _quiet_interrupts()
 
 
+_PARSER: List[argparse.ArgumentParser] = []  # the parser main() reuses: built on its first call in a process
+
+
+def _parser() -> argparse.ArgumentParser:
+    """:func:`build_parser`'s parser, built once per process (a program or test suite that calls :func:`main`
+    many times builds every command's options once; parsing keeps no state in the parser)."""
+    if not _PARSER:
+        _PARSER.append(build_parser())
+    return _PARSER[0]
+
+
 def _main(argv: Optional[List[str]]) -> int:
-    parser = build_parser()
+    parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or a bad argument (one line already shown)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
@@ -74,6 +75,13 @@ def base_type(hint: Any) -> Any:
     if origin in (typing.Union, tuple) and args:
         return base_type(args[0])
     return hint
+
+
+@functools.lru_cache(maxsize=None)
+def _field_types(cls: type) -> Dict[str, Any]:
+    """The resolved annotations of an options class (evaluating them compiles every annotation string: read
+    once per class, not at every parser build)."""
+    return typing.get_type_hints(cls)
 
 
 class Renamed(argparse.Action):
@@ -141,7 +149,7 @@ class Options:
         :attr:`Flag.exclusive`), and the :attr:`RENAMED` flags. ``only``: just these fields (a shared option
         group on another command); ``help``: other help texts by field name; ``required_groups``: instead of
         :attr:`REQUIRED_GROUPS`."""
-        hints = typing.get_type_hints(cls)
+        hints = _field_types(cls)
         required = cls.REQUIRED_GROUPS if required_groups is None else tuple(required_groups)
         sections: Dict[str, Any] = {}
         exclusive: Dict[str, Any] = {}

@@ -165,14 +165,27 @@ def labelled16(tmp_path_factory):
 def default_report():
     """``interp report --out DIR`` on the bundled default (planted_vit, the bundled photos), run once per test run
     in-process (shared by the xdist workers: tests read it, never change it): a namespace with ``out`` (the
-    folder), ``stdout``, ``stderr``, ``seconds``, ``rc``, ``page`` (the index.html text) and ``report``
-    (report.json)."""
+    folder), ``stdout``, ``stderr``, ``seconds``, ``rc``, ``page`` (the index.html text), ``report``
+    (report.json) and ``image_forwards`` (images the run fed through a patch embedding: forwards x images)."""
     def build(folder):
+        from timm.layers import PatchEmbed
+
         stdout, stderr = io.StringIO(), io.StringIO()
+        seen = [0]
+
+        def count(module, inputs):
+            if isinstance(module, PatchEmbed):
+                seen[0] += len(inputs[0])
+
+        counting = torch.nn.modules.module.register_module_forward_pre_hook(count)
         start = time.monotonic()
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            rc = main(["report", "--out", str(folder / "report")])
-        run = {"stdout": stdout.getvalue(), "stderr": stderr.getvalue(), "seconds": time.monotonic() - start, "rc": rc}
+        try:
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                rc = main(["report", "--out", str(folder / "report")])
+        finally:
+            counting.remove()
+        run = {"stdout": stdout.getvalue(), "stderr": stderr.getvalue(), "seconds": time.monotonic() - start, "rc": rc,
+               "image_forwards": seen[0]}
         (folder / "run.json").write_text(json.dumps(run))
 
     folder = built_once("default-report", build)

@@ -35,27 +35,35 @@ def write_images(folder: Path, n: int, corrupt_at=(), size=(40, 48), seed: int =
     return folder
 
 
-def expected(model, x, hook, tokens="all", norms_only=False, hooks=None, batch_size=None):
-    """What the cache should hold for ``hook``, computed straight from run_with_cache over the same
-    batches with the same hooks attached (hooking an attention pattern switches that block from the
-    fused attention kernel to the explicit softmax, which rounds differently)."""
+def expected_hooks(model, x, hooks, tokens="all", norms_only=False, batch_size=None):
+    """What the cache should hold for each of ``hooks`` (hook -> tensor), computed straight from run_with_cache
+    over the same batches with the same hooks attached (hooking an attention pattern switches that block from
+    the fused attention kernel to the explicit softmax, which rounds differently)."""
     batch_size = batch_size or len(x)
     parts = []
     with torch.no_grad():
         for i in range(0, len(x), batch_size):
-            _, cache = model.run_with_cache(x[i:i + batch_size], names_filter=hooks or [hook])
-            parts.append(cache[hook])
-    act = torch.cat(parts)
+            _, cache = model.run_with_cache(x[i:i + batch_size], names_filter=hooks)
+            parts.append(cache)
     lay = model.layout
     rows = {"all": slice(None), "prefix": slice(0, lay.n_prefix), "patches": slice(lay.n_prefix, None),
             "cls": slice(lay.cls_index, lay.cls_index + 1)}[tokens]
-    if hook.endswith(("hook_pattern", "hook_attn_scores")):
-        act = act[:, :, rows]
-    elif not hook.endswith(("hook_pooled", "hook_logits")):
-        act = act[:, rows]
-    if norms_only:
-        act = act.flatten(2).norm(dim=-1) if act.ndim > 2 else act.norm(dim=-1)
-    return act
+    out = {}
+    for hook in parts[0].keys():
+        act = torch.cat([part[hook] for part in parts])
+        if hook.endswith(("hook_pattern", "hook_attn_scores")):
+            act = act[:, :, rows]
+        elif not hook.endswith(("hook_pooled", "hook_logits")):
+            act = act[:, rows]
+        if norms_only:
+            act = act.flatten(2).norm(dim=-1) if act.ndim > 2 else act.norm(dim=-1)
+        out[hook] = act
+    return out
+
+
+def expected(model, x, hook, tokens="all", norms_only=False, hooks=None, batch_size=None):
+    """What the cache should hold for ``hook`` (run with ``hooks`` attached, default just ``hook``)."""
+    return expected_hooks(model, x, hooks or [hook], tokens, norms_only, batch_size)[hook]
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +90,9 @@ def test_round_trip_float32_is_exact(family, tokens, vit, reg_vit, tmp_path):
         assert cache.hooks == model.resolve_hooks(HOOKS)
         assert len(cache) == 3 and cache.ids == ["tensor:0", "tensor:1", "tensor:2"]
         assert cache.layout == model.layout
+        wanted = expected_hooks(model, x, HOOKS, tokens, batch_size=2)
         for hook in cache.hooks:
-            want = expected(model, x, hook, tokens, hooks=HOOKS, batch_size=2).numpy()
+            want = wanted[hook].numpy()
             got = cache[hook][:]
             assert got.dtype == np.float32 and got.shape == want.shape, hook
             np.testing.assert_array_equal(got, want, err_msg=hook)
@@ -98,8 +107,9 @@ def test_round_trip_float16_within_rounding(tokens, reg_vit, tmp_path):
     interp.cache.write(reg_vit, x, hooks=HOOKS, path=path, batch_size=3, dtype="float16", tokens=tokens,
                        progress=False)
     with interp.cache.open(path) as cache:
+        wanted = expected_hooks(reg_vit, x, HOOKS, tokens)
         for hook in cache.hooks:
-            want = expected(reg_vit, x, hook, tokens, hooks=HOOKS)
+            want = wanted[hook]
             got = cache[hook][:]
             assert got.dtype == np.float16
             np.testing.assert_array_equal(got, want.half().numpy(), err_msg=hook)  # one rounding, nothing else
@@ -115,9 +125,10 @@ def test_norms_only_stores_token_norms(tokens, reg_vit, tmp_path):
     with interp.cache.open(path) as cache:
         assert cache.meta["norms_only"] is True
         n_tokens = reg_vit.layout.n_tokens if tokens == "all" else reg_vit.layout.n_patches
+        wanted = expected_hooks(reg_vit, x, VECTOR_HOOKS, tokens, norms_only=True)
         for hook in cache.hooks:
             got = cache[hook][:]
-            want = expected(reg_vit, x, hook, tokens, norms_only=True, hooks=VECTOR_HOOKS).numpy()
+            want = wanted[hook].numpy()
             assert got.shape == ((2,) if hook == "hook_pooled" else (2, n_tokens)), hook
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=hook)
 

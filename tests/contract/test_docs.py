@@ -5,8 +5,10 @@
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -19,15 +21,17 @@ FOREIGN_NOTES = ("SCIENCE" + ".md", "ARCHITECTURE" + ".md")
 
 
 def project_text_files():
-    for path in ROOT.rglob("*"):
-        rel = path.relative_to(ROOT)
-        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts) or not path.is_file():
-            continue
-        if path.suffix in TEXT_SUFFIXES and (path.suffix or path.parent.name == ".ci"):
-            try:
-                yield rel, path.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                continue
+    """(path relative to the root, text) of every text file of the checkout; skipped folders are never entered
+    (a virtual environment inside the checkout holds more files than the project)."""
+    for folder, dirs, names in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+        for name in sorted(names):
+            path = Path(folder) / name
+            if path.suffix in TEXT_SUFFIXES and (path.suffix or path.parent.name == ".ci") and path.is_file():
+                try:
+                    yield path.relative_to(ROOT), path.read_text(encoding="utf-8")
+                except UnicodeDecodeError:
+                    continue
 
 
 def test_no_file_cites_notes_the_project_does_not_have():

@@ -1,6 +1,7 @@
 """The report shares its forwards: one unedited pass per image serves the detection and the causal studies'
 baselines, and one observational pass serves norms, neuron scores, probes and LOST, so ``interp report`` runs
 10 forwards per image on its defaults (it ran 16, then 13)."""
+import json
 import warnings
 
 import pytest
@@ -22,30 +23,20 @@ def _count_image_forwards(model) -> list:
     return seen
 
 
-@pytest.mark.slow
-def test_the_report_runs_10_forwards_per_image(tmp_path, one_thread):
-    from interp.report.battery import run_report
-
-    model = interp.load("planted_vit")
-    seen = _count_image_forwards(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_report(model, images=sample_image_paths(), out_dir=tmp_path, progress=False)  # 4 photos
+def test_the_report_runs_10_forwards_per_image(default_report):
     # baseline 1 (detection + causal baselines), observational 1 (norms, neurons, probes, LOST, redundancy),
-    # ablation 1 target + 5 controls, test-time register 1, relocation 1
-    assert seen[0] / len(sample_image_paths()) == 10
+    # ablation 1 target + 5 controls, test-time register 1, relocation 1: counted on the default report's run
+    # (conftest.py), whose images all load
+    assert default_report.rc == 0 and default_report.report["skipped_images"] == []
+    assert default_report.image_forwards / default_report.report["n_images"] == 10
     # one way to save: every study JSON of the report lists its figures and its skipped images
-    import json
-
     for name in ("norms", "neurons", "ablate", "registers", "relocate", "probes", "lost", "redundancy"):
-        data = json.loads((tmp_path / f"{name}.json").read_text())
+        data = json.loads((default_report.out / f"{name}.json").read_text())
         assert data["skipped"] == [] and data["figure_files"], name
-        assert all((tmp_path / f).is_file() for f in data["figure_files"]), name
+        assert all((default_report.out / f).is_file() for f in data["figure_files"]), name
 
 
 def test_save_result_writes_figures_then_the_json_once(tmp_path):
-    import json
-
     from interp.plots.save import save_result
     from interp.studies.artifacts.neurons import NeuronsResult
 
