@@ -82,11 +82,12 @@ def measured_in_a_fresh_process(name: str) -> dict:
 
 @early.launcher("studies_memory")
 def launch_studies_memory(workdir: Path) -> Optional[early.Launch]:
-    """One fresh interpreter measures the norms and the probes studies (:func:`studies_memory`)."""
+    """One fresh interpreter measures the probes and the norms studies (:func:`studies_memory`), then the SAE
+    line's data set-up and feature report (``tests/sae/sae_memory.py``): ``{"probes", "norms", "sae"}``."""
     if not CLEAR_REFS.exists():
         return None  # the tests skip: no way to reset the peak RSS
-    code = f"import json, sys; sys.path[:0] = [{str(TESTS)!r}]; import memory_helpers; " \
-           f"print(json.dumps(memory_helpers.studies_memory()))"
+    code = (f"import json, sys; sys.path[:0] = [{str(TESTS)!r}, {str(TESTS / 'sae')!r}]; import memory_helpers, "
+            "sae_memory; print(json.dumps({**memory_helpers.studies_memory(), 'sae': sae_memory.measure()}))")
     # glibc's malloc raises its mmap threshold as large blocks are freed, after which freed memory stays in the
     # heap and the peak depends on the order of earlier frees (the same probes run measured 10.5-15.6 MB);
     # a fixed threshold returns every large block on free (16.3-16.6 MB over three runs), so one measurement

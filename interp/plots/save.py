@@ -17,6 +17,8 @@ from ..studies.core.result import StudyResult
 from . import has_figures, study_figures  # the package: every figure module registered
 
 FIGURES_KEY = "figure_files"  # in a saved study JSON: the PNGs written with it
+# zlib level 1 instead of PIL's 6: PNG encoding took a sixth of a report figure's time, for files ~10 % larger
+PNG_OPTIONS = {"pil_kwargs": {"compress_level": 1}}
 
 
 def save_result(result: StudyResult, out: Union[str, Path], images=None,
@@ -37,7 +39,7 @@ def save_result(result: StudyResult, out: Union[str, Path], images=None,
         figures = study_figures(result, images, **(figure_options or {})) if has_figures(result) else []
     names = []
     for stem, fig in figures:
-        fig.savefig(folder / f"{stem}.png", dpi=110, bbox_inches="tight")
+        fig.savefig(folder / f"{stem}.png", dpi=110, bbox_inches="tight", **PNG_OPTIONS)
         names.append(f"{stem}.png")
     data = {**result.to_dict(), FIGURES_KEY: names, **(extra or {})}
     (folder / f"{result.study}.json").write_text(json.dumps(data, indent=1))

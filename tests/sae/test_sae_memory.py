@@ -3,19 +3,12 @@ what the detection on every image marks, and a run's data set-up and token strea
 a source, keep the peak RSS flat from 1x to 4x the images (no [N, P] norms, no [N, T] mask)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-from typing import Optional
-
 import numpy as np
 import pytest
 
-import early
 from interp.detection.thresholds import detect_norms
 from interp.sae.norm_cuts import detection_sample, fit_detection
 from memory_helpers import CLEAR_REFS, measured_in_a_fresh_process
-
-HERE = Path(__file__).resolve().parent
 
 
 def _norms(n: int, seed: int = 0) -> np.ndarray:
@@ -50,21 +43,12 @@ def test_a_sample_bounds_the_fit_and_still_finds_every_images_outliers():
     assert outliers[:, :3].all() and not outliers[:, 3:].any()
 
 
-@early.launcher("sae_memory")
-def launch_sae_memory(workdir: Path) -> Optional[early.Launch]:
-    if not CLEAR_REFS.exists():
-        return None
-    code = (f"import json, sys; sys.path[:0] = [{str(HERE)!r}]; import sae_memory; "
-            "print(json.dumps(sae_memory.measure()))")
-    return early.Launch([sys.executable, "-c", code], env={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)})
-
-
 @pytest.mark.skipif(not CLEAR_REFS.exists(), reason="needs Linux /proc to reset the peak RSS")
-@pytest.mark.early("sae_memory")
+@pytest.mark.early("studies_memory")
 def test_sae_data_memory_is_flat_from_1x_to_4x_images():
     import sae_memory
 
-    measured = measured_in_a_fresh_process("sae_memory")
+    measured = measured_in_a_fresh_process("studies_memory")["sae"]  # tests/memory_helpers.py
     for run in (measured["run_1x"], measured["run_4x"]):  # the runs worked: outliers found and left out
         assert run["artifacts_found"] and run["counts"] == [1024 - sae_memory.N_HIGH]
         assert run["tokens_streamed"] == sae_memory.SETTINGS["steps"] * sae_memory.SETTINGS["batch_size"]
