@@ -40,15 +40,12 @@ def expected_hooks(model, x, hooks, tokens="all", norms_only=False, batch_size=N
     over the same batches with the same hooks attached (hooking an attention pattern switches that block from
     the fused attention kernel to the explicit softmax, which rounds differently)."""
     batch_size = batch_size or len(x)
-    parts = []
     with torch.no_grad():
-        for i in range(0, len(x), batch_size):
-            _, cache = model.run_with_cache(x[i:i + batch_size], names_filter=hooks)
-            parts.append(cache)
+        parts = [model.run_with_cache(x[i:i + batch_size], names_filter=hooks)[1] for i in range(0, len(x), batch_size)]
     lay = model.layout
     rows = {"all": slice(None), "prefix": slice(0, lay.n_prefix), "patches": slice(lay.n_prefix, None),
             "cls": slice(lay.cls_index, lay.cls_index + 1)}[tokens]
-    out = {}
+    out = {}  # hook -> [N, ...] the rows kept
     for hook in parts[0].keys():
         act = torch.cat([part[hook] for part in parts])
         if hook.endswith(("hook_pattern", "hook_attn_scores")):
@@ -59,11 +56,6 @@ def expected_hooks(model, x, hooks, tokens="all", norms_only=False, batch_size=N
             act = act.flatten(2).norm(dim=-1) if act.ndim > 2 else act.norm(dim=-1)
         out[hook] = act
     return out
-
-
-def expected(model, x, hook, tokens="all", norms_only=False, hooks=None, batch_size=None):
-    """What the cache should hold for ``hook`` (run with ``hooks`` attached, default just ``hook``)."""
-    return expected_hooks(model, x, hooks or [hook], tokens, norms_only, batch_size)[hook]
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +145,8 @@ def test_image_files_match_load_images_and_corrupt_file_is_skipped(vit, tmp_path
         assert cache.index.tolist() == [0, 1, 3, 4]
         assert [s[:2] for s in cache.skipped] == [(2, str(folder / "img002.png"))]
         assert "cannot read image" in cache.skipped[0][2]
-        np.testing.assert_array_equal(cache["blocks.1.hook_resid_post"][:],
-                                      expected(vit, x, "blocks.1.hook_resid_post", batch_size=2).numpy())
+        want = expected_hooks(vit, x, ["blocks.1.hook_resid_post"], batch_size=2)["blocks.1.hook_resid_post"]
+        np.testing.assert_array_equal(cache["blocks.1.hook_resid_post"][:], want.numpy())
     with h5py.File(path, "r") as h5:
         assert h5["skipped/path"].asstr()[0] == str(folder / "img002.png")
 
@@ -212,7 +204,7 @@ def test_reader_api(reg_vit, tmp_path):
     path = tmp_path / "acts.h5"
     interp.cache.write(reg_vit, x, hooks=HOOKS, path=path, batch_size=2, dtype="float32", progress=False)
     hook = "blocks.1.hook_resid_post"
-    want = expected(reg_vit, x, hook, hooks=HOOKS, batch_size=2).numpy()
+    want = expected_hooks(reg_vit, x, HOOKS, batch_size=2)[hook].numpy()
     with interp.cache.open(path) as cache:
         view = cache[hook]
         assert view.shape == want.shape and len(view) == 5
@@ -236,9 +228,10 @@ def test_reader_api(reg_vit, tmp_path):
         assert set(acts) == set(live)
         with pytest.raises(KeyError, match="blocks.1.hook_resid_post"):
             acts["blocks.1.hook_resid_pots"]  # a typo names the close stored hook
+        wanted = expected_hooks(reg_vit, x, HOOKS, batch_size=2)
         for name, value in live.items():
             assert acts[name].shape == value.shape and acts[name].dtype == value.dtype, name
-            want_rows = expected(reg_vit, x, name, hooks=HOOKS, batch_size=2)[[3, 1]]
+            want_rows = wanted[name][[3, 1]]
             assert torch.equal(acts[name], want_rows), name
         with pytest.raises(CacheError, match="blocks.1.hook_resid_post"):
             cache["blocks.1.hook_resid_pre"]
@@ -383,8 +376,8 @@ def test_cli_writes_cache_and_refuses_overwrite(vit, tmp_path, capsys):
     with interp.cache.open(out, model=vit) as cache:
         assert cache.ids == [str(tmp_path / "imgs/img002.png"), str(tmp_path / "imgs/img000.png")]
         assert cache.meta["tokens"] == "patches" and len(cache.hooks) == 3
-        want = expected(vit, x, "blocks.1.hook_resid_post", "patches", batch_size=2,
-                        hooks=["blocks.*.hook_resid_post", "blocks.0.attn.hook_pattern"])
+        want = expected_hooks(vit, x, ["blocks.*.hook_resid_post", "blocks.0.attn.hook_pattern"], "patches",
+                              batch_size=2)["blocks.1.hook_resid_post"]
         np.testing.assert_array_equal(cache["blocks.1.hook_resid_post"][:], want.numpy())
     assert main(argv) == 1
     assert "already exists" in capsys.readouterr().err
@@ -397,7 +390,7 @@ def test_bfloat16_model_is_cached_in_the_requested_dtype(tmp_path):
     path = tmp_path / "bf16.h5"
     interp.cache.write(model, x, hooks="blocks.1.hook_resid_post", path=path, dtype="float32", progress=False)
     with interp.cache.open(path) as cache:
-        want = expected(model, x, "blocks.1.hook_resid_post").float().numpy()
+        want = expected_hooks(model, x, ["blocks.1.hook_resid_post"])["blocks.1.hook_resid_post"].float().numpy()
         np.testing.assert_array_equal(cache["blocks.1.hook_resid_post"][:], want)
 
 
