@@ -232,16 +232,35 @@ class CacheFile:
         return cls(h5, path, position)
 
     @staticmethod
-    def _check(h5: h5py.File, path: Path, run_meta: dict, shapes: Dict[str, Tuple[int, ...]]) -> None:
-        """Refuse (read-only) a file that is damaged or was written with other settings."""
+    def check_before_resume(path) -> None:
+        """The checks of a resume that need no model (attributes, structure, index; read-only), so that a damaged
+        file is refused before the model loads. A file left open by a stopped writer is left to :meth:`resume`
+        (it recovers such a file); the row checksums are read there too, once."""
+        old, swmr = integrity.open_read_only(Path(path))
+        with old:
+            if not swmr:
+                CacheFile._check_layout(old, Path(path))
+
+    @staticmethod
+    def _check_layout(h5: h5py.File, path: Path) -> Tuple[dict, np.ndarray]:
+        """(attributes, committed index) of an open file whose attributes, structure and index are sound."""
         try:
             meta = read_attrs(h5, path)
             check_version(meta, path, versions=(FORMAT_VERSION,))
             integrity.validate_meta(meta, path)
             integrity.check_structure(h5, meta, path)
-            n = int(meta["n_written"])
-            index = h5[INDEX][:n]
+            index = h5[INDEX][:int(meta["n_written"])]
             integrity.check_index(index, int(meta["n_images"]), path)
+        except (*integrity.H5_ERRORS, TypeError, ValueError) as e:
+            raise damaged(path, integrity.hdf5_reason(e)) from None
+        return meta, index
+
+    @staticmethod
+    def _check(h5: h5py.File, path: Path, run_meta: dict, shapes: Dict[str, Tuple[int, ...]]) -> None:
+        """Refuse (read-only) a file that is damaged or was written with other settings."""
+        meta, index = CacheFile._check_layout(h5, path)
+        n = int(meta["n_written"])
+        try:
             problems = settings_mismatch(meta, run_meta)
             if not problems:
                 for hook in meta["hooks"]:

@@ -90,6 +90,10 @@ def run(options: CacheOptions, inputs: RunInputs) -> int:
             raise UsageError(f"--for {o.for_studies!r}: unknown study {unknown[0]!r}; known: {', '.join(studies)}")
     from ..cache import write  # imports torch: after the checks above
     from ..cache.format import weights_source
+    from ..cache.store import CacheFile
+
+    if o.resume and os.path.exists(o.out):
+        CacheFile.check_before_resume(o.out)  # a damaged file: refused before the model loads, not after
 
     model = load_model(inputs, (o,))
     hooks = list(o.hooks)

@@ -207,6 +207,28 @@ def test_malformed_cache_is_one_clear_line_for_resume_and_reader(setup, case, tm
     assert_refused(setup, path, capsys, match)
 
 
+# damaged attributes, structure or index: refused before the model loads (the ids and rows need the run's
+# settings first: a file written with other settings says so before its checksums are read)
+BEFORE_THE_MODEL = ["n_written missing", "layout not JSON", "format_version text", "ids shortened", "index shuffled",
+                    "a hook missing"]
+
+
+def test_a_damaged_file_to_resume_is_refused_before_the_model_loads(setup, tmp_path, capsys, monkeypatch):
+    import interp.commands.cache as cache_command
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the damaged file was refused")
+
+    monkeypatch.setattr(cache_command, "load_model", no_model)
+    for case in BEFORE_THE_MODEL:
+        path = copy_of(setup, case.replace(" ", "_"), tmp_path)
+        edit, match = BAD_FILES[case]
+        _edit(path, edit)
+        assert_refused(setup, path, capsys, match)
+    with pytest.raises(AssertionError, match="the model was loaded"):  # a sound file goes on to load the model
+        cli(setup, copy_of(setup, "sound", tmp_path, "killed"), "--resume")
+
+
 def test_other_version_and_foreign_files_are_refused(setup, tmp_path, capsys):
     path = copy_of(setup, "v99", tmp_path)
     _edit(path, lambda h5: h5.attrs.__setitem__("format_version", 99))
