@@ -63,6 +63,12 @@ class UnknownModelError(ModelLoadError, UsageError):
     """A model name neither timm nor interp knows (a mistyped name): a bad command-line value, exit status 2."""
 
 
+class InputPathError(UsageError):
+    """An input path that exists but cannot be read as a file or folder (a FIFO, a device node, a socket, a
+    symlink to one): refused before it is opened, since reading a FIFO waits for a writer forever. A bad
+    command-line value, exit status 2."""
+
+
 class OutputError(InterpError):
     """An output cannot be written: read-only or full disk, a path under a regular file, a locked folder."""
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+import stat
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
-from .errors import UsageError
+from .errors import InputPathError, UsageError
 
 SAE_ARCHS = ("topk", "batchtopk", "jumprelu", "relu", "archetypal", "matryoshka")  # interp sae train --arch
 NEURONS_SYNTAX = "LAYER:NEURON pairs separated by commas, e.g. 2:17,2:101,5:40 (or a neurons.json file)"
@@ -136,15 +138,66 @@ def device_arg(text: str) -> str:
     raise _fail(text, f"expected {DEVICE_SYNTAX}{hint}")
 
 
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path) -> Optional[str]:
+    """What ``path`` is when it is neither a regular file nor a folder (a device node, FIFO, socket, or a symlink
+    to one, or a dangling symlink), in words; None for a regular file, a folder, or nothing there."""
+    path = str(path)
+    if not os.path.lexists(path):
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a symlink to nothing (dangling)" if os.path.islink(path) else "an entry that cannot be read"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"a symlink to {kind}" if os.path.islink(path) else kind
+
+
+def check_input_path(path, label: str = "", folder_ok: bool = False) -> None:
+    """Refuse, before it is opened, an input ``path`` that is there but is neither a regular file nor a folder:
+    a FIFO (opening it waits for a writer forever), a device node (it may stream without end), a socket, a
+    symlink to one. Every file a command reads passes here first (the argparse types below, the
+    pre-checks, the readers). Nothing there (a dangling symlink too), a file or a folder passes: the caller says what is missing or of
+    the wrong kind (``folder_ok``: the message offers a folder too).
+
+    Raises:
+        InputPathError: one line naming ``label`` (an option such as ``--masks``, or what the file is), the
+            path, what it is and the fix; exit status 2.
+    """
+    kind = special_kind(path)
+    if kind is None or not os.path.exists(path):  # a dangling symlink is missing: the caller says so
+        return
+    where = f"{label} {str(path)!r}" if label else repr(str(path))
+    wanted = "a regular file or folder" if folder_ok else "a regular file"
+    raise InputPathError(f"{where} is {kind}, not {wanted}: reading it could block forever; give {wanted} "
+                         "(save what it streams into a file first)")
+
+
+def _readable_input(text: str, folder_ok: bool) -> None:
+    """:func:`check_input_path` as an argparse type check (argparse names the option)."""
+    try:
+        check_input_path(text, folder_ok=folder_ok)
+    except InputPathError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def existing_path(text: str) -> str:
-    """A file or folder that exists (--images, --masks)."""
+    """A file or folder that exists (--images, --masks); not a FIFO or device (:func:`check_input_path`)."""
+    _readable_input(text, folder_ok=True)
     if not Path(text).exists():
         raise argparse.ArgumentTypeError(f"{text!r} does not exist (looked in {Path.cwd()})")
     return text
 
 
 def existing_file(text: str) -> str:
-    """A file that exists (--cache, --boxes, --weights, --interventions, a patch file)."""
+    """A file that exists (--cache, --boxes, --weights, --interventions, a patch file); not a FIFO or device
+    (:func:`check_input_path`)."""
+    _readable_input(text, folder_ok=False)
     path = Path(text)
     if not path.exists():
         raise argparse.ArgumentTypeError(f"{text!r} does not exist (looked in {Path.cwd()})")
@@ -212,6 +265,7 @@ def sae_feature_ids(text) -> tuple:
     if isinstance(text, (tuple, list)):
         return index_list(",".join(str(int(v)) for v in text))
     path = Path(str(text).strip())
+    _readable_input(str(path), folder_ok=False)
     if path.suffix.lower() != ".json" and not path.is_file():
         return index_list(text)
     import json

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import CacheError
 from ..models.layout import TokenLayout
+from ..values import check_input_path
 from .format import CHECKSUMS, IDS, INDEX, SKIPPED, SKIPPED_FIELDS, acts_path, damaged, token_rows
 
 # What h5py raises when HDF5 meets damaged metadata: OSError, KeyError (an object that cannot be opened),
@@ -94,6 +95,7 @@ def open_read_only(path) -> Tuple[h5py.File, bool]:
     file and it has checksums (format 2) to verify them; otherwise it is refused as truncated. Anything
     else HDF5 cannot open is refused as damaged (another process's write lock as such)."""
     path = Path(path)
+    check_input_path(path, "cache file")
     if not path.is_file():
         raise CacheError(f"cache file {str(path)!r} does not exist")
     eof, _ = superblock(path)

@@ -17,12 +17,12 @@ import errno
 import os
 import re
 import shutil
-import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Sequence
 
 from ..errors import OutputError, OutputPathError
+from ..values import special_kind
 
 STAGING_PREFIX = ".interp-staging-"  # staging and backup folders inside an output folder (hidden, ours)
 _SHOWN: Dict[Path, Path] = {}  # active staging folder -> the output folder it stands for (for messages)
@@ -77,26 +77,6 @@ def _check_ancestor(path: Path, flag: str) -> Path:
         raise OutputPathError(f"{flag} {str(path)!r} lies under {str(base)!r}, which is a file, not a folder; "
                           "choose a path outside it")
     return base
-
-
-_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-          (stat.S_ISSOCK, "a socket"))
-
-
-def special_kind(path) -> Optional[str]:
-    """What ``path`` is when it is neither a regular file nor a folder (a device node, FIFO, socket, or a symlink
-    to one, or a dangling symlink), in words; None for a regular file, a folder, or nothing there."""
-    path = str(path)
-    if not os.path.lexists(path):
-        return None
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return "a symlink to nothing (dangling)" if os.path.islink(path) else "an entry that cannot be read"
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-    return f"a symlink to {kind}" if os.path.islink(path) else kind
 
 
 def refuse_special(path, flag: str = "--out") -> None:

@@ -1,9 +1,12 @@
 """What the command line checks after parsing and before torch is imported (torch and timm take 10-15 s to load):
 the model name(s) against timm's shipped name list, the images an ``--images``/``--image-list`` names (they exist
 and at least one opens as an image; all of them with ``--strict``), and the writer lock of an ``interp cache``
-output. The same checks run again where the work happens; these only make a mistake cost a second."""
+output, and the input files no argparse type sees (an ``--sae`` folder's files, a ``--neurons`` file: none may be a FIFO
+or a device, :func:`interp.values.check_input_path`). The same checks run again where the work happens; these
+only make a mistake cost a second."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -11,6 +14,7 @@ from ..formats.image_files import LIST_SUFFIXES, list_images
 from .._model_names import PLANTED_NAME, check_model_name_fast
 from ..errors import ImageError, UsageError
 from ..options import Options
+from ..values import check_input_path
 from .inputs import RunInputs, option_value
 
 HEADERS_CHECKED = 64  # image headers opened before the run (PIL reads a few hundred bytes of each)
@@ -23,10 +27,26 @@ def check_before_torch(options: Sequence[Options], inputs: RunInputs) -> None:
     for name in names:
         if isinstance(name, str):
             check_model_name_fast(name)
+    check_input_files(options)
     check_against_config(options, inputs)
     for flag, value in (("--images", inputs.images), ("--image-list", inputs.image_list)):
         if isinstance(value, str):
             check_images(value, flag, inputs.strict)
+
+
+SAE_FILES = ("sae.json", "sae.safetensors")  # what an --sae folder holds (interp.sae.model imports torch)
+
+
+def check_input_files(options: Sequence[Options]) -> None:
+    """The input files inside or behind an option that argparse only sees as text, refused when one is a FIFO,
+    a device or a socket (reading it would wait forever): the files of the ``--sae`` folder, and the
+    ``--neurons`` value when it names a file (``neurons.json``; else it is ``LAYER:NEURON`` text)."""
+    sae, neurons = option_value(options, "sae"), option_value(options, "neurons")
+    if isinstance(sae, str):
+        for name in SAE_FILES:
+            check_input_path(Path(sae) / name, "--sae")
+    if isinstance(neurons, str) and os.path.lexists(neurons):
+        check_input_path(neurons, "--neurons")
 
 
 PLANTED_DEPTH = 6  # interp.models.planted.planted_vit's blocks (that module imports torch)
@@ -83,7 +103,7 @@ def _sae_features(folder: str):
     import json
 
     try:
-        value = json.loads((Path(folder) / "sae.json").read_text(encoding="utf-8")).get("n_features")
+        value = json.loads((Path(folder) / SAE_FILES[0]).read_text(encoding="utf-8")).get("n_features")
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

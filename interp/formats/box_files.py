@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ..errors import InterpError, close_matches
+from ..values import check_input_path
 from .box_types import BoxTable, ImageBoxes, _make_box, _normalise_key, _number, check_box_in_image, image_size_of
 from .voc_xml import read_voc_xml
 
@@ -128,6 +129,7 @@ def read_boxes(path: Union[str, Path], convention: str = "interp") -> BoxTable:
     if convention not in CONVENTIONS:
         raise InterpError(f"convention={convention!r}: use one of {list(CONVENTIONS)}")
     path = Path(path)
+    check_input_path(path, "box file", folder_ok=True)
     if path.is_dir() or path.suffix.lower() == ".xml":
         if not path.exists():
             raise InterpError(f"box file {str(path)!r} does not exist")

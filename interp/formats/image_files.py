@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Sequence, Union
 
-from ..errors import ImageError
+from ..errors import ImageError, InputPathError
+from ..values import check_input_path
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 LIST_SUFFIXES = (".txt", ".lst")
@@ -13,10 +14,20 @@ LIST_SUFFIXES = (".txt", ".lst")
 PathLike = Union[str, Path]
 
 
+def readable_image_path(path: PathLike) -> None:
+    """:func:`~interp.values.check_input_path` for an image, a list file or an image folder, as an
+    :class:`ImageError` (an unreadable image is skipped and listed like a broken one, not the end of a run)."""
+    try:
+        check_input_path(path, "image path", folder_ok=True)
+    except InputPathError as e:
+        raise ImageError(str(e)) from None
+
+
 def list_images(source: Union[PathLike, Sequence[PathLike]]) -> List[Path]:
     """Image files of a directory (recursively, sorted), a text file listing paths, or a list of paths."""
     if isinstance(source, (str, Path)):
         source = Path(source)
+        readable_image_path(source)
         if source.is_dir():
             files = sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
             if not files:

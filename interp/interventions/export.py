@@ -40,6 +40,7 @@ from ..hooks.edit_state import merge_extra_kv
 from ..hooks.intervene import composition_order
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
 from ..models.families import family_of
+from ..values import check_input_path
 from .base import Intervention, edit_context, model_device
 
 FORMAT = "interp-patch"
@@ -113,6 +114,7 @@ def read_spec(path: PathLike) -> Dict[str, Any]:
     from safetensors import safe_open
 
     path = Path(path)
+    check_input_path(path, "patch file")
     if not path.is_file():
         raise PatchError(f"patch file {str(path)!r} does not exist")
     try:

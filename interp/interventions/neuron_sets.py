@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..errors import InterpError
-from ..values import NEURONS_SYNTAX
+from ..values import NEURONS_SYNTAX, check_input_path
 
 
 
@@ -110,6 +110,7 @@ def neuron_set(spec: Any, label: str = "neurons") -> NeuronSet:
                          "a neurons study result")
     if isinstance(spec, Path) or (isinstance(spec, str) and spec.strip().endswith(".json")):
         path = Path(spec)
+        check_input_path(path, "neurons file")
         if not path.is_file():
             raise InterpError(f"neurons file {str(path)!r} does not exist")
         return read_neurons_json(path)

@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 
 from ..errors import InterpError
+from ..values import check_input_path
 from .base import Intervention
 
 
@@ -74,6 +75,7 @@ def interventions_from_spec(spec: Union[str, Path, List[Dict[str, Any]]], model=
                             batch_size: int = 32) -> List[Intervention]:
     """Interventions from a spec list or a JSON file holding one (a single object is accepted too)."""
     if isinstance(spec, (str, Path)):
+        check_input_path(spec, "intervention spec")
         try:
             spec = json.loads(Path(spec).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:

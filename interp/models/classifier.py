@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import InterpError
+from ..values import check_input_path
 from .heads import head_output_width, pooled_width
 
 FORMAT_VERSION = 1
@@ -243,6 +244,7 @@ def load_classifier(spec: Union[str, Path, Mapping, Classifier]) -> Classifier:
     path = None
     if isinstance(spec, (str, Path)):
         path = str(spec)
+        check_input_path(path, "classifier file")
         if not Path(path).is_file():
             raise ClassifierError(f"classifier file {path!r} not found: {_MAKE_ONE}")
         try:

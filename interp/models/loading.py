@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError, UnknownModelError, UnsupportedModelError, close_matches
+from ..values import check_input_path
 from .pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .families import family_of, family_of_entry_module
 from .weight_fit import (check_register_tokens, fit_head_to_weights, fit_to_weights, keep_file_rope_periods,
@@ -52,6 +53,7 @@ def check_model_name(name: str) -> None:
 def read_state_dict(path: Union[str, Path]) -> dict:
     """Read a state dict from ``.safetensors``, ``.pth``/``.pt`` or ``.bin`` (unwrapping ``state_dict``/``model`` keys)."""
     path = Path(path)
+    check_input_path(path, "weight file")
     if not path.is_file():
         raise ModelLoadError(f"weight file {str(path)!r} does not exist")
     try:

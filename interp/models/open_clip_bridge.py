@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import InterpError, ModelLoadError
+from ..values import check_input_path
 from .support import activation_kind
 
 TEMPLATE_SETS = ("openai", "simple")  # open_clip's OPENAI_IMAGENET_TEMPLATES (80) / SIMPLE_IMAGENET_TEMPLATES (7)
@@ -222,6 +223,7 @@ def load_open_clip(name: str, pretrained: Optional[str] = None, checkpoint: Unio
         described = f"open_clip {name} {pretrained}"
     else:
         path = Path(checkpoint)
+        check_input_path(path, "checkpoint")
         if not path.is_file():
             raise ModelLoadError(f"checkpoint {str(path)!r} does not exist")
         try:  # a file as ``pretrained``: open_clip's strict load_checkpoint, with its format conversions

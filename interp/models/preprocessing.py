@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..formats.image_files import list_images
+from ..formats.image_files import list_images, readable_image_path
 from .._transforms import INTERPOLATIONS, MODEL_TRANSFORM, check_sizes, parse_transform_name
 from ..errors import ImageError, ImageTooLargeError
 
@@ -200,6 +200,7 @@ def _open_checked(path: Path):
 @contextmanager
 def _decoding(path: Path) -> Iterator[None]:
     """Every failure to open or decode ``path`` as one :class:`ImageError` naming the file."""
+    readable_image_path(path)  # a FIFO would block the open
     if not path.is_file():
         raise ImageError(f"image file {str(path)!r} does not exist")
     try:

@@ -22,6 +22,7 @@ from ..errors import InterpError
 from ..hooks.names import block_of
 from ..interventions.sae_features import ARCHS, SparseCodes
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
+from ..values import check_input_path
 from .files import write_atomic
 from .modules import architecture
 
@@ -264,6 +265,8 @@ def load(directory: Union[str, Path], model=None, hook: Optional[str] = None) ->
 
     directory = Path(directory)
     cfg_path, w_path = directory / CONFIG, directory / WEIGHTS
+    for path in (cfg_path, w_path):
+        check_input_path(path, "SAE file")
     if not cfg_path.is_file() or not w_path.is_file():
         raise InterpError(f"{str(directory)!r} holds no SAE (needs {CONFIG} and {WEIGHTS}); train one with "
                           "`interp sae train MODEL --cache FILE --hook HOOK --out DIR`")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple, Union
 
 from ...errors import InterpError
+from ...values import check_input_path
 
 SPLIT_NAMES = ("train", "test")
 PathLike = Union[str, Path]
@@ -17,6 +18,7 @@ def read_split(path: PathLike) -> Tuple[List[str], List[str]]:
     """(train entries, test entries) of a split file (module docstring); relative paths made relative to the
     file's folder. Raises InterpError naming the first bad line."""
     path = Path(path)
+    check_input_path(path, "split file")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
