@@ -7,6 +7,7 @@ not a clock, is what makes a refusal fast on any machine); the tests below read 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,7 @@ BAD_INPUTS = [
     ("unknown option", _study("norms", "--bogus-flag"), 2, "unrecognized"),
     ("unknown study", ["study", "nroms", "planted_vit"], 2, "invalid choice"),
     ("missing --out", ["study", "norms", "planted_vit", "--images", PHOTOS], 2, "--out"),
+    ("masks is a FIFO", _study("segment", "--masks", "TMP/masks.fifo", out="OUT/o"), 2, "FIFO"),
 ]
 
 RUNNER = r"""
@@ -153,6 +155,7 @@ def launch_bad_inputs(tmp: Path) -> early.Launch:
     (tmp / "boxes.csv").write_text("image,x0,y0,x1,y1\nastronaut.jpg,0,0,10,10\n")
     (tmp / "binary.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
     (tmp / "w.pth").write_bytes(b"\0" * 16)
+    os.mkfifo(tmp / "masks.fifo")  # reading it would wait for a writer forever
 
     def fill(arg: str) -> str:
         return arg.replace("TMP/", f"{tmp}/").replace("OUT/", f"{tmp}/new/")

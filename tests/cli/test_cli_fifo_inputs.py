@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -168,20 +167,6 @@ def test_a_symlink_to_a_device_as_an_input_is_refused(tmp_path, capsys):
     assert main(["cache", "planted_vit", "--image-list", str(tmp_path / "list.txt"), "--hooks", HOOK,
                  "--out", str(tmp_path / "a.h5")]) == 2
     assert "symlink to a character device" in one_error_line(capsys.readouterr().err)
-
-
-def test_the_check_runs_before_torch_is_imported(tmp_path):
-    """The refusal costs no model load and no torch import (a fresh interpreter: this one has torch)."""
-    import subprocess
-
-    os.mkfifo(tmp_path / "masks")
-    code = ("import sys\nfrom interp.cli import main\n"
-            f"c = main(['study', 'segment', 'planted_vit', '--images', {IMAGE!r}, '--masks', "
-            f"{str(tmp_path / 'masks')!r}, '--out', {str(tmp_path / 'o')!r}])\n"
-            "print(c, 'torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.stdout.split() == ["2", "False"], (out.stdout, out.stderr)
 
 
 def _reader(module: str, name: str):
