@@ -43,9 +43,9 @@ LAYER_OPTIONS = (("detect_layer", "--detect-layer"), ("highest_layer", "--highes
 
 
 def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) -> None:
-    """Right after the model is built, before any forward pass: an input of at least one patch, block numbers
-    of ``options`` within the model's depth and a ``--hook`` that names one of its hooks (close matches
-    otherwise)."""
+    """Before any forward pass, on the model's skeleton before the load (:func:`check_before_load`) or on the
+    loaded model: an input of at least one patch, block numbers of ``options`` within the model's depth and a
+    ``--hook`` that names one of its hooks (close matches otherwise)."""
     n = model.n_layers
     if 0 in tuple(model.layout.grid):  # an input smaller than one patch: timm builds it, the forward fails
         patch = tuple(getattr(model.timm_model.patch_embed, "patch_size", ()))
@@ -76,22 +76,45 @@ def rank_device(device: str) -> str:
     return device
 
 
-def load_model(inputs: RunInputs, options: Sequence[Options] = (), spec: Optional[ModelSpec] = None, dtype=None):
-    """Load the HookedViT of the run (``spec``, default ``inputs.model``), the device checked first, the block
-    numbers of ``options`` after."""
-    from ..hooks.load import load
-
-    spec = spec or inputs.model
+def timm_kwargs(spec: ModelSpec) -> dict:
+    """The ``timm.create_model`` kwargs of ``spec``'s options (``--img-size``, ``--depth``)."""
     kwargs = {}
     if spec.img_size:
         kwargs["img_size"] = spec.img_size
     if spec.depth:
         kwargs["depth"] = spec.depth
+    return kwargs
+
+
+def check_before_load(spec: ModelSpec, options: Sequence[Options] = ()) -> bool:
+    """Before the model is loaded (weights read or randomly initialised: seconds to minutes): the checks of
+    :func:`check_model_args` on the model's skeleton, its structure built on torch's meta device in ~0.03 s
+    (:func:`interp.hooks.load.load_skeleton`). True when the skeleton has the structure the load will give, so the
+    check need not run again; False when the check is left to the loaded model: no skeleton could be built (a
+    planted model...), or a weight file without ``--img-size`` sets the input size (its position grid), which
+    only the file knows (block numbers and hooks are still checked here: a file cannot change them)."""
+    from ..hooks.load import load_skeleton
+
+    skeleton = load_skeleton(spec.name, **timm_kwargs(spec))
+    if skeleton is None:
+        return False
+    check_model_args(skeleton, spec, options)
+    return not (spec.weights and not spec.img_size)
+
+
+def load_model(inputs: RunInputs, options: Sequence[Options] = (), spec: Optional[ModelSpec] = None, dtype=None):
+    """Load the HookedViT of the run (``spec``, default ``inputs.model``): the device and the arguments of
+    ``options`` checked first (on the model's skeleton, :func:`check_before_load`), then the load."""
+    from ..hooks.load import load
+
+    spec = spec or inputs.model
     device = rank_device(inputs.device)
     check_device(device)
+    checked = check_before_load(spec, options)
     model = load(spec.name, pretrained=spec.pretrained, weights=spec.weights, device=device, dtype=dtype,
-                 seed=inputs.seed, pos_resample=spec.pos_resample, **kwargs)
-    check_model_args(model, spec, options)
+                 seed=inputs.seed, pos_resample=spec.pos_resample, **timm_kwargs(spec))
+    if not checked:  # what the skeleton could not stand for: no skeleton, or the input size a weight file sets
+        check_model_args(model, spec, options)
     return model
 
 

@@ -85,20 +85,17 @@ def _models(options: Options, inputs: RunInputs):
 
     from ..hooks.hooked_vit import HookedViT
     from ..models.loading import create_timm_vit
-    from .common import check_device
+    from .common import check_before_load, check_device, timm_kwargs
 
     spec = inputs.model
-    kwargs = {}
-    if spec.img_size:
-        kwargs["img_size"] = spec.img_size
-    if spec.depth:
-        kwargs["depth"] = spec.depth
     check_device(inputs.device)
+    checked = check_before_load(spec, (options,))
     torch.manual_seed(inputs.seed)
     plain = create_timm_vit(spec.name, pretrained=spec.pretrained, weights=spec.weights, device=inputs.device,
-                            seed=inputs.seed, pos_resample=spec.pos_resample, **kwargs)
+                            seed=inputs.seed, pos_resample=spec.pos_resample, **timm_kwargs(spec))
     hooked = HookedViT.from_timm(copy.deepcopy(plain), name=spec.name)
-    check_model_args(hooked, spec, (options,))
+    if not checked:  # as load_model: what the skeleton could not stand for
+        check_model_args(hooked, spec, (options,))
     return plain, hooked
 
 

@@ -3,7 +3,8 @@ the model name(s) against timm's shipped name list, the images an ``--images``/`
 and at least one opens as an image; all of them with ``--strict``), and the writer lock of an ``interp cache``
 output, and the input files no argparse type sees (an ``--sae`` folder's files, a ``--neurons`` file: none may be a FIFO
 or a device, :func:`interp.values.check_input_path`). The same checks run again where the work happens; these
-only make a mistake cost a second."""
+only make a mistake cost a second. What needs the model's structure is checked after torch loads but before the
+model does, on its skeleton (:func:`interp.commands.common.check_before_load`)."""
 from __future__ import annotations
 
 import os
@@ -55,7 +56,8 @@ LAYER_FLAGS = (("detect_layer", "--detect-layer"), ("highest_layer", "--highest-
 
 def known_depth(inputs: RunInputs):
     """The model's block count when it is known without torch: ``--depth`` (the model keeps at most that many
-    blocks, so a block >= it cannot exist) or planted_vit's; None otherwise (the check after the build decides)."""
+    blocks, so a block >= it cannot exist) or planted_vit's; None otherwise (the check on the model's skeleton
+    decides)."""
     if inputs.model is None:
         return None
     depth = inputs.model.depth
@@ -65,7 +67,7 @@ def known_depth(inputs: RunInputs):
 
 
 def check_against_config(options: Sequence[Options], inputs: RunInputs) -> None:
-    """Argument errors that need no model, caught before torch (they cost 10-15 s after the model load): block
+    """Argument errors that need no model, caught before torch (torch and timm take 10-15 s to import): block
     numbers (``--detect-layer``, ``--highest-layer``, ``--layer``, the block of ``--hook``) beyond a known depth,
     and ``--features`` beyond the ``n_features`` the ``--sae`` folder's sae.json records."""
 

@@ -1,4 +1,5 @@
-"""``interp.load``: build a timm ViT and instrument it (a :class:`~interp.hooks.hooked_vit.HookedViT`)."""
+"""``interp.load``: build a timm ViT and instrument it (a :class:`~interp.hooks.hooked_vit.HookedViT`); its
+skeleton, the same model's structure without weights, for the checks before a load."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +8,7 @@ from typing import Optional, Union
 import torch
 
 from .hooked_vit import HookedViT
-from ..models.loading import create_timm_vit
+from ..models.loading import build_skeleton, create_timm_vit
 
 
 def load(
@@ -47,3 +48,21 @@ def load(
     timm_model = create_timm_vit(name, pretrained=pretrained, weights=weights, device=device, dtype=dtype,
                                  seed=seed, pos_resample=pos_resample, **timm_kwargs)
     return HookedViT.from_timm(timm_model, name=name)
+
+
+def load_skeleton(name: str, **timm_kwargs) -> Optional[HookedViT]:
+    """The HookedViT of ``load(name, pretrained=False, **timm_kwargs)`` built on torch's meta device: the same
+    blocks, hook names and input grid, without a weight read or initialised (~0.03 s for vit_base_patch16_224, see
+    :func:`~interp.models.loading.build_skeleton`). Not for running: its tensors hold no values.
+
+    None when no skeleton can be built: a planted model (built by its weights' construction; small and quick to
+    build for real) or anything timm or interp refuses on the meta device; the real load then decides, and
+    reports its own errors."""
+    from ..models.planted import PLANTED_BUILDERS
+
+    if name in PLANTED_BUILDERS:
+        return None
+    try:
+        return HookedViT.from_timm(build_skeleton(name, **timm_kwargs), name=name)
+    except Exception:  # the skeleton only speeds a refusal up: a failure here never refuses a run
+        return None

@@ -90,3 +90,103 @@ def test_sae_train_defaults_on_a_handful_of_photos_say_what_to_change_at_once(ca
     assert main(argv) == 2
     line = one_error_line(capsys.readouterr().err)
     assert "fewer than --data-shards 8" in line and "--data-shards 1" in line, line
+
+
+# ------------------------------------------------------------------ on the model's skeleton, before its load
+def _forbid_model_builds(monkeypatch) -> None:
+    """From here on timm may build models only on torch's meta device (a skeleton): building one with real
+    tensors (random init, then a weight file's read) fails the test."""
+    import timm
+    import torch
+
+    real = timm.create_model
+
+    def create_model(name, *args, **kwargs):
+        if torch.get_default_device().type != "meta":
+            pytest.fail(f"{name} was built for real")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", create_model)
+
+
+def _test_vit_weights(tmp_path):
+    """A weight file of timm's test_vit (6 blocks) trained at 64 px: a file that sets the input size."""
+    import timm
+    from safetensors.torch import save_file
+
+    path = tmp_path / "test_vit.safetensors"
+    save_file(timm.create_model("test_vit", pretrained=False, img_size=64).state_dict(), str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["study", "norms", "vit_tiny_patch16_224", "--no-pretrained", "--detect-layer", "40"],
+     "--detect-layer 40 is out of range: vit_tiny_patch16_224 has 12 blocks"),
+    (["study", "probes", "vit_tiny_patch16_224", "--no-pretrained", "--layer", "99"],
+     "--layer 99 is out of range: vit_tiny_patch16_224 has 12 blocks"),
+    (["study", "probes", "vit_tiny_patch16_224", "--no-pretrained", "--hook", "blocks.3.mlp.hook_postt"],
+     "Close matches: blocks.3.mlp.hook_post"),
+    (["study", "norms", "vit_tiny_patch16_224", "--no-pretrained", "--img-size", "8"],
+     "--img-size 8 is smaller than one patch"),
+    (["study", "norms", "test_vit", "--weights", "FILE", "--detect-layer", "6"], "test_vit has 6 blocks"),
+    (["patch", "export", "vit_tiny_patch16_224", "--no-pretrained", "--img-size", "8", "--interventions", "{}"],
+     "--img-size 8 is smaller than one patch"),
+])
+def test_arguments_the_model_structure_refutes_are_refused_before_it_loads(tmp_path, capsys, monkeypatch, argv,
+                                                                           words):
+    """Issue 35 #13: a block beyond a timm model's depth, a misspelt hook, an input under one patch were refused
+    only after the model's load (random init: 1.3 s for vit_base_patch16_224, 4.2 s for vit_large; a weight file's
+    read, longer); now on its skeleton, built on the meta device in ~0.03 s, with the same one line and status 2."""
+    from interp.models import sample_image_paths
+
+    argv = [tmp_path / "in.json" if a == "{}" else _test_vit_weights(tmp_path) if a == "FILE" else a for a in argv]
+    (tmp_path / "in.json").write_text("[]")
+    _forbid_model_builds(monkeypatch)
+    images = [] if argv[0] == "patch" else ["--images", str(sample_image_paths()[0])]
+    assert main([*map(str, argv), *images, "--out", str(tmp_path / "o")]) == 2
+    assert words in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "o").exists()
+
+
+def _hooks_output(argv, capsys) -> str:
+    assert main(["hooks", *argv]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.filterwarnings("ignore:weight file 'test_vit.safetensors' holds a 4x4 position grid")
+@pytest.mark.parametrize("weights", [False, True])
+def test_a_valid_run_gives_what_it_gave_without_a_skeleton(tmp_path, capsys, monkeypatch, weights):
+    """The skeleton only refuses earlier: a valid run (random weights, or a file that sets the input size) prints
+    the same hooks and shapes as with no skeleton (the check then on the loaded model, as before)."""
+    import interp.hooks.load
+
+    argv = ["test_vit", *(["--weights", _test_vit_weights(tmp_path)] if weights else ["--no-pretrained"]),
+            "--pattern", "blocks.5.*"]
+    with_skeleton = _hooks_output(argv, capsys)
+    monkeypatch.setattr(interp.hooks.load, "build_skeleton", lambda *a, **k: pytest.fail("a skeleton was built"))
+    monkeypatch.setattr(interp.hooks.load, "load_skeleton", lambda *a, **k: None)
+    assert _hooks_output(argv, capsys) == with_skeleton and "blocks.5.mlp.hook_post" in with_skeleton
+
+
+@pytest.mark.parametrize("valid", [False, True])
+def test_a_skeleton_that_cannot_be_built_leaves_the_check_to_the_loaded_model(tmp_path, capsys, monkeypatch, valid):
+    """A model timm cannot build on the meta device (or a planted model) runs as before: a valid run is never
+    refused for its skeleton, and a bad block number is refused after the load."""
+    import interp.hooks.load
+    from interp.models import sample_image_paths
+
+    def no_meta(*args, **kwargs):
+        raise NotImplementedError("not on the meta device")
+
+    monkeypatch.setattr(interp.hooks.load, "build_skeleton", no_meta)
+    if valid:
+        assert "blocks.5.hook_resid_post" in _hooks_output(["test_vit", "--no-pretrained"], capsys)
+        return
+    loads = []
+    real = interp.hooks.load.load
+    monkeypatch.setattr(interp.hooks.load, "load", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    argv = ["study", "norms", "test_vit", "--no-pretrained", "--detect-layer", "40",
+            "--images", str(sample_image_paths()[0]), "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "--detect-layer 40 is out of range: test_vit has 6 blocks" in one_error_line(capsys.readouterr().err)
+    assert loads == ["test_vit"]
