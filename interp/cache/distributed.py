@@ -23,7 +23,8 @@ from .integrity import check_ids, check_index, check_structure, id_crcs, open_fo
 from .file_writer import write_file
 from .lock import WriterLock
 from .image_feed import ImageFeed
-from .store import ID_CHUNK, append_rows, create_index_datasets, tmp_path
+from .datasets import ID_CHUNK, append_rows, create_index_datasets
+from .store import tmp_path
 
 
 @dataclass(frozen=True)

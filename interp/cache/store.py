@@ -28,14 +28,11 @@ import numpy as np
 
 from ..errors import CacheError
 from . import integrity
+from .datasets import append_rows, create_layout
 from .format import (ACTS, CHECKSUMS, FORMAT_VERSION, IDS, INDEX, LIBVER, SKIPPED, SKIPPED_FIELDS, acts_path,
                      check_version, committed_skipped, damaged, decode_strings, read_attrs, resume_position, settings_mismatch,
-                     weights_hint, write_attrs)
+                     weights_hint)
 
-_STR = h5py.string_dtype("utf-8")
-ID_CHUNK = 1024
-_SKIPPED_CHUNK = 64
-_MAX_CHUNK_BYTES = 1 << 30  # HDF5 chunks must stay under 4 GiB; keep them well below
 _SPACE_MARGIN = 16 << 20  # free bytes kept beyond a batch or a copy (HDF5 metadata, the filesystem's own)
 
 
@@ -93,60 +90,6 @@ def write_error(path, error: OSError, doing: str) -> CacheError:
     return CacheError(f"cannot {doing} {str(path)!r} ({reason}): {fix}")
 
 
-def _compression_kwargs(compression: str) -> dict:
-    if compression == "none":
-        return {}
-    if compression == "lzf":
-        return {"compression": "lzf", "shuffle": True}
-    if compression == "gzip":
-        return {"compression": "gzip", "compression_opts": 4, "shuffle": True}
-    raise ValueError(f"compression must be none, lzf or gzip, got {compression!r}")
-
-
-def chunk_rows(meta: dict, shape: Tuple[int, ...]) -> int:
-    """Rows per chunk: one batch, but never more rows than images (HDF5 allocates whole chunks, so a
-    32-row chunk for 4 images would make the file 8x its data) nor more than 1 GiB."""
-    row_bytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(meta["dtype"]).itemsize)
-    return max(1, min(int(meta["batch_size"]), int(meta["n_images"]), _MAX_CHUNK_BYTES // row_bytes))
-
-
-def create_row_datasets(h5: h5py.File, meta: dict, shapes: Dict[str, Tuple[int, ...]]) -> None:
-    """Empty ``/acts/<hook>`` datasets [0, *shape], resizable along N, one batch per chunk, and the
-    ``/checksums`` dataset [0, hooks + 1]."""
-    np_dtype = np.dtype(meta["dtype"])
-    extra = _compression_kwargs(meta["compression"])
-    for hook in meta["hooks"]:
-        shape = tuple(shapes[hook])
-        h5.create_dataset(acts_path(hook), shape=(0, *shape), maxshape=(None, *shape), dtype=np_dtype,
-                          chunks=(chunk_rows(meta, shape), *shape), **extra)
-    width = len(meta["hooks"]) + 1
-    h5.create_dataset(CHECKSUMS, shape=(0, width), maxshape=(None, width), dtype=np.uint32,
-                      chunks=(ID_CHUNK, width))
-
-
-def create_index_datasets(h5: h5py.File) -> None:
-    """Empty ``/ids``, ``/index`` and ``/skipped/{index,path,reason}`` datasets, resizable."""
-    h5.create_dataset(IDS, shape=(0,), maxshape=(None,), dtype=_STR, chunks=(ID_CHUNK,))
-    h5.create_dataset(INDEX, shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(ID_CHUNK,))
-    for name, dtype in zip(SKIPPED_FIELDS, (np.int64, _STR, _STR)):
-        h5.create_dataset(f"{SKIPPED}/{name}", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(_SKIPPED_CHUNK,))
-
-
-def _create_layout(h5: h5py.File, meta: dict, shapes: Dict[str, Tuple[int, ...]]) -> None:
-    create_row_datasets(h5, meta, shapes)
-    create_index_datasets(h5)
-    write_attrs(h5, meta)
-
-
-def append_rows(ds: h5py.Dataset, values) -> None:
-    """Grow ``ds`` along its first axis by ``values``."""
-    if len(values) == 0:
-        return
-    n = ds.shape[0]
-    ds.resize(n + len(values), axis=0)
-    ds[n:] = values
-
-
 class CacheFile:
     """A cache file open for writing in SWMR mode. Create with :meth:`create` or :meth:`resume`.
 
@@ -179,7 +122,7 @@ class CacheFile:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             h5 = h5py.File(tmp, "w", libver=LIBVER)
-            _create_layout(h5, meta, shapes)
+            create_layout(h5, meta, shapes)
             h5.flush()
             h5.swmr_mode = True
             if not replace_at_end:
@@ -304,7 +247,7 @@ class CacheFile:
                                               "the file was left unchanged")
                 meta.update(n_written=n, n_skipped=n_skipped, complete=False)
                 new = h5py.File(tmp, "w", libver=LIBVER)
-                _create_layout(new, meta, {h: old[acts_path(h)].shape[1:] for h in hooks})
+                create_layout(new, meta, {h: old[acts_path(h)].shape[1:] for h in hooks})
                 for hook in hooks:
                     src, dst = old[acts_path(hook)], new[acts_path(hook)]
                     dst.resize(n, axis=0)
