@@ -17,6 +17,9 @@ from .options import Options, option
 from .values import (MAX_EXPANSION, MAX_SAE_BATCH, SAE_ARCHS, SEED_HELP, expansion_arg, nonnegative_float,
                      positive_float, positive_int, sae_batch_arg, seed_arg, threshold_arg)
 
+# The files of an SAE folder: the trained SAE (its description, its weights), then what a training run adds.
+SAE_CONFIG, SAE_WEIGHTS = "sae.json", "sae.safetensors"
+SAE_CHECKPOINT, SAE_CURVE = "checkpoint.pt", "training_curve.png"
 TOKEN_CHOICES = ("patches", "all", "cls", "registers")
 HIGH_NORM_CHOICES = ("include", "exclude", "only")
 

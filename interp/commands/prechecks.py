@@ -15,6 +15,7 @@ from ..formats.image_files import LIST_SUFFIXES, list_images
 from .._model_names import PLANTED_NAME, check_model_name_fast
 from ..errors import ImageError, UsageError
 from ..options import Options
+from ..sae_settings import SAE_CONFIG, SAE_WEIGHTS
 from ..values import check_input_path
 from .inputs import RunInputs, option_value
 
@@ -35,7 +36,6 @@ def check_before_torch(options: Sequence[Options], inputs: RunInputs) -> None:
             check_images(value, flag, inputs.strict)
 
 
-SAE_FILES = ("sae.json", "sae.safetensors")  # what an --sae folder holds (interp.sae.model imports torch)
 
 
 def check_input_files(options: Sequence[Options]) -> None:
@@ -44,7 +44,7 @@ def check_input_files(options: Sequence[Options]) -> None:
     ``--neurons`` value when it names a file (``neurons.json``; else it is ``LAYER:NEURON`` text)."""
     sae, neurons = option_value(options, "sae"), option_value(options, "neurons")
     if isinstance(sae, str):
-        for name in SAE_FILES:
+        for name in (SAE_CONFIG, SAE_WEIGHTS):
             check_input_path(Path(sae) / name, "--sae")
     if isinstance(neurons, str) and os.path.lexists(neurons):
         check_input_path(neurons, "--neurons")
@@ -105,7 +105,7 @@ def _sae_features(folder: str):
     import json
 
     try:
-        value = json.loads((Path(folder) / SAE_FILES[0]).read_text(encoding="utf-8")).get("n_features")
+        value = json.loads((Path(folder) / SAE_CONFIG).read_text(encoding="utf-8")).get("n_features")
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional
 from ..errors import InterpError, OutputError, UsageError
 from ..formats.image_files import list_images
 from ..options import Options, option
-from ..sae_settings import TOKEN_CHOICES, TrainSettings
+from ..sae_settings import SAE_CHECKPOINT, SAE_CONFIG, SAE_CURVE, SAE_WEIGHTS, TOKEN_CHOICES, TrainSettings
 from ..values import existing_file, existing_path, positive_int
 from .common import load_model
 from .inputs import ModelOptions, OutputOptions, RunInputs, SeedOption, command
@@ -99,7 +99,7 @@ def register(sub) -> None:
                         "run on it (conversion: docs/sae.md).")
 
 
-SAE_FILES = ("sae.json", "sae.safetensors", "checkpoint.pt", "training_curve.png")  # what a run writes in --out
+RUN_FILES = (SAE_CONFIG, SAE_WEIGHTS, SAE_CHECKPOINT, SAE_CURVE)  # what a run writes in --out
 
 
 def check_train_output(options: SaeTrainOptions) -> None:
@@ -108,7 +108,7 @@ def check_train_output(options: SaeTrainOptions) -> None:
     --resume or --overwrite says what to do with it."""
 
     check_output_folder(options.out)
-    for name in SAE_FILES:
+    for name in RUN_FILES:
         refuse_special(os.path.join(options.out, name), "")
     if os.path.exists(os.path.join(options.out, "sae.json.lock")):  # a run is training into --out: say it now
         from ..cache.lock import LockHeld, WriterLock

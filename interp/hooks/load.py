@@ -9,6 +9,7 @@ import torch
 
 from .hooked_vit import HookedViT
 from ..models.loading import build_skeleton, create_timm_vit
+from ..models.planted import PLANTED_BUILDERS
 
 
 def load(
@@ -58,8 +59,6 @@ def load_skeleton(name: str, **timm_kwargs) -> Optional[HookedViT]:
     None when no skeleton can be built: a planted model (built by its weights' construction; small and quick to
     build for real) or anything timm or interp refuses on the meta device; the real load then decides, and
     reports its own errors."""
-    from ..models.planted import PLANTED_BUILDERS
-
     if name in PLANTED_BUILDERS:
         return None
     try:

@@ -10,6 +10,7 @@ import io
 import os
 import socket
 import threading
+import warnings
 from pathlib import Path
 from typing import Optional, Union
 
@@ -237,8 +238,6 @@ def build_skeleton(name: str, **timm_kwargs) -> nn.Module:
     Raises:
         Exception: whatever :func:`build_architecture` raises, or timm raises for a model it cannot build on meta.
     """
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.device("meta"), _SkipMetaFills():

@@ -22,12 +22,12 @@ from ..errors import InterpError
 from ..hooks.names import block_of
 from ..interventions.sae_features import ARCHS, SparseCodes
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
+from ..sae_settings import SAE_CONFIG, SAE_WEIGHTS
 from ..values import check_input_path
 from .files import write_atomic
 from .modules import architecture
 
 FORMAT, FORMAT_VERSION = "interp-sae", 1
-WEIGHTS, CONFIG = "sae.safetensors", "sae.json"
 REQUIRED = ("w_enc", "b_enc", "dictionary", "mean", "scale", "feature_means")
 
 
@@ -151,8 +151,8 @@ def save(out: Union[str, Path], config: Dict[str, Any], tensors: Dict[str, torch
     data = save({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()})
     config = {"format": FORMAT, "version": FORMAT_VERSION, **config, "weights_sha256": _digest(data)}
     config["config_sha256"] = config_digest(config)
-    write_atomic(out / WEIGHTS, data, "SAE weights")
-    write_atomic(out / CONFIG, (json.dumps(_json_ready(config), indent=1, allow_nan=False) + "\n").encode(), "SAE description")
+    write_atomic(out / SAE_WEIGHTS, data, "SAE weights")
+    write_atomic(out / SAE_CONFIG, (json.dumps(_json_ready(config), indent=1, allow_nan=False) + "\n").encode(), "SAE description")
     return out
 
 
@@ -264,11 +264,11 @@ def load(directory: Union[str, Path], model=None, hook: Optional[str] = None) ->
     from safetensors.torch import load as load_bytes
 
     directory = Path(directory)
-    cfg_path, w_path = directory / CONFIG, directory / WEIGHTS
+    cfg_path, w_path = directory / SAE_CONFIG, directory / SAE_WEIGHTS
     for path in (cfg_path, w_path):
         check_input_path(path, "SAE file")
     if not cfg_path.is_file() or not w_path.is_file():
-        raise InterpError(f"{str(directory)!r} holds no SAE (needs {CONFIG} and {WEIGHTS}); train one with "
+        raise InterpError(f"{str(directory)!r} holds no SAE (needs {SAE_CONFIG} and {SAE_WEIGHTS}); train one with "
                           "`interp sae train MODEL --cache FILE --hook HOOK --out DIR`")
     try:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -286,7 +286,7 @@ def load(directory: Union[str, Path], model=None, hook: Optional[str] = None) ->
         raise _bad(cfg_path, f"missing or invalid {', '.join(sorted(set(problems)))}")
     data = w_path.read_bytes()
     if _digest(data) != config["weights_sha256"]:
-        raise _bad(w_path, f"its SHA-256 does not match {CONFIG}: corrupt, truncated or from another run")
+        raise _bad(w_path, f"its SHA-256 does not match {SAE_CONFIG}: corrupt, truncated or from another run")
     try:
         tensors = load_bytes(data)
     except Exception as e:  # safetensors raises its own error types for a damaged header

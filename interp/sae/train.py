@@ -28,15 +28,14 @@ from .._progress import tqdm
 from ..cache.lock import LockHeld, WriterLock
 from ..errors import InterpError, UsageError
 from . import modules as sae_modules
-from ..sae_settings import TrainSettings
+from ..sae_settings import SAE_CHECKPOINT, SAE_CONFIG, SAE_CURVE, TrainSettings
 from .data import TokenStream
 from .files import write_atomic
 from .evaluate import held_out_loss_recovered
-from .model import CONFIG, SAE, save
+from .model import SAE, save
 from .setup import RunData, describe_detection, prepare_data, stats_over, world
 from ..interventions.sae_features import SparseCodes
 
-CHECKPOINT = "checkpoint.pt"
 CURVE_KEYS = ("step", "loss", "explained_variance", "l0", "dead_fraction")
 
 
@@ -80,8 +79,8 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
     rank, n_ranks = world(device)
     if cfg.data_shards % n_ranks:
         raise InterpError(f"--data-shards {cfg.data_shards} must be a multiple of the {n_ranks} processes")
-    ckpt_path = out / CHECKPOINT
-    if not resume and not overwrite and ((out / CONFIG).exists() or ckpt_path.exists()):
+    ckpt_path = out / SAE_CHECKPOINT
+    if not resume and not overwrite and ((out / SAE_CONFIG).exists() or ckpt_path.exists()):
         raise InterpError(f"{str(out)!r} already holds an SAE run; pass --resume to continue it or --overwrite to "
                           "replace it")
     lock = _lock_run(out) if rank == 0 else None
@@ -99,7 +98,7 @@ def _lock_run(out: Path):
 
     try:
         out.mkdir(parents=True, exist_ok=True)
-        return WriterLock(out / CONFIG).acquire()
+        return WriterLock(out / SAE_CONFIG).acquire()
     except LockHeld as e:
         raise InterpError(f"--out {str(out)!r} is being trained into by another interp run ({e.holder}); wait for "
                           "it to finish or choose another --out") from None
@@ -114,21 +113,21 @@ def _refuse_finished_run(out: Path, cfg: "TrainSettings") -> None:
     import json
 
     try:
-        saved = json.loads((out / CONFIG).read_text(encoding="utf-8")).get("training") or {}
+        saved = json.loads((out / SAE_CONFIG).read_text(encoding="utf-8")).get("training") or {}
     except (OSError, ValueError, AttributeError, RecursionError):
         saved = {}
     now = asdict(cfg)
     differ = [k for k in now if isinstance(saved, dict) and k in saved and saved[k] != now[k]]
     what = (f"trained with other settings ({', '.join(f'{k}={saved[k]!r}' for k in differ[:6])})" if differ
             else "finished")
-    raise InterpError(f"{str(out)!r} holds an SAE {what} and no {CHECKPOINT} to continue: --resume has nothing "
+    raise InterpError(f"{str(out)!r} holds an SAE {what} and no {SAE_CHECKPOINT} to continue: --resume has nothing "
                       "to do; pass --overwrite to replace that SAE, or choose another --out")
 
 
 def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every, progress, image_batch, device,
                   rank, n_ranks):
-    ckpt_path = out / CHECKPOINT
-    if resume and not ckpt_path.exists() and (out / CONFIG).exists():
+    ckpt_path = out / SAE_CHECKPOINT
+    if resume and not ckpt_path.exists() and (out / SAE_CONFIG).exists():
         _refuse_finished_run(out, cfg)
     state = _read_checkpoint(ckpt_path, cfg) if resume and ckpt_path.exists() else None
     out.mkdir(parents=True, exist_ok=True)
@@ -303,7 +302,7 @@ def _finish(module, arch, cfg: TrainSettings, data: RunData, curve, last_fired, 
     if rank == 0:
         save(out, config, tensors)
         if curve["step"]:
-            curve_figure.draw(curve, out / "training_curve.png", f"{cfg.arch} SAE, {data.hook}, "
+            curve_figure.draw(curve, out / SAE_CURVE, f"{cfg.arch} SAE, {data.hook}, "
                               f"{codes.n_features} features")
     return config
 

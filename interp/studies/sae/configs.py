@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import ClassVar, Dict, List, Optional, Union
 
 from ...errors import InterpError, UsageError
+from ...sae_settings import SAE_CONFIG
 from ...values import NEURONS_SYNTAX, check_input_path, existing_path, positive_int
 from ..core.options import DetectionOptions
 from ..declaration import declare, option
 
-SAE_FILE = "sae.json"  # interp.sae.model.CONFIG (that module imports torch)
 
 
 def sae_hook(directory: Union[str, Path]) -> str:
     """The hook an SAE was trained on, from ``DIR/sae.json`` (no torch); a one-line error for a folder without
     a readable description (the weights are checked when the study loads them)."""
-    path = Path(directory) / SAE_FILE
+    path = Path(directory) / SAE_CONFIG
     check_input_path(path, "SAE description")
     try:
         hook = json.loads(path.read_text(encoding="utf-8")).get("hook")
@@ -69,9 +69,9 @@ class SaeFeaturesConfig(DetectionOptions):
         if self.sae is None or not str(self.sae).strip():
             raise UsageError("interp study sae-features needs --sae DIR: a folder written by `interp sae train "
                              "MODEL --cache FILE --hook HOOK --out DIR`")
-        check_input_path(Path(self.sae) / SAE_FILE, "--sae")  # a FIFO there: refused before it is read
-        if not (Path(self.sae) / SAE_FILE).is_file():
-            raise UsageError(f"--sae {self.sae}: no {SAE_FILE} there; give the --out folder of `interp sae train`")
+        check_input_path(Path(self.sae) / SAE_CONFIG, "--sae")  # a FIFO there: refused before it is read
+        if not (Path(self.sae) / SAE_CONFIG).is_file():
+            raise UsageError(f"--sae {self.sae}: no {SAE_CONFIG} there; give the --out folder of `interp sae train`")
 
     def hooks(self, blocks) -> List[str]:
         """The SAE's hook only: the high-norm tokens are decided on its own patch-token norms."""
