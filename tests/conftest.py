@@ -55,14 +55,16 @@ def character_device() -> str:
     return node
 
 
-# name -> timm kwargs for a small but structurally faithful config (fewer blocks, 224 px).
+# name -> timm kwargs for a small but structurally faithful config (fewer blocks, 224 px; the CLIP towers at
+# ViT-S width: what makes them CLIP (pre-norm, QuickGELU, the projection head) does not depend on it, and ViT-B's
+# 768 made their tests a tenth of the suite's forward passes).
 FAMILIES = {
     "vit": ("vit_small_patch16_224", dict(depth=2)),
     "deit3": ("deit3_small_patch16_224", dict(depth=2)),
     "dinov2": ("vit_small_patch14_dinov2", dict(depth=2, img_size=224)),
     "dinov2_reg": ("vit_small_patch14_reg4_dinov2", dict(depth=2, img_size=224)),
-    "clip": ("vit_base_patch16_clip_224", dict(depth=2)),
-    "clip_quickgelu": ("vit_base_patch16_clip_quickgelu_224", dict(depth=2)),
+    "clip": ("vit_base_patch16_clip_224", dict(depth=2, embed_dim=384, num_heads=6)),
+    "clip_quickgelu": ("vit_base_patch16_clip_quickgelu_224", dict(depth=2, embed_dim=384, num_heads=6)),
 }
 
 
