@@ -57,7 +57,7 @@ class LazyHookView:
 
 class LazyReader:
     """The part of ``interp.cache.CacheReader`` that ``CacheSource`` uses, over ``n_images`` synthetic images of
-    full [t, d] residual activations generated per slice: what a 1000-image cache looks like to a study."""
+    full [t, d] residual activations made per read (:class:`LazyHookView`): what a 1000-image cache looks like to a study."""
 
     def __init__(self, n_images: int, n_layers: int = 2, d_model: int = 64, n_outliers: int = 3):
         self.layout = TokenLayout(n_prefix=1, n_registers=0, cls_index=0, grid=(14, 14))

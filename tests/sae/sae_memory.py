@@ -1,6 +1,7 @@
 """Peak RSS of an SAE run's data set-up and token stream, and of the SAE feature report over a source, at 1x
-and 4x the images (``test_sae_memory.py``), on synthetic activations made per image from a seed (nothing
-stored): 1024 patches per image, so an [N, P] float64 array of norms grows by 8 KB per image. Run in a fresh
+and 4x the images (``test_sae_memory.py``), on synthetic activations made per read (the run's from a seed per
+image, the report's from ``memory_helpers``' few stored noise images; the [N, T, d] data are never held): 1024
+patches per image, so an [N, P] float64 array of norms grows by 8 KB per image. Run in a fresh
 interpreter (``memory_helpers``'s reasons); also as a script: ``PYTHONPATH=. python tests/sae/sae_memory.py``."""
 from __future__ import annotations
 
