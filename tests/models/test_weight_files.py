@@ -26,6 +26,41 @@ def test_random_weights_are_seeded_and_recorded():
     assert (a.init_seed, c.init_seed) == (0, 1)
 
 
+class _ParameterFills(torch.overrides.TorchFunctionMode):
+    """Counts initialiser calls (``interp.models.loading.VALUE_FILLS`` but ``copy_``, which loads a state dict) on
+    parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        from interp.models.loading import VALUE_FILLS
+
+        name = getattr(func, "__name__", "")
+        if name in VALUE_FILLS and name != "copy_" and args and isinstance(args[0], torch.nn.Parameter):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_weight_file_is_loaded_without_initialising_what_it_replaces(tmp_path):
+    """Every parameter comes from the file (a missing key is an error), so timm's random init of them is skipped;
+    the buffers timm computes at construction are built, and the model equals the one the file was saved from."""
+    from interp.models.fingerprint import weights_fingerprint
+
+    saved = interp.load("vit_small_patch16_224", pretrained=False, depth=1, seed=3)
+    torch.save(saved.timm_model.state_dict(), tmp_path / "w.pth")
+    with _ParameterFills() as random_fills:
+        interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+    with _ParameterFills() as file_fills:
+        loaded = interp.load("vit_small_patch16_224", weights=tmp_path / "w.pth", depth=1)
+    assert random_fills.count > 10 and file_fills.count == 0
+    assert weights_fingerprint(loaded) == weights_fingerprint(saved) and loaded.init_seed is None
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), saved(x), atol=0, rtol=0)
+
+
 def test_cli_seed_gives_the_same_model_in_every_run_and_is_recorded(tmp_path):
     from interp.cli import main
 
@@ -62,9 +97,10 @@ def test_nan_weights_are_named_on_load(tmp_path):
     with torch.no_grad():
         model.timm_model.blocks[0].mlp.fc1.weight[0, 0] = float("nan")
         model.timm_model.head.bias[3] = float("inf")
+        model.timm_model.blocks[0].norm1.bias[5] = -float("inf")
     path = _save_state(model, tmp_path / "nan.safetensors")
-    with pytest.raises(interp.errors.ModelLoadError, match=r"NaN or infinite values in 2 tensor\(s\): "
-                                                            r"blocks\.0\.mlp\.fc1\.weight, head\.bias"):
+    with pytest.raises(interp.errors.ModelLoadError, match=r"NaN or infinite values in 3 tensor\(s\): blocks\.0\."
+                                                            r"norm1\.bias, blocks\.0\.mlp\.fc1\.weight, head\.bias"):
         interp.load("vit_small_patch16_224", weights=path, depth=1)
 
 

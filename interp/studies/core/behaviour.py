@@ -31,6 +31,7 @@ top-1 agreement only"); top-1 agreement with the unedited model needs no labels.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -50,15 +51,17 @@ def _norm_name(name: str) -> str:
     return " ".join(str(name).strip().lower().replace("_", " ").split())
 
 
-def imagenet_class_names(n_classes: int) -> Optional[List[Tuple[str, ...]]]:
+@functools.lru_cache(maxsize=None)
+def imagenet_class_names(n_classes: int) -> Optional[Tuple[Tuple[str, ...], ...]]:
     """Per class of timm's ImageNet subset of ``n_classes`` classes (None for another count): its synset id, its
-    description and each comma-separated synonym of the description."""
+    description and each comma-separated synonym of the description. Read once per process (timm reads the
+    subset's files on every call)."""
     subset = infer_imagenet_subset({"num_classes": int(n_classes)})
     if subset is None:
         return None
     info = ImageNetInfo(subset)
-    return [(synset, text, *(part.strip() for part in text.split(",")))
-            for synset, text in zip(info.label_names(), info.label_descriptions())]
+    return tuple((synset, text, *(part.strip() for part in text.split(",")))
+                 for synset, text in zip(info.label_names(), info.label_descriptions()))
 
 
 def classifier_class_names(head: Head, classifier: Optional[Classifier]) -> Tuple[Optional[ClassNames], str]:
