@@ -43,20 +43,32 @@ class _ParameterFills(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_weight_file_is_loaded_without_initialising_what_it_replaces(tmp_path):
+# one small model per kind of construction-time buffer: none (ViT), RoPE tables (EVA02, PE), Swin's masks
+WEIGHT_FILE_MODELS = {
+    "vit": ("vit_small_patch16_224", dict(depth=1), 224),
+    "eva02": ("eva02_tiny_patch14_224", dict(depth=2, img_size=56), 56),
+    "pe": ("vit_pe_core_small_patch16_384", dict(depth=2, img_size=64), 64),
+    "swin": ("swinv2_tiny_window8_256", dict(img_size=64, embed_dim=24, depths=(1, 1, 1, 1), num_heads=(1, 2, 3, 4),
+                                             window_size=4), 64),
+}
+
+
+@pytest.mark.parametrize("kind", list(WEIGHT_FILE_MODELS))
+def test_a_weight_file_is_loaded_without_initialising_what_it_replaces(kind, tmp_path):
     """Every parameter comes from the file (a missing key is an error), so timm's random init of them is skipped;
     the buffers timm computes at construction are built, and the model equals the one the file was saved from."""
     from interp.models.fingerprint import weights_fingerprint
 
-    saved = interp.load("vit_small_patch16_224", pretrained=False, depth=1, seed=3)
+    name, kwargs, size = WEIGHT_FILE_MODELS[kind]
+    saved = interp.load(name, pretrained=False, seed=3, **kwargs)
     torch.save(saved.timm_model.state_dict(), tmp_path / "w.pth")
     with _ParameterFills() as random_fills:
-        interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+        interp.load(name, pretrained=False, **kwargs)
     with _ParameterFills() as file_fills:
-        loaded = interp.load("vit_small_patch16_224", weights=tmp_path / "w.pth", depth=1)
-    assert random_fills.count > 10 and file_fills.count == 0
+        loaded = interp.load(name, weights=tmp_path / "w.pth", **kwargs)
+    assert random_fills.count > 5 and file_fills.count == 0
     assert weights_fingerprint(loaded) == weights_fingerprint(saved) and loaded.init_seed is None
-    x = torch.randn(1, 3, 224, 224)
+    x = torch.randn(1, 3, size, size)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), saved(x), atol=0, rtol=0)
 
