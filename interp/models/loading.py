@@ -304,18 +304,24 @@ def create_timm_vit(
         raise ModelLoadError(f"unknown pos_resample {pos_resample!r}; use one of {', '.join(POS_RESAMPLE_CHOICES)}")
     random_init = weights is None and not pretrained
     init_seed = (0 if seed is None else int(seed)) if random_init else None
-    # a weight file sets every parameter (a key it lacks is an error): timm's init of them would be thrown away
-    model = build_architecture(name, 0 if init_seed is None else init_seed, initialise=weights is None,
-                               **timm_kwargs)
+    local, reachable, model = weights, None, None
+    if local is None and pretrained:
+        reachable = _hub_reachable()
+        if not reachable:  # the local Hugging Face cache, found from the model's pretrained_cfg
+            try:  # on a skeleton: nothing initialised before we know whether weights will replace it
+                probe = build_skeleton(name, **timm_kwargs)
+            except Exception:  # timm cannot build it on meta: ask the real model
+                probe = model = build_architecture(name, 0, **timm_kwargs)
+            local = _cached_hub_file(probe)
+            if local is None:
+                raise ModelLoadError(_offline_message(name))
+    if model is None:
+        # a weight file sets every parameter (a key it lacks is an error): timm's init of them would be thrown away
+        model = build_architecture(name, 0 if init_seed is None else init_seed, initialise=local is None,
+                                   **timm_kwargs)
     model.interp_init_seed = init_seed
     model.interp_pos_resample = None
     entry_module = model_entrypoint(name.split(".")[0]).__module__
-    local, reachable = weights, None
-    if local is None and pretrained:
-        reachable = _hub_reachable()
-        local = _cached_hub_file(model) if not reachable else None
-        if local is None and not reachable:
-            raise ModelLoadError(_offline_message(name))
     if local is not None:
         state_dict = read_state_dict(local)
         label = f"weight file {Path(local).name!r}"

@@ -16,13 +16,17 @@ from interp.models import load_images, planted_truth, sample_image_paths
 from conftest import images, make_model
 
 
-def test_pretrained_offline_fails_fast_with_actionable_message(monkeypatch, tmp_path):
+@pytest.fixture
+def offline_hub(monkeypatch, tmp_path):
+    """No network (every connection attempt is recorded and fails) and an empty Hugging Face cache folder:
+    (the cache folder, the list of attempted connections)."""
+    cache = tmp_path / "hf" / "hub"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     import huggingface_hub.constants as c
 
-    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"), raising=False)
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache), raising=False)
     tried = []  # fast: no connection is attempted (no network timeouts, no retries), whatever the machine's speed
 
     def connect(*args, **kwargs):
@@ -32,11 +36,43 @@ def test_pretrained_offline_fails_fast_with_actionable_message(monkeypatch, tmp_
     monkeypatch.setattr(socket, "getaddrinfo", connect)  # the first step of any connection (a name look-up)
     monkeypatch.setattr(socket.socket, "connect", connect)
     monkeypatch.setattr(socket.socket, "connect_ex", connect)
+    return cache, tried
+
+
+def test_pretrained_offline_fails_fast_with_actionable_message(offline_hub):
+    _, tried = offline_hub
     with pytest.raises(ModelLoadError) as err:
         interp.load("vit_small_patch16_224", depth=1)
     assert tried == []
     msg = str(err.value)
     assert "weights=" in msg and "pretrained=False" in msg and "--no-pretrained" in msg
+
+
+def test_pretrained_offline_loads_the_hub_weights_from_the_local_cache(offline_hub):
+    """The Hugging Face cache as ``huggingface_hub`` lays it out (refs/main -> snapshots/<commit>/model.safetensors)
+    for the hub repository of the model's pretrained_cfg: loaded offline, without initialising what it replaces."""
+    from unittest import mock
+
+    from safetensors.torch import save_file
+
+    import interp.models.loading as loading
+
+    cache, tried = offline_hub
+    saved = timm.create_model("vit_small_patch16_224", pretrained=False, depth=1).eval()
+    repo = saved.pretrained_cfg["hf_hub_id"]  # timm/vit_small_patch16_224.augreg_in21k_ft_in1k
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("0" * 40)
+    (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    save_file(saved.state_dict(), str(folder / "snapshots" / ("0" * 40) / "model.safetensors"))
+    with mock.patch.object(loading, "build_architecture", wraps=loading.build_architecture) as build:
+        model = interp.load("vit_small_patch16_224", depth=1)
+    assert tried == [] and model.init_seed is None
+    # the skeleton on the meta device that finds the cached file, then the model built without init
+    assert [call.kwargs.get("initialise") for call in build.call_args_list] == [None, False]
+    x = images(1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), saved(x), atol=0, rtol=0)
 
 
 def test_non_vit_and_unknown_names():
