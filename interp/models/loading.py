@@ -187,10 +187,11 @@ def _offline_message(name: str) -> str:
 def build_architecture(name: str, seed: int = 0, *, initialise: bool = True, **timm_kwargs) -> nn.Module:
     """The timm model ``name`` shaped by ``timm_kwargs``, with timm's random init drawn under ``seed`` (the global
     RNG is left as it was) and no weights read: the construction a load (:func:`create_timm_vit`) and a skeleton
-    (:func:`build_skeleton`) share. ``initialise=False`` leaves every parameter's memory as allocated (no
-    initialiser of :data:`VALUE_FILLS` runs on a parameter) for a caller that overwrites them all: buffers,
-    which timm computes at construction (RoPE tables, Swin's masks), are built as usual. A family that takes any input size (PVTv2, Swin-v2) is built without
+    (:func:`build_skeleton`) share. A family that takes any input size (PVTv2, Swin-v2) is built without
     ``img_size`` and records it as its pretrained_cfg's input size (the size it is run and preprocessed at).
+    ``initialise=False`` leaves every parameter's memory as allocated (no initialiser of :data:`VALUE_FILLS` runs
+    on a parameter) for a caller that overwrites them all; the buffers timm computes at construction (RoPE
+    tables, Swin's masks) are built as usual.
 
     Raises:
         ModelLoadError: timm cannot build it with these kwargs.
