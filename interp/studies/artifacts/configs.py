@@ -15,11 +15,11 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, BlockNames
 from ...errors import InterpError, UsageError
-from ...values import (NEURONS_SYNTAX, existing_path, nonnegative_int, positive_int, register_count,
+from ...values import (NEURONS_SYNTAX, existing_path, nonnegative_int, positive_float, positive_int, register_count,
                        sae_feature_ids)
 from ..core.options import DetectionOptions, NeuronsOptions
 from ...detection.presets import resolve_preset
-from ..declaration import declare, option
+from ..declaration import StudyConfig, declare, option
 from ...hooks.names import resolve_block
 
 
@@ -197,3 +197,32 @@ class RegistersConfig(NeuronsOptions, DetectionOptions):
     n_registers: int = option(1, "test-time register tokens (default 1)", parse=register_count)
     value: str = option("layer_max", "value written into the register (default layer_max, as the reference code)",
                         choices=("layer_max", "neuron_max"))
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class MassiveConfig(StudyConfig):
+    """massive activations: the largest |activation| per block against the median, which channels and tokens
+
+    Per block, the top-1/2/3 |activation| of the residual stream over tokens x channels against the median |activation|
+    (Sun et al. 2024), the channels and token kinds that carry the largest one, the attention logits those
+    tokens receive in the next block, and the same after the final norm (which divides each token by its own scale
+    and so hides them)."""
+
+    name: ClassVar[str] = "massive"
+    module: ClassVar[str] = "interp.studies.artifacts.massive"
+    function: ClassVar[str] = "massive_study"
+    result: ClassVar[str] = "MassiveResult"
+    inputs: ClassVar[str] = "images_or_cache"
+    cache_doc: ClassVar[str] = ("`blocks.{0..N-1}.hook_resid_post` (full vectors; `blocks.{1..N-1}.attn.hook_attn_scores` "
+                                "and `hook_norm_final` when cached)")
+
+    min_value: float = option(100.0, "an activation is massive above this magnitude (Sun et al.: 100)",
+                              parse=positive_float)
+    min_ratio: float = option(1000.0, "... and at least this many times the block's median |activation| (Sun et "
+                                      "al.: about 1,000)", parse=positive_float)
+    attention: bool = True  # the attention logits the largest activation's token receives in the next block
+
+    def hooks(self, blocks: BlockNames) -> List[str]:
+        """Every block's output (full vectors)."""
+        return [blocks.resid_post(i) for i in range(len(blocks))]
