@@ -25,7 +25,7 @@ torch.Size([4, 10])
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -100,24 +100,12 @@ class Calibration(NamedTuple):
     bank: torch.Tensor
 
 
-@torch.no_grad()
-def calibrate(model, images: torch.Tensor, rows: Sequence[int], blocks: Optional[Sequence[int]] = None,
-              batch_size: int = 16, bank_size: int = BANK_SIZE) -> Calibration:
-    """Per-block statistics of the ``rows`` at the outputs of ``blocks`` (default every block) of ``model`` (a
-    ``HookedViT``, under the interventions it is run with) over ``images`` (preprocessed Tensor [N, 3, H, W]),
-    streamed: one batch of [b, n, d] rows at a time, sums in float64."""
-    blocks = list(range(model.n_layers)) if blocks is None else [int(b) for b in blocks]
-    hooks = [model.block_names.resid_post(b) for b in blocks]
-    idx = torch.as_tensor(list(rows), dtype=torch.long)
+def calibration_from(rows: Iterable[torch.Tensor], blocks: Sequence[int], bank_size: int = BANK_SIZE) -> Calibration:
+    """The :class:`Calibration` of batches of token rows [b, B, n, d] (B = ``blocks``), streamed: sums in float64,
+    the first ``bank_size`` images kept."""
     total, sq, n, bank = 0.0, 0.0, 0, []
-    for start in range(0, len(images), batch_size):
-        seen: Dict[str, torch.Tensor] = {}
-
-        def keep(t, hook):
-            seen[hook.name] = t[:, idx.to(t.device)].detach().double().cpu()
-
-        model.run_with_hooks(images[start:start + batch_size], fwd_hooks=[(h, keep) for h in hooks])
-        x = torch.stack([seen[h] for h in hooks], 1)  # [b, B, n, d]
+    for x in rows:
+        x = x.double().cpu()
         total, sq, n = total + x.sum(0), sq + (x * x).sum(0), n + len(x)
         kept = sum(len(b) for b in bank)
         if kept < bank_size:
@@ -126,7 +114,29 @@ def calibrate(model, images: torch.Tensor, rows: Sequence[int], blocks: Optional
         raise InterpError("calibration needs at least one image")
     means = total / n
     stds = (sq / n - means * means).clamp_min(0).sqrt()
-    return Calibration(blocks, means.float(), stds.float(), torch.cat(bank).transpose(0, 1).contiguous())
+    return Calibration(list(blocks), means.float(), stds.float(), torch.cat(bank).transpose(0, 1).contiguous())
+
+
+@torch.no_grad()
+def calibrate(model, images: Union[torch.Tensor, Iterable[torch.Tensor]], rows: Sequence[int],
+              blocks: Optional[Sequence[int]] = None, batch_size: int = 16, bank_size: int = BANK_SIZE) -> Calibration:
+    """Per-block statistics of the ``rows`` at the outputs of ``blocks`` (default every block) of ``model`` (a
+    ``HookedViT``, under the interventions it is run with) over ``images`` (a preprocessed Tensor [N, 3, H, W], cut
+    into batches of ``batch_size``, or an iterable of such batches), streamed (:func:`calibration_from`)."""
+    blocks = list(range(model.n_layers)) if blocks is None else [int(b) for b in blocks]
+    hooks = [model.block_names.resid_post(b) for b in blocks]
+    idx = torch.as_tensor(list(rows), dtype=torch.long)
+    batches = (images[s:s + batch_size] for s in range(0, len(images), batch_size)) \
+        if isinstance(images, torch.Tensor) else images
+
+    def row_batches():
+        for x in batches:
+            seen: Dict[str, torch.Tensor] = {}
+            model.run_with_hooks(x, fwd_hooks=[(h, lambda t, hook: seen.__setitem__(
+                hook.name, t[:, idx.to(t.device)].detach().cpu())) for h in hooks])
+            yield torch.stack([seen[h] for h in hooks], 1)  # [b, B, n, d]
+
+    return calibration_from(row_batches(), blocks, bank_size)
 
 
 class RowReplacement(nn.Module):

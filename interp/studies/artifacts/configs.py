@@ -10,6 +10,7 @@ registers re-run the model with an edit, so they take ``--images`` and the neuro
 """
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
@@ -17,7 +18,7 @@ from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, BlockNames
 from ...errors import InterpError, UsageError
 from ...values import (NEURONS_SYNTAX, existing_path, nonnegative_int, positive_float, positive_int, register_count,
                        sae_feature_ids)
-from ..core.options import DetectionOptions, NeuronsOptions
+from ..core.options import ClassifierOption, DetectionOptions, NeuronsOptions
 from ...detection.presets import resolve_preset
 from ..declaration import StudyConfig, declare, option
 from ...hooks.names import resolve_block
@@ -226,3 +227,39 @@ class MassiveConfig(StudyConfig):
     def hooks(self, blocks: BlockNames) -> List[str]:
         """Every block's output (full vectors)."""
         return [blocks.resid_post(i) for i in range(len(blocks))]
+
+
+REPLACE_MODES = ("zero", "mean", "noise", "shuffle")
+
+
+def replacement_modes(text: str) -> Tuple[str, ...]:
+    """``--modes zero,mean,...``: distinct replacements of :data:`REPLACE_MODES`."""
+    modes = tuple(m.strip() for m in str(text).split(",") if m.strip())
+    unknown = [m for m in modes if m not in REPLACE_MODES]
+    if not modes or unknown or len(set(modes)) != len(modes):
+        raise ArgumentTypeError(f"expected distinct replacements of {', '.join(REPLACE_MODES)}, got {text!r}")
+    return modes
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class ReplaceConfig(ClassifierOption, DetectionOptions):
+    """token replacement: is a token's content needed, or only its presence? zero vs mean, noise, shuffle
+
+    Replace a token set (--target: registers, cls, register:I, patches:I,J or random:K) at every block's output by
+    zero, its calibration mean, matched Gaussian noise and another image's tokens (Parodi et al. 2026), against K
+    random patches zeroed as a control; per condition the behaviour, the CLS->patch attention's Jensen-Shannon
+    divergence to the intact model, the patch features' effective rank and the outliers left; for a token set of
+    several tokens, the sum of each token zeroed alone beside all zeroed together."""
+
+    name: ClassVar[str] = "replace"
+    module: ClassVar[str] = "interp.studies.artifacts.replace"
+    function: ClassVar[str] = "replace_study"
+    result: ClassVar[str] = "ReplaceResult"
+
+    target: str = option("auto", "the tokens replaced: registers, cls, register:I, patches:I,J,... or random:K "
+                                 "(default auto: the registers, else CLS)")
+    modes: Tuple[str, ...] = option(REPLACE_MODES, "replacements, comma-separated (default zero,mean,noise,shuffle)",
+                                    parse=replacement_modes, metavar="M,...")
+    singles: bool = option(True, "also zero each token of the set alone (the sum of single effects against the "
+                                 "collective one)")

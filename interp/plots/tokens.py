@@ -1,5 +1,5 @@
-"""The figure of the massive-activation study (docs/methods.md section 2): Sun et al.'s per-block profile of the
-largest |activation| against the median, with the ratio and the massive blocks marked.
+"""The figures of the per-token studies (docs/methods.md section 2): Sun et al.'s per-block profile of the largest
+|activation| against the median (massive activations), and the effects of replacing a token set (token replacement).
 
 >>> from interp.studies.artifacts.massive import massive_study
 >>> fig = massive_profile(massive_study(source, progress=False)); fig.savefig("massive.png", dpi=110)
@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..studies.artifacts.massive import MassiveResult
+from ..studies.artifacts.replace import ReplaceResult
 from .common import THRESHOLD_COLOR, short_name
 from .registry import figure
 
@@ -48,4 +49,34 @@ def massive_profile(result: MassiveResult) -> Figure:
         ax.set_xticks(blocks if len(blocks) <= 16 else blocks[::max(1, len(blocks) // 12)])
     fig.suptitle(f"{short_name(result.model, 40)}: massive activations per block ({len(result.ids)} images)",
                  fontsize=10)
+    return fig
+
+
+MODE_COLORS = {"zero": "#c0392b", "mean": "#2980b9", "noise": "#8e44ad", "shuffle": "#27ae60", "control": "#7f8c8d"}
+
+
+@figure(ReplaceResult, "replacement_effects")
+def replacement_effects(result: ReplaceResult) -> Figure:
+    """Left: each replacement's loss on the behaviour metric, the random-patch control beside it. Right: the
+    CLS->patch attention's Jensen-Shannon divergence to the intact model per block (when the model has CLS)."""
+    names = [n for n in ("zero", "mean", "noise", "shuffle", "control") if n in result.conditions]
+    effects = [result.conditions[n]["effect"] for n in names]
+    has_js = any(result.conditions[n].get("attention_js") for n in names)
+    fig = Figure(figsize=(10 if has_js else 5.5, 3.6), layout="constrained")
+    axes = fig.subplots(1, 2) if has_js else [fig.subplots()]
+    labels = [f"{len(result.control_rows)} random\npatches zeroed" if n == "control" else n for n in names]
+    axes[0].bar(range(len(names)), effects, color=[MODE_COLORS[n] for n in names])
+    axes[0].set_xticks(range(len(names)), labels, fontsize=8)
+    axes[0].set_ylabel({"accuracy": "accuracy lost", "top1_agreement": "1 - top-1 agreement",
+                        "pooled_cosine": "1 - cosine of the pooled vector"}[result.metric])
+    axes[0].set_title(f"{result.target} replaced: {result.verdict}", fontsize=9)
+    if has_js:
+        for n in names:
+            js = result.conditions[n].get("attention_js")
+            if js:
+                axes[1].plot(range(len(js)), js, marker="o", color=MODE_COLORS[n], label=n)
+        axes[1].set_xlabel("block")
+        axes[1].set_ylabel("JS divergence of CLS->patch attention (bits)")
+        axes[1].legend(fontsize=8)
+    fig.suptitle(f"{short_name(result.model, 40)}: token replacement ({len(result.ids)} images)", fontsize=10)
     return fig
