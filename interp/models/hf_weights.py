@@ -56,6 +56,11 @@ _BLOCK_RE = {"vit": re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias|lambd
 _TABLES = {"vit": (_VIT_BLOCK, _VIT_QKV), "clip": (_CLIP_BLOCK, _CLIP_QKV), "dinov3": (_DINOV3_BLOCK, _DINOV3_QKV)}
 
 
+def _key(block, *parts: str) -> str:
+    """timm's state-dict key of block ``block`` (a parameter's name, not a hook name)."""
+    return ".".join(("blocks", str(block)) + parts)
+
+
 def _layout(spec: HFSpec) -> str:
     return {"vit": "vit", "dinov2": "vit", "clip": "clip", "siglip": "clip", "dinov3": "dinov3"}[spec.family]
 
@@ -111,10 +116,10 @@ def convert_hf_state_dict(spec: HFSpec, state_dict: Dict[str, torch.Tensor], exp
             qkv.setdefault((int(m.group(1)), m.group(3)), {})[qkv_table[m.group(2)]] = value
         elif m and m.group(2) in block_table:
             leaf = "gamma" if m.group(3) == "lambda1" and kind == "vit" else m.group(3)
-            target = f"blocks.{m.group(1)}.{block_table[m.group(2)]}"  # a state-dict key, not a hook name
+            target = _key(m.group(1), block_table[m.group(2)])
             out[target if kind == "dinov3" and m.group(3) == "lambda1" else f"{target}.{leaf}"] = value
         elif m and kind == "dinov3" and m.group(2) == "mlp.gate_proj":
-            out[f"blocks.{m.group(1)}.mlp.gate.{m.group(3)}"] = value  # packed with up_proj below
+            out[_key(m.group(1), "mlp.gate", m.group(3))] = value  # packed with up_proj below
         elif key in _ROOTS[kind]:
             out[_ROOTS[kind][key]] = value
         elif key == "head.attention.in_proj_weight" or key == "head.attention.in_proj_bias":
@@ -147,12 +152,12 @@ def _join_qkv(spec: HFSpec, qkv: dict, out: dict, label: str) -> None:
                 raise ModelLoadError(f"{label}: layer.{i}.attention.k_proj.bias is not zero, and timm's Eva has no "
                                      "key bias (it would only change hook_k: softmax ignores it)")
             for name, value in parts.items():
-                out[f"blocks.{i}.attn.{name}_bias"] = value
+                out[_key(i, f"attn.{name}_bias")] = value
             continue
         if set(parts) != {"q", "k", "v"}:
             missing = sorted({"q", "k", "v"} - set(parts))
             raise ModelLoadError(f"{label}: block {i} has no {'/'.join(missing)} {leaf} while it has the others")
-        out[f"blocks.{i}.attn.qkv.{leaf}"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+        out[_key(i, "attn.qkv", leaf)] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
 
 
 def _fold_family(spec: HFSpec, out: dict) -> None:
