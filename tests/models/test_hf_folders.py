@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from interp.models.preprocessing import data_config
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-5
+SAMPLES = Path(interp.__file__).parent / "data" / "samples"
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
 
 
@@ -176,3 +178,28 @@ def test_offline_hub_id_fails_in_one_line(monkeypatch, tmp_path):
     with pytest.raises(ModelLoadError) as e:
         interp.load("someone/not-cached-vit")
     assert "no local copy" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_transformers_model_runs_the_report_and_takes_a_patch_file(saved, tmp_path):
+    """A loaded folder is an ordinary interp model: ``interp report`` (detection, norms, neurons, ablation,
+    test-time registers, relocation, probes, LOST, redundancy) runs on it from the command line, and an ablation
+    saved as a patch file applies to the plain timm model the folder loads as."""
+    from interp.cli import main
+    from interp.interventions import NeuronAblation
+    from interp.models.hf_folder import load_hf_folder
+
+    folder = saved["dinov2-registers"][0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["report", str(folder), "--images", str(SAMPLES), "--out", str(tmp_path / "r"),
+                     "--no-progress", "--quiet"]) == 0
+        model, _ = _load(folder)
+        plain = load_hf_folder(folder)
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["n_images"] == 4
+    path = interp.patch.save([NeuronAblation({1: [3, 17]})], tmp_path / "ablate.safetensors", model)
+    plain = interp.patch.apply(plain, path)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        edited = model.run_with_interventions(x, interp.patch.load(path))
+        torch.testing.assert_close(plain(x), edited, atol=TOL, rtol=TOL)
+        assert (edited - model(x)).abs().max() > 1e-4
