@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import interp
+from conftest import one_error_line
 from interp.errors import ModelLoadError, UnsupportedModelError
 from interp.models.preprocessing import data_config
 
@@ -172,9 +173,22 @@ def test_unsupported_class_names_the_supported_ones(saved, tmp_path):
     assert "ViTModel" in str(e.value) and "register_family" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_offline_hub_id_fails_in_one_line(monkeypatch, tmp_path):
+def test_hub_ids_offline_from_the_local_cache_or_one_line(saved, monkeypatch, tmp_path):
+    """A hub id is read from the local Hugging Face cache (laid out as huggingface_hub does); one without a local
+    copy fails in one line before anything is built."""
+    import shutil
+
+    import huggingface_hub.constants as constants
+
+    cache = tmp_path / "hub"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache), raising=False)
+    repo = cache / "models--someone--tiny-clip"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(saved["clip"][0], repo / "snapshots" / ("0" * 40))
+    model, notes = _load("someone/tiny-clip")
+    assert model.n_layers == 2 and "CLIPVisionModel" in notes[0]
     with pytest.raises(ModelLoadError) as e:
         interp.load("someone/not-cached-vit")
     assert "no local copy" in str(e.value) and "\n" not in str(e.value)
@@ -203,3 +217,18 @@ def test_a_transformers_model_runs_the_report_and_takes_a_patch_file(saved, tmp_
         edited = model.run_with_interventions(x, interp.patch.load(path))
         torch.testing.assert_close(plain(x), edited, atol=TOL, rtol=TOL)
         assert (edited - model(x)).abs().max() > 1e-4
+
+
+def test_the_command_line_takes_a_folder_as_model_or_weights(saved, capsys):
+    from interp.cli import main
+
+    folder = str(saved["dinov3"][0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["hooks", folder, "--pattern", "blocks.1.attn.hook_rot_q"]) == 0
+        assert "blocks.1.attn.hook_rot_q" in capsys.readouterr().out
+        assert main(["hooks", "vit_small_patch16_dinov3", "--weights", folder, "--pattern", "blocks.1.hook_resid_post"]) == 0
+        assert "[1, 19, 64]" in capsys.readouterr().out  # CLS + 2 registers + 16 patches, width 64
+        assert main(["hooks", "vit_small_patch16_224", "--weights", folder]) == 1  # as any file that does not fit
+    line = one_error_line(capsys.readouterr().err)
+    assert "DINOv3ViTModel" in line and "pass the folder as MODEL" in line
