@@ -29,6 +29,29 @@ HF_CLASSES: Dict[str, Tuple[str, str, str]] = {
     "SiglipVisionModel": ("siglip", "vision_model.", "none"),
     "SiglipForImageClassification": ("siglip", "vision_model.", "classifier"),
 }
+_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224, num_channels=3)
+# the defaults of each transformers config class (what a config.json written with only its differences omits),
+# by the class's config model_type; tests/models/test_hf_folders.py compares them with the installed transformers
+HF_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "vit": dict(_BASE, intermediate_size=3072, hidden_act="gelu", layer_norm_eps=1e-12, patch_size=16, qkv_bias=True),
+    "dinov2": dict(_BASE, mlp_ratio=4, hidden_act="gelu", layer_norm_eps=1e-6, patch_size=14, qkv_bias=True,
+                   layerscale_value=1.0, use_swiglu_ffn=False),
+    "dinov2_with_registers": dict(_BASE, mlp_ratio=4, hidden_act="gelu", layer_norm_eps=1e-6, patch_size=16,
+                                  qkv_bias=True, layerscale_value=1.0, use_swiglu_ffn=False, num_register_tokens=4),
+    "dinov3_vit": dict(_BASE, hidden_size=384, num_attention_heads=6, intermediate_size=1536, hidden_act="gelu",
+                       layer_norm_eps=1e-5, patch_size=16, layerscale_value=1.0, num_register_tokens=0,
+                       rope_theta=100.0, query_bias=True, key_bias=False, value_bias=True, proj_bias=True,
+                       mlp_bias=True, use_gated_mlp=False),
+    "clip_vision_model": dict(_BASE, intermediate_size=3072, hidden_act="quick_gelu", layer_norm_eps=1e-5,
+                              patch_size=32, projection_dim=512),
+    "siglip_vision_model": dict(_BASE, intermediate_size=3072, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
+                                patch_size=16, vision_use_head=True),
+}
+_MODEL_TYPE = {"ViTModel": "vit", "ViTForImageClassification": "vit", "Dinov2Model": "dinov2",
+               "Dinov2WithRegistersModel": "dinov2_with_registers", "DINOv3ViTModel": "dinov3_vit",
+               "CLIPVisionModel": "clip_vision_model", "CLIPVisionModelWithProjection": "clip_vision_model",
+               "CLIPForImageClassification": "clip_vision_model", "SiglipVisionModel": "siglip_vision_model",
+               "SiglipForImageClassification": "siglip_vision_model"}
 # refused with their reason (a head timm's ViT cannot compute)
 HF_REFUSED = {
     "Dinov2ForImageClassification": "its head reads [CLS, mean of the patch tokens] concatenated, which timm's "
@@ -131,28 +154,30 @@ def _kwargs(family: str, c: dict, head: str, n_classes: int) -> Dict[str, Any]:
     if width % heads:
         raise ModelLoadError(f"config.json hidden_size {width} is not a multiple of num_attention_heads {heads}")
     k: Dict[str, Any] = dict(embed_dim=width, depth=int(c["num_hidden_layers"]), num_heads=heads,
-                             patch_size=_pair(c.get("patch_size", 16), "patch_size"),
-                             img_size=_pair(c.get("image_size", 224), "image_size"),
-                             in_chans=int(c.get("num_channels", 3)), num_classes=n_classes)
+                             patch_size=_pair(c["patch_size"], "patch_size"),
+                             img_size=_pair(c["image_size"], "image_size"), in_chans=int(c["num_channels"]),
+                             num_classes=n_classes)
     if family == "dinov2":
-        k["mlp_ratio"] = float(c.get("mlp_ratio", 4))
-        k["init_values"] = float(c.get("layerscale_value", 1.0))
-        k["qkv_bias"] = bool(c.get("qkv_bias", True))
+        k["mlp_ratio"] = float(c["mlp_ratio"])
+        k["init_values"] = float(c["layerscale_value"])
+        k["qkv_bias"] = bool(c["qkv_bias"])
         if int(c.get("num_register_tokens", 0) or 0):
             k["reg_tokens"] = int(c["num_register_tokens"])
         if c.get("use_swiglu_ffn"):  # transformers' hidden width: 2/3 of mlp_ratio's, rounded up to 8
             hidden = (int(int(width * k["mlp_ratio"]) * 2 / 3) + 7) // 8 * 8
             k["mlp_ratio"] = 2 * hidden / width  # timm's packed SwiGLU counts both halves
     elif family == "dinov3":
-        k.update(mlp_ratio=int(c["intermediate_size"]) / width, num_reg_tokens=int(c.get("num_register_tokens", 0)),
-                 init_values=float(c.get("layerscale_value", 1.0)), rope_temperature=float(c.get("rope_theta", 100)),
-                 swiglu_mlp=bool(c.get("use_gated_mlp", False)), qkv_bias=True)
+        k.update(mlp_ratio=int(c["intermediate_size"]) / width, num_reg_tokens=int(c["num_register_tokens"]),
+                 init_values=float(c["layerscale_value"]), rope_temperature=float(c["rope_theta"]),
+                 swiglu_mlp=bool(c["use_gated_mlp"]), qkv_bias=True)
     else:
         k["mlp_ratio"] = int(c["intermediate_size"]) / width
         if family == "vit":
-            k["qkv_bias"] = bool(c.get("qkv_bias", True))
+            k["qkv_bias"] = bool(c["qkv_bias"])
         if family in ("clip", "siglip"):
-            k["global_pool"] = "token" if family == "clip" else ("map" if c.get("vision_use_head", True) else "avg")
+            k["global_pool"] = "token" if family == "clip" else ("map" if c["vision_use_head"] else "avg")
+            if k["global_pool"] == "avg":  # the last hidden state is normed before any pooling, as timm's norm
+                k["fc_norm"] = False
             if head == "classifier":  # transformers averages the last hidden state (CLIP: the patch tokens)
                 k.update(global_pool="avg", fc_norm=False)
                 if family == "clip":
@@ -200,17 +225,18 @@ def hf_spec(folder) -> HFSpec:
     arch = architecture_of(top, folder)
     family, prefix, head = HF_CLASSES[arch]
     vision = top.get("vision_config") if isinstance(top.get("vision_config"), dict) else top
+    vision = {**HF_DEFAULTS[_MODEL_TYPE[arch]], **vision}
     labels = top.get("id2label") or {}
     n_classes = 0
     if head == "classifier":
-        n_classes = int(top.get("num_labels", len(labels)) or len(labels))
+        n_classes = int(top.get("num_labels") or len(labels) or 2)  # transformers' default: 2 labels
     elif head == "projection":
         n_classes = int(vision.get("projection_dim", top.get("projection_dim", 512)))
     try:
         kwargs = _kwargs(family, vision, head, n_classes)
     except KeyError as e:
         raise ModelLoadError(f"config.json of {str(folder)!r} has no {e.args[0]!r} for its {arch}") from None
-    act = str(vision.get("hidden_act", "gelu"))
+    act = str(vision["hidden_act"])
     if act not in ACTIVATIONS:
         raise ModelLoadError(f"config.json of {str(folder)!r}: hidden_act {act!r} has no timm equivalent "
                              f"(known: {', '.join(ACTIVATIONS)})")
@@ -220,5 +246,5 @@ def hf_spec(folder) -> HFSpec:
     names = [str(labels.get(str(i), labels.get(i, i))) for i in range(n_classes)] if head == "classifier" else []
     return HFSpec(folder=folder, architecture=arch, family=family, head=head, prefix=prefix, config=vision,
                   timm_name=TIMM_BASE[base], kwargs=kwargs,
-                  norm_eps=float(vision.get("layer_norm_eps", 1e-6 if family in ("dinov2", "siglip") else 1e-5)),
+                  norm_eps=float(vision["layer_norm_eps"]),
                   act=ACTIVATIONS[act], data=_data_config(folder, kwargs["img_size"]), label_names=names)

@@ -57,6 +57,8 @@ CASES = {
         vision_config=_siglip_vision(), num_labels=4), "logits"),
     "siglip": ("SiglipVisionModel", lambda: transformers.SiglipVisionConfig(**SMALL, intermediate_size=96),
                "pooled"),
+    "siglip-no-head": ("SiglipVisionModel", lambda: transformers.SiglipVisionConfig(
+        **SMALL, intermediate_size=96, vision_use_head=False), "features"),
     "siglip-classifier": ("SiglipForImageClassification", lambda: transformers.SiglipConfig(
         vision_config=_siglip_vision(), num_labels=5), "logits"),
 }
@@ -232,3 +234,30 @@ def test_the_command_line_takes_a_folder_as_model_or_weights(saved, capsys):
         assert main(["hooks", "vit_small_patch16_224", "--weights", folder]) == 1  # as any file that does not fit
     line = one_error_line(capsys.readouterr().err)
     assert "DINOv3ViTModel" in line and "pass the folder as MODEL" in line
+
+
+def test_dinov3_at_another_input_size_equals_transformers(saved):
+    """DINOv3 takes any multiple of its patch (RoPE coordinates normalised per grid, in both): a 48 x 40 input
+    (6 x 5 patches) gives transformers' last hidden state."""
+    folder, reference = saved["dinov3"]
+    model, _ = _load(folder)
+    x = torch.randn(1, 3, 48, 40, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = reference(pixel_values=x).last_hidden_state
+        _, cache = model.run_with_cache(x, names_filter="hook_norm_final")
+    assert model.layout_for((48, 40)).grid == (6, 5)
+    torch.testing.assert_close(cache["hook_norm_final"], want, atol=TOL, rtol=TOL)
+
+
+def test_the_defaults_interp_assumes_are_the_config_classes(saved):
+    """A config.json may omit the values that equal its class's defaults; interp's table of them
+    (``HF_DEFAULTS``) is the installed transformers' own."""
+    from interp.models.hf_config import HF_DEFAULTS
+
+    classes = {"vit": "ViTConfig", "dinov2": "Dinov2Config", "dinov2_with_registers": "Dinov2WithRegistersConfig",
+               "dinov3_vit": "DINOv3ViTConfig", "clip_vision_model": "CLIPVisionConfig",
+               "siglip_vision_model": "SiglipVisionConfig"}
+    assert set(classes) == set(HF_DEFAULTS)
+    for model_type, defaults in HF_DEFAULTS.items():
+        actual = getattr(transformers, classes[model_type])().to_dict()
+        assert {k: actual[k] for k in defaults} == defaults, model_type
