@@ -198,8 +198,8 @@ def test_hub_ids_offline_from_the_local_cache_or_one_line(saved, monkeypatch, tm
 
 def test_a_transformers_model_runs_the_report_and_takes_a_patch_file(saved, tmp_path):
     """A loaded folder is an ordinary interp model: ``interp report`` (detection, norms, neurons, ablation,
-    test-time registers, relocation, probes, LOST, redundancy) runs on it from the command line, and an ablation
-    saved as a patch file applies to the plain timm model the folder loads as."""
+    test-time registers, relocation, probes, LOST, redundancy) runs on it from the command line, an ablation
+    saved as a patch file applies to the plain timm model the folder loads as, and the explorer runs an edit."""
     from interp.cli import main
     from interp.interventions import NeuronAblation
     from interp.models.hf_folder import load_hf_folder
@@ -219,6 +219,13 @@ def test_a_transformers_model_runs_the_report_and_takes_a_patch_file(saved, tmp_
         edited = model.run_with_interventions(x, interp.patch.load(path))
         torch.testing.assert_close(plain(x), edited, atol=TOL, rtol=TOL)
         assert (edited - model(x)).abs().max() > 1e-4
+    pytest.importorskip("starlette", reason="the explore extra is not installed")
+    from interp.explore.session import ExploreSession
+
+    session = ExploreSession(model, interp.models.sample_image_paths())
+    assert session.info()["grid"] == [4, 4] and session.info()["has_cls"]
+    out = session.run(1, [{"kind": "NeuronAblation", "neurons": {"1": [3]}}])
+    assert [len(row) for row in out["norms"]] == [16, 16]  # each block's patch norms on the 4 x 4 grid
 
 
 def test_the_command_line_takes_a_folder_as_model_or_weights(saved, capsys):
