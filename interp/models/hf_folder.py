@@ -127,10 +127,11 @@ def load_hf_folder(folder: Union[str, Path], *, device: Union[str, torch.device]
         ModelLoadError: kwargs that would change the folder's architecture, or weights that do not fit it.
     """
     folder = Path(folder)
-    if timm_kwargs:
-        raise ModelLoadError(f"{str(folder)!r} is a transformers folder, built as its config.json says: "
-                             f"{', '.join(sorted(timm_kwargs))} cannot change it")
     spec = hf_spec(folder)
+    if timm_kwargs:  # another size would need transformers' interpolate_pos_encoding, which interp does not reproduce
+        raise ModelLoadError(f"{str(folder)!r} is a transformers {spec.architecture}, built as its config.json says "
+                             f"({spec.kwargs['img_size']} px, {spec.kwargs['depth']} blocks): "
+                             f"{', '.join(sorted(timm_kwargs))} cannot change it")
     name, kwargs = timm_args(spec)
     state_dict, label = read_folder_weights(folder)
     with warnings.catch_warnings():  # timm's note on the kwargs of the named config: this build sets them all

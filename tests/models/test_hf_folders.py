@@ -268,3 +268,8 @@ def test_the_defaults_interp_assumes_are_the_config_classes(saved):
     for model_type, defaults in HF_DEFAULTS.items():
         actual = getattr(transformers, classes[model_type])().to_dict()
         assert {k: actual[k] for k in defaults} == defaults, model_type
+
+
+def test_a_folder_refuses_kwargs_that_would_change_it(saved):
+    with pytest.raises(ModelLoadError, match=r"ViTModel, built as its config.json says \(32 px, 2 blocks\): img_size"):
+        interp.load(str(saved["vit"][0]), img_size=64)
