@@ -206,6 +206,18 @@ def existing_file(text: str) -> str:
     return text
 
 
+def weights_arg(text: str) -> str:
+    """``--weights``: a weight file that exists (:func:`existing_file`), or a Hugging Face ``transformers`` folder
+    (one holding a ``config.json``)."""
+    if Path(text).is_dir():
+        _readable_input(text, folder_ok=True)
+        if not (Path(text) / "config.json").is_file():
+            raise argparse.ArgumentTypeError(f"{text!r} is a folder without a config.json; give a weight file or a "
+                                             "transformers folder (save_pretrained)")
+        return text
+    return existing_file(text)
+
+
 def image_list_file(text: str) -> str:
     """A readable ``.txt``/``.lst`` text file listing image paths, one a line (--image-list)."""
     existing_file(text)

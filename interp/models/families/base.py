@@ -1,7 +1,9 @@
 """``Family``: the adapter that says what one timm model class is and how interp runs it with hook points.
 
 One subclass per timm class, one module each (``vit.py`` for ``VisionTransformer``, ...), registered by defining
-it (``Family.registry``) and imported by ``families/__init__.py``. An adapter is bound to one timm module and
+it (``Family.registry``) and imported by ``families/__init__.py``; a family defined outside the package (a user's
+script) is added with :func:`interp.register_family`. A model gets the family registered for its exact class (or
+its nearest registered base class), never the first ``isinstance`` match. An adapter is bound to one timm module and
 answers everything the layers above ask of a model, so nothing else reads a timm class's attributes:
 
 * what it is: the timm entry-point modules that build it (``timm_modules``, checked from a name before anything
@@ -57,7 +59,7 @@ class Family:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.name:
+        if cls.name and cls.__module__.startswith(__package__ + "."):  # interp's own; a user's: register_family
             Family.registry.append(cls)
 
     def __init__(self, module: nn.Module):
@@ -68,10 +70,6 @@ class Family:
     def timm_class(cls) -> type:
         """The timm class this family instruments."""
         raise NotImplementedError
-
-    @classmethod
-    def matches(cls, module: nn.Module) -> bool:
-        return isinstance(module, cls.timm_class())
 
     def check(self) -> None:
         """Raise :class:`~interp.errors.UnsupportedModelError` for a variant of the class the hooked forward

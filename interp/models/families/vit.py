@@ -34,9 +34,12 @@ class VitFamily(Family):
 
     def check(self) -> None:
         from timm.layers import Attention
-        from timm.models.vision_transformer import Block, VisionTransformer
+        from timm.models.vision_transformer import Block
 
-        self.refuse_overrides(VisionTransformer, _ENTRY_POINTS, " (e.g. distilled DeiT)")
+        # the entry points of the class this family instruments (a subclass family, e.g. one added with
+        # interp.register_family, names its own class)
+        self.refuse_overrides(self.timm_class(), _ENTRY_POINTS, " (e.g. distilled DeiT: add its family with "
+                                                                "interp.register_family, docs: Your own model)")
         for i, block in enumerate(self.module.blocks):
             problem = None
             if type(block) is not Block:
