@@ -178,6 +178,35 @@ def check_input_path(path, label: str = "", folder_ok: bool = False) -> None:
                          "(save what it streams into a file first)")
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a configuration file (JSON) of a few kB; /dev/zero behind a link would never end
+
+
+def read_config_json(path, label: str, limit: int = MAX_CONFIG_BYTES) -> dict:
+    """The JSON object in the small configuration file ``path`` (``label``: what it is, in messages), read
+    through :func:`check_input_path` and at most ``limit`` bytes: a FIFO, a device, an endless or huge file, bytes
+    that are not UTF-8 JSON, or a value that is not an object is one UsageError line (exit status 2)."""
+    import json
+
+    check_input_path(path, label)
+    where = f"{label} {str(path)!r}"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read {where} ({e.strerror or type(e).__name__})") from None
+    if len(data) > limit:
+        raise UsageError(f"{where} is larger than {limit:,} bytes: not a configuration file; give the file its "
+                         "project wrote")
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise UsageError(f"{where} is not JSON ({type(e).__name__}); give the file its project wrote") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{where} holds a JSON {type(value).__name__}, not an object; give the file its project "
+                         "wrote")
+    return value
+
+
 def _readable_input(text: str, folder_ok: bool) -> None:
     """:func:`check_input_path` as an argparse type check (argparse names the option)."""
     try:

@@ -66,7 +66,7 @@ def test_arguments_the_config_refutes_are_refused_before_torch(tmp_path):
 
 
 @pytest.mark.parametrize("where, status, words", [
-    ("file", 2, "is a file"), ("under a file", 2, "lies under"), ("/proc/x", 1, "in '/proc'"),
+    ("file", 2, "is a file"), ("under a file", 2, "lies under"), ("/proc/x", 2, "in '/proc'"),
 ])
 def test_sae_train_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, where, status, words):
     """`sae train --out` an existing file, a path under a file, /proc/x: raw tracebacks before."""
