@@ -33,7 +33,7 @@ from .data import TokenStream
 from .files import write_atomic
 from .evaluate import held_out_loss_recovered
 from .model import SAE, save
-from .setup import RunData, describe_detection, prepare_data, stats_over, world
+from .setup import RunData, describe_detection, prepare_data, same_data, stats_over, world
 from ..interventions.sae_features import SparseCodes
 
 CURVE_KEYS = ("step", "loss", "explained_variance", "l0", "dead_fraction")
@@ -134,7 +134,7 @@ def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every
 
     data = prepare_data(model, hook, cfg, cache=cache, images=images, rank=rank, n_ranks=n_ranks,
                         image_batch=image_batch)
-    if state is not None and state["data"] != data.signature:
+    if state is not None and not same_data(state["data"], data.signature):
         raise InterpError(f"{str(ckpt_path)!r} was trained on other data ({state['data']}); resume with the "
                           "same cache/images, or start again with --overwrite")
     per_rank = cfg.data_shards // n_ranks
