@@ -268,6 +268,8 @@ def register_count(text: str) -> int:
 
 
 MAX_EXPANSION = 128  # SAE features per hook dimension: 2000 x 384 wanted > 5 GB of weights and Adam state
+MAX_SAE_WEIGHTS = 2**26  # features x hook width of one SAE (each of w_enc, the dictionary): --expansion 64 at width
+# 1024; with gradients and Adam state about 2 GB of float32 (--expansion 128 at 1024 asked for twice that)
 MAX_SAE_BATCH = 2**20  # tokens per SAE training step (the data bound, tokens available, is checked once it is read)
 expansion_arg = _bounded("expansion_arg", _int, lambda v: 1 <= v <= MAX_EXPANSION,
                          f"expected a whole number 1..{MAX_EXPANSION} (SAEs use 4-64)",

@@ -131,6 +131,10 @@ def _test_vit_weights(tmp_path):
     (["study", "norms", "test_vit", "--weights", "FILE", "--detect-layer", "6"], "test_vit has 6 blocks"),
     (["patch", "export", "vit_tiny_patch16_224", "--no-pretrained", "--img-size", "8", "--interventions", "{}"],
      "--img-size 8 is smaller than one patch"),
+    (["sae", "train", "vit_large_patch16_224", "--no-pretrained", "--hook", "blocks.3.hook_resid_post",
+      "--expansion", "128", "--data-shards", "1"], "--expansion 128 on a hook of width 1024"),
+    (["sae", "train", "vit_tiny_patch16_224", "--no-pretrained", "--hook", "blocks.3.mlp.hook_post",
+      "--expansion", "128", "--data-shards", "1"], "over interp's bound of 67,108,864: give --expansion <= 113"),
 ])
 def test_arguments_the_model_structure_refutes_are_refused_before_it_loads(tmp_path, capsys, monkeypatch, argv,
                                                                            words):
