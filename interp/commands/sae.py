@@ -124,8 +124,14 @@ def check_sae_output(out: str, may_replace: bool, hint: str, busy: str) -> None:
                               "finish or choose another --out") from None
         else:
             lock.release()
+    if not may_replace:
+        refuse_held_run(out, hint)
+
+
+def refuse_held_run(out: str, hint: str) -> None:
+    """Refuse (one line) an ``out`` that holds an SAE run (``sae.json`` or ``checkpoint.pt``)."""
     held = [n for n in (SAE_CONFIG, SAE_CHECKPOINT) if os.path.exists(os.path.join(out, n))]
-    if held and not may_replace:
+    if held:
         raise OutputError(f"--out {out!r} already holds an SAE run ({', '.join(held)}); {hint}, or choose another "
                           "--out")
 
@@ -203,13 +209,16 @@ def run_import(options: SaeImportOptions, inputs: RunInputs) -> int:
     previous SAE run's files (its checkpoint and curve too) only with --overwrite; a failure leaves --out as it
     was."""
     o = options
-    check_sae_output(o.out, o.overwrite, "pass --overwrite to replace it", "written")  # before torch
+    hint = "pass --overwrite to replace it"
+    check_sae_output(o.out, o.overwrite, hint, "written")  # before torch
     from ..sae.foreign import convert
     from ..sae.model import save
 
     model = load_model(inputs, (o,))
     config, tensors = convert(o.format, o.source, model, hook=o.hook, tokens=o.tokens)
     with atomic_output_dir(o.out, SAE_CONFIG, replaces=RUN_FILES, what="imported SAE") as staging:
+        if not o.overwrite:  # again under the lock: a run may have finished into --out since the check
+            refuse_held_run(o.out, hint)
         save(staging, config, tensors)
     print(f"imported the {o.format} SAE {o.source} -> {o.out}")
     return 0
