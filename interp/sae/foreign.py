@@ -51,7 +51,7 @@ from ..cache.format import model_fingerprints
 from ..errors import InterpError, UsageError
 from ..hooks.names import block_hook
 from ..values import MAX_CONFIG_BYTES, check_input_path, read_config_json
-from .model import loader_problem
+from .model import save_problem
 
 FORMATS = ("saelens", "saev", "vit_prisma")
 SAEV_SCHEMAS = (2, 3, 4, 5)  # saev's dump: cfg.activation is {"cls", "params"} (saev's load reads 2-5 alike)
@@ -214,6 +214,9 @@ def _matrices(state: Dict[str, torch.Tensor], info: Dict[str, Any], source) -> T
         missing.append("threshold")
     if missing:
         raise _bad(source, f"missing tensor(s) {missing}")
+    ints = [f"{name} ({str(t.dtype).replace('torch.', '')})" for name, t in state.items() if not t.is_floating_point()]
+    if ints:
+        raise _bad(source, f"tensor(s) {', '.join(ints)} are not floating point; SAE weights are floats")
     w_enc, b_enc = state["W_enc"].float(), state["b_enc"].float()
     w_dec, b_dec = state["W_dec"].float(), state["b_dec"].float()
     if w_enc.ndim != 2:
@@ -270,12 +273,8 @@ def convert(fmt: str, source, model, *, hook: Optional[str] = None, tokens: str 
 
 
 def check_loadable(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], source) -> None:
-    """Refuse (one line) a converted SAE that :func:`interp.sae.load` would refuse once written (its checks,
-    on the ``sae.json`` that :func:`interp.sae.model.save` would write)."""
-    from .model import FORMAT, FORMAT_VERSION, config_digest
-
-    full = {"format": FORMAT, "version": FORMAT_VERSION, **config, "weights_sha256": ""}
-    full["config_sha256"] = config_digest(full)
-    problem = loader_problem(full, {k: v.float().contiguous() for k, v in tensors.items()})
+    """Refuse (one line) a converted SAE that :func:`interp.sae.load` would refuse once written
+    (:func:`interp.sae.model.save_problem`)."""
+    problem = save_problem(config, tensors)
     if problem:
-        raise _bad(source, f"interp's loader would refuse it: {problem[1]}")
+        raise _bad(source, f"interp's loader would refuse it: {problem}")

@@ -143,24 +143,36 @@ def _json_ready(value):
     return value
 
 
+def _described(config: Dict[str, Any], tensors: Dict[str, torch.Tensor]):
+    """(``sae.json`` as :func:`load` will read it, the safetensors bytes, the tensors as stored) of an SAE."""
+    from safetensors.torch import save as to_bytes
+
+    tensors = {k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}
+    data = to_bytes(tensors)
+    config = {"format": FORMAT, "version": FORMAT_VERSION, **config, "weights_sha256": _digest(data)}
+    config["config_sha256"] = config_digest(config)
+    return json.loads(json.dumps(_json_ready(config), allow_nan=False)), data, tensors
+
+
+def save_problem(config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Optional[str]:
+    """Why :func:`load` would refuse the SAE :func:`save` would write from ``config`` and ``tensors``
+    (:func:`loader_problem`: non-finite weights, a k or threshold that does not fit, ...); None when it loads."""
+    problem = loader_problem(*_described(config, tensors)[::2])
+    return problem[1] if problem else None
+
+
 def save(out: Union[str, Path], config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Path:
     """Write ``out/sae.safetensors`` then ``out/sae.json`` (with the weights' SHA-256), each atomically.
 
     Raises:
-        InterpError (one line, nothing written): :func:`load` would refuse the SAE (:func:`loader_problem`:
-        non-finite weights, a k or threshold that does not fit, ...)."""
-    from safetensors.torch import save
-
+        InterpError (one line, nothing written): :func:`load` would refuse the SAE (:func:`save_problem`)."""
     out = Path(out)
-    tensors = {k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}
-    data = save(tensors)
-    config = {"format": FORMAT, "version": FORMAT_VERSION, **config, "weights_sha256": _digest(data)}
-    config["config_sha256"] = config_digest(config)
-    problem = loader_problem(json.loads(json.dumps(_json_ready(config))), tensors)  # what load will read
+    config, data, tensors = _described(config, tensors)
+    problem = loader_problem(config, tensors)
     if problem:
         raise InterpError(f"not writing the SAE into {str(out)!r}: its own loader would refuse it ({problem[1]})")
     write_atomic(out / SAE_WEIGHTS, data, "SAE weights")
-    write_atomic(out / SAE_CONFIG, (json.dumps(_json_ready(config), indent=1, allow_nan=False) + "\n").encode(), "SAE description")
+    write_atomic(out / SAE_CONFIG, (json.dumps(config, indent=1) + "\n").encode(), "SAE description")
     return out
 
 

@@ -127,6 +127,7 @@ def _saelens_with(tmp_path, name, cfg_edit=None, tensors_edit=None, architecture
     (None, {"W_dec": torch.full((N, D), float("nan"))}, "standard", "loader would refuse it: non-finite weights"),
     (None, {"b_enc": torch.tensor([float("inf")] * N)}, "standard", "non-finite weights"),
     (None, {"threshold": torch.zeros(3)}, "jumprelu", "threshold [3] (expected [384])"),
+    (None, {"b_dec": torch.zeros(D, dtype=torch.int64)}, "standard", "b_dec (int64) are not floating point"),
 ])
 def test_files_of_the_wrong_type_or_that_the_loader_refuses_are_one_line_and_nothing_is_written(
         tmp_path, capsys, cfg_edit, tensors_edit, architecture, words):
