@@ -15,7 +15,8 @@ saelens      ``DIR/cfg.json`` + ``DIR/sae_weights         SAELens 6.18 (``SAE.sa
              .safetensors``                               (relu), topk (k), jumprelu (threshold [n]);
                                                           apply_b_dec_to_input; metadata.hook_name
 saev         ``FILE.pt``: one JSON header line, then      saev (``nn.modeling.dump``, schemas 2-5): cfg.activation
-             ``torch.save(state_dict)``                    {cls, params} Relu, TopK (params.top_k) or BatchTopK with
+             ``torch.save(state_dict)``                    {cls, params} Relu, TopK (params.top_k; its top-k kept
+                                                          signed: codes topk_signed) or BatchTopK with
                                                           its inference threshold ``activation.threshold``; encodes
                                                           x without subtracting b_dec; no hook recorded (--hook)
 vit_prisma   ``DIR/config.json`` + a ``.pt`` state dict   ViT-Prisma (``SparseAutoencoder.load_from_pretrained``'s
@@ -173,6 +174,8 @@ def _saev(source: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     if name == "BatchTopK" and state[SAEV_THRESHOLD].numel() != 1:
         raise _bad(source, f"{SAEV_THRESHOLD} has shape {list(state[SAEV_THRESHOLD].shape)}, not one number")
     info = {"arch": kinds[name], "k": k, "subtract_b_dec": False, "hook": None, "model_name": None}
+    if name == "TopK":  # keeps topk(x)'s positions as they are: negative ones too when fewer than k are positive
+        info["codes"] = "topk_signed"
     if name == "BatchTopK":  # eval: x where x > threshold (> 0 when threshold <= 0), strictly: jumprelu's rule
         info.update(codes="jumprelu", threshold=state[SAEV_THRESHOLD].float().reshape(1))
     return state, info

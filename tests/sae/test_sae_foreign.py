@@ -131,3 +131,20 @@ def test_saev_files_the_importer_does_not_know_are_refused_in_one_line(tmp_path,
     with pytest.raises(UsageError, match=re.escape(words)) as e:
         foreign.convert("saev", source, planted_model(), hook=HOOK)
     assert "\n" not in str(e.value) and len(str(e.value)) < 300
+
+
+def test_saev_topk_keeps_its_top_k_as_they_are_negative_ones_too(tmp_path):
+    """saev's TopK keeps ``topk(x)``'s positions without a ReLU: on tokens with fewer than k positive
+    pre-activations its codes include negative ones, and the import gives them (and their reconstruction)."""
+    w = ref.random_weights(D, N, 4)
+    x = torch.from_numpy(interp.cache.open(planted_cache())[HOOK][:2]).reshape(-1, D)
+    fifth = (x @ w["W_enc"] + w["b_enc"]).topk(5, dim=-1).values[:, -1]
+    w["b_enc"] = w["b_enc"] - fifth.median()  # about half the tokens have fewer than 5 positive pre-activations
+    model = planted_model()
+    source = saev_ref.write_saev(tmp_path / "s.pt", w, "TopK", top_k=8)
+    (tmp_path / "o").mkdir()
+    sae = interp.sae.load(save(tmp_path / "o", *foreign.convert("saev", source, model, hook=HOOK)), model=model)
+    codes, recon = saev_ref.eval_forward(w, x, "TopK", 8)
+    assert (codes < 0).any(1).float().mean() > 0.2  # the case a ReLU first would change
+    assert torch.allclose(sae.encode(x), codes, atol=1e-4)
+    assert torch.allclose(sae.decode(sae.encode(x)), recon, atol=1e-3)
