@@ -157,9 +157,8 @@ class Family:
         """The readout after the last block, split around its norms
         (:class:`~interp.models.families.readout.FinalReadout`): what the logit lens and direct logit attribution
         read; a one-line refusal for a model whose stages change the token grid."""
-        raise InterpError(f"no logit lens or logit decomposition for {self.title}: its stages merge patches and "
-                          "change width, so an earlier block's residual stream is not in the head's space and the "
-                          "last stream is not a sum of every block's writes")
+        raise InterpError(f"no logit lens or logit decomposition for {type(self.module).__name__}: its stages merge "
+                          "patches and change width, so earlier blocks are not in the head's space")
 
     def head_writes(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """What each attention head of block ``layer`` writes into the residual stream per unit of its output
