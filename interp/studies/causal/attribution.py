@@ -1,7 +1,7 @@
 """Attribution patching (docs/causal.md): the first-order estimate of every activation-patching cell, from two
 forwards and one backward (Nanda 2023; Syed et al. 2023).
 
->>> result = attribution_study(source, hook="mlp_post", neurons="2:17,2:101,2:3", corruption="noise", progress=False)
+>>> result = attribution_study(source, site="mlp_post", neurons="2:17,2:101,2:3", corruption="noise", progress=False)
 >>> result.correlation > 0.9          # planted_vit: where the effect is linear the estimate agrees with patching
 True
 

@@ -2,7 +2,7 @@
 patching and attribution patching. Torch-free. Every one re-runs the model (``--images``).
 
     interp study logit-lens planted_vit --images photos/ --out runs/p
-    interp study patching planted_vit --images photos/ --out runs/p --hook mlp_out --metric outliers
+    interp study patching planted_vit --images photos/ --out runs/p --site mlp_out --metric outliers
     interp study attribution planted_vit --images photos/ --out runs/p --metric pooled-cosine
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ class PatchingOptions(DetectionOptions):
                                                       parse=box_arg, metavar="X0,Y0,X1,Y1")
     direction: str = option("denoise", "denoise: clean values patched into the corrupted run (default); noise: "
                                        "corrupted values into the clean run", choices=DIRECTIONS)
-    hook: str = option("resid_post", "the site swept: a block's resid_pre, resid_post, attn_out, mlp_out (block x "
+    site: str = option("resid_post", "the site swept: a block's resid_pre, resid_post, attn_out, mlp_out (block x "
                                      "token), z (block x head) or mlp_post (the --neurons, each at every token)",
                        choices=SITES)
     metric: str = option("pooled-cosine", "pooled-cosine (to the clean run), logit-diff (--classes A,B), prob "
@@ -88,15 +88,15 @@ class PatchingOptions(DetectionOptions):
     classes: Optional[Tuple[int, ...]] = option(None, CLASSES_HELP, parse=classes_arg, metavar="C|A,B")
     blocks: Optional[Tuple[int, ...]] = option(None, "blocks swept (default all)", parse=index_list,
                                                metavar="I,...")
-    neurons: Optional[str] = option(None, f"with --hook mlp_post, the neurons swept one by one: {NEURONS_SYNTAX}")
+    neurons: Optional[str] = option(None, f"with --site mlp_post, the neurons swept one by one: {NEURONS_SYNTAX}")
     cells: int = option(16, "sweep cells per forward (each a copy of the batch)", parse=positive_int)
 
     def check(self) -> None:
         super().check()
         if (self.corruption == "box") != (self.box is not None):
             raise UsageError("--box goes with --corruption box (and it needs one)")
-        if (self.hook == "mlp_post") != (self.neurons is not None):
-            raise UsageError("--neurons goes with --hook mlp_post (and it needs them), e.g. --neurons 2:17,2:101")
+        if (self.site == "mlp_post") != (self.neurons is not None):
+            raise UsageError("--neurons goes with --site mlp_post (and it needs them), e.g. --neurons 2:17,2:101")
         if self.metric == "logit-diff" and (self.classes is None or len(self.classes) != 2):
             raise UsageError("--metric logit-diff needs --classes A,B")
         if self.metric == "prob" and self.classes is not None and len(self.classes) != 1:

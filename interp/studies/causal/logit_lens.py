@@ -1,7 +1,7 @@
 """Logit lens and direct logit attribution (docs/causal.md).
 
 >>> result = logit_lens_study(source, progress=False)          # planted_vit
->>> result.blocks[:3], len(result.lens_pooled)                   # the embedding, then every block
+>>> result.rows[:3], len(result.lens_pooled)                   # the embedding, then every block
 (['embed', 'block 0', 'block 1'], 7)
 >>> abs(result.dla["max_sum_error"]) < 1e-4                      # the contributions sum to the output
 True
@@ -41,7 +41,7 @@ class LogitLensResult(StudyResult):
     """Result of :func:`logit_lens_study`.
 
     Attributes:
-        blocks: row labels: "embed", then "block i".
+        rows: the rows' labels: "embed", then "block i".
         metric: what the lens reads ("probability", "logit-diff" or "cosine"); target: what the output is
             (:class:`~interp.studies.causal.targets.OutputTarget` as a dict).
         lens_pooled: [blocks] the pooled read's metric, mean over images; lens_top1: [blocks] share of images
@@ -54,8 +54,8 @@ class LogitLensResult(StudyResult):
             the reason in ``notes`` for a model without a head.
     """
 
-    study = "logit-lens"
-    blocks: List[str] = field(default_factory=list)
+    study = "logit_lens"
+    rows: List[str] = field(default_factory=list)
     metric: str = ""
     target: Dict = field(default_factory=dict)
     lens_pooled: List[float] = field(default_factory=list)
@@ -69,7 +69,7 @@ class LogitLensResult(StudyResult):
 
     def console_lines(self, config=None) -> List[str]:
         lines = [f"logit lens ({self.metric}, pooled): " + ", ".join(f"{b} {v:.3g}" for b, v in
-                                                                    zip(self.blocks, self.lens_pooled))]
+                                                                    zip(self.rows, self.lens_pooled))]
         if self.dla is not None:
             top = sorted(zip(self.dla["components"], self.dla["mean"]), key=lambda kv: -abs(kv[1]))[:3]
             lines.append("largest direct contributions: " + ", ".join(f"{c} {v:+.3g}" for c, v in top))
@@ -227,7 +227,7 @@ def logit_lens_study(source, config: LogitLensConfig, *, detection=None, progres
         skipped=skipped_records(source),
         params={"classes": list(config.classes) if config.classes else None, "per_head": per_head,
                 "top_neurons": config.top_neurons},
-        blocks=labels, metric=target.kind, target=target.record(),
+        rows=labels, metric=target.kind, target=target.record(),
         lens_pooled=[float(sums[f"lens_pooled:{h}"] / count) for h in hooks],
         lens_top1=[float(sums[f"top1:{h}"] / count) for h in hooks] if f"top1:{EMBED}" in sums else None,
         lens_maps=[m[layout.patch_slice].reshape(gh, gw).tolist() for m in maps],

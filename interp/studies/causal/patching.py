@@ -1,7 +1,7 @@
 """Activation patching (docs/causal.md): the clean activation of one site patched into the corrupted run
 (denoising) or the corrupted one into the clean run (noising), one cell at a time, and the metric read after.
 
->>> result = patching_study(source, hook="mlp_out", metric="outliers", corruption="noise", progress=False)
+>>> result = patching_study(source, site="mlp_out", metric="outliers", corruption="noise", progress=False)
 >>> result.peak()["block"]                      # planted_vit: the artifacts form in block 2's MLP
 2
 
@@ -36,7 +36,7 @@ class SweepResult(StudyResult):
     Attributes:
         site: the hook leaf swept (``resid_post``, ``z``, ``mlp_post``...); cell_kind: "token", "head", "neuron".
         metric, direction, corruption: what was measured, which way, against which corrupted input.
-        blocks: the swept blocks (indices); block_labels: their names; cells: per block, each cell's label.
+        block_ids: the swept blocks (indices); block_labels: their names; cells: per block, each cell's label.
         values: per block, per cell, the metric after patching (mean over images; attribution: its estimate).
         normalized: per block, per cell, ``(value - corrupted) / (clean - corrupted)`` when denoising,
             ``(value - clean) / (corrupted - clean)`` when noising (0: no effect; 1: the whole difference).
@@ -50,7 +50,7 @@ class SweepResult(StudyResult):
     metric: str = ""
     direction: str = "denoise"
     corruption: str = "image"
-    blocks: List[int] = field(default_factory=list)
+    block_ids: List[int] = field(default_factory=list)
     block_labels: List[str] = field(default_factory=list)
     cells: List[List[str]] = field(default_factory=list)
     values: List[List[float]] = field(default_factory=list)
@@ -70,7 +70,7 @@ class SweepResult(StudyResult):
         if best is None:
             return {"block": None, "cell": None, "normalized": None}
         _, i, j = best
-        return {"block": self.blocks[i], "cell": self.cells[i][j], "normalized": self.normalized[i][j]}
+        return {"block": self.block_ids[i], "cell": self.cells[i][j], "normalized": self.normalized[i][j]}
 
     def console_lines(self, config=None) -> List[str]:
         peak = self.peak()
@@ -161,13 +161,13 @@ def sweep_result(cls, source, config: PatchingOptions, found: List[Site], totals
         notes.append(f"the clean and corrupted runs have the same {config.metric} ({clean:.4g}): nothing to "
                      "recover, the normalised effects are undefined; choose another corruption or metric")
     base, donor = (corrupted, clean) if config.direction == "denoise" else (clean, corrupted)
-    kind = {1: "token", 2: "head" if config.hook == "z" else "neuron"}
-    params = {k: getattr(config, k) for k in ("corruption", "noise", "box", "direction", "hook", "metric",
+    kind = {1: "token", 2: "head" if config.site == "z" else "neuron"}
+    params = {k: getattr(config, k) for k in ("corruption", "noise", "box", "direction", "site", "metric",
                                                "classes", "blocks", "neurons", "cells")}
     return cls(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=config.seed,
-               ids=list(source.ids), skipped=skipped_records(source), site=config.hook,
+               ids=list(source.ids), skipped=skipped_records(source), site=config.site,
                cell_kind=kind[found[0].axis] if found else "token", metric=config.metric,
-               direction=config.direction, corruption=config.corruption, blocks=[s.block for s in found],
+               direction=config.direction, corruption=config.corruption, block_ids=[s.block for s in found],
                block_labels=[blocks.label(s.block) for s in found],
                cells=[cell_labels(s, lay) for s, lay in zip(found, lays)],
                values=[v.tolist() for v in values],

@@ -71,7 +71,7 @@ def sites(source, config: PatchingOptions) -> List[Site]:
     bad = [b for b in chosen if b >= len(blocks)]
     if bad:
         raise InterpError(f"--blocks {bad[0]} does not exist: the model has blocks 0..{len(blocks) - 1}")
-    if config.hook == "mlp_post":
+    if config.site == "mlp_post":
         neurons = neuron_set(config.neurons).neurons
         out = []
         for layer, idx in sorted((int(k), v) for k, v in neurons.items()):
@@ -79,9 +79,9 @@ def sites(source, config: PatchingOptions) -> List[Site]:
                 raise InterpError(f"--neurons {layer}:{max(idx)} does not exist in this model")
             out.append(Site(layer, blocks.mlp_post(layer), 2, sorted(int(i) for i in idx)))
         return out
-    if config.hook == "z":
+    if config.site == "z":
         return [Site(i, blocks.attn_z(i), 2, []) for i in chosen]
-    return [Site(i, blocks.hook(i, f"hook_{config.hook}"), 1, []) for i in chosen]
+    return [Site(i, blocks.hook(i, f"hook_{config.site}"), 1, []) for i in chosen]
 
 
 def with_cells(found: List[Site], acts: Dict[str, torch.Tensor]) -> List[Site]:

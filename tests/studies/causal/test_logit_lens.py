@@ -62,7 +62,7 @@ def test_every_family_reads_its_last_block_as_its_output(kind):
     model = dinov3() if kind == "dinov3" else make_model(kind, img_size=56 if kind == "dinov2_reg" else 64)
     x = images(2, size=56 if kind == "dinov2_reg" else 64)
     result = logit_lens_study(open_source(model=model, images=x), progress=False)
-    assert result.blocks == ["embed", "block 0", "block 1"] and result.grid == [4, 4]
+    assert result.rows == ["embed", "block 0", "block 1"] and result.grid == [4, 4]
     if kind == "clip":  # a projection head: each image's top coordinate, decomposed to the float error
         assert result.metric == "logit" and result.dla["max_sum_error"] < 1e-5
         assert len(result.dla["heads"]) == 2 and len(result.dla["neurons"]["1"]) == 5

@@ -27,7 +27,7 @@ def test_sweeps_equal_transformer_lens(hook, setter, leaf):
     x = images(2, size=32)
     corrupted = x.clone()
     corrupted[..., 8:24, 0:16] = 0  # --box 0,8,16,24: the box masked to the mean colour
-    result = patching_study(open_source(model=model, images=x), hook=hook, corruption="box", box=(0, 8, 16, 24),
+    result = patching_study(open_source(model=model, images=x), site=hook, corruption="box", box=(0, 8, 16, 24),
                             metric="logit-diff",
                             classes=(0, 1), cells=4, progress=False)
     with torch.no_grad():
@@ -55,7 +55,7 @@ def planted():
 
 
 def test_patching_locates_the_planted_blocks_and_positions(planted):
-    result = patching_study(planted, hook="mlp_out", metric="outliers", corruption="noise", noise=0.5, cells=17,
+    result = patching_study(planted, site="mlp_out", metric="outliers", corruption="noise", noise=0.5, cells=17,
                             threshold=300.0, progress=False)  # ordinary tokens ~142, artifacts ~616
     assert result.clean == 1.0 and result.corrupted == 0.0  # one artifact per clean image, none once textured
     effect = torch.tensor(result.normalized)
@@ -71,7 +71,7 @@ def test_attribution_finds_the_planted_neurons_only_where_the_effect_is_linear(p
     truth = planted_truth(planted.model)
     listed = sorted(truth.neurons) + [3, 50, 200]
     neurons = ",".join(f"2:{n}" for n in listed)
-    result = attribution_study(planted, hook="mlp_post", neurons=neurons, corruption="noise", noise=0.5,
+    result = attribution_study(planted, site="mlp_post", neurons=neurons, corruption="noise", noise=0.5,
                                progress=False)
     order = [int(label.split()[1]) for label in result.cells[0]]  # "neuron 17", in index order
     assert sorted(order) == sorted(listed)
@@ -81,7 +81,7 @@ def test_attribution_finds_the_planted_neurons_only_where_the_effect_is_linear(p
     estimated = dict(zip(order, result.normalized[0]))
     assert max(abs(estimated[n]) for n in truth.neurons) < 0.5 * min(real[n] for n in truth.neurons)
     # The heads write linearly into the output: there the estimate is the real patching effect.
-    heads = attribution_study(planted, hook="z", metric="logit-diff", classes=(0, 1), corruption="noise", noise=0.5,
+    heads = attribution_study(planted, site="z", metric="logit-diff", classes=(0, 1), corruption="noise", noise=0.5,
                               progress=False)
     assert heads.correlation > 0.99
 
@@ -96,7 +96,7 @@ def test_every_family_patches_and_attributes(kind):
         size = 56 if kind == "dinov2_reg" else 64
         model = make_model(kind, img_size=size)
     source = open_source(model=model, images=images(2, size=size))
-    result = attribution_study(source, hook="z", blocks=(1,), corruption="noise", progress=False)
+    result = attribution_study(source, site="z", blocks=(1,), corruption="noise", progress=False)
     heads = model.family.n_heads(1)
     assert result.cells == [[f"head {h}" for h in range(heads)]] and result.clean == pytest.approx(1.0)
     assert len(result.patched[0]) == heads and all(v == v for v in result.patched[0] + result.values[0])
