@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from ..studies.causal.attribution import AttributionResult
 from ..studies.causal.logit_lens import LogitLensResult
 from ..studies.causal.patching import PatchingResult
+from ..studies.causal.rollout import RolloutResult
 from .common import ATTN_COLOR, MLP_COLOR, message_figure, short_name
 from .registry import figure
 
@@ -168,4 +169,25 @@ def attribution_vs_patching(result) -> Optional[Figure]:
     ax.set_xlabel("activation patching (normalised)")
     ax.set_ylabel("attribution patching (normalised)")
     ax.set_title(f"{_sweep_title(result)}\nPearson r = {corr}", fontsize=8)
+    return fig
+
+
+@figure(RolloutResult, "rollout_maps")
+def rollout_maps(result) -> Figure:
+    """The CLS row of the rollout (and of the relevance) on the patch grid, mean over images; the prefix
+    columns (CLS itself, registers) in the titles."""
+    maps, titles = [np.asarray(result.rollout_map, dtype=float)], ["rollout"]
+    prefixes = [result.rollout_prefix]
+    if result.relevance_map is not None:
+        maps.append(np.asarray(result.relevance_map, dtype=float))
+        titles.append("relevance")
+        prefixes.append(result.relevance_prefix)
+    fig = Figure(figsize=(3.6 * len(maps), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(maps), squeeze=False)[0]
+    for ax, grid_map, title, prefix in zip(axes, maps, titles, prefixes):
+        image = ax.imshow(grid_map, cmap="viridis", interpolation="nearest")
+        ax.set_xticks([]), ax.set_yticks([])
+        ax.set_title(f"{title}\nprefix " + ", ".join(f"{v:.2g}" for v in prefix), fontsize=8)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(f"{short_name(result.model, 30)}: CLS row from block {result.start_layer}", fontsize=9)
     return fig

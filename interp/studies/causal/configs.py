@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional, Tuple
 
 from ...errors import UsageError
-from ...values import NEURONS_SYNTAX, index_list, positive_float, positive_int
+from ...values import NEURONS_SYNTAX, index_list, nonnegative_int, positive_float, positive_int
 from ..core.options import DetectionOptions
 from ..declaration import StudyConfig, declare, option
 
@@ -140,3 +140,31 @@ class AttributionConfig(PatchingOptions):
         if self.metric == "outliers":
             raise UsageError("--metric outliers counts tokens: it has no gradient; attribution takes pooled-cosine, "
                              "logit-diff or prob")
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig(StudyConfig):
+    """attention rollout and gradient-weighted relevance maps of the CLS token
+
+    Attention rollout (Abnar and Zuidema 2020) as Transformer-Explainability computes it: each block's head-mean
+    attention plus the identity, rows renormalised, multiplied from --start-layer on; and the gradient-weighted
+    relevance of Chefer et al. (2021): R = I, then per block R += mean over heads of (grad x attention)^+ @ R, the
+    gradient of the explained output. The CLS row over the patch grid (registers apart). Pyramids are refused:
+    their spatial-reduction or window attention is not token-to-token over one grid."""
+
+    name: ClassVar[str] = "rollout"
+    module: ClassVar[str] = "interp.studies.causal.rollout"
+    function: ClassVar[str] = "rollout_study"
+    result: ClassVar[str] = "RolloutResult"
+
+    classes: Optional[Tuple[int, ...]] = option(None, "the output the relevance explains: C (one class; default "
+                                                      "each image's top-1 output)", parse=classes_arg, metavar="C")
+    start_layer: int = option(0, "first block of the rollout", parse=nonnegative_int)
+    relevance: bool = option(True, "also the gradient-weighted relevance (one backward per batch)",
+                             off="--no-relevance")
+
+    def check(self) -> None:
+        super().check()
+        if self.classes is not None and len(self.classes) != 1:
+            raise UsageError("rollout explains one output: --classes C")
