@@ -14,18 +14,15 @@ sets of normalised effects over every cell.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import List, Optional
 
 import torch
 
-from ..._progress import tqdm
 from ...detection.detection import DetectionLike
-from ...errors import InterpError
-from ...runtime.source import n_batches
 from ..declaration import study
 from .configs import AttributionConfig
-from .patching import SweepResult, patch_cells, prepare, sweep_result, sweep_setup
+from .patching import SweepResult, patch_cells, run_sweep
 from .sweep import Site, pearson
 
 
@@ -70,34 +67,21 @@ def attribution_study(source, config: AttributionConfig, *, detection: Detection
                       progress: bool = True) -> AttributionResult:
     """Attribution patching of every cell of the chosen sites on the images of a live ``source`` (module doc;
     the options are activation patching's, :class:`~interp.studies.causal.configs.AttributionConfig`)."""
-    found, det, threshold, detect_layer = sweep_setup(source, config, detection, progress)
-    est: Dict[int, torch.Tensor] = {}
-    real: Dict[int, torch.Tensor] = {}
-    clean = corrupted = 0.0
-    count, layout = 0, None
-    for start, x in tqdm(source.image_batches(), disable=not progress, desc="attribution", unit="batch",
-                         total=n_batches(source, None), leave=False):
-        prep = prepare(source, config, x, start, found, det, threshold)
-        layout = prep.layout
+    def visit(prep, found, det):
         spec = prep.spec
-        grads = source.run_with_grads(prep.base, [s.hook for s in found],
+        grads = source.run_with_grads(prep.base, [s.hook for s in found],  # one backward serves every site
                                       lambda out: spec.score(out.logits, out.pooled)).grads
         base_value = prep.corrupted if config.direction == "denoise" else prep.clean
-        for site in found:
-            change = estimate(site, prep.donor_acts[site.hook], prep.base_acts[site.hook], grads[site.hook])
-            est[site.block] = est.get(site.block, 0) + (change + base_value[:, None]).sum(0)
-            if config.compare:
-                real[site.block] = real.get(site.block, 0) + patch_cells(source, prep, site, config.cells, det).sum(1)
-        clean += float(prep.clean.sum())
-        corrupted += float(prep.corrupted.sum())
-        count += len(x)
-    if not count:
-        raise InterpError("attribution patching needs at least one image")
-    result = sweep_result(AttributionResult, source, config, found, est, clean / count, corrupted / count, count,
-                          layout, threshold, detect_layer, [])
+        out = {"estimate": {s.block: (estimate(s, prep.donor_acts[s.hook], prep.base_acts[s.hook], grads[s.hook])
+                                      + base_value[:, None]).T for s in found}}
+        if config.compare:
+            out["patched"] = {s.block: patch_cells(source, prep, s, config.cells, det) for s in found}
+        return out
+
+    sweep = run_sweep(source, config, detection, progress, visit)
+    result = sweep.result(AttributionResult, source, config, "estimate")
     if config.compare:
-        patched = sweep_result(AttributionResult, source, config, found, real, clean / count, corrupted / count,
-                               count, layout, threshold, detect_layer, [])
+        patched = sweep.result(AttributionResult, source, config, "patched")
         result.patched, result.patched_normalized = patched.values, patched.normalized
         result.correlation = pearson(torch.tensor([v for row in result.normalized for v in row]),
                                      torch.tensor([v for row in patched.normalized for v in row]))

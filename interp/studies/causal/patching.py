@@ -14,7 +14,7 @@ copies of the batch, copy i patched at cell i (:mod:`interp.runtime.patching`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -176,32 +176,63 @@ def sweep_result(cls, source, config: PatchingOptions, found: List[Site], totals
                threshold=threshold, detect_layer=detect_layer, n_images=count, notes=notes)
 
 
+@dataclass
+class Sweep:
+    """A sweep's sums over the images: per named quantity, per block, each cell's sum [cells]; the unpatched
+    runs' metric sums, the image count and what the result needs to label its cells."""
+
+    found: List[Site]
+    totals: Dict[str, Dict[int, torch.Tensor]]
+    clean: float
+    corrupted: float
+    count: int
+    layout: object
+    threshold: Optional[float]
+    detect_layer: Optional[int]
+
+    def result(self, cls, source, config: PatchingOptions, name: str) -> SweepResult:
+        return sweep_result(cls, source, config, self.found, self.totals[name], self.clean / self.count,
+                            self.corrupted / self.count, self.count, self.layout, self.threshold,
+                            self.detect_layer, [])
+
+
+def run_sweep(source, config: PatchingOptions, detection: DetectionLike, progress: bool,
+              visit: Callable[[Prepared, List[Site], Optional[str]], Dict[str, Dict[int, torch.Tensor]]]) -> Sweep:
+    """Every batch of ``source`` prepared (:func:`prepare`), then ``visit(prep, sites, det)``: named values
+    {block: [cells, b]}, summed over the images into the :class:`Sweep`."""
+    found, det, threshold, detect_layer = sweep_setup(source, config, detection, progress)
+    totals: Dict[str, Dict[int, torch.Tensor]] = {}
+    clean = corrupted = 0.0
+    count, layout = 0, None
+    for start, x in tqdm(source.image_batches(), disable=not progress, desc=config.name, unit="batch",
+                         total=n_batches(source, None), leave=False):
+        prep = prepare(source, config, x, start, found, det, threshold)
+        layout = prep.layout
+        for name, per_block in visit(prep, found, det).items():
+            sums = totals.setdefault(name, {})
+            for block, values in per_block.items():
+                sums[block] = sums.get(block, 0) + values.sum(1)
+        clean += float(prep.clean.sum())
+        corrupted += float(prep.corrupted.sum())
+        count += len(x)
+    if not count:
+        raise InterpError(f"{config.name} needs at least one image")
+    return Sweep(found, totals, clean, corrupted, count, layout, threshold, detect_layer)
+
+
 @study(PatchingConfig)
 def patching_study(source, config: PatchingConfig, *, detection: DetectionLike = None,
                    progress: bool = True) -> PatchingResult:
     """Activation patching over every cell of the chosen sites, on the images of a live ``source`` (module doc).
 
     Args:
-        config: the two inputs (``corruption``, ``noise``, ``box``), ``direction``, the sites (``hook``,
+        config: the two inputs (``corruption``, ``noise``, ``box``), ``direction``, the sites (``site``,
             ``blocks``, ``neurons``), the ``metric`` (``classes``; ``threshold``/``detect_layer`` for "outliers")
             and ``cells`` per forward (:class:`~interp.studies.causal.configs.PatchingConfig`).
         detection: the outlier metric's detection on this source, when already made.
     """
-    found, det, threshold, detect_layer = sweep_setup(source, config, detection, progress)
-    totals: Dict[int, torch.Tensor] = {}
-    clean = corrupted = 0.0
-    count, layout = 0, None
-    for start, x in tqdm(source.image_batches(), disable=not progress, desc="patching", unit="batch",
-                         total=n_batches(source, None), leave=False):
-        prep = prepare(source, config, x, start, found, det, threshold)
-        layout = prep.layout
-        for site in found:
-            effect = patch_cells(source, prep, site, config.cells, det).sum(1)
-            totals[site.block] = totals.get(site.block, 0) + effect
-        clean += float(prep.clean.sum())
-        corrupted += float(prep.corrupted.sum())
-        count += len(x)
-    if not count:
-        raise InterpError("patching needs at least one image")
-    return sweep_result(PatchingResult, source, config, found, totals, clean / count, corrupted / count, count,
-                        layout, threshold, detect_layer, [])
+    def visit(prep, found, det):
+        return {"patched": {site.block: patch_cells(source, prep, site, config.cells, det) for site in found}}
+
+    sweep = run_sweep(source, config, detection, progress, visit)
+    return sweep.result(PatchingResult, source, config, "patched")
