@@ -40,7 +40,13 @@ def oracle(model, x, cls: int):
         W_O = block.attn.proj.weight.reshape(d, block.attn.num_heads, -1).permute(1, 2, 0) * gain
         stack = stack_head_results(cache[f"blocks.{layer}.attn.hook_z"], W_O)
         heads.append(logit_attrs(stack, scale, direction, pool, n_prefix).mean(1))
-    return parts.detach(), torch.stack(heads).detach()
+    block = m.blocks[-1]  # the last block's neurons: each one's write times its activation, a component of its own
+    gain = getattr(block.ls2, "gamma", 1.0) if hasattr(block, "ls2") else block.gamma_2
+    writes = block.mlp.fc2.weight.T * gain  # [n, d]
+    post = cache[f"blocks.{n - 1}.mlp.hook_post"]
+    neurons = lambda idx: logit_attrs(post[..., idx].permute(2, 0, 1)[..., None] * writes[idx][:, None, None],
+                                      scale, direction, pool, n_prefix).mean(1).detach()
+    return parts.detach(), torch.stack(heads).detach(), neurons
 
 
 @pytest.mark.parametrize("kind", ["vit", "dinov3"])
@@ -48,9 +54,11 @@ def test_decomposition_equals_transformer_lens(kind):
     model = make_model("vit", img_size=64) if kind == "vit" else dinov3(num_classes=5)
     x = images(2, size=64)
     result = logit_lens_study(open_source(model=model, images=x), classes=(3,), progress=False)
-    parts, heads = oracle(model, x, 3)
+    parts, heads, neurons = oracle(model, x, 3)
     assert torch.allclose(torch.tensor(result.dla["mean"]), parts, atol=1e-5, rtol=1e-4)
     assert torch.allclose(torch.tensor(result.dla["heads"]), heads, atol=1e-5, rtol=1e-4)
+    listed = result.dla["neurons"]["1"]  # [[neuron, contribution], ...] by |contribution|
+    assert torch.allclose(torch.tensor([v for _, v in listed]), neurons([i for i, _ in listed]), atol=1e-6)
     with torch.no_grad():
         logit = model(x)[:, 3].mean()
     assert abs(sum(result.dla["mean"]) + result.dla["bias"] - float(logit)) < 1e-5

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import interp
-from conftest import images, make_model
+from conftest import REPO, images, make_model, one_error_line
+from interp.cli import main
 from interp.models import planted_truth
 from interp.runtime.open import open_source
 from interp.studies.causal.attribution import attribution_study
@@ -100,3 +101,18 @@ def test_every_family_patches_and_attributes(kind):
     heads = model.family.n_heads(1)
     assert result.cells == [[f"head {h}" for h in range(heads)]] and result.clean == pytest.approx(1.0)
     assert len(result.patched[0]) == heads and all(v == v for v in result.patched[0] + result.values[0])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["patching", "--site", "mlp_post"], "--neurons goes with --site mlp_post"),
+    (["attribution", "--metric", "outliers"], "has no gradient"),
+    (["patching", "--metric", "logit-diff"], "needs --classes A,B"),
+    (["patching", "--corruption", "box"], "--box goes with --corruption box"),
+    (["patching", "--box", "5,5,2,9", "--corruption", "box"], "x0 < x1"),
+])
+def test_options_that_cannot_go_together_are_one_line(args, words, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "o"
+    assert main(["study", args[0], "planted_vit", "--images", "interp/data/samples", "--out", str(out),
+                 *args[1:]]) == 2
+    assert words in one_error_line(capsys.readouterr().err) and not out.exists()
