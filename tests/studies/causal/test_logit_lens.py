@@ -20,6 +20,8 @@ def dinov3(**kw):
     with torch.no_grad():
         for block in model.timm_model.blocks:
             block.gamma_1.fill_(0.5), block.gamma_2.fill_(0.5)
+        if isinstance(model.timm_model.head, torch.nn.Linear):  # timm scales a new head by 1e-3: logits ~1e-5
+            model.timm_model.head.weight.normal_()
     return model
 
 
