@@ -12,7 +12,10 @@ from interp.cli import main
 from interp.models import planted_truth
 from interp.runtime.open import open_source
 from interp.studies.causal.attribution import attribution_study
+from interp.errors import InterpError
+from interp.studies.causal.configs import PatchingConfig
 from interp.studies.causal.patching import patching_study
+from interp.studies.causal.sweep import corrupt
 from reference.tl_patching import (generic_activation_patch, layer_head_vector_patch_setter, layer_pos_patch_setter,
                                    normalized, rows)
 
@@ -66,6 +69,27 @@ def test_patching_locates_the_planted_blocks_and_positions(planted):
         assert effect[block].nonzero().flatten().tolist() == [6, 12] and torch.allclose(effect[block, [6, 12]],
                                                                                         torch.tensor(0.5))
     assert result.peak()["block"] in (0, 2)
+    # Noising: the corrupted (textured) MLP output at a flat patch removes that image's artifact.
+    noised = patching_study(planted, site="mlp_out", blocks=(2,), direction="noise", metric="outliers",
+                            corruption="noise", noise=0.5, cells=17, threshold=300.0, progress=False)
+    assert torch.tensor(noised.values[0])[[6, 12]].tolist() == [0.5, 0.5] and noised.values[0][0] == 1.0
+    assert noised.normalized[0][6] == 0.5 and noised.normalized[0][0] == 0.0
+
+
+def test_corruptions():
+    x = images(3, size=32)
+    config = PatchingConfig(corruption="image")
+    assert torch.equal(corrupt(x, config, 0, (16, 16)), x[[1, 2, 0]])
+    with pytest.raises(InterpError, match="a batch of one image"):
+        corrupt(x[:1], config, 0, (16, 16))
+    noisy = PatchingConfig(corruption="noise", noise=2.0, seed=1)
+    first, again = corrupt(x, noisy, 4, (16, 16)), corrupt(x, noisy, 4, (16, 16))
+    assert torch.equal(first, again) and not torch.equal(first, corrupt(x, noisy, 7, (16, 16)))
+    assert (first - x).std().item() == pytest.approx(2.0, rel=0.1)
+    boxed = corrupt(x, PatchingConfig(corruption="box", box=(4, 8, 20, 16)), 0, (16, 16))
+    assert boxed[..., 8:16, 4:20].abs().sum() == 0 and torch.equal(boxed[..., 16:, :], x[..., 16:, :])
+    with pytest.raises(InterpError, match="reaches past"):
+        corrupt(x, PatchingConfig(corruption="box", box=(0, 0, 40, 8)), 0, (16, 16))
 
 
 def test_attribution_finds_the_planted_neurons_only_where_the_effect_is_linear(planted):
