@@ -86,6 +86,15 @@ def logit_gradient(readout, resid: torch.Tensor, n_prefix: int, direction: torch
     return g[0].detach()
 
 
+def check_readout(readout, resid: torch.Tensor, n_prefix: int, logits: torch.Tensor) -> None:
+    """Refuse a forward whose output is not the readout of its last residual stream (a pooling edit such as
+    SelectiveCLS replaces the pooling): the lens and the decomposition would read another model."""
+    out = readout.output(readout.pooled(resid, n_prefix)).cpu()
+    if (out - logits).abs().max() > 1e-3 * (1.0 + logits.abs().max()):
+        raise InterpError("the model's output is not its final norm, pooling and head of the last block's stream "
+                          "(a pooling edit?): the logit lens and decomposition read the unedited readout only")
+
+
 def lens_metric(out: torch.Tensor, final: torch.Tensor, target: OutputTarget) -> torch.Tensor:
     """The lens's value of outputs ``out`` [b, (t,) C] against the final output ``final`` [b, C]: the target's
     probability or logit difference, or the cosine to ``final``."""
@@ -160,6 +169,7 @@ def logit_lens_study(source, config: LogitLensConfig, *, detection=None, progres
         layout = first.layout
         resid = first.acts[last].to(x.device)
         final = first.logits.to(x.device)
+        check_readout(readout, resid, layout.n_prefix, first.logits)
         target = output_target(head, readout, config.classes, first.logits)
         hooks = [EMBED] + [blocks.resid_post(i) for i in range(n)]
         fns = _lens_reducers(source, readout, layout, final, target)

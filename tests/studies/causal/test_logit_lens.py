@@ -90,3 +90,12 @@ def test_pyramids_are_refused_in_one_line(name):
     with pytest.raises(InterpError, match="merge patches") as err:
         family.final_readout()
     assert "\n" not in str(err.value) and len(str(err.value)) < 200
+
+
+def test_a_pooling_edit_is_refused_rather_than_misread():
+    from interp.interventions import SelectiveCLS
+
+    source = open_source(model=make_model("vit", img_size=64), images=images(2, size=64),
+                         interventions=[SelectiveCLS(k=1)])
+    with pytest.raises(InterpError, match="pooling edit"):
+        logit_lens_study(source, progress=False)
