@@ -145,6 +145,30 @@ def patching_maps(result) -> Figure:
     return sweep_maps(result, result.normalized, "normalised effect")
 
 
+def attention_check(result) -> Optional[Figure]:
+    """Per block, the rank correlation of the clean CLS attention to a patch with the patch's effect; None for
+    a sweep without it (heads, neurons, no CLS token)."""
+    if not result.attention_rank:
+        return None
+    fig = Figure(figsize=(6.4, 3.4), layout="constrained")
+    ax = fig.add_subplot()
+    ranks = [np.nan if r is None else r for r in result.attention_rank]
+    ax.bar(range(len(ranks)), ranks, color=ATTN_COLOR)
+    for i, r in enumerate(result.attention_rank):
+        if r is None:
+            ax.text(i, 0, "no effect", rotation=90, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(ranks)), result.block_labels, rotation=60, fontsize=7)
+    ax.set_ylim(-1, 1)
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.set_ylabel("Spearman: CLS attention vs effect")
+    ax.set_title(f"{_sweep_title(result)}\ndoes attention to a patch predict its effect?", fontsize=8)
+    return fig
+
+
+figure(PatchingResult, "attention_check")(attention_check)
+figure(AttributionResult, "attention_check")(attention_check)
+
+
 @figure(AttributionResult, "attribution_maps")
 def attribution_maps(result) -> Figure:
     """The first-order estimate of each cell's normalised effect, drawn as the patching maps are."""

@@ -26,7 +26,7 @@ from ...runtime.source import n_batches, require_live
 from ..core.result import StudyResult, skipped_records
 from ..declaration import study
 from .configs import PatchingConfig, PatchingOptions
-from .sweep import (MetricSpec, Site, cell_labels, corrupt, metric_spec, normalised, sites, with_cells)
+from .sweep import (MetricSpec, Site, cell_labels, corrupt, metric_spec, normalised, sites, spearman, with_cells)
 
 
 @dataclass
@@ -43,6 +43,9 @@ class SweepResult(StudyResult):
         clean, corrupted: the metric of the unpatched clean and corrupted runs (mean over images).
         layouts: per block, its token rows' {"grid", "n_prefix"} (token sweeps: the patch map).
         threshold, detect_layer: the outlier metric's norm threshold and block (None for other metrics).
+        attention: token sweeps on a model with a CLS token: per block, the clean run's CLS attention row (head
+            mean, mean over images, every token); attention_rank: per block, the Spearman correlation over the
+            patches of that row and the normalised effects (does attention to a patch predict its effect?).
     """
 
     site: str = ""
@@ -62,6 +65,8 @@ class SweepResult(StudyResult):
     detect_layer: Optional[int] = None
     n_images: int = 0
     notes: List[str] = field(default_factory=list)
+    attention: Optional[List[List[float]]] = None
+    attention_rank: Optional[List[Optional[float]]] = None
 
     def peak(self) -> Dict:
         """The cell with the largest |normalised effect|: {"block", "cell", "normalized"}."""
@@ -97,6 +102,7 @@ class Prepared:
     clean: torch.Tensor
     corrupted: torch.Tensor
     layout: object
+    attention: Dict[int, torch.Tensor] = field(default_factory=dict)  # block -> clean CLS row [b, t] (head mean)
 
 
 def _norm_reducer(source, det: Optional[str]):
@@ -106,14 +112,35 @@ def _norm_reducer(source, det: Optional[str]):
     return lambda layout: {det: lambda t: t.float().norm(dim=-1)[:, source.blocks.layout_of(layout, det).patch_slice]}
 
 
+def attention_hooks(source, found: List[Site]) -> Dict[int, str]:
+    """{block: its attention pattern hook} of a token sweep on a model with a CLS token and one grid (the check
+    that attention to a patch predicts its effect); empty otherwise."""
+    layout = source.layout
+    if not found or found[0].axis != 1 or layout.cls_index is None or layout.block_stages:
+        return {}
+    return {s.block: source.blocks.attn_pattern(s.block) for s in found}
+
+
+def _clean_reducer(source, det: Optional[str], patterns: Dict[int, str]):
+    """The clean run's reducers: the outlier metric's norms and each pattern's CLS row, head mean [b, t]."""
+    norms = _norm_reducer(source, det)
+
+    def reducers(layout):
+        fns = dict(norms(layout)) if norms else {}
+        fns.update({h: lambda t, c=layout.cls_index: t[:, :, c].float().mean(1) for h in patterns.values()})
+        return fns
+
+    return reducers
+
+
 def prepare(source, config: PatchingOptions, x: torch.Tensor, start: int, found: List[Site], det: Optional[str],
             threshold: Optional[float]) -> Prepared:
     """The clean and corrupted runs of batch ``x`` (every site's full values kept), the metric and its values."""
     corrupted_x = corrupt(x, config, start, source.patch_size)
     hooks = [s.hook for s in found] + ([det] if det else [])
-    reduce = _norm_reducer(source, det)
-    clean = source.run(x, hooks, reduce, logits=True)
-    bad = source.run(corrupted_x, hooks, reduce, logits=True)
+    patterns = attention_hooks(source, found)
+    clean = source.run(x, hooks + list(patterns.values()), _clean_reducer(source, det, patterns), logits=True)
+    bad = source.run(corrupted_x, hooks, _norm_reducer(source, det), logits=True)
     spec = metric_spec(config, clean.logits, clean.pooled, threshold)
     norms = (lambda run: run.acts[det]) if det else (lambda run: None)
     denoise = config.direction == "denoise"
@@ -121,7 +148,8 @@ def prepare(source, config: PatchingOptions, x: torch.Tensor, start: int, found:
     with_cells(found, donor.acts)
     return Prepared(corrupted_x if denoise else x, donor.acts, base.acts, spec,
                     spec.score(clean.logits, clean.pooled, norms(clean)),
-                    spec.score(bad.logits, bad.pooled, norms(bad)), clean.layout)
+                    spec.score(bad.logits, bad.pooled, norms(bad)), clean.layout,
+                    {block: clean.acts[h] for block, h in patterns.items()})
 
 
 def patch_cells(source, prep: Prepared, site: Site, chunk: int, det: Optional[str]) -> torch.Tensor:
@@ -152,8 +180,10 @@ def sweep_setup(source, config: PatchingOptions, detection: DetectionLike,
 
 
 def sweep_result(cls, source, config: PatchingOptions, found: List[Site], totals: Dict[int, torch.Tensor],
-                 clean: float, corrupted: float, count: int, layout, threshold, detect_layer, notes) -> SweepResult:
-    """The result of a sweep from its per-site totals (sums over images of each cell's value)."""
+                 clean: float, corrupted: float, count: int, layout, threshold, detect_layer, notes,
+                 attention: Optional[Dict[int, torch.Tensor]] = None) -> SweepResult:
+    """The result of a sweep from its per-site totals (sums over images of each cell's value) and, for a token
+    sweep, the clean CLS rows' sums per block (``attention``)."""
     blocks = source.blocks
     values = [(totals[s.block] / count) for s in found]
     lays = [blocks.layout_of(layout, s.hook) for s in found]
@@ -173,7 +203,23 @@ def sweep_result(cls, source, config: PatchingOptions, found: List[Site], totals
                values=[v.tolist() for v in values],
                normalized=[normalised(v, donor, base).tolist() for v in values], clean=clean,
                corrupted=corrupted, layouts=[{"grid": list(l.grid), "n_prefix": l.n_prefix} for l in lays],
-               threshold=threshold, detect_layer=detect_layer, n_images=count, notes=notes)
+               threshold=threshold, detect_layer=detect_layer, n_images=count, notes=notes,
+               **attention_check(found, lays, attention, values, donor, base, count))
+
+
+def attention_check(found: List[Site], lays, attention: Optional[Dict[int, torch.Tensor]], values, donor: float,
+                    base: float, count: int) -> Dict:
+    """Does the clean CLS attention to a patch predict the patch's effect? Per block, the Spearman correlation
+    over the patches of the CLS row (head mean, mean over images) and the normalised effect."""
+    if not attention:
+        return {}
+    rows, ranks = [], []
+    for site, lay, value in zip(found, lays, values):
+        row = attention[site.block] / count
+        rows.append(row.tolist())
+        effect = normalised(value, donor, base)[lay.patch_slice]
+        ranks.append(spearman(row[lay.patch_slice], effect))
+    return {"attention": rows, "attention_rank": ranks}
 
 
 @dataclass
@@ -189,11 +235,12 @@ class Sweep:
     layout: object
     threshold: Optional[float]
     detect_layer: Optional[int]
+    attention: Dict[int, torch.Tensor]
 
     def result(self, cls, source, config: PatchingOptions, name: str) -> SweepResult:
         return sweep_result(cls, source, config, self.found, self.totals[name], self.clean / self.count,
                             self.corrupted / self.count, self.count, self.layout, self.threshold,
-                            self.detect_layer, [])
+                            self.detect_layer, [], self.attention)
 
 
 def run_sweep(source, config: PatchingOptions, detection: DetectionLike, progress: bool,
@@ -202,6 +249,7 @@ def run_sweep(source, config: PatchingOptions, detection: DetectionLike, progres
     {block: [cells, b]}, summed over the images into the :class:`Sweep`."""
     found, det, threshold, detect_layer = sweep_setup(source, config, detection, progress)
     totals: Dict[str, Dict[int, torch.Tensor]] = {}
+    attention: Dict[int, torch.Tensor] = {}
     clean = corrupted = 0.0
     count, layout = 0, None
     for start, x in tqdm(source.image_batches(), disable=not progress, desc=config.name, unit="batch",
@@ -212,12 +260,14 @@ def run_sweep(source, config: PatchingOptions, detection: DetectionLike, progres
             sums = totals.setdefault(name, {})
             for block, values in per_block.items():
                 sums[block] = sums.get(block, 0) + values.sum(1)
+        for block, row in prep.attention.items():
+            attention[block] = attention.get(block, 0) + row.sum(0)
         clean += float(prep.clean.sum())
         corrupted += float(prep.corrupted.sum())
         count += len(x)
     if not count:
         raise InterpError(f"{config.name} needs at least one image")
-    return Sweep(found, totals, clean, corrupted, count, layout, threshold, detect_layer)
+    return Sweep(found, totals, clean, corrupted, count, layout, threshold, detect_layer, attention)
 
 
 @study(PatchingConfig)

@@ -169,6 +169,22 @@ def pearson(a: torch.Tensor, b: torch.Tensor) -> Optional[float]:
     return None if den == 0 else float((a * b).sum()) / den
 
 
+def average_ranks(x: torch.Tensor) -> torch.Tensor:
+    """Ranks 0..n-1 of a flat tensor, ties given their average rank (as ``scipy.stats.rankdata`` minus one)."""
+    _, inverse, counts = torch.unique(x.double(), return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    return ((ends - counts + ends - 1) / 2)[inverse]
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> Optional[float]:
+    """Spearman rank correlation of two flat tensors (NaN cells dropped; ties averaged); None without spread."""
+    a, b = a.flatten(), b.flatten()
+    keep = ~(a.isnan() | b.isnan())
+    if int(keep.sum()) < 2:
+        return None
+    return pearson(average_ranks(a[keep]), average_ranks(b[keep]))
+
+
 def cell_labels(site: Site, layout) -> List[str]:
     """What each cell of ``site`` is, for tables: "CLS", "reg 0", "patch (r, c)", "head 2", "neuron 17"."""
     if site.axis == 2:

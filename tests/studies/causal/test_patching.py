@@ -15,7 +15,7 @@ from interp.studies.causal.attribution import attribution_study
 from interp.errors import InterpError
 from interp.studies.causal.configs import PatchingConfig
 from interp.studies.causal.patching import patching_study
-from interp.studies.causal.sweep import corrupt
+from interp.studies.causal.sweep import corrupt, spearman
 from reference.tl_patching import (generic_activation_patch, layer_head_vector_patch_setter, layer_pos_patch_setter,
                                    normalized, rows)
 
@@ -69,11 +69,23 @@ def test_patching_locates_the_planted_blocks_and_positions(planted):
         assert effect[block].nonzero().flatten().tolist() == [6, 12] and torch.allclose(effect[block, [6, 12]],
                                                                                         torch.tensor(0.5))
     assert result.peak()["block"] in (0, 2)
+    # The attention check: per block, the clean CLS row (every token) and its rank correlation with the effects.
+    assert len(result.attention) == 6 and all(len(row) == 17 for row in result.attention)
+    assert all(sum(row) == pytest.approx(1.0, abs=1e-5) for row in result.attention)
+    rank = spearman(torch.tensor(result.attention[2][1:]), effect[2, 1:])
+    assert result.attention_rank[2] == pytest.approx(rank) and result.attention_rank[5] is None  # no effect there
     # Noising: the corrupted (textured) MLP output at a flat patch removes that image's artifact.
     noised = patching_study(planted, site="mlp_out", blocks=(2,), direction="noise", metric="outliers",
                             corruption="noise", noise=0.5, cells=17, threshold=300.0, progress=False)
     assert torch.tensor(noised.values[0])[[6, 12]].tolist() == [0.5, 0.5] and noised.values[0][0] == 1.0
     assert noised.normalized[0][6] == 0.5 and noised.normalized[0][0] == 0.0
+
+
+def test_spearman_averages_ties():
+    assert spearman(torch.tensor([1.0, 2, 3, 4]), torch.tensor([1.0, 3, 2, 4])) == pytest.approx(0.8)
+    a, b = torch.tensor([1.0, 2, 2, 3, 0, 0, 5]), torch.tensor([0.0, 1, 1, 0, 3, 3, 2])
+    assert spearman(a, b) == pytest.approx(-0.46731012841003694)  # scipy.stats.spearmanr
+    assert spearman(a, torch.zeros(7)) is None
 
 
 def test_corruptions():
