@@ -104,6 +104,13 @@ def lens_metric(out: torch.Tensor, final: torch.Tensor, target: OutputTarget) ->
     return target.value(out)
 
 
+def merged(groups: Dict[str, Dict]) -> Dict:
+    """{hook: reducer} of several groups of reducers: each hook's reducer returns {group: its value}."""
+    hooks = dict.fromkeys(h for fns in groups.values() for h in fns)
+    return {h: (lambda t, fs=[(g, fns[h]) for g, fns in groups.items() if h in fns]: {g: f(t) for g, f in fs})
+            for h in hooks}
+
+
 def _dla_reducers(source, readout, layout, grad: torch.Tensor, per_head: bool):
     """{hook: reducer} of the decomposition's terms: each component's contribution [b] (a head's [b, h], a
     neuron's [b, n]) with ``grad`` G [b, t, d] on the model's device."""
@@ -163,7 +170,7 @@ def logit_lens_study(source, config: LogitLensConfig, *, detection=None, progres
     def add(key, value):
         sums[key] = sums.get(key, 0) + value.detach().float().cpu().sum(0)
 
-    for start, x in tqdm(source.image_batches(), disable=not progress, desc="logit lens", unit="batch",
+    for _, x in tqdm(source.image_batches(), disable=not progress, desc="logit lens", unit="batch",
                          total=n_batches(source, None), leave=False):
         first = source.run(x, [last], logits=True)
         layout = first.layout
@@ -171,22 +178,19 @@ def logit_lens_study(source, config: LogitLensConfig, *, detection=None, progres
         final = first.logits.to(x.device)
         check_readout(readout, resid, layout.n_prefix, first.logits)
         target = output_target(head, readout, config.classes, first.logits)
-        hooks = [EMBED] + [blocks.resid_post(i) for i in range(n)]
-        fns = _lens_reducers(source, readout, layout, final, target)
+        groups = {"lens": _lens_reducers(source, readout, layout, final, target)}
         if readout.has_head:
             direction, const = target.direction(readout, first.logits)
             grad = logit_gradient(readout, resid, layout.n_prefix, direction.to(x.device))
             _, bias = readout.decompose(torch.zeros(1, *resid.shape, device=x.device), resid, layout.n_prefix)
             bias_term = (bias * direction.to(x.device)).sum(-1).cpu() + const
-            dla = _dla_reducers(source, readout, layout, grad, per_head)
+            groups["dla"] = _dla_reducers(source, readout, layout, grad, per_head)
             attn_bias = torch.stack([(source.head_writes(i)[1].to(x.device) * grad.sum(1)).sum(-1).cpu()
                                      for i in range(n)], 1) if per_head else None
-            hooks += [h for h in dla if h not in hooks]
-            fns.update({h: (lambda t, a=fns.get(h), b=f: {"lens": a(t), "dla": b(t)} if a else {"dla": b(t)})
-                        for h, f in dla.items()})
-        run = source.run(x, hooks, reduce=fns)
-        for h in [EMBED] + [blocks.resid_post(i) for i in range(n)]:
-            value = run.acts[h]["lens"] if "lens" in run.acts[h] else run.acts[h]
+        fns = merged(groups)
+        run = source.run(x, list(fns), reduce=fns)
+        for h in groups["lens"]:
+            value = run.acts[h]["lens"]
             add(f"lens_tokens:{h}", value["tokens"])
             if "top1" in value:
                 add(f"top1:{h}", value["top1"])
