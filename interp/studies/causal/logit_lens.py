@@ -111,7 +111,7 @@ def merged(groups: Dict[str, Dict]) -> Dict:
             for h in hooks}
 
 
-def _dla_reducers(source, readout, layout, grad: torch.Tensor, per_head: bool):
+def _dla_reducers(source, grad: torch.Tensor, per_head: bool):
     """{hook: reducer} of the decomposition's terms: each component's contribution [b] (a head's [b, h], a
     neuron's [b, n]) with ``grad`` G [b, t, d] on the model's device."""
     blocks = source.blocks
@@ -184,7 +184,7 @@ def logit_lens_study(source, config: LogitLensConfig, *, detection=None, progres
             grad = logit_gradient(readout, resid, layout.n_prefix, direction.to(x.device))
             _, bias = readout.decompose(torch.zeros(1, *resid.shape, device=x.device), resid, layout.n_prefix)
             bias_term = (bias * direction.to(x.device)).sum(-1).cpu() + const
-            groups["dla"] = _dla_reducers(source, readout, layout, grad, per_head)
+            groups["dla"] = _dla_reducers(source, grad, per_head)
             attn_bias = torch.stack([(source.head_writes(i)[1].to(x.device) * grad.sum(1)).sum(-1).cpu()
                                      for i in range(n)], 1) if per_head else None
         fns = merged(groups)
