@@ -151,6 +151,20 @@ class Family:
         gain = self.mlp_gain(layer)
         return w if gain is None else w * gain.detach().float()[:, None]
 
+    def final_readout(self):
+        """The readout after the last block, split around its norms
+        (:class:`~interp.models.families.readout.FinalReadout`): what the logit lens and direct logit attribution
+        read; a one-line refusal for a model whose stages change the token grid."""
+        raise InterpError(f"no logit lens or logit decomposition for {type(self.module).__name__}: its stages merge "
+                          "patches and change width, so earlier blocks are not in the head's space")
+
+    def head_writes(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """What each attention head of block ``layer`` writes into the residual stream per unit of its output
+        ``attn.hook_z``: (Tensor[h, dh, d] the ``proj`` columns of each head times the block's LayerScale, the
+        ``proj`` bias times LayerScale [d]). Detached float32; a one-line refusal where the heads do not add up
+        linearly into the residual stream."""
+        raise InterpError(f"per-head writes are not defined for {self.title}")
+
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """Raise :class:`~interp.errors.ImageError` unless ``x`` is a Tensor[b, C, H, W] this model can take."""
         if not isinstance(x, torch.Tensor) or x.ndim != 4:

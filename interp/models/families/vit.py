@@ -14,8 +14,9 @@ from torch import nn
 from ...errors import InterpError
 from ..layout import TokenLayout
 from .base import Family
-from .parts import (InsertExtraTokens, KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward,
-                    unsupported_mlp)
+from .parts import (InsertExtraTokens, KeyValue, MlpActivationEdits, attend, head_writes, hook_heads, install, is_gated,
+                    mlp_forward, unsupported_mlp)
+from .readout import FinalReadout, final_readout
 
 _ENTRY_POINTS = ("forward_features", "_pos_embed", "forward_head", "pool")
 
@@ -79,6 +80,13 @@ class VitFamily(Family):
 
     def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
         return getattr(self.block(layer).ls2, "gamma", None)
+
+    def final_readout(self) -> FinalReadout:
+        return final_readout(self)
+
+    def head_writes(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        block = self.block(layer)
+        return head_writes(block.attn, getattr(block.ls1, "gamma", None))
 
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """``(H, W)`` must be the model's own size, or any multiple of the patch size for models built with
