@@ -16,20 +16,25 @@ import torch
 
 from ..errors import InterpError
 from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons, take_neurons
-from .edits import ABLATION_MODES, TOKEN_SETS
+from .edits import ABLATION_MODES, TOKEN_SETS, derangement
 from .modules import AblationEdit
 
 
 @dataclass(eq=False)
 class NeuronAblation(Intervention):
-    """Replace MLP neurons (activation after the non-linearity, ``blocks.{l}.mlp.hook_post``) by 0 or their mean.
+    """Replace MLP neurons (activation after the non-linearity, ``blocks.{l}.mlp.hook_post``) by 0, their mean or
+    another image's values.
 
     Args:
         neurons: ``{layer: [neuron, ...]}``, ``"2:17,2:101"``, a neurons.json path or a neurons study result.
-        mode: ``"zero"`` or ``"mean"`` (needs ``means``; see :meth:`calibrate_means`).
+        mode: ``"zero"``, ``"mean"`` (needs ``means``; see :meth:`calibrate_means`) or ``"resample"``: each image
+            takes another image's values of these neurons on the same tokens (a derangement of the batch drawn with
+            ``seed``; a batch of one image takes an image of the previous batch, another image when the batches are
+            consecutive images of one set). Resampling is the one mode whose values depend on the other images.
         tokens: ``"all"`` tokens, or only ``"patches"`` (CLS and registers keep their values).
         means: ``{layer: Tensor[k]}``, one mean per listed neuron, in the order of ``neurons[layer]``.
         force: use neurons a neurons study ranked on another model's weights (refused by default).
+        seed: the resampling's generator seed.
     """
 
     neurons: Neurons
@@ -37,6 +42,7 @@ class NeuronAblation(Intervention):
     tokens: str = "all"
     means: Optional[Dict[int, torch.Tensor]] = field(default=None, repr=False)
     force: bool = field(default=False, repr=False)
+    seed: int = 0
 
     kind = "NeuronAblation"
     stage = NEURON
@@ -59,12 +65,31 @@ class NeuronAblation(Intervention):
     def mlp_edits(self, ctx: EditContext):
         ctx.check_neurons(self.neurons)
         return {layer: AblationEdit(idx, ctx.n_prefix, self.mode, self.tokens,
-                                    None if self.means is None else self.means[layer])
+                                    None if self.means is None else self.means[layer],
+                                    (lambda sel, layer=layer: self._donors(layer, sel)) if self.mode == "resample"
+                                    else None)
                 for layer, idx in self.neurons.items()}
+
+    def _donors(self, layer: int, sel: torch.Tensor) -> torch.Tensor:
+        """Another image's values of the neurons for each image of ``sel`` [b, t, k]: a derangement of the batch, or
+        for a batch of one an image of the previous batch seen at this layer (kept, detached, for that case)."""
+        if not hasattr(self, "_generator"):
+            self._generator, self._previous = torch.Generator().manual_seed(int(self.seed)), {}
+        previous = self._previous.get(layer)
+        if sel.shape[0] > 1:
+            donors = sel[derangement(sel.shape[0], self._generator).to(sel.device)]
+        elif previous is not None and previous.shape[1:] == sel.shape[1:]:
+            donors = previous[int(torch.randint(0, len(previous), (1,), generator=self._generator))][None]
+        else:
+            raise InterpError("mode='resample' takes each image's values from another image: run at least two "
+                              "images (a batch of one reads the previous batch)")
+        self._previous[layer] = sel.detach()
+        return donors
 
     # ------------------------------------------------------------------ serialisation
     def params(self) -> Dict[str, Any]:
-        return {"neurons": {str(l): idx for l, idx in self.neurons.items()}, "mode": self.mode, "tokens": self.tokens}
+        return {"neurons": {str(l): idx for l, idx in self.neurons.items()}, "mode": self.mode, "tokens": self.tokens,
+                **({"seed": self.seed} if self.mode == "resample" else {})}
 
     def tensors(self) -> Dict[str, torch.Tensor]:
         return {} if self.means is None else {f"means.{l}": m for l, m in self.means.items()}
@@ -86,7 +111,7 @@ class NeuronAblation(Intervention):
 
     def weight_constants(self):
         """Full-token ablations set each neuron to 0 or its mean on every token: a weight edit."""
-        if self.tokens != "all":
+        if self.tokens != "all" or self.mode == "resample":
             return None
         return {layer: dict(zip(idx, [0.0] * len(idx) if self.mode == "zero" else self.means[layer].tolist()))
                 for layer, idx in self.neurons.items()}

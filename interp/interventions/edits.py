@@ -17,7 +17,7 @@ import torch
 
 from ..errors import InterpError
 
-ABLATION_MODES = ("zero", "mean")
+ABLATION_MODES = ("zero", "mean", "resample")
 TOKEN_SETS = ("all", "patches")
 VALUE_MODES = ("layer_max", "neuron_max")
 PATCH_FILLS = ("zero", "mean", "outliers")
@@ -51,12 +51,27 @@ def register_value(sel: torch.Tensor, value: str) -> torch.Tensor:
     raise ValueError(f"value={value!r} is not one of {list(VALUE_MODES)}")
 
 
-def ablate(sel: torch.Tensor, n_prefix: int, mode: str, tokens: str, means: Optional[torch.Tensor]) -> torch.Tensor:
-    """Set the neurons to 0 (``mode="zero"``) or to ``means`` [k] (``"mean"``) on all tokens or only patches."""
-    fill = torch.zeros((), dtype=sel.dtype, device=sel.device) if mode == "zero" else means.to(sel)
+def derangement(n: int, generator: torch.Generator) -> torch.Tensor:
+    """A random permutation of ``range(n)`` (n >= 2) with no fixed point: entry i names the image i reads from."""
+    order = torch.randperm(n, generator=generator)
+    shift = int(torch.randint(1, n, (1,), generator=generator))
+    source = torch.empty_like(order)
+    source[order] = order.roll(shift)  # image order[i] reads image order[i - shift]
+    return source
+
+
+def ablate(sel: torch.Tensor, n_prefix: int, mode: str, tokens: str, means: Optional[torch.Tensor],
+           donors: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Set the neurons to 0 (``mode="zero"``), to ``means`` [k] (``"mean"``) or to another image's values
+    (``"resample"``: ``donors`` [b, t, k], the same tokens of other images) on all tokens or only patches."""
+    if mode == "resample":
+        fill = donors.to(sel)
+    else:
+        fill = torch.zeros((), dtype=sel.dtype, device=sel.device) if mode == "zero" else means.to(sel)
     if tokens == "all":
         return fill.expand(sel.shape)
-    patches = fill.expand(sel.shape[0], sel.shape[1] - n_prefix, sel.shape[2])
+    patches = fill[:, n_prefix:] if fill.dim() == 3 else fill.expand(sel.shape[0], sel.shape[1] - n_prefix,
+                                                                      sel.shape[2])
     return torch.cat([sel[:, :n_prefix], patches], dim=1)
 
 

@@ -8,7 +8,7 @@ non-persistent buffers that follow ``.to(device)``.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -33,13 +33,15 @@ class NeuronEdit(nn.Module):
 
 
 class AblationEdit(NeuronEdit):
-    def __init__(self, neurons, n_prefix: int, mode: str, tokens: str, means: Optional[torch.Tensor] = None):
+    def __init__(self, neurons, n_prefix: int, mode: str, tokens: str, means: Optional[torch.Tensor] = None,
+                 donors: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         super().__init__(neurons, n_prefix)
-        self.mode, self.tokens = mode, tokens
+        self.mode, self.tokens, self.donors = mode, tokens, donors
         self.register_buffer("means", None if means is None else means.detach().clone().float(), persistent=False)
 
     def edit(self, sel):
-        return edits.ablate(sel, self.n_prefix, self.mode, self.tokens, self.means)
+        donors = self.donors(sel) if self.mode == "resample" else None
+        return edits.ablate(sel, self.n_prefix, self.mode, self.tokens, self.means, donors)
 
     def extra_repr(self) -> str:
         return f"neurons={self.idx.tolist()}, mode={self.mode}, tokens={self.tokens}"

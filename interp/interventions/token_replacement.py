@@ -33,6 +33,7 @@ from torch import nn
 from ..errors import InterpError
 from ..models.layout import TokenLayout
 from .base import NEURON, EditContext, Intervention, check_choice
+from .edits import derangement
 
 REPLACEMENTS = ("zero", "mean", "noise", "shuffle")
 BANK_SIZE = 16  # calibration images kept per block for shuffling a batch of one
@@ -162,11 +163,7 @@ class RowReplacement(nn.Module):
         elif self.mode == "noise":
             out[:, rows] = (self.mean + self.std * self._draw((b, *self.mean.shape), x.device)).to(x.dtype)
         elif b > 1:  # shuffle within the batch: every image gets another image's rows
-            shift = int(torch.randint(1, b, (1,), generator=self.generator))
-            perm = torch.randperm(b, generator=self.generator)
-            source = torch.empty_like(perm)
-            source[perm] = perm.roll(shift)  # a derangement: image perm[i] reads image perm[i - shift]
-            out[:, rows] = x[source.to(x.device)][:, rows]
+            out[:, rows] = x[derangement(b, self.generator).to(x.device)][:, rows]
         else:  # one image: rows of a calibration image
             pick = torch.randint(0, self.bank.shape[0], (b,), generator=self.generator)
             out[:, rows] = self.bank[pick.to(self.bank.device)].to(x.dtype)

@@ -91,6 +91,12 @@ def study_explanations(s: Dict) -> Dict[str, List[str]]:
             f"{number_text(oc.get('target'))} and the max patch norm from {number_text(mx.get('baseline'))} to "
             f"{number_text(mx.get('target'))}; {a['n_controls']} random same-size neuron sets from the same blocks give "
             f"{number_text(oc.get('control_mean'))} \u00b1 {number_text(oc.get('control_std'))} outliers."]
+        shares = [f"{r}: {v['target']:.0%} (random sets at most {max(v['controls']):.0%})"
+                  for r, v in (a.get("replacements") or {}).items() if v]
+        if len(shares) > 1:
+            out["ablate"].append("Which replacement the number rests on: share of the outliers removed when the "
+                                 "neurons are set to zero, to their mean, or to another image's values (resample): "
+                                 + "; ".join(shares) + ".")
     r = s["test_time_register"]
     if r:
         out["registers"] = [

@@ -128,7 +128,9 @@ def build_summary(model, source, norms, neurons, ablation, register, relocation,
     }
     if ablation is not None:
         summary["ablation"] = {"mode": ablation.mode, "n_controls": len(ablation.controls),
-                               "effects": _condition_summary(ablation)}
+                               "effects": _condition_summary(ablation),
+                               "replacements": {r: (v.get("comparison") or {}).get("removed")
+                                                for r, v in (ablation.replacements or {}).items()}}
     if register is not None:
         norms_reg = [v for v in register.register_norm if v is not None]
         summary["test_time_register"] = {

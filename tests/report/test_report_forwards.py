@@ -23,12 +23,13 @@ def _count_image_forwards(model) -> list:
     return seen
 
 
-def test_the_report_runs_10_forwards_per_image(default_report):
+def test_the_report_runs_23_forwards_per_image(default_report):
     # baseline 1 (detection + causal baselines), observational 1 (norms, neurons, probes, LOST, redundancy),
-    # ablation 1 target + 5 controls, test-time register 1, relocation 1: counted on the default report's run
-    # (conftest.py), whose images all load
+    # ablation 1 target + 5 controls for each of 3 replacements (zero, mean, resample) and 1 pass for the means of
+    # all 6 neuron sets, test-time register 1, relocation 1: counted on the default report's run (conftest.py),
+    # whose images all load
     assert default_report.rc == 0 and default_report.report["skipped_images"] == []
-    assert default_report.image_forwards / default_report.report["n_images"] == 10
+    assert default_report.image_forwards / default_report.report["n_images"] == 1 + 1 + 3 * 6 + 1 + 1 + 1
     # one way to save: every study JSON of the report lists its figures and its skipped images
     for name in ("norms", "neurons", "ablate", "registers", "relocate", "probes", "lost", "redundancy"):
         data = json.loads((default_report.out / f"{name}.json").read_text())
@@ -65,7 +66,8 @@ def test_a_shared_baseline_gives_the_same_results(one_thread):
                        **kwargs).to_dict()
         edited_runs = (seen[0] - before) / len(source)  # the baseline's forward is not run again
         assert shared == alone, alone["study"]
-        assert edited_runs == {"ablate": 3, "registers": 1, "relocate": 1}[alone["study"]]
+        # ablate: target + 2 controls under each of zero, mean and resample, and the means' one pass
+        assert edited_runs == {"ablate": 3 * 3 + 1, "registers": 1, "relocate": 1}[alone["study"]]
 
 
 def test_one_observational_pass_serves_norms_neurons_probes_and_lost(one_thread):

@@ -4,8 +4,10 @@
 >>> result.summary["outlier_count"]["target"]          # planted_vit: no high-norm token once they are zeroed
 0
 
-The target neuron set is ablated (zero or mean); each control ablates as many random neurons drawn from
-the same layers (excluding the targets), one draw per seed. With ``sae`` and ``features`` the units are SAE
+The target neuron set is ablated (zero, mean or resample: another image's values); each control ablates as many
+random neurons drawn from the same layers (excluding the targets), one draw per seed. Neurons are ablated with every
+replacement of ``replacements`` (default zero, mean and resample), each against its own controls (the same random
+sets), so a reader sees which replacement a number rests on (``mode``: the headline's) and whether they agree. With ``sae`` and ``features`` the units are SAE
 features instead (:class:`~interp.interventions.SAEFeatureAblation`), the controls as many live features of the
 SAE that do not fire on the high-norm tokens at its hook (:mod:`interp.sae.ablation`; docs/sae.md). Effects per condition: outlier count and max
 patch norm at the detection layer, and the behaviour metrics of :mod:`interp.studies.core.behaviour` (top-1
@@ -68,7 +70,10 @@ class AblateResult(OutlierStudyResult):
     Attributes:
         conditions: name -> {"outlier_count", "max_norm", and the behaviour metrics (``METRICS``:
             "top1_agreement", "accuracy", "pooled_cosine", "pooled_cosine_min", "pooled_norm"; agreement and
-            accuracy None without a real classifier)}; names are "baseline", "target" and "control_<i>".
+            accuracy None without a real classifier)}; names are "baseline", "target" and "control_<i>", ablated
+            with ``mode``.
+        replacements: replacement (``mode`` first, then the others run) -> {"target": its record,
+            "control_mean": the controls' mean of each metric, "comparison": as ``comparison``}; neurons only.
         classifier: which classifier the behaviour metrics used; behaviour_note: why there is no agreement or
             accuracy (None when both exist).
         controls: the neuron sets of the controls, as {layer: [neuron, ...]}; with an SAE, ``{"features": [...]}``.
@@ -98,12 +103,26 @@ class AblateResult(OutlierStudyResult):
     control_pool: Optional[Dict] = None
     comparison: Optional[Dict] = None
     notes: List[str] = field(default_factory=list)
+    replacements: Dict[str, Dict] = field(default_factory=dict)
 
     def console_lines(self, config=None) -> List[str]:
-        """The outlier counts of the three conditions, then the behaviour line (the notes were warned)."""
+        """The outlier counts of the three conditions, each replacement's share removed, then the behaviour line
+        (the notes were warned)."""
         oc = self.summary["outlier_count"]
-        return [f"outliers: baseline {oc['baseline']}, ablated {oc['target']}, controls {oc['control_mean']}",
-                *behaviour_lines(self)]
+        lines = [f"outliers: baseline {oc['baseline']}, ablated {oc['target']}, controls {oc['control_mean']} "
+                 f"(replacement: {self.mode})"]
+        shares = [f"{r} {_share(v)}" for r, v in self.replacements.items()]
+        if len(shares) > 1:
+            lines.append("share of the outliers removed, target (controls at most): " + ", ".join(shares))
+        return lines + behaviour_lines(self)
+
+
+def _share(entry: Dict) -> str:
+    comparison = entry.get("comparison")
+    if comparison is None:
+        return f"{entry['target']['outlier_count']} left"
+    r = comparison["removed"]
+    return f"{r['target']:.0%} ({max(r['controls']):.0%})"
 
 
 SPECIFIC_MARGIN = 0.5  # the target must remove this share of the baseline's outliers more than any control
@@ -141,6 +160,18 @@ def ablation_notes(controls: List[Dict], silent: List[int]) -> List[str]:
         notes.append(f"the {len(controls)} control sets are only {len(distinct)} distinct set(s) (the pool to draw "
                      "from is small): their std understates the spread of random controls")
     return notes
+
+
+def ablations(source, sets: List[Neurons], mode: str, seed: int) -> List[NeuronAblation]:
+    """One :class:`NeuronAblation` of each neuron set with replacement ``mode``; the means of ``mean`` come from one
+    pass over the source for the union of the sets."""
+    if mode != "mean":
+        return [NeuronAblation(s, mode=mode, seed=seed) for s in sets]
+    union = {layer: sorted(set().union(*(s.get(layer, ()) for s in sets))) for layer in sorted({l for s in sets for l in s})}
+    full = source.mean_ablation(union)
+    where = {layer: {n: i for i, n in enumerate(idx)} for layer, idx in full.neurons.items()}
+    return [NeuronAblation(s, mode="mean", means={layer: full.means[layer][[where[layer][n] for n in idx]]
+                                                  for layer, idx in s.items()}) for s in sets]
 
 
 @study(AblateConfig)
@@ -187,17 +218,19 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     thr_value = found.counting_threshold()
     clf = readout.classifier
 
-    def ablation(ns: Neurons) -> NeuronAblation:
-        return source.mean_ablation(ns) if mode == "mean" else NeuronAblation(ns, mode=mode)
-
+    others: List[str] = []
     if config.sae is not None:
         controls = [{"features": c} for c in edits.control_features]
         conditions = {"baseline": [], "target": [edits.target],
                       **{f"control_{i}": [c] for i, c in enumerate(edits.controls)}}
     else:
         controls = random_controls(neurons, {l: source.d_mlp(l) for l in neurons}, n_controls, config.seed)
-        conditions = {"baseline": [], "target": [ablation(neurons)],
-                      **{f"control_{i}": [ablation(c)] for i, c in enumerate(controls)}}
+        headline = ablations(source, [neurons] + controls, mode, config.seed)
+        conditions = {"baseline": [], "target": headline[:1], **{f"control_{i}": [a] for i, a in enumerate(headline[1:])}}
+        others = [r for r in config.replacements if r != mode]
+        for r in others:
+            runs = ablations(source, [neurons] + controls, r, config.seed)
+            conditions.update({f"{r}:target": runs[:1], **{f"{r}:control_{i}": [a] for i, a in enumerate(runs[1:])}})
     totals = {name: {"outliers": 0, "max_norm": 0.0} for name in conditions}
     meter = BehaviourMeter(readout)
     edited = {name: Condition(ivs) for name, ivs in conditions.items() if name != "baseline"}
@@ -221,7 +254,8 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
         summary[metric] = {"baseline": table["baseline"][metric], "target": table["target"][metric],
                            "control_mean": float(np.mean(ctrl)) if ctrl else None,
                            "control_std": float(np.std(ctrl)) if ctrl else None}
-    params = {"neurons": {str(k): v for k, v in neurons.items()}, "mode": mode, "n_controls": n_controls,
+    params = {"neurons": {str(k): v for k, v in neurons.items()}, "mode": mode, "replacements": [mode] + others,
+              "n_controls": n_controls,
               **detection_params(found), "batch_size": batch_size}
     sae = {}
     if config.sae is not None:
@@ -231,6 +265,14 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     if config.sae is not None and edits.pool.get("note"):
         notes.append(edits.pool["note"])  # controls that could not be matched to the targets' firing
     comparison = outlier_comparison(table, n_controls)
+    replacements = {}
+    for r in [mode] + others:
+        prefix = "" if r == mode else f"{r}:"
+        sub = {"baseline": table["baseline"], "target": table[f"{prefix}target"],
+               **{f"control_{i}": table[f"{prefix}control_{i}"] for i in range(n_controls)}}
+        replacements[r] = {"target": sub["target"], "comparison": outlier_comparison(sub, n_controls),
+                           "control_mean": {m: _mean_of([sub[f"control_{i}"][m] for i in range(n_controls)])
+                                            for m in ("outlier_count", "max_norm") + METRICS}}
     if comparison is not None and not comparison["target_beyond_controls"]:
         r = comparison["removed"]
         notes.append(f"the target removes {r['target']:.0%} of the outliers, its controls up to {max(r['controls']):.0%}: "
@@ -242,5 +284,12 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
                         neurons={str(k): v for k, v in neurons.items()}, mode=mode,
                         counting_threshold=float(thr_value), n_images=n,
                         controls=[{str(k): v for k, v in c.items()} for c in controls],
-                        conditions=table, summary=summary, classifier=readout.record(),
-                        behaviour_note=readout.note, notes=notes, comparison=comparison, **sae)
+                        conditions={k: v for k, v in table.items() if ":" not in k}, summary=summary,
+                        classifier=readout.record(),
+                        behaviour_note=readout.note, notes=notes, comparison=comparison,
+                        replacements=replacements, **sae)
+
+
+def _mean_of(values: List) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None

@@ -24,6 +24,21 @@ from ..declaration import StudyConfig, declare, option
 from ...hooks.names import resolve_block
 
 
+REPLACE_MODES = ("zero", "mean", "noise", "shuffle")  # interp study replace
+ABLATION_REPLACEMENTS = ("zero", "mean", "resample")  # interp study ablate
+
+
+def mode_list(choices: Tuple[str, ...]):
+    """The parser of a comma-separated list of distinct values of ``choices`` (``--modes``, ``--replacements``)."""
+    def parse(text) -> Tuple[str, ...]:
+        modes = tuple(m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip())
+        if not modes or any(m not in choices for m in modes) or len(set(modes)) != len(modes):
+            raise ArgumentTypeError(f"expected distinct values of {', '.join(choices)}, got {text!r}")
+        return modes
+
+    return parse
+
+
 @declare
 @dataclass(frozen=True, kw_only=True)
 class NormsConfig(DetectionOptions):
@@ -135,8 +150,12 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
         None, f"the register neurons to ablate (required unless --sae DIR --features F,...): {NEURONS_SYNTAX}")
     controls: int = option(5, "random control neuron sets of the same size and blocks (default 5)",
                            parse=nonnegative_int)
-    mode: str = option("zero", "zero: set the neurons to 0 (default); mean: to their mean activation over the "
-                               "images", choices=("zero", "mean"))
+    mode: str = option("zero", "the replacement the headline rests on: zero (default), mean (each neuron's mean over "
+                               "the images) or resample (another image's values)", choices=ABLATION_REPLACEMENTS)
+    replacements: Tuple[str, ...] = option(
+        ABLATION_REPLACEMENTS, "neuron ablations also run with these replacements, each against its own random controls "
+                               "(default zero,mean,resample; SAE features: --mode only)",
+        parse=mode_list(ABLATION_REPLACEMENTS), metavar="R,...")
     sae: Optional[str] = option(None, "ablate features of this trained SAE (interp sae train) instead of neurons "
                                       "(with --features; an alternative to --neurons); mean: the feature's mean "
                                       "code", metavar="DIR", parse=existing_path)
@@ -229,18 +248,6 @@ class MassiveConfig(StudyConfig):
         return [blocks.resid_post(i) for i in range(len(blocks))]
 
 
-REPLACE_MODES = ("zero", "mean", "noise", "shuffle")
-
-
-def replacement_modes(text: str) -> Tuple[str, ...]:
-    """``--modes zero,mean,...``: distinct replacements of :data:`REPLACE_MODES`."""
-    modes = tuple(m.strip() for m in str(text).split(",") if m.strip())
-    unknown = [m for m in modes if m not in REPLACE_MODES]
-    if not modes or unknown or len(set(modes)) != len(modes):
-        raise ArgumentTypeError(f"expected distinct replacements of {', '.join(REPLACE_MODES)}, got {text!r}")
-    return modes
-
-
 @declare
 @dataclass(frozen=True, kw_only=True)
 class ReplaceConfig(ClassifierOption, DetectionOptions):
@@ -260,6 +267,6 @@ class ReplaceConfig(ClassifierOption, DetectionOptions):
     target: str = option("auto", "the tokens replaced: registers, cls, register:I, patches:I,J,... or random:K "
                                  "(default auto: the registers, else CLS)")
     modes: Tuple[str, ...] = option(REPLACE_MODES, "replacements, comma-separated (default zero,mean,noise,shuffle)",
-                                    parse=replacement_modes, metavar="M,...")
+                                    parse=mode_list(REPLACE_MODES), metavar="M,...")
     singles: bool = option(True, "also zero each token of the set alone (the sum of single effects against the "
                                  "collective one)")
