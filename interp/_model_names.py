@@ -12,10 +12,11 @@ was made from; the check of :func:`interp.models.loading.check_model_name` still
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from .errors import UnknownModelError, UnsupportedModelError, close_matches
 
@@ -76,3 +77,33 @@ def check_model_name_fast(name: str) -> bool:
         raise UnsupportedModelError(f"{name!r}: a {module} model is not a family interp instruments. "
                                     f"interp instruments: {titles}.")
     return True
+
+
+SUPPORTED_MODELS_BEGIN = "<!-- supported-models: generated from interp/models/families, checked by tests -->"
+SUPPORTED_MODELS_END = "<!-- /supported-models -->"
+_NAME_PATTERN = re.compile(r"[\w*.]*_[\w*.]*[\w*]")  # a timm name or pattern: vit_*_dinov2, pvt_v2_b0
+
+
+def supported_models_markdown(pyramid_page: str) -> str:
+    """The supported-models list of the README and the docs, one bullet per registered family in registration
+    order, from the shipped list (torch-free); a pyramid family links ``pyramid_page``.
+
+    >>> print(supported_models_markdown("pyramid-models.md").splitlines()[0][:40])
+    - timm `VisionTransformer`: plain ViT (`
+    """
+    families = sorted(shipped_families().values(), key=lambda f: f.get("order", 0))
+    lines: List[str] = []
+    for family in families:
+        title = _NAME_PATTERN.sub(lambda m: f"`{m.group(0)}`", family["title"])
+        title = re.sub(r"^timm (\w+)", r"timm `\1`", title)
+        link = f"; a pyramid: [Pyramid models]({pyramid_page})" if family.get("pyramid") else ""
+        lines.append(f"- {title}{link}")
+    return "\n".join(lines)
+
+
+def fill_supported_models(text: str, pyramid_page: str) -> str:
+    """``text`` with what stands between its supported-models markers replaced by
+    :func:`supported_models_markdown` (unchanged where it has no markers)."""
+    begin, end = re.escape(SUPPORTED_MODELS_BEGIN), re.escape(SUPPORTED_MODELS_END)
+    block = f"{SUPPORTED_MODELS_BEGIN}\n{supported_models_markdown(pyramid_page)}\n{SUPPORTED_MODELS_END}"
+    return re.sub(f"{begin}.*?{end}", lambda m: block, text, flags=re.S)
