@@ -68,15 +68,28 @@ def check_model_name_fast(name: str) -> bool:
     module = names.get(base)
     if module is None:
         listed = [n for n, m in names.items() if m != DEPRECATED_MODULE]  # what timm.list_models() gives
-        hints = close_matches(base, listed, n=5)
+        hints = close_matches(base, [*PLANTED_NAMES, *listed], n=5)
         hint = f" Did you mean: {', '.join(hints)}?" if hints else ""
         raise UnknownModelError(f"unknown timm model {name!r}.{hint}")
     families = shipped_families()
     if not any(module in f["modules"] for f in families.values()):
-        titles = "; ".join(f["title"] for f in families.values())
-        raise UnsupportedModelError(f"{name!r}: a {module} model is not a family interp instruments. "
-                                    f"interp instruments: {titles}.")
+        raise UnsupportedModelError(f"{name!r}: a {module} model is not a family interp instruments; "
+                                    f"{families_in_short([f['title'] for f in sorted(families.values(), key=lambda f: f.get('order', 0))])}")
     return True
+
+
+SUPPORTED_MODELS_PAGE = "docs/getting-started.md#models"
+
+
+def families_in_short(titles: List[str]) -> str:
+    """One short clause naming the instrumented families' timm classes and where the full list is, for one-line
+    refusals (the titles themselves run to hundreds of characters).
+
+    >>> families_in_short(["timm Eva: DINOv3 (vit_*_dinov3*)", "timm SwinTransformerV2 (swinv2_*)"])
+    'it instruments timm Eva, SwinTransformerV2 (all: docs/getting-started.md#models)'
+    """
+    classes = [re.match(r"timm (\w+)", t).group(1) if t.startswith("timm ") else t for t in titles]
+    return f"it instruments timm {', '.join(classes)} (all: {SUPPORTED_MODELS_PAGE})"
 
 
 SUPPORTED_MODELS_BEGIN = "<!-- supported-models: generated from interp/models/families, checked by tests -->"

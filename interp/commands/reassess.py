@@ -120,7 +120,7 @@ def check_args(o: ReassessOptions, inputs: RunInputs) -> ReassessArgs:
         check_output_folder(o.out)
         refuse_existing_file(out / "reassess.json", o.overwrite)
     check_device(inputs.device)
-    labels = _labels(list(o.models), weights, o.pretrained)
+    labels = _labels(list(o.models), weights, o.pretrained, sizes)
     classifiers = per_model(o.classifier, len(o.models), "--classifier")
     try:
         classifiers = [None if c is None else existing_file(c) for c in classifiers]
