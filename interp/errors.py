@@ -9,6 +9,11 @@ class InterpError(Exception):
     """Base class of every error interp raises on bad input."""
 
 
+class InterpWarning(UserWarning):
+    """A warning interp gives the user of a run (skipped images, no artifacts, an incomplete cache...): its own
+    category, so a program or the test suite can tell it from other libraries' warnings."""
+
+
 class ModelLoadError(InterpError):
     """A model could not be built or its weights could not be loaded."""
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
+from ..errors import InterpWarning
 from ..models.planted import planted_truth
 from ..models.samples import SAMPLES_DIR
 from ..detection.detection import Detection
@@ -150,7 +151,7 @@ def run_battery(source: LiveSource, options: ReportOptions, progress: bool = Tru
     if not out.detection.artifacts_found:
         warnings.warn(f"{source.model_name} shows no artifacts: at block {out.detection.layer}, "
                       f"{out.detection.threshold.reason}; any neurons the report ranks are not register neurons",
-                      stacklevel=2)
+                      InterpWarning, stacklevel=2)
     return out
 
 

@@ -33,7 +33,7 @@ from ...sae.ablation import feature_conditions
 from ..declaration import study
 from .configs import AblateConfig
 from ...runtime.source import require_live
-from ...errors import UsageError
+from ...errors import InterpWarning, UsageError
 
 Neurons = Dict[int, List[int]]
 
@@ -236,7 +236,7 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
         notes.append(f"the target removes {r['target']:.0%} of the outliers, its controls up to {max(r['controls']):.0%}: "
                      "the chosen units are not special (random matched ones do about as much)")
     for note in notes:
-        warnings.warn(f"ablate: {note}")
+        warnings.warn(f"ablate: {note}", InterpWarning)
     return AblateResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=config.seed,
                         ids=list(source.ids), skipped=skipped_records(source), **header,
                         neurons={str(k): v for k, v in neurons.items()}, mode=mode,
