@@ -77,6 +77,13 @@ class Detection:
     fingerprint: str
     preset: Optional[str] = None
 
+    def __repr__(self) -> str:
+        """A short summary; the norms and the ids (kilobytes) are in ``.norms`` and ``.ids``."""
+        n, p = self.norms.shape
+        return (f"Detection(layer={self.layer}, threshold={self.threshold.value:.4g} ({self.method}), images={n}, "
+                f"patches={p}, outliers={int(self.outliers.sum())}, artifacts_found={self.artifacts_found}, "
+                f"preset={self.preset!r})")
+
     @property
     def method(self) -> str:
         return self.threshold.method
