@@ -101,7 +101,7 @@ def run(options: ExploreOptions, inputs: RunInputs) -> int:
     if inputs.stage_lines:
         print(f"interp explore: preparing {spec.name} (unedited runs, detection, neuron ranking)...",
               file=sys.stderr, flush=True)
-    session = ExploreSession(model, images, session_options, progress=inputs.progress)
+    session = ExploreSession(model, images, session_options, progress=inputs.stage_lines)
     for text in session.warnings:
         warnings.warn(text, InterpWarning, stacklevel=1)  # one line on stderr: "interp: warning: ..."
     server = ExploreServer(session, host=o.host, port=o.port)

@@ -173,7 +173,7 @@ def _run_train(options: SaeTrainOptions, inputs: RunInputs) -> int:
     model = load_model(inputs, (o,))
     image_batch = LIVE_IMAGE_BATCH if o.image_batch is None else o.image_batch
     result = train(model, o.hook, o.out, cache=o.cache, images=o.images, resume=o.resume, overwrite=o.overwrite,
-                   checkpoint_every=o.checkpoint_every, progress=inputs.progress, image_batch=image_batch,
+                   checkpoint_every=o.checkpoint_every, progress=inputs.stage_lines, image_batch=image_batch,
                    **o.settings())
     if int(os.environ.get("RANK", "0")) == 0:
         held = result["metrics"]["held_out"] or result["metrics"]["train_sample"]
