@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -28,6 +27,8 @@ DEPRECATED_MODULE = "_registry"  # timm registers its deprecated names there; ti
 
 def installed_timm_version() -> Optional[str]:
     """The installed timm's version from its package metadata (no import); None when timm is not installed."""
+    from importlib import metadata  # 50-130 ms to import: only when a model name is checked, not for --help
+
     try:
         return metadata.version("timm")
     except metadata.PackageNotFoundError:
