@@ -42,3 +42,17 @@ def test_a_detection_prints_as_one_short_line():
     text = repr(detect(source, progress=False))
     assert "\n" not in text and len(text) < 200 and "tensor" not in text
     assert text.startswith("Detection(layer=5,") and "images=4" in text and "outliers=" in text
+
+
+def test_a_redundancy_difference_below_what_the_measure_resolves_is_not_a_finding():
+    """planted_dinov3's page called high-norm patches "more redundant" from medians 0.99986 vs 0.9999979, where
+    reassess says n/a (normal patches already parallel to their neighbours): the page now says n/a too."""
+    from interp.report.html import PLANTED_PROBES_CAVEAT, _redundancy_sentences
+
+    group = {"mean": 0.99, "n_tokens": 100, "note": None}
+    red = {"hook": "hook_embed", "normal": dict(group, median=0.99986), "high_norm": dict(group, median=0.9999979)}
+    text = " ".join(_redundancy_sentences(red))
+    assert "n/a" in text and "more redundant than" not in text
+    contrast = dict(red, normal=dict(group, median=0.6))
+    assert "are more redundant than the normal ones" in " ".join(_redundancy_sentences(contrast))
+    assert "high position" not in PLANTED_PROBES_CAVEAT  # the scores beside it may be at chance
