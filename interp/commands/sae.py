@@ -158,6 +158,10 @@ def peer_lost(e: RuntimeError):
                        "the last checkpoint in --out is kept: rerun the same torchrun command with --resume")
 
 
+LR_DISTANCES = {"kl_logits": "KL of the logits", "mse_embedding": "MSE of the embedding",
+                "mse_pooled": "MSE of the pooled vector: the head has random weights"}
+
+
 def run_train(options: SaeTrainOptions, inputs: RunInputs) -> int:
     check_train_output(options)  # before torch and the model
     try:
@@ -179,7 +183,7 @@ def _run_train(options: SaeTrainOptions, inputs: RunInputs) -> int:
         held = result["metrics"]["held_out"] or result["metrics"]["train_sample"]
         ev = "n/a" if held["explained_variance"] is None else f"{held['explained_variance']:.3f}"
         lr = held.get("loss_recovered") or {}
-        lr = (f"{lr['loss_recovered']:.3f} ({'KL of the logits' if lr['distance'] == 'kl_logits' else 'MSE of the embedding'}, "
+        lr = (f"{lr['loss_recovered']:.3f} ({LR_DISTANCES.get(lr['distance'], lr['distance'])}, "
               f"{lr['n_images']} held-out images)" if lr.get("loss_recovered") is not None else f"n/a ({lr.get('note', 'no held-out image')})")
         print(f"SAE {result['arch']} with {result['n_features']} features on {result['hook']}: explained variance "
               f"{ev}, L0 {held['l0']:.1f}, alive {held['alive_fraction']:.2f}, loss recovered {lr} -> "
