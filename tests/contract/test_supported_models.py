@@ -6,10 +6,9 @@ it fills the CLI reference. These tests fail when a page and the families disagr
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 
-from doc_examples import REPO
+from doc_examples import REPO, gen_cli
 from interp._model_names import SUPPORTED_MODELS_BEGIN, SUPPORTED_MODELS_END, supported_models_markdown
 from interp.models.families import Family
 
@@ -17,11 +16,6 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 
 
-def gen_cli():
-    spec = importlib.util.spec_from_file_location("gen_cli", DOCS / "gen_cli.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_page_with_the_list_holds_the_families_list():
