@@ -185,9 +185,12 @@ def _run_train(options: SaeTrainOptions, inputs: RunInputs) -> int:
         lr = held.get("loss_recovered") or {}
         lr = (f"{lr['loss_recovered']:.3f} ({LR_DISTANCES.get(lr['distance'], lr['distance'])}, "
               f"{lr['n_images']} held-out images)" if lr.get("loss_recovered") is not None else f"n/a ({lr.get('note', 'no held-out image')})")
-        print(f"SAE {result['arch']} with {result['n_features']} features on {result['hook']}: explained variance "
-              f"{ev}, L0 {held['l0']:.1f}, alive {held['alive_fraction']:.2f}, loss recovered {lr} -> "
-              f"{os.path.join(o.out, 'sae.json')}")
+        where = "held-out" if result["metrics"]["held_out"] else "training-sample"
+        alive = (f"{round(held['alive_fraction'] * result['n_features'])} of {result['n_features']} features alive "
+                 f"({held['alive_fraction']:.0%}) on the {where} tokens, {result['metrics']['dead_features']} dead "
+                 f"in training (no firing in {result['metrics']['dead_fraction_window_steps']} steps)")
+        print(f"SAE {result['arch']} on {result['hook']}: explained variance {ev}, L0 {held['l0']:.1f}, {alive}, "
+              f"loss recovered {lr} -> {os.path.join(o.out, 'sae.json')}")
         for line in result.get("warnings", []):
             print(f"warning: {line}", file=sys.stderr)
     return 0

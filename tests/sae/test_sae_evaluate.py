@@ -2,6 +2,8 @@
 outputs nothing 0 (zero ablation), the planted SAE most of the model's output."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -83,6 +85,7 @@ def test_sae_train_prints_the_loss_recovered(tmp_path, capsys, one_thread):
     line = capsys.readouterr().out.strip().splitlines()[-1]
     # planted_vit's head has random weights: not the KL of its logits (issue 52, item 5), the pooled vector's MSE
     assert "loss recovered " in line and "(MSE of the pooled vector: the head has random weights, 1 held-out" in line
+    assert re.search(r"\d+ of \d+ features alive \(\d+%\) on the held-out tokens, \d+ dead in training", line)
 
 
 @needs_overcomplete
