@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from interp.models.planted.circuit import PlantedTruth
@@ -56,3 +57,15 @@ def test_a_redundancy_difference_below_what_the_measure_resolves_is_not_a_findin
     contrast = dict(red, normal=dict(group, median=0.6))
     assert "are more redundant than the normal ones" in " ".join(_redundancy_sentences(contrast))
     assert "high position" not in PLANTED_PROBES_CAVEAT  # the scores beside it may be at chance
+
+
+def test_the_redundancy_legend_tells_medians_near_1_apart():
+    """The figure's legend printed medians 0.99986 and 0.9999979 both as "1.00"."""
+    from interp.plots.redundancy import neighbour_similarity
+    from interp.studies.artifacts.redundancy import RedundancyResult
+
+    group = {"n_tokens": 10, "mean": 0.99, "histogram": [0] * 19 + [10]}
+    result = RedundancyResult(model="m", fingerprint="", params={}, seed=0, hist_edges=list(np.linspace(-1, 1, 21)),
+                              groups={"normal": dict(group, median=0.99986), "high_norm": dict(group, median=0.9999979)})
+    legend = [t.get_text() for t in neighbour_similarity(result).axes[0].get_legend().get_texts()]
+    assert any("median 0.99986" in t for t in legend) and any("median 0.9999979" in t for t in legend), legend
