@@ -7,7 +7,12 @@ Markers and what replaces them (all torch-free):
 * ``<!-- study-cache-table -->`` (``docs/hooks-and-cache.md``): the hooks each study reads from a cache
   (:func:`interp.studies.catalog.cache_table`);
 * ``<!-- study-api -->`` (``docs/api-studies.md``): a mkdocstrings entry per declared study function, theme by
-  theme (:func:`interp.studies.catalog.api_reference`).
+  theme (:func:`interp.studies.catalog.api_reference`);
+* the supported-models markers (``docs/getting-started.md``, ``pyramid-models.md``, and
+  ``README.md``, which no build reads): the registered model families, one bullet each
+  (:func:`interp._model_names.supported_models_markdown`). The pages hold the list too, so that they read on
+  GitHub; ``python docs/gen_cli.py`` rewrites it there after a new family, and
+  ``tests/contract/test_supported_models.py`` checks it.
 
 ``docs/cli.md`` holds the marker ``<!-- cli-reference -->``; at build time it is replaced by one section per
 command and sub-command (``interp study norms``, ``interp patch export``, ...), each the ``--help`` text that
@@ -137,4 +142,26 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     for marker, write in generated().items():
         if marker in markdown:
             markdown = markdown.replace(marker, write())
-    return markdown
+    return _fill_models(markdown, "pyramid-models.md")
+
+
+def _fill_models(text: str, pyramid_page: str) -> str:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from interp._model_names import fill_supported_models
+
+    return fill_supported_models(text, pyramid_page)
+
+
+def model_pages() -> Dict[Path, str]:
+    """The pages holding the supported-models list, each with the link its pyramid families take."""
+    pages = {ROOT / "README.md": "docs/pyramid-models.md"}
+    pages.update({ROOT / "docs" / name: "pyramid-models.md"
+                  for name in ("getting-started.md", "pyramid-models.md")})
+    return pages
+
+
+if __name__ == "__main__":
+    for page, link in model_pages().items():
+        page.write_text(_fill_models(page.read_text(encoding="utf-8"), link), encoding="utf-8")
+        print(f"filled {page.relative_to(ROOT)}")

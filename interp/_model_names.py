@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from .errors import UnknownModelError, UnsupportedModelError, close_matches
 
@@ -28,6 +28,8 @@ DEPRECATED_MODULE = "_registry"  # timm registers its deprecated names there; ti
 
 def installed_timm_version() -> Optional[str]:
     """The installed timm's version from its package metadata (no import); None when timm is not installed."""
+    from importlib import metadata  # 50-130 ms to import: only when a model name is checked, not for --help
+
     try:
         return metadata.version("timm")
     except metadata.PackageNotFoundError:
@@ -82,12 +84,55 @@ def check_model_name_fast(name: str) -> bool:
     module = names.get(base)
     if module is None:
         listed = [n for n, m in names.items() if m != DEPRECATED_MODULE]  # what timm.list_models() gives
-        hints = close_matches(base, listed, n=5)
+        hints = close_matches(base, [*PLANTED_NAMES, *listed], n=5)
         hint = f" Did you mean: {', '.join(hints)}?" if hints else ""
         raise UnknownModelError(f"unknown timm model {name!r}.{hint}")
     families = shipped_families()
     if not any(module in f["modules"] for f in families.values()):
-        titles = "; ".join(f["title"] for f in families.values())
-        raise UnsupportedModelError(f"{name!r}: a {module} model is not a family interp instruments. "
-                                    f"interp instruments: {titles}.")
+        raise UnsupportedModelError(f"{name!r}: a {module} model is not a family interp instruments; "
+                                    f"{families_in_short([f['title'] for f in sorted(families.values(), key=lambda f: f.get('order', 0))])}")
     return True
+
+
+SUPPORTED_MODELS_PAGE = "docs/getting-started.md#models"
+
+
+def families_in_short(titles: List[str]) -> str:
+    """One short clause naming the instrumented families' timm classes and where the full list is, for one-line
+    refusals (the titles themselves run to hundreds of characters).
+
+    >>> families_in_short(["timm Eva: DINOv3 (vit_*_dinov3*)", "timm SwinTransformerV2 (swinv2_*)"])
+    'it instruments timm Eva, SwinTransformerV2 (all: docs/getting-started.md#models)'
+    """
+    classes = [re.match(r"timm (\w+)", t).group(1) if t.startswith("timm ") else t for t in titles]
+    return f"it instruments timm {', '.join(classes)} (all: {SUPPORTED_MODELS_PAGE})"
+
+
+SUPPORTED_MODELS_BEGIN = "<!-- supported-models: generated from interp/models/families, checked by tests -->"
+SUPPORTED_MODELS_END = "<!-- /supported-models -->"
+_NAME_PATTERN = re.compile(r"[\w*.]*_[\w*.]*[\w*]")  # a timm name or pattern: vit_*_dinov2, pvt_v2_b0
+
+
+def supported_models_markdown(pyramid_page: str) -> str:
+    """The supported-models list of the README and the docs, one bullet per registered family in registration
+    order, from the shipped list (torch-free); a pyramid family links ``pyramid_page``.
+
+    >>> print(supported_models_markdown("pyramid-models.md").splitlines()[0][:40])
+    - timm `VisionTransformer`: plain ViT (`
+    """
+    families = sorted(shipped_families().values(), key=lambda f: f.get("order", 0))
+    lines: List[str] = []
+    for family in families:
+        title = _NAME_PATTERN.sub(lambda m: f"`{m.group(0)}`", family["title"])
+        title = re.sub(r"^timm (\w+)", r"timm `\1`", title)
+        link = f"; a pyramid: [Pyramid models]({pyramid_page})" if family.get("pyramid") else ""
+        lines.append(f"- {title}{link}")
+    return "\n".join(lines)
+
+
+def fill_supported_models(text: str, pyramid_page: str) -> str:
+    """``text`` with what stands between its supported-models markers replaced by
+    :func:`supported_models_markdown` (unchanged where it has no markers)."""
+    begin, end = re.escape(SUPPORTED_MODELS_BEGIN), re.escape(SUPPORTED_MODELS_END)
+    block = f"{SUPPORTED_MODELS_BEGIN}\n{supported_models_markdown(pyramid_page)}\n{SUPPORTED_MODELS_END}"
+    return re.sub(f"{begin}.*?{end}", lambda m: block, text, flags=re.S)

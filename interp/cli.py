@@ -94,7 +94,7 @@ def _main(argv: Optional[List[str]]) -> int:
     if command is None:
         parser.print_help()
         return 2
-    from . import console
+    from . import _progress, console
     from .commands.inputs import RunInputs
     from .commands.prechecks import check_before_torch
 
@@ -103,6 +103,7 @@ def _main(argv: Optional[List[str]]) -> int:
         options = command.parse(args)  # the last read of args: options dataclasses (checked) and the run inputs
         inputs = RunInputs.of(options, sys.argv[1:] if argv is None else argv)
         console.configure(quiet=inputs.quiet)  # one-line warnings; --quiet
+        _progress.show_lines(inputs.stage_lines)  # a long run prints progress lines where no bar is drawn
         check_before_torch(options, inputs)  # model names, image folders: a mistake costs a second, not torch
         if inputs.quiet:  # no info lines: what a command prints on stdout is dropped (stderr still shows)
             with contextlib.redirect_stdout(io.StringIO()):
@@ -116,6 +117,7 @@ def _main(argv: Optional[List[str]]) -> int:
         return 141
     finally:
         warnings.formatwarning = shown_format  # main() may run inside a program (tests, notebooks)
+        _progress.show_lines(False)
 
 
 def _quiet_interrupts() -> None:

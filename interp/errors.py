@@ -9,6 +9,11 @@ class InterpError(Exception):
     """Base class of every error interp raises on bad input."""
 
 
+class InterpWarning(UserWarning):
+    """A warning interp gives the user of a run (skipped images, no artifacts, an incomplete cache...): its own
+    category, so a program or the test suite can tell it from other libraries' warnings."""
+
+
 class ModelLoadError(InterpError):
     """A model could not be built or its weights could not be loaded."""
 
@@ -17,8 +22,13 @@ class UnsupportedModelError(InterpError):
     """The model is not a timm ViT family that interp instruments."""
 
 
-class HookNameError(InterpError, KeyError):
-    """A hook name (or pattern) matches no hook point."""
+class UsageError(InterpError):
+    """A command-line value or path is wrong (the CLI exits with status 2, as argparse does)."""
+
+
+class HookNameError(UsageError, KeyError):
+    """A hook name (or pattern) matches no hook point: a mistyped name, a bad value (exit status 2, on every
+    family)."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
@@ -53,10 +63,6 @@ def close_matches(word: str, candidates: Iterable[str], n: int = 5) -> list[str]
         tail = word.split(".")[-1]
         found = [c for c in candidates if c.endswith(tail)][:n]
     return found
-
-
-class UsageError(InterpError):
-    """A command-line value or path is wrong (the CLI exits with status 2, as argparse does)."""
 
 
 class UnknownModelError(ModelLoadError, UsageError):

@@ -18,6 +18,7 @@ litter the checkout). The conventions (also stated in docs/contributing.md):
 """
 from __future__ import annotations
 
+import importlib.util
 import linecache
 import os
 import re
@@ -28,6 +29,16 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def gen_cli():
+    """docs/gen_cli.py, the MkDocs hook, loaded from its file as MkDocs loads it."""
+    spec = importlib.util.spec_from_file_location("gen_cli", REPO / "docs" / "gen_cli.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 SKIP_MARK = re.compile(r"<!--\s*readme-test:\s*skip\b(.*?)-->")
 FENCE = re.compile(r"^```(\w*)\s*$")
 IGNORED_OUTPUTS = ("out", "report", "site")  # git-ignored folders the examples (or mkdocs) write in a checkout

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..errors import CacheError
+from ..errors import CacheError, InterpWarning
 from .extract import BufferPool, Extractor
 from .format import FORMAT_VERSION, model_fingerprints, versions
 from .format import weights_source as format_weights_source
@@ -90,7 +90,7 @@ def write_file(
             file_batch = int(store.meta["batch_size"])
             if file_batch != batch_size:
                 warnings.warn(f"resuming {str(path)!r} with its own batch size {file_batch} (not {batch_size}) "
-                              "so batches line up with the interrupted run")
+                              "so batches line up with the interrupted run", InterpWarning)
                 batch_size = file_batch
         elif target.exists() and not overwrite:
             raise CacheError(f"{str(path)!r} already exists. Pass --resume (resume=True) to continue it, "
@@ -182,7 +182,7 @@ def _stream(model, source: ImageFeed, extractor: Extractor, store: CacheFile, ba
     try:
         for loaded in loader:
             for _, _, reason in loaded.skipped:
-                warnings.warn(f"skipped unreadable image: {reason}")
+                warnings.warn(f"skipped unreadable image: {reason}", InterpWarning)
             rows, buffers = BatchRows({}, [], [], loaded.skipped, loaded.stop), None
             if loaded.pixels is not None:
                 x = loaded.pixels.to(device=param.device, dtype=param.dtype)

@@ -20,7 +20,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ..errors import CacheError, HookNameError, close_matches
+from ..errors import CacheError, HookNameError, InterpWarning, close_matches
 from ..hooks import names as hook_names_mod
 from ..models.layout import TokenLayout
 from . import integrity
@@ -179,7 +179,7 @@ class CacheReader:
             warnings.warn(
                 f"{str(self.path)!r} is an incomplete cache (its writer did not finish): exposing its "
                 f"{self._n} committed rows of {self.meta['n_images']} images. Finish it with "
-                "`interp cache ... --resume` (write(..., resume=True)).", stacklevel=3)
+                "`interp cache ... --resume` (write(..., resume=True)).", InterpWarning, stacklevel=3)
 
     def _read_skipped(self) -> List[Tuple[int, str, str]]:
         n = int(self._h5[f"{SKIPPED}/index"].shape[0])

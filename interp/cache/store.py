@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import h5py
 import numpy as np
 
-from ..errors import CacheError
+from ..errors import CacheError, InterpWarning
 from . import integrity
 from .datasets import append_rows, create_layout
 from .format import (ACTS, CHECKSUMS, FORMAT_VERSION, IDS, INDEX, LIBVER, SKIPPED, SKIPPED_FIELDS, acts_path,
@@ -264,7 +264,7 @@ class CacheFile:
         except BaseException as e:
             raise _discard(new, tmp, path, e, "copy the committed rows of") from None
         warnings.warn(f"{str(path)!r} {why}: copied its {n} committed rows into a fresh file; "
-                      f"continuing from image {position}.")
+                      f"continuing from image {position}.", InterpWarning)
         return cls(new, path, position)
 
     # ------------------------------------------------------------------ writing

@@ -105,7 +105,7 @@ def run(options: CacheOptions, inputs: RunInputs) -> int:
         summary = write(
             model, inputs.images or inputs.image_list, hooks=hooks, path=o.out, batch_size=o.batch_size,
             dtype=o.dtype, tokens=o.tokens, norms_only=o.norms_only, compression=o.compression,
-            resume=o.resume, overwrite=o.overwrite, strict=inputs.strict, progress=inputs.progress,
+            resume=o.resume, overwrite=o.overwrite, strict=inputs.strict, progress=inputs.stage_lines,
             # Recorded so that a mismatch can say how to load these weights again (seed: random weights).
             weights_source=weights_source(pretrained=spec.pretrained and not spec.weights, weights=spec.weights,
                                           seed=getattr(model, "init_seed", None)),
@@ -113,10 +113,6 @@ def run(options: CacheOptions, inputs: RunInputs) -> int:
         )
     except KeyboardInterrupt:
         raise KeyboardInterrupt(interrupted_note(o.out, inputs, replacing)) from None
-    if inputs.stage_lines and not inputs.progress:  # no bar (not a terminal): the summary line still shows
-        import sys
-
-        print(summary.line(), file=sys.stderr)
     return 0 if summary.complete else 1
 
 

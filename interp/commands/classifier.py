@@ -109,7 +109,7 @@ def run_zeroshot(options: ZeroshotOptions, inputs: RunInputs) -> int:
     name, kwargs = timm_spec(clip)  # refused here, before the text passes, when the tower has no timm twin
     classifier = zeroshot_classifier(clip, tokenizer, names, o.templates, model=name, source=described,
                                      device=inputs.device, classes_per_batch=o.classes_per_batch,
-                                     progress=inputs.progress)
+                                     progress=inputs.stage_lines)
     out = save_classifier_file(classifier, o.out)
     info(f"wrote {out}: zero-shot classifier, {classifier.n_classes} classes x {classifier.dim} dims, "
          f"logit scale {classifier.logit_scale:.4g}, {classifier.source} (give it to the studies as "

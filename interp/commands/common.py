@@ -61,7 +61,7 @@ def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) ->
     if isinstance(hook, str) and hook not in model.hook_names():
         from ..errors import close_matches
 
-        near = close_matches(hook, model.hook_names())
+        near = close_matches(hook, model.hook_names(), n=3)
         hint = f" Close matches: {', '.join(near)}." if near else ""
         raise UsageError(f"--hook {hook!r} is not a hook of {spec.name}.{hint} "
                          f"List them with `interp hooks {spec.name}`.")

@@ -103,16 +103,39 @@ def _check_values(options: CompareOptions) -> tuple:
     return weights, sizes
 
 
-def _labels(names: List[str], weights: List[Optional[str]], pretrained: bool) -> List[str]:
-    """Row names: a model with a weights file is named with it; a name given twice says which is which."""
-    labels = []
-    for name, w in zip(names, weights):
+def _labels(names: List[str], weights: List[Optional[str]], pretrained: bool,
+            sizes: Optional[List[Optional[int]]] = None) -> List[str]:
+    """Column names: a name given once is the name; a name given more than once says where each one's weights
+    come from (planted, random, the file, hub weights) and, where that does not tell them apart, its input
+    size. The same model with the same weights and size given twice is refused (one line, before torch).
+
+    Raises:
+        UsageError: a model given twice that no column name can tell apart.
+    """
+    from .._model_names import PLANTED_NAMES
+    from ..errors import UsageError
+
+    sizes = sizes or [None] * len(names)
+
+    def origin(name: str, w: Optional[str]) -> str:
         if w:
-            labels.append(f"{name} ({Path(w).name})")
-        elif names.count(name) > 1:
-            labels.append(f"{name} ({'hub weights' if pretrained else 'random'})")
-        else:
-            labels.append(name)
+            return Path(w).name
+        if name in PLANTED_NAMES:
+            return "planted"
+        return "hub weights" if pretrained else "random"
+
+    labels = []
+    for name, w, size in zip(names, weights, sizes):
+        twice = names.count(name) > 1
+        parts = [origin(name, w)] if w or twice else []
+        if twice and size is not None and [s for n, s in zip(names, sizes) if n == name].count(size) == 1:
+            parts.append(f"{size} px")
+        labels.append(f"{name} ({', '.join(parts)})" if parts else name)
+    for i, label in enumerate(labels):
+        first = labels.index(label)
+        if first != i:
+            raise UsageError(f"model {names[i]!r} is given twice (positions {first + 1} and {i + 1}) with the same "
+                             "weights and size: give it once, or another --weights / --img-size")
     return labels
 
 
@@ -132,6 +155,7 @@ def run(options: CompareOptions, inputs: RunInputs) -> int:
         check_output_folder(o.out)
         refuse_existing_file(Path(o.out) / "compare.json", o.overwrite)
     check_device(inputs.device)
+    labels = _labels(list(o.models), weights, o.pretrained, sizes)
     from ..hooks.load import load
     from ..models import sample_image_paths
     from ..report.compare import PROBE_OPTIONS, compare_models
@@ -142,10 +166,9 @@ def run(options: CompareOptions, inputs: RunInputs) -> int:
         models = [load(name, pretrained=o.pretrained, device=inputs.device, weights=w, seed=o.seed,
                        **({"img_size": size} if size else {}))
                   for name, w, size in zip(o.models, weights, sizes)]
-        labels = _labels(list(o.models), weights, o.pretrained)
         images = o.images or sample_image_paths()
         spec = DetectionSpec(o.threshold, o.detect_layer, o.preset)
-        result = compare_models(models, images, detection=spec, batch_size=o.batch_size, progress=inputs.progress,
+        result = compare_models(models, images, detection=spec, batch_size=o.batch_size, progress=inputs.stage_lines,
                                 probes=o.probes, probe_tokens=o.probe_tokens, strict=o.strict, names=labels,
                                 seed=o.seed, preprocess=o.preprocess(),
                                 probe_options={**PROBE_OPTIONS, **o.probe_budget()})

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..errors import InterpWarning
 from ..options import Options, option
 from ..studies.core.options import ClassifierFile
 from ..studies.sae.configs import SaeFeaturesConfig
@@ -89,7 +90,7 @@ def run(options: ExploreOptions, inputs: RunInputs) -> int:
         images = sample_image_paths()
     if o.host not in LOCAL_HOSTS:
         warnings.warn(f"--host {o.host}: the explorer is reachable from other machines; anyone who has the "
-                      "token can run the model. Use 127.0.0.1 unless you mean it")
+                      "token can run the model. Use 127.0.0.1 unless you mean it", InterpWarning)
     if o.sae is not None:
         SaeFeaturesConfig(sae=o.sae)  # a folder without sae.json fails here, before the model
     model = load_model(inputs, (o,), spec=spec)
@@ -100,9 +101,9 @@ def run(options: ExploreOptions, inputs: RunInputs) -> int:
     if inputs.stage_lines:
         print(f"interp explore: preparing {spec.name} (unedited runs, detection, neuron ranking)...",
               file=sys.stderr, flush=True)
-    session = ExploreSession(model, images, session_options, progress=inputs.progress)
+    session = ExploreSession(model, images, session_options, progress=inputs.stage_lines)
     for text in session.warnings:
-        warnings.warn(text, stacklevel=1)  # one line on stderr: "interp: warning: ..."
+        warnings.warn(text, InterpWarning, stacklevel=1)  # one line on stderr: "interp: warning: ..."
     server = ExploreServer(session, host=o.host, port=o.port)
     try:
         # the URL goes to stderr too, as Jupyter's does, and also under --quiet (it is what the command gives)

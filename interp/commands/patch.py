@@ -171,7 +171,7 @@ def run_apply(options: ApplyOptions, inputs: RunInputs) -> int:
 
 
 def run_show(options: ShowOptions, inputs: RunInputs) -> int:
-    from ..interventions import export as patch
+    from ..formats.patch_spec import describe  # torch-free: no model, no torch
 
-    print(patch.describe(options.patch))
+    print(describe(options.patch))
     return 0

@@ -120,7 +120,7 @@ def check_args(o: ReassessOptions, inputs: RunInputs) -> ReassessArgs:
         check_output_folder(o.out)
         refuse_existing_file(out / "reassess.json", o.overwrite)
     check_device(inputs.device)
-    labels = _labels(list(o.models), weights, o.pretrained)
+    labels = _labels(list(o.models), weights, o.pretrained, sizes)
     classifiers = per_model(o.classifier, len(o.models), "--classifier")
     try:
         classifiers = [None if c is None else existing_file(c) for c in classifiers]
@@ -156,7 +156,7 @@ def run(options: ReassessOptions, inputs: RunInputs) -> int:
                                  batch_size=o.batch_size, probes=o.probes, probe_tokens=o.probe_tokens,
                                  probe_options=checked.probe_options, top_k=o.top_k, seed=o.seed, strict=o.strict,
                                  preprocess=o.preprocess(), siblings=checked.siblings,
-                                 classifiers=checked.classifiers, progress=inputs.progress)
+                                 classifiers=checked.classifiers, progress=inputs.stage_lines)
         print(result.table())
         if staging is not None:
             (Path(staging) / "reassess.md").write_text(result.table(markdown=True))

@@ -96,9 +96,9 @@ def run(options: ReportOptions, inputs: RunInputs) -> int:
             load_sae(o.sae, model=model)
         studies = StudyOptions(threshold=o.threshold, detect_layer=o.detect_layer, preset=o.preset,
                                highest_layer=o.highest_layer, top_k=o.top_k, n_controls=o.controls,
-                               seed=o.seed, batch_size=o.batch_size, progress_bars=inputs.progress,
+                               seed=o.seed, batch_size=o.batch_size, progress_bars=inputs.stage_lines,
                                classifier=o.classifier, sae=o.sae)
-        # stage_lines drives the stage lines; the bars follow the terminal check (inputs.progress)
+        # stage_lines drives the stage lines and the bars (drawn on a terminal, else lines in a long run)
         summary = run_report(model, images=o.images, out_dir=staging, options=studies,
                              progress=inputs.stage_lines, strict=o.strict, preprocess=o.preprocess())
     index = Path(o.out) / "index.html"

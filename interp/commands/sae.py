@@ -172,6 +172,10 @@ def peer_lost(e: RuntimeError):
                        "the last checkpoint in --out is kept: rerun the same torchrun command with --resume")
 
 
+LR_DISTANCES = {"kl_logits": "KL of the logits", "mse_embedding": "MSE of the embedding",
+                "mse_pooled": "MSE of the pooled vector: the head has random weights"}
+
+
 def run_train(options: SaeTrainOptions, inputs: RunInputs) -> int:
     check_train_output(options)  # before torch and the model
     try:
@@ -187,17 +191,20 @@ def _run_train(options: SaeTrainOptions, inputs: RunInputs) -> int:
     model = load_model(inputs, (o,))
     image_batch = LIVE_IMAGE_BATCH if o.image_batch is None else o.image_batch
     result = train(model, o.hook, o.out, cache=o.cache, images=o.images, resume=o.resume, overwrite=o.overwrite,
-                   checkpoint_every=o.checkpoint_every, progress=inputs.progress, image_batch=image_batch,
+                   checkpoint_every=o.checkpoint_every, progress=inputs.stage_lines, image_batch=image_batch,
                    **o.settings())
     if int(os.environ.get("RANK", "0")) == 0:
         held = result["metrics"]["held_out"] or result["metrics"]["train_sample"]
         ev = "n/a" if held["explained_variance"] is None else f"{held['explained_variance']:.3f}"
         lr = held.get("loss_recovered") or {}
-        lr = (f"{lr['loss_recovered']:.3f} ({'KL of the logits' if lr['distance'] == 'kl_logits' else 'MSE of the embedding'}, "
+        lr = (f"{lr['loss_recovered']:.3f} ({LR_DISTANCES.get(lr['distance'], lr['distance'])}, "
               f"{lr['n_images']} held-out images)" if lr.get("loss_recovered") is not None else f"n/a ({lr.get('note', 'no held-out image')})")
-        print(f"SAE {result['arch']} with {result['n_features']} features on {result['hook']}: explained variance "
-              f"{ev}, L0 {held['l0']:.1f}, alive {held['alive_fraction']:.2f}, loss recovered {lr} -> "
-              f"{os.path.join(o.out, 'sae.json')}")
+        where = "held-out" if result["metrics"]["held_out"] else "training-sample"
+        alive = (f"{round(held['alive_fraction'] * result['n_features'])} of {result['n_features']} features alive "
+                 f"({held['alive_fraction']:.0%}) on the {where} tokens, {result['metrics']['dead_features']} dead "
+                 f"in training (no firing in {result['metrics']['dead_fraction_window_steps']} steps)")
+        print(f"SAE {result['arch']} on {result['hook']}: explained variance {ev}, L0 {held['l0']:.1f}, {alive}, "
+              f"loss recovered {lr} -> {os.path.join(o.out, 'sae.json')}")
         for line in result.get("warnings", []):
             print(f"warning: {line}", file=sys.stderr)
     return 0

@@ -114,7 +114,7 @@ def run_study(options: StudyRun, config: StudyConfig, inputs: RunInputs) -> int:
     with atomic_output_dir(options.out, f"{name}.json", replaces=old_figures, what=f"{name} result") as staging:
         model = load_model(inputs, (options, config))
         source = open_study_source(options, model, config)
-        result = study_function(type(config))(source, config, progress=inputs.progress,
+        result = study_function(type(config))(source, config, progress=inputs.stage_lines,
                                               **config.run_keywords(options.images, options.cache))
         for line in result.console_lines(config):
             print(line)

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 from .._progress import tqdm
 
-from ..errors import InterpError
+from ..errors import InterpError, InterpWarning
 from ..hooks.names import resolve_block
 from ..runtime.source import ActivationSource, n_batches, token_norms
 from .presets import check_preset_model, resolve_preset
@@ -76,6 +76,13 @@ class Detection:
     ids: Tuple[str, ...]
     fingerprint: str
     preset: Optional[str] = None
+
+    def __repr__(self) -> str:
+        """A short summary; the norms and the ids (kilobytes) are in ``.norms`` and ``.ids``."""
+        n, p = self.norms.shape
+        return (f"Detection(layer={self.layer}, threshold={self.threshold.value:.4g} ({self.method}), images={n}, "
+                f"patches={p}, outliers={int(self.outliers.sum())}, artifacts_found={self.artifacts_found}, "
+                f"preset={self.preset!r})")
 
     @property
     def method(self) -> str:
@@ -158,7 +165,7 @@ def artifact_status(layer: int, threshold: Threshold, artifacts_found: bool, stu
     else:
         text = no_artifacts_warning(layer, threshold, study)
     if warn and text is not None:
-        warnings.warn(text, stacklevel=3)
+        warnings.warn(text, InterpWarning, stacklevel=3)
     return artifacts_found, text
 
 

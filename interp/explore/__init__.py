@@ -14,6 +14,8 @@ from __future__ import annotations
 import weakref
 from typing import Any, Optional, Union
 
+from ..errors import InterpWarning
+
 __all__ = ["start", "Explorer"]
 
 
@@ -76,7 +78,7 @@ def start(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, 
         import warnings
 
         warnings.warn(f"the explorer listens on {host}: anyone who can reach it and has the token can run the model",
-                      stacklevel=2)
+                      InterpWarning, stacklevel=2)
     if isinstance(model, str):
         from ..hooks.load import load
 

@@ -33,6 +33,7 @@ from ..runtime.forward import run_hooks
 from ..detection.detection import detect
 from ..detection.thresholds import ThresholdSpec
 from ..runtime.open import open_source
+from .controls import refused_controls
 from .readout import compare_outputs
 from .sae_panel import SaePanel, is_sae_entry
 from .requests import MAX_SECONDS, RequestTooLarge, check_spec, check_threshold, describe_edits
@@ -177,6 +178,7 @@ class ExploreSession:
             "grid": list(self.grid), "grids": [list(g) for g in self.grids],
             "image_size": list(self.pixels.shape[-2:]),
             "has_cls": self.layout.cls_index is not None,
+            "refused": refused_controls(self.model.family, self.layout),
             "detect_layer": det.layer,
             "threshold": {"value": self.default_threshold, "spec": det.spec, "method": det.method,
                           "label": self._threshold_label(),

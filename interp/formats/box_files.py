@@ -34,7 +34,7 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from ..errors import InterpError, close_matches
+from ..errors import InterpError, InterpWarning, close_matches
 from ..values import check_input_path
 from .box_types import BoxTable, ImageBoxes, _make_box, _normalise_key, _number, check_box_in_image, image_size_of
 from .voc_xml import read_voc_xml
@@ -227,7 +227,8 @@ def _warn_unmatched(ids: Sequence[str], entries: Sequence[Optional[ImageBoxes]],
         near = close_matches(PurePosixPath(key).name, names, n=1)
         shown.append(f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
     warnings.warn(f"{len(missing)} image(s) have no entry in the box file and are left out of the scores, while "
-                  f"{len(unmatched)} of its key(s) match no image: {', '.join(shown)}; check the file names")
+                  f"{len(unmatched)} of its key(s) match no image: {', '.join(shown)}; check the file names",
+                  InterpWarning)
 
 
 def original_size(image_id: str, entry: Optional[ImageBoxes] = None) -> Tuple[int, int]:

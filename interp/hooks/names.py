@@ -160,18 +160,17 @@ def is_pattern(name: str) -> bool:
 def unknown_hook_error(name: str, known: Sequence[str]) -> HookNameError:
     block = block_of(name)
     n_blocks = 1 + max((b for b in map(block_of, known) if b is not None), default=-1)
-    if block is not None and block >= n_blocks:
+    if block is not None and 0 < n_blocks <= block:
         rest = name[len(f"blocks.{block}."):]
-        shown = "no blocks" if n_blocks == 0 else f"{n_blocks} blocks (0-{n_blocks - 1})"
-        return HookNameError(f"hook name {name!r}: block {block} does not exist, this model has {shown}; "
+        return HookNameError(f"hook name {name!r}: block {block} does not exist, this model has {n_blocks} blocks "
+                             f"(0-{n_blocks - 1}); "
                              f"e.g. {block_hook(n_blocks - 1, rest)!r} is the last block's")
-    hints = close_matches(name, known)
+    hints = close_matches(name, known, n=3)
+    while len(hints) > 1 and len(", ".join(hints)) > 80:  # the refusal stays one short line (pyramid names are long)
+        hints.pop()
     hint = f" Close matches: {', '.join(hints)}." if hints else ""
     kind = "pattern" if is_pattern(name) else "hook name"
-    return HookNameError(
-        f"{kind} {name!r} matches no hook point.{hint} "
-        "List every hook with model.hook_names() or `interp hooks MODEL`."
-    )
+    return HookNameError(f"{kind} {name!r} matches no hook point.{hint} `interp hooks MODEL` lists them.")
 
 
 def match(name_or_pattern: str, known: Sequence[str]) -> List[str]:

@@ -36,16 +36,13 @@ from torch import nn
 
 from .._version import __version__
 from ..errors import InterpError, PatchError
+from ..formats.patch_spec import FORMAT, FORMAT_VERSION, METADATA_KEY, describe, read_spec  # noqa: F401 (public)
 from ..hooks.edit_state import merge_extra_kv
 from ..hooks.intervene import composition_order
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
 from ..models.families import family_of
-from ..values import check_input_path
 from .base import Intervention, edit_context, model_device
 
-FORMAT = "interp-patch"
-FORMAT_VERSION = 1
-METADATA_KEY = "interp_patch"
 PathLike = Union[str, Path]
 
 
@@ -105,60 +102,6 @@ def save(interventions: Sequence[Intervention], path: PathLike, model: nn.Module
 
 
 # ---------------------------------------------------------------------------------------- reading
-def read_spec(path: PathLike) -> Dict[str, Any]:
-    """The JSON spec of a patch file (no tensors read).
-
-    Raises:
-        PatchError: missing, unreadable, truncated or foreign file, or a newer format version.
-    """
-    from safetensors import safe_open
-
-    path = Path(path)
-    check_input_path(path, "patch file")
-    if not path.is_file():
-        raise PatchError(f"patch file {str(path)!r} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-    except Exception as e:
-        raise PatchError(f"{str(path)!r} is not a readable patch file (corrupt or truncated?): {e}") from e
-    if METADATA_KEY not in metadata:
-        raise PatchError(f"{str(path)!r} is a safetensors file but not an interp patch (no {METADATA_KEY!r} "
-                         "metadata); write patches with interp.patch.save or `interp patch export`")
-    try:
-        spec = json.loads(metadata[METADATA_KEY])
-    except (json.JSONDecodeError, RecursionError) as e:
-        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise PatchError(f"{str(path)!r}: the patch spec is not valid JSON ({reason}); the file is corrupt") from None
-    if not isinstance(spec, dict) or spec.get("format") != FORMAT or "interventions" not in spec:
-        raise PatchError(f"{str(path)!r}: the patch spec is not an {FORMAT} spec; the file is corrupt")
-    version = spec.get("version")
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise PatchError(f"{str(path)!r}: the patch format version is {version!r}, not a whole number; the file "
-                         "is corrupt: export the patch again")
-    if version > FORMAT_VERSION:
-        raise PatchError(f"{str(path)!r} is patch format version {spec['version']}; this interp "
-                         f"({__version__}) reads up to version {FORMAT_VERSION}: upgrade interp")
-    _check_entries(spec["interventions"], path)
-    return spec
-
-
-def _check_entries(entries: Any, path: Path) -> None:
-    """The ``interventions`` list of a patch spec: objects with a string ``kind``, a ``params`` object and a
-    ``tensors`` list of names. Raises one PatchError naming the first bad entry."""
-    if not isinstance(entries, list):
-        raise PatchError(f"{str(path)!r}: the patch spec's \"interventions\" is a {type(entries).__name__}, not a "
-                         "list of intervention entries; the file is corrupt: export the patch again")
-    for i, entry in enumerate(entries):
-        ok = (isinstance(entry, dict) and isinstance(entry.get("kind"), str)
-              and isinstance(entry.get("params", {}), dict)
-              and isinstance(entry.get("tensors", []), list)
-              and all(isinstance(t, str) for t in entry.get("tensors", [])))
-        if not ok:
-            raise PatchError(f"{str(path)!r}: intervention entry {i} ({str(entry)[:80]}) is not an object with a "
-                             "\"kind\" string, \"params\" object and \"tensors\" name list; the file is corrupt")
-
-
 def load(path: PathLike) -> List[Intervention]:
     """The interventions stored in a patch file (tensors on the CPU).
 
@@ -190,19 +133,6 @@ def load(path: PathLike) -> List[Intervention]:
         except Exception as e:  # any bad parameter of a crafted file: one line naming the entry
             raise PatchError(f"{str(path)!r}: invalid {entry.get('kind')} entry {i}: {e}") from None
     return interventions
-
-
-def describe(path: PathLike) -> str:
-    """Human-readable summary of a patch file (``interp patch show``)."""
-    spec = read_spec(path)
-    lines = [f"patch {path}", f"  format {spec['format']} v{spec['version']} (interp {spec.get('interp_version')})",
-             f"  model {spec.get('model_name')}  architecture {spec.get('architecture_fingerprint')}  "
-             f"weights {spec.get('weights_fingerprint')}"]
-    for i, iv in enumerate(load(path)):
-        lines.append(f"  [{i}] {iv.kind} {json.dumps(iv.params())}")
-        for name, t in iv.tensors().items():
-            lines.append(f"       {name}: {list(t.shape)} {str(t.dtype).replace('torch.', '')}")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------- applying

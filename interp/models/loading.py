@@ -19,6 +19,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import ModelLoadError, UnknownModelError, UnsupportedModelError, close_matches
+from .._model_names import PLANTED_NAMES
 from ..values import check_input_path
 from .pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .families import family_of, family_of_entry_module
@@ -44,7 +45,7 @@ def check_model_name(name: str) -> None:
 
     base = name.split(".")[0]
     if not is_model(base):
-        hints = close_matches(base, timm.list_models(), n=5)
+        hints = close_matches(base, [*PLANTED_NAMES, *timm.list_models()], n=5)
         hint = f" Did you mean: {', '.join(hints)}?" if hints else ""
         raise UnknownModelError(f"unknown timm model {name!r}.{hint}")
     try:

@@ -19,8 +19,9 @@ def generate() -> dict:
     return {"timm": timm.__version__,
             "models": {n: _registry._model_entrypoints[n].__module__.rsplit(".", 1)[-1]
                        for n in sorted(_registry._model_entrypoints)},
-            "families": {f.name: {"title": f.title, "modules": sorted(m.rsplit(".", 1)[-1] for m in f.timm_modules)}
-                         for f in Family.registry}}
+            "families": {f.name: {"title": f.title, "modules": sorted(m.rsplit(".", 1)[-1] for m in f.timm_modules),
+                                  "order": i, "pyramid": f.stages_attr is not None}
+                         for i, f in enumerate(Family.registry)}}
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 
 from ..formats.image_files import list_images, readable_image_path
 from .._transforms import INTERPOLATIONS, MODEL_TRANSFORM, check_sizes, parse_transform_name
-from ..errors import ImageError, ImageTooLargeError
+from ..errors import ImageError, ImageTooLargeError, InterpWarning
 
 PathLike = Union[str, Path]
 # the images a run reads: a folder, a .txt/.lst list file, image paths, or a Tensor[N, 3, H, W] of pixels
@@ -319,7 +319,7 @@ def skip_image(image_id: str, reason: str, skipped: Optional[List[Tuple[str, str
     """Record an unreadable image: one warning line and ``(id, reason)`` appended to ``skipped``."""
     import warnings
 
-    warnings.warn(f"skipped unreadable image: {reason}", stacklevel=3)
+    warnings.warn(f"skipped unreadable image: {reason}", InterpWarning, stacklevel=3)
     if skipped is not None:
         skipped.append((image_id, reason))
 

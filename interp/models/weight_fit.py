@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
+from ..errors import InterpWarning, ModelLoadError
 from .families import family_of
 
 _POS_EMBED_KEYS = (
@@ -78,7 +78,7 @@ def fit_to_weights(model: nn.Module, state_dict: dict, name: str, label: str) ->
     warnings.warn(
         f"{label} holds a {grid[0]}x{grid[1]} position grid: building {name} at {shown} px, not its default "
         f"{old[0]}x{old[1]}; pass img_size={size[0]} (CLI --img-size {size[0]}) to keep this size without "
-        f"this warning, or img_size={old[0]} (--img-size {old[0]}) to resample",
+        f"this warning, or img_size={old[0]} (--img-size {old[0]}) to resample", InterpWarning,
         stacklevel=4,
     )
 

@@ -204,7 +204,9 @@ def norm_histograms(norms_result, stage: str = "resid_post") -> Figure:
     strip.set_ylabel("block (output)")
     strip.set_yticks(ys if n_layers <= 16 else ys[::max(1, n_layers // 12)])
     strip.set_ylim(n_layers - 0.5, -0.5)
-    strip.set_title(f"every block ({int(np.nanmax(totals))} patch tokens each)", fontsize=10)
+    low, high = int(np.nanmin(totals)), int(np.nanmax(totals))  # a pyramid's stages hold fewer tokens each
+    strip.set_title(f"every block ({high} patch tokens each)" if low == high else
+                    f"every block ({high} patch tokens in the first stage, down to {low})", fontsize=10)
     handles = [Patch(facecolor=ATTN_COLOR, alpha=0.45, edgecolor=ATTN_COLOR,
                      label="token density (height \u221d \u221a, per block)"),
                Line2D([], [], color="black", lw=1, label="1-99 % of tokens"),

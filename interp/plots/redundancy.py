@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 from matplotlib.figure import Figure
 
-from .common import MLP_COLOR, ATTN_COLOR, message_figure, short_name
+from .common import MLP_COLOR, ATTN_COLOR, message_figure, near_one, short_name
 from ..studies.artifacts.redundancy import RedundancyResult
 from .registry import figure
 
@@ -40,7 +40,7 @@ def neighbour_similarity(result) -> Optional[Figure]:
         density = counts / (counts.sum() * widths)
         ax.stairs(density, edges, color=color, fill=True, alpha=0.25)
         ax.stairs(density, edges, color=color,
-                  label=f"{label} (n={entry['n_tokens']}): median {entry['median']:.2f}")
+                  label=f"{label} (n={entry['n_tokens']}): median {near_one(entry['median'], gap=False)}")
         ax.axvline(entry["median"], color=color, linestyle=":", linewidth=1)
     ax.set_xlim(-1, 1)
     ax.set_xlabel("cosine similarity to the 4 neighbouring input patches (mean per token)")

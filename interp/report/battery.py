@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
+from ..errors import InterpWarning
 from ..models.planted import planted_truth
 from ..models.samples import SAMPLES_DIR
 from ..detection.detection import Detection
@@ -101,6 +102,7 @@ class BatteryResults:
     lost: object = None
     redundancy: object = None
     sae_features: object = None
+    not_run: Dict[str, str] = dataclasses.field(default_factory=dict)  # section key -> why (the page says it too)
 
     def results(self) -> List:
         return [r for r in (self.norms, self.neurons, self.ablation, self.register, self.relocation, self.probes,
@@ -150,7 +152,7 @@ def run_battery(source: LiveSource, options: ReportOptions, progress: bool = Tru
     if not out.detection.artifacts_found:
         warnings.warn(f"{source.model_name} shows no artifacts: at block {out.detection.layer}, "
                       f"{out.detection.threshold.reason}; any neurons the report ranks are not register neurons",
-                      stacklevel=2)
+                      InterpWarning, stacklevel=2)
     return out
 
 
@@ -186,12 +188,14 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     if objects:
         _say(progress, step_line("redundancy", "input-patch similarity to the neighbours per token group"))
         _say(progress, step_line("probes", "position / pixels / label per token group"))
-        _say(progress, step_line("lost", "skipped: LOST is not defined for a pyramid model" if pyramid else
+        _say(progress, step_line("lost", f"skipped: {LOST_ON_PYRAMIDS}" if pyramid else
                                  "seed and box from the last block's keys"))
         readings += object_readings(source, found, options, lost=not pyramid)
     _say(progress, step_line("neurons", f"ranking register neurons in blocks <= {highest} (the same pass)"))
     results = run_readings(source, readings, desc="observational pass", **common)
     out = BatteryResults(found, results[0], results[1])
+    if objects and pyramid:
+        out.not_run["lost"] = f"Not run: {LOST_ON_PYRAMIDS}."
     if objects:
         out.probes, out.redundancy = results[2], results[-1]
         out.lost = results[3] if not pyramid else None
@@ -208,6 +212,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     refusal = source.model.family.extra_tokens_refusal  # e.g. a pyramid model: no place for an extra token
     if refusal:
         _say(progress, step_line("registers", f"skipped: test-time registers are not defined here ({refusal})"))
+        out.not_run["registers"] = f"Not run: test-time registers are not defined here ({refusal})."
     else:
         _say(progress, step_line("registers", "test-time register with these neurons"))
         out.register = registers_study(source, **edits)
@@ -216,6 +221,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     return out
 
 
+LOST_ON_PYRAMIDS = "LOST is not defined for a pyramid model (it reads one grid of patch keys)"
 REPORT_PROBE_TOKENS = 2000  # training tokens of the report's probes (a seeded sample; keeps them to seconds)
 
 
@@ -301,6 +307,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
     summary["planted"] = planted_comparison(model, source, r.norms, r.neurons) if truth is not None else None
     summary["probes"], summary["lost"] = probes_summary(r.probes), lost_summary(r.lost)
     summary["redundancy"] = redundancy_summary(r.redundancy)
+    summary["not_run"] = dict(r.not_run)
     summary["sae_features"] = sae_features_summary(r.sae_features)
     summary["files"] = {"index": "index.html", "results": [f"{x.study}.json" for x in r.results()],
                         "figures": [f for names in figures.values() for f in names]}

@@ -15,12 +15,14 @@ from .._version import __version__
 from ..plots.common import near_one
 from .sections import (CAUSAL, SECTIONS, SMALL_SAMPLE, number_of, numbered, one_line_reasons,
                        outlier_share_remark, small_sample)
+from .reassessment_cells import PARALLEL_COS
 from .summary import SYNTHETIC_NOTE
 from .summary_table import neuron_list_text, number_text, summary_rows
 
 PLANTED_PROBES_CAVEAT = ("Caveat: the planted model's high-norm tokens are ordinary patch tokens with a planted "
-                         "direction added, so they keep their local information: high position and pixel scores "
-                         "here show that the probes run, not Darcet et al.'s finding on trained ViTs.")
+                         "direction added, so they may keep their local information: the position and pixel scores "
+                         "here, high or at chance, show that the probes run, not Darcet et al.'s finding on "
+                         "trained ViTs.")
 
 
 def embedded_image(folder: Optional[Path], name: str) -> str:
@@ -132,7 +134,11 @@ def _redundancy_sentences(red: Optional[Dict]) -> List[str]:
              for g, name in (("normal", "normal"), ("high_norm", "high-norm"))]
     text.append("Median similarity: " + "; ".join(cells) + ".")
     hi, lo = red["high_norm"]["median"], red["normal"]["median"]
-    if hi is not None and lo is not None:
+    if lo is not None and lo >= PARALLEL_COS:  # the reassessment's rule: no contrast to read a difference from
+        text.append(f"The normal patches' input embeddings are already nearly parallel to their neighbours (median "
+                    f"{lo:.5f} >= {PARALLEL_COS}): a component shared by every patch dominates, so this measure "
+                    "cannot tell whether the high-norm tokens sit on more redundant patches (n/a).")
+    elif hi is not None and lo is not None:
         text.append(f"The high-norm tokens' patches are {'more' if hi > lo else 'not more'} redundant than the "
                     "normal ones.")
     return text
@@ -219,7 +225,8 @@ def _study_sections(s: Dict, figures: Dict[str, List[str]], folder: Path) -> Dic
         if key in text:
             out[key] = _section(key, text[key], figures.get(key, []), f"{key}.json", folder)
     for key, reason in why.items():
-        present = s.get(key) is not None if key in ("redundancy", "probes", "lost") else True
+        present = (s.get(key) is not None or key in (s.get("not_run") or {})
+                   if key in ("redundancy", "probes", "lost") else True)
         if present:
             out[key] = one_line_section(key, reason, f"{key}.json" if key not in CAUSAL else None)
     return out

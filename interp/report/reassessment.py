@@ -100,7 +100,7 @@ def assess_model(model, images, spec: DetectionSpec, *, name: Optional[str] = No
     registers, neurons, why = _test_time_register(source, found, base, k, readout.classifier, progress)
     outliers = base.patch_norms > found.counting_threshold()
     run = ModelRun(name, model.model_name, row, notes, bool(found.artifacts_found), outliers, base.cls_attention,
-                   base.logits, readout, registers, why, neurons)
+                   base.logits, readout, registers, why, neurons, tuple(source.ids))
     return run, skipped
 
 
@@ -185,6 +185,7 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
               "preset": spec.preset, "batch_size": batch_size, "probes": probes, "probe_tokens": probe_tokens,
               "probe_options": probe_options, "top_k": top_k, "seed": seed, "preprocess": preprocess_name(preprocess)}
     return ReassessmentResult(model=",".join(labels), fingerprint="", params=params, seed=seed, skipped=skipped,
+                              ids=list(runs[0].ids) if runs else [],
                               models=labels, cells={key: {m: columns[m][key] for m in labels} for key in ROWS},
                               siblings=siblings, compare_rows=[run.row for run in runs],
                               register_neurons={run.name: run.neurons for run in runs},

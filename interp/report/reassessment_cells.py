@@ -105,6 +105,7 @@ class ModelRun:
     registers: object = None
     registers_why: Optional[str] = None
     neurons: Optional[Dict] = None
+    ids: Tuple[str, ...] = ()  # the images it was measured on, in order
 
 
 def _probe_cell(run: ModelRun, key: str) -> Cell:

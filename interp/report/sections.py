@@ -77,7 +77,7 @@ def outlier_share_remark(s: Dict) -> Optional[str]:
 
 def one_line_reasons(s: Dict) -> Dict[str, str]:
     """Study key -> why its section says nothing on these data and is shown as one line (absent: shown)."""
-    out: Dict[str, str] = {}
+    out: Dict[str, str] = dict(s.get("not_run") or {})  # a study the model cannot run: on the page with its reason
     probes = s.get("probes")
     if probes and probes.get("too_few"):
         out["probes"] = f"Not scored: {probes['too_few']} (interp report --images DIR with more images)."

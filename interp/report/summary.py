@@ -2,6 +2,7 @@
 findings with its ground truth (``interp.models.planted_truth(model)``)."""
 from __future__ import annotations
 
+import re
 from typing import Dict, Optional
 
 import numpy as np
@@ -17,11 +18,24 @@ NO_ARTIFACTS_NOTE = ("This model shows no artifacts: at block {block}, {reason}.
 
 
 def synthetic_note(model) -> str:
-    """The note a planted model's report carries: :data:`SYNTHETIC_NOTE`, naming what the model is (its planted
-    truth's description: a ViT, a DINOv3-architecture Eva, a PVTv2-b0)."""
+    """The note a planted model's report carries: :data:`SYNTHETIC_NOTE`, naming what the model is (from its
+    planted truth's description: a ViT, a DINOv3-architecture Eva, a PVTv2-b0), said once."""
     truth = planted_truth(model)
-    what = f" ({truth.description})" if truth is not None else ""
-    return SYNTHETIC_NOTE.replace("synthetic planted model", f"synthetic planted model{what}", 1)
+    return synthetic_note_for(truth.description if truth is not None else None)
+
+
+def synthetic_note_for(description: Optional[str]) -> str:
+    """:data:`SYNTHETIC_NOTE` with the architecture of ``description`` ("synthetic X with planted register neurons
+    (random weights; ...)" -> X), so that neither "synthetic" nor "random weights" is said twice.
+
+    >>> synthetic_note_for("synthetic PVTv2-b0 with planted register neurons (random weights; not a trained model)")[:44]
+    'This is a synthetic planted PVTv2-b0: its re'
+    """
+    if not description:
+        return SYNTHETIC_NOTE
+    found = re.match(r"synthetic (.+?) with planted register neurons", description)
+    what = found.group(1) if found else f"model ({description})"
+    return SYNTHETIC_NOTE.replace("synthetic planted model", f"synthetic planted {what}", 1)
 
 
 def planted_comparison(model, source, norms, neurons) -> Dict:

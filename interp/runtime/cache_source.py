@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterator, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..errors import InterpError
 from ..hooks.names import BlockNames
 from ..models.layout import TokenLayout
-from ..models.preprocessing import transform_name
+from ..models.preprocessing import decode_images, timm_transform, transform_name
 from .forward import Reducers, resolve_reducers
 from .source import ActivationSource, Batch, token_norms
 
@@ -53,6 +54,33 @@ class CacheSource(ActivationSource):
         if cfg is None:
             raise InterpError("this cache does not record its data config; run with --images and the model instead")
         return dict(cfg)
+
+    def image_files(self, limit: int) -> Optional[List[Path]]:
+        """The files of the first ``limit`` images when the cache's ids are image files here and it records the
+        preprocessing they went through; None otherwise (a cache written from tensors, or moved)."""
+        paths = [Path(i) for i in self.reader.ids[:limit]]
+        if not paths or self.reader.meta.get("data_config") is None or not all(p.is_file() for p in paths):
+            return None
+        return paths
+
+    @property
+    def shows_images(self) -> bool:
+        return self.image_files(1) is not None
+
+    def display_images(self, limit: int = 8) -> torch.Tensor:
+        """The first ``limit`` images decoded again from their files with the cache's recorded preprocessing,
+        normalisation undone, in 0..1: Tensor[n, 3, H, W] (the figures of a cached run show the images)."""
+        paths = self.image_files(limit)
+        if paths is None:
+            return super().display_images(limit)  # raises: no images to show
+        cfg = self.data_config()
+        cfg.pop("preprocess", None)
+        tensors, kept, _ = decode_images(paths, timm_transform(cfg))
+        if len(kept) != len(paths):
+            raise InterpError("the cache's image files are no longer all readable here; the figures show ids")
+        mean = torch.tensor(cfg["mean"], dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.tensor(cfg["std"], dtype=torch.float32).view(1, 3, 1, 1)
+        return (torch.stack(tensors).float() * std + mean).clamp(0, 1)
 
     @property
     def preprocess(self) -> str:

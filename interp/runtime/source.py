@@ -132,6 +132,12 @@ class ActivationSource:
         """True when the source runs a model (studies that re-run it with an edit need this)."""
         return False
 
+    @property
+    def shows_images(self) -> bool:
+        """True when :meth:`display_images` has images to give (a live source; a cache whose image files are
+        here)."""
+        return self.is_live
+
     def data_config(self) -> dict:
         """timm's data config (input_size, mean, std, crop...) the images were preprocessed with."""
         raise NotImplementedError

@@ -8,7 +8,10 @@ logits, clean first, or the mean squared distance of the embedding for a model w
     loss_recovered = 1 - d(spliced) / d(zero-ablated)
 
 1 when the reconstruction changes nothing, 0 when it is as bad as removing the tokens (SAELens' and saev's
-"loss recovered" / "CE loss score" on a classifier).
+"loss recovered" / "CE loss score" on a classifier). A classification head of random weights (a planted model,
+``pretrained=False``) classifies nothing, as every study says (:func:`~interp.models.heads.classify_head`): its
+KL would be a number about nothing, so ``d`` is then the mean squared distance of the pooled vector the head
+reads (``hook_pooled``; ``distance`` "mse_pooled", and ``note`` says why).
 
 Example (not run as a doctest: it needs a trained SAE)::
 
@@ -24,6 +27,7 @@ import torch
 from ..cache.image_feed import image_feed
 from ..errors import InterpError
 from ..models import data_config
+from ..models.heads import classify_head
 from .data import CacheRows, LiveRows
 
 def _distance(clean: torch.Tensor, edited: torch.Tensor, logits: bool) -> torch.Tensor:
@@ -47,6 +51,9 @@ def loss_recovered(sae, model, images, batch_size: int = 16) -> Dict[str, Any]:
     sae.check_model(model)
     rows = model.layout.rows_of(sae.tokens)  # raises for a model without that kind of token
     logits = int(getattr(getattr(model, "timm_model", model), "num_classes", 0) or 0) > 0
+    kind, why = classify_head(model, random_weights=getattr(model, "init_seed", None) is not None)
+    pooled = logits and kind != "classifier"  # class logits of random weights mean nothing: read what they read
+    logits = logits and not pooled
     spliced_sum = zero_sum = 0.0
     n = 0
     device = next(model.parameters()).device
@@ -65,11 +72,18 @@ def loss_recovered(sae, model, images, batch_size: int = 16) -> Dict[str, Any]:
     batches = images
     if isinstance(images, torch.Tensor):
         batches = [images[i:i + batch_size] for i in range(0, len(images), batch_size)]
+    def output(x, edit):
+        """The model's output for ``x`` with ``edit`` at the SAE's hook (None: clean), or its pooled vector."""
+        seen = {}
+        hooks = [(sae.hook, edit)] if edit is not None else []
+        if pooled:
+            hooks.append(("hook_pooled", lambda act, hook=None: seen.__setitem__("pooled", act)))
+        out = model.run_with_hooks(x, fwd_hooks=hooks)
+        return seen["pooled"] if pooled else out
+
     for batch in batches:
         x = batch.to(device)
-        clean = model(x)
-        spliced = model.run_with_hooks(x, fwd_hooks=[(sae.hook, splice)])
-        zeroed = model.run_with_hooks(x, fwd_hooks=[(sae.hook, zero)])
+        clean, spliced, zeroed = output(x, None), output(x, splice), output(x, zero)
         spliced_sum += float(_distance(clean, spliced, logits).sum())
         zero_sum += float(_distance(clean, zeroed, logits).sum())
         n += len(x)
@@ -77,8 +91,9 @@ def loss_recovered(sae, model, images, batch_size: int = 16) -> Dict[str, Any]:
         raise InterpError("loss recovered needs at least one image")
     d_splice, d_zero = spliced_sum / n, zero_sum / n
     return {"loss_recovered": 1.0 - d_splice / d_zero if d_zero > 0 else None,
-            "distance": "kl_logits" if logits else "mse_embedding", "spliced": d_splice, "zero_ablated": d_zero,
-            "n_images": n, "tokens": sae.tokens}
+            "distance": "kl_logits" if logits else "mse_pooled" if pooled else "mse_embedding",
+            "spliced": d_splice, "zero_ablated": d_zero, "n_images": n, "tokens": sae.tokens,
+            **({"note": f"measured on the pooled vector, not the logits: {why}"} if pooled else {})}
 
 
 MAX_HELD_OUT_IMAGES = 256  # loss recovered at the end of training: on at most this many held-out images

@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-from ..errors import InterpError
+from ..errors import InterpError, InterpWarning
 from ..hooks.names import block_of
 from ..interventions.sae_features import ARCHS, SparseCodes
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
@@ -344,5 +344,5 @@ def load(directory: Union[str, Path], model=None, hook: Optional[str] = None) ->
     import warnings
 
     for note in quality_notes(config):  # every command and study that reads a poor SAE says so
-        warnings.warn(f"the SAE in {str(directory)!r}: {note}")
+        warnings.warn(f"the SAE in {str(directory)!r}: {note}", InterpWarning)
     return sae

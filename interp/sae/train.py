@@ -305,6 +305,6 @@ def _finish(module, arch, cfg: TrainSettings, data: RunData, curve, last_fired, 
         save(out, config, tensors)
         if curve["step"]:
             curve_figure.draw(curve, out / SAE_CURVE, f"{cfg.arch} SAE, {data.hook}, "
-                              f"{codes.n_features} features")
+                              f"{codes.n_features} features", auxk_from=cfg.dead_window if arch.auxk else None)
     return config
 

@@ -7,6 +7,8 @@ import sys
 import types
 import warnings
 
+import pytest
+
 from interp import _progress
 
 
@@ -68,3 +70,59 @@ def test_a_study_from_python_draws_no_bar_into_a_pipe(capsys):
     norms_study(source, progress=True)
     err = capsys.readouterr().err
     assert "it/s" not in err and "%|" not in err
+
+
+# ------------------------------------------------------------- one convention for long runs (issue 52, item 7)
+def test_where_no_bar_is_drawn_a_long_run_prints_lines_and_a_short_one_nothing(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    before = _progress.show_lines(True)
+    try:
+        list(_progress.tqdm(range(3), desc="short"))  # well under LINE_INTERVAL: silent
+        assert sys.stderr.getvalue() == ""
+        monkeypatch.setattr(_progress, "LINE_INTERVAL", 0.0)
+        _progress.line_bar_class.cache_clear()
+        for _ in _progress.tqdm(range(3), desc="SAE topk @ blocks.5.hook_resid_post", total=3):
+            pass
+        lines = sys.stderr.getvalue().splitlines()
+        assert lines and all(line.startswith("interp: SAE topk @ blocks.5.hook_resid_post: ") for line in lines)
+        assert lines[-1].split(": ")[2].startswith("3/3") and "\r" not in sys.stderr.getvalue()
+        sys.stderr = io.StringIO()
+        list(_progress.tqdm(range(3), desc="off", disable=True))  # progress=False stays quiet
+        assert sys.stderr.getvalue() == ""
+    finally:
+        _progress.show_lines(before)
+        _progress.line_bar_class.cache_clear()
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("argv, target", [
+    (["sae", "train", "planted_vit", "--hook", "blocks.4.hook_resid_post", "--images", "PHOTOS", "--data-shards",
+      "1", "--out", "OUT"], ("interp.sae", "train")),
+    (["reassess", "planted_vit", "--no-probes", "--out", "OUT"], ("interp.report.reassessment", "reassess_models")),
+])
+@pytest.mark.parametrize("quiet", [False, True])
+def test_long_commands_ask_for_progress_on_a_pipe_and_not_under_quiet(tmp_path, monkeypatch, argv, target, quiet):
+    """`interp sae train` and `interp reassess` ran minutes silent into a pipe: they now ask the library for
+    progress (lines where no bar is drawn, :func:`_progress.tqdm`) unless --quiet."""
+    import importlib
+
+    from interp.cli import main
+    from interp.errors import InterpError
+    from interp.models import sample_image_paths
+
+    asked = {}
+
+    def fake(*args, progress, **kwargs):
+        asked["progress"], asked["lines"] = progress, _progress._lines
+        raise InterpError("stopped by the test")
+
+    monkeypatch.setattr(importlib.import_module(target[0]), target[1], fake)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a pipe: no terminal
+    argv = [str(sample_image_paths()[0].parent) if a == "PHOTOS" else str(tmp_path / "o") if a == "OUT" else a
+            for a in argv]
+    assert main(argv + (["--quiet"] if quiet else [])) == 1
+    assert asked == {"progress": not quiet, "lines": not quiet}
+    assert _progress._lines is False  # reset once the command is done

@@ -2,6 +2,7 @@
 studies ask their source, never the model."""
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -46,3 +47,30 @@ def test_the_model_rule_sees_what_it_is_meant_to_see():
     assert MODEL_REACH.search("w = source.model.blocks") and MODEL_REACH.search("m = live_model(source)")
     assert MODEL_REACH.search("fc2 = model.blocks[layer].mlp.fc2")
     assert not MODEL_REACH.search("name = source.model_name") and not MODEL_REACH.search("source.blocks.layout_of(h)")
+
+
+def _warn_calls_without_interp_category(source: str) -> list:
+    """Line numbers of ``warnings.warn(...)`` calls whose category is not ``InterpWarning`` (or a variable:
+    the battery re-emits recorded warnings with their own category)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "warn"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "warnings"):
+            category = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "category"), None)
+            if category is None or (isinstance(category, ast.Attribute) or
+                                    (isinstance(category, ast.Name) and category.id.endswith("Warning")
+                                     and category.id != "InterpWarning")):
+                found.append(node.lineno)
+    return found
+
+
+def test_interp_warns_in_its_own_category():
+    """interp's warnings to the user are ``InterpWarning``s (issue 52, item 10), so the test suite's summary
+    lists only other libraries' warnings (pyproject's filterwarnings) and a program can filter interp's."""
+    offenders = [f"{path.relative_to(PACKAGE)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+                 for line in _warn_calls_without_interp_category(path.read_text(encoding="utf-8"))]
+    assert offenders == []
+    assert _warn_calls_without_interp_category("import warnings\nwarnings.warn('x')\n"
+                                               "warnings.warn('y', UserWarning)\n"
+                                               "warnings.warn('z', InterpWarning, stacklevel=2)\n") == [2, 3]

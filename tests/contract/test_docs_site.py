@@ -4,7 +4,6 @@ the parsers without torch, it needs no network, and every code block of its page
 conventions of ``tests/doc_examples.py``, as for the README)."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -12,15 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from doc_examples import REPO, code_blocks, not_ignored, root_mirror, run_page, written_files
+from doc_examples import REPO, code_blocks, gen_cli, not_ignored, root_mirror, run_page, written_files
 
 DOCS = REPO / "docs"
-def gen_cli():
-    """docs/gen_cli.py, the MkDocs hook, loaded from its file as MkDocs loads it."""
-    spec = importlib.util.spec_from_file_location("gen_cli", DOCS / "gen_cli.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # What a page's examples read but do not write themselves: cache-format.md's "reading without interp" reads

@@ -2,6 +2,8 @@
 neurons and the outliers on the detection block's grid, the edits as on a ViT; and the page in a browser."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -83,3 +85,15 @@ def test_the_page_draws_each_stage_on_its_grid(browser, session):
         wait_for(browser, f"window.explorer.runs > {done} && document.getElementById('status').textContent == 'ready'")
     assert browser.execute_script("return window.explorer.last.outlier_count") == 0
     assert browser.find_element("id", "error").text == ""
+
+
+def test_controls_of_edits_a_pyramid_does_not_define_are_refused_with_their_reason(session):
+    """The page offered the test-time register, SelectiveCLS and the CLS head selector on a model with neither
+    an extra-token slot nor a CLS token (issue 52, item 4): the info says why each one is off."""
+    refused = session.info()["refused"]
+    assert set(refused) == {"register", "selcls", "head"} and all(refused.values())
+    assert "test-time registers are not defined" in refused["register"] and "no CLS token" in refused["selcls"]
+    page = (Path(interp.explore.__file__).parent / "static")
+    assert "disableRefused(info.refused" in (page / "app.js").read_text()
+    draw = (page / "draw.js").read_text()
+    assert "No prefix tokens" in draw and "ticks.has(label)" in draw  # no empty "norm ." and no repeated label

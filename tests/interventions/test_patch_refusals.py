@@ -104,3 +104,37 @@ def test_cli_crafted_patch_is_one_line_without_traceback(tmp_path, capsys):
     path = _crafted_patch(tmp_path, _set("interventions", None))
     assert main(["patch", "show", str(path)]) != 0  # a traceback would raise here
     assert "not a list" in one_error_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------------ patch show, torch-free
+def test_patch_show_reads_the_file_without_torch(tmp_path):
+    """`interp patch show FILE` needs no model: it answers without importing torch (issue 52, item 8), and says
+    what the torch reader says: the same kinds, the same checksum, the same refusals."""
+    import subprocess
+    import sys
+
+    from interp.formats.patch_spec import KNOWN_KINDS
+    from interp.interventions import Intervention
+
+    assert sorted(KNOWN_KINDS) == sorted(Intervention.registry)
+    path = _crafted_patch(tmp_path)
+    code = ("import sys; from interp.cli import main; code = main(['patch', 'show', sys.argv[1]]); "
+            "print('torch' in sys.modules, 'timm' in sys.modules, code)")
+    run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert run.stdout.splitlines()[-1] == "False False 0", run.stderr
+    assert "[0] NeuronAblation" in run.stdout and "means.0: [2] float32" in run.stdout
+
+
+@pytest.mark.parametrize("damage", ["truncated", "checksum", "unknown kind"])
+def test_patch_show_refuses_a_damaged_file_in_one_line(tmp_path, capsys, damage):
+    from interp.cli import main
+
+    if damage == "unknown kind":
+        path = _crafted_patch(tmp_path, lambda spec: spec["interventions"][0].update(kind="Exotic"))
+    else:
+        path = _crafted_patch(tmp_path)
+        data = bytearray(path.read_bytes())
+        path.write_bytes(bytes(data[:-3]) if damage == "truncated" else bytes(data[:-1] + bytes([data[-1] ^ 1])))
+    assert main(["patch", "show", str(path)]) == 1
+    err = one_error_line(capsys.readouterr().err)
+    assert {"truncated": "truncated", "checksum": "checksum", "unknown kind": "unknown intervention kind"}[damage] in err

@@ -4,12 +4,14 @@ defined says n/a and why."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 import interp
 from interp.cli import main
 from interp.errors import InterpError
+from interp.models import sample_image_paths
 from interp.report.reassessment import ReassessmentResult, reassess_models, register_siblings, sibling_pairs
 from interp.report.reassessment_cells import ARTIFACT_ROWS, NO_ARTIFACTS, ROWS
 from interp.report.reassessment_figure import reassessment_figure
@@ -120,6 +122,7 @@ def test_reassess_cli(tmp_path, capsys):
     assert "- planted_vit, position_probe: probes not run (--no-probes)" in out
     data = json.loads((tmp_path / "reassess.json").read_text())
     assert data["study"] == "reassess" and data["models"] == ["planted_vit", "vit_small_patch16_224"]
+    assert [Path(i).name for i in data["ids"]] == [p.name for p in sample_image_paths()]  # not [] (issue 52)
     assert (tmp_path / "reassess.md").read_text().startswith("| claim |") and (tmp_path / "reassess.png").exists()
     assert main(args) == 1 and "already exists" in capsys.readouterr().err
     assert main(args[:-3] + ["--siblings", "2:1"]) == 2

@@ -5,6 +5,7 @@ probes. One report run per session (``default_report`` in conftest.py); variants
 from __future__ import annotations
 
 import copy
+import html
 import re
 from pathlib import Path
 
@@ -168,3 +169,18 @@ def test_one_line_reasons_name_what_is_missing():
     assert one_line_reasons(s) == {}
     assert set(one_line_reasons(dict(s, random_weights=True, skipped="x"))) == {"lost", "ablate", "registers",
                                                                                  "relocate"}
+
+
+def test_a_study_the_model_cannot_run_stays_on_the_page_with_its_reason(default_report, tmp_path):
+    """A pyramid runs no LOST and no test-time register: the sections stay numbered on the page, each one line
+    saying why (they vanished, the reason only on the console: issue 52, item 3)."""
+    not_run = {"lost": "Not run: LOST is not defined for a pyramid model (it reads one grid of patch keys).",
+               "registers": "Not run: test-time registers are not defined here (no place for an extra token)."}
+    page = rerender(tmp_path, default_report.report, default_report.out, lost=None, test_time_register=None,
+                    not_run=not_run)
+    for key, why in not_run.items():
+        body = section_html(page, key)
+        assert body.count('<p class="caveat">') == 1 and html.escape(why) in body and "<img" not in body
+        assert f'href="#{key}"' in page
+    entries = {e["key"]: e for e in section_index(dict(default_report.report, lost=None, not_run=not_run))}
+    assert all(entries[key]["shown"] is False and entries[key]["why"] == why for key, why in not_run.items())

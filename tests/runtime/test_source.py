@@ -127,3 +127,28 @@ def test_truncated_image_is_skipped_and_recorded_strict_stops(tmp_path):
     assert sum(len(x) for _, x in source.image_batches()) == len(source.ids) == 2
     with pytest.raises(ImageError, match=r"truncated\.jpg.*strict"):
         open_source(model=model, images=tmp_path, strict=True)
+
+
+def test_a_cache_of_image_files_shows_its_images_and_one_of_tensors_does_not(tmp_path):
+    """The figures of a cached run (the SAE's top patches, the maps) were empty boxes although the images were on
+    disk (issue 52, item 5): a cache whose ids are image files here decodes them again as the model saw them."""
+    import pytest
+    import torch
+
+    import interp.cache
+    from interp.models import sample_image_paths
+    from interp.studies import open_source
+
+    model = make_model("vit")
+    photos = sample_image_paths()[:2]
+    interp.cache.write(model, photos, hooks=["blocks.1.hook_resid_post"], path=tmp_path / "f.h5", progress=False)
+    cached = open_source(cache=tmp_path / "f.h5")
+    live = open_source(model=model, images=photos)
+    assert cached.shows_images and live.shows_images
+    torch.testing.assert_close(cached.display_images(2), live.display_images(2), atol=1e-5, rtol=0)
+    interp.cache.write(model, torch.randn(2, 3, 224, 224), hooks=["blocks.1.hook_resid_post"], path=tmp_path / "t.h5",
+                       progress=False)
+    tensors = open_source(cache=tmp_path / "t.h5")
+    assert not tensors.shows_images
+    with pytest.raises(Exception, match="no images to show"):
+        tensors.display_images(1)

@@ -2,6 +2,8 @@
 outputs nothing 0 (zero ablation), the planted SAE most of the model's output."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -32,11 +34,16 @@ class Stand:
         return codes * self.gain
 
 
-def test_perfect_and_empty_reconstructions(one_thread):
+@pytest.mark.parametrize("trained_head", [False, True])
+def test_perfect_and_empty_reconstructions(one_thread, monkeypatch, trained_head):
+    """On the pooled vector (planted_vit's random head) and, with its head taken for a trained classifier, on
+    the KL of the logits."""
+    if trained_head:
+        monkeypatch.setattr(interp.sae.evaluate, "classify_head", lambda model, **kw: ("classifier", "trained"))
     model, images = planted_model(), planted_images(2, seed=3)
     perfect = loss_recovered(Stand(1.0), model, images)
     assert perfect["spliced"] == pytest.approx(0.0, abs=1e-9) and perfect["loss_recovered"] == pytest.approx(1.0)
-    assert perfect["distance"] == "kl_logits" and perfect["zero_ablated"] > 0
+    assert perfect["distance"] == ("kl_logits" if trained_head else "mse_pooled") and perfect["zero_ablated"] > 0
     empty = loss_recovered(Stand(0.0), model, images)
     assert empty["loss_recovered"] == pytest.approx(0.0, abs=1e-9)
 
@@ -76,7 +83,9 @@ def test_sae_train_prints_the_loss_recovered(tmp_path, capsys, one_thread):
                  "--steps", "5", "--tokens-per-step", "64", "--expansion", "1", "--k", "4", "--data-shards", "1",
                  "--window-images", "3", "--holdout", "0.25", "--no-progress"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "loss recovered " in line and "(KL of the logits, 1 held-out images)" in line
+    # planted_vit's head has random weights: not the KL of its logits (issue 52, item 5), the pooled vector's MSE
+    assert "loss recovered " in line and "(MSE of the pooled vector: the head has random weights, 1 held-out" in line
+    assert re.search(r"\d+ of \d+ features alive \(\d+%\) on the held-out tokens, \d+ dead in training", line)
 
 
 @needs_overcomplete
@@ -90,4 +99,13 @@ def test_a_cache_of_image_files_gives_the_loss_recovered(tmp_path, one_thread):
                            steps=5, batch_size=64, data_shards=1, window_images=3, holdout=0.25)
     measured = out["metrics"]["held_out"]["loss_recovered"]
     assert measured["n_images"] == 1 and measured["loss_recovered"] is not None
-    assert measured["distance"] == "kl_logits" and measured["tokens"] == "patches"
+    assert measured["distance"] == "mse_pooled" and measured["tokens"] == "patches"
+
+
+def test_a_random_head_is_not_read_as_a_classifier(one_thread):
+    """planted_vit's random head classifies nothing (every study says so): the loss recovered is measured on the
+    pooled vector it reads, and says so, instead of the KL of its logits (issue 52, item 5)."""
+    model, images = planted_model(), planted_images(2, seed=3)
+    out = loss_recovered(Stand(0.5), model, images)
+    assert out["distance"] == "mse_pooled" and "random weights" in out["note"]
+    assert 0.0 < out["loss_recovered"] < 1.0

@@ -231,7 +231,7 @@ def test_live_from_the_model_equals_the_cache(tmp_path, one_thread):
     measured = live["metrics"]["held_out"]["loss_recovered"]
     held = np.sort(np.random.default_rng([TRAIN.get("seed", 0), 7]).permutation(8)[:2])  # prepare_rows' split
     again = loss_recovered(interp.sae.load(tmp_path / "l", model=model), model, images[torch.from_numpy(held)])
-    assert measured["n_images"] == 2 and measured["distance"] == "kl_logits"
+    assert measured["n_images"] == 2 and measured["distance"] == "mse_pooled"  # a random head
     assert measured["loss_recovered"] == pytest.approx(again["loss_recovered"], rel=1e-4, abs=1e-6)
     assert json.loads((tmp_path / "l" / "sae.json").read_text())["metrics"]["held_out"]["loss_recovered"] == measured
     cached_lr = cached["metrics"]["held_out"]["loss_recovered"]

@@ -393,6 +393,17 @@
   }
 
   async function start() {
+    /* the controls of edits the model does not define: disabled, the reason as their tooltip */
+    function disableRefused(refused) {
+      const inputs = { register: document.querySelector('input[name="edit"][value="register"]'), selcls: $("selcls"),
+        head: $("head") };
+      Object.keys(inputs).forEach((key) => {
+        if (!refused[key] || !inputs[key]) return;
+        inputs[key].disabled = true;
+        inputs[key].title = refused[key];
+        (inputs[key].closest("label") || inputs[key]).title = refused[key];
+      });
+    }
     try {
       state.info = await (await api("api/info")).json();
     } catch (e) {
@@ -406,6 +417,7 @@
     if (info.planted) notes.push(info.planted.note + "; planted neurons " + info.planted.neurons.map((n) => info.planted.layer + ":" + n).join(", "));
     if (info.threshold.note) notes.push(info.threshold.note);
     $("model-note").textContent = notes.join(". ");
+    disableRefused(info.refused || {});
     $("threshold-note").textContent = "threshold at block " + info.detect_layer + ": " + info.threshold.label +
       (info.threshold.artifacts_found ? "" : "; no artifacts found");
     $("block").max = String(info.n_blocks - 1);

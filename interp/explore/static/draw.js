@@ -77,7 +77,12 @@ window.interpDraw = (function () {
     });
     for (let l = 0; l < L; l++) s += text((x(2 * l) + x(2 * l + 1)) / 2 - 4, H - 12, l);
     s += text(pad.l, H - 1, "block (each: after attention, after MLP)");
-    [lo, (lo + hi) / 2, hi].forEach((v) => { s += text(pad.l - 40, y(Math.exp(v)) + 4, fmt(Math.exp(v))); });
+    const ticks = new Set();  // a narrow range gives equal labels: each once
+    [lo, (lo + hi) / 2, hi].forEach((v) => {
+      const label = fmt(Math.exp(v));
+      if (!ticks.has(label)) s += text(pad.l - 40, y(Math.exp(v)) + 4, label);
+      ticks.add(label);
+    });
     const cy = (pad.t + H - pad.b) / 2;
     s += text(12, cy, "patch norm (log scale)", ' class="axis-title" text-anchor="middle" transform="rotate(-90 12 ' + cy + ')"');
     // legend: colour = statistic, stroke = run, grey band = the block the maps show
@@ -92,6 +97,7 @@ window.interpDraw = (function () {
   // the prefix tokens at block b in words: their norms, and where the CLS token's attention goes
   function prefixSentence(r, b) {
     const labels = r.prefix_labels, norms = r.prefix_norms[b];
+    if (!labels.length) return "No prefix tokens: this model has neither a CLS nor a register token.";
     let text = "Prefix tokens at block " + b + ": norm " +
       labels.map((name, i) => name + " " + fmt(norms[i])).join(", ") + ".";
     if (r.cls_attention_prefix) {

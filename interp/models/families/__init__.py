@@ -72,8 +72,8 @@ def family_of(module: nn.Module) -> Family:
         family = cls(module)
         family.check()
         return family
-    raise UnsupportedModelError(f"{type(module).__name__} is not a model family interp instruments ({ADD_FAMILY_HINT}). "
-                                f"interp instruments: {supported_families()}.")
+    raise UnsupportedModelError(f"{type(module).__name__} is not a model family interp instruments ({ADD_FAMILY_HINT}); "
+                                f"{supported_families()}")
 
 
 def family_of_entry_module(module_name: str) -> type:
@@ -86,5 +86,5 @@ def family_of_entry_module(module_name: str) -> type:
     for cls in Family.registry:
         if module_name in cls.timm_modules:
             return cls
-    raise UnsupportedModelError(f"a {module_name.rsplit('.', 1)[-1]} model is not a family interp instruments. "
-                                f"interp instruments: {supported_families()}.")
+    raise UnsupportedModelError(f"a {module_name.rsplit('.', 1)[-1]} model is not a family interp instruments; "
+                                f"{supported_families()}")

@@ -27,14 +27,15 @@ from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ..._model_names import SUPPORTED_MODELS_PAGE, families_in_short
 from ...errors import ImageError, InterpError, UnsupportedModelError
 from ..layout import TokenLayout
 from .parts import BLOCK_HOOK_ORDER, install
 
 
 def supported_families() -> str:
-    """Every registered family's title, for error messages."""
-    return "; ".join(f.title for f in Family.registry)
+    """The registered families' timm classes in one short clause, for one-line error messages."""
+    return families_in_short([f.title for f in Family.registry])
 
 
 class Family:
@@ -83,8 +84,8 @@ class Family:
                 raise self.unsupported(f"it overrides {base.__name__}.{method}{example}")
 
     def unsupported(self, problem: str) -> UnsupportedModelError:
-        return UnsupportedModelError(f"{type(self.module).__name__}: {problem}. interp instruments: "
-                                     f"{supported_families()}.")
+        return UnsupportedModelError(f"{type(self.module).__name__}: {problem}, a variant interp does not "
+                                     f"instrument (supported: {SUPPORTED_MODELS_PAGE})")
 
     # ------------------------------------------------------------------ anatomy
     def blocks(self) -> List[Tuple[str, nn.Module]]:

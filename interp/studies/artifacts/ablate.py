@@ -35,7 +35,7 @@ from ...sae.ablation import feature_conditions
 from ..declaration import study
 from .configs import AblateConfig
 from ...runtime.source import require_live
-from ...errors import UsageError
+from ...errors import InterpWarning, UsageError
 
 Neurons = Dict[int, List[int]]
 
@@ -144,6 +144,15 @@ def outlier_comparison(table: Dict[str, Dict], n_controls: int) -> Optional[Dict
     target = removed("target")
     return {"removed": {"target": target, "controls": controls}, "margin": SPECIFIC_MARGIN,
             "target_beyond_controls": bool(target - max(controls) >= SPECIFIC_MARGIN)}
+
+
+def outlier_change(removed: float) -> str:
+    """A share of the outliers an edit removed, said as what happened: a negative share is outliers added.
+
+    >>> outlier_change(0.25), outlier_change(-1.0)
+    ('removes 25% of the outliers', 'adds 100% more outliers')
+    """
+    return f"removes {removed:.0%} of the outliers" if removed >= 0 else f"adds {-removed:.0%} more outliers"
 
 
 def ablation_notes(controls: List[Dict], silent: List[int]) -> List[str]:
@@ -275,10 +284,10 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
                                             for m in ("outlier_count", "max_norm") + METRICS}}
     if comparison is not None and not comparison["target_beyond_controls"]:
         r = comparison["removed"]
-        notes.append(f"the target removes {r['target']:.0%} of the outliers, its controls up to {max(r['controls']):.0%}: "
-                     "the chosen units are not special (random matched ones do about as much)")
+        notes.append(f"the target {outlier_change(r['target'])}, its controls at most {outlier_change(max(r['controls']))}"
+                     ": the chosen units are not special (random matched ones do about as much)")
     for note in notes:
-        warnings.warn(f"ablate: {note}")
+        warnings.warn(f"ablate: {note}", InterpWarning)
     return AblateResult(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=config.seed,
                         ids=list(source.ids), skipped=skipped_records(source), **header,
                         neurons={str(k): v for k, v in neurons.items()}, mode=mode,

@@ -114,8 +114,9 @@ class StudyResult:
 
     def figure_images(self, source) -> Any:
         """The images the map figures are drawn over (``Tensor[n, 3, H, W]`` in 0..1; None without images):
-        the first of a live source's images, as the model saw them."""
-        return source.display_images(FIGURE_IMAGES) if source.is_live else None
+        the first of a live source's images (or of a cache's, decoded again from their files), as the model saw
+        them."""
+        return source.display_images(FIGURE_IMAGES) if source.shows_images else None
 
     def _repr_html_(self) -> str:
         """Jupyter display: summary table and figures (see :func:`result_html`)."""

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ...errors import InterpError
+from ...errors import InterpError, InterpWarning
 from ...formats.box_files import coco_annotations, coco_images, match_boxes, read_json_file
 from ...formats.masks import check_mask_size, mask_files, read_label_mask
 from ...models.geometry import input_geometry
@@ -285,7 +285,7 @@ def _segment_run(source: ActivationSource, masks: Union[str, Path], gt: List[Opt
         warnings.warn(f"segmentation: the model input does not show {100 * max(hidden_shares):.1f} % of an "
                       f"image's scored pixels (the centre crop; {len(hidden_shares)} images); in the full frame "
                       "they count as predicted background: use a transform without a crop to score what the "
-                      "model saw of the whole image", stacklevel=2)
+                      "model saw of the whole image", InterpWarning, stacklevel=2)
     used = [s for s in jaccard if s is not None]
     spec = None if intervention is None else {"kind": intervention.kind, **intervention.params()}
     params = {"reference": reference, "hook": hook, "k_std": k_std, "average": average, "frame": frame,

@@ -32,7 +32,7 @@ import torch
 from ...formats.image_files import list_images
 from ...errors import InterpError, UsageError
 from ...models.preprocessing import decode_images, timm_transform
-from .linear_probe import split_indices
+from .linear_probe import split_by_identity
 from .tokens import TEST, TRAIN, VAL
 
 PathLike = Union[str, Path]
@@ -81,7 +81,8 @@ def image_roles(ids: Sequence[str], *, test_images: Optional[Sequence[PathLike]]
     """(roles [N]: TRAIN, TEST or VAL per image, how the split was made: "random" or "given").
 
     ``test_images`` (+ ``train_images``): explicit sets (module docstring); else a seeded random split by
-    image holding out ``test_fraction`` (default 0.25). ``val_fraction`` (None: no validation set) of the
+    image identity holding out ``test_fraction`` (default 0.25): the same images in another order give the same
+    split (:func:`~interp.studies.probes.linear_probe.split_by_identity`). ``val_fraction`` (None: no validation set) of the
     training images become VAL."""
     n = len(ids)
     roles = torch.full((n,), TRAIN, dtype=torch.long)
@@ -90,7 +91,7 @@ def image_roles(ids: Sequence[str], *, test_images: Optional[Sequence[PathLike]]
             raise InterpError("train_images= needs test_images= (the held-out set)")
         # one image cannot be split: it is held out and no probe is trained (the too-few rule gives the reason)
         fraction = DEFAULT_TEST_FRACTION if test_fraction is None else test_fraction
-        held = split_indices(n, test_fraction=fraction, seed=seed)[1] if n >= 2 else torch.arange(n)
+        held = split_by_identity(ids, fraction, seed=seed) if n >= 2 else torch.arange(n)
         roles[held] = TEST
         how = "random"
     else:
@@ -112,7 +113,7 @@ def image_roles(ids: Sequence[str], *, test_images: Optional[Sequence[PathLike]]
         how = "given"
     train_idx = torch.nonzero(roles == TRAIN).flatten()
     if val_fraction is not None and len(train_idx) >= 2:
-        val = split_indices(len(train_idx), test_fraction=val_fraction, seed=seed + 1)[1]
+        val = split_by_identity([ids[i] for i in train_idx.tolist()], val_fraction, seed=seed + 1)
         roles[train_idx[val]] = VAL
     return roles, how
 

@@ -26,6 +26,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -83,6 +84,29 @@ class ProbeFit:
 
 def _as_tensor(a: ArrayLike) -> torch.Tensor:
     return a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
+
+
+def image_key(image_id: str) -> int:
+    """A 64-bit key of an image from its identity, the last two parts of its id (``class/name.jpg``), so that the
+    same image gets the same key whatever its place in the set and whether it was named by an absolute or a
+    relative path (its seeded token sample and its side of a split follow the image, not its position)."""
+    tail = "/".join(str(image_id).replace("\\", "/").split("/")[-2:])
+    return int(hashlib.sha256(tail.encode()).hexdigest()[:16], 16)
+
+
+def split_by_identity(ids: Sequence[str], fraction: float, seed: int = 0) -> torch.Tensor:
+    """The indices (sorted) of the ``fraction`` of ``ids`` held out (at least one, never all), chosen by a seeded
+    hash of each image's :func:`image_key`: the same images in any order hold out the same images.
+
+    >>> ids = ["a.jpg", "b.jpg", "c.jpg", "d.jpg"]
+    >>> held = sorted(ids[i] for i in split_by_identity(ids, 0.5))
+    >>> held == sorted(ids[::-1][i] for i in split_by_identity(ids[::-1], 0.5)) and len(held) == 2
+    True
+    """
+    n = len(ids)
+    n_test = min(n - 1, max(1, int(round(fraction * n))))
+    rank = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{image_key(ids[i])}".encode()).digest())
+    return torch.tensor(sorted(rank[:n_test]), dtype=torch.long)
 
 
 def split_indices(n: int, *, test_fraction: float = 0.25, seed: int = 0,

@@ -56,7 +56,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ...errors import InterpError
+from ...errors import InterpError, InterpWarning
 from ...models.preprocessing import patch_pixels  # noqa: F401  (its public home of earlier versions)
 from ...detection.detection import DetectionLike, RunOptions, detection_header, detection_params
 from ...detection.detection import Detection
@@ -325,10 +325,10 @@ def _finish(got, plan: _Plan) -> ProbesResult:
                                                                     ("label", label_scores))
                 for group, g in groups.items() if g.too_few]
     if too_few:
-        warnings.warn(f"probes: no probe scored: {too_few}", stacklevel=3)
+        warnings.warn(f"probes: no probe scored: {too_few}", InterpWarning, stacklevel=3)
     elif unscored:
         warnings.warn(f"probes: {len(unscored)} group(s) not scored, too little data: " + "; ".join(unscored),
-                      stacklevel=3)
+                      InterpWarning, stacklevel=3)
     px = next((side.px for side in (got.train, got.test) if side.px is not None), None)
     pixel_space, pixel_values = (PIXEL_SPACE, int(px.shape[1])) if pixels and px is not None else (None, None)
     ids, roles = list(source.ids), plan.roles

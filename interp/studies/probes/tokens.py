@@ -22,6 +22,7 @@ from ...detection.detection import Detection
 from ...detection.thresholds import ThresholdSpec
 from ...runtime.passes import Fold
 from ...runtime.source import ActivationSource
+from .linear_probe import image_key
 from .scores import Split
 
 TRAIN, TEST, VAL = 0, 1, 2  # an image's role in the probes study
@@ -60,14 +61,18 @@ def _pick(rng: np.random.Generator, idx: np.ndarray, cap: int) -> np.ndarray:
 
 @dataclass
 class _Tokens:
-    """Sampled tokens of one side, gathered image by image (see :class:`~.scores.Split`)."""
+    """Sampled tokens of one side, gathered image by image (see :class:`~.scores.Split`), given out in the order
+    of the images' keys (:func:`~.linear_probe.image_key`), not the pass's: a probe trained on mini-batches sees
+    the same rows in the same order whatever the order of the images."""
 
+    keys: List[int] = field(default_factory=list)
     x: List[torch.Tensor] = field(default_factory=list)
     pos: List[torch.Tensor] = field(default_factory=list)
     high: List[torch.Tensor] = field(default_factory=list)
     px: List[torch.Tensor] = field(default_factory=list)
 
-    def add(self, patches, pixels, high, idx) -> None:
+    def add(self, key: int, patches, pixels, high, idx) -> None:
+        self.keys.append(key)
         sel = torch.from_numpy(idx)
         self.x.append(patches[sel])
         self.pos.append(sel)
@@ -78,8 +83,10 @@ class _Tokens:
     def split(self, d: int) -> Split:
         if not self.x:
             return Split(torch.zeros(0, d), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.bool))
-        return Split(torch.cat(self.x), torch.cat(self.pos), torch.cat(self.high),
-                     torch.cat(self.px) if self.px else None)
+        order = sorted(range(len(self.x)), key=self.keys.__getitem__)
+        return Split(torch.cat([self.x[i] for i in order]), torch.cat([self.pos[i] for i in order]),
+                     torch.cat([self.high[i] for i in order]),
+                     torch.cat([self.px[i] for i in order]) if self.px else None)
 
 
 def _label_tokens(tokens: Optional[torch.Tensor], patches: torch.Tensor, high: torch.Tensor, layout,
@@ -114,13 +121,14 @@ class TokenSample:
     source, else ``images``), and one token per kind per image when ``want_labels``.
 
     ``roles`` [N]: TRAIN, TEST or VAL per image; ``caps``: tokens kept per image and role (test images keep up
-    to that many of each group). The sample of image g uses rng([seed, g]), so it does not depend on the batch
-    size or on which other studies share the pass."""
+    to that many of each group). The sample of image g uses rng([seed, image_key(id of g)]), so it does not
+    depend on the batch size, on which other studies share the pass, or on the image's place in the set."""
 
     def __init__(self, source: ActivationSource, hook: str, images: Optional[torch.Tensor], high_mask: torch.Tensor,
                  roles: torch.Tensor, want_labels: bool, caps: Dict[int, int], seed: int, want_pixels: bool = True):
         self.layout, self.hook, self.images, self.want_pixels = source.layout, hook, images, want_pixels
         self.high_mask, self.roles, self.want_labels, self.caps, self.seed = high_mask, roles, want_labels, caps, seed
+        self.keys = [image_key(i) for i in source.ids]
         self.sides = {TRAIN: _Tokens(), TEST: _Tokens(), VAL: _Tokens()}
         self.label_tokens: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
         self.has_pixels = want_pixels and (images is not None or source.is_live) and len(source) > 0
@@ -137,14 +145,14 @@ class TokenSample:
         pixels = patch_pixels(imgs, layout.grid) if imgs is not None else None
         for i in range(tokens.shape[0]):
             g, high = start + i, self.high_mask[start + i]
-            rng = np.random.default_rng([self.seed, g])
+            rng = np.random.default_rng([self.seed, self.keys[g]])  # the image's own, wherever it is
             role = int(self.roles[g])
             if role == TEST:
                 idx = np.concatenate([_pick(rng, np.flatnonzero(~high.numpy()), self.caps[TEST]),
                                       _pick(rng, np.flatnonzero(high.numpy()), self.caps[TEST])])
             else:
                 idx = _pick(rng, np.arange(len(high)), self.caps[role])
-            self.sides[role].add(patches[i], None if pixels is None else pixels[i], high, idx)
+            self.sides[role].add(self.keys[g], patches[i], None if pixels is None else pixels[i], high, idx)
             if self.want_labels:
                 full = tokens[i] if tokens.shape[1] == layout.n_tokens else None
                 for kind, vec in _label_tokens(full, patches[i], high, layout, rng).items():
@@ -153,5 +161,6 @@ class TokenSample:
     def collected(self) -> Collected:
         """What the pass kept (call after it)."""
         s = self.sides
-        return Collected(s[TRAIN].split(self.d), s[VAL].split(self.d), s[TEST].split(self.d), self.label_tokens,
+        labels = {kind: sorted(found, key=lambda item: self.keys[item[0]]) for kind, found in self.label_tokens.items()}
+        return Collected(s[TRAIN].split(self.d), s[VAL].split(self.d), s[TEST].split(self.d), labels,
                          self.has_pixels)

@@ -96,9 +96,10 @@ class SaeFeaturesResult(OutlierStudyResult):
         return min(MAX_CROP_IMAGES, max([maps, *needed], default=0))
 
     def figure_images(self, source) -> Any:
-        """The first images up to the last one a figure crops (a live source; None for a cache)."""
+        """The first images up to the last one a figure crops (a live source, or a cache whose image files are
+        here; else None: the figure shows ids)."""
         n = self.crop_images()
-        return source.display_images(n) if source.is_live and n else None
+        return source.display_images(n) if source.shows_images and n else None
 
 
 def _detection_threshold(config: SaeFeaturesConfig, layer: Optional[int], n_layers: int):

@@ -121,6 +121,8 @@ def test_the_report_runs_on_the_planted_pvt_and_skips_what_a_pyramid_does_not_de
     assert "registers.json" not in summary["files"]["results"] and "ablate.json" in summary["files"]["results"]
     assert summary["stage_grids"] == [[56, 56], [28, 28], [14, 14], [7, 7]]
     assert "stage grids 56 x 56, 28 x 28, 14 x 14, 7 x 7, no prefix tokens" in (tmp_path / "index.html").read_text()
+    page = (tmp_path / "index.html").read_text()
+    assert 'id="lost"' in page and 'id="registers"' in page and "Not run: LOST is not defined" in page
 
 
 def test_masking_masks_the_last_stages_cells_in_pixels(planted):
@@ -140,3 +142,14 @@ def test_patch_score_records_the_cells_pixel_size(planted):
     assert cell_size(source) == (32, 32) and tuple(source.patch_size) == (4, 4)
     result = patch_score_study(source, reference="pooled", progress=False)
     assert result.grid == [7, 7] and result.patch_size == [32, 32]
+
+
+def test_the_histograms_title_gives_each_stages_token_count(planted):
+    """The ridge plot's title said stage 0's count ("N patch tokens each") for every block (issue 52, item 3)."""
+    from interp.plots.norms import norm_histograms
+    from interp.studies.artifacts.norms import norms_study
+
+    _, source = planted
+    title = norm_histograms(norms_study(source, progress=False)).axes[0].get_title()
+    n = len(source)
+    assert title == f"every block ({n * 56 * 56} patch tokens in the first stage, down to {n * 7 * 7})"

@@ -161,3 +161,35 @@ def test_memory_stays_bounded_over_a_1000_image_cache():
     # than an eighth of what holding their activations would (token caps, streaming; ~2.6 MB measured).
     assert measured["study"] < one_hook_bytes / 2, f"probes_study grew the peak RSS by {measured['study'] / 1e6:.1f} MB"
     assert measured["study"] - measured["quarter"] < 0.75 * one_hook_bytes / 8, measured
+
+
+class PermutedReader(ConstructedReader):
+    """The same constructed images in another order (ids, pixels, labels, tokens moved together)."""
+
+    def __init__(self, order, **kwargs):
+        super().__init__(**kwargs)
+        self.ids = [self.ids[i] for i in order]
+        self.images, self.labels, self.high = self.images[order], self.labels[order], self.high[order]
+        self.tokens = self.tokens[order.numpy()]
+
+
+def _scores(result):
+    return {(probe, group): (entry.score, entry.n) for probe in ("position", "pixels", "label")
+            for group, entry in getattr(result, probe).items()}
+
+
+def test_the_same_images_in_another_order_give_the_same_probe_scores():
+    """The split and each image's token sample follow the image's identity, not its place (issue 52, item 6:
+    reassess's probe rows changed with the order of the same 16 images)."""
+    kw = dict(tasks=("position", "label"), threshold="auto", progress=False,
+              probe_options={"epochs": 2, "min_steps": 30})
+    reader = ConstructedReader(n_images=24)
+    shuffled = PermutedReader(torch.randperm(24, generator=torch.Generator().manual_seed(3)), n_images=24)
+    first = probes_study(CacheSource(reader), labels=reader.labels.tolist(), **kw)
+    again = probes_study(CacheSource(shuffled), labels=shuffled.labels.tolist(), **kw)
+    assert first.n_test_images == again.n_test_images == 6
+    a, b = _scores(first), _scores(again)
+    assert a.keys() == b.keys() and any(score is not None for score, _ in a.values())
+    for key in a:
+        assert b[key][1] == a[key][1] and (a[key][0] is None) == (b[key][0] is None), key
+        assert a[key][0] is None or b[key][0] == pytest.approx(a[key][0], abs=1e-5), key
