@@ -121,6 +121,10 @@ class SwinV2Family(Family):
         idx = F.pad(idx, (0, 0, 0, pad_w, 0, pad_h), value=-1)
         return window_partition(idx, ws).reshape(-1, ws[0] * ws[1])
 
+    def write_norms(self, layer: int):
+        """The residual post-norm ``norm2`` follows ``fc2`` (and an inner MLP norm where the MLP has one)."""
+        return super().write_norms(layer)[0], self.block(layer).norm2
+
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """``(H, W)`` must be the model's own size, or a multiple of the patch size for a model built with
         ``dynamic_img_size=True`` (``strict_img_size=False``)."""
