@@ -193,6 +193,16 @@ class Family:
         w = w.float()
         return w if gain is None else w * gain.detach().float()[:, None]
 
+    def received_attention(self, layer: int, pattern: torch.Tensor,
+                           img_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """The attention each token of block ``layer`` receives, averaged over heads and over the queries that
+        can attend to it (the reassessment's measure for a model without CLS): Tensor[b, t] from the block's
+        ``attn.hook_pattern`` [b, h, t, t] (a key grid of its own is refused by the families that have one)."""
+        if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2]:
+            raise InterpError(f"block {layer}'s attention pattern {tuple(pattern.shape)} is not [b, h, t, t]: its "
+                              "keys are not its tokens")
+        return pattern.float().mean(1).mean(1)
+
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """Raise :class:`~interp.errors.ImageError` unless ``x`` is a Tensor[b, C, H, W] this model can take."""
         if not isinstance(x, torch.Tensor) or x.ndim != 4:
