@@ -16,7 +16,7 @@ LayerNorm ``y = g * (z - mean(z)) / s + b``, ``s = sqrt(var(z) + eps)``, over th
 >>> z = torch.randn(8, 4)
 >>> j = mean_jacobian(norm, z)
 >>> exact = torch.stack([torch.autograd.functional.jacobian(norm, zi) for zi in z]).mean(0)
->>> bool(torch.allclose(j, exact, atol=1e-5))
+>>> bool(torch.allclose(j.float(), exact, atol=1e-5))
 True
 """
 from __future__ import annotations
