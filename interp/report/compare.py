@@ -143,9 +143,9 @@ def probe_columns(result) -> Dict:
 
 
 def probe_notes(result) -> Dict[str, str]:
-    """{probe column: why it has no number} of a ProbesResult (empty group, too few images or tokens)."""
-    entries = {col: getattr(result, probe).get(group) for col, (probe, group) in {**PROBE_COLUMNS,
-                                                                                 **MSE_COLUMNS}.items()}
+    """{probe column: why it has no number} of a ProbesResult (empty group, too few images or tokens; the
+    pixel-MSE columns share the pixel columns' notes)."""
+    entries = {col: getattr(result, probe).get(group) for col, (probe, group) in PROBE_COLUMNS.items()}
     return {col: e.note for col, e in entries.items() if e is not None and e.score is None and e.note}
 
 

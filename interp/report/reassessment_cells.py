@@ -138,7 +138,8 @@ def _probe_cell(run: ModelRun, key: str) -> Cell:
     if chance is not None and run.row.get(chance) is not None:
         values["chance"] = run.row[chance]
         text += f" ({_fmt(run.row[chance])})"
-    whys = sorted({run.notes[c] for c in (normal, high) if c in run.notes})
+    noted = ("pix_normal", "pix_high") if key == "pixel_probe" else (normal, high)  # the MSE's notes are R^2's
+    whys = sorted({run.notes[c] for c in noted if c in run.notes})
     if not whys and values["normal"] is None and values["high_norm"] is None:
         whys = [NO_LABELS if key == "label_probe" else "no score"]
     return Cell(values, text, "; ".join(whys) or None)
