@@ -15,17 +15,19 @@ from interp.report.reassessment import reassess_models
 from interp.report.reassessment_attention import received_attention
 from interp.report.reassessment_cells import ARTIFACT_ROWS, NO_ARTIFACTS, TWO_MODE_NOTE, _attention_cell
 
-MODELS = ("planted_swin",)
+MODELS = ("swin",)
 
 
 @pytest.fixture(scope="module")
 def paper(photos16):
-    """a planted Swin-v2 and a random ViT under the paper's preset (p98 at the last block)."""
-    models = [interp.load(name) for name in MODELS]
-    models.append(interp.load("vit_small_patch16_224", pretrained=False, img_size=64, depth=2))
+    """a random Swin-v2 (no CLS, windows of 4 on a 64 px input) and a random ViT under the paper's preset (p98
+    at the last block): neither has a separated high-norm mode."""
+    models = [interp.load("swinv2_tiny_window8_256", pretrained=False, img_size=64, embed_dim=24,
+                          depths=(2, 2, 2, 2), num_heads=(1, 2, 3, 4), window_size=4),
+              interp.load("vit_small_patch16_224", pretrained=False, img_size=64, depth=2)]
     return models, reassess_models(models, photos16, names=[*MODELS, "vit"], progress=False,
-                                   detection=DetectionSpec(preset="reassessment"), probe_tokens=400,
-                                   probe_options={"min_steps": 30})
+                                   detection=DetectionSpec(preset="reassessment"), probe_tokens=200,
+                                   probe_options={"min_steps": 20})
 
 
 def _last_block(model, photos):
@@ -59,7 +61,7 @@ def test_cls_less_models_get_the_mean_received_attention(paper, photos16):
     models, table = paper
     for model, name in zip(models, MODELS):
         cell = table.cell("artifact_attention", name)
-        assert cell.why == "mean attention received per token (no CLS token)", (name, cell)
+        assert cell.why.startswith("mean attention received per token (no CLS token)"), (name, cell)
         received, outliers = _last_block(model, photos16)
         shares = [(r * o).sum() / r.sum() for r, o in zip(received, outliers) if o.any()]
         assert cell.values["on_artifacts"] == pytest.approx(float(sum(shares) / len(shares)), rel=1e-4)
@@ -70,7 +72,7 @@ def test_cls_less_models_get_the_mean_received_attention(paper, photos16):
 def test_pvt_last_stage_receives_per_token_and_a_pooled_stage_is_refused(photos16):
     """PVTv2's last stage (no spatial reduction): the mean over heads and queries of its pattern; a block whose
     keys are pooled (sr 8, stage 0) has no per-token received attention, said in one line."""
-    model = interp.load("planted_pvt")
+    model = interp.load("pvt_v2_b0", pretrained=False, img_size=64)
     photos = sorted(str(p) for p in photos16.iterdir())[:4]
     got, why = received_attention(interp.runtime.open.open_source(model=model, images=photos))
     assert why is None
@@ -83,21 +85,28 @@ def test_the_pixel_probe_is_mse_with_r2_beside_it(paper):
     _, table = paper
     for name, row in zip(table.models, table.compare_rows):
         cell = table.cell("pixel_probe", name)
+        if name == "swin":  # 64 tokens in all at the last stage: no probe score, and the cell says why
+            assert cell.values["normal"] is None and "too few" in cell.why
+            continue
         assert cell.values["normal"] == row["pix_mse_normal"] and cell.values["high_norm"] == row["pix_mse_high"]
         assert cell.values["r2_normal"] == row["pix_normal"] and cell.values["r2_high_norm"] == row["pix_high"]
         assert cell.values["normal"] > 0 and "(R^2 " in cell.text, (name, cell)
 
 
 def test_the_p98_preset_gives_the_papers_numbers_with_the_verdict_beside(paper):
-    """The random ViT has no separated mode: "no" artifacts by the two-mode test, yet every row of claims 3-5
-    holds the paper's figure on its tokens above p98, and says the verdict beside it."""
+    """The random models have no separated mode: "no" artifacts by the two-mode test, yet every row of claims
+    3-5 holds the paper's figure on their tokens above p98, and says the verdict beside it."""
     _, table = paper
-    assert table.cell("artifacts", "vit").text == "no" and table.cell("artifacts", "vit").why == TWO_MODE_NOTE
-    for row in ("redundancy", "position_probe", "pixel_probe", "artifact_attention"):
-        cell = table.cell(row, "vit")
-        assert cell.text != NO_ARTIFACTS and TWO_MODE_NOTE in cell.why, (row, cell)
-        assert any(v is not None for v in cell.values.values()), (row, cell)
-    assert all(table.cell(row, "vit").text != NO_ARTIFACTS for row in ARTIFACT_ROWS)
+    rows = {"vit": ("redundancy", "position_probe", "pixel_probe", "artifact_attention"),
+            "swin": ("redundancy", "artifact_attention")}  # Swin's last stage, 2x2 tokens: too few for probes
+    for name in table.models:
+        assert table.cell("artifacts", name).text == "no" and table.cell("artifacts", name).why == TWO_MODE_NOTE
+        for row in rows[name]:
+            cell = table.cell(row, name)
+            assert cell.text != NO_ARTIFACTS and TWO_MODE_NOTE in cell.why, (name, row, cell)
+            assert any(v is not None for v in cell.values.values()), (name, row, cell)
+        assert all(table.cell(row, name).text != NO_ARTIFACTS for row in ARTIFACT_ROWS)
+    assert table.cell("ttr_attention", "vit").values["without"] is not None  # the test-time register ran
 
 
 def test_the_attention_cell_follows_its_definition():
