@@ -143,8 +143,8 @@ class ExcessSample:
         """Dense codes [m, len(features)] of the sampled tokens."""
         if not self.codes:
             return torch.zeros(0, len(features), dtype=torch.float64)
-        dense = torch.stack([c.to_dense() for c in self.codes])
-        return dense[:, torch.as_tensor(features, dtype=torch.long)].double()
+        idx = torch.as_tensor(features, dtype=torch.long)  # one token densified at a time: memory m x len(features)
+        return torch.stack([c.to_dense()[idx] for c in self.codes]).double()
 
 
 def coverage(excess: torch.Tensor, codes: torch.Tensor, directions: torch.Tensor) -> float:
