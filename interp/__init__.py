@@ -16,6 +16,8 @@ _LAZY = {
     "load_images": ("interp.models.preprocessing", "load_images"),
     "HookedViT": ("interp.hooks.hooked_vit", "HookedViT"),
     "TokenLayout": ("interp.models.layout", "TokenLayout"),
+    # a model family from outside the package (a Family subclass: hook points + token layout)
+    "register_family": ("interp.models.families", "register_family"),
     # classifier files (zero-shot matrix, linear head, DINOv2 linear head) for the behaviour metrics
     "load_classifier": ("interp.models.classifier", "load_classifier"),
     "save_classifier": ("interp.models.classifier", "save_classifier"),
@@ -33,7 +35,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "load", "load_images", "HookedViT", "TokenLayout", "load_classifier", "save_classifier", "InterpError", "ModelLoadError",
+    "load", "load_images", "HookedViT", "TokenLayout", "register_family", "load_classifier", "save_classifier", "InterpError", "ModelLoadError",
     "UnsupportedModelError", "HookNameError", "ImageError", "CacheError", "PatchError", "explore", "__version__",
 ]
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time the names come
                          UnsupportedModelError)
     from .hooks.hooked_vit import HookedViT
     from .models.classifier import load_classifier, save_classifier
+    from .models.families import register_family
     from .models.layout import TokenLayout
     from .models.preprocessing import load_images
 

@@ -12,6 +12,7 @@ was made from; the check of :func:`interp.models.loading.check_model_name` still
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -54,6 +55,18 @@ def shipped_families() -> Dict[str, dict]:
         return {}
 
 
+def is_hf_folder(path) -> bool:
+    """Whether ``path`` is a folder holding a ``config.json`` (a Hugging Face ``transformers`` save)."""
+    return isinstance(path, (str, os.PathLike)) and (Path(path) / "config.json").is_file()
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """``org/name`` that is not a local path: a Hugging Face hub id (timm names have no slash)."""
+    parts = name.split("/")
+    return (len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and ":" not in name
+            and not os.path.exists(name))
+
+
 def check_model_name_fast(name: str) -> bool:
     """Refuse an unknown timm name (with close matches) or a timm model of no family interp instruments, the way
     :func:`interp.models.loading.check_model_name` does, from the shipped list. Returns False when the list
@@ -63,6 +76,8 @@ def check_model_name_fast(name: str) -> bool:
         return False
     if name in PLANTED_NAMES:
         return True
+    if is_hf_folder(name) or looks_like_hub_id(name):  # a transformers folder or hub id: its config.json decides
+        return False
     base = name.split(".")[0]
     module = names.get(base)
     if module is None:

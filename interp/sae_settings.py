@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 from .errors import InterpError, UsageError
 from .options import Options, option
-from .values import (MAX_EXPANSION, MAX_SAE_BATCH, SAE_ARCHS, SEED_HELP, expansion_arg, nonnegative_float,
-                     positive_float, positive_int, sae_batch_arg, seed_arg, threshold_arg)
+from .values import (MAX_EXPANSION, MAX_SAE_BATCH, MAX_SAE_WEIGHTS, SAE_ARCHS, SEED_HELP, expansion_arg,
+                     nonnegative_float, positive_float, positive_int, sae_batch_arg, seed_arg, threshold_arg)
 
 # The files of an SAE folder: the trained SAE (its description, its weights), then what a training run adds.
 SAE_CONFIG, SAE_WEIGHTS = "sae.json", "sae.safetensors"
@@ -90,3 +90,18 @@ class TrainSettings(Options):
             raise InterpError(f"holdout must be in [0, 1), got {self.holdout}")
         if not self.lr > 0:
             raise InterpError(f"lr must be > 0, got {self.lr}")
+
+
+def check_sae_size(expansion: int, width: int) -> None:
+    """``expansion`` features per dimension of a hook of ``width`` within :data:`interp.values.MAX_SAE_WEIGHTS`
+    weights per matrix (``--expansion`` is bounded per dimension when parsed; this bounds the SAE itself, on the
+    model's skeleton before the model loads and again once the data's width is read).
+
+    Raises:
+        UsageError: one line naming the bound and the largest ``--expansion`` that fits.
+    """
+    if expansion * width * width > MAX_SAE_WEIGHTS:
+        fits = max(1, MAX_SAE_WEIGHTS // (width * width))
+        raise UsageError(f"--expansion {expansion} on a hook of width {width} makes an SAE of {expansion * width:,} "
+                         f"features x {width} ({expansion * width * width:,} weights per matrix), over interp's bound "
+                         f"of {MAX_SAE_WEIGHTS:,}: give --expansion <= {fits}")

@@ -178,6 +178,35 @@ def check_input_path(path, label: str = "", folder_ok: bool = False) -> None:
                          "(save what it streams into a file first)")
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a configuration file (JSON) of a few kB; /dev/zero behind a link would never end
+
+
+def read_config_json(path, label: str, limit: int = MAX_CONFIG_BYTES) -> dict:
+    """The JSON object in the small configuration file ``path`` (``label``: what it is, in messages), read
+    through :func:`check_input_path` and at most ``limit`` bytes: a FIFO, a device, an endless or huge file, bytes
+    that are not UTF-8 JSON, or a value that is not an object is one UsageError line (exit status 2)."""
+    import json
+
+    check_input_path(path, label)
+    where = f"{label} {str(path)!r}"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read {where} ({e.strerror or type(e).__name__})") from None
+    if len(data) > limit:
+        raise UsageError(f"{where} is larger than {limit:,} bytes: not a configuration file; give the file its "
+                         "project wrote")
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise UsageError(f"{where} is not JSON ({type(e).__name__}); give the file its project wrote") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{where} holds a JSON {type(value).__name__}, not an object; give the file its project "
+                         "wrote")
+    return value
+
+
 def _readable_input(text: str, folder_ok: bool) -> None:
     """:func:`check_input_path` as an argparse type check (argparse names the option)."""
     try:
@@ -204,6 +233,18 @@ def existing_file(text: str) -> str:
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file")
     return text
+
+
+def weights_arg(text: str) -> str:
+    """``--weights``: a weight file that exists (:func:`existing_file`), or a Hugging Face ``transformers`` folder
+    (one holding a ``config.json``)."""
+    if Path(text).is_dir():
+        _readable_input(text, folder_ok=True)
+        if not (Path(text) / "config.json").is_file():
+            raise argparse.ArgumentTypeError(f"{text!r} is a folder without a config.json; give a weight file or a "
+                                             "transformers folder (save_pretrained)")
+        return text
+    return existing_file(text)
 
 
 def image_list_file(text: str) -> str:
@@ -239,6 +280,8 @@ def register_count(text: str) -> int:
 
 
 MAX_EXPANSION = 128  # SAE features per hook dimension: 2000 x 384 wanted > 5 GB of weights and Adam state
+MAX_SAE_WEIGHTS = 2**26  # features x hook width of one SAE (each of w_enc, the dictionary): --expansion 64 at width
+# 1024; with gradients and Adam state about 2 GB of float32 (--expansion 128 at 1024 asked for twice that)
 MAX_SAE_BATCH = 2**20  # tokens per SAE training step (the data bound, tokens available, is checked once it is read)
 expansion_arg = _bounded("expansion_arg", _int, lambda v: 1 <= v <= MAX_EXPANSION,
                          f"expected a whole number 1..{MAX_EXPANSION} (SAEs use 4-64)",

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..errors import InterpError, UsageError
 from ..options import Options
+from ..sae_settings import check_sae_size
 from ..values import NEURONS_SYNTAX
 from .inputs import ModelSpec, RunInputs, option_value
 
@@ -64,6 +65,19 @@ def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) ->
         hint = f" Close matches: {', '.join(near)}." if near else ""
         raise UsageError(f"--hook {hook!r} is not a hook of {spec.name}.{hint} "
                          f"List them with `interp hooks {spec.name}`.")
+    expansion = option_value(options, "expansion")
+    if isinstance(hook, str) and isinstance(expansion, int):
+        check_sae_size(expansion, hook_width(model, hook))
+
+
+def hook_width(model, hook: str) -> int:
+    """The width of ``hook``'s vectors from the model's structure (no forward): the MLP's neurons for
+    ``mlp.hook_pre`` / ``mlp.hook_post``, the residual stream's width at that block otherwise."""
+    layer = model.block_names.block_of(hook)
+    layer = model.n_layers - 1 if layer is None else layer
+    if hook.endswith(("mlp.hook_pre", "mlp.hook_post")):
+        return model.family.d_mlp(layer)
+    return model.family.d_model(layer)
 
 
 def rank_device(device: str) -> str:

@@ -25,7 +25,7 @@ from ..console import NO_PROGRESS_ENV, progress_wanted
 from ..errors import UsageError
 from ..options import Options, option
 from ..values import (SEED_HELP, device_arg, existing_file, image_size_arg, positive_int, seed_arg,
-                      transform_arg)
+                      transform_arg, weights_arg)
 
 # ------------------------------------------------------------------------------------------ option groups
 DEVICE_HELP = "where the model runs: cpu (default), cuda, cuda:N (GPU index) or mps"
@@ -41,9 +41,11 @@ class ModelOptions(Options):
     """MODEL and how it is built: --weights, --pretrained/--no-pretrained, --device, --img-size, --depth,
     --pos-resample (:class:`ModelSpec`)."""
 
-    model: Optional[str] = option(None, "timm model name, e.g. vit_small_patch14_reg4_dinov2", positional=True,
+    model: Optional[str] = option(None, "timm model name, e.g. vit_small_patch14_reg4_dinov2, or a transformers "
+                                        "folder / hub id", positional=True,
                                   required=True)
-    weights: Optional[str] = option(None, "local .safetensors/.pth/.bin state dict for MODEL", parse=existing_file)
+    weights: Optional[str] = option(None, "local .safetensors/.pth/.bin state dict for MODEL, or a transformers "
+                                          "folder (config.json + weights)", parse=weights_arg)
     pretrained: bool = option(True, "load hub weights (default; local HF cache when offline)", flag="--pretrained",
                               off="--no-pretrained", off_help="random weights (no download)")
     device: str = device_option()

@@ -66,8 +66,8 @@ def _check_writable(folder: Path, flag: str, given) -> None:
         if e.errno in _NO_SPACE:
             raise OutputError(f"{flag} {str(given)!r}: no space left on the device of {str(folder)!r}; "
                               "free some space or choose another location") from None
-        raise OutputError(f"{flag} {str(given)!r}: cannot create a file in {str(folder)!r} ({e.strerror}); "
-                          "choose a folder on an ordinary writable disk") from None
+        raise OutputPathError(f"{flag} {str(given)!r}: cannot create a file in {str(folder)!r} ({e.strerror}); "
+                              "choose a folder on an ordinary writable disk") from None  # /proc, /sys: a bad path
 
 
 def _check_ancestor(path: Path, flag: str) -> Path:

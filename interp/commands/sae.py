@@ -17,7 +17,7 @@ from ..sae_settings import SAE_CHECKPOINT, SAE_CONFIG, SAE_CURVE, SAE_WEIGHTS, T
 from ..values import existing_file, existing_path, positive_int
 from .common import load_model
 from .inputs import ModelOptions, OutputOptions, RunInputs, SeedOption, command
-from .output import check_output_folder, refuse_special
+from .output import atomic_output_dir, check_output_folder, refuse_special
 
 LIVE_IMAGE_BATCH = 32  # images per forward pass of a live run when --batch-size is not given
 
@@ -80,6 +80,7 @@ class SaeImportOptions(SeedOption, ModelOptions):
     out: str = option(None, "folder of the interp SAE files", required=True, metavar="DIR")
     hook: Optional[str] = option(None, "the hook it reads (default: the one its files name; saev: required)")
     tokens: str = option("patches", "the token kind it was trained on (default patches)", choices=TOKEN_CHOICES)
+    overwrite: bool = option(False, "replace an SAE (or an SAE training run) in DIR")
 
 
 def register(sub) -> None:
@@ -102,27 +103,44 @@ def register(sub) -> None:
 RUN_FILES = (SAE_CONFIG, SAE_WEIGHTS, SAE_CHECKPOINT, SAE_CURVE)  # what a run writes in --out
 
 
-def check_train_output(options: SaeTrainOptions) -> None:
-    """Before torch: ``--out`` is a folder that can be written (not a file, a device node, a FIFO, a path under a
-    file, a pseudo-file system), holds no device node or FIFO where a run's file goes, and holds no run unless
-    --resume or --overwrite says what to do with it."""
+def check_sae_output(out: str, may_replace: bool, hint: str, busy: str) -> None:
+    """Before torch: ``out`` is a folder that can be written (not a file, a device node, a FIFO, a path under a
+    file, a pseudo-file system), holds no device node or FIFO where an SAE folder's file goes, is not being
+    written by another run (``busy``: what that run does, in words), and holds no SAE run unless ``may_replace``
+    (``hint``: the options that say what to do with one)."""
+    from ..cache.lock import LockHeld, WriterLock  # torch-free: interp.cache resolves its heavy names lazily
 
-    check_output_folder(options.out)
+    check_output_folder(out)
     for name in RUN_FILES:
-        refuse_special(os.path.join(options.out, name), "")
-    if os.path.exists(os.path.join(options.out, "sae.json.lock")):  # a run is training into --out: say it now
-        from ..cache.lock import LockHeld, WriterLock
-
-        lock = WriterLock(os.path.join(options.out, "sae.json"))
+        refuse_special(os.path.join(out, name), "")
+    if os.path.exists(os.path.join(out, "sae.json.lock")):  # a run is writing into --out: say it now
+        lock = WriterLock(os.path.join(out, SAE_CONFIG))
         try:
             lock.acquire()
         except OSError:
-            pass  # the training run says what is wrong with the folder
+            pass  # the run itself says what is wrong with the folder
         except LockHeld as e:
-            raise OutputError(f"--out {options.out!r} is being trained into by another interp run ({e.holder}); wait for "
-                              "it to finish or choose another --out") from None
+            raise OutputError(f"--out {out!r} is being {busy} by another interp run ({e.holder}); wait for it to "
+                              "finish or choose another --out") from None
         else:
             lock.release()
+    if not may_replace:
+        refuse_held_run(out, hint)
+
+
+def refuse_held_run(out: str, hint: str) -> None:
+    """Refuse (one line) an ``out`` that holds an SAE run (``sae.json`` or ``checkpoint.pt``)."""
+    held = [n for n in (SAE_CONFIG, SAE_CHECKPOINT) if os.path.exists(os.path.join(out, n))]
+    if held:
+        raise OutputError(f"--out {out!r} already holds an SAE run ({', '.join(held)}); {hint}, or choose another "
+                          "--out")
+
+
+def check_train_output(options: SaeTrainOptions) -> None:
+    """Before torch: :func:`check_sae_output` (a run in --out only with --resume or --overwrite), and as many
+    training images as --data-shards."""
+    check_sae_output(options.out, options.resume or options.overwrite, "pass --resume to continue it or "
+                     "--overwrite to replace it", "trained into")
     if options.images:  # the defaults are for thousands of images: say it before torch loads
 
         try:
@@ -133,10 +151,6 @@ def check_train_output(options: SaeTrainOptions) -> None:
             raise UsageError(f"--images {options.images!r} holds {n_images} image(s), fewer than --data-shards "
                              f"{options.data_shards} (each shard needs training images): give --data-shards 1 (and a "
                              "smaller --window-images, --tokens-per-step) or more images; docs/sae.md has a recipe")
-    held = [n for n in ("sae.json", "checkpoint.pt") if os.path.exists(os.path.join(options.out, n))]
-    if held and not (options.resume or options.overwrite):
-        raise OutputError(f"--out {options.out!r} already holds an SAE run ({', '.join(held)}); pass --resume to "
-                         "continue it or --overwrite to replace it, or choose another --out")
 
 
 PEER_WORDS = ("peer", "connection", "gloo", "nccl", "timed out", "timeout", "socket", "closed", "broken pipe")
@@ -190,10 +204,21 @@ def _run_train(options: SaeTrainOptions, inputs: RunInputs) -> int:
 
 
 def run_import(options: SaeImportOptions, inputs: RunInputs) -> int:
-    from ..sae.foreign import import_sae
-
+    """Convert, check with the loader's own checks, then write as every SAE writer does: under --out's lock
+    (``sae.json.lock``, the one training takes), staged and moved into place (``sae.json`` last), replacing a
+    previous SAE run's files (its checkpoint and curve too) only with --overwrite; a failure leaves --out as it
+    was."""
     o = options
+    hint = "pass --overwrite to replace it"
+    check_sae_output(o.out, o.overwrite, hint, "written")  # before torch
+    from ..sae.foreign import convert
+    from ..sae.model import save
+
     model = load_model(inputs, (o,))
-    out = import_sae(o.format, o.source, o.out, model, hook=o.hook, tokens=o.tokens)
-    print(f"imported the {o.format} SAE {o.source} -> {out}")
+    config, tensors = convert(o.format, o.source, model, hook=o.hook, tokens=o.tokens)
+    with atomic_output_dir(o.out, SAE_CONFIG, replaces=RUN_FILES, what="imported SAE") as staging:
+        if not o.overwrite:  # again under the lock: a run may have finished into --out since the check
+            refuse_held_run(o.out, hint)
+        save(staging, config, tensors)
+    print(f"imported the {o.format} SAE {o.source} -> {o.out}")
     return 0

@@ -8,6 +8,7 @@ from typing import Optional, Union
 import torch
 
 from .hooked_vit import HookedViT
+from ..models.hf_folder import check_weights_name, load_hf_folder, resolve_hf_source
 from ..models.loading import build_skeleton, create_timm_vit
 from ..models.planted import PLANTED_BUILDERS
 
@@ -26,12 +27,16 @@ def load(
     """Build a timm ViT and instrument it.
 
     Args:
-        name: timm model name (``vit_small_patch14_reg4_dinov2``, ``vit_base_patch16_clip_quickgelu_224``...).
+        name: timm model name (``vit_small_patch14_reg4_dinov2``, ``vit_base_patch16_clip_quickgelu_224``...),
+            or a Hugging Face ``transformers`` folder (``config.json`` + weights: ``ViTModel``, ``Dinov2Model``,
+            ``DINOv3ViTModel``, ``CLIPVisionModel``, ``SiglipVisionModel``...; see
+            :mod:`interp.models.hf_folder`) or hub id in the local cache.
         pretrained: hub weights (local HF cache when offline). Offline without cached weights this fails
             at once, saying to pass ``weights=`` or ``pretrained=False``.
         weights: a local ``.safetensors``/``.pth``/``.bin`` state dict; timm's checkpoint conversions
             apply, so original DINOv2 and OpenAI CLIP files load too, and a torchvision ViT file (``vit_b_16``...)
-            loads into the timm name of its shape (``vit_base_patch16_224``...).
+            loads into the timm name of its shape (``vit_base_patch16_224``...); a ``transformers`` folder
+            loads as ``name`` would (``name`` must be a timm name of the same family).
         device: where the model runs (default ``"cpu"``; ``"cuda"``, ``"cuda:1"``, ``"mps"``).
         dtype: float type of the weights (default None: timm's float32; ``"float16"``, ``torch.bfloat16``...).
         seed: seed of the random weights (``pretrained=False`` without ``weights``), default 0: the same
@@ -46,6 +51,11 @@ def load(
     Returns:
         HookedViT in eval mode.
     """
+    folder = resolve_hf_source(weights) if weights is not None else resolve_hf_source(name)
+    if folder is not None:  # a transformers folder (or hub id): its config.json decides the architecture
+        if weights is not None:
+            check_weights_name(name, folder)
+        return HookedViT.from_timm(load_hf_folder(folder, device=device, dtype=dtype, **timm_kwargs), name=name)
     timm_model = create_timm_vit(name, pretrained=pretrained, weights=weights, device=device, dtype=dtype,
                                  seed=seed, pos_resample=pos_resample, **timm_kwargs)
     return HookedViT.from_timm(timm_model, name=name)

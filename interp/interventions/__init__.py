@@ -30,9 +30,10 @@ from .sae_features import SAEFeatureAblation
 from .selective_aggregation import selective_aggregate
 from .selective_cls import SelectiveCLS, SelectivePool
 from .spec import interventions_from_spec
+from .token_replacement import TokenReplacement
 
 __all__ = [
     "Intervention", "EditContext", "NeuronAblation", "Relocation", "TestTimeRegister", "AttentionBias",
-    "SelectiveCLS", "SelectivePool", "SAEFeatureAblation", "selective_aggregate", "masks", "interventions_from_spec",
+    "SelectiveCLS", "SelectivePool", "SAEFeatureAblation", "TokenReplacement", "selective_aggregate", "masks", "interventions_from_spec",
     "STRUCTURAL", "NEURON", "POOLING",
 ]

@@ -42,11 +42,12 @@ ENCODER_TENSORS = ("w_enc", "b_enc", "mean", "scale")
 class CodeRule:
     """How an SAE sparsifies ``relu(x W^T + b)`` at inference (one class per rule, registered in
     :data:`CODE_RULES` under its ``name``; an architecture of ``interp.sae.modules`` names the rule it encodes
-    with)."""
+    with). A ``signed`` rule sparsifies ``x W^T + b`` itself (no ReLU first)."""
 
     name = ""
     needs_k = False
     needs_threshold = False
+    signed = False
 
     def __call__(self, codes: torch.Tensor, k: Optional[int], threshold: Optional[torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
@@ -71,6 +72,13 @@ class TopKCodes(CodeRule):
         return torch.zeros_like(codes).scatter(-1, top.indices, top.values)
 
 
+class SignedTopKCodes(TopKCodes):
+    """The ``k`` largest pre-activations of each token as they are, negative ones included (saev's TopK:
+    ``topk(x)``'s positions kept, no ReLU): imported saev TopK SAEs."""
+
+    name, signed = "topk_signed", True
+
+
 class BatchThresholdCodes(CodeRule):
     """Codes at or above one global threshold (BatchTopK's running threshold at inference)."""
 
@@ -89,8 +97,8 @@ class JumpCodes(CodeRule):
         return codes * (codes > threshold)
 
 
-CODE_RULES: Dict[str, CodeRule] = {rule.name: rule for rule in (ReluCodes(), TopKCodes(), BatchThresholdCodes(),
-                                                                  JumpCodes())}
+CODE_RULES: Dict[str, CodeRule] = {rule.name: rule for rule in (ReluCodes(), TopKCodes(), SignedTopKCodes(),
+                                                                  BatchThresholdCodes(), JumpCodes())}
 # patch files written before the rules were named carry the architecture: an archetypal SAE encodes with TopK
 LEGACY_ARCH_RULES = {"archetypal": "topk"}
 
@@ -100,7 +108,8 @@ class SparseCodes(nn.Module):
 
     ``x`` is normalised as in training (``(x - mean) / scale``), then ``relu(x W^T + b)`` is sparsified by the
     code rule ``rule`` (:data:`CODE_RULES`): the ``k`` largest per token (topk), codes at or above the running
-    batch threshold (batchtopk), codes above each feature's threshold (jumprelu), none (relu).
+    batch threshold (batchtopk), codes above each feature's threshold (jumprelu), none (relu); topk_signed keeps
+    the ``k`` largest of ``x W^T + b`` without the ReLU (saev's TopK).
     """
 
     def __init__(self, rule: str, tensors: Dict[str, torch.Tensor], k: Optional[int] = None):
@@ -139,8 +148,8 @@ class SparseCodes(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.d:
             raise InterpError(f"the SAE reads vectors of width {self.d}; these activations have width {x.shape[-1]}")
-        codes = torch.relu(self.normalise(x) @ self.w_enc.T + self.b_enc)
-        return self.rule(codes, self.k, self.threshold)
+        pre = self.normalise(x) @ self.w_enc.T + self.b_enc
+        return self.rule(pre if self.rule.signed else torch.relu(pre), self.k, self.threshold)
 
 
 class FeatureRemoval(nn.Module):

@@ -22,8 +22,8 @@ TOKEN_SELECTIONS: Dict[str, Tuple[str, ...]] = {"all": ("cls", "registers", "pat
 class TokenLayout:
     """Where each kind of token sits on the token axis ``t`` of ``[b, t, d]`` activations.
 
-    Token order is always ``[CLS?, registers..., extra (test-time) registers..., patches...]``; patches are
-    row-major over the grid.
+    Token order is always ``[CLS?, distillation?, registers..., extra (test-time) registers..., patches...]``;
+    patches are row-major over the grid.
 
     Attributes:
         n_prefix: number of prefix tokens (CLS + trained registers + test-time registers).
@@ -35,6 +35,8 @@ class TokenLayout:
         stage_grids: the grid of each stage of a pyramid model (PVTv2, Swin: blocks of later stages run on
             coarser grids, ``grid`` is the last one); empty when every block runs on ``grid``.
         block_stages: the stage of each block (with ``stage_grids``).
+        dist_index: row of a distillation token (DeiT's distilled models: ``[CLS, DIST, patches]``), or None. It
+            is a prefix token (counted in ``n_prefix``) but not a register.
     """
 
     n_prefix: int
@@ -44,6 +46,12 @@ class TokenLayout:
     n_extra: int = 0
     stage_grids: Tuple[Grid, ...] = ()
     block_stages: Tuple[int, ...] = ()
+    dist_index: Optional[int] = None
+
+    @property
+    def n_class_tokens(self) -> int:
+        """Prefix tokens before the registers: CLS and the distillation token, where the model has them."""
+        return int(self.cls_index is not None) + int(self.dist_index is not None)
 
     @property
     def n_patches(self) -> int:
@@ -59,22 +67,28 @@ class TokenLayout:
 
     @property
     def register_slice(self) -> slice:
-        """Rows of trained and test-time registers."""
-        start = 0 if self.cls_index is None else 1
-        return slice(start, self.n_prefix)
+        """Rows of trained and test-time registers (after CLS and a distillation token)."""
+        return slice(self.n_class_tokens, self.n_prefix)
+
+    @property
+    def dist_slice(self) -> slice:
+        """The distillation token's row (an empty slice without one)."""
+        return slice(0, 0) if self.dist_index is None else slice(self.dist_index, self.dist_index + 1)
 
     @property
     def patch_slice(self) -> slice:
         return slice(self.n_prefix, self.n_prefix + self.n_patches)
 
     def kind_slices(self) -> Dict[str, slice]:
-        """Rows of each token kind: ``{"cls", "registers", "patches"}`` (empty slices for kinds it has none of)."""
+        """Rows of each token kind: ``{"cls", "registers", "patches"}`` (empty slices for kinds it has none of; a
+        distillation token is none of them: :attr:`dist_slice`)."""
         cls = slice(self.cls_index, self.cls_index + 1) if self.cls_index is not None else slice(0, 0)
         return {"cls": cls, "registers": self.register_slice, "patches": self.patch_slice}
 
     def rows_of(self, tokens: str) -> slice:
         """The rows of the token axis the token selection ``tokens`` (:data:`TOKEN_SELECTIONS`) reads."""
-        return selected_rows(tokens, n_prefix=self.n_prefix, n_registers=self.n_registers, cls_index=self.cls_index)
+        return selected_rows(tokens, n_prefix=self.n_prefix, n_registers=self.n_registers, cls_index=self.cls_index,
+                             dist_index=self.dist_index)
 
     @property
     def n_stages(self) -> int:
@@ -102,6 +116,8 @@ class TokenLayout:
     def to_dict(self) -> dict:
         d = {"n_prefix": self.n_prefix, "n_registers": self.n_registers, "cls_index": self.cls_index,
              "grid": list(self.grid), "n_extra": self.n_extra}
+        if self.dist_index is not None:
+            d["dist_index"] = self.dist_index
         if self.stage_grids:
             d.update(stage_grids=[list(g) for g in self.stage_grids], block_stages=list(self.block_stages))
         return d
@@ -116,10 +132,12 @@ class TokenLayout:
             n_extra=int(d.get("n_extra", 0)),
             stage_grids=tuple(tuple(int(v) for v in g) for g in d.get("stage_grids", ())),
             block_stages=tuple(int(s) for s in d.get("block_stages", ())),
+            dist_index=None if d.get("dist_index") is None else int(d["dist_index"]),
         )
 
 
-def selected_rows(tokens: str, *, n_prefix: int, n_registers: int, cls_index: Optional[int]) -> slice:
+def selected_rows(tokens: str, *, n_prefix: int, n_registers: int, cls_index: Optional[int],
+                  dist_index: Optional[int] = None) -> slice:
     """The rows of ``[b, t, d]`` activations that the token selection ``tokens`` reads, given the prefix alone
     (what an SAE ablation restored from a patch file knows): ``all`` every row, ``patches`` the rows after every
     prefix token (test-time registers included) to the end, ``cls`` the CLS row, ``registers`` the trained
@@ -138,7 +156,7 @@ def selected_rows(tokens: str, *, n_prefix: int, n_registers: int, cls_index: Op
         if cls_index is None:
             raise InterpError("--tokens cls: the model has no CLS token")
         return slice(int(cls_index), int(cls_index) + 1)
-    first = 0 if cls_index is None else int(cls_index) + 1
+    first = int(cls_index is not None) + int(dist_index is not None)  # registers follow CLS and distillation
     if not n_registers:
         raise InterpError("--tokens registers: the model has no register tokens")
     return slice(first, first + int(n_registers))

@@ -24,6 +24,7 @@ from .pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .families import family_of, family_of_entry_module
 from .weight_fit import (check_register_tokens, fit_head_to_weights, fit_to_weights, keep_file_rope_periods,
                          weights_grid)
+from .checkpoints import fit_head_classes, unwrap_checkpoint
 from .torchvision_format import adopt_torchvision_config, convert_torchvision_vit, is_torchvision_vit
 
 def _resolve_dtype(dtype) -> Optional[torch.dtype]:
@@ -53,7 +54,9 @@ def check_model_name(name: str) -> None:
 
 
 def read_state_dict(path: Union[str, Path]) -> dict:
-    """Read a state dict from ``.safetensors``, ``.pth``/``.pt`` or ``.bin`` (unwrapping ``state_dict``/``model`` keys)."""
+    """Read a state dict from ``.safetensors``, ``.pth``/``.pt`` or ``.bin``; a training run's checkpoint is unwrapped
+    (``state_dict``/``model``/EMA containers, ``module.``/``_orig_mod.`` prefixes: :mod:`interp.models.checkpoints`),
+    with one warning line saying what was taken."""
     path = Path(path)
     check_input_path(path, "weight file")
     if not path.is_file():
@@ -71,9 +74,9 @@ def read_state_dict(path: Union[str, Path]) -> dict:
                   f"{type(e).__name__}: {str(e).splitlines()[0] if str(e).strip() else 'no detail'}")
         raise ModelLoadError(f"could not read weight file {str(path)!r} ({size} bytes): {reason}; it is not a "
                              f"complete {path.suffix or 'weight'} state dict: download or export it again") from e
-    for key in ("state_dict", "model", "module", "teacher"):
-        if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
-            sd = sd[key]
+    sd, note = unwrap_checkpoint(sd)
+    if note:  # a training run's file: say which weights were taken
+        warnings.warn(f"weight file {path.name!r}: {note}", stacklevel=3)
     if not isinstance(sd, dict):
         raise ModelLoadError(f"{str(path)!r} does not hold a state dict")
     return sd
@@ -332,6 +335,9 @@ def create_timm_vit(
         check_register_tokens(model, state_dict, name, label)
         if "num_classes" not in timm_kwargs:  # the file's head, unless the user asked for one
             fit_head_to_weights(model, state_dict)
+            fitted = fit_head_classes(model, state_dict)
+            if fitted:
+                warnings.warn(f"{label} {fitted}", stacklevel=3)
         if "img_size" not in timm_kwargs:  # the file's resolution, unless the user asked for one
             fit_to_weights(model, state_dict, name, label)
         state_dict, model.interp_pos_resample = resample_positions(

@@ -16,7 +16,9 @@ from ..models.pos_table import input_grid
 from ..models.preprocessing import data_config as model_data_config
 from ..models.preprocessing import (ImagesSpec, TransformSpec, eval_transform, list_images, load_images, readable_images,
                                     tensor_image_id)
+from ..models.families.readout import FinalReadout
 from .forward import Reducers, Run, run_hooks, run_layout
+from .gradients import GradRun, run_with_grads
 from .source import ActivationSource, Batch
 
 
@@ -156,6 +158,26 @@ class LiveSource(ActivationSource):
         """A ``mode="mean"`` :class:`~interp.interventions.NeuronAblation` of ``neurons`` whose means are each
         neuron's average activation over this source's images (the unedited model's)."""
         return NeuronAblation.calibrate_means(self.model, (x for _, x in self.image_batches()), neurons)
+
+    def run(self, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducers = None, interventions: Sequence = (),
+            logits: bool = False) -> Run:
+        """One forward of images ``x`` [b, 3, H, W] (from :meth:`image_batches`, or an edit of them: a corrupted
+        input) under the source's interventions and ``interventions``: :func:`~interp.runtime.forward.run_hooks`."""
+        return run_hooks(self.model, x, hooks, reduce, self.interventions + tuple(interventions), logits=logits)
+
+    def run_with_grads(self, x: torch.Tensor, hooks: Sequence[str], objective, interventions: Sequence = ()) -> GradRun:
+        """One forward and one backward of ``objective`` on images ``x`` under the source's interventions and
+        ``interventions``: :func:`~interp.runtime.gradients.run_with_grads`."""
+        return run_with_grads(self.model, x, hooks, objective, self.interventions + tuple(interventions))
+
+    def final_readout(self) -> FinalReadout:
+        """The model's readout after its last block, split around its norms (logit lens, logit attribution)."""
+        return self.model.family.final_readout()
+
+    def head_writes(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """What each attention head of block ``layer`` writes per unit of ``attn.hook_z``: (Tensor[h, dh, d],
+        bias [d]), LayerScale included (``Family.head_writes``)."""
+        return self.model.family.head_writes(self.blocks.index(layer))
 
     def run_at_grid(self, x: torch.Tensor, hooks: Sequence[str], grid: Tuple[int, int], offset: Optional[float],
                     antialias: bool) -> Run:

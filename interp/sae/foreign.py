@@ -14,13 +14,25 @@ format       files (the project's saving code)            read
 saelens      ``DIR/cfg.json`` + ``DIR/sae_weights         SAELens 6.18 (``SAE.save_model``): architecture standard
              .safetensors``                               (relu), topk (k), jumprelu (threshold [n]);
                                                           apply_b_dec_to_input; metadata.hook_name
-saev         ``FILE.pt``: one JSON header line, then      saev (``nn.modeling.dump``, schema 2): cfg.activation Relu,
-             ``torch.save(state_dict)``                    TopK / BatchTopK (per-token top_k at inference); encodes x
-                                                          without subtracting b_dec; no hook recorded (--hook)
+saev         ``FILE.pt``: one JSON header line, then      saev (``nn.modeling.dump``, schemas 2-5): cfg.activation
+             ``torch.save(state_dict)``                    {cls, params} Relu, TopK (params.top_k; its top-k kept
+                                                          signed: codes topk_signed) or BatchTopK with
+                                                          its inference threshold ``activation.threshold``; encodes
+                                                          x without subtracting b_dec; no hook recorded (--hook)
 vit_prisma   ``DIR/config.json`` + a ``.pt`` state dict   ViT-Prisma (``SparseAutoencoder.load_from_pretrained``'s
                                                           separate config): activation_fn_str relu / topk
                                                           (activation_fn_kwargs.k); subtracts b_dec; hook_point
 ============ =========================================== ============================================================
+
+saev's BatchTopK keeps, in eval, every pre-activation strictly above its one running threshold (all positive ones
+when the threshold is <= 0): imported as ``arch`` batchtopk with ``codes`` jumprelu (strict ``>``) and that
+threshold; a BatchTopK file without it (saev before Nov 2025, whose eval was a top-k over the whole batch), a
+schema other than 2-5 and a state dict with other tensors are refused.
+
+Every file is opened through :func:`interp.values.check_input_path` (no FIFO, device or socket) and JSON
+configurations are read up to :data:`interp.values.MAX_CONFIG_BYTES`; every refusal of the files is one
+:class:`~interp.errors.UsageError` line (exit status 2). The converted SAE passes the loader's own checks
+(:func:`interp.sae.model.loader_problem`) before anything is written.
 
 Formats that normalise activations at run time with a factor not stored in these files (SAELens
 ``normalize_activations`` other than ``none``, ViT-Prisma's ``normalize_activations``), gated SAEs and SAELens'
@@ -37,28 +49,52 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ..cache.format import model_fingerprints
-from ..errors import InterpError
+from ..errors import InterpError, UsageError
 from ..hooks.names import block_hook
-from .model import save
+from ..values import MAX_CONFIG_BYTES, check_input_path, read_config_json
+from .model import save_problem
 
 FORMATS = ("saelens", "saev", "vit_prisma")
+SAEV_SCHEMAS = (2, 3, 4, 5)  # saev's dump: cfg.activation is {"cls", "params"} (saev's load reads 2-5 alike)
+SAEV_THRESHOLD = "activation.threshold"  # BatchTopKActivation's buffer: the inference threshold (Nov 2025 on)
+_TYPE_NAMES = {str: "a string", int: "a whole number", bool: "true/false", dict: "an object", float: "a number",
+               type(None): "null"}
 
 
-def _bad(path, why: str) -> InterpError:
-    return InterpError(f"{str(path)!r} is not a readable SAE file of that format ({why})")
+def _bad(path, why: str) -> UsageError:
+    return UsageError(f"{str(path)!r} is not a readable SAE file of that format ({why})")
+
+
+def _field(cfg: Dict[str, Any], key: str, kinds: tuple, default, path) -> Any:
+    """``cfg[key]`` (``default`` when absent) if it is one of the JSON ``kinds``; a one-line refusal otherwise
+    (true/false is never read as a number)."""
+    value = cfg.get(key, default)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        wanted = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+        raise _bad(path, f"{key} is {json.dumps(value)[:40]}, not {wanted}")
+    return value
 
 
 def _json(path: Path) -> Dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise _bad(path, type(e).__name__) from None
-    if not isinstance(data, dict):
-        raise _bad(path, "not a JSON object")
-    return data
+        return read_config_json(path, "the SAE configuration")
+    except UsageError as e:
+        if not Path(path).exists():
+            raise _bad(path, "missing") from None
+        raise e from None
+
+
+def _tensors(state, path) -> Dict[str, torch.Tensor]:
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise _bad(path, f"{type(state).__name__}, not a state dict of named tensors")
+    return state
 
 
 def _weights(path: Path) -> Dict[str, torch.Tensor]:
+    check_input_path(path, "the SAE weights")
+    if not Path(path).is_file():
+        raise _bad(path, "missing weights file")
     if str(path).endswith(".safetensors"):
         from safetensors.torch import load_file
 
@@ -72,90 +108,146 @@ def _weights(path: Path) -> Dict[str, torch.Tensor]:
         raise _bad(path, f"{type(e).__name__}: a plain tensor state dict is needed") from None
     if isinstance(state, dict) and "state_dict" in state:
         state = state["state_dict"]
-    return state
+    return _tensors(state, path)
 
 
 def _saelens(source: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-    cfg = _json(source / "cfg.json")
-    arch = cfg.get("architecture", "standard")
-    if cfg.get("normalize_activations", "none") not in ("none", None):
+    path = source / "cfg.json"
+    cfg = _json(path)
+    arch = _field(cfg, "architecture", (str,), "standard", path)
+    if _field(cfg, "normalize_activations", (str, type(None)), "none", path) not in ("none", None):
         raise _bad(source, f"normalize_activations {cfg['normalize_activations']!r}: its scaling factor is not in "
                            "these files; only 'none' is read")
-    if cfg.get("rescale_acts_by_decoder_norm"):
+    if _field(cfg, "rescale_acts_by_decoder_norm", (bool, type(None)), False, path):
         raise _bad(source, "rescale_acts_by_decoder_norm is not read")
     kinds = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}
     if arch not in kinds:
         raise _bad(source, f"architecture {arch!r}; read: {sorted(kinds)}")
-    meta = cfg.get("metadata") or {}
-    k = cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k")
+    meta = _field(cfg, "metadata", (dict, type(None)), None, path) or {}
+    kwargs = _field(cfg, "activation_fn_kwargs", (dict, type(None)), None, path) or {}
+    k = _field(cfg, "k", (int, type(None)), None, path)
+    k = _field(kwargs, "k", (int, type(None)), None, path) if k is None else k
+    hook = _field(meta, "hook_name", (str, type(None)), None, path) or _field(cfg, "hook_name", (str, type(None)),
+                                                                              None, path)
     return _weights(source / "sae_weights.safetensors"), {
-        "arch": kinds[arch], "k": k, "subtract_b_dec": bool(cfg.get("apply_b_dec_to_input", True)),
-        "hook": meta.get("hook_name") or cfg.get("hook_name"), "model_name": meta.get("model_name")}
+        "arch": kinds[arch], "k": k, "subtract_b_dec": _field(cfg, "apply_b_dec_to_input", (bool,), True, path),
+        "hook": hook, "model_name": _field(meta, "model_name", (str, type(None)), None, path)}
+
+
+def _saev_file(source: Path) -> Tuple[Dict[str, Any], Any]:
+    """(header, state) of saev's dump: one JSON line (bounded), then ``torch.save(state_dict)``."""
+    check_input_path(source, "the saev file")
+    try:
+        with open(source, "rb") as fd:
+            line = fd.readline(MAX_CONFIG_BYTES + 1)
+            header = json.loads(line) if line.endswith(b"\n") else None
+            buffer = io.BytesIO(fd.read())
+        state = torch.load(buffer, map_location="cpu", weights_only=True) if isinstance(header, dict) else None
+    except Exception as e:  # not a saev dump
+        raise _bad(source, f"{type(e).__name__}: saev writes a JSON header line then a state dict") from None
+    if not isinstance(header, dict):
+        raise _bad(source, "no JSON object on its first line: saev writes a JSON header line then a state dict")
+    return header, state
 
 
 def _saev(source: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-    try:
-        with open(source, "rb") as fd:
-            header = json.loads(fd.readline())
-            buffer = io.BytesIO(fd.read())
-        state = torch.load(buffer, map_location="cpu", weights_only=True)
-    except Exception as e:  # not a saev dump
-        raise _bad(source, f"{type(e).__name__}: saev writes a JSON header line then a state dict") from None
-    cfg = header.get("cfg", header) if isinstance(header, dict) else {}
-    activation = cfg.get("activation") or {"cls": "Relu", "params": {}}
-    name = activation.get("cls") if isinstance(activation, dict) else "Relu"
-    kinds = {"Relu": "relu", "TopK": "topk", "BatchTopK": "topk"}  # saev's BatchTopK keeps top_k per token
+    header, state = _saev_file(source)
+    schema = header.get("schema")
+    if isinstance(schema, bool) or schema not in SAEV_SCHEMAS:
+        raise _bad(source, f"saev schema {json.dumps(schema)[:20]}; this interp reads schemas "
+                           f"{SAEV_SCHEMAS[0]}-{SAEV_SCHEMAS[-1]}: load and dump it with a current saev")
+    cfg = _field(header, "cfg", (dict,), None, source)
+    activation = _field(cfg, "activation", (dict,), None, source)
+    name = _field(activation, "cls", (str,), None, source)
+    params = _field(activation, "params", (dict,), None, source)
+    kinds = {"Relu": "relu", "TopK": "topk", "BatchTopK": "batchtopk"}
     if name not in kinds:
         raise _bad(source, f"activation {name!r}; read: {sorted(kinds)}")
-    k = (activation.get("params") or {}).get("top_k") if kinds[name] == "topk" else None
-    return state, {"arch": kinds[name], "k": k, "subtract_b_dec": False, "hook": None, "model_name": None}
+    k = _field(params, "top_k", (int,), None, source) if name != "Relu" else None
+    state = _tensors(state, source)
+    known = {"W_enc", "b_enc", "W_dec", "b_dec"} | ({SAEV_THRESHOLD} if name == "BatchTopK" else set())
+    if set(state) - known:
+        raise _bad(source, f"tensor(s) {sorted(set(state) - known)} that a saev {name} does not hold")
+    if name == "BatchTopK" and SAEV_THRESHOLD not in state:
+        raise _bad(source, f"a BatchTopK without {SAEV_THRESHOLD} (saev before its inference threshold, Nov 2025: "
+                           "its eval was a top-k over the whole batch, which no per-token rule reproduces)")
+    if name == "BatchTopK" and state[SAEV_THRESHOLD].numel() != 1:
+        raise _bad(source, f"{SAEV_THRESHOLD} has shape {list(state[SAEV_THRESHOLD].shape)}, not one number")
+    info = {"arch": kinds[name], "k": k, "subtract_b_dec": False, "hook": None, "model_name": None}
+    if name == "TopK":  # keeps topk(x)'s positions as they are: negative ones too when fewer than k are positive
+        info["codes"] = "topk_signed"
+    if name == "BatchTopK":  # eval: x where x > threshold (> 0 when threshold <= 0), strictly: jumprelu's rule
+        info.update(codes="jumprelu", threshold=state[SAEV_THRESHOLD].float().reshape(1))
+    return state, info
 
 
 def _vit_prisma(source: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     folder = source if source.is_dir() else source.parent
-    cfg = _json(folder / "config.json")
-    weights = source if source.is_file() else next(iter(sorted(folder.glob("*.pt"))), None)
+    path = folder / "config.json"
+    cfg = _json(path)
+    weights = source if not source.is_dir() else next(iter(sorted(folder.glob("*.pt"))), None)
     if weights is None:
         raise _bad(folder, "no .pt weights file beside config.json")
-    if cfg.get("architecture", "standard") != "standard":
-        raise _bad(source, f"architecture {cfg.get('architecture')!r}; read: standard")
-    if cfg.get("normalize_activations") not in (None, "none"):
+    arch = _field(cfg, "architecture", (str,), "standard", path)
+    if arch != "standard":
+        raise _bad(source, f"architecture {arch!r}; read: standard")
+    if _field(cfg, "normalize_activations", (str, type(None)), None, path) not in (None, "none"):
         raise _bad(source, f"normalize_activations {cfg['normalize_activations']!r} is not read")
     kinds = {"relu": "relu", "topk": "topk"}
-    fn = cfg.get("activation_fn_str", "relu")
+    fn = _field(cfg, "activation_fn_str", (str,), "relu", path)
     if fn not in kinds:
         raise _bad(source, f"activation_fn_str {fn!r}; read: {sorted(kinds)}")
-    hook = cfg.get("hook_point")
-    if hook is None and cfg.get("hook_point_layer") is not None:
-        hook = block_hook(cfg["hook_point_layer"], cfg.get("layer_subtype", "hook_resid_post"))
-    return _weights(weights), {"arch": kinds[fn], "k": (cfg.get("activation_fn_kwargs") or {}).get("k"),
-                               "subtract_b_dec": True, "hook": hook, "model_name": cfg.get("model_name")}
+    hook = _field(cfg, "hook_point", (str, type(None)), None, path)
+    layer = _field(cfg, "hook_point_layer", (int, type(None)), None, path)
+    if hook is None and layer is not None:
+        hook = block_hook(layer, _field(cfg, "layer_subtype", (str,), "hook_resid_post", path))
+    kwargs = _field(cfg, "activation_fn_kwargs", (dict, type(None)), None, path) or {}
+    return _weights(weights), {"arch": kinds[fn], "k": _field(kwargs, "k", (int, type(None)), None, path),
+                               "subtract_b_dec": True, "hook": hook,
+                               "model_name": _field(cfg, "model_name", (str, type(None)), None, path)}
 
 
 READERS = {"saelens": _saelens, "saev": _saev, "vit_prisma": _vit_prisma}
 
 
-def convert(fmt: str, source, model, *, hook: Optional[str] = None, tokens: str = "patches") -> Tuple[Dict, Dict]:
-    """(interp ``sae.json`` content, tensors) of the foreign SAE ``source`` for ``model``; ``hook`` overrides
-    (saev: required) the one the files name."""
-    if fmt not in READERS:
-        raise InterpError(f"format must be one of {list(FORMATS)}, got {fmt!r}")
-    source = Path(source)
-    if not source.exists():
-        raise InterpError(f"{str(source)!r} does not exist")
-    state, info = READERS[fmt](source)
+def _matrices(state: Dict[str, torch.Tensor], info: Dict[str, Any], source) -> Tuple[torch.Tensor, ...]:
+    """W_enc [d, n], b_enc [n], W_dec [n, d], b_dec [d] as float32, or a one-line refusal."""
     missing = [n for n in ("W_enc", "b_enc", "W_dec", "b_dec") if n not in state]
     if info["arch"] == "jumprelu" and "threshold" not in state:
         missing.append("threshold")
     if missing:
         raise _bad(source, f"missing tensor(s) {missing}")
+    ints = [f"{name} ({str(t.dtype).replace('torch.', '')})" for name, t in state.items() if not t.is_floating_point()]
+    if ints:
+        raise _bad(source, f"tensor(s) {', '.join(ints)} are not floating point; SAE weights are floats")
     w_enc, b_enc = state["W_enc"].float(), state["b_enc"].float()
     w_dec, b_dec = state["W_dec"].float(), state["b_dec"].float()
+    if w_enc.ndim != 2:
+        raise _bad(source, f"W_enc has shape {list(w_enc.shape)}, not [d, n_features]")
     d, n = w_enc.shape
     if w_dec.shape != (n, d) or b_enc.shape != (n,) or b_dec.shape != (d,):
-        raise _bad(source, f"shapes W_enc {tuple(w_enc.shape)}, W_dec {tuple(w_dec.shape)} do not fit")
-    if info["arch"] in ("topk",) and not isinstance(info["k"], int):
-        raise _bad(source, "a TopK SAE without its k")
+        raise _bad(source, f"shapes W_enc {list(w_enc.shape)}, b_enc {list(b_enc.shape)}, W_dec "
+                           f"{list(w_dec.shape)}, b_dec {list(b_dec.shape)} do not fit")
+    return w_enc, b_enc, w_dec, b_dec
+
+
+def convert(fmt: str, source, model, *, hook: Optional[str] = None, tokens: str = "patches") -> Tuple[Dict, Dict]:
+    """(interp ``sae.json`` content, tensors) of the foreign SAE ``source`` for ``model``; ``hook`` overrides
+    (saev: required) the one the files name.
+
+    Raises:
+        UsageError (one line): files that are not the format's, or that convert into an SAE interp's loader
+            refuses (non-finite weights, a k or threshold that does not fit); InterpError: no hook, another width.
+    """
+    if fmt not in READERS:
+        raise InterpError(f"format must be one of {list(FORMATS)}, got {fmt!r}")
+    source = Path(source)
+    check_input_path(source, "the SAE source", folder_ok=True)
+    if not source.exists():
+        raise InterpError(f"{str(source)!r} does not exist")
+    state, info = READERS[fmt](source)
+    w_enc, b_enc, w_dec, b_dec = _matrices(_tensors(state, source), info, source)
+    d, n = w_enc.shape
     hook = hook or info["hook"]
     if not hook:
         raise InterpError(f"the {fmt} files name no hook: give --hook (e.g. blocks.9.hook_resid_post)")
@@ -168,18 +260,24 @@ def convert(fmt: str, source, model, *, hook: Optional[str] = None, tokens: str 
                "scale": torch.ones(1), "feature_means": torch.zeros(n)}
     if info["arch"] == "jumprelu":
         tensors["threshold"] = state["threshold"].float()
+    if "threshold" in info:
+        tensors["threshold"] = info["threshold"]
     layout = model.layout
-    config = {"arch": info["arch"], "k": info["k"] if info["arch"] == "topk" else None, "n_features": n, "d": d,
-              "hook": hook, "model": model_fingerprints(model), "tokens": tokens, "high_norm": "include",
-              "layout": {"cls_index": layout.cls_index, "n_registers": layout.n_registers},
+    config = {"arch": info["arch"], "k": info["k"] if info["arch"] in ("topk", "batchtopk") else None,
+              "n_features": n, "d": d, "hook": hook, "model": model_fingerprints(model), "tokens": tokens,
+              "high_norm": "include", "layout": {"cls_index": layout.cls_index, "n_registers": layout.n_registers},
               "imported_from": {"format": fmt, "path": str(source), "model_name": info["model_name"],
                                 "feature_means": "unknown: zeros (--mode mean equals zero ablation)"},
               "metrics": {}, "warnings": []}
+    if "codes" in info:
+        config["codes"] = info["codes"]
+    check_loadable(config, tensors, source)
     return config, tensors
 
 
-def import_sae(fmt: str, source, out, model, *, hook: Optional[str] = None, tokens: str = "patches") -> Path:
-    """Convert ``source`` (:func:`convert`) and write it as an interp SAE folder ``out``."""
-    config, tensors = convert(fmt, source, model, hook=hook, tokens=tokens)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    return save(out, config, tensors)
+def check_loadable(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], source) -> None:
+    """Refuse (one line) a converted SAE that :func:`interp.sae.load` would refuse once written
+    (:func:`interp.sae.model.save_problem`)."""
+    problem = save_problem(config, tensors)
+    if problem:
+        raise _bad(source, f"interp's loader would refuse it: {problem}")

@@ -143,16 +143,36 @@ def _json_ready(value):
     return value
 
 
-def save(out: Union[str, Path], config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Path:
-    """Write ``out/sae.safetensors`` then ``out/sae.json`` (with the weights' SHA-256), each atomically."""
-    from safetensors.torch import save
+def _described(config: Dict[str, Any], tensors: Dict[str, torch.Tensor]):
+    """(``sae.json`` as :func:`load` will read it, the safetensors bytes, the tensors as stored) of an SAE."""
+    from safetensors.torch import save as to_bytes
 
-    out = Path(out)
-    data = save({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()})
+    tensors = {k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}
+    data = to_bytes(tensors)
     config = {"format": FORMAT, "version": FORMAT_VERSION, **config, "weights_sha256": _digest(data)}
     config["config_sha256"] = config_digest(config)
+    return json.loads(json.dumps(_json_ready(config), allow_nan=False)), data, tensors
+
+
+def save_problem(config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Optional[str]:
+    """Why :func:`load` would refuse the SAE :func:`save` would write from ``config`` and ``tensors``
+    (:func:`loader_problem`: non-finite weights, a k or threshold that does not fit, ...); None when it loads."""
+    problem = loader_problem(*_described(config, tensors)[::2])
+    return problem[1] if problem else None
+
+
+def save(out: Union[str, Path], config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Path:
+    """Write ``out/sae.safetensors`` then ``out/sae.json`` (with the weights' SHA-256), each atomically.
+
+    Raises:
+        InterpError (one line, nothing written): :func:`load` would refuse the SAE (:func:`save_problem`)."""
+    out = Path(out)
+    config, data, tensors = _described(config, tensors)
+    problem = loader_problem(config, tensors)
+    if problem:
+        raise InterpError(f"not writing the SAE into {str(out)!r}: its own loader would refuse it ({problem[1]})")
     write_atomic(out / SAE_WEIGHTS, data, "SAE weights")
-    write_atomic(out / SAE_CONFIG, (json.dumps(_json_ready(config), indent=1, allow_nan=False) + "\n").encode(), "SAE description")
+    write_atomic(out / SAE_CONFIG, (json.dumps(config, indent=1) + "\n").encode(), "SAE description")
     return out
 
 
@@ -222,9 +242,37 @@ def config_problem(config: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> 
     scale = float(tensors["scale"][0])
     if isinstance(recorded, (int, float)) and not math.isclose(recorded, scale, rel_tol=1e-5):
         return "config", f"its normalisation scale {recorded!r} differs from the weights' {scale:g}"
-    if "config_sha256" in config and config["config_sha256"] != config_digest(config):
+    if "config_sha256" not in config:
+        return "config", ("its description has no config_sha256, the checksum of its hook, arch, k, tokens, model "
+                          "and normalisation, so an edit cannot be told apart")
+    if config["config_sha256"] != config_digest(config):
         return "config", ("its description was edited after training (config_sha256 does not match the hook, "
                           "arch, k, tokens, model or normalisation it holds)")
+    return None
+
+
+def loader_problem(config: Any, tensors: Dict[str, torch.Tensor]) -> Optional[tuple]:
+    """``("config" | "weights", why)`` for everything :func:`load` refuses in a parsed ``sae.json`` and its
+    tensors (the weights' SHA-256 against their bytes aside); None when it would load them. :func:`save` runs it
+    too: an SAE that its own loader would refuse is never written."""
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        return "config", f"no {FORMAT!r} format key"
+    version = config.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
+        return "config", f"format version {version!r}; this interp reads up to {FORMAT_VERSION}"
+    problems = [key for key, kind in (("arch", str), ("hook", str), ("model", dict), ("weights_sha256", str))
+                if not isinstance(config.get(key), kind)]
+    if config.get("arch") not in ARCHS:
+        problems.append("arch")
+    if problems:
+        return "config", f"missing or invalid {', '.join(sorted(set(problems)))}"
+    problem = tensor_problem(config, tensors) or config_problem(config, tensors)
+    if problem:
+        return problem
+    try:
+        SAE(config, tensors)
+    except InterpError as e:
+        return "weights", str(e)
     return None
 
 
@@ -276,14 +324,8 @@ def load(directory: Union[str, Path], model=None, hook: Optional[str] = None) ->
         raise _bad(cfg_path, f"not JSON: {type(e).__name__}") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise _bad(cfg_path, f"no {FORMAT!r} format key")
-    if not isinstance(config.get("version"), int) or config["version"] > FORMAT_VERSION:
-        raise _bad(cfg_path, f"format version {config.get('version')!r}; this interp reads up to {FORMAT_VERSION}")
-    problems = [key for key, kind in (("arch", str), ("hook", str), ("model", dict), ("weights_sha256", str))
-                if not isinstance(config.get(key), kind)]
-    if config.get("arch") not in ARCHS:
-        problems.append("arch")
-    if problems:
-        raise _bad(cfg_path, f"missing or invalid {', '.join(sorted(set(problems)))}")
+    if not isinstance(config.get("weights_sha256"), str):
+        raise _bad(cfg_path, "missing or invalid weights_sha256")
     data = w_path.read_bytes()
     if _digest(data) != config["weights_sha256"]:
         raise _bad(w_path, f"its SHA-256 does not match {SAE_CONFIG}: corrupt, truncated or from another run")
@@ -291,13 +333,10 @@ def load(directory: Union[str, Path], model=None, hook: Optional[str] = None) ->
         tensors = load_bytes(data)
     except Exception as e:  # safetensors raises its own error types for a damaged header
         raise _bad(w_path, f"{type(e).__name__}") from None
-    problem = tensor_problem(config, tensors) or config_problem(config, tensors)
+    problem = loader_problem(config, tensors)
     if problem:
         raise _bad(w_path if problem[0] == "weights" else cfg_path, problem[1])
-    try:
-        sae = SAE(config, tensors, directory)
-    except InterpError as e:
-        raise _bad(w_path, str(e)) from None
+    sae = SAE(config, tensors, directory)
     if model is not None:
         sae.check_model(model)
     if hook is not None:

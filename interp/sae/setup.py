@@ -137,6 +137,18 @@ def contents_digest(source) -> str:
     return h.hexdigest()
 
 
+def same_data(saved: Any, now: Dict[str, Any]) -> bool:
+    """Whether a checkpoint's data signature ``saved`` is this run's ``now``: a cache's path compared resolved, so
+    the same file named relatively, absolutely or through a link is the same data (a relative path a checkpoint
+    recorded before paths were stored resolved is read from the working folder)."""
+    def resolved(signature):
+        if isinstance(signature, dict) and signature.get("source") == "cache" and isinstance(signature.get("path"), str):
+            return {**signature, "path": os.path.realpath(signature["path"])}
+        return signature
+
+    return resolved(saved) == resolved(now)
+
+
 def prepare_data(model, hook: str, cfg, *, cache=None, images=None, rank: int = 0, n_ranks: int = 1,
                  image_batch: int = 32) -> RunData:
     if (cache is None) == (images is None):
@@ -144,7 +156,7 @@ def prepare_data(model, hook: str, cfg, *, cache=None, images=None, rank: int = 
     if cache is not None:
         reader = open_cache(cache, model=model)
         rows = CacheRows(reader, hook)
-        signature = {"source": "cache", "path": str(cache), "n_images": rows.n_images,
+        signature = {"source": "cache", "path": os.path.realpath(cache), "n_images": rows.n_images,
                      "images_sha256": reader.meta.get("images_sha256")}
     else:
         model.resolve_hooks([hook])

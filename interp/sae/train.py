@@ -28,12 +28,12 @@ from .._progress import tqdm
 from ..cache.lock import LockHeld, WriterLock
 from ..errors import InterpError, UsageError
 from . import modules as sae_modules
-from ..sae_settings import SAE_CHECKPOINT, SAE_CONFIG, SAE_CURVE, TrainSettings
+from ..sae_settings import SAE_CHECKPOINT, SAE_CONFIG, SAE_CURVE, TrainSettings, check_sae_size
 from .data import TokenStream
 from .files import write_atomic
 from .evaluate import held_out_loss_recovered
 from .model import SAE, save
-from .setup import RunData, describe_detection, prepare_data, stats_over, world
+from .setup import RunData, describe_detection, prepare_data, same_data, stats_over, world
 from ..interventions.sae_features import SparseCodes
 
 CURVE_KEYS = ("step", "loss", "explained_variance", "l0", "dead_fraction")
@@ -134,7 +134,7 @@ def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every
 
     data = prepare_data(model, hook, cfg, cache=cache, images=images, rank=rank, n_ranks=n_ranks,
                         image_batch=image_batch)
-    if state is not None and state["data"] != data.signature:
+    if state is not None and not same_data(state["data"], data.signature):
         raise InterpError(f"{str(ckpt_path)!r} was trained on other data ({state['data']}); resume with the "
                           "same cache/images, or start again with --overwrite")
     per_rank = cfg.data_shards // n_ranks
@@ -212,7 +212,9 @@ def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every
 
 def check_sizes(cfg: TrainSettings, n_features: int, n_tokens: int) -> None:
     """Settings that only the data can bound: ``k`` within the SAE's features, a step's batch within the training
-    tokens (one-line UsageError naming the most that fits)."""
+    tokens, the SAE's size within :data:`~interp.values.MAX_SAE_WEIGHTS` (one-line UsageError naming the most that
+    fits)."""
+    check_sae_size(cfg.expansion, n_features // cfg.expansion)
     if cfg.arch in ("topk", "batchtopk", "archetypal") and cfg.k > n_features:
         raise UsageError(f"--k {cfg.k} is more than the SAE's {n_features} features (--expansion {cfg.expansion} x "
                          f"width {n_features // cfg.expansion}); give --k <= {n_features} (SAEs use 8-64)")

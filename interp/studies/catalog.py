@@ -19,6 +19,7 @@ from ..errors import InterpError, UsageError
 from ..hooks.names import BlockNames
 from .aggregation import configs as aggregation_configs
 from .artifacts import configs as artifacts_configs
+from .causal import configs as causal_configs
 from .declaration import StudyConfig, declared_configs, function_of
 from .objects import configs as objects_configs
 from .probes import configs as probes_configs
@@ -50,6 +51,7 @@ THEMES: Tuple[Theme, ...] = (
     Theme("objects", "Objects in the maps", objects_configs),
     Theme("probes", "What the tokens hold", probes_configs),
     Theme("sae", "Sparse autoencoders", sae_configs),
+    Theme("causal", "The causal toolkit", causal_configs),
 )
 
 

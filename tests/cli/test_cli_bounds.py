@@ -26,8 +26,8 @@ def test_controls_that_cannot_be_drawn_are_one_line():
 
 def test_arguments_the_config_refutes_are_refused_before_torch(tmp_path):
     """--detect-layer 9 on a 6-block model, a hook of block 9, --features 999 of a 384-feature SAE, an SAE folder
-    another run trains into: refused in a fresh interpreter without importing torch (they arrived after 10-15 s
-    of model loading)."""
+    another run trains into (for sae train and sae import), an import --out that is a file: refused in a fresh
+    interpreter without importing torch (they arrived after 10-15 s of model loading)."""
     import json
     import subprocess
     import sys
@@ -48,6 +48,8 @@ def test_arguments_the_config_refutes_are_refused_before_torch(tmp_path):
          "--out", str(tmp_path / "d")],
         ["sae", "train", "planted_vit", "--images", image, "--hook", "blocks.3.hook_resid_post",
          "--out", str(tmp_path / "busy")],
+        ["sae", "import", "planted_vit", "saelens", str(sae), "--out", str(sae / "sae.json")],
+        ["sae", "import", "planted_vit", "saelens", str(sae), "--out", str(tmp_path / "busy"), "--overwrite"],
     ]
     from interp.cache.lock import WriterLock
 
@@ -58,15 +60,16 @@ def test_arguments_the_config_refutes_are_refused_before_torch(tmp_path):
              "print(codes, 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     held.release()
-    assert out.stdout.strip() == "[2, 2, 2, 2, 1] False", (out.stdout, out.stderr)
+    assert out.stdout.strip() == "[2, 2, 2, 2, 1, 2, 1] False", (out.stdout, out.stderr)
     err = out.stderr.strip().splitlines()
     assert "planted_vit has 6 blocks" in err[0] and "has 2 blocks" in err[1] and "blocks.9" in err[2], err
     assert "feature 999 does not exist" in err[3] and "384 features" in err[3], err
     assert "being trained into by another interp run" in err[4], err
+    assert "is a file; give a folder" in err[5] and "being written by another interp run" in err[6], err
 
 
 @pytest.mark.parametrize("where, status, words", [
-    ("file", 2, "is a file"), ("under a file", 2, "lies under"), ("/proc/x", 1, "in '/proc'"),
+    ("file", 2, "is a file"), ("under a file", 2, "lies under"), ("/proc/x", 2, "in '/proc'"),
 ])
 def test_sae_train_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, where, status, words):
     """`sae train --out` an existing file, a path under a file, /proc/x: raw tracebacks before."""
@@ -131,6 +134,10 @@ def _test_vit_weights(tmp_path):
     (["study", "norms", "test_vit", "--weights", "FILE", "--detect-layer", "6"], "test_vit has 6 blocks"),
     (["patch", "export", "vit_tiny_patch16_224", "--no-pretrained", "--img-size", "8", "--interventions", "{}"],
      "--img-size 8 is smaller than one patch"),
+    (["sae", "train", "vit_large_patch16_224", "--no-pretrained", "--hook", "blocks.3.hook_resid_post",
+      "--expansion", "128", "--data-shards", "1"], "--expansion 128 on a hook of width 1024"),
+    (["sae", "train", "vit_tiny_patch16_224", "--no-pretrained", "--hook", "blocks.3.mlp.hook_post",
+      "--expansion", "128", "--data-shards", "1"], "over interp's bound of 67,108,864: give --expansion <= 113"),
 ])
 def test_arguments_the_model_structure_refutes_are_refused_before_it_loads(tmp_path, capsys, monkeypatch, argv,
                                                                            words):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import random
 import shutil
 import signal
@@ -20,7 +21,7 @@ from interp.cli import main
 from interp.errors import InterpError
 from interp.interventions import SAEFeatureAblation
 from interp.sae import files as sae_files
-from sae_helpers import HOOK, needs_overcomplete, planted_cache, planted_sae, train_planted
+from sae_helpers import HOOK, TRAIN, needs_overcomplete, planted_cache, planted_model, planted_sae, train_planted
 
 pytestmark = needs_overcomplete
 STEPS, EVERY = 48, 3
@@ -148,6 +149,19 @@ def test_a_cache_without_the_hook_is_refused_in_one_line(tmp_path, capsys):
                "--out", str(tmp_path / "x"), "--steps", "2"])
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "blocks.1.hook_resid_post" in err and "interp cache" in err, err
+
+
+def test_resume_with_the_cache_named_relatively_continues(tmp_path, one_thread, monkeypatch):
+    """Issue 53: --resume refused the same cache spelled as a relative path instead of the absolute one the run
+    began with ("trained on other data"); the paths are compared resolved."""
+    out = tmp_path / "run"
+    train_planted(out, steps=4, checkpoint_every=2)
+    (out / "sae.json").unlink()
+    monkeypatch.chdir(planted_cache().parent.parent)
+    relative = os.path.join(planted_cache().parent.name, planted_cache().name)
+    result = interp.sae.train(planted_model(), HOOK, out, cache=relative, progress=False, resume=True,
+                              checkpoint_every=2, **{**TRAIN, "steps": 6})
+    assert len(result["curve"]["step"]) == 6 and result["data"]["path"] == str(planted_cache().resolve())
 
 
 def test_resume_with_other_settings_is_refused(tmp_path, one_thread):

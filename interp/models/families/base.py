@@ -1,7 +1,9 @@
 """``Family``: the adapter that says what one timm model class is and how interp runs it with hook points.
 
 One subclass per timm class, one module each (``vit.py`` for ``VisionTransformer``, ...), registered by defining
-it (``Family.registry``) and imported by ``families/__init__.py``. An adapter is bound to one timm module and
+it (``Family.registry``) and imported by ``families/__init__.py``; a family defined outside the package (a user's
+script) is added with :func:`interp.register_family`. A model gets the family registered for its exact class (or
+its nearest registered base class), never the first ``isinstance`` match. An adapter is bound to one timm module and
 answers everything the layers above ask of a model, so nothing else reads a timm class's attributes:
 
 * what it is: the timm entry-point modules that build it (``timm_modules``, checked from a name before anything
@@ -59,7 +61,7 @@ class Family:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.name:
+        if cls.name and cls.__module__.startswith(__package__ + "."):  # interp's own; a user's: register_family
             Family.registry.append(cls)
 
     def __init__(self, module: nn.Module):
@@ -70,10 +72,6 @@ class Family:
     def timm_class(cls) -> type:
         """The timm class this family instruments."""
         raise NotImplementedError
-
-    @classmethod
-    def matches(cls, module: nn.Module) -> bool:
-        return isinstance(module, cls.timm_class())
 
     def check(self) -> None:
         """Raise :class:`~interp.errors.UnsupportedModelError` for a variant of the class the hooked forward
@@ -202,6 +200,20 @@ class Family:
             raise InterpError(f"block {layer}'s attention pattern {tuple(pattern.shape)} is not [b, h, t, t]: its "
                               "keys are not its tokens")
         return pattern.float().mean(1).mean(1)
+
+    def final_readout(self):
+        """The readout after the last block, split around its norms
+        (:class:`~interp.models.families.readout.FinalReadout`): what the logit lens and direct logit attribution
+        read; a one-line refusal for a model whose stages change the token grid."""
+        raise InterpError(f"no logit lens or logit decomposition for {type(self.module).__name__}: its stages merge "
+                          "patches and change width, so earlier blocks are not in the head's space")
+
+    def head_writes(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """What each attention head of block ``layer`` writes into the residual stream per unit of its output
+        ``attn.hook_z``: (Tensor[h, dh, d] the ``proj`` columns of each head times the block's LayerScale, the
+        ``proj`` bias times LayerScale [d]). Detached float32; a one-line refusal where the heads do not add up
+        linearly into the residual stream."""
+        raise InterpError(f"per-head writes are not defined for {self.title}")
 
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """Raise :class:`~interp.errors.ImageError` unless ``x`` is a Tensor[b, C, H, W] this model can take."""

@@ -34,8 +34,9 @@ from torch import nn
 from ...errors import InterpError
 from ..layout import TokenLayout
 from .base import Family
-from .parts import (InsertExtraTokens, KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward,
-                    unsupported_mlp)
+from .parts import (InsertExtraTokens, KeyValue, MlpActivationEdits, attend, head_writes, hook_heads, install, is_gated,
+                    mlp_forward, unsupported_mlp)
+from .readout import FinalReadout, final_readout
 
 _ENTRY_POINTS = ("forward_features", "_pos_embed", "forward_head", "pool")
 ROPE_HOOKS = ("hook_rot_q", "hook_rot_k")
@@ -104,6 +105,16 @@ class EvaFamily(Family):
 
         block = self.block(layer)
         return super().write_norms(layer)[0], block.norm2 if isinstance(block, EvaBlockPostNorm) else None
+
+    def final_readout(self) -> FinalReadout:
+        return final_readout(self)
+
+    def head_writes(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        block = self.block(layer)
+        if not hasattr(block, "gamma_1"):
+            raise InterpError("a post-norm Eva block normalises its attention branch after proj: the heads' writes "
+                              "do not add up linearly, so there is no per-head decomposition")
+        return head_writes(block.attn, block.gamma_1)
 
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """``(H, W)`` must be the model's own size, or any multiple of the patch size for models built with

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
+from ...errors import InterpError
+
 KeyValue = Tuple[torch.Tensor, torch.Tensor]  # (k', v'), each [h, m, dh]
 
 BLOCK_HOOKS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
@@ -82,6 +84,22 @@ def attend(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                            dropout_p=attn.attn_drop.p if attn.training else 0.0)
     z = z.transpose(1, 2)  # [b, t, h, dh]
     return attn.hook_z(z) if hooked else z
+
+
+def head_writes(attn: nn.Module, gain: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(Tensor[h, dh, d], bias [d]): each head's slice of ``attn.proj``'s columns times the branch's LayerScale
+    ``gain`` [d] (None: none), and the bias it adds once; refused when something sits between ``hook_z`` and
+    ``proj`` (a norm over the heads, a gate), as then the heads do not add up linearly."""
+    if not isinstance(getattr(attn, "norm", None), (nn.Identity, type(None))) or getattr(attn, "gate", None) is not None:
+        raise InterpError("this attention normalises or gates the heads' concatenated output before its proj: "
+                          "the heads' writes do not add up linearly, so there is no per-head decomposition")
+    w = attn.proj.weight.detach().float()  # [d, h * dh]
+    d = w.shape[0]
+    per_head = w.reshape(d, attn.num_heads, -1).permute(1, 2, 0)  # [h, dh, d]
+    bias = attn.proj.bias.detach().float() if attn.proj.bias is not None else torch.zeros(d, device=w.device)
+    if gain is not None:
+        per_head, bias = per_head * gain.detach().float(), bias * gain.detach().float()
+    return per_head, bias
 
 
 def mlp_forward(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,9 @@ from torch import nn
 from ...errors import InterpError
 from ..layout import TokenLayout
 from .base import Family
-from .parts import (InsertExtraTokens, KeyValue, MlpActivationEdits, attend, hook_heads, install, is_gated, mlp_forward,
-                    unsupported_mlp)
+from .parts import (InsertExtraTokens, KeyValue, MlpActivationEdits, attend, head_writes, hook_heads, install, is_gated,
+                    mlp_forward, unsupported_mlp)
+from .readout import FinalReadout, final_readout
 
 _ENTRY_POINTS = ("forward_features", "_pos_embed", "forward_head", "pool")
 
@@ -34,9 +35,12 @@ class VitFamily(Family):
 
     def check(self) -> None:
         from timm.layers import Attention
-        from timm.models.vision_transformer import Block, VisionTransformer
+        from timm.models.vision_transformer import Block
 
-        self.refuse_overrides(VisionTransformer, _ENTRY_POINTS, " (e.g. distilled DeiT)")
+        # the entry points of the class this family instruments (a subclass family, e.g. one added with
+        # interp.register_family, names its own class)
+        self.refuse_overrides(self.timm_class(), _ENTRY_POINTS, " (e.g. distilled DeiT: add its family with "
+                                                                "interp.register_family, docs: Your own model)")
         for i, block in enumerate(self.module.blocks):
             problem = None
             if type(block) is not Block:
@@ -76,6 +80,13 @@ class VitFamily(Family):
 
     def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
         return getattr(self.block(layer).ls2, "gamma", None)
+
+    def final_readout(self) -> FinalReadout:
+        return final_readout(self)
+
+    def head_writes(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        block = self.block(layer)
+        return head_writes(block.attn, getattr(block.ls1, "gamma", None))
 
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """``(H, W)`` must be the model's own size, or any multiple of the patch size for models built with

@@ -10,16 +10,17 @@ registers re-run the model with an edit, so they take ``--images`` and the neuro
 """
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, BlockNames
 from ...errors import InterpError, UsageError
-from ...values import (NEURONS_SYNTAX, existing_path, nonnegative_int, positive_int, register_count,
+from ...values import (NEURONS_SYNTAX, existing_path, nonnegative_int, positive_float, positive_int, register_count,
                        sae_feature_ids)
-from ..core.options import DetectionOptions, NeuronsOptions
+from ..core.options import ClassifierOption, DetectionOptions, NeuronsOptions
 from ...detection.presets import resolve_preset
-from ..declaration import declare, option
+from ..declaration import StudyConfig, declare, option
 from ...hooks.names import resolve_block
 
 
@@ -197,3 +198,68 @@ class RegistersConfig(NeuronsOptions, DetectionOptions):
     n_registers: int = option(1, "test-time register tokens (default 1)", parse=register_count)
     value: str = option("layer_max", "value written into the register (default layer_max, as the reference code)",
                         choices=("layer_max", "neuron_max"))
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class MassiveConfig(StudyConfig):
+    """massive activations: the largest |activation| per block against the median, which channels and tokens
+
+    Per block, the top-1/2/3 |activation| of the residual stream over tokens x channels against the median |activation|
+    (Sun et al. 2024), the channels and token kinds that carry the largest one, the attention logits those
+    tokens receive in the next block, and the same after the final norm (which divides each token by its own scale
+    and so hides them)."""
+
+    name: ClassVar[str] = "massive"
+    module: ClassVar[str] = "interp.studies.artifacts.massive"
+    function: ClassVar[str] = "massive_study"
+    result: ClassVar[str] = "MassiveResult"
+    inputs: ClassVar[str] = "images_or_cache"
+    cache_doc: ClassVar[str] = ("`blocks.{0..N-1}.hook_resid_post` (full vectors; `blocks.{1..N-1}.attn.hook_attn_scores` "
+                                "and `hook_norm_final` when cached)")
+
+    min_value: float = option(100.0, "an activation is massive above this magnitude (Sun et al.: 100)",
+                              parse=positive_float)
+    min_ratio: float = option(1000.0, "... and at least this many times the block's median |activation| (Sun et "
+                                      "al.: about 1,000)", parse=positive_float)
+    attention: bool = True  # the attention logits the largest activation's token receives in the next block
+
+    def hooks(self, blocks: BlockNames) -> List[str]:
+        """Every block's output (full vectors)."""
+        return [blocks.resid_post(i) for i in range(len(blocks))]
+
+
+REPLACE_MODES = ("zero", "mean", "noise", "shuffle")
+
+
+def replacement_modes(text: str) -> Tuple[str, ...]:
+    """``--modes zero,mean,...``: distinct replacements of :data:`REPLACE_MODES`."""
+    modes = tuple(m.strip() for m in str(text).split(",") if m.strip())
+    unknown = [m for m in modes if m not in REPLACE_MODES]
+    if not modes or unknown or len(set(modes)) != len(modes):
+        raise ArgumentTypeError(f"expected distinct replacements of {', '.join(REPLACE_MODES)}, got {text!r}")
+    return modes
+
+
+@declare
+@dataclass(frozen=True, kw_only=True)
+class ReplaceConfig(ClassifierOption, DetectionOptions):
+    """token replacement: is a token's content needed, or only its presence? zero vs mean, noise, shuffle
+
+    Replace a token set (--target: registers, cls, register:I, patches:I,J or random:K) at every block's output by
+    zero, its calibration mean, matched Gaussian noise and another image's tokens (Parodi et al. 2026), against K
+    random patches zeroed as a control; per condition the behaviour, the CLS->patch attention's Jensen-Shannon
+    divergence to the intact model, the patch features' effective rank and the outliers left; for a token set of
+    several tokens, the sum of each token zeroed alone beside all zeroed together."""
+
+    name: ClassVar[str] = "replace"
+    module: ClassVar[str] = "interp.studies.artifacts.replace"
+    function: ClassVar[str] = "replace_study"
+    result: ClassVar[str] = "ReplaceResult"
+
+    target: str = option("auto", "the tokens replaced: registers, cls, register:I, patches:I,J,... or random:K "
+                                 "(default auto: the registers, else CLS)")
+    modes: Tuple[str, ...] = option(REPLACE_MODES, "replacements, comma-separated (default zero,mean,noise,shuffle)",
+                                    parse=replacement_modes, metavar="M,...")
+    singles: bool = option(True, "also zero each token of the set alone (the sum of single effects against the "
+                                 "collective one)")

@@ -1,0 +1,275 @@
+"""Hugging Face ``transformers`` folders as interp models: per class, a random-init ``transformers`` model built
+here from a tiny config, saved with ``save_pretrained`` and loaded through ``interp.load(folder)``, gives every
+block's residual stream and the output of its own forward (``output_hidden_states=True``), at the suite's 1e-5
+float32 tolerance; the keys it holds are all accounted for, its preprocessing and class names are read."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import interp
+from conftest import one_error_line
+from interp.errors import ModelLoadError, UnsupportedModelError
+from interp.models.preprocessing import data_config
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-5
+SAMPLES = Path(interp.__file__).parent / "data" / "samples"
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
+
+
+def _vit(**kw):
+    return transformers.ViTConfig(**SMALL, intermediate_size=96, **kw)
+
+
+def _siglip_vision(**kw):
+    return dict(SMALL, intermediate_size=96, **kw)
+
+
+# case -> (transformers class, its config, what its output is on interp's side)
+CASES = {
+    "vit": ("ViTModel", lambda: _vit(), "features"),
+    "vit-classifier": ("ViTForImageClassification",
+                       lambda: _vit(num_labels=3, id2label={0: "cat", 1: "dog", 2: "fox"},
+                                    label2id={"cat": 0, "dog": 1, "fox": 2}, hidden_act="gelu_new"), "logits"),
+    "dinov2": ("Dinov2Model", lambda: transformers.Dinov2Config(**SMALL, mlp_ratio=2, layerscale_value=0.5),
+               "features"),
+    "dinov2-swiglu": ("Dinov2Model", lambda: transformers.Dinov2Config(**SMALL, mlp_ratio=2, use_swiglu_ffn=True),
+                      "features"),
+    "dinov2-registers": ("Dinov2WithRegistersModel",
+                         lambda: transformers.Dinov2WithRegistersConfig(**SMALL, mlp_ratio=2, num_register_tokens=3),
+                         "features"),
+    "dinov3": ("DINOv3ViTModel", lambda: transformers.DINOv3ViTConfig(**SMALL, intermediate_size=96,
+                                                                      num_register_tokens=2), "features"),
+    "dinov3-gated": ("DINOv3ViTModel", lambda: transformers.DINOv3ViTConfig(
+        **SMALL, intermediate_size=96, use_gated_mlp=True, hidden_act="silu", mlp_bias=False, proj_bias=False,
+        query_bias=False), "features"),
+    "clip": ("CLIPVisionModel", lambda: transformers.CLIPVisionConfig(**SMALL, intermediate_size=96), "pooled"),
+    "clip-projection": ("CLIPVisionModelWithProjection",
+                        lambda: transformers.CLIPVisionConfig(**SMALL, intermediate_size=96, projection_dim=16),
+                        "image_embeds"),
+    "clip-classifier": ("CLIPForImageClassification", lambda: transformers.CLIPConfig(
+        vision_config=_siglip_vision(), num_labels=4), "logits"),
+    "siglip": ("SiglipVisionModel", lambda: transformers.SiglipVisionConfig(**SMALL, intermediate_size=96),
+               "pooled"),
+    "siglip-no-head": ("SiglipVisionModel", lambda: transformers.SiglipVisionConfig(
+        **SMALL, intermediate_size=96, vision_use_head=False), "features"),
+    "siglip-classifier": ("SiglipForImageClassification", lambda: transformers.SiglipConfig(
+        vision_config=_siglip_vision(), num_labels=5), "logits"),
+}
+
+
+def _randomise(model: torch.nn.Module) -> None:
+    """Every parameter drawn at random (transformers' init leaves biases, LayerScale and norms at constants that
+    would hide a mixed-up key)."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            norm_gain = ("norm" in name or "layrnorm" in name) and name.endswith("weight")
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (1.0 if norm_gain else 0.0))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """case -> (folder, the transformers model in eval mode); built once per module."""
+    out = {}
+    root = tmp_path_factory.mktemp("hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformers.logging.set_verbosity_error()
+        for case, (cls_name, config, _) in CASES.items():
+            torch.manual_seed(0)
+            model = getattr(transformers, cls_name)(config()).eval()
+            _randomise(model)
+            model.save_pretrained(root / case)
+            out[case] = (root / case, model)
+    (root / "vit" / "preprocessor_config.json").write_text(json.dumps({
+        "do_normalize": True, "image_mean": [0.1, 0.2, 0.3], "image_std": [0.4, 0.5, 0.6], "resample": 2,
+        "size": {"shortest_edge": 40}, "do_center_crop": True, "crop_size": {"height": 32, "width": 32}}))
+    return out
+
+
+def _load(folder):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = interp.load(str(folder))
+    return model, [str(w.message) for w in caught]
+
+
+def _reference_output(model, kind: str, out):
+    if kind == "logits":
+        return out.logits
+    if kind == "image_embeds":
+        return out.image_embeds
+    if kind == "pooled":
+        return out.pooler_output
+    return out.last_hidden_state
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_blocks_and_output_equal_transformers(saved, case):
+    folder, reference = saved[case]
+    kind = CASES[case][2]
+    model, notes = _load(folder)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = reference(pixel_values=x, output_hidden_states=True)
+        names = [model.block_names.hook(i, "hook_resid_post") for i in range(model.n_layers)]
+        logits, cache = model.run_with_cache(x, names_filter=lambda n: n in names + ["hook_norm_final"])
+    hidden = out.hidden_states
+    assert len(hidden) == model.n_layers + 1
+    for i, name in enumerate(names):
+        torch.testing.assert_close(cache[name], hidden[i + 1], atol=TOL, rtol=TOL, msg=f"{case} {name}")
+    want = _reference_output(reference, kind, out)
+    got = {"features": cache["hook_norm_final"], "logits": logits, "image_embeds": logits, "pooled": logits}[kind]
+    torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+    layout = model.layout
+    n_reg = getattr(reference.config, "num_register_tokens", 0) or 0
+    assert layout.n_registers == n_reg and layout.n_patches == 16
+    assert layout.cls_index == (None if case.startswith("siglip") else 0)
+    assert len(notes) == 1 and CASES[case][0] in notes[0], notes
+
+
+def test_preprocessing_and_class_names(saved):
+    model, _ = _load(saved["vit"][0])
+    cfg = data_config(model)
+    assert cfg["mean"] == (0.1, 0.2, 0.3) and cfg["std"] == (0.4, 0.5, 0.6)
+    assert cfg["interpolation"] == "bilinear" and cfg["crop_pct"] == pytest.approx(0.8)
+    classifier, notes = _load(saved["vit-classifier"][0])
+    assert classifier.timm_model.pretrained_cfg["label_names"] == ["cat", "dog", "fox"]
+    assert "pooler" not in notes[0]  # ViTForImageClassification has no pooler
+    _, notes = _load(saved["vit"][0])
+    assert "vit.pooler" not in notes[0] and "pooler.dense.weight" in notes[0]  # said, not silently dropped
+
+
+def test_left_over_and_missing_keys_are_named(saved, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = saved["dinov2"][0]
+    sd = load_file(str(folder / "model.safetensors"))
+    for name, edit in (("extra", lambda d: d.update({"encoder.layer.0.adapter.weight": torch.zeros(2)})),
+                       ("missing", lambda d: d.pop("encoder.layer.1.norm2.bias"))):
+        target = tmp_path / name
+        target.mkdir()
+        (target / "config.json").write_text((folder / "config.json").read_text())
+        broken = dict(sd)
+        edit(broken)
+        save_file(broken, str(target / "model.safetensors"))
+        with pytest.raises(ModelLoadError) as e:
+            interp.load(str(target))
+        assert ("encoder.layer.0.adapter.weight" if name == "extra" else "blocks.1.norm2.bias") in str(e.value)
+        assert "\n" not in str(e.value)
+
+
+def test_unsupported_class_names_the_supported_ones(saved, tmp_path):
+    config = json.loads((saved["vit"][0] / "config.json").read_text())
+    config["architectures"] = ["BeitModel"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError) as e:
+        interp.load(str(tmp_path))
+    assert "ViTModel" in str(e.value) and "register_family" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hub_ids_offline_from_the_local_cache_or_one_line(saved, monkeypatch, tmp_path):
+    """A hub id is read from the local Hugging Face cache (laid out as huggingface_hub does); one without a local
+    copy fails in one line before anything is built."""
+    import shutil
+
+    import huggingface_hub.constants as constants
+
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache), raising=False)
+    repo = cache / "models--someone--tiny-clip"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(saved["clip"][0], repo / "snapshots" / ("0" * 40))
+    model, notes = _load("someone/tiny-clip")
+    assert model.n_layers == 2 and "CLIPVisionModel" in notes[0]
+    with pytest.raises(ModelLoadError) as e:
+        interp.load("someone/not-cached-vit")
+    assert "no local copy" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_transformers_model_runs_the_report_and_takes_a_patch_file(saved, tmp_path):
+    """A loaded folder is an ordinary interp model: ``interp report`` (detection, norms, neurons, ablation,
+    test-time registers, relocation, probes, LOST, redundancy) runs on it from the command line, an ablation
+    saved as a patch file applies to the plain timm model the folder loads as, and the explorer runs an edit."""
+    from interp.cli import main
+    from interp.interventions import NeuronAblation
+    from interp.models.hf_folder import load_hf_folder
+
+    folder = saved["dinov2-registers"][0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["report", str(folder), "--images", str(SAMPLES), "--out", str(tmp_path / "r"),
+                     "--no-progress", "--quiet"]) == 0
+        model, _ = _load(folder)
+        plain = load_hf_folder(folder)
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["n_images"] == 4
+    path = interp.patch.save([NeuronAblation({1: [3, 17]})], tmp_path / "ablate.safetensors", model)
+    plain = interp.patch.apply(plain, path)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        edited = model.run_with_interventions(x, interp.patch.load(path))
+        torch.testing.assert_close(plain(x), edited, atol=TOL, rtol=TOL)
+        assert (edited - model(x)).abs().max() > 1e-4
+    pytest.importorskip("starlette", reason="the explore extra is not installed")
+    from interp.explore.session import ExploreSession
+
+    session = ExploreSession(model, interp.models.sample_image_paths())
+    assert session.info()["grid"] == [4, 4] and session.info()["has_cls"]
+    out = session.run(1, [{"kind": "NeuronAblation", "neurons": {"1": [3]}}])
+    assert [len(row) for row in out["norms"]] == [16, 16]  # each block's patch norms on the 4 x 4 grid
+
+
+def test_the_command_line_takes_a_folder_as_model_or_weights(saved, capsys):
+    from interp.cli import main
+
+    folder = str(saved["dinov3"][0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["hooks", folder, "--pattern", "blocks.1.attn.hook_rot_q"]) == 0
+        assert "blocks.1.attn.hook_rot_q" in capsys.readouterr().out
+        assert main(["hooks", "vit_small_patch16_dinov3", "--weights", folder, "--pattern", "blocks.1.hook_resid_post"]) == 0
+        assert "[1, 19, 64]" in capsys.readouterr().out  # CLS + 2 registers + 16 patches, width 64
+        assert main(["hooks", "vit_small_patch16_224", "--weights", folder]) == 1  # as any file that does not fit
+    line = one_error_line(capsys.readouterr().err)
+    assert "DINOv3ViTModel" in line and "pass the folder as MODEL" in line
+
+
+def test_dinov3_at_another_input_size_equals_transformers(saved):
+    """DINOv3 takes any multiple of its patch (RoPE coordinates normalised per grid, in both): a 48 x 40 input
+    (6 x 5 patches) gives transformers' last hidden state."""
+    folder, reference = saved["dinov3"]
+    model, _ = _load(folder)
+    x = torch.randn(1, 3, 48, 40, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = reference(pixel_values=x).last_hidden_state
+        _, cache = model.run_with_cache(x, names_filter="hook_norm_final")
+    assert model.layout_for((48, 40)).grid == (6, 5)
+    torch.testing.assert_close(cache["hook_norm_final"], want, atol=TOL, rtol=TOL)
+
+
+def test_the_defaults_interp_assumes_are_the_config_classes(saved):
+    """A config.json may omit the values that equal its class's defaults; interp's table of them
+    (``HF_DEFAULTS``) is the installed transformers' own."""
+    from interp.models.hf_config import HF_DEFAULTS
+
+    classes = {"vit": "ViTConfig", "dinov2": "Dinov2Config", "dinov2_with_registers": "Dinov2WithRegistersConfig",
+               "dinov3_vit": "DINOv3ViTConfig", "clip_vision_model": "CLIPVisionConfig",
+               "siglip_vision_model": "SiglipVisionConfig"}
+    assert set(classes) == set(HF_DEFAULTS)
+    for model_type, defaults in HF_DEFAULTS.items():
+        actual = getattr(transformers, classes[model_type])().to_dict()
+        assert {k: actual[k] for k in defaults} == defaults, model_type
+
+
+def test_a_folder_refuses_kwargs_that_would_change_it(saved):
+    with pytest.raises(ModelLoadError, match=r"ViTModel, built as its config.json says \(32 px, 2 blocks\): img_size"):
+        interp.load(str(saved["vit"][0]), img_size=64)
