@@ -10,6 +10,8 @@ import torch
 
 import interp
 from built_once import built_once
+from interp.models.planted import planted_vit
+from interp.values import SAE_ARCHS
 
 # overcomplete is the optional extra interp[sae] (in [test]); find_spec does not import it
 needs_overcomplete = pytest.mark.skipif(importlib.util.find_spec("overcomplete") is None,
@@ -81,3 +83,45 @@ def planted_sae_wide() -> Path:
                       batch_size=512, lr=1e-3)
 
     return built_once("sae-wide", build) / "sae"
+
+
+# The dense bench (issue 47 item 4): a planted ViT whose register neurons write one dense random unit direction
+# (every residual channel, no axis) instead of a reserved channel, the artifact tokens about 2.5x the bulk; one small
+# SAE per objective interp trains, all on one cache (about 3 s each on one thread).
+DENSE_HOOK = "blocks.2.hook_resid_post"  # after the register neurons of block 1, two blocks before the last
+DENSE_TRAIN = dict(expansion=2, k=16, steps=60, batch_size=128, lr=3e-3, window_images=16, data_shards=2,
+                   holdout=0.125, dead_window=50, checkpoint_every=1000)
+
+
+@functools.lru_cache(maxsize=None)
+def dense_planted_model():
+    """(the hooked model, the planted unit direction [96]): register neurons writing 14 times the direction."""
+    model = interp.HookedViT.from_timm(planted_vit(layer=1, neurons=(17, 101, 202, 301), depth=4, embed_dim=96,
+                                                   num_heads=2), name="planted_dense")
+    direction = torch.randn(96, generator=torch.Generator().manual_seed(7))
+    direction /= direction.norm()
+    fc2 = model.timm_model.blocks[1].mlp.fc2
+    with torch.no_grad():
+        for n in (17, 101, 202, 301):
+            fc2.weight[:, n] = 14.0 * direction
+    return model, direction
+
+
+@functools.lru_cache(maxsize=None)
+def dense_saes() -> Path:
+    """The dense bench's cache (``dense.h5``, 32 images) and one SAE per architecture (``sae-ARCH``)."""
+    def build(folder: Path) -> None:
+        model, _ = dense_planted_model()
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                interp.cache.write(model, planted_images(32, seed=1), hooks=DENSE_HOOK, path=folder / "dense.h5",
+                                   progress=False, dtype="float32", batch_size=16)
+            for arch in SAE_ARCHS:
+                interp.sae.train(model, DENSE_HOOK, folder / f"sae-{arch}", cache=folder / "dense.h5",
+                                 progress=False, arch=arch, **DENSE_TRAIN)
+        finally:
+            torch.set_num_threads(before)
+
+    return built_once("sae-dense", build)

@@ -137,11 +137,18 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
     def n_heads(self) -> int:
         return self.family.n_heads(0)
 
-    def neuron_writes(self, layer: int) -> torch.Tensor:
+    def neuron_writes(self, layer: int, acts: Optional[torch.Tensor] = None) -> torch.Tensor:
         """What each MLP neuron of block ``layer`` adds to the residual stream per unit of activation:
         Tensor[d_model, d_mlp], ``fc2``'s columns times the block's LayerScale (``gamma * fc2[:, n]`` where the
-        block has one, as DINOv2, DeiT-III and DINOv3 do; ``fc2[:, n]`` otherwise). Detached float32."""
-        return self.family.neuron_writes(self.block_names.index(layer))
+        block has one, as DINOv2, DeiT-III and DINOv3 do; ``fc2[:, n]`` otherwise). Detached float32. Where a
+        LayerNorm sits between the neurons and the residual (EVA02's ``scale_mlp``, Swin-v2's post-norm;
+        :meth:`write_note` says so), linearised at the operating point ``acts`` (``mlp.hook_post`` activations
+        [..., d_mlp]), which it then needs (``Family.neuron_writes``)."""
+        return self.family.neuron_writes(self.block_names.index(layer), acts)
+
+    def write_note(self, layer: int) -> Optional[str]:
+        """None where block ``layer``'s write directions are exact, else how they are linearised."""
+        return self.family.write_note(self.block_names.index(layer))
 
     # ------------------------------------------------------------------ forward
     def check_input(self, x: torch.Tensor) -> None:

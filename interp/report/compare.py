@@ -36,7 +36,8 @@ PROBE_COLUMNS = {"pos_normal": ("position", "normal"), "pos_high": ("position", 
                  "glob_cls": ("label", "cls"), "glob_normal": ("label", "normal"),
                  "glob_high": ("label", "high_norm")}
 CHANCE_COLUMNS = {"pos_chance": ("position", "normal"), "glob_chance": ("label", "cls")}
-COLUMNS = NORM_COLUMNS + tuple(PROBE_COLUMNS) + tuple(CHANCE_COLUMNS)
+MSE_COLUMNS = {"pix_mse_normal": ("pixels", "normal"), "pix_mse_high": ("pixels", "high_norm")}
+COLUMNS = NORM_COLUMNS + tuple(PROBE_COLUMNS) + tuple(MSE_COLUMNS) + tuple(CHANCE_COLUMNS)
 COLUMN_DOCS = {
     "model": "the model (with its weights file when one was given)",
     "artifacts": "whether the detection found register artifacts (artifacts_found)",
@@ -51,6 +52,9 @@ COLUMN_DOCS = {
     "pos_high": "position probe top-1 on high-norm patch tokens",
     "pix_normal": "pixel-reconstruction probe R^2 on normal patch tokens",
     "pix_high": "pixel-reconstruction probe R^2 on high-norm patch tokens",
+    "pix_mse_normal": "pixel-reconstruction probe MSE per pixel value on normal patch tokens (the reassessment's "
+                      "measure)",
+    "pix_mse_high": "pixel-reconstruction probe MSE per pixel value on high-norm patch tokens",
     "glob_cls": "image-label probe top-1 from the CLS token",
     "glob_normal": "image-label probe top-1 from one normal patch token",
     "glob_high": "image-label probe top-1 from one high-norm patch token",
@@ -134,11 +138,13 @@ def probe_columns(result) -> Dict:
 
     row = {col: score(*where) for col, where in PROBE_COLUMNS.items()}
     row.update({col: score(*where, attr="chance") for col, where in CHANCE_COLUMNS.items()})
+    row.update({col: score(*where, attr="mse") for col, where in MSE_COLUMNS.items()})
     return row
 
 
 def probe_notes(result) -> Dict[str, str]:
-    """{probe column: why it has no number} of a ProbesResult (empty group, too few images or tokens)."""
+    """{probe column: why it has no number} of a ProbesResult (empty group, too few images or tokens; the
+    pixel-MSE columns share the pixel columns' notes)."""
     entries = {col: getattr(result, probe).get(group) for col, (probe, group) in PROBE_COLUMNS.items()}
     return {col: e.note for col, e in entries.items() if e is not None and e.score is None and e.note}
 

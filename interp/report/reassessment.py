@@ -6,15 +6,19 @@ column per model.
 * claim 3, where they sit: the local redundancy (input-patch similarity to the 4 neighbours) of normal and
   high-norm tokens;
 * claim 4, what they hold: label, position and pixel probes from normal and high-norm tokens;
-* claim 5, registers: attention-map cleanliness (the share of the last block's CLS->patch attention on the
-  artifact patches) and behaviour, without and with a test-time register (every model where it is defined),
-  and without and with trained registers (a ``*_regN*`` model beside its no-register sibling).
+* claim 5, registers: the attention the artifacts take in the unedited model (the CLS row's share on them, or
+  for a model without CLS the share of the mean attention each token receives: the paper's definition);
+  attention-map cleanliness (the share of the last block's CLS->patch attention on the artifact patches) and
+  behaviour, without and with a test-time register (every model where it is defined), and without and with
+  trained registers (a ``*_regN*`` model beside its no-register sibling).
 
 The rows, their definitions and each cell: :mod:`interp.report.reassessment_cells`. Rows 2-4 reuse
 :func:`interp.report.compare.model_row` (the norms, redundancy and probes studies); row 5 runs the
 neurons study and :func:`~interp.studies.artifacts.registers.registers_study`. Every model is read with one
 detection rule (a :class:`DetectionSpec`), each model's threshold its own. A model without artifacts gives
-"no artifacts" in rows 3-5; a figure that is not defined for a model is "n/a", and why is printed under the table.
+"no artifacts" in rows 3-5, but under a percentile threshold (the paper's p98, ``--preset reassessment``): there
+rows 3-5 give the paper's numbers on the tokens above it, with the two-mode verdict beside them. A figure that is
+not defined for a model is "n/a", and why is printed under the table.
 
 >>> vit = interp.load("vit_small_patch16_224", pretrained=False, depth=2)
 >>> result = reassess_models([model, vit], photos, names=["planted", "vit"], probes=False, progress=False)
@@ -42,6 +46,7 @@ from ..studies.artifacts.registers import registers_study
 from ..studies.core.behaviour import behaviour_readout
 from ..studies.core.result import StudyResult, skipped_records
 from .compare import PROBE_OPTIONS, model_row, preprocess_name
+from .reassessment_attention import received_attention
 from .reassessment_cells import NO_ARTIFACTS, ROWS, Cell, ModelRun, model_cells, trained_cells_of
 
 DEFAULT_TOP_K = 10  # register neurons of the test-time register (the planted models: their planted count)
@@ -60,8 +65,9 @@ def register_siblings(model_names: Sequence[str]) -> Dict[int, int]:
 
 
 def _test_time_register(source, found, baseline, top_k: int, classifier, progress: bool):
-    """(registers result, ranked neurons, None) or (None, None, why there is none) for one model."""
-    if not found.artifacts_found:
+    """(registers result, ranked neurons, None) or (None, None, why there is none) for one model (under a
+    percentile threshold, the paper's rule, also without a two-mode verdict: on the tokens above it)."""
+    if not found.artifacts_found and found.method != "percentile":
         return None, None, NO_ARTIFACTS
     refusal = source.model.family.extra_tokens_refusal
     if refusal:
@@ -99,8 +105,13 @@ def assess_model(model, images, spec: DetectionSpec, *, name: Optional[str] = No
     k = top_k or (len(truth.neurons) if truth is not None else DEFAULT_TOP_K)
     registers, neurons, why = _test_time_register(source, found, base, k, readout.classifier, progress)
     outliers = base.patch_norms > found.counting_threshold()
+    percentile = found.method == "percentile"
+    received, received_why = None, None
+    if base.cls_attention is None and (found.artifacts_found or percentile):
+        received, received_why = received_attention(source, progress)
     run = ModelRun(name, model.model_name, row, notes, bool(found.artifacts_found), outliers, base.cls_attention,
-                   base.logits, readout, registers, why, neurons, tuple(source.ids))
+                   base.logits, readout, registers, why, neurons, tuple(source.ids), received_attention=received,
+                   received_why=received_why, percentile=percentile)
     return run, skipped
 
 

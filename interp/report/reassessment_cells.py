@@ -31,8 +31,17 @@ ROWS: Dict[str, Tuple[str, str, str]] = {
     "position_probe": ("4", "position probe normal / high-norm",
                        "linear probe top-1 of a token's own grid position, from normal vs high-norm tokens "
                        "(chance in brackets)"),
-    "pixel_probe": ("4", "pixel probe normal / high-norm",
-                    "linear probe R^2 of the token's own input pixels, from normal vs high-norm tokens"),
+    "pixel_probe": ("4", "pixel probe MSE normal / high-norm (R^2)",
+                    "linear probe mean squared error per pixel value of the token's own input patch (the paper's "
+                    "measure, in the model's normalised input space), from normal vs high-norm tokens; R^2 beside "
+                    "it in brackets (R^2 divides by each group's own variance, so it can order the groups "
+                    "differently)"),
+    "artifact_attention": ("5", "attention on artifacts (unedited)",
+                           "share of the last block's attention on the high-norm patches in the unedited model: the "
+                           "CLS->patch row (head mean, over the patches), or for a model without CLS the mean "
+                           "attention each patch token receives (over heads and the queries that can attend to "
+                           "it; the paper's definition), mean over the images that have any (uniform: the "
+                           "patches' share)"),
     "ttr_attention": ("5", "test-time register: CLS attention on artifacts, without -> with",
                       "share of the last block's CLS->patch attention (head mean, over the patches) on the "
                       "unedited model's high-norm patches, mean over the images that have any, without and with "
@@ -52,7 +61,9 @@ ROWS: Dict[str, Tuple[str, str, str]] = {
 ARTIFACT_ROWS = tuple(k for k, (claim, _, _) in ROWS.items() if claim in ("3", "4", "5"))
 PROBE_ROWS = {"label_probe": ("glob_normal", "glob_high", "glob_chance"),
               "position_probe": ("pos_normal", "pos_high", "pos_chance"),
-              "pixel_probe": ("pix_normal", "pix_high", None)}
+              "pixel_probe": ("pix_mse_normal", "pix_mse_high", None)}
+TWO_MODE_NOTE = ("two-mode test: no separated high-norm mode; the figure reads the tokens above the percentile, "
+                 "as the paper does")
 
 
 def row_table() -> str:
@@ -106,6 +117,14 @@ class ModelRun:
     registers_why: Optional[str] = None
     neurons: Optional[Dict] = None
     ids: Tuple[str, ...] = ()  # the images it was measured on, in order
+    received_attention: Optional[torch.Tensor] = None  # [N, P] last block, without CLS (reassessment_attention)
+    received_why: Optional[str] = None
+    percentile: bool = False  # a percentile threshold (the paper's p98): rows 3-5 also without a two-mode verdict
+
+    @property
+    def measured(self) -> bool:
+        """Whether rows 3-5 have numbers: artifacts found, or the paper's percentile rule (its tokens above it)."""
+        return self.artifacts or self.percentile
 
 
 def _probe_cell(run: ModelRun, key: str) -> Cell:
@@ -114,10 +133,14 @@ def _probe_cell(run: ModelRun, key: str) -> Cell:
     if not any(c in run.row for c in (normal, high)):
         return _na("probes not run (--no-probes)")
     text = _pair(values["normal"], values["high_norm"])
+    if key == "pixel_probe":  # MSE, the paper's measure; R^2 beside it
+        values.update(r2_normal=run.row.get("pix_normal"), r2_high_norm=run.row.get("pix_high"))
+        text += f" (R^2 {_pair(values['r2_normal'], values['r2_high_norm'])})"
     if chance is not None and run.row.get(chance) is not None:
         values["chance"] = run.row[chance]
         text += f" ({_fmt(run.row[chance])})"
-    whys = sorted({run.notes[c] for c in (normal, high) if c in run.notes})
+    noted = ("pix_normal", "pix_high") if key == "pixel_probe" else (normal, high)  # the MSE's notes are R^2's
+    whys = sorted({run.notes[c] for c in noted if c in run.notes})
     if not whys and values["normal"] is None and values["high_norm"] is None:
         whys = [NO_LABELS if key == "label_probe" else "no score"]
     return Cell(values, text, "; ".join(whys) or None)
@@ -133,6 +156,25 @@ def _behaviour_cell(result) -> Cell:
             return Cell({"without": base.get(metric), "with": reg[metric]},
                         f"{_pair(base.get(metric), reg[metric], ' -> ')} ({label})", why)
     return _na(result.behaviour_note or "no behaviour metric")
+
+
+def _attention_cell(run: ModelRun) -> Cell:
+    """Claim 5's attention on the artifacts in the unedited model: the CLS row's share, else the share of the
+    mean attention each patch receives (no CLS)."""
+    if run.cls_attention is not None:
+        attention, what = run.cls_attention, "CLS->patch row"
+    elif run.received_attention is not None:
+        attention, what = run.received_attention, "mean attention received per token (no CLS token)"
+    else:
+        return _na(run.received_why or "no attention pattern at the last block")
+    if attention.shape != run.outliers.shape:
+        return _na(f"the detection block's grid ({run.outliers.shape[-1]} patches) is not the last block's "
+                   f"({attention.shape[-1]}): the attention is read at the last block")
+    shares, uniform = attention_on_artifacts(attention, run.outliers)
+    if not shares:
+        return _na("no patch above the counting threshold")
+    on, share = _mean(shares), _mean(uniform)
+    return Cell({"on_artifacts": on, "uniform": share}, f"{_fmt(on)} ({_fmt(share)})", what)
 
 
 def _ttr_cells(run: ModelRun) -> Dict[str, Cell]:
@@ -157,7 +199,7 @@ def _accuracy(run: ModelRun) -> Optional[float]:
 
 def _trained_cells(plain: ModelRun, reg: ModelRun) -> Dict[str, Cell]:
     """The trained-register rows of a no-register model and its sibling (the same cells in both columns)."""
-    if not plain.artifacts:
+    if not plain.measured:
         return {"trained_attention": Cell(text=NO_ARTIFACTS, why=f"{plain.name} has no artifacts"),
                 "trained_accuracy": Cell(text=NO_ARTIFACTS, why=f"{plain.name} has no artifacts")}
     if plain.cls_attention is None or reg.cls_attention is None:
@@ -206,11 +248,17 @@ def model_cells(run: ModelRun) -> Dict[str, Cell]:
     cells = {"artifacts": Cell({"artifacts": float(run.artifacts)}, "yes" if run.artifacts else "no"),
              "share": Cell({"share": row["outlier_%"]}, _fmt(row["outlier_%"])),
              "norm_ratio": Cell({"ratio": row["max/median"]}, _fmt(row["max/median"]))}
-    if not run.artifacts:
+    if not run.measured:
         return {**cells, **{key: Cell(text=NO_ARTIFACTS) for key in ARTIFACT_ROWS}}
     cells["redundancy"] = _redundancy_cell(run)
     cells.update({key: _probe_cell(run, key) for key in PROBE_ROWS})
+    cells["artifact_attention"] = _attention_cell(run)
     cells.update(_ttr_cells(run))
+    if not run.artifacts:  # the paper's percentile rule: its numbers, with the two-mode verdict beside them
+        cells["artifacts"].why = TWO_MODE_NOTE
+        for key in ARTIFACT_ROWS:
+            if key in cells:
+                cells[key].why = "; ".join(w for w in (cells[key].why, TWO_MODE_NOTE) if w)
     return cells
 
 
@@ -221,7 +269,7 @@ def trained_cells_of(me: int, runs: Sequence[ModelRun], pairs: Dict[int, int]) -
     for reg, plain in pairs.items():
         if me in (reg, plain):
             return _trained_cells(runs[plain], runs[reg])
-    if not run.artifacts:
+    if not run.measured:
         return {key: Cell(text=NO_ARTIFACTS) for key in ("trained_attention", "trained_accuracy")}
     why = ("no register sibling among the models (a model named like it with _regN, e.g. "
            "vit_small_patch14_reg4_dinov2 beside vit_small_patch14_dinov2, or --siblings REG=PLAIN)")

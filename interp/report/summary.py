@@ -214,6 +214,7 @@ def sae_features_summary(result) -> Optional[Dict]:
         return None
     return {"sae": result.sae, "hook": result.hook, "n_features": result.n_features, "n_alive": result.n_alive,
             "artifacts_found": result.artifacts_found, "message": result.message, "neurons": result.neurons,
+            "isolated": (result.artifact_subspace or {}).get("isolated"),
             "artifact_features": [{"feature": f["feature"], "rate_high_norm": f["rates"]["high_norm"],
                                    "rate_normal_patch": f["rates"]["normal_patch"],
                                    "cos_mean_high_norm": f["cos_mean_high_norm"],

@@ -190,8 +190,27 @@ class ActivationSource:
 
     def neuron_writes(self, layer: int) -> torch.Tensor:
         """What each MLP neuron of block ``layer`` writes into the residual stream per unit of activation,
-        LayerScale included: Tensor[d_model, d_mlp] (``HookedViT.neuron_writes``)."""
-        return self._weights("the neurons' write directions").neuron_writes(layer)
+        LayerScale included: Tensor[d_model, d_mlp] (``HookedViT.neuron_writes``). Where a LayerNorm sits between
+        the neurons and the residual (``write_note``), linearised at this source's operating point: the
+        ``mlp.hook_post`` activations of every token of its first ``OPERATING_IMAGES`` images (a cache must hold
+        that hook)."""
+        model = self._weights("the neurons' write directions")
+        if model.write_note(layer) is None:
+            return model.neuron_writes(layer)
+        hook = self.blocks.hook(self.blocks.index(layer), "mlp.hook_post")
+        self.require([hook])
+        acts, seen = [], 0
+        for b in self.batches([hook], min(self.batch_size, OPERATING_IMAGES)):
+            a = b.acts[hook][:OPERATING_IMAGES - seen]  # [b, t, d_mlp]
+            acts.append(a.float().reshape(-1, a.shape[-1]))
+            seen += len(a)
+            if seen >= OPERATING_IMAGES:
+                break
+        return model.neuron_writes(layer, torch.cat(acts))
+
+    def write_note(self, layer: int) -> Optional[str]:
+        """None where block ``layer``'s write directions are exact, else how :meth:`neuron_writes` linearises them."""
+        return self._weights("the neurons' write directions").write_note(layer)
 
     def _weights(self, what: str):
         model = self.weights_model
@@ -223,6 +242,9 @@ class ActivationSource:
             interventions: applied (after the source's own) to this call's forwards; live sources only.
         """
         raise NotImplementedError
+
+
+OPERATING_IMAGES = 16  # images whose tokens are the operating point of a write through a norm
 
 
 def require_live(source, what: str) -> None:

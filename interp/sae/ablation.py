@@ -1,7 +1,7 @@
 """The conditions of an ablation of SAE features against random controls (``interp study ablate --sae DIR
 --features 12,40``; docs/sae.md): the target :class:`~interp.interventions.SAEFeatureAblation` and one per control
 set, each set as many live features of the SAE matched to the chosen ones by firing rate and by firing on the high-norm
-tokens at its hook (:func:`~interp.sae.features.control_features`; their firing is read from the same images)."""
+tokens at its hook (:func:`~interp.sae.controls.control_features`; their firing is read from the same images)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Sequence
 
 from ..errors import InterpError
 from ..interventions.sae_features import SAEFeatureAblation
-from .features import ALIGNED_COS, aligned_features, coinciding_controls, matched_controls, source_feature_report
+from .controls import ALIGNED_COS, aligned_features, coinciding_controls, matched_controls
+from .features import source_feature_report
 from .model import load
 
 

@@ -6,9 +6,11 @@ The rule (:mod:`.artifact_rule`, docs/methods.md "Sparse autoencoders"): with hi
 detection (patch-token norms at the SAE's hook, :func:`~interp.detection.thresholds.detect_norms`), a feature is
 a candidate when it fires on at least ``MIN_COUNT`` high-norm tokens with a precision of at least
 ``MIN_PRECISION`` that beats the base rate (binomial test, Bonferroni), or when at least ``MIN_PRECISION`` of its
-code mass is on the high-norm tokens (``artifact_rule.mass_enriched``); the artifact features are the candidates
-a greedy search adds while each raises the coverage of the high-norm tokens' excess by ``MIN_GAIN``. Without
-artifacts (the detection's verdict) there are none. An SAE is read only on the token kinds it was trained on.
+code mass is on the high-norm tokens (``artifact_rule.mass_enriched``); the artifact features are the shortest
+start of a greedy search over the candidates that reaches ``COVER_SHARE`` of the coverage of the high-norm tokens'
+excess the search reaches (however many features an objective splits the artifact over), and the headline names
+them only when removing them at the hook takes the high-norm tokens away beyond random matched features (else:
+"artifact not isolated"). Without artifacts (the detection's verdict) there are none. An SAE is read only on the token kinds it was trained on.
 
 Example (not run as a doctest: it needs a trained SAE)::
 
@@ -31,18 +33,19 @@ from ..models.layout import TOKEN_SELECTIONS
 from .._progress import tqdm
 from ..runtime.open import open_source
 from ..runtime.source import n_batches, token_norms
+from .controls import KINDS, matched_controls
 from .data import CLS, PATCH, REGISTER, token_kinds
 from .norm_cuts import detection_sample, fit_detection
 from . import artifact_rule as rule
 from .setup import describe_detection
 
-KINDS = ("normal_patch", "high_norm", "cls", "register")
 
 
 def write_directions(model, neurons) -> Dict[str, torch.Tensor]:
     """{"L:n": unit write direction [d]} of the given register neurons (none without ``neurons``): what the
     neuron adds to the residual stream, ``fc2[:, n]`` times the block's LayerScale where it has one
-    (``neuron_writes`` of a ``HookedViT`` or of an activation source: DINOv2, DeiT-III)."""
+    (``neuron_writes`` of a ``HookedViT`` or of an activation source: DINOv2, DeiT-III); through a norm (EVA02's
+    ``scale_mlp``, Swin-v2's post-norm) linearised at the source's operating point (a source is then needed)."""
     if neurons is None:
         return {}
     if model is None:
@@ -111,6 +114,46 @@ def _prefix_features(kind: str, counts, totals, n: int) -> List[Dict[str, Any]]:
              "precision": float(test["precision"][f]), "p_value": float(test["p_value"][f])} for f in found]
 
 
+def _isolation(excess: rule.ExcessSample, chosen: List[int], directions: torch.Tensor,
+               report: Dict[str, Any]) -> Dict[str, Any]:
+    """The artifact rule's isolation check (artifact_rule.isolation) of the subspace ``chosen`` against
+    ``N_ISOLATION_CONTROLS`` matched control sets drawn from ``report`` (the features so far); untested (None)
+    without a subspace or with too few live features outside it for controls (``isolation_note`` says which)."""
+    if not chosen:
+        return {"removed": None, "controls_removed": [], "control_features": [], "isolated": None,
+                "isolation_note": "no feature covers the high-norm tokens' excess"}
+    try:
+        controls, note = matched_controls(report, chosen, rule.N_ISOLATION_CONTROLS, seed=0)[0], None
+    except InterpError:  # too few matched features: random live ones outside the subspace, aligned ones included
+        pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in set(chosen)]
+        size = min(len(chosen), len(pool))
+        controls = [sorted(random.Random(i).sample(pool, size)) for i in range(rule.N_ISOLATION_CONTROLS)] if size else []
+        note = (f"too few live features off the artifact component for matched controls: {size} random live "
+                f"feature(s) outside the subspace per control, those writing along the artifact included"
+                if size else "untested: no live feature outside the subspace for controls")
+    checked = rule.isolation(excess, chosen, controls, directions)
+    return {"removed": checked["removed"], "controls_removed": checked["controls_removed"],
+            "control_features": controls, "isolated": checked["isolated"], "isolation_note": note}
+
+
+def _headline(subspace: Dict[str, Any], n: int) -> str:
+    """The report's message with artifacts: the artifact features when their removal is beyond the controls,
+    else "artifact not isolated" with what was tried."""
+    k, cover = len(subspace["features"]), subspace["coverage"]
+    removed, controls = subspace["removed"], subspace["controls_removed"]
+    if not k:
+        return (f"artifact not isolated: no feature covers the high-norm tokens' excess ({subspace['n_enriched']} "
+                f"enriched on them; the SAE's reconstruction holds {subspace['reconstruction_coverage'] or 0:.0%})")
+    removal = "" if removed is None else (f"; removing them at the hook removes {removed:.0%} of the high-norm "
+                                          f"tokens" + (f", controls at most {max(controls):.0%}" if controls else ""))
+    if subspace["isolated"] is False:
+        return (f"artifact not isolated: the {k} feature(s) covering {cover:.0%} of the high-norm tokens' excess "
+                f"do not remove them beyond random matched features{removal}")
+    untested = " (isolation untested: no live feature for controls)" if subspace["isolated"] is None else ""
+    return (f"{k} artifact feature(s) of {n}, covering {cover:.0%} of the high-norm tokens' excess "
+            f"({subspace['n_enriched']} enriched on them){removal}{untested}")
+
+
 @torch.no_grad()
 def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndarray, detection, *,
                    writes: Optional[Dict[str, torch.Tensor]] = None, n_top: int = 0,
@@ -155,8 +198,11 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         codes = sae.encode(x)  # [c, T, n]
         fired = (codes > 0).numpy()
         high = np.zeros(fired.shape[:2], bool)
+        cuts = np.zeros(len(x))
         if found:  # from the chunk's own norms, as the detection's norm pass computes them
-            high[:, patch] = detection.outliers(token_norms(x)[:, torch.from_numpy(patch)].double().numpy())
+            norms = token_norms(x)[:, torch.from_numpy(patch)].double().numpy()
+            cuts = detection.cuts(norms)
+            high[:, patch] = norms > cuts[:, None]
         masks = {"normal_patch": patch[None] & ~high, "high_norm": high,
                  "cls": np.broadcast_to(kinds == CLS, high.shape), "register": np.broadcast_to(kinds == REGISTER, high.shape)}
         for kind in analysed:
@@ -166,7 +212,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         if "high_norm" in analysed and high.any():
             h = torch.from_numpy(high)
             high_sum += (x[h].double() - sae.mean.double()).sum(0)
-            excess.add(x[h], codes[h], sae.decode(codes[h]))
+            excess.add(x[h], codes[h], sae.decode(codes[h]), np.broadcast_to(cuts[:, None], high.shape)[high])
         if "normal_patch" in analysed:
             normal_sum += x[torch.from_numpy(np.ascontiguousarray(masks["normal_patch"]))].double().sum(0)
         if top is not None and patch.any() and "normal_patch" in analysed:
@@ -220,7 +266,11 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         span_cos = {name: rule.span_cosine(span, w) for name, w in writes.items()}
         if span_cos and grown["features"]:
             span_cos["max"] = max(span_cos.values())
+        checked = _isolation(excess, grown["features"], directions, {
+            "features": features, "n_tokens": totals, "analysed_kinds": list(analysed), "n_alive": int(alive.sum()),
+            "artifact_subspace": {"features": grown["features"]}})
         subspace = {"features": grown["features"], "coverage": grown["coverage"], "n_tokens": grown["n_tokens"],
+                    "path_coverage": grown["path_coverage"], "path_length": grown["path_length"], **checked,
                     "reconstruction_coverage": excess.reconstruction_coverage(mean_normal),
                     "n_enriched": int(len(candidates)), "cos_register_neurons": span_cos if grown["features"] else {},
                     "cos_mean_high_norm": rule.span_cosine(span, unit_high)}
@@ -237,8 +287,7 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
         message = (f"the SAE was trained on {trained} tokens: the artifact rule (high-norm patch tokens) does not "
                    f"apply; {int(alive.sum())} of {n} features fire on them")
     elif found:
-        message = (f"{len(artifact)} artifact feature(s) of {n}, covering {subspace['coverage']:.0%} of the "
-                   f"high-norm tokens' excess ({subspace['n_enriched']} enriched on them)")
+        message = _headline(subspace, n)
     else:
         message = f"no artifacts at {hook} ({det['reason'] if det else 'no patch tokens stored'}): no artifact features"
     if prefix:
@@ -274,14 +323,16 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
         over the mean normal patch)}], "artifact_features": [{"feature", "direction" (unit, hook units), "rates",
         "precision", "mass_precision" (share of its code mass on the high-norm tokens), "p_value", "coverage" (alone), "coverage_gain" (joining the subspace), "cos_register_neurons": {"L:n": cos,
         "max": cos}, "cos_mean_high_norm"}] (in the order they joined the subspace), "artifact_subspace":
-        {"features", "coverage", "n_tokens", "n_enriched", "cos_register_neurons" (span cosines),
-        "cos_mean_high_norm"} or None, "enriched_features" (candidates outside the subspace), "prefix_features"
+        {"features", "coverage", "path_coverage", "path_length", "n_tokens", "n_enriched", "removed" (share of the
+        sampled high-norm tokens under their cut once the features are removed at the hook), "controls_removed",
+        "control_features", "isolated" (removed beyond every control by ISOLATION_MARGIN; None: untested),
+        "isolation_note", "cos_register_neurons" (span cosines), "cos_mean_high_norm"} or None, "enriched_features" (candidates outside the subspace), "prefix_features"
         ([{"feature", "kind" (register or cls), "rate", "precision", "p_value"}], SAEs on all tokens),
         "rule", "message"}``.
     """
     source = open_source(model=model, images=images, cache=cache, batch_size=image_batch)
     sae.check_source(source)
-    return source_feature_report(sae, source, threshold=threshold, writes=write_directions(model, neurons))
+    return source_feature_report(sae, source, threshold=threshold, writes=write_directions(source, neurons))
 
 
 @torch.no_grad()
@@ -314,86 +365,3 @@ def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dic
 
     return feature_report(sae, chunks(), kinds, detection, writes=writes, n_top=n_top, n_maps=n_maps,
                           targets=targets)
-
-
-MATCH_CANDIDATES = 5  # each control feature is drawn among the target's this many nearest matches ...
-MATCH_HIGH_RATE = 0.25  # ... that fire on the high-norm tokens within this rate of the target ...
-MATCH_LOG_RATE = 1.0  # ... and overall within this many decades (else any of the nearest, flagged unmatched)
-ALIGNED_COS = 0.5  # a feature whose direction is this close to the artifact direction is never a control
-
-
-def _overall_rate(report: Dict[str, Any], feature: Dict[str, Any]) -> float:
-    """A feature's firing rate over every token kind the report read."""
-    kinds = [k for k in report.get("analysed_kinds", KINDS) if report["n_tokens"].get(k)]
-    total = sum(report["n_tokens"][k] for k in kinds)
-    return sum((feature["rates"][k] or 0.0) * report["n_tokens"][k] for k in kinds) / total if total else 0.0
-
-
-def aligned_features(report: Dict[str, Any]) -> List[int]:
-    """Live features whose decoder direction lies within ``ALIGNED_COS`` of the artifact direction (the high-norm
-    tokens' mean excess over the mean normal patch; ``cos_excess`` of the report): part of the artifact component
-    whatever their firing, so never controls."""
-    return [f["feature"] for f in report["features"]
-            if f["alive"] and (f.get("cos_excess") or 0.0) >= ALIGNED_COS]
-
-
-def control_features(report: Dict[str, Any], targets, n_controls: int, seed: int) -> List[List[int]]:
-    """The control sets of :func:`matched_controls` (without the matched flags)."""
-    return matched_controls(report, targets, n_controls, seed)[0]
-
-
-def matched_controls(report: Dict[str, Any], targets, n_controls: int,
-                     seed: int) -> Tuple[List[List[int]], List[bool]]:
-    """``n_controls`` random feature sets of ``len(targets)`` matched to the targets (docs/sae.md): each target
-    gets a live feature outside the targets and the artifact subspace, drawn among the
-    ``MATCH_CANDIDATES`` nearest to it by firing rate (log scale) and by firing rate on the high-norm tokens that
-    lie within ``MATCH_HIGH_RATE`` and ``MATCH_LOG_RATE`` of it (any of the nearest, flagged unmatched, when none
-    does), so a control
-    fires as often, and on the high-norm tokens as much, as what it stands for: it can remove outliers. Control i uses ``random.Random(seed + i)``.
-
-    Returns:
-        (the sets, whether each set's every feature lies within the calipers of the target it stands for).
-
-    Raises:
-        InterpError: fewer such features than targets.
-    """
-    chosen = {int(f) for f in targets}
-    by_id = {f["feature"]: f for f in report["features"]}
-    # the artifact component is no control: the subspace, and features writing along the artifact direction that
-    # the count-based rule leaves out (dense or low-precision features whose code is large on the high-norm
-    # tokens); enriched features pointing elsewhere stay in: they fire there without carrying the excess, the
-    # controls that can show whether firing there is enough
-    excluded = chosen | {int(f) for f in (report.get("artifact_subspace") or {}).get("features", [])} \
-        | set(aligned_features(report))
-    pool = [f["feature"] for f in report["features"] if f["alive"] and f["feature"] not in excluded]
-    if n_controls and len(pool) < len(chosen):
-        raise InterpError(f"only {len(pool)} live feature(s) outside the chosen ones and the artifact subspace for controls "
-                          f"of {len(chosen)} feature(s) (of {report['n_alive']} alive); ablate fewer features, give "
-                          "more images or use --controls 0")
-
-    def signature(f: int):
-        rate = _overall_rate(report, by_id[f])
-        return np.log10(rate + 1e-6), by_id[f]["rates"].get("high_norm") or 0.0
-
-    sig = {f: signature(f) for f in pool}
-    nearest, targets_sig = {}, {}
-    for t in sorted(chosen):
-        lt, ht = targets_sig[t] = signature(t) if t in by_id else (0.0, 0.0)
-        nearest[t] = sorted(pool, key=lambda f: (abs(sig[f][0] - lt) + 4 * abs(sig[f][1] - ht), f))
-    out, matched = [], []
-    for i in range(n_controls):
-        rng, taken, ok = random.Random(seed + i), [], True
-        for t in sorted(chosen):
-            free = [f for f in nearest[t] if f not in taken]
-            close = [f for f in free[:MATCH_CANDIDATES] if abs(sig[f][1] - targets_sig[t][1]) <= MATCH_HIGH_RATE
-                     and abs(sig[f][0] - targets_sig[t][0]) <= MATCH_LOG_RATE]
-            ok = ok and bool(close)
-            taken.append(rng.choice(close or free[:MATCH_CANDIDATES]))
-        out.append(sorted(taken))
-        matched.append(ok)
-    return out, matched
-
-
-def coinciding_controls(controls: List[List[int]]) -> List[List[int]]:
-    """Pairs ``[i, j]`` of control sets that are the same features (a small pool repeats itself)."""
-    return [[i, j] for i in range(len(controls)) for j in range(i + 1, len(controls)) if controls[i] == controls[j]]

@@ -170,7 +170,7 @@ def _report_with(rates_high, rates_normal, enriched=(), subspace=()):
 def test_controls_are_matched_on_firing_on_the_high_norm_tokens():
     """The target fires on every high-norm token: its controls fire on the high-norm tokens too (they can remove
     outliers; the old draw took only features that never fire there, which cannot fail in zero mode)."""
-    from interp.sae.features import control_features
+    from interp.sae.controls import control_features
 
     rates_high = [1.0, 0.9, 0.95, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.85, 0.8, 0.0]
     rates_normal = [0.0, 0.3, 0.2, 0.3, 0.2, 0.25, 0.3, 0.2, 0.3, 0.25, 0.3, 0.2]
@@ -179,7 +179,7 @@ def test_controls_are_matched_on_firing_on_the_high_norm_tokens():
     controls = control_features(report, [0], 6, seed=0)
     assert all(len(c) == 1 and c[0] in {1, 2, 9, 10, 11} for c in controls)  # the high-norm firers, not 3..8
     assert len({c[0] for c in controls}) > 1
-    from interp.sae.features import matched_controls
+    from interp.sae.controls import matched_controls
 
     assert matched_controls(report, [0], 6, seed=0)[1] == [True] * 6
     lonely = _report_with([1.0, 0.0, 0.0], [0.0, 0.2, 0.2], subspace=[0])  # nothing else fires on high-norm tokens
@@ -188,7 +188,7 @@ def test_controls_are_matched_on_firing_on_the_high_norm_tokens():
 
 def test_coinciding_control_sets_are_reported():
     """Two matched features for one target and four controls: some sets are the same features; said so."""
-    from interp.sae.features import coinciding_controls, control_features
+    from interp.sae.controls import coinciding_controls, control_features
 
     report = _report_with([1.0, 0.9, 0.9], [0.0, 0.2, 0.2], subspace=[0])
     controls = control_features(report, [0], 4, seed=0)

@@ -10,7 +10,7 @@ import pytest
 
 import interp
 from interp.cli import main
-from interp.sae.features import ALIGNED_COS, aligned_features, matched_controls
+from interp.sae.controls import ALIGNED_COS, aligned_features, matched_controls
 from sae_helpers import needs_overcomplete, planted_cache, planted_model, planted_sae_wide
 
 pytestmark = needs_overcomplete

@@ -44,7 +44,8 @@ def test_the_artifact_subspace_is_the_planted_write_direction(planted):
     assert rule.span_cosine(span, channel) >= 0.9  # the write direction is the artifact channel
     for f in report["artifact_features"]:
         assert torch.tensor(f["direction"]).norm().item() == pytest.approx(1.0, abs=1e-5)
-        assert f["precision"] >= 0.5 and f["rates"]["normal_patch"] <= 0.05 and f["coverage_gain"] >= 0.02
+        assert f["precision"] >= 0.5 and f["rates"]["normal_patch"] <= 0.05 and f["coverage_gain"] > 0
+    assert subspace["isolated"] is not False and subspace["removed"] >= 0.9  # removed at the hook (controls: few)
     assert len(report["features"]) == sae.n_features
     assert report["tokens"] == "patches" and report["n_tokens"]["cls"] == 0  # read on the tokens it was trained on
     assert all(f["rates"]["cls"] is None for f in report["features"])

@@ -9,7 +9,8 @@ answers everything the layers above ask of a model, so nothing else reads a timm
 * what it is: the timm entry-point modules that build it (``timm_modules``, checked from a name before anything
   is built), the variants interp instruments (:meth:`Family.check`), its blocks in forward order with their
   hook-name prefixes (their module paths in timm: ``blocks.3``, ``stages.2.blocks.0``), its token layout for an
-  input size, block sizes, each MLP neuron's write direction;
+  input size, block sizes, each MLP neuron's write direction (linearised at the data's operating point where a norm sits between
+  the neuron and the residual stream);
 * how it runs: the hooked forward (:meth:`Family.residual_stream`, :meth:`Family.forward_features`,
   :meth:`Family.forward_head`), reproducing timm's arithmetic op for op with hook points, honouring the structural
   edits of an :class:`~interp.hooks.edit_state.EditState` it supports (test-time tokens, extra key/values, a
@@ -30,6 +31,7 @@ from torch import nn
 from ..._model_names import SUPPORTED_MODELS_PAGE, families_in_short
 from ...errors import ImageError, InterpError, UnsupportedModelError
 from ..layout import TokenLayout
+from .norm_writes import mean_jacobian
 from .parts import BLOCK_HOOK_ORDER, install
 
 
@@ -145,12 +147,60 @@ class Family:
         """The block's LayerScale on the MLP branch [d] (``gamma_2``/``ls2.gamma``), None when it has none."""
         return None
 
-    def neuron_writes(self, layer: int) -> torch.Tensor:
+    def write_norms(self, layer: int) -> Tuple[Optional[nn.Module], Optional[nn.Module]]:
+        """The norms between block ``layer``'s neurons and the residual stream: (between the neurons and ``fc2``:
+        timm ``Mlp.norm``, EVA02's ``scale_mlp``; between ``fc2`` and the residual: a post-norm block's
+        ``norm2``), None where there is none."""
+        norm = getattr(self.mlp(layer), "norm", None)
+        return (None if norm is None or isinstance(norm, nn.Identity) else norm), None
+
+    def write_note(self, layer: int) -> Optional[str]:
+        """None where block ``layer``'s neurons write linearly (fc2 column times LayerScale: exact), else what
+        :meth:`neuron_writes` reports there."""
+        names = [name for name, norm in zip(("the MLP's inner norm", "the block's post-norm norm2"),
+                                            self.write_norms(layer)) if norm is not None]
+        return None if not names else (f"linearised at the data's operating point: {' and '.join(names)} sits "
+                                       "between the neurons and the residual stream")
+
+    def neuron_writes(self, layer: int, acts: Optional[torch.Tensor] = None) -> torch.Tensor:
         """What each MLP neuron of block ``layer`` adds to the residual stream per unit of activation:
-        Tensor[d_model, d_mlp], ``fc2``'s columns times the block's LayerScale where it has one. Detached float32."""
-        w = self.mlp(layer).fc2.weight.detach().float()
+        Tensor[d_model, d_mlp], ``fc2``'s columns times the block's LayerScale where it has one. Detached float32.
+
+        Where a LayerNorm sits between the neurons and the residual (:meth:`write_norms`), the write is not
+        linear: it is linearised at the operating point ``acts`` (the neurons' activations ``mlp.hook_post``
+        [..., d_mlp] on the tokens to average over; :mod:`.norm_writes`), ``fc2 @ mean J(h)`` or
+        ``mean J(fc2(h)) @ fc2`` (both norms: the two averages composed).
+
+        Raises:
+            InterpError: a norm between without ``acts``, or a norm other than LayerNorm.
+        """
+        mlp = self.mlp(layer)
+        w = mlp.fc2.weight.detach().double()
+        inner, outer = self.write_norms(layer)
+        if (inner is not None or outer is not None) and acts is None:
+            raise InterpError(f"block {layer}'s neurons write through a norm ({self.write_note(layer)}): their "
+                              "write direction needs the activations at mlp.hook_post (the operating point)")
+        if inner is not None or outer is not None:
+            with torch.no_grad():
+                h = acts.detach().reshape(-1, acts.shape[-1]).to(mlp.fc2.weight)
+                if inner is not None:
+                    w = w @ mean_jacobian(inner, h)
+                    h = inner(h)
+                if outer is not None:
+                    w = mean_jacobian(outer, mlp.fc2(h)) @ w
         gain = self.mlp_gain(layer)
+        w = w.float()
         return w if gain is None else w * gain.detach().float()[:, None]
+
+    def received_attention(self, layer: int, pattern: torch.Tensor,
+                           img_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """The attention each token of block ``layer`` receives, averaged over heads and over the queries that
+        can attend to it (the reassessment's measure for a model without CLS): Tensor[b, t] from the block's
+        ``attn.hook_pattern`` [b, h, t, t] (a key grid of its own is refused by the families that have one)."""
+        if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2]:
+            raise InterpError(f"block {layer}'s attention pattern {tuple(pattern.shape)} is not [b, h, t, t]: its "
+                              "keys are not its tokens")
+        return pattern.float().mean(1).mean(1)
 
     def final_readout(self):
         """The readout after the last block, split around its norms

@@ -17,8 +17,9 @@ storage tokens are timm's ``reg_token``, so they are the layout's registers). Wh
   tokens (PE).
 
 Post-norm blocks (``EvaBlockPostNorm``, ``use_post_norm=True``: EVA02-E CLIP) normalise each branch's output
-instead of its input and have no LayerScale; there a neuron's write direction is not linear in its activation
-(``norm2`` follows ``fc2``), and ``neuron_writes`` gives ``fc2``'s columns. With grouped-query attention
+instead of its input and have no LayerScale; there, as through the inner MLP norm of ``scale_mlp`` (EVA02), a
+neuron's write is not linear in its activation, and ``neuron_writes`` linearises it at the data's operating point
+(``Family.write_norms``, ``norm_writes.py``). With grouped-query attention
 (``num_kv_heads``: Sapiens2 above 0.1B) ``hook_k``/``hook_v``/``hook_rot_k`` have the key/value heads
 [b, t, h_kv, dh]; scores and patterns have every query head (query head i reads key/value head i // groups).
 """
@@ -97,6 +98,13 @@ class EvaFamily(Family):
 
     def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
         return getattr(self.block(layer), "gamma_2", None)
+
+    def write_norms(self, layer: int):
+        """The inner MLP norm (``scale_mlp``) before ``fc2``; a post-norm block's ``norm2`` after it."""
+        from timm.models.eva import EvaBlockPostNorm
+
+        block = self.block(layer)
+        return super().write_norms(layer)[0], block.norm2 if isinstance(block, EvaBlockPostNorm) else None
 
     def final_readout(self) -> FinalReadout:
         return final_readout(self)

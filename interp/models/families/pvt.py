@@ -33,7 +33,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ...errors import ImageError
+from ...errors import ImageError, InterpError
 from ..layout import Grid, TokenLayout
 from .base import Family
 from .parts import KeyValue, attend, hook_heads
@@ -100,6 +100,15 @@ class PvtV2Family(Family):
         """The spatial reduction of block ``layer``'s keys and values (1: none)."""
         sr = self.block(layer).attn.sr
         return 1 if sr is None else int(sr.stride[0])
+
+    def received_attention(self, layer: int, pattern: torch.Tensor,
+                           img_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """Per token, as ``Family.received_attention``; refused where the keys are spatially reduced (sr > 1:
+        a key is a pooled cell, so no token receives attention of its own)."""
+        if self.sr_ratio(layer) != 1:
+            raise InterpError(f"block {layer} attends to keys pooled {self.sr_ratio(layer)}x{self.sr_ratio(layer)} "
+                              "(spatial reduction): no token receives attention of its own")
+        return super().received_attention(layer, pattern, img_size)
 
     def key_grid(self, layer: int, img_size: Optional[Tuple[int, int]] = None) -> Grid:
         """The grid of block ``layer``'s keys/values (the columns of its ``attn.hook_pattern``): its stage's grid

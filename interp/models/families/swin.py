@@ -121,6 +121,23 @@ class SwinV2Family(Family):
         idx = F.pad(idx, (0, 0, 0, pad_w, 0, pad_h), value=-1)
         return window_partition(idx, ws).reshape(-1, ws[0] * ws[1])
 
+    def received_attention(self, layer: int, pattern: torch.Tensor,
+                           img_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """Per token of the stage's grid: the attention it receives as a key, averaged over heads and over the
+        queries of its window (padding slots left out), from ``attn.hook_pattern`` [b, n_w, h, N, N]:
+        Tensor[b, t] (row-major, :meth:`window_tokens`)."""
+        idx = self.window_tokens(layer, img_size).to(pattern.device)  # [n_w, N]
+        valid = idx >= 0
+        p = pattern.float().mean(2)  # [b, n_w, N queries, N keys]
+        got = (p * valid[None, :, :, None]).sum(2) / valid.sum(1).clamp_min(1)[None, :, None]  # [b, n_w, N]
+        out = p.new_zeros(p.shape[0], int(valid.sum()))
+        out[:, idx[valid]] = got[:, valid]
+        return out
+
+    def write_norms(self, layer: int):
+        """The residual post-norm ``norm2`` follows ``fc2`` (and an inner MLP norm where the MLP has one)."""
+        return super().write_norms(layer)[0], self.block(layer).norm2
+
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """``(H, W)`` must be the model's own size, or a multiple of the patch size for a model built with
         ``dynamic_img_size=True`` (``strict_img_size=False``)."""

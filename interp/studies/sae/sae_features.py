@@ -44,14 +44,18 @@ class SaeFeaturesResult(OutlierStudyResult):
             ({"L:n": cos, "max": cos}; empty without ``--neurons``), "cos_mean_high_norm", "top_patches"
             ([{"image" (index into ids), "patch" (flat index, row-major on ``grid``), "code"}], strongest first),
             "maps" ([n_maps][P] codes on the first images)}]``, most concentrated on the high-norm tokens first.
-        artifact_subspace: ``{"features", "coverage", "n_tokens", "n_enriched", "cos_register_neurons" (the
-            neurons' cosine with their projection on the subspace), "cos_mean_high_norm"}`` or None (rule:
+        artifact_subspace: ``{"features", "coverage", "n_tokens", "n_enriched", "removed", "controls_removed",
+            "control_features", "isolated" (the features' removal at the hook beyond random matched ones; when
+            False the message says "artifact not isolated"), "cos_register_neurons" (the neurons' cosine with their
+            projection on the subspace), "cos_mean_high_norm"}`` or None (rule:
             docs/methods.md section 8); enriched_features: features enriched on the high-norm tokens outside it;
             prefix_features: register and CLS features of an SAE on all tokens.
         tokens: the token kind the SAE was trained on (and is read on).
         neurons: the register neurons compared with (``{"L": [n, ...]}``) or None.
         grid: the patch grid [rows, cols] of the maps and top patches.
         reason: the detection's one sentence; rule: the artifact-feature rule's numbers; message: the headline.
+        write_notes: ``{"L": note}`` for the blocks of ``neurons`` whose write directions pass through a LayerNorm
+            (linearised at the images' operating point: ``HookedViT.neuron_writes``).
     """
 
     study = "sae_features"
@@ -73,6 +77,7 @@ class SaeFeaturesResult(OutlierStudyResult):
     prefix_features: List[Dict[str, Any]] = field(default_factory=list)
     tokens: str = "patches"
     message: str = ""
+    write_notes: Dict[str, str] = field(default_factory=dict)
 
     def console_lines(self, config=None) -> List[str]:
         """The headline (said once, also without artifacts), then one line per artifact feature."""
@@ -84,6 +89,8 @@ class SaeFeaturesResult(OutlierStudyResult):
                          f"{rates['normal_patch'] or 0:.1%} of normal patches (precision {f['precision']:.3f}), covers "
                          f"{f['coverage']:.0%} of the excess alone; cos to the mean high-norm token "
                          f"{f['cos_mean_high_norm']:.3f}{neurons}")
+        for layer, note in self.write_notes.items():
+            lines.append(f"block {layer}'s write directions: {note}")
         for f in self.prefix_features:
             lines.append(f"{f['kind']} feature {f['feature']}: fires on {f['rate']:.0%} of the {f['kind']} tokens "
                          f"(precision {f['precision']:.3f})")
@@ -125,6 +132,12 @@ def _writes(config: SaeFeaturesConfig, source: ActivationSource):
     return write_directions(source, nset.neurons), {str(k): [int(n) for n in v] for k, v in nset.neurons.items()}
 
 
+def _write_notes(source: ActivationSource, neurons) -> Dict[str, str]:
+    """{"L": how block L's write directions are linearised} for the blocks whose writes pass through a norm."""
+    notes = {layer: source.write_note(int(layer)) for layer in (neurons or {})}
+    return {layer: note for layer, note in notes.items() if note}
+
+
 @study(SaeFeaturesConfig)
 def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
                        progress: bool = True) -> SaeFeaturesResult:
@@ -146,6 +159,7 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
     hook, layer = sae.hook, block_of(sae.hook)
     threshold, preset = _detection_threshold(config, layer, source.n_layers)
     writes, neurons = _writes(config, source)
+    write_notes = _write_notes(source, neurons)
     layout, bs = source.layout, source.batch_size
     report = source_feature_report(sae, source, threshold=threshold, writes=writes, n_top=config.n_top,
                                    n_maps=config.n_maps, progress=progress)
@@ -164,4 +178,4 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
         reason=report["reason"], rule=report["rule"], features=report["features"],
         artifact_features=report["artifact_features"], artifact_subspace=report["artifact_subspace"],
         enriched_features=report["enriched_features"], prefix_features=report["prefix_features"],
-        tokens=report["tokens"], message=report["message"])
+        tokens=report["tokens"], message=report["message"], write_notes=write_notes)
