@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
+from ..errors import InterpWarning, ModelLoadError
 from .hf_config import HFSpec, hf_spec, is_hf_folder, looks_like_hub_id, weight_file
 from .hf_weights import convert_hf_state_dict
 from .loading import _hub_reachable, _resolve_dtype, build_architecture, check_finite, read_state_dict
@@ -152,5 +152,5 @@ def load_hf_folder(folder: Union[str, Path], *, device: Union[str, torch.device]
     model.interp_source = describe(spec, name)
     note = (f"; not read by its outputs: {', '.join(dropped)}" if dropped else "") + (
         f"; zero biases (none in the file): {', '.join(filled)}" if filled else "")
-    warnings.warn(f"{label}: {model.interp_source}{note}", stacklevel=3)
+    warnings.warn(f"{label}: {model.interp_source}{note}", InterpWarning, stacklevel=3)
     return model.eval().to(device=device, dtype=_resolve_dtype(dtype))

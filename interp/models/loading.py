@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..errors import ModelLoadError, UnknownModelError, UnsupportedModelError, close_matches
+from ..errors import InterpWarning, ModelLoadError, UnknownModelError, UnsupportedModelError, close_matches
 from .._model_names import PLANTED_NAMES
 from ..values import check_input_path
 from .pos_table import POS_RESAMPLE_CHOICES, resample_positions
@@ -77,7 +77,7 @@ def read_state_dict(path: Union[str, Path]) -> dict:
                              f"complete {path.suffix or 'weight'} state dict: download or export it again") from e
     sd, note = unwrap_checkpoint(sd)
     if note:  # a training run's file: say which weights were taken
-        warnings.warn(f"weight file {path.name!r}: {note}", stacklevel=3)
+        warnings.warn(f"weight file {path.name!r}: {note}", InterpWarning, stacklevel=3)
     if not isinstance(sd, dict):
         raise ModelLoadError(f"{str(path)!r} does not hold a state dict")
     return sd
@@ -338,7 +338,7 @@ def create_timm_vit(
             fit_head_to_weights(model, state_dict)
             fitted = fit_head_classes(model, state_dict)
             if fitted:
-                warnings.warn(f"{label} {fitted}", stacklevel=3)
+                warnings.warn(f"{label} {fitted}", InterpWarning, stacklevel=3)
         if "img_size" not in timm_kwargs:  # the file's resolution, unless the user asked for one
             fit_to_weights(model, state_dict, name, label)
         state_dict, model.interp_pos_resample = resample_positions(

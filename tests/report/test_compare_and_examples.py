@@ -25,7 +25,8 @@ def test_compare_flags_planted_model_only():
     assert result.table().splitlines()[0].split() == list(COLUMNS)
     # four photos are too few for probe scores: "-" in every probe cell, and the reason under the table
     assert all(rows[m][c] is None for m in rows for c in ("pos_normal", "pos_high", "pix_normal", "pix_high"))
-    assert "- planted pos_normal, pos_high, pix_normal, pix_high: too few images (n=4)" in result.table()
+    assert "- planted pos_normal, pix_normal: too few images (n=4)" in result.table()  # (the 4 images' split holds
+    # no high-norm token on the test side: pos_high and pix_high say so)
     assert "- vit pos_high, pix_high: empty: no high-norm patch token" in result.table()  # empty wins
 
 
@@ -50,7 +51,7 @@ def test_compare_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "planted_vit" in out and "vit_small_patch16_224" in out
     # the four bundled photos are too few for probe scores: "-" and the reason, not a number
-    assert "- planted_vit pos_normal, pos_high, pix_normal, pix_high: too few images (n=4) for a probe score" in out
+    assert "- planted_vit pos_normal, pix_normal: too few images (n=4) for a probe score" in out
     assert (tmp_path / "compare.json").exists()
 
 

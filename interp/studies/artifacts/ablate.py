@@ -228,6 +228,7 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     clf = readout.classifier
 
     others: List[str] = []
+    skipped_resample = False
     if config.sae is not None:
         controls = [{"features": c} for c in edits.control_features]
         conditions = {"baseline": [], "target": [edits.target],
@@ -237,6 +238,11 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
         headline = ablations(source, [neurons] + controls, mode, config.seed)
         conditions = {"baseline": [], "target": headline[:1], **{f"control_{i}": [a] for i, a in enumerate(headline[1:])}}
         others = [r for r in config.replacements if r != mode]
+        if len(source) < 2 and mode == "resample":
+            raise UsageError("--mode resample takes each image's values from another image: give at least two images")
+        if len(source) < 2 and "resample" in others:
+            others.remove("resample")
+            skipped_resample = True
         for r in others:
             runs = ablations(source, [neurons] + controls, r, config.seed)
             conditions.update({f"{r}:target": runs[:1], **{f"{r}:control_{i}": [a] for i, a in enumerate(runs[1:])}})
@@ -244,8 +250,10 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     meter = BehaviourMeter(readout)
     edited = {name: Condition(ivs) for name, ivs in conditions.items() if name != "baseline"}
     n = 0
+    resample = config.sae is None and "resample" in [mode] + others  # another image in every batch: >= 2 a batch
     for pair in paired_pass(source, edited, detect_layer=detect, classifier=clf, baseline=baseline or True,
-                            progress=progress, desc="ablation"):
+                            batch_size=max(2, batch_size) if resample else batch_size, progress=progress,
+                            desc="ablation"):
         base = pair.baseline
         for name, out in {"baseline": base, **pair.edited}.items():
             t = totals[name]
@@ -271,6 +279,8 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
         params.update(sae=edits.sae, features=edits.features)
         sae = dict(sae=edits.sae, hook=edits.hook, features=edits.features, control_pool=edits.pool)
     notes = ablation_notes(controls, edits.pool.get("silent_features", []) if config.sae is not None else [])
+    if skipped_resample:
+        notes.append("resample was not run: it takes each image's values from another image, and there is one image")
     if config.sae is not None and edits.pool.get("note"):
         notes.append(edits.pool["note"])  # controls that could not be matched to the targets' firing
     comparison = outlier_comparison(table, n_controls)
