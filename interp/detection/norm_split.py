@@ -77,6 +77,7 @@ MIN_BIC_GAIN = 10.0
 # about the tokens just above it, so the cut is the middle of the gap in norm instead of the F1-optimal cut.
 MIN_BULK_SIGMA = 0.02
 MIN_TOKENS = 20
+BIC_FAILS = "BIC prefers"  # how the BIC test's failure starts (the only one a handful of tokens may overrule)
 MAX_FIT_POINTS = 10_000
 # Each image's scale for "per_image_p10": its 10th-percentile norm. The median would do for images whose
 # artifacts are a few percent, but the bundled planted_vit puts 61 % of one photo's patches and up to 82 % of a
@@ -266,7 +267,7 @@ def _test(x_all: np.ndarray, lower: Mode, uppers: Sequence[Mode], bic_gain: floa
     weight = sum(u.weight for u in uppers)
     failures = []
     if bic_gain < MIN_BIC_GAIN:
-        failures.append(f"BIC prefers {vs} = {bic_gain:.1f} < {MIN_BIC_GAIN:g})")
+        failures.append(f"{BIC_FAILS} {vs} = {bic_gain:.1f} < {MIN_BIC_GAIN:g})")
     if weight > MAX_UPPER_WEIGHT:
         failures.append(f"the upper mode holds {100 * weight:.1f} % of the tokens (artifacts are a "
                         f"minority, at most {100 * MAX_UPPER_WEIGHT:g} %)")
@@ -344,14 +345,12 @@ def _split(arr: np.ndarray, normalisation: str) -> NormSplit:
         if not failures3:
             failures, d, ratio, lower, uppers = [], d3, ratio3, low3, up3
     few = None  # a handful of tokens: judged by their chance as bulk tokens, not by BIC (few_tokens.py)
-    if len(uppers) == 1 and (failures or upper.weight * n <= FEW_TOKENS):
+    if len(uppers) == 1 and upper.weight * n <= FEW_TOKENS and all(f.startswith(BIC_FAILS) for f in failures):
         few = few_tokens(x_all)
-    if few is not None and failures:
-        k, _, _, mean, sigma = few
-        top = x_all[-k:]
-        lower, uppers = Mode(mean, sigma, 1 - k / n), [Mode(float(top.mean()), max(float(top.std()), floor), k / n)]
-        d = math.sqrt(2) * (uppers[0].mean - mean) / math.sqrt(sigma ** 2 + uppers[0].sigma ** 2)
-        failures, ratio = [], math.exp(uppers[0].mean - mean)
+        if few is not None:
+            failures = []
+        elif failures:
+            failures[0] += "; its largest tokens could be bulk tokens (few_tokens.py)"
     fitted = dict(lower=lower, upper=uppers[0], d=d, ratio=ratio, bic1=bic1, bic2=bic2, **extra,
                   more_upper=tuple(uppers[1:]), bic_three=bic3)
     if failures:
