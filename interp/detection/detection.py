@@ -37,18 +37,13 @@ from .._progress import tqdm
 
 from ..errors import InterpError
 from ..hooks.names import resolve_block
+from ..runtime.forward import Baseline
+from ..runtime.passes import baseline_pass
 from ..runtime.source import ActivationSource, n_batches, token_norms
 from .formation import MIN_FORMED_GAIN, formed_mask
 from .presets import check_preset_model, resolve_preset
 from .survey import Survey, formed_verdict, judge_block, survey_of
 from .thresholds import Threshold, ThresholdSpec, detect_norms, parse_threshold, percentile_value
-
-
-def detection_norms(source: ActivationSource, layer: int, batch_size: int = 16,
-                    progress: bool = True) -> torch.Tensor:
-    """Patch-token norms of block ``layer``'s output (``hook_resid_post``) for every image: [N, n_patches] float32
-    (the patches of that block's grid)."""
-    return block_norms(source, [layer], False, batch_size, progress)[0][layer]
 
 
 def block_norms(source: ActivationSource, layers: Sequence[int], with_input: bool, batch_size: int = 16,
@@ -194,21 +189,19 @@ def detect(source: ActivationSource, threshold: ThresholdSpec = "auto", layer: O
     else:
         layers = [resolve_block(layer, n)]
     norms, entry = block_norms(source, layers, True, batch_size or source.batch_size, progress)
+    return _detection(source, threshold, layers, norms, entry, layer is None)
+
+
+def _detection(source: ActivationSource, threshold: ThresholdSpec, layers: Sequence[int],
+               norms: Dict[int, torch.Tensor], entry: Optional[torch.Tensor], survey: bool) -> Detection:
+    """The Detection from the patch norms of ``layers`` ({layer: [N, P]}) and of the input ([N, P_0] or None):
+    each block judged (:func:`~interp.detection.survey.judge_block`), the block chosen when ``survey``."""
     judged = {i: judge_block(source, i, norms[i], threshold, entry) for i in layers}
-    survey = survey_of([judged[i][2] for i in layers], source.blocks.staged) if layer is None else None
-    block = layers[0] if survey is None else survey.chosen
+    chosen = survey_of([judged[i][2] for i in layers], source.blocks.staged) if survey else None
+    block = layers[0] if chosen is None else chosen.chosen
     thr, ratio, _ = judged[block]
     return Detection(layer=block, spec=threshold, threshold=thr, norms=norms[block], ids=tuple(source.ids),
-                     fingerprint=source.fingerprint, input_ratio=ratio, survey=survey)
-
-
-def detection_for(source: ActivationSource, detection: Optional[Detection], threshold: Optional[ThresholdSpec],
-                  layer: Optional[int], batch_size: Optional[int], progress: bool) -> Detection:
-    """The detection a study works with: ``detection`` checked against the source and the study's own
-    arguments, or a fresh :func:`detect` (threshold default "auto") when none is given."""
-    if detection is not None:
-        return detection.check(source, layer, threshold)
-    return detect(source, "auto" if threshold is None else threshold, layer, batch_size, progress)
+                     fingerprint=source.fingerprint, input_ratio=ratio, survey=chosen)
 
 
 def no_artifacts_warning(found: Detection, study: str) -> str:
@@ -341,6 +334,25 @@ def spec_of(detection: DetectionLike, *, threshold: Optional[ThresholdSpec] = No
                               "arguments, not both")
         return detection.resolved()
     return DetectionSpec(threshold, detect_layer, preset).resolved()
+
+
+def detect_with_baseline(source, spec: DetectionSpec, classifier=None, batch_size: Optional[int] = None,
+                         progress: bool = True) -> Tuple[Detection, Baseline]:
+    """The report's and ``reassess``'s one unedited pass over a live ``source``: the causal studies' baseline
+    (:func:`~interp.runtime.passes.baseline_pass`, with ``classifier``) at the detection block, and the
+    :class:`Detection` of ``spec`` (resolved) from the same forward, made as :func:`detect` makes it (every
+    block judged when the spec names none, the input's norms compared)."""
+    spec = spec.resolved()
+    check_preset_model(spec.preset, getattr(source, "model", None))
+    n, names = source.n_layers, source.blocks
+    layers = list(range(n)) if spec.layer is None else [resolve_block(spec.layer, n)]
+    hooks = [names.resid_post(i) for i in layers] + [names.resid_pre(0)]
+    base = baseline_pass(source, layers[-1], batch_size, progress, classifier, norm_hooks=hooks)
+    norms = {i: base.norms[names.resid_post(i)][:, source.layout_of(names.resid_post(i)).patch_slice]
+             for i in layers}
+    entry = base.norms[hooks[-1]][:, source.layout_of(hooks[-1]).patch_slice]
+    found = _detection(source, spec.threshold, layers, norms, entry, spec.layer is None)
+    return replace(found, preset=spec.preset), replace(base, layer=found.layer, patch_norms=norms[found.layer])
 
 
 def detection_from_norms(source, spec: DetectionSpec, norms) -> Detection:
