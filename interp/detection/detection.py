@@ -139,6 +139,14 @@ class Detection:
         note = self.input_note()
         return self.threshold.reason + (f"; {note}" if note else "")
 
+    def describe(self) -> str:
+        """The threshold's line (:meth:`Threshold.describe`) with this verdict: tokens carried from the input
+        turn "artifacts found" into "no artifacts", and are named."""
+        text, note = self.threshold.describe(), self.input_note()
+        if self.threshold.artifacts_found and not self.artifacts_found:
+            text = "no artifacts (not formed by the blocks): " + text.split(": ", 1)[1]
+        return text + (f"; {note}" if note else "")
+
     def input_note(self) -> Optional[str]:
         """'k of the n tokens above the threshold are high-norm from the input (not formed by the blocks) ...',
         or None when none is."""

@@ -257,8 +257,7 @@ def _norms_result(source: ActivationSource, det: Detection, tally: "_LayerTally"
         ids=list(source.ids), skipped=skipped_records(source), n_layers=n_layers, grid=list(lay.grid),
         blocks=[source.blocks.label(i) for i in range(n_layers)], **header,
         bimodal=thr.bimodal, mode_ratio=thr.mode_ratio,
-        detection=thr.to_dict(), detection_message=f"{source.blocks.label(det.layer)}: {thr.describe()}"
-        + (f"; {det.input_note()}" if det.input_note() else "")
+        detection=thr.to_dict(), detection_message=f"{source.blocks.label(det.layer)}: {det.describe()}"
         + ("" if det.survey is None else f" (where: {det.survey.describe()})"),
         survey=None if det.survey is None else det.survey.to_dict(),
         outlier_fraction=float(outliers.float().mean()) if outliers.numel() else 0.0,
