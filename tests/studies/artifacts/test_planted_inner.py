@@ -57,7 +57,7 @@ def test_neurons_and_ablation_follow_the_detection(planted):
     _, source, det, (layer, chosen, _) = planted
     ranked = neurons_study(source, detection=det, top_k=4, progress=False)
     assert ranked.artifacts_found and ranked.neuron_dict() == {layer: list(NEURONS)}
-    result = ablate_study(source, detection=det, neurons=ranked, controls=2, progress=False)
+    result = ablate_study(source, detection=det, neurons=ranked, controls=1, progress=False)
     counts = result.summary["outlier_count"]
     assert result.detect_layer == chosen
     assert counts["baseline"] > 0 and counts["target"] == 0 and counts["control_mean"] == counts["baseline"]

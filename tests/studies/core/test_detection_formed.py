@@ -52,7 +52,7 @@ def test_a_plain_vits_high_norms_from_the_input_are_not_artifacts(images, name, 
     header = detection_header(det, "norms", warn=False)
     assert not header["artifacts_found"] and header["high_norm_from_input"] == int(carried.sum())
     assert "high-norm from the input (not formed by the blocks" in header["warning"]
-    assert not neurons_study(source, detection=det, top_k=4, progress=False, warn=False).neurons  # nothing ranked
+    assert not neurons_study(source, detection=det, top_k=4, progress=False).neurons  # nothing ranked
 
 
 @pytest.mark.parametrize("name,kwargs", [
