@@ -3,15 +3,15 @@
 BIC cannot prefer a component for three points among thousands by a wide margin: three tokens at 4.4-5.9x over
 a bulk of log-sigma 0.30 (four images of 1369 patches, the bulk's own tail at 2.7x) gain only 4-8 in BIC, under
 the split's margin of 10, and when the fit does accept such a mode its upper Gaussian takes in a few of the bulk's
-tail tokens as well (one seed: 3 artifacts and 4 tail tokens above the cut, F1 0.6). So when the fitted upper
-mode holds at most :data:`FEW_TOKENS` tokens, or the two-mode fit is rejected
-(:func:`~interp.detection.norm_split.split_norms`), the count above the cut is decided here instead: for each k from ``MIN_UPPER_TOKENS`` to :data:`FEW_TOKENS`, the chance
-that k or more of the n tokens lie at or above the k-th largest norm if all were bulk tokens (a Poisson tail
-with mean n x the upper tail there of a Gaussian bulk with the median and interquartile range of the log
-norms), times the number of k tried (Bonferroni). The k with
-the smallest chance wins when that chance is below :data:`MAX_CHANCE`; the cut is then half-way (in log norm)
-between the k-th and the (k+1)-th largest norms. For the k largest tokens of a bulk that is one log-normal the
-chance is about one half, so a bulk without artifacts is not split.
+tail tokens as well (one seed: 3 artifacts and 4 tail tokens above the cut, F1 0.6). So when the fitted upper mode
+holds at most :data:`FEW_TOKENS` tokens and BIC is the only test it fails, or it passes every test
+(:func:`~interp.detection.norm_split.split_norms`), the verdict and the count above the cut are decided here: for
+each k from ``MIN_UPPER_TOKENS`` to :data:`FEW_TOKENS`, the chance that k or more of the n tokens lie at or above
+the k-th largest norm if all were bulk tokens (a Poisson tail with mean n x the upper tail there of a Gaussian bulk
+with the median and interquartile range of the log norms), times the number of k tried (Bonferroni). The k with the
+smallest chance wins when that chance is below :data:`MAX_CHANCE`; the cut is then half-way (in log norm) between
+the k-th and the (k+1)-th largest norms. For the k largest tokens of a bulk that is one log-normal the chance is
+about one half, so a bulk without artifacts is not split.
 
 >>> import numpy as np
 >>> x = np.sort(np.log(np.concatenate([np.exp(0.3 * np.random.default_rng(0).standard_normal(1000)), [5., 5.5, 6.]])))
