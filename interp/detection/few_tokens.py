@@ -37,8 +37,8 @@ FEW_TOKENS = 30
 MAX_CHANCE = 1e-2
 MIN_TOKENS = 3  # as the split's MIN_UPPER_TOKENS
 MIN_MODE_RATIO = 2.0  # as the split's
-# The tokens just below the k largest must be an ordinary bulk tail: for a log-normal bulk each of these chances
-# is about one half; for a log-t bulk (df 3-5) the tail lies far beyond a Gaussian's and they are ~1e-6 or less.
+# The tokens just below the k largest must be an ordinary bulk tail (each of their chances at least this): a
+# log-t bulk's (df 3-5) tail lies beyond a Gaussian's all along, not only at its k largest tokens.
 MIN_TAIL_CHANCE = 1e-3
 
 
