@@ -28,31 +28,45 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional, Tuple, Union
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from .._progress import tqdm
 
 from ..errors import InterpError, InterpWarning
 from ..hooks.names import resolve_block
+from ..runtime.forward import Baseline
+from ..runtime.passes import baseline_pass
 from ..runtime.source import ActivationSource, n_batches, token_norms
+from .formation import MIN_FORMED_GAIN, formed_mask
 from .presets import check_preset_model, resolve_preset
+from .survey import Survey, formed_verdict, judge_block, survey_of
 from .thresholds import Threshold, ThresholdSpec, detect_norms, parse_threshold, percentile_value
 
 
-def detection_norms(source: ActivationSource, layer: int, batch_size: int = 16,
-                    progress: bool = True) -> torch.Tensor:
-    """Patch-token norms of block ``layer``'s output (``hook_resid_post``) for every image: [N, n_patches] float32
-    (the patches of that block's grid)."""
-    hook = source.blocks.resid_post(layer)
-    source.require([hook])
-    out: List[torch.Tensor] = []
-    desc = f"norms @ {source.blocks.label(layer)}"
-    for batch in tqdm(source.batches([hook], batch_size, reduce={hook: token_norms}), disable=not progress,
-                      total=n_batches(source, batch_size), desc=desc, unit="batch", leave=False):
-        out.append(batch.acts[hook][:, batch.layout_of(hook).patch_slice])
-    return torch.cat(out) if out else torch.zeros(0, source.layout_of(hook).n_patches)
+def block_norms(source: ActivationSource, layers: Sequence[int], with_input: bool, batch_size: int = 16,
+                progress: bool = True) -> Tuple[Dict[int, torch.Tensor], Optional[torch.Tensor]]:
+    """One pass: the patch-token norms of each block of ``layers``' output ({layer: [N, P_layer] float32}) and,
+    with ``with_input`` and where the source has it, of the input of block 0 (``blocks.0.hook_resid_pre``,
+    [N, P_0]; None otherwise)."""
+    names = source.blocks
+    hooks = {layer: names.resid_post(layer) for layer in layers}
+    source.require(list(hooks.values()))
+    entry = names.resid_pre(0)
+    read = list(hooks.values()) + ([entry] if with_input and source.has(entry) else [])
+    out: Dict[str, List[torch.Tensor]] = {h: [] for h in read}
+    label = source.blocks.label(layers[0]) if len(layers) == 1 else f"{len(layers)} blocks"
+    for batch in tqdm(source.batches(read, batch_size, reduce={h: token_norms for h in read}), disable=not progress,
+                      total=n_batches(source, batch_size), desc=f"norms @ {label}", unit="batch", leave=False):
+        for h in read:
+            out[h].append(batch.acts[h][:, batch.layout_of(h).patch_slice])
+
+    def cat(h: str) -> torch.Tensor:
+        return torch.cat(out[h]) if out[h] else torch.zeros(0, source.layout_of(h).n_patches)
+
+    return {layer: cat(h) for layer, h in hooks.items()}, (cat(entry) if entry in out else None)
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,12 @@ class Detection:
         ids: the source's image ids, in order (checked when a study is handed this detection).
         fingerprint: weights fingerprint of the source's model.
         preset: the published settings the threshold and layer came from (see ``DetectionSpec``), or None.
+        input_ratio: each token's norm ratio at the input of block 0 on this block's grid ([N, P] float64,
+            :func:`~interp.detection.formation.input_ratios`), or None where the source has no input hook (then
+            every token above the threshold counts as formed by the blocks).
+        survey: the verdict at every block when the block was chosen (:mod:`interp.detection.survey`), or None
+            when it was given.
+        min_gain: the formed-inside rule's gain (:data:`~interp.detection.formation.MIN_FORMED_GAIN`).
     """
 
     layer: int
@@ -76,6 +96,9 @@ class Detection:
     ids: Tuple[str, ...]
     fingerprint: str
     preset: Optional[str] = None
+    input_ratio: Optional[torch.Tensor] = field(default=None, compare=False)
+    survey: Optional[Survey] = None
+    min_gain: float = MIN_FORMED_GAIN
 
     def __repr__(self) -> str:
         """A short summary; the norms and the ids (kilobytes) are in ``.norms`` and ``.ids``."""
@@ -88,16 +111,58 @@ class Detection:
     def method(self) -> str:
         return self.threshold.method
 
-    @property
-    def outliers(self) -> torch.Tensor:
+    @cached_property
+    def above(self) -> torch.Tensor:
         """Bool[N, P]: patch tokens above the threshold (their image's own cut under "auto")."""
         return self.threshold.mask(self.norms)
 
+    @cached_property
+    def formed(self) -> torch.Tensor:
+        """Bool[N, P]: tokens the blocks raised (:func:`~interp.detection.formation.formed_mask`); all of them
+        without an input to compare with."""
+        if self.input_ratio is None:
+            return torch.ones(self.norms.shape, dtype=torch.bool)
+        return formed_mask(self.norms, self.input_ratio, self.min_gain)
+
+    @property
+    def outliers(self) -> torch.Tensor:
+        """Bool[N, P]: the artifacts' tokens: above the threshold and formed by the blocks."""
+        return self.above & self.formed
+
+    @property
+    def from_input(self) -> torch.Tensor:
+        """Bool[N, P]: tokens above the threshold that were already high-norm at the input (not artifacts)."""
+        return self.above & ~self.formed
+
     @property
     def artifacts_found(self) -> bool:
-        """The threshold's verdict (see :class:`Threshold`): fixed values by the share above them, "auto" and
-        percentiles by the two-mode test."""
-        return self.threshold.artifacts_found
+        """The threshold's verdict (see :class:`Threshold`: fixed values by the share above them, "auto" and
+        percentiles by the two-mode test) on tokens formed by the blocks: :func:`formed_verdict`."""
+        return formed_verdict(self.threshold, int(self.outliers.sum()), int(self.above.sum()))
+
+    @property
+    def reason(self) -> str:
+        """The verdict's reason: the threshold's, and what came from the input when something did."""
+        note = self.input_note()
+        return self.threshold.reason + (f"; {note}" if note else "")
+
+    def describe(self) -> str:
+        """The threshold's line (:meth:`Threshold.describe`) with this verdict: tokens carried from the input
+        turn "artifacts found" into "no artifacts", and are named."""
+        text, note = self.threshold.describe(), self.input_note()
+        if self.threshold.artifacts_found and not self.artifacts_found:
+            text = "no artifacts (not formed by the blocks): " + text.split(": ", 1)[1]
+        return text + (f"; {note}" if note else "")
+
+    def input_note(self) -> Optional[str]:
+        """'k of the n tokens above the threshold are high-norm from the input (not formed by the blocks) ...',
+        or None when none is."""
+        carried, above = int(self.from_input.sum()), int(self.above.sum())
+        if not carried:
+            return None
+        return (f"{carried} of the {above} tokens above the threshold are high-norm from the input (not formed by "
+                f"the blocks: their norm over their image's 10th percentile is less than {self.min_gain:g}x what "
+                "it was at the input of block 0)")
 
     def counting_threshold(self) -> float:
         """The threshold the causal studies count outliers with: the resolved value, or the 99th percentile of
@@ -124,30 +189,43 @@ class Detection:
 
 def detect(source: ActivationSource, threshold: ThresholdSpec = "auto", layer: Optional[int] = None,
            batch_size: Optional[int] = None, progress: bool = True) -> Detection:
-    """One pass over ``source``: the detection block's patch norms and the resolved threshold.
+    """One pass over ``source``: the detection block's patch norms, the resolved threshold and the input's norm
+    ratios (:mod:`interp.detection.formation`).
 
     Args:
         threshold: a norm, ``"pNN"`` or ``"auto"`` (see :func:`resolve_threshold`).
-        layer: detection block (default: the last; negative counts from the end).
+        layer: detection block (negative counts from the end). None: every block the source has is judged in the
+            same pass and the block is chosen where the artifacts are (:mod:`interp.detection.survey`: the last
+            block when none has any, else the last block with artifacts of the stage where they are strongest).
     """
-    block = resolve_block(layer, source.n_layers)
-    norms = detection_norms(source, block, batch_size or source.batch_size, progress)  # [N, P]
-    return Detection(layer=block, spec=threshold, threshold=detect_norms(norms, threshold).threshold,
-                     norms=norms, ids=tuple(source.ids), fingerprint=source.fingerprint)
+    n = source.n_layers
+    if layer is None:
+        layers = [i for i in range(n) if source.has(source.blocks.resid_post(i))] or [n - 1]
+    else:
+        layers = [resolve_block(layer, n)]
+    norms, entry = block_norms(source, layers, True, batch_size or source.batch_size, progress)
+    return _detection(source, threshold, layers, norms, entry, layer is None)
 
 
-def detection_for(source: ActivationSource, detection: Optional[Detection], threshold: Optional[ThresholdSpec],
-                  layer: Optional[int], batch_size: Optional[int], progress: bool) -> Detection:
-    """The detection a study works with: ``detection`` checked against the source and the study's own
-    arguments, or a fresh :func:`detect` (threshold default "auto") when none is given."""
-    if detection is not None:
-        return detection.check(source, layer, threshold)
-    return detect(source, "auto" if threshold is None else threshold, layer, batch_size, progress)
+def _detection(source: ActivationSource, threshold: ThresholdSpec, layers: Sequence[int],
+               norms: Dict[int, torch.Tensor], entry: Optional[torch.Tensor], survey: bool) -> Detection:
+    """The Detection from the patch norms of ``layers`` ({layer: [N, P]}) and of the input ([N, P_0] or None):
+    each block judged (:func:`~interp.detection.survey.judge_block`), the block chosen when ``survey``."""
+    judged = {i: judge_block(source, i, norms[i], threshold, entry) for i in layers}
+    chosen = survey_of([judged[i][2] for i in layers], source.blocks.staged) if survey else None
+    block = layers[0] if chosen is None else chosen.chosen
+    thr, ratio, _ = judged[block]
+    return Detection(layer=block, spec=threshold, threshold=thr, norms=norms[block], ids=tuple(source.ids),
+                     fingerprint=source.fingerprint, input_ratio=ratio, survey=chosen)
 
 
-def no_artifacts_warning(layer: int, threshold: Threshold, study: str) -> str:
+def no_artifacts_warning(found: Detection, study: str) -> str:
     """The one-line warning a study built on outliers carries when the model shows no artifacts."""
-    head = f"no artifacts: at block {layer}, {threshold.reason}; "
+    threshold = found.threshold
+    head = f"no artifacts: at block {found.layer}, {found.reason}; "
+    if threshold.artifacts_found:  # the threshold found tokens, but the input made them
+        return head + (f"whatever the {study} study counts is tokens carried from the input, not register "
+                       "artifacts")
     if not math.isfinite(threshold.value):
         return head + (f"no token is an artifact under the automatic split; whatever the {study} study counts "
                        "is ordinary tokens")
@@ -155,18 +233,19 @@ def no_artifacts_warning(layer: int, threshold: Threshold, study: str) -> str:
                    "'outliers' are ordinary high-norm tokens, not register artifacts")
 
 
-def artifact_status(layer: int, threshold: Threshold, artifacts_found: bool, study: str,
-                    warn: bool = True) -> Tuple[bool, Optional[str]]:
+def artifact_status(found: Detection, study: str, warn: bool = True) -> Tuple[bool, Optional[str]]:
     """``(artifacts_found, warning)`` for a study's JSON; the warning is also raised with ``warnings.warn``
     (the CLI shows it as one line) when ``warn``. It says why there are no artifacts, or, when there are,
-    the threshold's own caveat (it lies inside the bulk); None when there is nothing to say."""
-    if artifacts_found:
-        text = None if threshold.warning is None else f"block {layer}: {threshold.warning}"
+    the threshold's own caveat (it lies inside the bulk) and the tokens carried from the input; None when there
+    is nothing to say."""
+    if found.artifacts_found:
+        notes = [n for n in (found.threshold.warning, found.input_note()) if n]
+        text = f"block {found.layer}: {'; '.join(notes)}" if notes else None
     else:
-        text = no_artifacts_warning(layer, threshold, study)
+        text = no_artifacts_warning(found, study)
     if warn and text is not None:
         warnings.warn(text, InterpWarning, stacklevel=3)
-    return artifacts_found, text
+    return found.artifacts_found, text
 
 
 @dataclass(frozen=True)
@@ -272,6 +351,25 @@ def spec_of(detection: DetectionLike, *, threshold: Optional[ThresholdSpec] = No
     return DetectionSpec(threshold, detect_layer, preset).resolved()
 
 
+def detect_with_baseline(source, spec: DetectionSpec, classifier=None, batch_size: Optional[int] = None,
+                         progress: bool = True) -> Tuple[Detection, Baseline]:
+    """The report's and ``reassess``'s one unedited pass over a live ``source``: the causal studies' baseline
+    (:func:`~interp.runtime.passes.baseline_pass`, with ``classifier``) at the detection block, and the
+    :class:`Detection` of ``spec`` (resolved) from the same forward, made as :func:`detect` makes it (every
+    block judged when the spec names none, the input's norms compared)."""
+    spec = spec.resolved()
+    check_preset_model(spec.preset, getattr(source, "model", None))
+    n, names = source.n_layers, source.blocks
+    layers = list(range(n)) if spec.layer is None else [resolve_block(spec.layer, n)]
+    hooks = [names.resid_post(i) for i in layers] + [names.resid_pre(0)]
+    base = baseline_pass(source, layers[-1], batch_size, progress, classifier, norm_hooks=hooks)
+    norms = {i: base.norms[names.resid_post(i)][:, source.layout_of(names.resid_post(i)).patch_slice]
+             for i in layers}
+    entry = base.norms[hooks[-1]][:, source.layout_of(hooks[-1]).patch_slice]
+    found = _detection(source, spec.threshold, layers, norms, entry, spec.layer is None)
+    return replace(found, preset=spec.preset), replace(base, layer=found.layer, patch_norms=norms[found.layer])
+
+
 def detection_from_norms(source, spec: DetectionSpec, norms) -> Detection:
     """The Detection of ``spec`` (resolved) from detection-layer patch norms [N, P] a study's own baseline
     pass already computed on ``source`` (so it needs no detection pass of its own)."""
@@ -288,11 +386,12 @@ def detection_header(found: Detection, study: str, warn: bool = True) -> Dict[st
     separated high-norm mode), ``threshold_method`` ("fixed", "percentile", "auto"), ``artifacts_found``,
     ``warning`` (why the outliers are not register artifacts; also raised with ``warnings.warn`` when
     ``warn``), ``preset`` (the canonical preset name or None)."""
-    artifacts, warning = artifact_status(found.layer, found.threshold, found.artifacts_found, study, warn=warn)
+    artifacts, warning = artifact_status(found, study, warn=warn)
     value = found.threshold.value
     return {"detect_layer": found.layer, "threshold": value if math.isfinite(value) else None,
             "threshold_method": found.method, "artifacts_found": artifacts, "warning": warning,
-            "preset": found.preset}
+            "preset": found.preset, "high_norm_from_input": int(found.from_input.sum()),
+            "artifact_blocks": None if found.survey is None else found.survey.describe()}
 
 
 def detection_params(found: Detection) -> Dict[str, Any]:

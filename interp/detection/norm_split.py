@@ -63,6 +63,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .few_tokens import FEW_TOKENS, MAX_CHANCE, few_tokens
 from .mixture import best_fit, mixture_loglik
 
 # The upper mode must be a minority (fewer than half the tokens): artifacts are 1-5 % in real ViTs (2.4 % in
@@ -76,6 +77,7 @@ MIN_BIC_GAIN = 10.0
 # about the tokens just above it, so the cut is the middle of the gap in norm instead of the F1-optimal cut.
 MIN_BULK_SIGMA = 0.02
 MIN_TOKENS = 20
+BIC_FAILS = "BIC prefers"  # how the BIC test's failure starts (the only one a handful of tokens may overrule)
 MAX_FIT_POINTS = 10_000
 # Each image's scale for "per_image_p10": its 10th-percentile norm. The median would do for images whose
 # artifacts are a few percent, but the bundled planted_vit puts 61 % of one photo's patches and up to 82 % of a
@@ -265,7 +267,7 @@ def _test(x_all: np.ndarray, lower: Mode, uppers: Sequence[Mode], bic_gain: floa
     weight = sum(u.weight for u in uppers)
     failures = []
     if bic_gain < MIN_BIC_GAIN:
-        failures.append(f"BIC prefers {vs} = {bic_gain:.1f} < {MIN_BIC_GAIN:g})")
+        failures.append(f"{BIC_FAILS} {vs} = {bic_gain:.1f} < {MIN_BIC_GAIN:g})")
     if weight > MAX_UPPER_WEIGHT:
         failures.append(f"the upper mode holds {100 * weight:.1f} % of the tokens (artifacts are a "
                         f"minority, at most {100 * MAX_UPPER_WEIGHT:g} %)")
@@ -342,17 +344,33 @@ def _split(arr: np.ndarray, normalisation: str) -> NormSplit:
         failures3, d3, ratio3 = _test(x_all, low3, up3, min(bic1, bic2) - bic3, "fewer modes (BIC 1 or 2 - BIC 3")
         if not failures3:
             failures, d, ratio, lower, uppers = [], d3, ratio3, low3, up3
+    few = None  # a handful of tokens: judged by their chance as bulk tokens, not by BIC (few_tokens.py)
+    if len(uppers) == 1 and upper.weight * n <= FEW_TOKENS and all(f.startswith(BIC_FAILS) for f in failures):
+        few = few_tokens(x_all)
+        if few is not None:
+            failures = []
+        elif failures:
+            failures[0] += "; its largest tokens could be bulk tokens (few_tokens.py)"
     fitted = dict(lower=lower, upper=uppers[0], d=d, ratio=ratio, bic1=bic1, bic2=bic2, **extra,
                   more_upper=tuple(uppers[1:]), bic_three=bic3)
     if failures:
         return _rejected(n, int(x.size), "; ".join(failures), **fitted)
-    cut, rule, precision, recall = _cut(x_all, lower, uppers)
+    if few is None:
+        cut, rule, precision, recall = _cut(x_all, lower, uppers)
+    else:
+        cut, rule = few[2], "few_tokens"
+        tp, fp = (float(v[0]) for v in _expected(lower, uppers, np.array([cut])))
+        precision, recall = tp / max(tp + fp, 1e-300), tp / uppers[0].weight
     threshold = float(math.exp(cut))
     share = float(1 - np.searchsorted(x_all, cut, side="right") / n)
     modes = "two modes" if len(uppers) == 1 else "three modes (two above the bulk)"
     reason = (f"BIC prefers {modes} (BIC 1 - BIC {len(uppers) + 1} = "
               f"{bic1 - (bic2 if len(uppers) == 1 else bic3):.1f}), and the upper one is a minority, "
               f"separated (D >= {MIN_SEPARATION:g}) and at least {MIN_MODE_RATIO:g}x the bulk")
+    if rule == "few_tokens":
+        reason = (f"the {few[0]} largest tokens are a mode of their own (as bulk tokens: chance {few[1]:.2g} < "
+                  f"{MAX_CHANCE:g}; at least {MIN_MODE_RATIO:g}x the median; the tokens below them an ordinary "
+                  f"tail; BIC 1 - BIC 2 = {bic1 - bic2:.1f}): the cut lies half-way between them and the next")
     if rule == "gap_middle":
         reason += (f"; the bulk is degenerate (log-sigma {lower.sigma:.2g} < {MIN_BULK_SIGMA:g}), so the cut is "
                    f"the middle of the gap in norm, {threshold:.4g}")

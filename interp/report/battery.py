@@ -151,7 +151,7 @@ def run_battery(source: LiveSource, options: ReportOptions, progress: bool = Tru
         warnings.warn(text, category, stacklevel=2)
     if not out.detection.artifacts_found:
         warnings.warn(f"{source.model_name} shows no artifacts: at block {out.detection.layer}, "
-                      f"{out.detection.threshold.reason}; any neurons the report ranks are not register neurons",
+                      f"{out.detection.reason}; any neurons the report ranks are not register neurons",
                       InterpWarning, stacklevel=2)
     return out
 
@@ -161,9 +161,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     from ..studies.artifacts.neurons import neurons_reading, resolve_neuron_options
     from ..studies.artifacts.ablate import ablate_study
     from ..studies.core.behaviour import behaviour_readout
-    from ..detection.detection import DetectionSpec, detection_from_norms
-    from ..runtime.passes import baseline_pass
-    from ..hooks.names import resolve_block
+    from ..detection.detection import DetectionSpec, detect_with_baseline
     from ..runtime.passes import run_readings
     from ..studies.artifacts.norms import norms_reading
     from ..studies.artifacts.registers import registers_study
@@ -176,8 +174,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     # one unedited forward per image gives the detection's norms and the causal studies' baseline
     spec = DetectionSpec(settings["threshold"], settings.get("detect_layer"), settings["preset"]).resolved()
     clf = behaviour_readout(source, o.classifier).classifier  # bound (and checked) once, before any forward
-    baseline = baseline_pass(source, resolve_block(spec.layer, source.n_layers), classifier=clf, **common)
-    found = detection_from_norms(source, spec, baseline.patch_norms)
+    found, baseline = detect_with_baseline(source, spec, clf, **common)
     highest = min(settings.get("highest_layer", found.layer), source.n_layers - 1)
     _say(progress, step_line("norms", f"per-block patch norms of {source.model_name} over {len(source)} images"))
     readings = [norms_reading(source, found, batch_size=o.batch_size),

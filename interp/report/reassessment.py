@@ -36,11 +36,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 
 from ..errors import InterpError
-from ..detection.detection import DetectionSpec, detection_from_norms, spec_of, threshold_param
-from ..hooks.names import resolve_block
+from ..detection.detection import DetectionSpec, detect_with_baseline, spec_of, threshold_param
 from ..models.planted import planted_truth
 from ..runtime.open import open_source
-from ..runtime.passes import baseline_pass
 from ..studies.artifacts.neurons import neurons_study
 from ..studies.artifacts.registers import registers_study
 from ..studies.core.behaviour import behaviour_readout
@@ -96,9 +94,7 @@ def assess_model(model, images, spec: DetectionSpec, *, name: Optional[str] = No
     skipped = skipped_records(source)
     source = source.held_if_small()
     readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
-    base = baseline_pass(source, resolve_block(spec.layer, source.n_layers), progress=progress,
-                         classifier=readout.classifier)
-    found = detection_from_norms(source, spec, base.patch_norms)
+    found, base = detect_with_baseline(source, spec, readout.classifier, progress=progress)
     row, notes = model_row(source, found, name, probes=probes, probe_tokens=probe_tokens,
                            probe_options=probe_options, seed=seed, progress=progress)
     truth = planted_truth(model)

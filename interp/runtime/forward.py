@@ -203,6 +203,8 @@ class Baseline:
         [N, P] (head mean) or None for a model without CLS; pooled [N, d'] (``hook_pooled``).
         ids, fingerprint: the source's images and weights (checked when a study is handed this baseline).
         classifier: the fingerprint of the classifier the logits come from (None: the model's head).
+        norms: {hook: [N, t]} every token's norm at more hooks of the same forward (``baseline_pass``'s
+            ``norm_hooks``: what a detection that judges every block reads, :mod:`interp.detection.detection`).
     """
 
     layer: int
@@ -214,6 +216,7 @@ class Baseline:
     fingerprint: str
     pooled: Optional[torch.Tensor] = None
     classifier: Optional[str] = None
+    norms: Dict[str, torch.Tensor] = field(default_factory=dict)
 
     def rows(self, start: int, n: int) -> ForwardSummary:
         """The summary of images ``start .. start + n`` (one batch of the source)."""
@@ -234,8 +237,12 @@ class Baseline:
 
 
 def baseline_summary(model, x: torch.Tensor, interventions: Sequence, layer: int,
-                     classifier: Optional[Classifier] = None) -> ForwardSummary:
+                     classifier: Optional[Classifier] = None, norm_hooks: Sequence[str] = ()) -> ForwardSummary:
     """The unedited forward of one batch exactly as :func:`baseline_pass` makes it (the last block's attention
-    pattern computed too), so a study without a shared baseline gets the same numbers, to the last bit."""
+    pattern computed too), so a study without a shared baseline gets the same numbers, to the last bit;
+    ``norm_hooks``: more hooks whose token norms [b, t] it keeps (in ``acts``)."""
+    own = model.block_names.resid_post(layer)
+    extra = [h for h in norm_hooks if h != own]
     return forward_summary(model, x, interventions, layer, attention_layers=[model.n_layers - 1],
-                           classifier=classifier)
+                           classifier=classifier, hooks=extra,
+                           reduce={h: lambda t: t.float().norm(dim=-1) for h in extra})

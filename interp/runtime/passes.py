@@ -120,20 +120,22 @@ def run_readings(source: ActivationSource, readings: Sequence[Reading], batch_si
 
 
 def baseline_pass(source, layer: int, batch_size: Optional[int] = None, progress: bool = True,
-                  classifier: Optional[Classifier] = None) -> Baseline:
+                  classifier: Optional[Classifier] = None, norm_hooks: Sequence[str] = ()) -> Baseline:
     """One unedited forward per image of a live ``source``: logits (``classifier``'s class logits when given),
     the pooled vector, block ``layer``'s patch norms and the last block's CLS->patch attention (what the causal
-    studies compare their edited runs with)."""
+    studies compare their edited runs with); the token norms at ``norm_hooks`` too (``Baseline.norms``)."""
     model = source.model
     last = model.n_layers - 1
     bs = batch_size or source.batch_size
     classifier = classifier.bind(model) if classifier is not None and classifier.bound_to is None else classifier
-    parts = [baseline_summary(model, x, source.interventions, layer, classifier)
+    parts = [baseline_summary(model, x, source.interventions, layer, classifier, norm_hooks)
              for _, x in tqdm(source.image_batches(bs), disable=not progress, desc="baseline", unit="batch",
                               total=n_batches(source, bs), leave=False)]
     if not parts:
         raise ValueError("baseline_pass needs at least one image")
     attn = torch.cat([p.cls_attention[last] for p in parts]) if last in parts[0].cls_attention else None
+    own = model.block_names.resid_post(layer)
+    norms = {h: torch.cat([p.token_norms if h == own else p.acts[h] for p in parts]) for h in norm_hooks}
     return Baseline(layer, last, torch.cat([p.logits for p in parts]), torch.cat([p.patch_norms for p in parts]),
                     attn, tuple(source.ids), source.fingerprint, torch.cat([p.pooled for p in parts]),
-                    None if classifier is None else classifier.fingerprint)
+                    None if classifier is None else classifier.fingerprint, norms)

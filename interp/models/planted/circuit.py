@@ -25,6 +25,7 @@ class PlantedTruth:
     patch_size: int
     gelu_gain: float = 4.0
     description: str = "synthetic ViT with planted register neurons (random weights; not a trained model)"
+    washed_at: Optional[int] = None  # the block whose MLP writes the artifacts out again (planted_vit(wash=...))
 
     def to_dict(self) -> dict:
         return asdict(self)

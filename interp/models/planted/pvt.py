@@ -33,7 +33,8 @@ def planted_pvt(*, stage: int = 3, block: int = 0, neurons: Sequence[int] = (17,
     stage's LayerNorm, the downsampling convolution and its LayerNorm) averages the texture over 2x2 cells and
     re-creates the anchors (the LayerNorms' gains on the reserved dims undo their scaling); in
     ``stages.{stage}.blocks.{block}`` the register ``neurons`` fire on flat tokens (texture below ``tau``) and write
-    into the artifact dim; the later blocks of that stage sink attention onto them. The planted neurons' depthwise
+    into the artifact dim; the later blocks of that stage sink attention onto them where their keys are the tokens
+    themselves (stage 3; stages 0-2 reduce their keys spatially and get no sink). The planted neurons' depthwise
     convolutions are the identity, so they read their own token only. Everything else is timm's random init.
 
     Args:
@@ -79,7 +80,8 @@ def planted_pvt(*, stage: int = 3, block: int = 0, neurons: Sequence[int] = (17,
         _plant_pvt_neurons(stages[stage].blocks[block].mlp, neurons, plans[stage])
         _plant_register_neurons(stages[stage].blocks[block].mlp, neurons, plans[stage])
         for blk in stages[stage].blocks[block + 1:]:
-            _plant_sr_attention_sink(blk.attn, plans[stage])
+            if blk.attn.sr is None:  # stages 0-2 reduce their keys spatially: no key is one token there
+                _plant_sr_attention_sink(blk.attn, plans[stage])
     layer = sum(len(s.blocks) for s in stages[:stage]) + block
     truth = PlantedPvtTruth(layer=layer, neurons=neurons, tau=tau, n_filters=n_filters, texture_dim=plans[0].tex,
                             artifact_dim=plans[0].art, anchor_dims=(plans[0].pos_anchor, plans[0].neg_anchor),

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ def planted_vit(
     num_classes: int = 10,
     tau: float = 0.03,
     seed: int = 0,
+    wash: Optional[int] = None,
 ) -> nn.Module:
     """Build the planted ViT (a plain timm ``VisionTransformer`` in eval mode) with its ground truth.
 
@@ -34,6 +35,10 @@ def planted_vit(
         neurons: indices of the planted register neurons in that MLP (hidden size ``4 * embed_dim``).
         tau: texture energy under which a patch counts as flat (becomes a high-norm token).
         seed: seed of the random weights; the same arguments always give the same weights.
+        wash: a block after ``layer`` whose MLP washes the artifacts out (the same neurons, reading the same
+            texture, write the opposite: the artifact channel returns to about 0), or None: the high norms then
+            live in blocks ``layer .. wash - 1`` only, and the last block has none. Attention sinks are planted
+            in the blocks between.
 
     Returns:
         ``timm.models.vision_transformer.VisionTransformer``; :func:`planted_truth` gives its
@@ -42,6 +47,8 @@ def planted_vit(
     from timm.models.vision_transformer import VisionTransformer
 
     check_sink_layer(layer, depth)
+    if wash is not None and not layer + 1 < wash < depth:
+        raise ValueError(f"wash must be a block in [{layer + 2}, {depth - 1}]: after the block after layer")
     d_mlp = 4 * embed_dim
     n_filters = N_FILTERS
     neurons = checked_neurons(neurons, d_mlp, 2 * n_filters)
@@ -59,10 +66,13 @@ def planted_vit(
         _plant_inputs(model, plan, patch_size, torch.Generator().manual_seed(seed + 1))
         _plant_texture_neurons(model.blocks[0].mlp, plan)
         _plant_register_neurons(model.blocks[layer].mlp, neurons, plan)
-        for block in model.blocks[layer + 1:]:
+        for block in model.blocks[layer + 1:wash]:
             _plant_attention_sink(block.attn, plan)
+        if wash is not None:
+            _plant_register_neurons(model.blocks[wash].mlp, neurons, plan)
+            model.blocks[wash].mlp.fc2.weight[plan.art] *= -1.0
     truth = PlantedTruth(layer=layer, neurons=neurons, tau=tau, n_filters=n_filters, texture_dim=plan.tex,
                          artifact_dim=plan.art, anchor_dims=(plan.pos_anchor, plan.neg_anchor),
-                         patch_size=patch_size, gelu_gain=plan.gelu_gain)
+                         patch_size=patch_size, gelu_gain=plan.gelu_gain, washed_at=wash)
     setattr(model, _TRUTH_ATTR, truth)
     return model.eval()

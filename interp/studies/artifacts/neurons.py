@@ -127,7 +127,8 @@ class _NeuronScores:
     and the detection block's token norms) and what it folded: ``acc`` and the used image indices."""
 
     def __init__(self, source: ActivationSource, detect: int, highest: int, threshold: "float | Threshold", *,
-                 positions: str = "all", sparsity: Optional[str] = None, chosen: Optional[set] = None):
+                 positions: str = "all", sparsity: Optional[str] = None, chosen: Optional[set] = None,
+                 exclude: Optional[torch.Tensor] = None):
         names = source.blocks
         self.det_hook, self.highest, self.threshold = names.resid_post(detect), highest, threshold
         self.lowest = scored_from(source, detect, highest)
@@ -136,6 +137,7 @@ class _NeuronScores:
         self.patch_slice = source.layout_of(self.det_hook).patch_slice
         self.acc: Optional[RegisterScoreAccumulator] = None
         self.used: List[int] = []
+        self.exclude = exclude  # Bool[N, P]: tokens above the threshold that are not outliers (from the input)
 
     def as_fold(self) -> Fold:
         return Fold(self.hooks + [self.det_hook], self.add, {self.det_hook: token_norms})
@@ -151,7 +153,11 @@ class _NeuronScores:
         acts = {l: batch.acts[h][rows] for l, h in enumerate(self.hooks)}  # {l: [b, t, m]}
         cut = self.threshold.cuts([batch.start + j for j in rows]) if isinstance(self.threshold, Threshold) \
             else self.threshold  # "auto": each image above its own cut, as the detection's outliers
-        hit = self.acc.update(acts, batch.acts[self.det_hook][rows], cut)  # [b]
+        norms = batch.acts[self.det_hook][rows]
+        if self.exclude is not None and self.exclude.any():
+            norms = norms.clone()  # tokens carried from the input: below every cut
+            norms[:, self.patch_slice] *= ~self.exclude[[batch.start + j for j in rows]]
+        hit = self.acc.update(acts, norms, cut)  # [b]
         self.used += [batch.start + j for j, h in zip(rows, hit.tolist()) if h]
 
 
@@ -246,7 +252,7 @@ def neurons_reading(source: ActivationSource, found: Detection, *, highest_layer
         return Reading([], lambda: NeuronsResult(**base, message=f"no outliers at block {detect}: the detection "
                        "layer's norm distribution has no separated high-norm mode; nothing to rank"))
     scores = _NeuronScores(source, detect, highest, thr, positions=positions, sparsity=sparsity,
-                           chosen=_choose_images(len(source), max_images, seed))
+                           chosen=_choose_images(len(source), max_images, seed), exclude=found.from_input)
 
     def finish() -> NeuronsResult:
         if not scores.used:

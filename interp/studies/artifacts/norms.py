@@ -63,6 +63,8 @@ class NormsResult(OutlierStudyResult):
         detection: the threshold's diagnostics (:meth:`~interp.detection.thresholds.Threshold.to_dict`): share above
             it, the verdict and its reason, and the two-mode fit (modes, separation, BIC, accepted, reason).
         detection_message: the same in one line, e.g. "block 11: artifacts found: 2.60 % of the patch tokens ...".
+        survey: each block's verdict when the detection block was chosen, not given
+            (:meth:`~interp.detection.survey.Survey.to_dict`: "chosen", "summary", "stages", "blocks"), else None.
         outlier_maps: [N][h][w] 0/1 outliers at ``detect_layer`` (patch tokens; ``grid`` is that block's grid).
         outlier_fraction_per_layer: share of patch tokens above ``threshold`` at each block output.
         blocks: the name of every block (``stage 2 block 1`` in a pyramid model), in order.
@@ -90,6 +92,7 @@ class NormsResult(OutlierStudyResult):
     mode_ratio: float = 1.0
     detection: Dict = field(default_factory=dict)
     detection_message: str = ""
+    survey: Optional[Dict] = None
     outlier_fraction: float = 0.0
     outlier_counts: List[int] = field(default_factory=list)
     outlier_maps: List = field(default_factory=list)
@@ -254,7 +257,9 @@ def _norms_result(source: ActivationSource, det: Detection, tally: "_LayerTally"
         ids=list(source.ids), skipped=skipped_records(source), n_layers=n_layers, grid=list(lay.grid),
         blocks=[source.blocks.label(i) for i in range(n_layers)], **header,
         bimodal=thr.bimodal, mode_ratio=thr.mode_ratio,
-        detection=thr.to_dict(), detection_message=f"{source.blocks.label(det.layer)}: {thr.describe()}",
+        detection=thr.to_dict(), detection_message=f"{source.blocks.label(det.layer)}: {det.describe()}"
+        + ("" if det.survey is None else f" (where: {det.survey.describe()})"),
+        survey=None if det.survey is None else det.survey.to_dict(),
         outlier_fraction=float(outliers.float().mean()) if outliers.numel() else 0.0,
         outlier_counts=outliers.sum(1).tolist(),
         outlier_maps=outliers.reshape(-1, *lay.grid).int().tolist(),

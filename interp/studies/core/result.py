@@ -155,6 +155,11 @@ class OutlierStudyResult(StudyResult):
         warning: why the study's outliers are not register artifacts; when artifacts were found, the
             threshold's own caveat (it lies inside the bulk) or None.
         preset: the published settings the detection came from (canonical name), or None.
+        high_norm_from_input: tokens above the threshold that were already high-norm at the input of block 0
+            (not formed by the blocks, :mod:`interp.detection.formation`): not counted as artifacts.
+        artifact_blocks: where the artifacts are when the detection block was chosen, not given
+            (:meth:`~interp.detection.survey.Survey.describe`: "stage 2: artifacts, 2.62x, blocks 4-5; stage 3:
+            none"), else None.
     """
 
     detect_layer: int = -1
@@ -163,6 +168,8 @@ class OutlierStudyResult(StudyResult):
     artifacts_found: bool = False
     warning: Optional[str] = None
     preset: Optional[str] = None
+    high_norm_from_input: int = 0
+    artifact_blocks: Optional[str] = None
 
 
 # ------------------------------------------------------------------------------ Jupyter rendering
