@@ -169,6 +169,8 @@ def check_input_path(path, label: str = "", folder_ok: bool = False) -> None:
         InputPathError: one line naming ``label`` (an option such as ``--masks``, or what the file is), the
             path, what it is and the fix; exit status 2.
     """
+    if isinstance(path, str) and not path.strip():  # Path("") is the working folder: every image under it was read
+        raise InputPathError(f"{label + ' ' if label else ''}'' is an empty path: give a file or folder")
     kind = special_kind(path)
     if kind is None or not os.path.exists(path):  # a dangling symlink is missing: the caller says so
         return
@@ -176,6 +178,30 @@ def check_input_path(path, label: str = "", folder_ok: bool = False) -> None:
     wanted = "a regular file or folder" if folder_ok else "a regular file"
     raise InputPathError(f"{where} is {kind}, not {wanted}: reading it could block forever; give {wanted} "
                          "(save what it streams into a file first)")
+
+
+MAX_NAME_BYTES = 223  # a file name part: 255 bytes (Linux, macOS) less the suffixes of interp's temporary files
+MAX_PATH_BYTES = 4000  # a whole path (PATH_MAX 4096 with the same room)
+
+
+def check_output_path(path, flag: str = "--out") -> None:
+    """Refuse, before any work, an output path that is empty (``''`` wrote into the working folder) or that the
+    file system cannot hold: a name part over :data:`MAX_NAME_BYTES` bytes or a path over :data:`MAX_PATH_BYTES`
+    (the write failed at the end with a raw ``File name too long``).
+
+    Raises:
+        UsageError: one line naming ``flag`` and the fix (exit status 2).
+    """
+    text = os.fsdecode(path) if isinstance(path, bytes) else str(path)
+    if not text.strip():
+        raise UsageError(f"{flag} '' is an empty path: give a file or folder name")
+    size = len(os.fsencode(text))
+    long = max(Path(text).parts, key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(long)) > MAX_NAME_BYTES or size > MAX_PATH_BYTES:
+        what = (f"a name of {len(os.fsencode(long))} bytes ({long[:24]!r}...)" if len(os.fsencode(long)) > MAX_NAME_BYTES
+                else f"a path of {size} bytes")
+        raise UsageError(f"{flag} has {what}: give names of at most {MAX_NAME_BYTES} bytes and a path of at most "
+                         f"{MAX_PATH_BYTES}")
 
 
 def _readable_input(text: str, folder_ok: bool) -> None:
