@@ -60,6 +60,15 @@ port_number = _bounded("port_number", _int, lambda v: 0 <= v <= 65535, "expected
                        "A TCP port 0..65535 (--port; 0: any free one).")
 nonnegative_int = _bounded("nonnegative_int", _int, lambda v: v >= 0, "expected a whole number >= 0",
                            "A whole number >= 0 (--controls, --seed, --n-maps).")
+MAX_CONTROLS = 100  # each control set is one more edited pass over every image; 1000000 ran 447 s, then failed
+control_count = _bounded("control_count", _int, lambda v: 0 <= v <= MAX_CONTROLS,
+                         f"expected a whole number 0..{MAX_CONTROLS} (each control is one more edited pass; 5-10 "
+                         "is usual)", f"Random control sets of an ablation 0..{MAX_CONTROLS} (--controls).")
+MAX_TOP_K = 1024  # register neurons an edit takes (published: 10-50; half of ViT-g's 6144-wide MLP is 3072)
+top_k_arg = _bounded("top_k_arg", _int, lambda v: 1 <= v <= MAX_TOP_K,
+                     f"expected a whole number 1..{MAX_TOP_K} (register neurons; 10-50 is usual)",
+                     f"Register neurons a run edits 1..{MAX_TOP_K} (--top-k of report and reassess); the model's "
+                     "MLP width is checked on its skeleton.")
 MAX_SEED = 2**32 - 1  # every RNG interp seeds takes it (torch, numpy); 2**70 overflowed torch's seed
 SEED_HELP = ("seed of every random draw of the run: the random weights of --no-pretrained (the same seed gives the "
              "same model in every command) and the study's own sampling (default 0)")

@@ -66,6 +66,19 @@ def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) ->
                          f"List them with `interp hooks {spec.name}`.")
 
 
+def check_top_k(top_k: Optional[int], model, why: str = "") -> None:
+    """``--top-k`` register neurons within what ``model`` (loaded, or its skeleton) has: at most half of one
+    block's MLP width (``why``: what needs the other half; before: 10**8 ended in a traceback after the first
+    studies, and reassess edited all 4608 neurons of a block)."""
+    if top_k is None:
+        return
+    width = min(model.family.d_mlp(layer) for layer in range(model.n_layers))
+    if top_k > width // 2:
+        name = getattr(model, "model_name", None) or "the model"
+        raise UsageError(f"--top-k {top_k} is more than half a block's {width} MLP neurons of {name}"
+                         f"{'; ' + why if why else ''}: give --top-k <= {width // 2}")
+
+
 def rank_device(device: str) -> str:
     """``device`` for this process: under torchrun (``WORLD_SIZE`` > 1) a CUDA device is this rank's own GPU
     (``cuda:LOCAL_RANK``)."""

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, BlockNames
 from ...errors import InterpError, UsageError
-from ...values import (NEURONS_SYNTAX, existing_path, nonnegative_int, positive_int, register_count,
+from ...values import (NEURONS_SYNTAX, control_count, existing_path, positive_int, register_count,
                        sae_feature_ids)
 from ..core.options import DetectionOptions, NeuronsOptions
 from ...detection.presets import resolve_preset
@@ -133,7 +133,7 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
     neurons: Union[str, Dict[int, List[int]], None] = option(
         None, f"the register neurons to ablate (required unless --sae DIR --features F,...): {NEURONS_SYNTAX}")
     controls: int = option(5, "random control neuron sets of the same size and blocks (default 5)",
-                           parse=nonnegative_int)
+                           parse=control_count)
     mode: str = option("zero", "zero: set the neurons to 0 (default); mean: to their mean activation over the "
                                "images", choices=("zero", "mean"))
     sae: Optional[str] = option(None, "ablate features of this trained SAE (interp sae train) instead of neurons "
