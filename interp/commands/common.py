@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import InterpError, UsageError
+from ..errors import HookNameError, InterpError, UsageError
 from ..options import Options
 from ..values import NEURONS_SYNTAX
 from .inputs import ModelSpec, RunInputs, option_value
@@ -44,8 +44,9 @@ LAYER_OPTIONS = (("detect_layer", "--detect-layer"), ("highest_layer", "--highes
 
 def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) -> None:
     """Before any forward pass, on the model's skeleton before the load (:func:`check_before_load`) or on the
-    loaded model: an input of at least one patch, block numbers of ``options`` within the model's depth and a
-    ``--hook`` that names one of its hooks (close matches otherwise)."""
+    loaded model: an input of at least one patch, block numbers of ``options`` within the model's depth, a
+    ``--hook`` that names one of its hooks (close matches otherwise) and ``--hooks`` names or patterns that each
+    match one."""
     n = model.n_layers
     if 0 in tuple(model.layout.grid):  # an input smaller than one patch: timm builds it, the forward fails
         patch = tuple(getattr(model.timm_model.patch_embed, "patch_size", ()))
@@ -56,6 +57,12 @@ def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) ->
         if value is not None and not -n <= int(value) < n:
             raise UsageError(f"{flag} {value} is out of range: {spec.name} has {n} blocks "
                              f"(0..{n - 1}, or -{n}..-1 counted from the end)")
+    hooks = option_value(options, "hooks")  # interp cache's names and patterns
+    if hooks:
+        try:
+            model.resolve_hooks(list(hooks))
+        except HookNameError as e:
+            raise UsageError(f"--hooks: {e}") from None
     hook = option_value(options, "hook")
     if isinstance(hook, str) and hook not in model.hook_names():
         from ..errors import close_matches

@@ -159,19 +159,22 @@ def is_pattern(name: str) -> bool:
 
 def unknown_hook_error(name: str, known: Sequence[str]) -> HookNameError:
     block = block_of(name)
-    n_blocks = 1 + max((b for b in map(block_of, known) if b is not None), default=-1)
-    if block is not None and block >= n_blocks:
-        rest = name[len(f"blocks.{block}."):]
-        shown = "no blocks" if n_blocks == 0 else f"{n_blocks} blocks (0-{n_blocks - 1})"
+    prefixes = list(dict.fromkeys(m.group(1) for m in map(_PREFIX_RE.match, known) if m))  # forward order
+    if block is not None and (block >= len(prefixes) or prefixes[block] != f"blocks.{block}"):
+        rest, n = name[len(f"blocks.{block}."):], len(prefixes)
+        if n == 0:
+            return HookNameError(f"hook name {name!r}: this model has no blocks")
+        flat = prefixes[0] == "blocks.0"
+        shown = f"{n} blocks ({'0-' + str(n - 1) if flat else prefixes[0] + ' .. ' + prefixes[-1]})"
+        if block < n:  # a pyramid names its blocks by stage (PVTv2, Swin-v2)
+            return HookNameError(f"hook name {name!r}: this model names its {shown} by stage; block {block} "
+                                 f"is {prefixes[block] + '.' + rest!r}")
         return HookNameError(f"hook name {name!r}: block {block} does not exist, this model has {shown}; "
-                             f"e.g. {block_hook(n_blocks - 1, rest)!r} is the last block's")
-    hints = close_matches(name, known)
+                             f"last: {prefixes[-1] + '.' + rest!r}")
+    hints = close_matches(name, known, n=3)
     hint = f" Close matches: {', '.join(hints)}." if hints else ""
     kind = "pattern" if is_pattern(name) else "hook name"
-    return HookNameError(
-        f"{kind} {name!r} matches no hook point.{hint} "
-        "List every hook with model.hook_names() or `interp hooks MODEL`."
-    )
+    return HookNameError(f"{kind} {name!r} matches no hook point.{hint} List them: `interp hooks MODEL`")
 
 
 def match(name_or_pattern: str, known: Sequence[str]) -> List[str]:

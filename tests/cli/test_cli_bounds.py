@@ -148,6 +148,28 @@ def test_arguments_the_model_structure_refutes_are_refused_before_it_loads(tmp_p
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("model, hooks, words", [
+    ("vit_tiny_patch16_224", "blocks.99.hook_resid_post",
+     "block 99 does not exist, this model has 12 blocks (0-11); last: 'blocks.11.hook_resid_post'"),
+    ("pvt_v2_b0", "blocks.99.hook_resid_post", "this model has 8 blocks (stages.0.blocks.0 .. stages.3.blocks.1); "
+                                               "last: 'stages.3.blocks.1.hook_resid_post'"),
+    ("pvt_v2_b0", "blocks.3.hook_resid_post", "by stage; block 3 is 'stages.1.blocks.1.hook_resid_post'"),
+    ("vit_tiny_patch16_224", "blocks.*.hook_nothing", "pattern 'blocks.*.hook_nothing' matches no hook point"),
+])
+def test_cache_hooks_the_model_lacks_are_refused_on_its_skeleton(tmp_path, capsys, monkeypatch, model, hooks, words):
+    """Issue 53: `cache --hooks blocks.99...` was refused only after the full model was built (26 s, 4.17 GB on a
+    huge DINOv3), and on PVT said "this model has no blocks"."""
+    from interp.models import sample_image_paths
+
+    _forbid_model_builds(monkeypatch)
+    argv = ["cache", model, "--no-pretrained", "--images", str(sample_image_paths()[0]), "--hooks", hooks,
+            "--out", str(tmp_path / "a.h5")]
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("interp: error: --hooks: ") and words in line and len(line) < 200, line
+    assert not (tmp_path / "a.h5").exists()
+
+
 def _hooks_output(argv, capsys) -> str:
     assert main(["hooks", *argv]) == 0
     return capsys.readouterr().out
