@@ -140,6 +140,13 @@ def block_of(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def block_prefix(name: str) -> Optional[str]:
+    """The block prefix of a per-block hook name (``blocks.3``, or ``stages.1.blocks.0`` in a pyramid), None for a
+    root hook."""
+    m = _PREFIX_RE.match(name)
+    return m.group(1) if m else None
+
+
 def blocks_needed(hook_names: Sequence[str]) -> Optional[int]:
     """How many blocks a forward must run so every hook in ``hook_names`` fires (``stop_at_layer``), or
     None when one of them needs the full forward (``hook_norm_final``, ``hook_pooled``, ``hook_logits``...)."""
