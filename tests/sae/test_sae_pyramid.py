@@ -14,7 +14,7 @@ from interp.interventions import SAEFeatureAblation
 from sae_helpers import needs_overcomplete
 
 pytestmark = [needs_overcomplete, pytest.mark.filterwarnings("ignore:the SAE in .*held-out explained variance")]
-MODEL, SIZE, HOOK = "pvt_v2_b0", 64, "stages.1.blocks.0.hook_resid_post"  # block 2 of 8 in forward order
+MODEL, SIZE, HOOK = "pvt_v2_b0", 32, "stages.1.blocks.0.hook_resid_post"  # block 2 of 8 in forward order
 FEATURES = [1, 6, 40]
 
 
@@ -32,7 +32,7 @@ def pyramid(tmp_path_factory):
                          dead_window=100, checkpoint_every=1000)
     finally:
         torch.set_num_threads(before)
-    return model, folder, images[:4]
+    return model, folder, images[:2]
 
 
 def test_the_ablation_edits_its_own_block_of_the_pyramid_by_definition(pyramid):
@@ -79,13 +79,13 @@ def test_study_ablate_with_the_sae_runs_on_the_pyramid(pyramid, tmp_path, capsys
     _, folder, x = pyramid
     images = tmp_path / "imgs"
     images.mkdir()
-    for i in range(4):
+    for i in range(2):
         from PIL import Image
 
         Image.fromarray((torch.rand(SIZE, SIZE, 3, generator=torch.Generator().manual_seed(i)) * 255)
                         .byte().numpy()).save(images / f"{i}.png")
     argv = ["study", "ablate", MODEL, "--no-pretrained", "--img-size", str(SIZE), "--images", str(images),
-            "--sae", str(folder), "--features", "1", "--controls", "1", "--out", str(tmp_path / "o"),
+            "--sae", str(folder), "--features", "1", "--controls", "0", "--out", str(tmp_path / "o"),
             "--no-progress"]
     code = main(argv)
     assert code == 0, capsys.readouterr().err
