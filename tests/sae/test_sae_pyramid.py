@@ -104,3 +104,27 @@ def test_the_explorer_sae_panel_toggles_the_ablation_on_the_pyramid(pyramid):
     assert panel.result.hook == HOOK and panel.result.detect_layer == 2
     edit = panel.ablation({"kind": "SAEFeatureAblation", "features": FEATURES})
     assert edit.block == "stages.1.blocks.0"
+
+
+def _random_ablation(block: str) -> SAEFeatureAblation:
+    g = torch.Generator().manual_seed(0)
+    n, d = 16, 8
+    state = {"w_enc": torch.randn(n, d, generator=g), "b_enc": torch.zeros(n), "mean": torch.zeros(d),
+             "scale": torch.ones(1), "dictionary": torch.randn(n, d, generator=g), "feature_means": torch.rand(n)}
+    return SAEFeatureAblation(features=[2, 5], codes="relu", state=state, block=block, tokens="all")
+
+
+def test_a_plain_swin_blocks_grid_output_is_edited_as_its_tokens():
+    """A plain timm Swin-v2 block returns [b, h, w, d] (the hooked one [b, h*w, d]): a patch's edit reshapes."""
+    from interp.interventions.base import EditContext
+
+    ctx = EditContext(base_prefix=0, n_prefix=0, extra_start=None, n_layers=3, d_mlp=32,
+                      blocks=("layers.0.blocks.0", "layers.0.blocks.1", "layers.1.blocks.0"))
+    (layer, edit), = _random_ablation("layers.0.blocks.1").resid_edits(ctx).items()
+    x = torch.randn(2, 3, 4, 8, generator=torch.Generator().manual_seed(1))
+    assert layer == 1
+    torch.testing.assert_close(edit(x), edit(x.reshape(2, 12, 8)).reshape(x.shape), rtol=0, atol=0)
+    assert (edit(x) - x).abs().max() > 1e-3
+    with pytest.raises(interp.errors.InterpError, match=r"reads stages\.9\.blocks\.0\.hook_resid_post; this "
+                                                        r"model's blocks are layers\.0\.blocks\.0 \.\. layers\.1"):
+        _random_ablation("stages.9.blocks.0").resid_edits(ctx)
