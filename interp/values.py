@@ -170,9 +170,10 @@ def special_kind(path) -> Optional[str]:
 def check_input_path(path, label: str = "", folder_ok: bool = False) -> None:
     """Refuse, before it is opened, an input ``path`` that is there but is neither a regular file nor a folder:
     a FIFO (opening it waits for a writer forever), a device node (it may stream without end), a socket, a
-    symlink to one. Every file a command reads passes here first (the argparse types below, the
-    pre-checks, the readers). Nothing there (a dangling symlink too), a file or a folder passes: the caller says what is missing or of
-    the wrong kind (``folder_ok``: the message offers a folder too).
+    symlink to one, and an empty path given as text (``Path("")`` is the working folder). Every file a command
+    reads passes here first (the argparse types below, the pre-checks, the readers). Nothing there (a dangling
+    symlink too), a file or a folder passes: the caller says what is missing or of the wrong kind
+    (``folder_ok``: the message offers a folder too).
 
     Raises:
         InputPathError: one line naming ``label`` (an option such as ``--masks``, or what the file is), the
