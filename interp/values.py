@@ -60,6 +60,15 @@ port_number = _bounded("port_number", _int, lambda v: 0 <= v <= 65535, "expected
                        "A TCP port 0..65535 (--port; 0: any free one).")
 nonnegative_int = _bounded("nonnegative_int", _int, lambda v: v >= 0, "expected a whole number >= 0",
                            "A whole number >= 0 (--controls, --seed, --n-maps).")
+MAX_CONTROLS = 100  # each control set is one more edited pass over every image; 1000000 ran 447 s, then failed
+control_count = _bounded("control_count", _int, lambda v: 0 <= v <= MAX_CONTROLS,
+                         f"expected a whole number 0..{MAX_CONTROLS} (each control is one more edited pass; 5-10 "
+                         "is usual)", f"Random control sets of an ablation 0..{MAX_CONTROLS} (--controls).")
+MAX_TOP_K = 1024  # register neurons an edit takes (published: 10-50; half of ViT-g's 6144-wide MLP is 3072)
+top_k_arg = _bounded("top_k_arg", _int, lambda v: 1 <= v <= MAX_TOP_K,
+                     f"expected a whole number 1..{MAX_TOP_K} (register neurons; 10-50 is usual)",
+                     f"Register neurons a run edits 1..{MAX_TOP_K} (--top-k of report and reassess); the model's "
+                     "MLP width is checked on its skeleton.")
 MAX_SEED = 2**32 - 1  # every RNG interp seeds takes it (torch, numpy); 2**70 overflowed torch's seed
 SEED_HELP = ("seed of every random draw of the run: the random weights of --no-pretrained (the same seed gives the "
              "same model in every command) and the study's own sampling (default 0)")
@@ -161,14 +170,17 @@ def special_kind(path) -> Optional[str]:
 def check_input_path(path, label: str = "", folder_ok: bool = False) -> None:
     """Refuse, before it is opened, an input ``path`` that is there but is neither a regular file nor a folder:
     a FIFO (opening it waits for a writer forever), a device node (it may stream without end), a socket, a
-    symlink to one. Every file a command reads passes here first (the argparse types below, the
-    pre-checks, the readers). Nothing there (a dangling symlink too), a file or a folder passes: the caller says what is missing or of
-    the wrong kind (``folder_ok``: the message offers a folder too).
+    symlink to one, and an empty path given as text (``Path("")`` is the working folder). Every file a command
+    reads passes here first (the argparse types below, the pre-checks, the readers). Nothing there (a dangling
+    symlink too), a file or a folder passes: the caller says what is missing or of the wrong kind
+    (``folder_ok``: the message offers a folder too).
 
     Raises:
         InputPathError: one line naming ``label`` (an option such as ``--masks``, or what the file is), the
             path, what it is and the fix; exit status 2.
     """
+    if isinstance(path, str) and not path.strip():  # Path("") is the working folder: every image under it was read
+        raise InputPathError(f"{label + ' ' if label else ''}'' is an empty path: give a file or folder")
     kind = special_kind(path)
     if kind is None or not os.path.exists(path):  # a dangling symlink is missing: the caller says so
         return
@@ -205,6 +217,30 @@ def read_config_json(path, label: str, limit: int = MAX_CONFIG_BYTES) -> dict:
         raise UsageError(f"{where} holds a JSON {type(value).__name__}, not an object; give the file its project "
                          "wrote")
     return value
+
+
+MAX_NAME_BYTES = 223  # a file name part: 255 bytes (Linux, macOS) less the suffixes of interp's temporary files
+MAX_PATH_BYTES = 4000  # a whole path (PATH_MAX 4096 with the same room)
+
+
+def check_output_path(path, flag: str = "--out") -> None:
+    """Refuse, before any work, an output path that is empty (``''`` wrote into the working folder) or that the
+    file system cannot hold: a name part over :data:`MAX_NAME_BYTES` bytes or a path over :data:`MAX_PATH_BYTES`
+    (the write failed at the end with a raw ``File name too long``).
+
+    Raises:
+        UsageError: one line naming ``flag`` and the fix (exit status 2).
+    """
+    text = os.fsdecode(path) if isinstance(path, bytes) else str(path)
+    if not text.strip():
+        raise UsageError(f"{flag} '' is an empty path: give a file or folder name")
+    size = len(os.fsencode(text))
+    long = max(Path(text).parts, key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(long)) > MAX_NAME_BYTES or size > MAX_PATH_BYTES:
+        what = (f"a name of {len(os.fsencode(long))} bytes ({long[:24]!r}...)" if len(os.fsencode(long)) > MAX_NAME_BYTES
+                else f"a path of {size} bytes")
+        raise UsageError(f"{flag} has {what}: give names of at most {MAX_NAME_BYTES} bytes and a path of at most "
+                         f"{MAX_PATH_BYTES}")
 
 
 def _readable_input(text: str, folder_ok: bool) -> None:

@@ -5,6 +5,7 @@ reporting the images it could not read instead of failing (unless strict).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -73,6 +74,21 @@ class FileImages(ImageFeed):
         if tensors:
             batch.pixels = torch.stack(tensors)
         return batch
+
+    def digest(self) -> str:
+        """sha256 of what the images are: each path and every byte of its file, in order (a resume over files
+        whose contents changed under the same names is refused with it; ids alone kept the old rows)."""
+        h = hashlib.sha256()
+        for path in self.paths:
+            h.update(str(path).encode("utf-8") + b"\0")
+            try:
+                with open(path, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        h.update(block)
+            except OSError as e:  # unreadable now: the run skips it and says so
+                h.update(f"unreadable: {e.errno}".encode())
+            h.update(b"\0")
+        return h.hexdigest()
 
     def subset(self, start: int, stop: int) -> "FileImages":
         return FileImages(self.paths[start:stop], self.transform, self.input_size, self.strict, self.data_config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import InterpError, UsageError
+from ..errors import HookNameError, InterpError, UsageError
 from ..options import Options
 from ..sae_settings import check_sae_size
 from ..values import NEURONS_SYNTAX
@@ -45,8 +45,9 @@ LAYER_OPTIONS = (("detect_layer", "--detect-layer"), ("highest_layer", "--highes
 
 def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) -> None:
     """Before any forward pass, on the model's skeleton before the load (:func:`check_before_load`) or on the
-    loaded model: an input of at least one patch, block numbers of ``options`` within the model's depth and a
-    ``--hook`` that names one of its hooks (close matches otherwise)."""
+    loaded model: an input of at least one patch, block numbers of ``options`` within the model's depth, a
+    ``--hook`` that names one of its hooks (close matches otherwise) and ``--hooks`` names or patterns that each
+    match one."""
     n = model.n_layers
     if 0 in tuple(model.layout.grid):  # an input smaller than one patch: timm builds it, the forward fails
         patch = tuple(getattr(model.timm_model.patch_embed, "patch_size", ()))
@@ -57,6 +58,12 @@ def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) ->
         if value is not None and not -n <= int(value) < n:
             raise UsageError(f"{flag} {value} is out of range: {spec.name} has {n} blocks "
                              f"(0..{n - 1}, or -{n}..-1 counted from the end)")
+    hooks = option_value(options, "hooks")  # interp cache's names and patterns
+    if hooks:
+        try:
+            model.resolve_hooks(list(hooks))
+        except HookNameError as e:
+            raise UsageError(f"--hooks: {e}") from None
     hook = option_value(options, "hook")
     if isinstance(hook, str) and hook not in model.hook_names():
         from ..errors import close_matches
@@ -78,6 +85,19 @@ def hook_width(model, hook: str) -> int:
     if hook.endswith(("mlp.hook_pre", "mlp.hook_post")):
         return model.family.d_mlp(layer)
     return model.family.d_model(layer)
+
+
+def check_top_k(top_k: Optional[int], model, why: str = "") -> None:
+    """``--top-k`` register neurons within what ``model`` (loaded, or its skeleton) has: at most half of one
+    block's MLP width (``why``: what needs the other half; before: 10**8 ended in a traceback after the first
+    studies, and reassess edited all 4608 neurons of a block)."""
+    if top_k is None:
+        return
+    width = min(model.family.d_mlp(layer) for layer in range(model.n_layers))
+    if top_k > width // 2:
+        name = getattr(model, "model_name", None) or "the model"
+        raise UsageError(f"--top-k {top_k} is more than half a block's {width} MLP neurons of {name}"
+                         f"{'; ' + why if why else ''}: give --top-k <= {width // 2}")
 
 
 def rank_device(device: str) -> str:

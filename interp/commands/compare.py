@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 
 from ..options import Options, option
 from ..studies.core.options import DetectionFields, ProbeBudget
-from ..values import existing_path, positive_int
+from ..values import existing_path, image_size_arg, positive_int
 from .common import check_device
 from .inputs import (DeviceOption, OutputOptions, PreprocessOptions, RunInputs, SeedOption, StrictOption,
                      batch_size_option, command, overwrite_option)
@@ -89,13 +89,14 @@ def per_model(values: Optional[List[str]], n_models: int, flag: str) -> List[Opt
 
 
 def _check_values(options: CompareOptions) -> tuple:
-    """Before torch: per-model lists of weights files (existing) and image sizes (positive integers)."""
+    """Before torch: per-model lists of weights files (existing) and image sizes (1..MAX_IMG_SIZE: 100000 asked
+    for 60 GB)."""
     from ..errors import UsageError
     from ..values import existing_file
 
     weights = per_model(options.weights, len(options.models), "--weights")
     sizes = per_model(options.img_size, len(options.models), "--img-size")
-    for flag, values, check in (("--weights", weights, existing_file), ("--img-size", sizes, positive_int)):
+    for flag, values, check in (("--weights", weights, existing_file), ("--img-size", sizes, image_size_arg)):
         try:
             values[:] = [None if v is None else check(v) for v in values]
         except argparse.ArgumentTypeError as e:

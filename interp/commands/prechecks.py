@@ -1,10 +1,11 @@
 """What the command line checks after parsing and before torch is imported (torch and timm take 10-15 s to load):
 the model name(s) against timm's shipped name list, the images an ``--images``/``--image-list`` names (they exist
-and at least one opens as an image; all of them with ``--strict``), and the writer lock of an ``interp cache``
-output, and the input files no argparse type sees (an ``--sae`` folder's files, a ``--neurons`` file: none may be a FIFO
-or a device, :func:`interp.values.check_input_path`). The same checks run again where the work happens; these
-only make a mistake cost a second. What needs the model's structure is checked after torch loads but before the
-model does, on its skeleton (:func:`interp.commands.common.check_before_load`)."""
+and at least one opens as an image; all of them with ``--strict``), every command's ``--out`` (not empty, no name
+too long for the file system), the writer lock of an ``interp cache`` output, and the input files no argparse type
+sees (an ``--sae`` folder's files, a ``--neurons`` file: none may be a FIFO or a device,
+:func:`interp.values.check_input_path`). The same checks run again where the work happens; these only make a
+mistake cost a second. What needs the model's structure is checked after torch loads but before the model does, on
+its skeleton (:func:`interp.commands.common.check_before_load`)."""
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ from .._model_names import PLANTED_NAME, check_model_name_fast
 from ..errors import ImageError, UsageError
 from ..options import Options
 from ..sae_settings import SAE_CONFIG, SAE_WEIGHTS
-from ..values import check_input_path
+from ..values import check_input_path, check_output_path
 from .inputs import RunInputs, option_value
 
 HEADERS_CHECKED = 64  # image headers opened before the run (PIL reads a few hundred bytes of each)
@@ -29,6 +30,9 @@ def check_before_torch(options: Sequence[Options], inputs: RunInputs) -> None:
     for name in names:
         if isinstance(name, str):
             check_model_name_fast(name)
+    out = option_value(options, "out")
+    if isinstance(out, str):  # every command's --out: not empty, names the file system can hold
+        check_output_path(out)
     check_input_files(options)
     check_against_config(options, inputs)
     for flag, value in (("--images", inputs.images), ("--image-list", inputs.image_list)):
@@ -128,7 +132,8 @@ def check_images(path: str, flag: str = "--images", strict: bool = False) -> int
     missing = [f for f in files if not f.is_file()]
     if missing and (strict or len(missing) == len(files)):
         what = f"of its {len(files)} listed paths" if listed else "image file(s)"
-        raise ImageError(f"{flag} {path!r}: {len(missing)} {what} do not exist, e.g. {str(missing[0])!r}"
+        dangling = " (a dangling symlink)" if missing[0].is_symlink() else ""
+        raise ImageError(f"{flag} {path!r}: {len(missing)} {what} do not exist, e.g. {str(missing[0])!r}{dangling}"
                          + (" (--strict stops at the first)" if strict and len(missing) < len(files) else ""))
     checked = [f for f in files if f.is_file()][:HEADERS_CHECKED]
     problems = [(f, why) for f, why in ((f, _header_problem(f)) for f in checked) if why]

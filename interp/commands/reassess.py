@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Tuple
 
 from ..options import Options, option
 from ..studies.core.options import DetectionFields, ProbeBudget
-from ..values import positive_int
-from .common import check_device
+from ..values import top_k_arg
+from .common import check_device, check_top_k
 from .compare import (NONE, CompareBatch, CompareModels, CompareOutput, CompareProbes, _check_values, _labels,
                       per_model)
 from .inputs import OutputOptions, PreprocessOptions, RunInputs, SeedOption, StrictOption, command
@@ -36,7 +36,7 @@ class ReassessRegisters(Options):
               "claim 5 (default: names that differ by _regN, e.g. vit_small_patch14_reg4_dinov2="
               "vit_small_patch14_dinov2)", many=True, metavar="REG=PLAIN")
     top_k: Optional[int] = option(None, "register neurons the test-time register edits (default: a planted model's "
-                                        "own count, else 10)", parse=positive_int)
+                                        "own count, else 10)", parse=top_k_arg)
 
 
 # Bases in reverse order of --help (as interp compare's, plus claim 5's inputs).
@@ -74,7 +74,7 @@ class ReassessArgs:
     weights: List[Optional[str]]
     sizes: List[Optional[int]]
     labels: List[str]
-    probe_options: dict
+    probe_options: dict  # the probe budget of the options (run() adds the comparison's defaults)
     out: Optional[Path]
     siblings: Optional[Dict[str, str]]
     classifiers: List[Optional[str]]
@@ -94,21 +94,25 @@ def parse_siblings(values: Optional[List[str]], labels: List[str]) -> Optional[D
             return text
         raise UsageError(f"argument --siblings: {text!r} is neither a model nor a position 1..{len(labels)}")
 
-    pairs = {}
+    pairs: Dict[str, str] = {}
     for value in values:
         reg, sep, plain = value.partition("=")
         if not sep:
             raise UsageError(f"argument --siblings: {value!r} is not REG=PLAIN (e.g. 2=1)")
-        pairs[column(reg)] = column(plain)
+        reg, plain = column(reg), column(plain)
+        if reg == plain or {reg, plain} & (set(pairs) | set(pairs.values())):  # refused after the loads before
+            raise UsageError(f"argument --siblings: {value!r} pairs a model with itself or twice; give each pair "
+                             "of two models once")
+        pairs[reg] = plain
     return pairs
 
 
 def check_args(o: ReassessOptions, inputs: RunInputs) -> ReassessArgs:
     """Everything that can be checked before torch and any model: per-model values, the preset, the output
-    folder (an existing reassess.json is refused without --overwrite) and the device."""
+    folder (an existing reassess.json is refused without --overwrite), the sibling pairs, then the device (the
+    one check that imports torch)."""
     from ..detection.presets import resolve_preset
     from ..errors import UsageError
-    from ..report.compare import PROBE_OPTIONS
     from ..values import existing_file
     from .output import check_output_folder
     from .saving import refuse_existing_file
@@ -126,8 +130,9 @@ def check_args(o: ReassessOptions, inputs: RunInputs) -> ReassessArgs:
         classifiers = [None if c is None else existing_file(c) for c in classifiers]
     except argparse.ArgumentTypeError as e:
         raise UsageError(f"argument --classifier: {e}") from None
-    return ReassessArgs(list(o.models), weights, sizes, labels, {**PROBE_OPTIONS, **o.probe_budget()}, out,
-                        parse_siblings(o.siblings, labels), classifiers)
+    siblings = parse_siblings(o.siblings, labels)
+    check_device(inputs.device)
+    return ReassessArgs(list(o.models), weights, sizes, labels, o.probe_budget(), out, siblings, classifiers)
 
 
 def run(options: ReassessOptions, inputs: RunInputs) -> int:
@@ -139,10 +144,16 @@ def run(options: ReassessOptions, inputs: RunInputs) -> int:
     o = options
     checked = check_args(o, inputs)
     from ..detection.detection import DetectionSpec
-    from ..hooks.load import load
+    from ..hooks.load import load, load_skeleton
     from ..models import sample_image_paths
+    from ..report.compare import PROBE_OPTIONS
     from ..report.reassessment import reassess_models
     from ..report.reassessment_figure import reassessment_figure
+
+    for name, size in zip(checked.models, checked.sizes):  # on each model's skeleton, before any model loads
+        skeleton = load_skeleton(name, **({"img_size": size} if size else {}))
+        if skeleton is not None:
+            check_top_k(o.top_k, skeleton)
 
     out = checked.out
     staged = atomic_output_dir(out, "reassess.json", replaces=["reassess.md", "reassess.png"],
@@ -154,7 +165,8 @@ def run(options: ReassessOptions, inputs: RunInputs) -> int:
         spec = DetectionSpec(o.threshold, o.detect_layer, o.preset)
         result = reassess_models(models, o.images or sample_image_paths(), detection=spec, names=checked.labels,
                                  batch_size=o.batch_size, probes=o.probes, probe_tokens=o.probe_tokens,
-                                 probe_options=checked.probe_options, top_k=o.top_k, seed=o.seed, strict=o.strict,
+                                 probe_options={**PROBE_OPTIONS, **checked.probe_options}, top_k=o.top_k,
+                                 seed=o.seed, strict=o.strict,
                                  preprocess=o.preprocess(), siblings=checked.siblings,
                                  classifiers=checked.classifiers, progress=inputs.stage_lines)
         print(result.table())

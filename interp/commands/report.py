@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..errors import UsageError
 from ..options import Options, option
 from ..studies.core.options import ClassifierFile, DetectionFields
 from ..studies.sae.configs import SaeFeaturesConfig, sae_hook
-from ..values import existing_path, nonnegative_int, positive_int
-from .common import load_model
+from ..values import control_count, existing_path, top_k_arg
+from .common import check_top_k, load_model
 from .inputs import (ModelOptions, OutputOptions, PreprocessOptions, RunInputs, SeedOption, StrictOption,
                      batch_size_option, command, overwrite_option)
 from .output import atomic_output_dir
@@ -37,8 +36,8 @@ class ReportStudies(ClassifierFile, DetectionFields):
     highest_layer: Optional[int] = option(None, "last block scored for register neurons (default: the detection "
                                                 "block)")
     top_k: Optional[int] = option(None, "register neurons kept (default: 10; the planted count for planted_vit)",
-                                  parse=positive_int)
-    controls: int = option(5, "random control neuron sets in the ablation (default 5)", parse=nonnegative_int)
+                                  parse=top_k_arg)
+    controls: int = option(5, "random control neuron sets in the ablation (default 5)", parse=control_count)
     sae: Optional[str] = option(None, "a trained SAE's folder (interp sae train): an appendix with its artifact "
                                       "features, compared with the ranked register neurons (docs/sae.md)",
                                 parse=existing_path, metavar="DIR")
@@ -65,19 +64,6 @@ def register(sub) -> None:
                         "construction, not a trained network) on the bundled sample photos (16).")
 
 
-def check_top_k(top_k, model) -> None:
-    """``--top-k`` within what the model has: the random controls of the ablation draw as many other neurons from
-    the same blocks, so at most half of one block's MLP width (before: 10**8 ended in a traceback after the first
-    studies)."""
-
-    if top_k is None:
-        return
-    width = min(model.family.d_mlp(layer) for layer in range(model.n_layers))
-    if top_k > width // 2:
-        raise UsageError(f"--top-k {top_k} is more than half a block's {width} MLP neurons of {getattr(model, 'model_name', 'the model')}; "
-                         f"the controls draw as many other neurons from the same blocks: give --top-k <= {width // 2}")
-
-
 def run(options: ReportOptions, inputs: RunInputs) -> int:
     o = options
     spec = inputs.model.named(PLANTED)
@@ -89,7 +75,7 @@ def run(options: ReportOptions, inputs: RunInputs) -> int:
 
     with atomic_output_dir(o.out, REPORT_MARKER, replaces=old_files, what="report") as staging:
         model = load_model(inputs, (o,), spec=spec)
-        check_top_k(o.top_k, model)
+        check_top_k(o.top_k, model, "the controls draw as many other neurons from the same blocks")
         if o.sae is not None:  # its files checked whole (tensors, model) before the first study, not after
             from ..sae import load as load_sae
 

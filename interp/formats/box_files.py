@@ -40,6 +40,10 @@ from .box_types import BoxTable, ImageBoxes, _make_box, _normalise_key, _number,
 from .voc_xml import read_voc_xml
 
 
+CORNERS = ("x0", "y0", "x1", "y1")
+RECORD_KEYS = {"image", "width", "height", *CORNERS}  # what a CSV / simple JSON record may hold
+
+
 def _add_record(table: BoxTable, rec: dict, where: str) -> None:
     if "image" not in rec or rec["image"] in (None, ""):
         raise InterpError(f"{where}: every record needs an 'image' field (the image path or file name)")
@@ -47,8 +51,12 @@ def _add_record(table: BoxTable, rec: dict, where: str) -> None:
     entry = table.setdefault(key, ImageBoxes())
     if rec.get("width") not in (None, "") or rec.get("height") not in (None, ""):
         entry.size = image_size_of(rec.get("width"), rec.get("height"), where)
-    coords = [rec.get(c) for c in ("x0", "y0", "x1", "y1")]
+    coords = [rec.get(c) for c in CORNERS]
     if all(c in (None, "") for c in coords):
+        others = sorted(str(k) for k, v in rec.items() if k not in RECORD_KEYS and v not in (None, ""))
+        if others:  # xmin/ymin/xmax/ymax records were all read as images without a box: pib exited 0 with null
+            raise InterpError(f"{where}: no x0, y0, x1, y1 but {', '.join(others[:5])}: name a box's pixel-edge "
+                              "corners x0, y0, x1, y1 (or give only image, width, height for an image without one)")
         return  # an image listed without a box
     if any(c in (None, "") for c in coords):
         raise InterpError(f"{where}: give all of x0, y0, x1, y1 (or none, for an image without a box)")
@@ -148,18 +156,18 @@ def read_boxes(path: Union[str, Path], convention: str = "interp") -> BoxTable:
                     raise InterpError(f"{path}: the CSV header must have image,x0,y0,x1,y1 (missing "
                                       f"{sorted(missing)}; found {fields})")
                 for line, rec in enumerate(reader, start=2):
-                    _add_record(table, rec, f"{path} line {line}")
+                    _add_record(table, {k: rec[k] for k in RECORD_KEYS if k in rec}, f"{path} line {line}")
         except UnicodeDecodeError as e:
             raise InterpError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save the CSV as UTF-8") from None
         except csv.Error as e:
             raise InterpError(f"{path} is not a readable CSV ({e})") from None
-        return table
+        return _with_a_box(table, path)
     if path.suffix.lower() != ".json":
         raise InterpError(f"box file {str(path)!r}: use a .csv, .json or .xml file, or a folder of VOC .xml files "
                           "(formats: interp.formats.box_files)")
     data = read_json_file(path)
     if isinstance(data, dict) and "images" in data and "annotations" in data:
-        return _read_coco(data, path, convention)
+        return _with_a_box(_read_coco(data, path, convention), path)
     records = data.get("boxes") if isinstance(data, dict) else data
     if not isinstance(records, list):
         raise InterpError(f"{path}: expected a list of box records, {{'boxes': [...]}} or COCO instances JSON")
@@ -167,6 +175,14 @@ def read_boxes(path: Union[str, Path], convention: str = "interp") -> BoxTable:
         if not isinstance(rec, dict):
             raise InterpError(f"{path}: record {i} is not an object")
         _add_record(table, rec, f"{path} record {i}")
+    return _with_a_box(table, path)
+
+
+def _with_a_box(table: BoxTable, path: Path) -> BoxTable:
+    """``table``, refused when it holds no box at all (every study of it would evaluate nothing and say null)."""
+    if not any(entry.boxes for entry in table.values()):
+        raise InterpError(f"{path}: {len(table)} record(s) and no box; give boxes as x0, y0, x1, y1 (pixel edges)"
+                          " per record (formats: interp.formats.box_files)")
     return table
 
 

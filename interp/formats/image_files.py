@@ -29,7 +29,9 @@ def list_images(source: Union[PathLike, Sequence[PathLike]]) -> List[Path]:
         source = Path(source)
         readable_image_path(source)
         if source.is_dir():
-            files = sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+            # a dangling symlink is listed (as a missing file: --strict refuses it, a run skips it and says so)
+            files = sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES
+                           and (p.is_file() or (p.is_symlink() and not p.exists())))
             if not files:
                 raise ImageError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) under {str(source)!r}")
             return files

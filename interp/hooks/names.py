@@ -140,6 +140,13 @@ def block_of(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def block_prefix(name: str) -> Optional[str]:
+    """The block prefix of a per-block hook name (``blocks.3``, or ``stages.1.blocks.0`` in a pyramid), None for a
+    root hook."""
+    m = _PREFIX_RE.match(name)
+    return m.group(1) if m else None
+
+
 def blocks_needed(hook_names: Sequence[str]) -> Optional[int]:
     """How many blocks a forward must run so every hook in ``hook_names`` fires (``stop_at_layer``), or
     None when one of them needs the full forward (``hook_norm_final``, ``hook_pooled``, ``hook_logits``...)."""
@@ -159,18 +166,24 @@ def is_pattern(name: str) -> bool:
 
 def unknown_hook_error(name: str, known: Sequence[str]) -> HookNameError:
     block = block_of(name)
-    n_blocks = 1 + max((b for b in map(block_of, known) if b is not None), default=-1)
-    if block is not None and 0 < n_blocks <= block:
-        rest = name[len(f"blocks.{block}."):]
-        return HookNameError(f"hook name {name!r}: block {block} does not exist, this model has {n_blocks} blocks "
-                             f"(0-{n_blocks - 1}); "
-                             f"e.g. {block_hook(n_blocks - 1, rest)!r} is the last block's")
+    prefixes = list(dict.fromkeys(m.group(1) for m in map(_PREFIX_RE.match, known) if m))  # forward order
+    if block is not None and (block >= len(prefixes) or prefixes[block] != f"blocks.{block}"):
+        rest, n = name[len(f"blocks.{block}."):], len(prefixes)
+        if n == 0:
+            return HookNameError(f"hook name {name!r}: this model has no blocks")
+        flat = prefixes[0] == "blocks.0"
+        shown = f"{n} blocks ({'0-' + str(n - 1) if flat else prefixes[0] + ' .. ' + prefixes[-1]})"
+        if block < n:  # a pyramid names its blocks by stage (PVTv2, Swin-v2)
+            return HookNameError(f"hook name {name!r}: this model names its {shown} by stage; block {block} "
+                                 f"is {prefixes[block] + '.' + rest!r}")
+        return HookNameError(f"hook name {name!r}: block {block} does not exist, this model has {shown}; "
+                             f"last: {prefixes[-1] + '.' + rest!r}")
     hints = close_matches(name, known, n=3)
     while len(hints) > 1 and len(", ".join(hints)) > 80:  # the refusal stays one short line (pyramid names are long)
         hints.pop()
     hint = f" Close matches: {', '.join(hints)}." if hints else ""
     kind = "pattern" if is_pattern(name) else "hook name"
-    return HookNameError(f"{kind} {name!r} matches no hook point.{hint} `interp hooks MODEL` lists them.")
+    return HookNameError(f"{kind} {name!r} matches no hook point.{hint} List them: `interp hooks MODEL`")
 
 
 def match(name_or_pattern: str, known: Sequence[str]) -> List[str]:

@@ -87,6 +87,7 @@ class EditContext:
         extra_start: row of this intervention's first test-time register (None if it adds none).
         n_layers, d_mlp: model sizes, for validating neuron indices (``d_mlps``: one MLP width per block where
             they differ, as in a pyramid model; empty: every block has ``d_mlp``).
+        blocks: each block's hook-name prefix in forward order (an edit named by its block finds its index).
     """
 
     base_prefix: int
@@ -95,6 +96,7 @@ class EditContext:
     n_layers: int
     d_mlp: int
     d_mlps: Tuple[int, ...] = ()
+    blocks: Tuple[str, ...] = ()  # each block's hook-name prefix, in forward order (``stages.1.blocks.0``...)
 
     def check_neurons(self, neurons: Neurons) -> None:
         """:func:`check_neurons` against this model's blocks."""
@@ -103,9 +105,11 @@ class EditContext:
 
 def edit_context(family, base_prefix: int, n_prefix: int, extra_start: Optional[int]) -> EditContext:
     """The :class:`EditContext` of a model of ``family`` (its block count and MLP widths)."""
-    widths = tuple(family.d_mlp(i) for i in range(len(family.blocks())))
+    blocks = tuple(prefix for prefix, _ in family.blocks())
+    widths = tuple(family.d_mlp(i) for i in range(len(blocks)))
     return EditContext(base_prefix=base_prefix, n_prefix=n_prefix, extra_start=extra_start, n_layers=len(widths),
-                       d_mlp=widths[0] if widths else 0, d_mlps=widths if len(set(widths)) > 1 else ())
+                       d_mlp=widths[0] if widths else 0, d_mlps=widths if len(set(widths)) > 1 else (),
+                       blocks=blocks)
 
 
 def model_device(model: nn.Module) -> torch.device:

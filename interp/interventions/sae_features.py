@@ -1,6 +1,7 @@
 """``SAEFeatureAblation``: remove chosen sparse-autoencoder features from a block's output, keeping the SAE's error.
 
-At ``blocks.{l}.hook_resid_post`` (the hook the SAE was trained on) every selected token ``x`` becomes
+At ``blocks.{l}.hook_resid_post`` (the hook the SAE was trained on; ``stages.{s}.blocks.{j}.hook_resid_post`` in
+a pyramid) every selected token ``x`` becomes
 
     x - sum_{f in F} (a_f(x) - m_f) * d_f
 
@@ -153,8 +154,8 @@ class SparseCodes(nn.Module):
 
 
 class FeatureRemoval(nn.Module):
-    """Block output [b, t, d] -> the same with the chosen features' contribution replaced on the rows ``rows``
-    (the SAE's token selection, ``TokenLayout.rows_of``)."""
+    """Block output [b, t, d] (or a plain Swin block's [b, h, w, d]) -> the same with the chosen features'
+    contribution replaced on the rows ``rows`` (the SAE's token selection, ``TokenLayout.rows_of``)."""
 
     def __init__(self, codes: SparseCodes, features: List[int], directions: torch.Tensor, means: torch.Tensor,
                  rows: slice):
@@ -168,6 +169,8 @@ class FeatureRemoval(nn.Module):
         return ((a - self.means) @ self.directions).to(rows.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 4:  # a plain timm Swin block's output [b, h, w, d]: its tokens in row-major order
+            return self.forward(x.reshape(x.shape[0], -1, x.shape[-1])).reshape(x.shape)
         out = x.clone()
         out[:, self.rows] = x[:, self.rows] - self._delta(x[:, self.rows])
         return out
@@ -188,7 +191,9 @@ class SAEFeatureAblation(Intervention):
             trained on (an SAE is only meaningful on the tokens it saw).
         prefix: with ``tokens`` cls or registers, the model's token layout ``{"cls_index", "n_registers"}``
             (taken from the SAE, which records it at training).
-        layer, codes, k, state: what a patch file restores (``codes``: the SAE's rule in :data:`CODE_RULES`).
+        layer, block, codes, k, state: what a patch file restores (``layer``: the block's index, or ``block``: a
+            pyramid's block prefix such as ``stages.1.blocks.0``, found in the model when the edit is made;
+            ``codes``: the SAE's rule in :data:`CODE_RULES`).
     """
 
     sae: Any = field(default=None, repr=False)
@@ -197,6 +202,7 @@ class SAEFeatureAblation(Intervention):
     tokens: Optional[str] = None
     prefix: Optional[Dict[str, Any]] = None
     layer: Optional[int] = None
+    block: Optional[str] = None
     codes: Optional[str] = None
     k: Optional[int] = None
     state: Optional[Dict[str, torch.Tensor]] = field(default=None, repr=False)
@@ -209,12 +215,13 @@ class SAEFeatureAblation(Intervention):
         if self.sae is not None:
             info = self.sae.ablation_state()
             self.layer, self.codes, self.k, self.state = info["layer"], info["codes"], info["k"], info["tensors"]
+            self.block = info.get("block")
             if self.tokens is None:
                 self.tokens = info["tokens"] or "patches"
             if self.prefix is None:
                 self.prefix = info.get("prefix")
             self.sae = None  # the tensors are kept; the object is not needed any more
-        if self.state is None or self.layer is None:
+        if self.state is None or (self.layer is None) == (self.block is None):
             raise ValueError("give the SAE (interp.sae.load(DIR)) whose features to remove")
         self.tokens = self.tokens or "patches"
         check_choice("tokens", self.tokens, FEATURE_TOKENS)
@@ -232,9 +239,18 @@ class SAEFeatureAblation(Intervention):
         if min(self.features) < 0 or max(self.features) >= n:
             raise ValueError(f"feature {max(self.features)} does not exist: the SAE has {n} features (0..{n - 1})")
 
-    def _removal(self, ctx: EditContext) -> FeatureRemoval:
+    def _layer(self, ctx: EditContext) -> int:
+        """The edited block's index in forward order: ``layer``, or a pyramid's block found by its prefix."""
+        if self.block is not None:
+            if self.block not in ctx.blocks:
+                shown = f"{ctx.blocks[0]} .. {ctx.blocks[-1]}" if ctx.blocks else "none"
+                raise InterpError(f"the SAE reads {self.block}.hook_resid_post; this model's blocks are {shown}")
+            return ctx.blocks.index(self.block)
         if self.layer >= ctx.n_layers:
             raise InterpError(f"the SAE reads block {self.layer}; the model has blocks 0..{ctx.n_layers - 1}")
+        return self.layer
+
+    def _removal(self, ctx: EditContext) -> FeatureRemoval:
         idx = torch.tensor(self.features)
         directions = self.state["dictionary"][idx] * self.state["scale"].reshape(())
         means = self.state["feature_means"][idx] if self.mode == "mean" else torch.zeros(len(idx))
@@ -250,13 +266,13 @@ class SAEFeatureAblation(Intervention):
                              cls_index=prefix.get("cls_index"))
 
     def resid_edits(self, ctx: EditContext) -> Dict[int, nn.Module]:
-        return {self.layer: self._removal(ctx)}
+        return {self._layer(ctx): self._removal(ctx)}
 
     # ------------------------------------------------------------------ serialisation
     def params(self) -> Dict[str, Any]:
+        where = {"layer": self.layer} if self.block is None else {"block": self.block}
         return {"features": self.features, "mode": self.mode, "tokens": self.tokens, "prefix": self.prefix,
-                "layer": self.layer,
-                "codes": self.codes, "k": self.k}
+                **where, "codes": self.codes, "k": self.k}
 
     def tensors(self) -> Dict[str, torch.Tensor]:
         return dict(self.state)

@@ -23,7 +23,7 @@ from .._model_names import PLANTED_NAMES
 from ..values import check_input_path
 from .pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .families import family_of, family_of_entry_module
-from .weight_fit import (check_register_tokens, fit_head_to_weights, fit_to_weights, keep_file_rope_periods,
+from .weight_fit import (check_dropped_qkv_biases, check_floating_weights, check_register_tokens, fit_head_to_weights, fit_to_weights, keep_file_rope_periods,
                          weights_grid)
 from .checkpoints import fit_head_classes, unwrap_checkpoint
 from .torchvision_format import adopt_torchvision_config, convert_torchvision_vit, is_torchvision_vit
@@ -94,6 +94,7 @@ def load_weights_file(model: nn.Module, path: Union[str, Path, dict], entry_modu
     where = label or (str(path) if not isinstance(path, dict) else "state dict")
     module = importlib.import_module(entry_module or "timm.models.vision_transformer")
     filter_fn = getattr(module, "checkpoint_filter_fn", None)
+    check_dropped_qkv_biases(model, sd, repr(where))
     if filter_fn is not None:
         # timm's Eva filter prints one line per block when it drops a DINOv3 file's all-zero qkv biases for a
         # model without them (the intended conversion, not a problem): keep that off the user's terminal
@@ -104,6 +105,7 @@ def load_weights_file(model: nn.Module, path: Union[str, Path, dict], entry_modu
                 sd = filter_fn(dict(sd), model)
         except Exception as e:
             raise ModelLoadError(f"timm could not convert {where!r} for this architecture: {e}") from e
+    check_floating_weights(model, sd, repr(where))
     hint = ("Pass the timm name of the architecture these weights were trained with, and timm kwargs "
             "such as num_classes=0 or img_size=... if the head or resolution differs.")
     try:

@@ -128,6 +128,47 @@ def fit_head_to_weights(model: nn.Module, state_dict: dict) -> None:
             return
 
 
+def check_dropped_qkv_biases(model: nn.Module, state_dict: dict, label: str) -> None:
+    """Refuse an original DINOv3 file (``storage_tokens`` key) whose fused ``qkv.bias`` carries non-zero q or v
+    biases when the target architecture has no q/v biases (``vit_*_dinov3`` without ``_qkvb``): timm's conversion
+    drops the fused bias for such a model, which is right only when it is all zero (the distilled files).
+
+    Raises:
+        ModelLoadError: naming the keys and the architecture that has a place for them.
+    """
+    if "storage_tokens" not in state_dict:
+        return
+    names = {name for name, _ in model.named_parameters()}
+    dropped = []
+    for key, value in state_dict.items():
+        if not key.endswith("attn.qkv.bias") or key.replace("qkv.bias", "q_bias") in names:
+            continue
+        if isinstance(value, torch.Tensor) and value.numel() and value.dim() == 1 and value.numel() % 3 == 0:
+            q, _, v = value.chunk(3)  # the k third is fixed at 0 by the original's bias_mask
+            if bool(q.any()) or bool(v.any()):
+                dropped.append(key)
+    if dropped:
+        shown = ", ".join(dropped[:2]) + (f" and {len(dropped) - 2} more" if len(dropped) > 2 else "")
+        raise ModelLoadError(f"{label} holds non-zero q/v biases ({shown}) that this architecture has no place for: "
+                             "load it into the '_qkvb' variant (e.g. vit_small_patch16_dinov3_qkvb)")
+
+
+def check_floating_weights(model: nn.Module, state_dict: dict, label: str) -> None:
+    """Refuse a (converted) state dict that gives a floating-point tensor of ``model`` integer or boolean values
+    (an int64 file would load, cast silently).
+
+    Raises:
+        ModelLoadError: naming the keys and their dtype.
+    """
+    targets = model.state_dict()
+    bad = [k for k, v in state_dict.items() if isinstance(v, torch.Tensor) and not v.is_floating_point()
+           and k in targets and targets[k].is_floating_point()]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ModelLoadError(f"{label} holds {state_dict[bad[0]].dtype} values where the model has float weights "
+                             f"({len(bad)} tensor(s): {shown}); give a file of floating-point weights")
+
+
 ORIGINAL_ROPE_PERIODS_KEY = "rope_embed.periods"  # facebookresearch/dinov3's persistent RoPE buffer
 
 

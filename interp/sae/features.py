@@ -343,7 +343,7 @@ def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dic
     hook): one pass for the patch-token norms at the hook (the detection, fitted on the norms of
     :func:`~interp.sae.norm_cuts.detection_sample`'s images), one for the codes. The source's batch size; memory:
     one batch and the sample's norms. The caller checks that the SAE fits the source's model."""
-    hook, layout, bs = sae.hook, source.layout, source.batch_size
+    hook, bs, layout = sae.hook, source.batch_size, source.layout_of(sae.hook)  # a pyramid stage's own grid
     source.require([hook])
     kinds = token_kinds(layout, 0, layout.n_tokens)
     patch = torch.from_numpy(kinds == PATCH)

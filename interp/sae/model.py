@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from ..errors import InterpError, InterpWarning
-from ..hooks.names import block_of
+from ..hooks.names import block_of, block_prefix
 from ..interventions.sae_features import ARCHS, SparseCodes
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
 from ..sae_settings import SAE_CONFIG, SAE_WEIGHTS
@@ -102,18 +102,20 @@ class SAE:
             raise InterpError(f"the SAE {self._where()} reads vectors of width {self.d}; {hook} has width {d}")
 
     def ablation_state(self, layout=None) -> Dict[str, Any]:
-        """What ``SAEFeatureAblation`` keeps: block, code rule, k, the token kind trained on, the model's prefix
+        """What ``SAEFeatureAblation`` keeps: block (``layer``, or ``block``: the prefix of a pyramid's block), code rule, k, the token kind trained on, the model's prefix
         layout (``{"cls_index", "n_registers"}``: recorded at training, else from ``layout``, a TokenLayout) and
         the tensors it needs."""
-        layer = block_of(self.hook)
-        if layer is None or not self.hook.endswith("hook_resid_post"):
-            raise InterpError(f"feature ablation edits a block output (blocks.N.hook_resid_post); this SAE reads "
-                              f"{self.hook!r}")
+        block = block_prefix(self.hook)
+        if block is None or self.hook != f"{block}.hook_resid_post":
+            raise InterpError(f"feature ablation edits a block output (blocks.N.hook_resid_post, or "
+                              f"stages.S.blocks.J.hook_resid_post in a pyramid); this SAE reads {self.hook!r}")
+        layer = block_of(self.hook)  # a pyramid's block is found by its prefix when the edit is made
         names = ("w_enc", "b_enc", "dictionary", "mean", "scale", "feature_means", "threshold")
         prefix = self.config.get("layout")
         if prefix is None and layout is not None:
             prefix = {"cls_index": layout.cls_index, "n_registers": layout.n_registers}
-        return {"layer": layer, "codes": self.codes.rule.name, "k": self.k, "tokens": self.tokens,
+        return {"layer": layer, "block": None if layer is not None else block, "codes": self.codes.rule.name,
+                "k": self.k, "tokens": self.tokens,
                 "prefix": prefix, "tensors": {n: self.tensors[n] for n in names if n in self.tensors}}
 
     @property

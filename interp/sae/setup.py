@@ -117,26 +117,6 @@ def _token_counts(rows: ActivationRows, choice: TokenChoice, rank: int, n_ranks:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
-def contents_digest(source) -> str:
-    """sha256 of what the images are: every file's bytes (in order) for image files, the feed's own digest (ids,
-    shape and a pixel sample) for in-memory pixels. A resume over images whose contents changed under the same
-    names is refused with it."""
-    paths = getattr(source, "paths", None)
-    if paths is None:
-        return source.digest()
-    h = hashlib.sha256()
-    for path in paths:
-        h.update(str(path).encode("utf-8") + b"\0")
-        try:
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-        except OSError as e:
-            h.update(f"unreadable: {e.errno}".encode())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
 def same_data(saved: Any, now: Dict[str, Any]) -> bool:
     """Whether a checkpoint's data signature ``saved`` is this run's ``now``: a cache's path compared resolved, so
     the same file named relatively, absolutely or through a link is the same data (a relative path a checkpoint
@@ -163,7 +143,7 @@ def prepare_data(model, hook: str, cfg, *, cache=None, images=None, rank: int = 
         rows = LiveRows(model, images, hook, image_batch)
         ids = hashlib.sha256("\0".join(rows.source.ids).encode()).hexdigest()
         signature = {"source": "images", "n_images": rows.n_images, "ids_sha256": ids,
-                     "contents_sha256": contents_digest(rows.source)}
+                     "contents_sha256": rows.source.digest()}  # files: every byte
     return prepare_rows(rows, hook, model_fingerprints(model), signature, cfg, rank=rank, n_ranks=n_ranks)
 
 

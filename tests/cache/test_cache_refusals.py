@@ -61,6 +61,20 @@ def test_an_edited_token_rows_attribute_is_damage_not_a_complete_cache(tmp_path,
     assert "'token_rows' is [0, 0]" in _one_line(capsys)
 
 
+def test_resume_over_an_image_whose_contents_changed_is_refused(tmp_path, images, capsys):
+    """Issue 53: `cache --resume` kept the rows of an image rewritten under the same name (ids alone were
+    compared; `sae train --resume` already refused it): the cache's image digest covers every file's bytes."""
+    path = _cache(tmp_path, images)
+    before = path.read_bytes()
+    argv = ["cache", *MODEL, "--images", str(images), "--for", "norms", "--out", str(path), "--resume", "--quiet"]
+    assert main(argv) == 0  # the same files: nothing to redo
+    Image.new("RGB", (32, 32), (7, 7, 7)).save(images / "1.png")
+    assert main(argv) == 1
+    line = _one_line(capsys)
+    assert "cannot resume" in line and "images_sha256 differs (other images, or files whose contents changed)" in line
+    assert path.read_bytes() == before
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux's /proc")
 @pytest.mark.parametrize("command", [["cache", *MODEL, "--images", "IMGS", "--for", "norms", "--out", "/proc/x.h5"],
                                      ["study", "norms", *MODEL, "--images", "IMGS", "--out", "/proc/x"]])

@@ -11,9 +11,9 @@ from interp.studies.artifacts.ablate import random_controls
 
 
 def test_report_top_k_beyond_the_model_is_refused_before_the_studies(tmp_path, capsys):
-    assert main(["report", "--top-k", "100000000", "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+    assert main(["report", "--top-k", "1000", "--out", str(tmp_path / "r"), "--no-progress"]) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert "--top-k 100000000" in line and "give --top-k <= 384" in line, line
+    assert "--top-k 1000" in line and "give --top-k <= 384" in line, line
     assert not (tmp_path / "r").exists()
 
 
@@ -155,6 +155,28 @@ def test_arguments_the_model_structure_refutes_are_refused_before_it_loads(tmp_p
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("model, hooks, words", [
+    ("vit_tiny_patch16_224", "blocks.99.hook_resid_post",
+     "block 99 does not exist, this model has 12 blocks (0-11); last: 'blocks.11.hook_resid_post'"),
+    ("pvt_v2_b0", "blocks.99.hook_resid_post", "this model has 8 blocks (stages.0.blocks.0 .. stages.3.blocks.1); "
+                                               "last: 'stages.3.blocks.1.hook_resid_post'"),
+    ("pvt_v2_b0", "blocks.3.hook_resid_post", "by stage; block 3 is 'stages.1.blocks.1.hook_resid_post'"),
+    ("vit_tiny_patch16_224", "blocks.*.hook_nothing", "pattern 'blocks.*.hook_nothing' matches no hook point"),
+])
+def test_cache_hooks_the_model_lacks_are_refused_on_its_skeleton(tmp_path, capsys, monkeypatch, model, hooks, words):
+    """Issue 53: `cache --hooks blocks.99...` was refused only after the full model was built (26 s, 4.17 GB on a
+    huge DINOv3), and on PVT said "this model has no blocks"."""
+    from interp.models import sample_image_paths
+
+    _forbid_model_builds(monkeypatch)
+    argv = ["cache", model, "--no-pretrained", "--images", str(sample_image_paths()[0]), "--hooks", hooks,
+            "--out", str(tmp_path / "a.h5")]
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("interp: error: --hooks: ") and words in line and len(line) < 200, line
+    assert not (tmp_path / "a.h5").exists()
+
+
 def _hooks_output(argv, capsys) -> str:
     assert main(["hooks", *argv]) == 0
     return capsys.readouterr().out
@@ -197,3 +219,50 @@ def test_a_skeleton_that_cannot_be_built_leaves_the_check_to_the_loaded_model(tm
     assert main(argv) == 2
     assert "--detect-layer 40 is out of range: test_vit has 6 blocks" in one_error_line(capsys.readouterr().err)
     assert loads == ["test_vit"]
+
+
+def test_sizes_of_work_are_bounded_before_torch(tmp_path):
+    """Issue 53: `ablate --controls 1000000` ran 447 s then raised a raw allocation traceback, `compare`/`reassess
+    --img-size 100000` asked for 60 GB, `reassess --top-k 1000000` edited all 4608 neurons, and reassess imported
+    torch before refusing `--siblings 1=1` (after 100 s, exit 1): each is one line, exit 2, in a fresh interpreter
+    that never imports torch."""
+    import subprocess
+    import sys
+
+    from interp.models import sample_image_paths
+
+    image = str(sample_image_paths()[0])
+    argvs = [
+        ["study", "ablate", "planted_vit", "--images", image, "--neurons", "2:1", "--controls", "1000000"],
+        ["report", "--controls", "1000000", "--out", str(tmp_path / "r")],
+        ["compare", "planted_vit", "--images", image, "--img-size", "100000"],
+        ["reassess", "planted_vit", "planted_vit", "--images", image, "--img-size", "224", "100000"],
+        ["reassess", "planted_vit", "--images", image, "--top-k", "1000000"],
+        ["report", "--top-k", "1000000", "--out", str(tmp_path / "r")],
+        ["reassess", "planted_vit", "planted_vit", "--images", image, "--siblings", "1=1"],
+        ["reassess", "planted_vit", "planted_pvt", "planted_swin", "--images", image, "--siblings", "1=2", "3=2"],
+    ]
+    probe = ("import sys\nfrom interp.cli import main\n"
+             f"codes = [main(a) for a in {argvs!r}]\n"
+             "print(codes, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.stdout.strip() == f"{[2] * len(argvs)} False", (out.stdout, out.stderr)
+    err = out.stderr.strip().splitlines()
+    words = ["--controls: expected a whole number 0..100", "--controls: expected a whole number 0..100",
+             "--img-size: expected an input size in pixels 1..4096", "--img-size: expected an input size in pixels",
+             "--top-k: expected a whole number 1..1024", "--top-k: expected a whole number 1..1024",
+             "'1=1' pairs a model with itself or twice", "'3=2' pairs a model with itself or twice"]
+    assert len(err) == len(words), err
+    for line, word in zip(err, words):
+        assert word in line and len(line) < 200, (word, line)
+
+
+def test_reassess_top_k_beyond_a_models_mlp_is_refused_on_its_skeleton(capsys, monkeypatch):
+    from interp.models import sample_image_paths
+
+    _forbid_model_builds(monkeypatch)
+    argv = ["reassess", "vit_tiny_patch16_224", "--no-pretrained", "--images", str(sample_image_paths()[0]),
+            "--top-k", "500"]
+    assert main(argv) == 2
+    assert "--top-k 500 is more than half a block's 768 MLP neurons of vit_tiny_patch16_224: give --top-k <= 384" in \
+        one_error_line(capsys.readouterr().err)

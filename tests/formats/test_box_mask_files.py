@@ -40,6 +40,12 @@ BOX_FILE_CASES = {  # name -> (file name, content, message)
     "COCO annotations null": ("c.json", json.dumps({"images": [], "annotations": None}),
                               "'annotations' must be a list"),
     "COCO images null": ("c.json", json.dumps({"images": None, "annotations": []}), "'images' must be a list"),
+    # issue 53: records keyed xmin/ymin/xmax/ymax were all read as images without a box; pib gave null, exit 0
+    "VOC-style keys": ("b.json", json.dumps([{"image": "a.jpg", "xmin": 1, "ymin": 1, "xmax": 9, "ymax": 9}]),
+                       "record 0: no x0, y0, x1, y1 but xmax, xmin, ymax, ymin"),
+    "no box at all": ("b.csv", CSV_HEAD + "a.jpg,,,,,20,20\nb.jpg,,,,,,\n", r"2 record\(s\) and no box"),
+    "COCO without annotations": ("c.json", json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}],
+                                                       "annotations": []}), r"1 record\(s\) and no box"),
     "COCO text width": ("c.json", json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "width": "x",
                                                           "height": 4}], "annotations": []}), "width must be a number"),
 }

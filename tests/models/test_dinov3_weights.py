@@ -111,3 +111,27 @@ def test_timm_files_without_periods_keep_timms_float32_periods(tmp_path):
     model = interp.load("vit_small_patch16_dinov3", weights=str(path), **SMALL)
     assert model.timm_model.interp_rope_periods is None
     torch.testing.assert_close(model.timm_model.rope.periods, source.rope.periods, rtol=0, atol=0)
+
+
+def test_non_zero_qv_biases_without_a_place_in_the_architecture_are_refused(tmp_path):
+    """Issue 53: an original file with non-zero q/v biases loaded into vit_small_patch16_dinov3 (no q/v biases)
+    with the biases dropped (attn.hook_z off by up to 1.80 of 1.91); all-zero biases still load (the distilled
+    files)."""
+    torch.manual_seed(0)
+    sd = original_format(timm.create_model("vit_small_patch16_dinov3_qkvb", pretrained=False, **SMALL))
+    for i in range(SMALL["depth"]):  # a bias in q only in block 0, in v only in block 1 (k's third is masked)
+        bias = sd[f"blocks.{i}.attn.qkv.bias"]
+        third = bias.numel() // 3
+        bias.zero_()
+        bias[(0 if i == 0 else 2 * third) + 5] = 0.5
+    torch.save(sd, tmp_path / "qv.pth")
+    with pytest.raises(ModelLoadError, match=r"non-zero q/v biases \(blocks\.0\.attn\.qkv\.bias, blocks\.1\.attn\."
+                                             r"qkv\.bias\).*_qkvb"):
+        interp.load("vit_small_patch16_dinov3", weights=str(tmp_path / "qv.pth"), **SMALL)
+    assert interp.load("vit_small_patch16_dinov3_qkvb", weights=str(tmp_path / "qv.pth"), **SMALL)
+    for i in range(SMALL["depth"]):
+        sd[f"blocks.{i}.attn.qkv.bias"][third:2 * third] = 1.0  # k's third: the original's mask zeroes it
+        sd[f"blocks.{i}.attn.qkv.bias"][:third] = 0
+        sd[f"blocks.{i}.attn.qkv.bias"][2 * third:] = 0
+    torch.save(sd, tmp_path / "k_only.pth")
+    assert interp.load("vit_small_patch16_dinov3", weights=str(tmp_path / "k_only.pth"), **SMALL)

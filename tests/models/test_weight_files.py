@@ -149,3 +149,14 @@ def test_position_grid_warning_once_and_says_how_to_silence_it(tmp_path):
             interp.load("vit_small_patch14_dinov2", weights=path, depth=1)
     grid = [str(w.message) for w in caught if "position grid" in str(w.message)]
     assert len(grid) == 1 and "--img-size 224" in grid[0] and "without this warning" in grid[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_a_file_of_integer_weights_is_refused_naming_the_keys(tmp_path, dtype):
+    """Issue 53: an int64 weight file loaded, its values cast silently into the float model."""
+    model = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
+    sd = {k: (v * 10).to(dtype).contiguous() for k, v in model.timm_model.state_dict().items()}
+    torch.save(sd, tmp_path / "ints.pth")
+    with pytest.raises(interp.errors.ModelLoadError, match=rf"holds {dtype} values where the model has float "
+                                                            r"weights \(\d+ tensor\(s\): cls_token, pos_embed"):
+        interp.load("vit_small_patch16_224", weights=tmp_path / "ints.pth", depth=1)

@@ -16,7 +16,8 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, BlockNames
 from ...errors import InterpError, UsageError
-from ...values import (NEURONS_SYNTAX, existing_path, nonnegative_int, positive_float, positive_int, register_count,
+from ...values import (NEURONS_SYNTAX, control_count, existing_path, nonnegative_int, positive_float, positive_int,
+                       register_count,
                        sae_feature_ids)
 from ..core.options import ClassifierOption, DetectionOptions, NeuronsOptions
 from ...detection.presets import resolve_preset
@@ -149,7 +150,7 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
     neurons: Union[str, Dict[int, List[int]], None] = option(
         None, f"the register neurons to ablate (required unless --sae DIR --features F,...): {NEURONS_SYNTAX}")
     controls: int = option(5, "random control neuron sets of the same size and blocks (default 5)",
-                           parse=nonnegative_int)
+                           parse=control_count)
     mode: str = option("zero", "the replacement the headline rests on: zero (default), mean (each neuron's mean over "
                                "the images) or resample (another image's values)", choices=ABLATION_REPLACEMENTS)
     replacements: Tuple[str, ...] = option(

@@ -110,7 +110,8 @@ def read_coco_polygons(path: Union[str, Path]) -> Dict[str, Tuple[Tuple[int, int
 
 def _check_polygons(polygons: Polygons, size: Tuple[int, int], where: str) -> None:
     """Refuse an annotation that marks no pixel: no polygon, a polygon of zero area (its points on one line), or
-    one wholly outside its ``size = (width, height)`` image. Each would score the image as if it had no object
+    one wholly outside its ``size = (width, height)`` image; and one that reaches more than half the image beyond an
+    edge (other units, or crafted: as box files, :func:`~interp.formats.box_types.check_box_in_image`). Each would score the image as if it had no object
     (mIoU 1.0 for an empty prediction) instead of saying the ground truth is wrong."""
     if not polygons:
         raise InterpError(f"{where}: 'segmentation' is an empty list; give its polygons or remove the annotation")
@@ -123,6 +124,11 @@ def _check_polygons(polygons: Polygons, size: Tuple[int, int], where: str) -> No
         if max(xs) <= 0 or min(xs) >= width or max(ys) <= 0 or min(ys) >= height:
             raise InterpError(f"{where}: polygon {j} lies wholly outside its {width} x {height} image "
                               f"(x {min(xs):g}..{max(xs):g}, y {min(ys):g}..{max(ys):g}); fix its coordinates")
+        if min(xs) < -width / 2 or max(xs) > 1.5 * width or min(ys) < -height / 2 or max(ys) > 1.5 * height:
+            # PIL draws on int32 pixels: 3e9 wrapped to one pixel and scored mIoU 0.83
+            raise InterpError(f"{where}: polygon {j} reaches far outside its {width} x {height} image "
+                              f"(x {min(xs):g}..{max(xs):g}, y {min(ys):g}..{max(ys):g}); coordinates are pixels "
+                              "of the original image")
 
 
 GroundTruth = Tuple[np.ndarray, np.ndarray]  # (foreground, void): bool [H0, W0] each, original pixels

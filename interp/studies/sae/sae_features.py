@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from ...errors import InterpError, UsageError
-from ...hooks.names import block_of
 from ...interventions.base import check_neurons
 from ...interventions.neuron_sets import check_ranked_on, neuron_set
 from ...runtime.source import ActivationSource
@@ -25,7 +24,7 @@ from ...detection.presets import resolve_preset
 from ..core.result import OutlierStudyResult, skipped_records
 from ..declaration import study
 from .configs import SaeFeaturesConfig
-from ...hooks.names import resolve_block
+from ...hooks.names import block_of, resolve_block
 
 MAX_CROP_IMAGES = 64  # images decoded for the top-patch crops of a live run (later ones: code values only)
 
@@ -156,7 +155,9 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
     """
     sae = load(config.sae)
     sae.check_source(source)
-    hook, layer = sae.hook, block_of(sae.hook)
+    hook = sae.hook
+    blocks = getattr(source, "blocks", None)  # its flat index: a pyramid's stage block too
+    layer = blocks.block_of(hook) if blocks is not None else block_of(hook)
     threshold, preset = _detection_threshold(config, layer, source.n_layers)
     writes, neurons = _writes(config, source)
     write_notes = _write_notes(source, neurons)

@@ -104,6 +104,7 @@ def test_coco_record_of_another_size_than_its_image_is_refused(tmp_path, folder,
     ([[10, 10, 20, 20, 30, 30]], "polygon 0 has zero area"),       # points on one line: scored mIoU 1.0
     ([[10, 10, 50, 10, 50, 50], [300, 300, 400, 300, 400, 400]], "polygon 1 lies wholly outside its 256 x 256"),
     ([[-50, 10, -10, 10, -10, 50]], "wholly outside"),
+    ([[10, 10, 3e9, 10, 3e9, 3e9]], "polygon 0 reaches far outside its 256 x 256"),  # drawn as one pixel: mIoU 0.83
 ])
 def test_coco_annotations_that_mark_no_pixel_are_refused(tmp_path, segmentation, message):
     coco = {"images": [{"id": 1, "file_name": "a.png", "width": 256, "height": 256}],
