@@ -8,10 +8,14 @@ tensors of one batch, so it is an in-memory edit, never written to a patch file.
 A sweep batches its cells: the corrupted batch [b, ...] is repeated once per cell ([k * b, ...]) and cell i's
 mask is True only at its own position (or head, or neuron) in the i-th copy (:func:`cell_masks`).
 
+>>> from interp.runtime.forward import run_hooks
+>>> x_clean, x_corrupt = images[:2], images[2:]
 >>> clean = run_hooks(model, x_clean, ["blocks.2.hook_resid_post"]).acts["blocks.2.hook_resid_post"]
->>> mask = torch.zeros(clean.shape[:2], dtype=torch.bool); mask[:, 5] = True       # token 5 of every image
+>>> mask = torch.zeros(*clean.shape[:2], 1, dtype=torch.bool); mask[:, 5] = True    # token 5 of every image
 >>> patched = run_hooks(model, x_corrupt, logits=True,
 ...                     interventions=[ActivationPatch("blocks.2.hook_resid_post", clean, mask)])
+>>> patched.logits.shape
+torch.Size([2, 10])
 """
 from __future__ import annotations
 

@@ -273,15 +273,17 @@ def test_report_decodes_each_image_once(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # end to end (a whole run or a fresh process); runs once, also in CI
 def test_study_neurons_on_a_model_without_artifacts_says_so(tmp_path, photo_dir, capsys, shown_warnings):
-    """A random-init ViT has no separated high-norm mode: under p98 the study still ranks neurons, but its JSON
-    says artifacts_found false with a warning, and the CLI prints that warning on one line (``shown_warnings``:
-    as a plain interpreter shows it, not recorded by pytest)."""
+    """A random-init ViT has no separated high-norm mode, and its highest-norm tokens are high from the input on:
+    under p98 the JSON says artifacts_found false with a warning naming the tokens the blocks did not form (and no
+    register neurons are ranked on them), and the CLI prints that warning on one line (``shown_warnings``: as a
+    plain interpreter shows it, not recorded by pytest)."""
     out = tmp_path / "out"
     assert main(["study", "neurons", "vit_small_patch16_224", "--no-pretrained", "--depth", "2", "--images",
                  str(photo_dir), "--out", str(out), "--threshold", "p98", "--no-progress"]) == 0
     data = read_study(out, "neurons", [])
     assert data["artifacts_found"] is False and data["threshold_method"] == "percentile"
-    assert data["neurons"] and data["warning"].startswith("no artifacts: ")  # ranked, and said what they are
+    assert data["warning"].startswith("no artifacts: ") and "high-norm from the input" in data["warning"]
+    assert data["neurons"] == []  # nothing formed by the blocks: no "register neurons" ranked on input tokens
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "no artifacts" in line]
     assert len(lines) == 1 and lines[0].startswith("interp: warning: no artifacts") and "not register" in lines[0]

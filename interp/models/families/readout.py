@@ -9,6 +9,10 @@ component is centred, for a LayerNorm, and divided by the scale the whole stream
 per-component terms plus one constant (the norms' biases and the head's bias).
 
 >>> readout = final_readout(model.family)            # a ViT/Eva family; pyramids are refused in one line
+>>> names, last = model.block_names, model.n_layers - 1
+>>> parts_of = ["hook_embed"] + [h for i in range(model.n_layers) for h in (names.attn_out(i), names.mlp_out(i))]
+>>> _, cache = model.run_with_cache(images, names_filter=parts_of + [names.resid_post(last)])
+>>> stack, resid = torch.stack([cache[h] for h in parts_of]), cache[names.resid_post(last)]
 >>> parts, bias = readout.decompose(stack, resid, n_prefix=1)   # stack [k, b, t, d] summing to resid [b, t, d]
 >>> torch.allclose(parts.sum(0) + bias, readout.pooled(resid, 1), atol=1e-5)   # [b, d'] == hook_pooled
 True

@@ -1,8 +1,9 @@
 """Attribution patching (docs/causal.md): the first-order estimate of every activation-patching cell, from two
 forwards and one backward (Nanda 2023; Syed et al. 2023).
 
->>> result = attribution_study(source, site="mlp_post", neurons="2:17,2:101,2:3", corruption="noise", progress=False)
->>> result.correlation > 0.9          # planted_vit: where the effect is linear the estimate agrees with patching
+>>> result = attribution_study(source, site="z", metric="logit-diff", classes=(0, 1), corruption="noise", noise=0.5,
+...                             progress=False)
+>>> result.correlation > 0.9          # the heads write linearly into the logits: the estimate is real patching
 True
 
 Denoising, the estimate of patching cell c (a token's row, a head, a neuron) is ``sum over c's entries of

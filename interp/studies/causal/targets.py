@@ -1,6 +1,7 @@
 """What the causal tools explain about the output: a class's logit or probability, a logit difference, or (for a
 head with no classes) the cosine to a reference output.
 
+>>> logits = model(images)
 >>> target = output_target(source.head(), source.final_readout(), (3, 5), logits)    # the difference 3 - 5
 >>> target.kind, target.logit(logits).shape
 ('logit-diff', torch.Size([4]))
