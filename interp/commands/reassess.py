@@ -123,7 +123,6 @@ def check_args(o: ReassessOptions, inputs: RunInputs) -> ReassessArgs:
     if out is not None:
         check_output_folder(o.out)
         refuse_existing_file(out / "reassess.json", o.overwrite)
-    check_device(inputs.device)
     labels = _labels(list(o.models), weights, o.pretrained, sizes)
     classifiers = per_model(o.classifier, len(o.models), "--classifier")
     try:

@@ -174,8 +174,10 @@ def unknown_hook_error(name: str, known: Sequence[str]) -> HookNameError:
         flat = prefixes[0] == "blocks.0"
         shown = f"{n} blocks ({'0-' + str(n - 1) if flat else prefixes[0] + ' .. ' + prefixes[-1]})"
         if block < n:  # a pyramid names its blocks by stage (PVTv2, Swin-v2)
-            return HookNameError(f"hook name {name!r}: this model names its {shown} by stage; block {block} "
-                                 f"is {prefixes[block] + '.' + rest!r}")
+            staged = prefixes[block] + "." + rest
+            fix = staged if staged in known else next(iter(close_matches(staged, known, n=1)), staged)
+            return HookNameError(f"hook name {name!r}: this model names its {shown} by stage; did you mean "
+                                 f"{fix!r}?")
         return HookNameError(f"hook name {name!r}: block {block} does not exist, this model has {shown}; "
                              f"last: {prefixes[-1] + '.' + rest!r}")
     hints = close_matches(name, known, n=3)

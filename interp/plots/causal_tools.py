@@ -1,8 +1,10 @@
 """Figures of the causal toolkit (docs/causal.md): the logit lens and the direct logit attribution, and the block x
 position maps of activation and attribution patching, drawn on the patch grid.
 
+>>> from interp.studies import open_source
 >>> from interp.studies.causal.patching import patching_study
->>> fig = patching_maps(patching_study(source, site="mlp_out", metric="outliers", progress=False))
+>>> two = open_source(model=model, images=images[:2])
+>>> fig = patching_maps(patching_study(two, site="mlp_out", blocks=(2,), metric="outliers", progress=False))
 """
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ def test_arguments_the_model_structure_refutes_are_refused_before_it_loads(tmp_p
      "block 99 does not exist, this model has 12 blocks (0-11); last: 'blocks.11.hook_resid_post'"),
     ("pvt_v2_b0", "blocks.99.hook_resid_post", "this model has 8 blocks (stages.0.blocks.0 .. stages.3.blocks.1); "
                                                "last: 'stages.3.blocks.1.hook_resid_post'"),
-    ("pvt_v2_b0", "blocks.3.hook_resid_post", "by stage; block 3 is 'stages.1.blocks.1.hook_resid_post'"),
+    ("pvt_v2_b0", "blocks.3.hook_resid_post", "by stage; did you mean 'stages.1.blocks.1.hook_resid_post'?"),
     ("vit_tiny_patch16_224", "blocks.*.hook_nothing", "pattern 'blocks.*.hook_nothing' matches no hook point"),
 ])
 def test_cache_hooks_the_model_lacks_are_refused_on_its_skeleton(tmp_path, capsys, monkeypatch, model, hooks, words):
@@ -239,7 +239,7 @@ def test_sizes_of_work_are_bounded_before_torch(tmp_path):
         ["reassess", "planted_vit", "planted_vit", "--images", image, "--img-size", "224", "100000"],
         ["reassess", "planted_vit", "--images", image, "--top-k", "1000000"],
         ["report", "--top-k", "1000000", "--out", str(tmp_path / "r")],
-        ["reassess", "planted_vit", "planted_vit", "--images", image, "--siblings", "1=1"],
+        ["reassess", "planted_vit", "planted_pvt", "--images", image, "--siblings", "1=1"],
         ["reassess", "planted_vit", "planted_pvt", "planted_swin", "--images", image, "--siblings", "1=2", "3=2"],
     ]
     probe = ("import sys\nfrom interp.cli import main\n"

@@ -1,7 +1,9 @@
 """Activation patching (docs/causal.md): the clean activation of one site patched into the corrupted run
 (denoising) or the corrupted one into the clean run (noising), one cell at a time, and the metric read after.
 
->>> result = patching_study(source, site="mlp_out", metric="outliers", corruption="noise", progress=False)
+>>> from interp.studies import open_source
+>>> two = open_source(model=model, images=images[:2])       # every token of blocks 1-2: 2 x 197 cells
+>>> result = patching_study(two, site="mlp_out", blocks=(1, 2), metric="outliers", corruption="noise", progress=False)
 >>> result.peak()["block"]                      # planted_vit: the artifacts form in block 2's MLP
 2
 
