@@ -48,6 +48,8 @@ class NeuronAblation(Intervention):
     stage = NEURON
 
     def __post_init__(self):
+        self._generator = torch.Generator().manual_seed(int(self.seed))  # resample's draws, over every forward
+        self._previous: Dict[int, torch.Tensor] = {}  # resample: each layer's last batch, for a batch of one
         self.neurons = take_neurons(self)
         check_choice("mode", self.mode, ABLATION_MODES)
         check_choice("tokens", self.tokens, TOKEN_SETS)
@@ -73,8 +75,6 @@ class NeuronAblation(Intervention):
     def _donors(self, layer: int, sel: torch.Tensor) -> torch.Tensor:
         """Another image's values of the neurons for each image of ``sel`` [b, t, k]: a derangement of the batch, or
         for a batch of one an image of the previous batch seen at this layer (kept, detached, for that case)."""
-        if not hasattr(self, "_generator"):
-            self._generator, self._previous = torch.Generator().manual_seed(int(self.seed)), {}
         previous = self._previous.get(layer)
         if sel.shape[0] > 1:
             donors = sel[derangement(sel.shape[0], self._generator).to(sel.device)]

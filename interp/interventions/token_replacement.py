@@ -199,6 +199,7 @@ class TokenReplacement(Intervention):
 
     def __post_init__(self):
         check_choice("mode", self.mode, REPLACEMENTS)
+        self._generator = torch.Generator().manual_seed(int(self.seed))  # advances over every forward it edits
         self.rows = [int(r) for r in self.rows]
         if not self.rows or min(self.rows) < 0 or len(set(self.rows)) != len(self.rows):
             raise ValueError(f"rows must be distinct token rows >= 0, got {self.rows}")
@@ -230,9 +231,8 @@ class TokenReplacement(Intervention):
         if self.mode == "shuffle" and self.bank is None:
             raise InterpError("shuffle needs a calibration bank for batches of one image: pass bank= "
                               "(token_replacement.calibrate)")
-        generator = torch.Generator().manual_seed(int(self.seed))
         return {layer: RowReplacement(rows, self.mode, *(None if t is None else t[i] for t in
-                                                         (self.means, self.stds, self.bank)), generator=generator)
+                                                         (self.means, self.stds, self.bank)), generator=self._generator)
                 for i, layer in enumerate(self._blocks(ctx.n_layers))}
 
     # ------------------------------------------------------------------ serialisation

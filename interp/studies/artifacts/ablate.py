@@ -283,7 +283,6 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
         notes.append("resample was not run: it takes each image's values from another image, and there is one image")
     if config.sae is not None and edits.pool.get("note"):
         notes.append(edits.pool["note"])  # controls that could not be matched to the targets' firing
-    comparison = outlier_comparison(table, n_controls)
     replacements = {}
     for r in [mode] + others:
         prefix = "" if r == mode else f"{r}:"
@@ -292,6 +291,7 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
         replacements[r] = {"target": sub["target"], "comparison": outlier_comparison(sub, n_controls),
                            "control_mean": {m: _mean_of([sub[f"control_{i}"][m] for i in range(n_controls)])
                                             for m in ("outlier_count", "max_norm") + METRICS}}
+    comparison = replacements[mode]["comparison"]
     if comparison is not None and not comparison["target_beyond_controls"]:
         r = comparison["removed"]
         notes.append(f"the target {outlier_change(r['target'])}, its controls at most {outlier_change(max(r['controls']))}"

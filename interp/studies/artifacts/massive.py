@@ -37,7 +37,7 @@ from .configs import MassiveConfig
 TOP = 3  # the reference's top-1/2/3
 MEDIAN, TOKEN, CHANNEL = TOP, TOP + 1, TOP + 2  # columns of magnitude_stats after the TOP values
 CHANNELS_SHOWN = 3  # channels listed per block
-KIND_WORDS = {"cls": "CLS", "registers": "register", "patches": "patch", "extra": "test-time register"}
+KIND_WORDS = {"cls": "CLS", "distillation": "distillation", "registers": "register", "patches": "patch"}
 
 
 def magnitude_stats(acts: torch.Tensor) -> torch.Tensor:
@@ -64,11 +64,9 @@ def received_logits(scores: torch.Tensor) -> torch.Tensor:
 
 
 def token_kind(layout, token: int) -> str:
-    """"cls", "registers", "patches" or "extra" (a test-time register) for a row of ``layout``'s token axis."""
-    for kind, rows in layout.kind_slices().items():
-        if rows.start <= token < rows.stop:
-            return kind
-    return "extra"
+    """The kind of a row of ``layout``'s token axis: a key of :data:`KIND_WORDS` (registers: trained and test-time)."""
+    rows = {**layout.kind_slices(), "distillation": layout.dist_slice}
+    return next(kind for kind, sl in rows.items() if sl.start <= token < sl.stop)
 
 
 @dataclass
@@ -85,7 +83,7 @@ class MassiveResult(StudyResult):
         channels: per block, the channels that carry the images' largest activation, most frequent first:
             ``[{"channel", "images", "mean"}]`` (at most CHANNELS_SHOWN).
         tokens: per block, how many images have their largest activation on each token kind
-            (``{"cls", "registers", "patches", "extra"}``).
+            (``{"cls", "distillation", "registers", "patches"}``).
         attention: per block L >= 1 (None at block 0 and where the model has no key per token), the head- and
             query-mean attention logit that the token carrying block L-1's largest activation receives in block L
             (``"massive"``) and the median over the other tokens (``"others"``); None when no logits were read.
@@ -208,7 +206,7 @@ def _result(source: ActivationSource, config: MassiveConfig, tally: _Tally, note
     ratio = top[0] / np.maximum(median, np.finfo(np.float64).tiny)
     massive = [i for i in range(n_layers) if top[0, i] > config.min_value and ratio[i] >= config.min_ratio]
     channels = [_channels(s) for s in per_block]
-    kinds = [{k: int(c.get(k, 0)) for k in ("cls", "registers", "patches", "extra")} for c in tally.kinds]
+    kinds = [{k: int(c.get(k, 0)) for k in KIND_WORDS} for c in tally.kinds]
     attention = None
     if any(tally.massive_logit):
         attention = {"massive": [float(np.mean(v)) if v else None for v in tally.massive_logit],

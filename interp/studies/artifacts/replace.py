@@ -194,8 +194,8 @@ def replace_study(source, config: ReplaceConfig, *, detection: DetectionLike = N
         edits.update({f"zero:{r}": [TokenReplacement([r], "zero", blocks=where)] for r in rows})
     has_cls = layout.cls_index is not None
     blocks = list(range(source.n_layers)) if has_cls else []
-    reduce = {FINAL: lambda lay: {FINAL: lambda t: effective_rank(t[:, lay.patch_slice])}}
-    conditions = {name: Condition(iv, attention_layers=blocks, hooks=[FINAL], reduce=reduce[FINAL])
+    final_rank = lambda lay: {FINAL: lambda t: effective_rank(t[:, lay.patch_slice])}  # noqa: E731 (per layout)
+    conditions = {name: Condition(iv, attention_layers=blocks, hooks=[FINAL], reduce=final_rank)
                   for name, iv in edits.items()}
     meter = BehaviourMeter(readout)
     tally = {name: {"outliers": 0, "js": np.zeros(len(blocks)), "rank": 0.0} for name in edits}
