@@ -68,6 +68,15 @@ def option(default: Any, help: str, **flag: Any) -> Any:
     return dataclasses.field(default=default, metadata={"flag": Flag(help=help, **flag)})
 
 
+def group(cls: type, **defaults: Any) -> Any:
+    """A field holding an option group (an :class:`Options` class): the command line lists the group's fields
+    where this field is declared, each under its own name; ``defaults``: this command's defaults of some of
+    them (``group(BatchOptions, batch_size=8)``). Python callers pass the group built:
+    ``ReportOptions(detection=DetectionFields(threshold=3.5))``."""
+    return dataclasses.field(default_factory=functools.partial(cls, **defaults),
+                             metadata={"group": cls, "defaults": dict(defaults)})
+
+
 def base_type(hint: Any) -> Any:
     """``Optional[int]`` -> ``int``; ``Tuple[float, ...]`` -> ``float``; other hints unchanged."""
     args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
@@ -99,8 +108,9 @@ class Renamed(argparse.Action):
 
 @dataclass(frozen=True, kw_only=True)
 class Options:
-    """Options declared with :func:`option` (subclass it as a frozen, keyword-only dataclass; mix option groups
-    in by inheritance). Building one checks it: each value among its ``choices``, then :meth:`check`.
+    """Options declared with :func:`option` (subclass it as a frozen, keyword-only dataclass; hold option groups
+    as fields made with :func:`group`). Building one checks it: each value among its ``choices``, then
+    :meth:`check`; a group is checked when it is built. ``--help`` lists the options in declaration order.
 
     Class attributes:
         RENAMED: ``{former flag: what it became}``; the former flag is refused in one line that says it.
@@ -128,8 +138,8 @@ class Options:
                 raise UsageError(f"{f.name}={bad[0]!r}: use one of {list(choices)}")
 
     def to_dict(self) -> Dict[str, Any]:
-        """The fields as JSON values."""
-        return {f.name: (list(v) if isinstance(v, tuple) else v)
+        """The fields as JSON values (a group as its own dict)."""
+        return {f.name: (v.to_dict() if isinstance(v, Options) else list(v) if isinstance(v, tuple) else v)
                 for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
 
     def with_options(self, **options: Any) -> "Options":
@@ -139,23 +149,34 @@ class Options:
     # ------------------------------------------------------------------ command line
     @classmethod
     def cli_fields(cls) -> List[dataclasses.Field]:
+        """The fields that are options of their own (not groups)."""
         return [f for f in dataclasses.fields(cls) if "flag" in f.metadata]
 
     @classmethod
+    def group_fields(cls) -> List[dataclasses.Field]:
+        """The fields that hold an option group (:func:`group`)."""
+        return [f for f in dataclasses.fields(cls) if "group" in f.metadata]
+
+    @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser, only: Optional[Sequence[str]] = None,
-                      help: Optional[Dict[str, str]] = None, required_groups: Optional[Sequence[str]] = None
-                      ) -> None:
-        """Add one argument per field (in declaration order; grouped by :attr:`Flag.group` and
-        :attr:`Flag.exclusive`), and the :attr:`RENAMED` flags. ``only``: just these fields (a shared option
-        group on another command); ``help``: other help texts by field name; ``required_groups``: instead of
-        :attr:`REQUIRED_GROUPS`."""
+                      help: Optional[Dict[str, str]] = None, required_groups: Optional[Sequence[str]] = None,
+                      defaults: Optional[Dict[str, Any]] = None) -> None:
+        """Add one argument per field, in declaration order (a :func:`group` field: its group's arguments there;
+        sections by :attr:`Flag.group`, :attr:`Flag.exclusive`), and the :attr:`RENAMED` flags. ``only``: just
+        these fields; ``help``: other help texts by field name (groups included); ``required_groups``: instead
+        of :attr:`REQUIRED_GROUPS`; ``defaults``: other defaults by field name (a :func:`group`'s)."""
         hints = _field_types(cls)
         required = cls.REQUIRED_GROUPS if required_groups is None else tuple(required_groups)
         sections: Dict[str, Any] = {}
         exclusive: Dict[str, Any] = {}
-        for f in cls.cli_fields():
-            if only is not None and f.name not in only:
+        for f in dataclasses.fields(cls):
+            if "group" in f.metadata:
+                if only is None:
+                    f.metadata["group"].add_arguments(parser, help=help, defaults=f.metadata["defaults"])
                 continue
+            if "flag" not in f.metadata or (only is not None and f.name not in only):
+                continue
+            default = (defaults or {}).get(f.name, f.default)
             spec: Flag = f.metadata["flag"]
             target = parser if spec.group is None else sections.setdefault(
                 spec.group, parser.add_argument_group(spec.group))
@@ -169,18 +190,18 @@ class Options:
             kind = base_type(hints[f.name])
             if kind is bool and not spec.positional:
                 if spec.off and spec.flag:
-                    target.add_argument(spec.flag, dest=f.name, action="store_true", default=f.default, help=text)
+                    target.add_argument(spec.flag, dest=f.name, action="store_true", default=default, help=text)
                     target.add_argument(spec.off, *spec.aliases, dest=f.name, action="store_false",
                                         help=spec.off_help)
                 elif spec.off:
                     target.add_argument(spec.off, *spec.aliases, dest=f.name, action="store_false",
-                                        default=f.default, help=text)
+                                        default=default, help=text)
                 else:
-                    target.add_argument(flag, *spec.aliases, dest=f.name, action="store_true", default=f.default,
+                    target.add_argument(flag, *spec.aliases, dest=f.name, action="store_true", default=default,
                                         help=text)
                 continue
             kwargs: Dict[str, Any] = dict(help=text, type=spec.parse or (kind if kind in (int, float) else str))
-            kwargs["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
+            kwargs["default"] = list(default) if isinstance(default, tuple) else default
             if spec.choices is not None:
                 kwargs["choices"] = spec.choices
             if spec.many:
@@ -188,7 +209,7 @@ class Options:
             if spec.metavar:
                 kwargs["metavar"] = spec.metavar
             if spec.positional:
-                if f.default is not None or not spec.required:
+                if default is not None or not spec.required:
                     kwargs.setdefault("nargs", "?")
                 target.add_argument(f.name, **kwargs)
             else:
@@ -201,7 +222,7 @@ class Options:
     def from_args(cls, args: argparse.Namespace) -> "Options":
         """The options of parsed command-line ``args`` (checked); fields without a command-line form keep
         their defaults."""
-        values = {}
+        values: Dict[str, Any] = {f.name: f.metadata["group"].from_args(args) for f in cls.group_fields()}
         for f in cls.cli_fields():
             value = getattr(args, f.name)
             values[f.name] = tuple(value) if isinstance(value, list) else value

@@ -168,7 +168,7 @@ def run(options: CompareOptions, inputs: RunInputs) -> int:
                        **({"img_size": size} if size else {}))
                   for name, w, size in zip(o.models, weights, sizes)]
         images = o.images or sample_image_paths()
-        spec = DetectionSpec(o.threshold, o.detect_layer, o.preset)
+        spec = DetectionSpec(threshold=o.threshold, detect_layer=o.detect_layer, preset=o.preset)
         result = compare_models(models, images, detection=spec, batch_size=o.batch_size, progress=inputs.stage_lines,
                                 probes=o.probes, probe_tokens=o.probe_tokens, strict=o.strict, names=labels,
                                 seed=o.seed, preprocess=o.preprocess(),

@@ -161,7 +161,7 @@ def run(options: ReassessOptions, inputs: RunInputs) -> int:
         models = [load(name, pretrained=o.pretrained, device=inputs.device, weights=w, seed=o.seed,
                        **({"img_size": size} if size else {}))
                   for name, w, size in zip(checked.models, checked.weights, checked.sizes)]
-        spec = DetectionSpec(o.threshold, o.detect_layer, o.preset)
+        spec = DetectionSpec(threshold=o.threshold, detect_layer=o.detect_layer, preset=o.preset)
         result = reassess_models(models, o.images or sample_image_paths(), detection=spec, names=checked.labels,
                                  batch_size=o.batch_size, probes=o.probes, probe_tokens=o.probe_tokens,
                                  probe_options={**PROBE_OPTIONS, **checked.probe_options}, top_k=o.top_k,

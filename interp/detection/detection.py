@@ -19,7 +19,7 @@
 >>> norms = norms_study(source, detection=det, progress=False)            # no second detection pass
 >>> neurons = neurons_study(source, detection=det, top_k=4, progress=False)
 >>> spec = DetectionSpec(preset="darcet")                 # threshold 150 at the last block
->>> found = spec.detect(source, RunOptions(progress=False))   # one pass: a Detection
+>>> found = detect_spec(source, spec, RunOptions(progress=False))   # one pass: a Detection
 >>> result = norms_study(source, detection=found, progress=False)
 >>> result.threshold, result.threshold_method, result.preset, result.params["threshold"]
 (150.0, 'fixed', 'darcet', 150.0)
@@ -42,6 +42,7 @@ from ..runtime.passes import baseline_pass
 from ..runtime.source import ActivationSource, n_batches, token_norms
 from .formation import MIN_FORMED_GAIN, formed_mask
 from .presets import check_preset_model, resolve_preset
+from .spec import DetectionSpec
 from .survey import Survey, formed_verdict, judge_block, survey_of
 from .thresholds import Threshold, ThresholdSpec, detect_norms, parse_threshold, percentile_value
 
@@ -280,38 +281,16 @@ def threshold_param(spec: Optional[ThresholdSpec]) -> Union[float, str, None]:
     return "auto" if method == "auto" else f"p{value:g}"
 
 
-@dataclass(frozen=True)
-class DetectionSpec:
-    """What counts as a high-norm token: ``threshold`` at block ``layer`` (negative: from the end), filled in by
-    ``preset`` (published settings) where not given; defaults "auto" at the last block.
-
-    Attributes:
-        threshold: a norm, ``"pNN"`` (per-model percentile) or ``"auto"`` (bimodal split); None: preset's/auto.
-        layer: detection block (its ``hook_resid_post``); None: the preset's, else the last block.
-        preset: a name of :mod:`interp.detection.presets`; explicit values win over it.
-    """
-
-    threshold: Optional[ThresholdSpec] = None
-    layer: Optional[int] = None
-    preset: Optional[str] = None
-
-    def resolved(self) -> "DetectionSpec":
-        """This spec with the preset applied (threshold and layer filled in, the preset's canonical name)."""
-        r = resolve_preset(self.preset, threshold=self.threshold, detect_layer=self.layer)
-        threshold = r.get("threshold", "auto")
-        parse_threshold(threshold)  # a bad threshold is reported before any pass
-        return DetectionSpec(threshold=threshold, layer=r.get("detect_layer"), preset=r["preset"])
-
-    def detect(self, source, options: Optional[RunOptions] = None) -> Detection:
-        """One pass over ``source``: the resolved :class:`Detection` (it remembers the preset)."""
-        o = options or RunOptions()
-        spec = self.resolved()
-        check_preset_model(spec.preset, getattr(source, "model", None))
-        found = detect(source, spec.threshold, spec.layer, o.batch_for(source), o.progress)
-        return replace(found, preset=spec.preset)
-
-
 DetectionLike = Union[Detection, DetectionSpec, None]
+
+
+def detect_spec(source, spec: DetectionSpec, options: Optional[RunOptions] = None) -> Detection:
+    """One pass over ``source``: the :class:`Detection` of ``spec`` resolved (it remembers the preset)."""
+    o = options or RunOptions()
+    spec = spec.resolved()
+    check_preset_model(spec.preset, getattr(source, "model", None))
+    found = detect(source, spec.threshold, spec.detect_layer, o.batch_for(source), o.progress)
+    return replace(found, preset=spec.preset)
 
 
 def as_detection(source, detection: DetectionLike = None, *, threshold: Optional[ThresholdSpec] = None,
@@ -334,10 +313,10 @@ def as_detection(source, detection: DetectionLike = None, *, threshold: Optional
                               "arguments, not both")
         spec = detection
     elif detection is None:
-        spec = DetectionSpec(threshold, detect_layer, preset)
+        spec = DetectionSpec(threshold=threshold, detect_layer=detect_layer, preset=preset)
     else:
         raise InterpError(f"detection= takes a Detection or a DetectionSpec, not {type(detection).__name__}")
-    return spec.detect(source, options)
+    return detect_spec(source, spec, options)
 
 
 def spec_of(detection: DetectionLike, *, threshold: Optional[ThresholdSpec] = None,
@@ -348,7 +327,7 @@ def spec_of(detection: DetectionLike, *, threshold: Optional[ThresholdSpec] = No
             raise InterpError("give the threshold, detection layer and preset in the DetectionSpec or as "
                               "arguments, not both")
         return detection.resolved()
-    return DetectionSpec(threshold, detect_layer, preset).resolved()
+    return DetectionSpec(threshold=threshold, detect_layer=detect_layer, preset=preset).resolved()
 
 
 def detect_with_baseline(source, spec: DetectionSpec, classifier=None, batch_size: Optional[int] = None,
@@ -360,13 +339,13 @@ def detect_with_baseline(source, spec: DetectionSpec, classifier=None, batch_siz
     spec = spec.resolved()
     check_preset_model(spec.preset, getattr(source, "model", None))
     n, names = source.n_layers, source.blocks
-    layers = list(range(n)) if spec.layer is None else [resolve_block(spec.layer, n)]
+    layers = list(range(n)) if spec.detect_layer is None else [resolve_block(spec.detect_layer, n)]
     hooks = [names.resid_post(i) for i in layers] + [names.resid_pre(0)]
     base = baseline_pass(source, layers[-1], batch_size, progress, classifier, norm_hooks=hooks)
     norms = {i: base.norms[names.resid_post(i)][:, source.layout_of(names.resid_post(i)).patch_slice]
              for i in layers}
     entry = base.norms[hooks[-1]][:, source.layout_of(hooks[-1]).patch_slice]
-    found = _detection(source, spec.threshold, layers, norms, entry, spec.layer is None)
+    found = _detection(source, spec.threshold, layers, norms, entry, spec.detect_layer is None)
     return replace(found, preset=spec.preset), replace(base, layer=found.layer, patch_norms=norms[found.layer])
 
 
@@ -374,7 +353,7 @@ def detection_from_norms(source, spec: DetectionSpec, norms) -> Detection:
     """The Detection of ``spec`` (resolved) from detection-layer patch norms [N, P] a study's own baseline
     pass already computed on ``source`` (so it needs no detection pass of its own)."""
     check_preset_model(spec.preset, getattr(source, "model", None))
-    return Detection(layer=resolve_block(spec.layer, source.n_layers), spec=spec.threshold,
+    return Detection(layer=resolve_block(spec.detect_layer, source.n_layers), spec=spec.threshold,
                      threshold=detect_norms(norms, spec.threshold).threshold, norms=norms,
                      ids=tuple(source.ids), fingerprint=source.fingerprint, preset=spec.preset)
 

@@ -172,7 +172,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     settings = resolve_neuron_options(o.preset, threshold=o.threshold, detect_layer=o.detect_layer,
                                       highest_layer=o.highest_layer, top_k=o.top_k)
     # one unedited forward per image gives the detection's norms and the causal studies' baseline
-    spec = DetectionSpec(settings["threshold"], settings.get("detect_layer"), settings["preset"]).resolved()
+    spec = DetectionSpec(threshold=settings["threshold"], detect_layer=settings.get("detect_layer"), preset=settings["preset"]).resolved()
     clf = behaviour_readout(source, o.classifier).classifier  # bound (and checked) once, before any forward
     found, baseline = detect_with_baseline(source, spec, clf, **common)
     highest = min(settings.get("highest_layer", found.layer), source.n_layers - 1)

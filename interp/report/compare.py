@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..studies.artifacts.norms import norms_study
 from ..studies.artifacts.redundancy import redundancy_study
-from ..detection.detection import DetectionSpec, RunOptions, spec_of, threshold_param
+from ..detection.detection import DetectionSpec, RunOptions, detect_spec, spec_of, threshold_param
 from ..detection.thresholds import ThresholdSpec
 from ..studies.probes.probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
@@ -196,12 +196,12 @@ def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpe
         source = open_source(model=model, images=images, batch_size=batch_size, strict=strict, preprocess=preprocess)
         skipped = skipped or skipped_records(source)
         source = source.held_if_small()  # decoded once for every pass
-        found = spec.detect(source, RunOptions(batch_size, progress=progress))
+        found = detect_spec(source, spec, RunOptions(batch_size, progress=progress))
         row, notes[name] = model_row(source, found, name, probes=probes, probe_tokens=probe_tokens,
                                      probe_options=probe_options, seed=seed, progress=progress)
         rows.append(row)
     params = {"models": [r["model"] for r in rows], "threshold": threshold_param(spec.threshold),
-              "detect_layer": spec.layer, "preset": spec.preset, "batch_size": batch_size, "probes": probes,
+              "detect_layer": spec.detect_layer, "preset": spec.preset, "batch_size": batch_size, "probes": probes,
               "probe_tokens": probe_tokens, "probe_options": probe_options, "seed": seed,
               "preprocess": preprocess_name(preprocess)}
     return ComparisonResult(model=",".join(params["models"]), fingerprint="", params=params, seed=None, rows=rows,

@@ -188,7 +188,7 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
     for i, run in enumerate(runs):
         columns[run.name].update(trained_cells_of(i, runs, pairs))
     siblings = {labels[r]: labels[p] for r, p in pairs.items()}
-    params = {"models": labels, "threshold": threshold_param(spec.threshold), "detect_layer": spec.layer,
+    params = {"models": labels, "threshold": threshold_param(spec.threshold), "detect_layer": spec.detect_layer,
               "preset": spec.preset, "batch_size": batch_size, "probes": probes, "probe_tokens": probe_tokens,
               "probe_options": probe_options, "top_k": top_k, "seed": seed, "preprocess": preprocess_name(preprocess)}
     return ReassessmentResult(model=",".join(labels), fingerprint="", params=params, seed=seed, skipped=skipped,

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 
 import pytest
 
 from interp.cli import build_parser, main
 from interp.commands.inputs import Command, ModelSpec, RunInputs
-from interp.options import Options
+from interp.options import Options, group, option
 from interp.sae_settings import TrainSettings
 
 
@@ -121,3 +122,26 @@ def test_sae_token_choices_are_the_layouts_token_selections():
     from interp.sae_settings import TOKEN_CHOICES
 
     assert set(TOKEN_CHOICES) == set(TOKEN_SELECTIONS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Batch(Options):
+    batch_size: int = option(16, "images per pass", parse=int)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Command(Options):
+    first: str = option("x", "first")
+    batch: _Batch = group(_Batch, batch_size=4)
+    last: bool = option(False, "last")
+
+
+def test_an_option_group_is_a_field_listed_where_it_is_declared_with_the_commands_defaults():
+    parser = argparse.ArgumentParser()
+    _Command.add_arguments(parser)
+    text = parser.format_help()
+    assert text.index("--first") < text.index("--batch-size") < text.index("--last")
+    assert _Command.from_args(parser.parse_args([])) == _Command() == _Command(batch=_Batch(batch_size=4))
+    given = _Command.from_args(parser.parse_args(["--batch-size", "2"]))
+    assert given.batch.batch_size == 2
+    assert given.to_dict() == {"first": "x", "batch": {"batch_size": 2}, "last": False}

@@ -71,7 +71,7 @@ def test_the_module_decides_not_the_name():
 
 def test_studies_under_a_clip_preset_check_the_model():
     from interp.studies.artifacts.relocate import relocate_study
-    from interp.detection.detection import DetectionSpec
+    from interp.detection.detection import DetectionSpec, detect_spec
 
     quick = small(QUICK)
     r = norms_study(open_source(model=quick, images=photos(quick)), preset="jiang-openclip-b16", progress=False)
@@ -81,7 +81,7 @@ def test_studies_under_a_clip_preset_check_the_model():
     with pytest.raises(InterpError, match=f"load {QUICK} with the laion2b weights"):
         norms_study(source, preset="jiang-openclip-b16", progress=False)
     with pytest.raises(InterpError, match="MLP activation is gelu"):
-        DetectionSpec(preset="jiang-openai-clip-b16").detect(source)
+        detect_spec(source, DetectionSpec(preset="jiang-openai-clip-b16"))
     with pytest.raises(InterpError, match="MLP activation is gelu"):  # the detection made from its own pass
         relocate_study(source, neurons={0: [1]}, preset="jiang-openclip-b16", progress=False)
 

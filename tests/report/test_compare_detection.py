@@ -31,11 +31,11 @@ def test_a_preset_sets_every_models_detection_and_the_redundancy_columns_fill():
 
 def test_the_detection_is_one_spec_not_parsed_here():
     models, photos = [interp.load("planted_vit")], sample_image_paths()
-    spec = compare_models(models, photos, progress=False, probes=False, detection=DetectionSpec("p98", layer=-2))
+    spec = compare_models(models, photos, progress=False, probes=False, detection=DetectionSpec(threshold="p98", detect_layer=-2))
     loose = compare_models(models, photos, progress=False, probes=False, threshold="p98", detect_layer=-2)
     assert spec.rows == loose.rows and spec.params["threshold"] == "p98" and spec.params["detect_layer"] == -2
     with pytest.raises(interp.InterpError, match="not both"):
-        compare_models(models, photos, progress=False, detection=DetectionSpec("p98"), threshold=150)
+        compare_models(models, photos, progress=False, detection=DetectionSpec(threshold="p98"), threshold=150)
     with pytest.raises(interp.InterpError, match="threshold"):
         compare_models(models, photos, progress=False, threshold=-3)
 

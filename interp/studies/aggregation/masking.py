@@ -236,7 +236,7 @@ def _masking_spec(source, detection: DetectionLike, threshold: Optional[Threshol
     """The resolved spec of the outliers masking counts (a Detection is checked against the source first)."""
     if isinstance(detection, Detection):
         found = detection.check(source, detect_layer, threshold)
-        return DetectionSpec(found.spec, found.layer, found.preset)
+        return DetectionSpec(threshold=found.spec, detect_layer=found.layer, preset=found.preset)
     if detection is not None and not isinstance(detection, DetectionSpec):
         raise InterpError(f"detection= takes a Detection or a DetectionSpec, not {type(detection).__name__}")
     if isinstance(detection, DetectionSpec):
@@ -246,7 +246,7 @@ def _masking_spec(source, detection: DetectionLike, threshold: Optional[Threshol
         return detection.resolved()
     if threshold is None and preset is None:
         threshold = DEFAULT_THRESHOLD
-    return DetectionSpec(threshold, detect_layer, preset).resolved()
+    return DetectionSpec(threshold=threshold, detect_layer=detect_layer, preset=preset).resolved()
 
 
 @study(MaskingConfig)
@@ -296,7 +296,7 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     ks = [n_masked(f, n_patches) for f in fractions]
     sigma = float(blur_sigma) if blur_sigma is not None else patch[0] / 2.0
 
-    detect = resolve_block(spec.layer, source.n_layers)
+    detect = resolve_block(spec.detect_layer, source.n_layers)
     base = _unmasked_pass(source, hook, reference, selective, detect, progress, readout.classifier)
     found = detection if isinstance(detection, Detection) else detection_from_norms(source, spec, base.norms)
     header = detection_header(found, "masking")

@@ -224,7 +224,7 @@ def neurons_study(source: ActivationSource, config: NeuronsConfig, *, detection:
     if isinstance(detection, Detection):  # checked against the explicit arguments only
         found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
     else:
-        spec = detection or DetectionSpec(opts["threshold"], opts.get("detect_layer"), opts["preset"])
+        spec = detection or DetectionSpec(threshold=opts["threshold"], detect_layer=opts.get("detect_layer"), preset=opts["preset"])
         found = as_detection(source, spec, options=RunOptions(batch_size, progress=progress))
     reading = neurons_reading(source, found, highest_layer=opts.get("highest_layer"), top_k=opts["top_k"],
                               positions=opts["positions"], sparsity=opts["sparsity"], max_images=c.max_images,

@@ -140,7 +140,7 @@ def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: Det
         spec, detect = None, found.layer
     else:  # the detection comes from the unedited runs of the loop below: no pass of its own
         spec = spec_of(detection, **config.detection_options())
-        detect = resolve_block(spec.layer, source.n_layers)
+        detect = resolve_block(spec.detect_layer, source.n_layers)
     if tuple(source.layout.for_block(detect).grid) != grid:
         raise InterpError(f"the relocation target lies on the grid of the neurons' blocks {grid}, the detection "
                           f"block ({source.blocks.label(detect)}) on {tuple(source.layout.for_block(detect).grid)}: "

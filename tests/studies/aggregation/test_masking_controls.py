@@ -13,7 +13,7 @@ from interp.errors import InterpError
 from interp.hooks.names import resid_post
 from interp.studies.aggregation.masking import (MaskingResult, cells_to_mask, fraction_steps, mask_images,
                                                 masking_study, random_keys)
-from interp.detection.detection import DetectionSpec
+from interp.detection.detection import DetectionSpec, detect_spec
 from interp.runtime.forward import run_hooks
 from interp.runtime.open import open_source
 
@@ -97,7 +97,7 @@ def test_outliers_follow_the_detection_contract(vit):
     # a preset fills in the threshold and the block; a Detection made once is used as it is
     darcet = masking_study(source, fractions=[0.0], preset="darcet", orders=("top",), progress=False)
     assert darcet.preset == "darcet" and darcet.threshold == 150.0 and darcet.detect_layer == 1
-    found = DetectionSpec(threshold="p90", layer=0).detect(source)
+    found = detect_spec(source, DetectionSpec(threshold="p90", detect_layer=0))
     shared = masking_study(source, fractions=[0.0], detection=found, orders=("top",), progress=False)
     assert shared.threshold == pytest.approx(found.threshold.value) and shared.detect_layer == 0
     with pytest.raises(InterpError, match="disagrees"):

@@ -10,7 +10,7 @@ from interp.models.planted import planted_truth
 from interp.models.samples import sample_image_paths
 from interp.studies import open_source
 from interp.studies.artifacts.ablate import ablate_study
-from interp.detection.detection import DetectionSpec, RunOptions, threshold_param
+from interp.detection.detection import DetectionSpec, RunOptions, detect_spec, threshold_param
 from interp.studies.artifacts.neurons import NeuronsResult, neurons_study
 from interp.studies.artifacts.norms import NormsResult, norms_study
 from interp.detection.detection import detect
@@ -31,7 +31,7 @@ def planted():
 def test_every_outlier_study_takes_a_spec_or_a_detection_and_carries_one_header(planted, one_thread):
     source, neurons = planted
     spec = DetectionSpec(preset="darcet")  # threshold 150 at the last block
-    found = spec.detect(source, RunOptions(progress=False))
+    found = detect_spec(source, spec, RunOptions(progress=False))
     assert found.preset == "darcet" and found.layer == source.n_layers - 1
     runs = {
         "norms": lambda d: norms_study(source, detection=d, progress=False),
@@ -72,7 +72,7 @@ def test_threshold_params_have_one_form():
 def test_a_spec_and_loose_arguments_or_a_disagreeing_preset_are_refused(planted):
     source, _ = planted
     with pytest.raises(InterpError, match="not both"):
-        norms_study(source, detection=DetectionSpec("p98"), threshold="p98", progress=False)
+        norms_study(source, detection=DetectionSpec(threshold="p98"), threshold="p98", progress=False)
     found = detect(source, "auto", progress=False)
     with pytest.raises(InterpError, match="disagrees"):
         norms_study(source, detection=found, preset="darcet", progress=False)
@@ -99,10 +99,10 @@ def test_run_options_hold_only_what_a_pass_reads(planted, one_thread):
     sizes = []
     hook = source.model.timm_model.patch_embed.register_forward_pre_hook(lambda m, inp: sizes.append(len(inp[0])))
     try:
-        one = DetectionSpec().detect(source, RunOptions(batch_size=1, progress=False))
+        one = detect_spec(source, DetectionSpec(), RunOptions(batch_size=1, progress=False))
         assert sizes == [1] * len(source)
         sizes.clear()
-        assert DetectionSpec().detect(source, RunOptions(batch_size=3, progress=False)).threshold == one.threshold
+        assert detect_spec(source, DetectionSpec(), RunOptions(batch_size=3, progress=False)).threshold == one.threshold
         assert sizes == [3, len(source) - 3]
     finally:
         hook.remove()

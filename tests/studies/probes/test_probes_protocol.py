@@ -78,7 +78,7 @@ def test_outliers_come_from_the_detection_block_not_from_the_probed_hook(planted
     expected = detect(source, 150.0, 3, progress=False).outliers
     assert (darcet.preset, darcet.detect_layer, darcet.threshold, darcet.params["threshold"]) == ("darcet", 3, 150.0, 150.0)
     assert darcet.high_norm_share == pytest.approx(float(expected.float().mean()))
-    spec = probes_study(source, hook="hook_norm_final", detection=DetectionSpec("p98", 3), **kw)
+    spec = probes_study(source, hook="hook_norm_final", detection=DetectionSpec(threshold="p98", detect_layer=3), **kw)
     assert spec.threshold_method == "percentile" and spec.params["threshold"] == "p98" and spec.detect_layer == 3
     with pytest.raises(InterpError, match="not both"):
         probes_study(source, outliers=expected, threshold="p98", **kw)
