@@ -51,10 +51,6 @@ def configure(quiet: bool = False) -> None:
     install_warning_format()
 
 
-def is_quiet() -> bool:
-    return _quiet
-
-
 def info(text: str) -> None:
     """An info line on stdout (what was written, a one-line result); nothing under ``--quiet``."""
     if not _quiet:
