@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..models.planted import planted_truth
+from ..studies.artifacts.emergence import largest_step
 
 SYNTHETIC_NOTE = ("This is a synthetic planted model: its register neurons were planted by construction in random "
                   "weights; it is not a trained network. Its findings show that the studies recover a known ground "
@@ -125,6 +126,8 @@ def build_summary(model, source, norms, neurons, ablation, register, relocation,
         "outlier_fraction": norms.outlier_fraction,
         "outlier_counts": norms.outlier_counts,
         "emergence": None if not emergence else {"layer": emergence["layer"], "component": emergence["component"]},
+        "largest_step": largest_step(norms.emergence_curves) if norms.emergence_curves else None,
+        "emergence_factor": norms.params.get("emergence_factor", 2.0),
         "emergence_detected": {k: v for k, v in (getattr(norms, "emergence_detected", None) or {}).items()
                                if k in ("layer", "component")} or None,
         "neurons": neurons.neurons,

@@ -47,6 +47,17 @@ def _geometry(s: Dict) -> str:
             f"{plural(s['n_prefix'], 'prefix token')} ({' + '.join(kinds)})")
 
 
+def no_emergence_text(s: Dict) -> str:
+    """Why the summary names no emergence step, with the profile's largest step beside it (a profile that
+    visibly jumps is said, not left to contradict the row)."""
+    step = s.get("largest_step")
+    seen = "" if not step else (f"; the profile's largest max/median step is {step['jump']:.1f}x at block "
+                                f"{step['layer']}'s {step['component']} step")
+    if not s["artifacts_found"]:
+        return f"none: no artifacts, so no step is their emergence{seen}"
+    return f"none: no step raises the max patch norm {s.get('emergence_factor', 2.0):g}x over the median{seen}"
+
+
 def summary_rows(s: Dict) -> List[Tuple[str, str]]:
     """(label, value) rows of the summary table at the top of the page."""
     small = small_sample(s["n_images"])
@@ -62,7 +73,7 @@ def summary_rows(s: Dict) -> List[Tuple[str, str]]:
              + (f" (far above the papers' few per cent: see {number_of('norms')}.)" if outlier_share_remark(s)
                 else ""))]
     e = s["emergence"]
-    rows.append(("emergence", "none" if not e else f"block {e['layer']}, {e['component']} step"))
+    rows.append(("emergence", f"block {e['layer']}, {e['component']} step" if e else no_emergence_text(s)))
     d = s.get("emergence_detected")
     rows.append(("detected tokens separate", "none" if not d else f"block {d['layer']}, {d['component']} step"))
     if s.get("no_artifacts_note"):

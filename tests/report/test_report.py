@@ -22,6 +22,7 @@ from interp.models import planted_truth, sample_image_paths
 import interp.plots as plots
 from interp.report import run_report
 from interp.report.battery import report_sample_paths
+from interp.report.summary_table import summary_rows
 from interp.studies import open_source
 from interp.studies.artifacts.neurons import NeuronsResult, neurons_study
 from interp.studies.artifacts.norms import NormsResult, norms_study
@@ -114,6 +115,11 @@ def test_report_without_artifacts_skips_the_causal_studies(tmp_path):
     page = (tmp_path / "index.html").read_text(encoding="utf-8")
     assert "Skipped" in page and "No high-norm tokens found" in page and "Synthetic" not in page
     assert all((tmp_path / src).is_file() for src in image_sources(tmp_path / "index.html"))
+    step = summary["largest_step"]  # the profile's largest step is named beside "no emergence", not left unsaid
+    assert summary["emergence"] is None and step["jump"] > 0
+    assert dict(summary_rows(summary))["emergence"] == (
+        f"none: no artifacts, so no step is their emergence; the profile's largest max/median step is "
+        f"{step['jump']:.1f}x at block {step['layer']}'s {step['component']} step")
 
 
 def test_report_escapes_text(tmp_path):

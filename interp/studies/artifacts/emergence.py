@@ -198,3 +198,16 @@ def find_emergence(curves: EmergenceCurves, *, factor: float = 2.0, artifacts_fo
         return None
     return {"layer": layer, "component": component, "jump": jump, "factor": factor, "relative_max": points,
             "steps": [[lab[0], lab[1], j] for lab, j in steps]}
+
+
+def largest_step(curves: Dict) -> Optional[Dict]:
+    """The step of the relative max (max / median patch norm) that rises most, whatever its size and whether
+    artifacts were found: ``{"layer", "component", "jump"}`` or None (fewer than two points). What a summary
+    names beside "emergence: none", so that a profile that visibly jumps is not left unexplained.
+
+    Args:
+        curves: a norms result's ``emergence_curves`` (``max_patch_norm`` / ``median_patch_norm`` per stage).
+    """
+    found = find_emergence(EmergenceCurves(curves["max_patch_norm"], curves["median_patch_norm"], None),
+                           factor=0.0)
+    return None if found is None else {k: found[k] for k in ("layer", "component", "jump")}

@@ -8,7 +8,7 @@ import torch
 
 import interp
 from interp.studies import open_source
-from interp.studies.artifacts.emergence import EmergenceAccumulator, find_detected_emergence, find_emergence
+from interp.studies.artifacts.emergence import EmergenceAccumulator, find_detected_emergence, find_emergence, largest_step
 
 N_LAYERS, N_IMAGES, P, K = 6, 8, 196, 3  # K detected tokens per image
 
@@ -68,3 +68,16 @@ def test_the_norms_study_reports_it_on_planted_vit_and_round_trips():
     assert (found["layer"], found["component"]) == (2, "mlp")  # the planted block, like the max-norm jump
     assert found["separation"] >= 2 and found["ratio"] >= 2
     assert NormsResult.from_dict(result.to_dict()).emergence_detected["layer"] == 2
+
+
+def test_the_largest_step_is_named_even_under_the_emergence_factor_and_without_artifacts():
+    acc = EmergenceAccumulator(n_layers=2)
+    flat, bump = torch.ones(1, 4), torch.tensor([[1.0, 1.0, 1.0, 1.5]])
+    for layer, stage, norms in ((0, "resid_mid", flat), (0, "resid_post", flat), (1, "resid_mid", bump),
+                                (1, "resid_post", bump)):
+        acc.update(stage, layer, norms)
+    curves = acc.finalize()
+    assert find_emergence(curves, artifacts_found=True) is None  # 1.5x: under the factor 2
+    as_saved = {"max_patch_norm": curves.max_patch_norm, "median_patch_norm": curves.median_patch_norm}
+    step = largest_step(as_saved)
+    assert (step["layer"], step["component"]) == (1, "attention") and abs(step["jump"] - 1.5) < 1e-6
