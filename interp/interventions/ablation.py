@@ -16,7 +16,7 @@ import torch
 
 from ..errors import InterpError
 from .base import NEURON, EditContext, Intervention, Neurons, check_choice, check_neurons, normalize_neurons, take_neurons
-from .edits import ABLATION_MODES, TOKEN_SETS, derangement
+from .edits import ABLATION_MODES, TOKEN_SETS, Donors
 from .modules import AblationEdit
 
 
@@ -48,8 +48,7 @@ class NeuronAblation(Intervention):
     stage = NEURON
 
     def __post_init__(self):
-        self._generator = torch.Generator().manual_seed(int(self.seed))  # resample's draws, over every forward
-        self._previous: Dict[int, torch.Tensor] = {}  # resample: each layer's last batch, for a batch of one
+        self._donors = Donors(self.seed)  # resample's draws, over every forward
         self.neurons = take_neurons(self)
         check_choice("mode", self.mode, ABLATION_MODES)
         check_choice("tokens", self.tokens, TOKEN_SETS)
@@ -68,23 +67,9 @@ class NeuronAblation(Intervention):
         ctx.check_neurons(self.neurons)
         return {layer: AblationEdit(idx, ctx.n_prefix, self.mode, self.tokens,
                                     None if self.means is None else self.means[layer],
-                                    (lambda sel, layer=layer: self._donors(layer, sel)) if self.mode == "resample"
+                                    (lambda sel, layer=layer: self._donors.draw(layer, sel)) if self.mode == "resample"
                                     else None)
                 for layer, idx in self.neurons.items()}
-
-    def _donors(self, layer: int, sel: torch.Tensor) -> torch.Tensor:
-        """Another image's values of the neurons for each image of ``sel`` [b, t, k]: a derangement of the batch, or
-        for a batch of one an image of the previous batch seen at this layer (kept, detached, for that case)."""
-        previous = self._previous.get(layer)
-        if sel.shape[0] > 1:
-            donors = sel[derangement(sel.shape[0], self._generator).to(sel.device)]
-        elif previous is not None and previous.shape[1:] == sel.shape[1:]:
-            donors = previous[int(torch.randint(0, len(previous), (1,), generator=self._generator))][None]
-        else:
-            raise InterpError("mode='resample' takes each image's values from another image: run at least two "
-                              "images (a batch of one reads the previous batch)")
-        self._previous[layer] = sel.detach()
-        return donors
 
     # ------------------------------------------------------------------ serialisation
     def params(self) -> Dict[str, Any]:

@@ -11,7 +11,7 @@ these through the modules in :mod:`interp.interventions.modules`.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -58,6 +58,29 @@ def derangement(n: int, generator: torch.Generator) -> torch.Tensor:
     source = torch.empty_like(order)
     source[order] = order.roll(shift)  # image order[i] reads image order[i - shift]
     return source
+
+
+class Donors:
+    """Another image's values for each image of a batch (the ``resample`` replacement), drawn from one seeded
+    generator that advances over every forward: a derangement of the batch, or for a batch of one an image of
+    the previous batch seen under the same ``key`` (kept, detached, for that case)."""
+
+    def __init__(self, seed: int):
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self.previous: Dict[Any, torch.Tensor] = {}
+
+    def draw(self, key: Any, sel: torch.Tensor) -> torch.Tensor:
+        """``sel`` [b, ...] -> [b, ...]: row i holds the values of another image at the same positions."""
+        previous = self.previous.get(key)
+        if sel.shape[0] > 1:
+            donors = sel[derangement(sel.shape[0], self.generator).to(sel.device)]
+        elif previous is not None and previous.shape[1:] == sel.shape[1:]:
+            donors = previous[int(torch.randint(0, len(previous), (1,), generator=self.generator))][None]
+        else:
+            raise InterpError("mode='resample' takes each image's values from another image: run at least two "
+                              "images (a batch of one reads the previous batch)")
+        self.previous[key] = sel.detach()
+        return donors
 
 
 def ablate(sel: torch.Tensor, n_prefix: int, mode: str, tokens: str, means: Optional[torch.Tensor],

@@ -6,8 +6,9 @@ a pyramid) every selected token ``x`` becomes
     x - sum_{f in F} (a_f(x) - m_f) * d_f
 
 with ``a_f(x)`` the feature's code, ``d_f`` its decoder row in the hook's units (the normalisation's scale
-undone) and ``m_f`` 0 (``mode="zero"``) or the feature's mean code (``mode="mean"``). What the SAE does not
-reconstruct (its error ``x - x_hat``) stays in ``x``: only the features' share of the reconstruction moves.
+undone) and ``m_f`` 0 (``mode="zero"``), the feature's mean code (``mode="mean"``) or its code on the same token
+of another image (``mode="resample"``: a derangement of the batch, seeded). What the SAE does not reconstruct (its
+error ``x - x_hat``) stays in ``x``: only the features' share of the reconstruction moves.
 
 Example (not run as a doctest: it needs a trained SAE)::
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -32,6 +33,7 @@ from ..errors import InterpError
 from ..models.layout import TOKEN_SELECTIONS, selected_rows
 from ..values import SAE_ARCHS
 from .base import NEURON, EditContext, Intervention, check_choice
+from .edits import ABLATION_MODES, Donors
 
 ARCHS = SAE_ARCHS  # the architectures interp trains (interp.sae.modules registers one class per name)
 FEATURE_TOKENS = tuple(TOKEN_SELECTIONS)  # the token kinds an SAE is trained on (--tokens)
@@ -155,18 +157,20 @@ class SparseCodes(nn.Module):
 
 class FeatureRemoval(nn.Module):
     """Block output [b, t, d] (or a plain Swin block's [b, h, w, d]) -> the same with the chosen features'
-    contribution replaced on the rows ``rows`` (the SAE's token selection, ``TokenLayout.rows_of``)."""
+    contribution replaced on the rows ``rows`` (the SAE's token selection, ``TokenLayout.rows_of``): by
+    ``means`` [|F|], or with ``donors`` (resample) by the codes of the rows ``donors(rows)`` returns."""
 
     def __init__(self, codes: SparseCodes, features: List[int], directions: torch.Tensor, means: torch.Tensor,
-                 rows: slice):
+                 rows: slice, donors: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         super().__init__()
-        self.codes, self.features, self.rows = codes, list(features), rows
+        self.codes, self.features, self.rows, self.donors = codes, list(features), rows, donors
         self.register_buffer("directions", directions.float())  # [|F|, d], hook units
         self.register_buffer("means", means.float())  # [|F|]
 
     def _delta(self, rows: torch.Tensor) -> torch.Tensor:
         a = self.codes(rows)[..., self.features]  # [b, t', |F|]
-        return ((a - self.means) @ self.directions).to(rows.dtype)
+        fill = self.means if self.donors is None else self.codes(self.donors(rows))[..., self.features]
+        return ((a - fill) @ self.directions).to(rows.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 4:  # a plain timm Swin block's output [b, h, w, d]: its tokens in row-major order
@@ -184,8 +188,10 @@ class SAEFeatureAblation(Intervention):
         sae: an SAE from ``interp.sae.load(DIR)`` (anything with ``ablation_state()``), or None when the
             tensors come from a patch file.
         features: feature indices to remove.
-        mode: ``"zero"`` (``m_f = 0``) or ``"mean"`` (``m_f`` = the feature's mean code on the SAE's
-            training tokens, stored with the SAE).
+        mode: ``"zero"`` (``m_f = 0``), ``"mean"`` (``m_f`` = the feature's mean code on the SAE's
+            training tokens, stored with the SAE) or ``"resample"`` (the feature's code on the same token of
+            another image of the batch; a batch of one reads the previous batch).
+        seed: the resampling's generator seed.
         tokens: the token kind edited: ``"all"``, ``"patches"`` (CLS, registers and test-time registers
             untouched), ``"cls"`` or ``"registers"`` (the model's trained registers); None: the kind the SAE was
             trained on (an SAE is only meaningful on the tokens it saw).
@@ -199,6 +205,7 @@ class SAEFeatureAblation(Intervention):
     sae: Any = field(default=None, repr=False)
     features: Sequence[int] = ()
     mode: str = "zero"
+    seed: int = 0
     tokens: Optional[str] = None
     prefix: Optional[Dict[str, Any]] = None
     layer: Optional[int] = None
@@ -211,7 +218,8 @@ class SAEFeatureAblation(Intervention):
     stage = NEURON
 
     def __post_init__(self):
-        check_choice("mode", self.mode, ("zero", "mean"))
+        check_choice("mode", self.mode, ABLATION_MODES)
+        self._donors = Donors(self.seed)  # resample's draws, over every forward
         if self.sae is not None:
             info = self.sae.ablation_state()
             self.layer, self.codes, self.k, self.state = info["layer"], info["codes"], info["k"], info["tensors"]
@@ -254,7 +262,8 @@ class SAEFeatureAblation(Intervention):
         idx = torch.tensor(self.features)
         directions = self.state["dictionary"][idx] * self.state["scale"].reshape(())
         means = self.state["feature_means"][idx] if self.mode == "mean" else torch.zeros(len(idx))
-        return FeatureRemoval(self._codes, self.features, directions, means, self._rows(ctx.n_prefix))
+        donors = (lambda rows: self._donors.draw("rows", rows)) if self.mode == "resample" else None
+        return FeatureRemoval(self._codes, self.features, directions, means, self._rows(ctx.n_prefix), donors)
 
     def _rows(self, n_prefix: int) -> slice:
         """The rows the SAE's token selection reads when ``n_prefix`` prefix tokens precede the patches."""
@@ -272,7 +281,7 @@ class SAEFeatureAblation(Intervention):
     def params(self) -> Dict[str, Any]:
         where = {"layer": self.layer} if self.block is None else {"block": self.block}
         return {"features": self.features, "mode": self.mode, "tokens": self.tokens, "prefix": self.prefix,
-                **where, "codes": self.codes, "k": self.k}
+                **where, "codes": self.codes, "k": self.k, **({"seed": self.seed} if self.mode == "resample" else {})}
 
     def tensors(self) -> Dict[str, torch.Tensor]:
         return dict(self.state)

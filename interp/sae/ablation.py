@@ -4,7 +4,7 @@ set, each set as many live features of the SAE matched to the chosen ones by fir
 tokens at its hook (:func:`~interp.sae.controls.control_features`; their firing is read from the same images)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Sequence
 
 from ..errors import InterpError
@@ -34,6 +34,11 @@ class FeatureConditions:
     controls: List[SAEFeatureAblation]
     control_features: List[List[int]]
     pool: Dict[str, Any]
+
+    def with_mode(self, mode: str, seed: int = 0) -> List[SAEFeatureAblation]:
+        """The target's and the controls' ablations with replacement ``mode`` (zero, mean, resample), on the same
+        features: ``[target, control 0, ...]``."""
+        return [replace(a, mode=mode, seed=seed) for a in [self.target] + self.controls]
 
 
 def _share(report: Dict[str, Any]) -> Any:

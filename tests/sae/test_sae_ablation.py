@@ -59,7 +59,21 @@ def test_bad_features_are_refused(sae):
     with pytest.raises(ValueError, match="distinct"):
         SAEFeatureAblation(sae, [1, 1])
     with pytest.raises(ValueError, match="mode"):
-        SAEFeatureAblation(sae, [1], mode="resample")
+        SAEFeatureAblation(sae, [1], mode="shuffle")
+
+
+def test_resample_puts_another_images_codes_in_place_of_the_features():
+    """x_i -> x_i - sum_f (a_f(x_i) - a_f(x_j)) d_f, with j != i another image of the batch (the same token)."""
+    sae = interp.sae.load(planted_sae(), model=planted_model())
+    x = torch.from_numpy(interp.cache.open(planted_cache())[HOOK][:2])  # [2, T, d]: the derangement is a swap
+    codes = sae.encode(x)
+    features = (codes[0] - codes[1]).abs().sum(0).topk(3).indices.tolist()  # firing differently on the two images
+    ctx = EditContext(base_prefix=1, n_prefix=1, extra_start=None, n_layers=6, d_mlp=768)
+    edited = SAEFeatureAblation(sae, features, mode="resample", tokens="all", seed=3).resid_edits(ctx)[3](x)
+    a = codes[..., features]
+    expected = x - (a - a.flip(0)) @ sae.directions[features]
+    assert torch.allclose(edited, expected, atol=1e-3, rtol=1e-5)
+    assert not torch.allclose(edited, x - a @ sae.directions[features], atol=1e-2)  # not the zero ablation
 
 
 @pytest.mark.parametrize("tokens", ["cls", "registers", "patches", "all"])

@@ -227,30 +227,33 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     thr_value = found.counting_threshold()
     clf = readout.classifier
 
-    others: List[str] = []
+    others = [r for r in config.replacements if r != mode]
     skipped_resample = False
+    if len(source) < 2 and mode == "resample":
+        raise UsageError("--mode resample takes each image's values from another image: give at least two images")
+    if len(source) < 2 and "resample" in others:
+        others.remove("resample")
+        skipped_resample = True
     if config.sae is not None:
         controls = [{"features": c} for c in edits.control_features]
-        conditions = {"baseline": [], "target": [edits.target],
-                      **{f"control_{i}": [c] for i, c in enumerate(edits.controls)}}
     else:
         controls = random_controls(neurons, {l: source.d_mlp(l) for l in neurons}, n_controls, config.seed)
-        headline = ablations(source, [neurons] + controls, mode, config.seed)
-        conditions = {"baseline": [], "target": headline[:1], **{f"control_{i}": [a] for i, a in enumerate(headline[1:])}}
-        others = [r for r in config.replacements if r != mode]
-        if len(source) < 2 and mode == "resample":
-            raise UsageError("--mode resample takes each image's values from another image: give at least two images")
-        if len(source) < 2 and "resample" in others:
-            others.remove("resample")
-            skipped_resample = True
-        for r in others:
-            runs = ablations(source, [neurons] + controls, r, config.seed)
-            conditions.update({f"{r}:target": runs[:1], **{f"{r}:control_{i}": [a] for i, a in enumerate(runs[1:])}})
+
+    def runs_of(replacement: str) -> list:
+        """[target, control 0, ...] ablated with ``replacement``."""
+        if config.sae is not None:
+            return edits.with_mode(replacement, config.seed)
+        return ablations(source, [neurons] + controls, replacement, config.seed)
+
+    conditions: Dict[str, list] = {"baseline": []}
+    for r in [mode] + others:
+        prefix, runs = ("" if r == mode else f"{r}:"), runs_of(r)
+        conditions.update({f"{prefix}target": runs[:1], **{f"{prefix}control_{i}": [a] for i, a in enumerate(runs[1:])}})
     totals = {name: {"outliers": 0, "max_norm": 0.0} for name in conditions}
     meter = BehaviourMeter(readout)
     edited = {name: Condition(ivs) for name, ivs in conditions.items() if name != "baseline"}
     n = 0
-    resample = config.sae is None and "resample" in [mode] + others  # another image in every batch: >= 2 a batch
+    resample = "resample" in [mode] + others  # another image in every batch: >= 2 a batch
     for pair in paired_pass(source, edited, detect_layer=detect, classifier=clf, baseline=baseline or True,
                             batch_size=max(2, batch_size) if resample else batch_size, progress=progress,
                             desc="ablation"):

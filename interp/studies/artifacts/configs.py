@@ -152,10 +152,11 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
     controls: int = option(5, "random control neuron sets of the same size and blocks (default 5)",
                            parse=control_count)
     mode: str = option("zero", "the replacement the headline rests on: zero (default), mean (each neuron's mean over "
-                               "the images) or resample (another image's values)", choices=ABLATION_REPLACEMENTS)
+                               "the images; an SAE feature's mean code) or resample (another image's values)",
+                       choices=ABLATION_REPLACEMENTS)
     replacements: Tuple[str, ...] = option(
-        ABLATION_REPLACEMENTS, "neuron ablations also run with these replacements, each against its own random controls "
-                               "(default zero,mean,resample; SAE features: --mode only)",
+        ABLATION_REPLACEMENTS, "the ablation also runs with these replacements, each against its own random controls "
+                               "(default zero,mean,resample; SAE features: mean is the feature's mean code)",
         parse=mode_list(ABLATION_REPLACEMENTS), metavar="R,...")
     sae: Optional[str] = option(None, "ablate features of this trained SAE (interp sae train) instead of neurons "
                                       "(with --features; an alternative to --neurons); mean: the feature's mean "

@@ -30,6 +30,10 @@ def test_ablating_the_artifact_feature_against_random_live_features(tmp_path, ca
     chosen = set(data["features"])
     assert all(len(c["features"]) == len(chosen) and not chosen & set(c["features"]) for c in data["controls"])
     assert data["neurons"] == {} and data["params"]["sae"] == str(planted_sae())
+    assert list(data["replacements"]) == ["zero", "mean", "resample"]  # each against its own controls
+    for r in ("mean", "resample"):
+        removed = data["replacements"][r]["comparison"]["removed"]
+        assert len(removed["controls"]) == 3 and removed["target"] is not None
     capsys.readouterr()
     base = ["study", "ablate", "planted_vit", "--images", photos, "--out", str(tmp_path / "o")]
     assert main(base + ["--sae", str(planted_sae()), "--features", features, "--neurons", "2:17"]) == 2
