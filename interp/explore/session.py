@@ -271,7 +271,7 @@ class ExploreSession:
             if lay.cls_index is not None:
                 hooks += [(names.attn_pattern(l), cls_row) for l in range(L)]
             hooks += [(names.mlp_post(l), neuron_cols) for l in layers]
-            out = self.model.run_with_hooks(self.pixels[index:index + 1], fwd_hooks=hooks)[0].float().cpu()
+            out = self.model.run_with_hooks(self._shown_batch(index, ivs), fwd_hooks=hooks)[0].float().cpu()
         stage = {s: [kept[names.resid_stage(l, s)] for l in range(L)] for s in STAGES}  # L x [t_l]
         patch = {s: [v[lay.for_block(l).patch_slice] for l, v in enumerate(rows)] for s, rows in stage.items()}
         maps = [{**n, "map": _rounded(kept[names.mlp_post(n["layer"])][:, n["neuron"]])} for n in shown]
@@ -287,6 +287,16 @@ class ExploreSession:
             "neuron_maps": maps,
             "logits": out.tolist(),
         }
+
+    def _shown_batch(self, index: int, ivs: list) -> torch.Tensor:
+        """The shown image as a batch [1, 3, H, W]; under a resample edit [2, 3, H, W]: the shown image first, then
+        the next loaded image, whose values the edit gives it (the derangement of two images is their swap; the
+        hooks read row 0)."""
+        if not any(getattr(iv, "mode", None) == "resample" for iv in ivs):
+            return self.pixels[index:index + 1]
+        if len(self.pixels) < 2:
+            raise InterpError("resample takes another image's values: load at least two images")
+        return self.pixels[[index, (index + 1) % len(self.pixels)]]
 
     def _prefix_labels(self, lay) -> List[str]:
         base = self.layout

@@ -219,6 +219,20 @@ def test_exported_patch_gives_a_plain_timm_model_the_edited_logits(served, tmp_p
     assert status == 400 and "no edits" in answer["error"]
 
 
+def test_resample_gives_the_shown_image_the_next_images_values(served):
+    """The explorer's resample ablation on image 0 equals the study's edit on the batch [image 0, image 1]."""
+    session, server = served
+    spec = [{"kind": "NeuronAblation", "neurons": PLANTED, "mode": "resample"}]
+    page = request(server, "api/run", {"image": 0, "interventions": spec})[1]
+    edit = interp.interventions.NeuronAblation({int(l): n for l, n in PLANTED.items()}, mode="resample")
+    with torch.no_grad():
+        expected = session.model.run_with_interventions(session.pixels[[0, 1]], [edit])[0].float().cpu()
+    assert torch.allclose(torch.tensor(page["logits"]), expected, atol=1e-4)
+    zero = request(server, "api/run", {"image": 0, "interventions": [{**spec[0], "mode": "zero"}]})[1]
+    assert not torch.allclose(torch.tensor(page["logits"]), torch.tensor(zero["logits"]), atol=1e-4)
+    assert "readout" in page
+
+
 def test_python_entry_point_serves_and_stops(one_thread):
     with pytest.warns(UserWarning, match="listens on 127.0.0.2"):  # not 127.0.0.1: said out loud
         ex = interp.explore.start(make_model("vit", depth=1), random_images(2), threshold="p99", host="127.0.0.2")
