@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from .errors import InterpError, UsageError
 from .options import Options, option
-from .values import (MAX_EXPANSION, MAX_SAE_BATCH, MAX_SAE_WEIGHTS, SAE_ARCHS, SEED_HELP, expansion_arg,
+from .values import (MAX_EXPANSION, MAX_SAE_BATCH, MAX_SAE_WEIGHTS, SAE_ARCHS, SEED_HELP, expansion_arg, fraction_below_one,
                      nonnegative_float, positive_float, positive_int, sae_batch_arg, seed_arg, threshold_arg)
 
 # The files of an SAE folder: the trained SAE (its description, its weights), then what a training run adds.
@@ -48,7 +48,7 @@ class TrainSettings(Options):
                                      "shard; default 256)", parse=positive_int)
     data_shards: int = option(8, "interleaved sub-streams of the data; torchrun's process count must divide it "
                                  "(default 8)", parse=positive_int)
-    holdout: float = option(0.1, "share of images held out for metrics (default 0.1)", parse=nonnegative_float)
+    holdout: float = option(0.1, "share of images held out for metrics (default 0.1)", parse=fraction_below_one)
     norm_images: int = 64
     dead_window: int = option(200, "steps without firing that make a feature dead (AuxK revives those; default "
                                    "200)", parse=positive_int)

@@ -105,8 +105,8 @@ def open_fraction(text: str) -> float:
     return value
 
 
-def masked_fraction(text: str) -> float:
-    """A share of patches in [0, 1) (--fractions: 0 is the unmasked run)."""
+def fraction_below_one(text: str) -> float:
+    """A share in [0, 1) (--fractions: 0 is the unmasked run; --holdout: 0 holds nothing out)."""
     value = _float(text, "expected a number in [0, 1)")
     if not 0 <= value < 1:
         raise _fail(text, "expected a number in [0, 1)")

@@ -215,7 +215,7 @@ def check_sizes(cfg: TrainSettings, n_features: int, n_tokens: int) -> None:
     tokens, the SAE's size within :data:`~interp.values.MAX_SAE_WEIGHTS` (one-line UsageError naming the most that
     fits)."""
     check_sae_size(cfg.expansion, n_features // cfg.expansion)
-    if cfg.arch in ("topk", "batchtopk", "archetypal") and cfg.k > n_features:
+    if sae_modules.architecture(cfg.arch).uses_k and cfg.k > n_features:
         raise UsageError(f"--k {cfg.k} is more than the SAE's {n_features} features (--expansion {cfg.expansion} x "
                          f"width {n_features // cfg.expansion}); give --k <= {n_features} (SAEs use 8-64)")
     if cfg.batch_size > n_tokens:

@@ -95,6 +95,22 @@ def test_sae_train_defaults_on_a_handful_of_photos_say_what_to_change_at_once(ca
     assert "fewer than --data-shards 8" in line and "--data-shards 1" in line, line
 
 
+@pytest.mark.parametrize("extra, words", [
+    (["--holdout", "1.5"], "argument --holdout: expected a number in [0, 1)"),  # exit 1, after torch, before
+    (["--arch", "matryoshka", "--k", "5000"], "--k 5000 is more than the SAE's 1536 features"),  # a traceback before
+])
+def test_sae_train_settings_the_data_refutes_are_one_line_usage_errors(tmp_path, capsys, extra, words):
+    from interp.models import sample_image_paths
+
+    argv = ["sae", "train", "planted_vit", "--images", str(sample_image_paths()[0].parent), "--hook",
+            "blocks.2.hook_resid_post", "--out", str(tmp_path / "s"), "--steps", "2", "--data-shards", "1",
+            "--tokens-per-step", "64", "--no-progress"] + extra
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert words in line, line
+    assert not (tmp_path / "s" / "sae.safetensors").exists()
+
+
 # ------------------------------------------------------------------ on the model's skeleton, before its load
 def _forbid_model_builds(monkeypatch) -> None:
     """From here on timm may build models only on torch's meta device (a skeleton): building one with real

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...errors import UsageError
-from ...values import (existing_file, existing_path, fraction, masked_fraction, nonnegative_int, open_fraction,
+from ...values import (existing_file, existing_path, fraction, fraction_below_one, nonnegative_int, open_fraction,
                        positive_float, positive_int, threshold_arg, threshold_value)
 from ..core.options import FINAL, REFERENCES, SCORE_DOC, ClassifierOption, DetectionOptions, needed_hooks
 from ..declaration import StudyConfig, declare, option
@@ -161,7 +161,7 @@ class MaskingConfig(DetectionOptions, PatchScoreOptions, ClassifierOption):
         parse=threshold_arg, aliases=("--outlier-threshold",))
     outlier_threshold: Union[float, str, None] = None  # the former name of ``threshold`` (Python)
     fractions: Optional[Tuple[float, ...]] = option(None, "shares of patches to mask (default 0 0.1 ... 0.9)",
-                                                    parse=masked_fraction, many=True)
+                                                    parse=fraction_below_one, many=True)
     steps: Optional[int] = option(None, "mask the fractions k/STEPS, k = 0 .. STEPS-1 (7: the LaSt paper's steps "
                                         "of 1/7)", parse=positive_int)
     orders: Tuple[str, ...] = option(("top", "bottom", "random"),
