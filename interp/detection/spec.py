@@ -6,7 +6,7 @@ published preset where not given. It is the option group of every study and comm
 >>> DetectionSpec(threshold="3.5").threshold            # a number given as text becomes a norm
 3.5
 >>> DetectionSpec(preset="darcet").resolved()           # the preset fills in what is not given
-DetectionSpec(threshold=150.0, preset='darcet', detect_layer=None)
+DetectionSpec(threshold=150.0, preset='darcet', detect_layer=-1)
 """
 from __future__ import annotations
 
