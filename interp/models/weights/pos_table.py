@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
 
 POS_RESAMPLE_METHODS = ("timm", "dinov2", "dinov2_reg")
 POS_RESAMPLE_CHOICES = ("auto",) + POS_RESAMPLE_METHODS

@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
 
 # torchvision name -> (width, depth, patch) and the timm architecture of that shape
 TORCHVISION_VITS = {

@@ -4,7 +4,7 @@ the same thing, read without torch or ``transformers``.
 ``hf_spec(folder)`` reads ``config.json`` (the class in ``architectures``, depth, width, heads, patch, image size,
 registers, layer-norm epsilon, activation), ``preprocessor_config.json`` (mean, std, resize, crop, resampling)
 and ``id2label``, and returns an :class:`HFSpec`: the timm name and kwargs to build, the data config, the class
-names. The weights are converted by :mod:`interp.models.hf_weights`, loaded by :mod:`interp.models.hf_folder`.
+names. The weights are converted by :mod:`interp.models.weights.hf_weights`, loaded by :mod:`interp.models.weights.hf_folder`.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .._model_names import is_hf_folder, looks_like_hub_id  # noqa: F401 (this module's names too)
-from ..errors import ModelLoadError, UnsupportedModelError
+from ..._model_names import is_hf_folder, looks_like_hub_id  # noqa: F401 (this module's names too)
+from ...errors import ModelLoadError, UnsupportedModelError
 
 # transformers class -> (timm family word, prefix of its backbone keys in the file, its head)
 HF_CLASSES: Dict[str, Tuple[str, str, str]] = {

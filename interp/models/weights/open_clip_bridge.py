@@ -26,9 +26,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from ..errors import InterpError, ModelLoadError
-from ..values import check_input_path
-from .support import activation_kind
+from ...errors import InterpError, ModelLoadError
+from ...values import check_input_path
+from ..families.traits import activation_kind
 
 TEMPLATE_SETS = ("openai", "simple")  # open_clip's OPENAI_IMAGENET_TEMPLATES (80) / SIMPLE_IMAGENET_TEMPLATES (7)
 PREFIX = "visual."  # open_clip's image tower keys
@@ -52,7 +52,7 @@ def require_open_clip():
 
 # ----------------------------------------------------------------------------------------- the image tower
 def _state_dict(source: Source) -> Dict[str, torch.Tensor]:
-    from .loading import read_state_dict
+    from ..loading import read_state_dict
 
     if isinstance(source, nn.Module):
         return source.state_dict()
@@ -174,7 +174,7 @@ def vision_tower(source: Source, quick_gelu: Optional[bool] = None, device: Unio
     """
     from timm.models import model_entrypoint
 
-    from .loading import check_finite, create_timm_vit, load_weights_file
+    from ..loading import check_finite, create_timm_vit, load_weights_file
 
     name, kwargs = timm_spec(source, quick_gelu)
     model = create_timm_vit(name, pretrained=False, **kwargs)
@@ -191,8 +191,8 @@ def load_open_clip(name: str, pretrained: Optional[str] = None, checkpoint: Unio
     """``(model, tokenizer, description)`` of open_clip model ``name`` (``ViT-B-16``, ``ViT-B-16-quickgelu``...) in
     eval mode, with the weights of a pretrained ``tag`` (downloaded, or open_clip's local cache when offline) or a
     local ``checkpoint`` file (open_clip's ``load_checkpoint``: strict). Exactly one of them."""
-    from ..errors import close_matches
-    from .loading import _hub_reachable
+    from ...errors import close_matches
+    from ..loading import _hub_reachable
 
     open_clip = require_open_clip()
     if (pretrained is None) == (checkpoint is None):
@@ -304,13 +304,13 @@ def zeroshot_classifier(clip: nn.Module, tokenizer, class_names: Sequence[str],
                         templates: Union[str, Sequence] = "openai", *, model: Optional[str] = None,
                         source: Optional[str] = None, device: Union[str, torch.device] = "cpu",
                         classes_per_batch: int = 10, progress: bool = False):
-    """A zero-shot :class:`~interp.models.classifier.Classifier` (kind "zeroshot"): ``weight`` [C, D] the class
+    """A zero-shot :class:`~interp.models.classifiers.classifier.Classifier` (kind "zeroshot"): ``weight`` [C, D] the class
     embeddings of :func:`zeroshot_weights` (rows L2-normalised), ``logit_scale`` = ``clip.logit_scale.exp()`` (the
     multiplier itself), ``class_names``, ``model`` (the timm name of the image tower, default :func:`timm_spec`'s)
     and ``source`` (free text). Its logits are ``logit_scale * normalize(image_embedding) @ weight.T`` with the
     image embedding = the timm tower's head output; write it with :func:`save_classifier_file`.
     """
-    from .classifier import FORMAT_VERSION, load_classifier
+    from ..classifiers.classifier import FORMAT_VERSION, load_classifier
 
     if getattr(clip, "logit_bias", None) is not None:
         raise InterpError("this open_clip model has a logit bias (SigLIP: sigmoid logits); a zero-shot "
@@ -331,9 +331,9 @@ def zeroshot_classifier(clip: nn.Module, tokenizer, class_names: Sequence[str],
 
 
 def save_classifier_file(classifier, path: Union[str, Path]) -> Path:
-    """Write a classifier (a :class:`~interp.models.classifier.Classifier` or a file's dict, checked by
+    """Write a classifier (a :class:`~interp.models.classifiers.classifier.Classifier` or a file's dict, checked by
     ``load_classifier``) with its own ``save`` (a temporary file renamed into place: a crash leaves either no
     file or the whole one). Returns the path."""
-    from .classifier import load_classifier
+    from ..classifiers.classifier import load_classifier
 
     return load_classifier(classifier).save(Path(path))  # Classifier.save writes a temporary file renamed into place

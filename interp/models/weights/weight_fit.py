@@ -10,8 +10,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from ..errors import InterpWarning, ModelLoadError
-from .families import family_of
+from ...errors import InterpWarning, ModelLoadError
+from ..families import family_of
 
 _POS_EMBED_KEYS = (
     ("pos_embed", None),                              # timm, and original DINOv2 (see weights_grid)

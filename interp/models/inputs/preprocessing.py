@@ -17,9 +17,9 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..formats.image_files import list_images, readable_image_path
-from .._transforms import INTERPOLATIONS, MODEL_TRANSFORM, check_sizes, parse_transform_name
-from ..errors import ImageError, ImageTooLargeError, InterpWarning
+from ...formats.image_files import list_images, readable_image_path
+from ..._transforms import INTERPOLATIONS, MODEL_TRANSFORM, check_sizes, parse_transform_name
+from ...errors import ImageError, ImageTooLargeError, InterpWarning
 
 PathLike = Union[str, Path]
 # the images a run reads: a folder, a .txt/.lst list file, image paths, or a Tensor[N, 3, H, W] of pixels
