@@ -28,6 +28,7 @@ from torch import nn
 
 from ...errors import InterpError, ModelLoadError
 from ...values import check_input_path
+from ..families import family_of
 from ..families.traits import activation_kind
 
 TEMPLATE_SETS = ("openai", "simple")  # open_clip's OPENAI_IMAGENET_TEMPLATES (80) / SIMPLE_IMAGENET_TEMPLATES (7)
@@ -113,21 +114,21 @@ def tower_config(source: Source, quick_gelu: Optional[bool] = None) -> Dict[str,
                patch_size=int(patch), image_size=grid * int(patch),
                embed_dim=int(visual[PREFIX + "proj"].shape[1]), quick_gelu=quick_gelu)
     if isinstance(source, nn.Module):
-        block = source.visual.transformer.resblocks[0]
-        if type(block).__name__ != "ResidualAttentionBlock" or not isinstance(block.attn, nn.MultiheadAttention):
+        resblock = source.visual.transformer.resblocks[0]  # open_clip's, not timm's
+        if type(resblock).__name__ != "ResidualAttentionBlock" or not isinstance(resblock.attn, nn.MultiheadAttention):
             raise ModelLoadError(f"cannot convert this open_clip model to timm: its blocks are "
-                                 f"{type(block).__name__}, not the standard ResidualAttentionBlock")
+                                 f"{type(resblock).__name__}, not the standard ResidualAttentionBlock")
         pool = getattr(source.visual, "pool_type", "tok")
         if pool != "tok":
             raise ModelLoadError(f"cannot convert this open_clip model to timm: its image tower pools with "
                                  f"{pool!r}, timm's CLIP ViT with the class token ('tok')")
-        kind = activation_kind(block.mlp.gelu)
+        kind = activation_kind(resblock.mlp.gelu)
         if kind not in ("gelu", "quick_gelu"):
             raise ModelLoadError(f"cannot convert this open_clip model to timm: its MLP activation is {kind}, "
                                  "timm's CLIP ViTs use GELU or QuickGELU")
         if quick_gelu is not None and quick_gelu != (kind == "quick_gelu"):
             raise InterpError(f"quick_gelu={quick_gelu} disagrees with the model, whose MLP activation is {kind}")
-        cfg.update(heads=int(block.attn.num_heads), quick_gelu=kind == "quick_gelu")
+        cfg.update(heads=int(resblock.attn.num_heads), quick_gelu=kind == "quick_gelu")
     elif quick_gelu is None:
         raise InterpError("an open_clip state dict does not say which MLP activation it was trained with: pass "
                           "quick_gelu=True (OpenAI CLIP, *-quickgelu configs) or quick_gelu=False (open_clip GELU)")
@@ -152,8 +153,8 @@ def timm_spec(source: Source, quick_gelu: Optional[bool] = None) -> Tuple[str, D
     if name and is_model(name):
         with torch.device("meta"):  # timm's defaults of that name (no memory), to pass only what differs
             ref = timm.create_model(name, pretrained=False, num_classes=cfg["embed_dim"])
-        ref_cfg = dict(heads=int(ref.blocks[0].attn.num_heads),
-                       mlp_ratio=ref.blocks[0].mlp.fc1.out_features / cfg["width"])
+        family = family_of(ref)
+        ref_cfg = dict(heads=family.n_heads(0), mlp_ratio=family.d_mlp(0) / cfg["width"])
         kwargs: Dict[str, Any] = {"num_classes": cfg["embed_dim"]}
         if cfg["heads"] is not None and cfg["heads"] != ref_cfg["heads"]:
             kwargs["num_heads"] = cfg["heads"]
