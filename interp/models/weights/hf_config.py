@@ -31,7 +31,7 @@ HF_CLASSES: Dict[str, Tuple[str, str, str]] = {
 }
 _BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224, num_channels=3)
 # the defaults of each transformers config class (what a config.json written with only its differences omits),
-# by the class's config model_type; tests/models/test_hf_folders.py compares them with the installed transformers
+# by the class's config model_type; tests/models/weights/test_hf_folders.py compares them with the installed transformers
 HF_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "vit": dict(_BASE, intermediate_size=3072, hidden_act="gelu", layer_norm_eps=1e-12, patch_size=16, qkv_bias=True),
     "dinov2": dict(_BASE, mlp_ratio=4, hidden_act="gelu", layer_norm_eps=1e-6, patch_size=14, qkv_bias=True,
