@@ -23,8 +23,8 @@ from .._model_names import PLANTED_NAMES
 from ..values import check_input_path
 from .weights.pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .families import family_of, family_of_entry_module
-from .weights.weight_fit import (check_dropped_qkv_biases, check_floating_weights, check_register_tokens, fit_head_to_weights, fit_to_weights, keep_file_rope_periods,
-                         weights_grid)
+from .weights.weight_fit import (check_dropped_qkv_biases, check_floating_weights, check_register_tokens,
+                                 fit_head_to_weights, fit_to_weights, keep_file_rope_periods, weights_grid)
 from .weights.checkpoints import fit_head_classes, unwrap_checkpoint
 from .weights.torchvision_format import adopt_torchvision_config, convert_torchvision_vit, is_torchvision_vit
 

@@ -14,8 +14,8 @@ from ..models.classifiers.heads import Head, read_head
 from ..models.layout import TokenLayout
 from ..models.weights.pos_table import input_grid
 from ..models.inputs.preprocessing import data_config as model_data_config
-from ..models.inputs.preprocessing import (ImagesSpec, TransformSpec, eval_transform, list_images, load_images, readable_images,
-                                    tensor_image_id)
+from ..models.inputs.preprocessing import (ImagesSpec, TransformSpec, eval_transform, list_images, load_images,
+                                           readable_images, tensor_image_id)
 from ..models.families.readout import FinalReadout
 from .forward import Reducers, Run, run_hooks, run_layout
 from .gradients import GradRun, run_with_grads

@@ -15,8 +15,8 @@ from interp.errors import InterpError, ModelLoadError
 
 open_clip = pytest.importorskip("open_clip")  # the `test` extra installs it; CI runs these
 
-from interp.models.weights.open_clip_bridge import (save_classifier_file, timm_spec, tower_state_dict, vision_tower,  # noqa: E402
-                                            zeroshot_classifier, zeroshot_weights)
+from interp.models.weights.open_clip_bridge import (save_classifier_file, timm_spec, tower_state_dict,  # noqa: E402
+                                                    vision_tower, zeroshot_classifier, zeroshot_weights)
 
 TINY_CFG = {"embed_dim": 48, "vision_cfg": {"image_size": 64, "layers": 2, "width": 128, "head_width": 64,
                                             "patch_size": 16},
