@@ -71,7 +71,7 @@ def _docstring_example_names(request, tmp_path, monkeypatch):
     import torch
 
     import interp
-    from interp.models.samples import SAMPLES_DIR
+    from interp.models.inputs.samples import SAMPLES_DIR
     from interp.studies import open_source
 
     monkeypatch.chdir(tmp_path)

@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 import interp
-from interp.models.samples import SAMPLES_DIR
+from interp.models.inputs.samples import SAMPLES_DIR
 from interp.studies import open_source
 from interp.studies.objects.lost_core import key_features, lost_one, seed_component
 from interp.studies.objects.lost_protocol import lost_protocol_features

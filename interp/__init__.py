@@ -13,14 +13,14 @@ from ._version import __version__
 # public name -> (module, attribute); attribute None means the module itself
 _LAZY = {
     "load": ("interp.hooks.load", "load"),
-    "load_images": ("interp.models.preprocessing", "load_images"),
+    "load_images": ("interp.models.inputs.preprocessing", "load_images"),
     "HookedViT": ("interp.hooks.hooked_vit", "HookedViT"),
     "TokenLayout": ("interp.models.layout", "TokenLayout"),
     # a model family from outside the package (a Family subclass: hook points + token layout)
     "register_family": ("interp.models.families", "register_family"),
     # classifier files (zero-shot matrix, linear head, DINOv2 linear head) for the behaviour metrics
-    "load_classifier": ("interp.models.classifier", "load_classifier"),
-    "save_classifier": ("interp.models.classifier", "save_classifier"),
+    "load_classifier": ("interp.models.classifiers.classifier", "load_classifier"),
+    "save_classifier": ("interp.models.classifiers.classifier", "save_classifier"),
     "InterpError": ("interp.errors", "InterpError"),
     "ModelLoadError": ("interp.errors", "ModelLoadError"),
     "UnsupportedModelError": ("interp.errors", "UnsupportedModelError"),
@@ -44,10 +44,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time the names come
     from .errors import (CacheError, HookNameError, ImageError, InterpError, ModelLoadError, PatchError,
                          UnsupportedModelError)
     from .hooks.hooked_vit import HookedViT
-    from .models.classifier import load_classifier, save_classifier
+    from .models.classifiers.classifier import load_classifier, save_classifier
     from .models.families import register_family
     from .models.layout import TokenLayout
-    from .models.preprocessing import load_images
+    from .models.inputs.preprocessing import load_images
 
 
 def __getattr__(name: str) -> Any:

@@ -1,16 +1,17 @@
 """timm's model names without importing timm, so the command line refuses a mistyped model name in about a
 second instead of after torch and timm load (10-15 s).
 
-The names ship in ``interp/data/timm_models.json`` (``{"timm": version, "models": {name: module}, "families":
-{family: {"title", "modules"}}}``: every registered timm entry point with the last part of its module,
-``vision_transformer``, ``resnet``..., and the timm modules of each family interp instruments, from
-:mod:`interp.models.families`). Regenerate it after a timm upgrade or a new family with
-``python -m interp.models.model_list`` (``tests/cli/test_cli_fast_feedback.py`` checks that it equals what the
-installed timm and the families give). The list is used only while the installed timm is the version it
-was made from; the check of :func:`interp.models.loading.check_model_name` still runs once timm is imported.
+The names ship in ``interp/data/timm_models.json`` (``{"timm": version, "models": {name: module}}``: every
+registered timm entry point with the last part of its module, ``vision_transformer``, ``resnet``...). Regenerate
+it after a timm upgrade with ``python -m interp.models.model_list`` (``tests/cli/test_cli_fast_feedback.py``
+checks that it equals what the installed timm gives). The list is used only while the installed timm is the
+version it was made from; the check of :func:`interp.models.loading.check_model_name` still runs once timm is
+imported. The families interp instruments (their titles and timm modules) are read from their own class bodies
+in ``interp/models/families/`` (:func:`declared_families`), so a new family needs no list regenerated.
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from typing import Dict, List, Optional
 from .errors import UnknownModelError, UnsupportedModelError, close_matches
 
 NAMES_FILE = Path(__file__).parent / "data" / "timm_models.json"
+FAMILIES_DIR = Path(__file__).parent / "models" / "families"
 PLANTED_NAME = "planted_vit"  # interp.models.planted.PLANTED_NAME (that module imports torch)
 PLANTED_NAMES = (PLANTED_NAME, "planted_dinov3", "planted_pvt", "planted_swin")  # interp.models.planted.PLANTED_BUILDERS
 DEPRECATED_MODULE = "_registry"  # timm registers its deprecated names there; timm.list_models() leaves them out
@@ -48,13 +50,38 @@ def shipped_names() -> Optional[Dict[str, str]]:
     return dict(data["models"])
 
 
+_FAMILY_FIELDS = ("name", "title", "timm_modules", "stages_attr")
+
+
+def _class_fields(node: ast.ClassDef) -> Dict[str, object]:
+    """The literal values a class body assigns to the ``Family`` fields (``name = "vit"``...)."""
+    fields = {}
+    for stmt in node.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            if stmt.targets[0].id in _FAMILY_FIELDS:
+                fields[stmt.targets[0].id] = ast.literal_eval(stmt.value)
+    return fields
+
+
 @lru_cache(maxsize=1)
-def shipped_families() -> Dict[str, dict]:
-    """{family name: {"title", "modules"}} of the shipped list (torch-free)."""
-    try:
-        return dict(json.loads(NAMES_FILE.read_text()).get("families", {}))
-    except (OSError, ValueError):
-        return {}
+def declared_families() -> List[dict]:
+    """interp's own families as ``{"name", "title", "modules", "pyramid"}`` in registration order, read without
+    torch from the class bodies of ``interp/models/families/`` (each a ``Family`` subclass with a literal ``name``,
+    ``title``, ``timm_modules`` and, for a pyramid, ``stages_attr``), in the order ``families/__init__.py``
+    imports their modules; ``"modules"`` are the last parts of the timm module names (``vision_transformer``).
+    ``tests/contract/test_supported_models.py`` checks it is ``Family.registry``."""
+    package = ast.parse((FAMILIES_DIR / "__init__.py").read_text(encoding="utf-8"))
+    modules = [n.module for n in package.body if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module]
+    families = []
+    for module in modules:
+        tree = ast.parse((FAMILIES_DIR / f"{module}.py").read_text(encoding="utf-8"))
+        for node in tree.body:
+            fields = _class_fields(node) if isinstance(node, ast.ClassDef) else {}
+            if fields.get("name"):
+                families.append({"name": fields["name"], "title": fields["title"],
+                                 "modules": sorted(m.rsplit(".", 1)[-1] for m in fields["timm_modules"]),
+                                 "pyramid": fields.get("stages_attr") is not None})
+    return families
 
 
 def is_hf_folder(path) -> bool:
@@ -87,10 +114,10 @@ def check_model_name_fast(name: str) -> bool:
         hints = close_matches(base, [*PLANTED_NAMES, *listed], n=5)
         hint = f" Did you mean: {', '.join(hints)}?" if hints else ""
         raise UnknownModelError(f"unknown timm model {name!r}.{hint}")
-    families = shipped_families()
-    if not any(module in f["modules"] for f in families.values()):
+    families = declared_families()
+    if not any(module in f["modules"] for f in families):
         raise UnsupportedModelError(f"{name!r}: a {module} model is not a family interp instruments; "
-                                    f"{families_in_short([f['title'] for f in sorted(families.values(), key=lambda f: f.get('order', 0))])}")
+                                    f"{families_in_short([f['title'] for f in families])}")
     return True
 
 
@@ -120,9 +147,8 @@ def supported_models_markdown(pyramid_page: str) -> str:
     >>> print(supported_models_markdown("pyramid-models.md").splitlines()[0][:40])
     - timm `VisionTransformer`: plain ViT (`
     """
-    families = sorted(shipped_families().values(), key=lambda f: f.get("order", 0))
     lines: List[str] = []
-    for family in families:
+    for family in declared_families():
         title = _NAME_PATTERN.sub(lambda m: f"`{m.group(0)}`", family["title"])
         title = re.sub(r"^timm (\w+)", r"timm `\1`", title)
         link = f"; a pyramid: [Pyramid models]({pyramid_page})" if family.get("pyramid") else ""

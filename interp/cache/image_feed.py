@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..errors import ImageError
-from ..models.preprocessing import ImagesSpec, decode_images, tensor_image_id
+from ..models.inputs.preprocessing import ImagesSpec, decode_images, tensor_image_id
 from .format import images_digest
 
 
@@ -122,7 +122,7 @@ class TensorImages(ImageFeed):
 
 def image_feed(images: ImagesSpec, model, strict: bool = False, preprocess=None) -> ImageFeed:
     """An :class:`ImageFeed` for a directory, a ``.txt``/``.lst`` list file, a list of paths or a Tensor.
-    ``preprocess``: files are decoded with that eval transform (:class:`~interp.models.preprocessing.EvalTransform`
+    ``preprocess``: files are decoded with that eval transform (:class:`~interp.models.inputs.preprocessing.EvalTransform`
     or its name) instead of the model's own; its ``data_config`` is what the cache records."""
     from ..models import data_config, eval_transform, list_images, preprocessing
 

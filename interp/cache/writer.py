@@ -13,7 +13,7 @@ from ..hooks.names import NamesSpec
 from . import distributed as dist_mod
 from .file_writer import WriteSummary, write_file
 from .format import COMPRESSIONS, DTYPES, TOKEN_MODES
-from ..models.preprocessing import ImagesSpec
+from ..models.inputs.preprocessing import ImagesSpec
 from .image_feed import image_feed
 
 __all__ = ["write", "WriteSummary"]

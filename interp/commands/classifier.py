@@ -97,7 +97,7 @@ def run_zeroshot(options: ZeroshotOptions, inputs: RunInputs) -> int:
     o = options
     refuse_existing_file(o.out, o.overwrite)  # before open_clip, torch and the model
     from ..console import info
-    from ..models.open_clip_bridge import (load_open_clip, require_open_clip, save_classifier_file, timm_spec,
+    from ..models.weights.open_clip_bridge import (load_open_clip, require_open_clip, save_classifier_file, timm_spec,
                                            zeroshot_classifier)
     from .common import check_device
 

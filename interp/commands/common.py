@@ -50,7 +50,7 @@ def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) ->
     match one."""
     n = model.n_layers
     if 0 in tuple(model.layout.grid):  # an input smaller than one patch: timm builds it, the forward fails
-        patch = tuple(getattr(model.timm_model.patch_embed, "patch_size", ()))
+        patch = tuple(model.patch_size)
         raise UsageError(f"--img-size {spec.img_size} is smaller than one patch of {spec.name} "
                          f"({'x'.join(map(str, patch)) or '?'} px): give at least {max(patch, default=1)}")
     for attr, flag in LAYER_OPTIONS:

@@ -85,7 +85,7 @@ def run(options: ExploreOptions, inputs: RunInputs) -> int:
     spec = inputs.model.named(PLANTED, error=InterpError)
     images = o.images
     if images is None:
-        from ..models.samples import sample_image_paths
+        from ..models.inputs.samples import sample_image_paths
 
         images = sample_image_paths()
     if o.host not in LOCAL_HOSTS:

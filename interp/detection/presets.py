@@ -64,7 +64,7 @@ def check_preset_model(name: Optional[str], model) -> None:
     name. ``model``: a HookedViT or timm ViT; None (a cache source, no module to read) is not checked. Other
     presets take any model.
     """
-    from ..models.support import is_clip_tower, mlp_activation
+    from ..models.families.traits import is_clip_tower, mlp_activation
 
     if name is None or model is None:
         return

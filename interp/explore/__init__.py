@@ -86,7 +86,7 @@ def start(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, 
     if not hasattr(model, "intervene"):
         raise InterpError("interp.explore.start() takes a HookedViT (interp.load(...)) or a model name")
     if images is None:
-        from ..models.samples import sample_image_paths
+        from ..models.inputs.samples import sample_image_paths
 
         images = sample_image_paths()
     options = ExploreOptions(threshold=threshold, detect_layer=detect_layer, top_k=top_k, neurons=neurons,

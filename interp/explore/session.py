@@ -26,7 +26,7 @@ from ..errors import InterpError
 from ..hooks.names import RESID_STAGES as STAGES
 from ..interventions import interventions_from_spec, masks
 from ..models.planted import planted_truth
-from ..models.preprocessing import list_images
+from ..models.inputs.preprocessing import list_images
 from ..studies.artifacts.neurons import neurons_study
 from ..studies.core.behaviour import BehaviourReadout, ClassifierLike, behaviour_readout
 from ..runtime.forward import run_hooks

@@ -8,7 +8,7 @@ from typing import Optional, Union
 import torch
 
 from .hooked_vit import HookedViT
-from ..models.hf_folder import check_weights_name, load_hf_folder, resolve_hf_source
+from ..models.weights.hf_folder import check_weights_name, load_hf_folder, resolve_hf_source
 from ..models.loading import build_skeleton, create_timm_vit
 from ..models.planted import PLANTED_BUILDERS
 
@@ -30,7 +30,7 @@ def load(
         name: timm model name (``vit_small_patch14_reg4_dinov2``, ``vit_base_patch16_clip_quickgelu_224``...),
             or a Hugging Face ``transformers`` folder (``config.json`` + weights: ``ViTModel``, ``Dinov2Model``,
             ``DINOv3ViTModel``, ``CLIPVisionModel``, ``SiglipVisionModel``...; see
-            :mod:`interp.models.hf_folder`) or hub id in the local cache.
+            :mod:`interp.models.weights.hf_folder`) or hub id in the local cache.
         pretrained: hub weights (local HF cache when offline). Offline without cached weights this fails
             at once, saying to pass ``weights=`` or ``pretrained=False``.
         weights: a local ``.safetensors``/``.pth``/``.bin`` state dict; timm's checkpoint conversions

@@ -264,8 +264,8 @@ def export_weights(interventions: Sequence[Intervention], model: nn.Module, path
     family = family_of(timm_model)
     prefixes = [prefix for prefix, _ in family.blocks()]
     for layer, by_neuron in constants.items():
-        mlp, where = family.mlp(layer), f"{prefixes[layer]}.mlp"
-        if not isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity):
+        where = f"{prefixes[layer]}.mlp"
+        if family.write_norms(layer)[0] is not None:
             raise PatchError(f"{where} normalises its hidden layer before fc2, so an ablation is not a "
                              "weight edit there; save it as a patch with interp.patch.save instead")
         weight = state[f"{where}.fc2.weight"]

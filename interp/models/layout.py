@@ -62,10 +62,6 @@ class TokenLayout:
         return self.n_prefix + self.n_patches
 
     @property
-    def grid_hw(self) -> Tuple[int, int]:
-        return self.grid
-
-    @property
     def register_slice(self) -> slice:
         """Rows of trained and test-time registers (after CLS and a distillation token)."""
         return slice(self.n_class_tokens, self.n_prefix)
@@ -109,9 +105,6 @@ class TokenLayout:
     def with_extra(self, n_extra: int) -> "TokenLayout":
         """The layout after ``n_extra`` test-time registers are appended after the prefix tokens."""
         return replace(self, n_prefix=self.n_prefix - self.n_extra + n_extra, n_extra=n_extra)
-
-    def with_grid(self, grid: Grid) -> "TokenLayout":
-        return replace(self, grid=tuple(grid))
 
     def to_dict(self) -> dict:
         d = {"n_prefix": self.n_prefix, "n_registers": self.n_registers, "cls_index": self.cls_index,

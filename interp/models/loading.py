@@ -21,12 +21,12 @@ from torch.overrides import TorchFunctionMode
 from ..errors import InterpWarning, ModelLoadError, UnknownModelError, UnsupportedModelError, close_matches
 from .._model_names import PLANTED_NAMES
 from ..values import check_input_path
-from .pos_table import POS_RESAMPLE_CHOICES, resample_positions
+from .weights.pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .families import family_of, family_of_entry_module
-from .weight_fit import (check_dropped_qkv_biases, check_floating_weights, check_register_tokens, fit_head_to_weights, fit_to_weights, keep_file_rope_periods,
-                         weights_grid)
-from .checkpoints import fit_head_classes, unwrap_checkpoint
-from .torchvision_format import adopt_torchvision_config, convert_torchvision_vit, is_torchvision_vit
+from .weights.weight_fit import (check_dropped_qkv_biases, check_floating_weights, check_register_tokens,
+                                 fit_head_to_weights, fit_to_weights, keep_file_rope_periods, weights_grid)
+from .weights.checkpoints import fit_head_classes, unwrap_checkpoint
+from .weights.torchvision_format import adopt_torchvision_config, convert_torchvision_vit, is_torchvision_vit
 
 def _resolve_dtype(dtype) -> Optional[torch.dtype]:
     if dtype is None or isinstance(dtype, torch.dtype):
@@ -56,7 +56,7 @@ def check_model_name(name: str) -> None:
 
 def read_state_dict(path: Union[str, Path]) -> dict:
     """Read a state dict from ``.safetensors``, ``.pth``/``.pt`` or ``.bin``; a training run's checkpoint is unwrapped
-    (``state_dict``/``model``/EMA containers, ``module.``/``_orig_mod.`` prefixes: :mod:`interp.models.checkpoints`),
+    (``state_dict``/``model``/EMA containers, ``module.``/``_orig_mod.`` prefixes: :mod:`interp.models.weights.checkpoints`),
     with one warning line saying what was taken."""
     path = Path(path)
     check_input_path(path, "weight file")
@@ -292,7 +292,7 @@ def create_timm_vit(
             module's ``interp_init_seed`` (None when weights were loaded). The global RNG is left as it was.
         pos_resample: how a position table trained for another grid is resampled to the model's:
             ``"auto"`` (DINOv2's own arithmetic for an original DINOv2 file, timm's otherwise), ``"timm"``,
-            ``"dinov2"`` or ``"dinov2_reg"`` (see :mod:`interp.models.pos_table`). The method used is recorded
+            ``"dinov2"`` or ``"dinov2_reg"`` (see :mod:`interp.models.weights.pos_table`). The method used is recorded
             as the module's ``interp_pos_resample`` (None when the table was not resampled).
         **timm_kwargs: passed to ``timm.create_model`` (``img_size``, ``dynamic_img_size``, ``num_classes``, ``depth``...).
     """

@@ -1,27 +1,22 @@
 """Writes ``interp/data/timm_models.json``, the torch-free list :mod:`interp._model_names` checks model names
-against: every timm entry point with the last part of its module, and the timm modules of each family interp
-instruments. Run ``python -m interp.models.model_list`` after a timm upgrade or a new family
-(``tests/cli/test_cli_fast_feedback.py`` checks the shipped list equals :func:`generate`).
+against: every timm entry point with the last part of its module. Run ``python -m interp.models.model_list``
+after a timm upgrade (``tests/cli/test_cli_fast_feedback.py`` checks the shipped list equals :func:`generate`).
 """
 from __future__ import annotations
 
 import json
 
 from .._model_names import NAMES_FILE
-from .families import Family
 
 
 def generate() -> dict:
-    """The list for the installed timm and interp's families (imports timm)."""
+    """The list for the installed timm (imports timm)."""
     import timm
     from timm.models import _registry
 
     return {"timm": timm.__version__,
             "models": {n: _registry._model_entrypoints[n].__module__.rsplit(".", 1)[-1]
-                       for n in sorted(_registry._model_entrypoints)},
-            "families": {f.name: {"title": f.title, "modules": sorted(m.rsplit(".", 1)[-1] for m in f.timm_modules),
-                                  "order": i, "pyramid": f.stages_attr is not None}
-                         for i, f in enumerate(Family.registry)}}
+                       for n in sorted(_registry._model_entrypoints)}}
 
 
 if __name__ == "__main__":

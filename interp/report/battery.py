@@ -31,11 +31,11 @@ from typing import Dict, List, Optional, Union
 
 from ..errors import InterpWarning
 from ..models.planted import planted_truth
-from ..models.samples import SAMPLES_DIR
+from ..models.inputs.samples import SAMPLES_DIR
 from ..detection.detection import Detection
 from ..detection.thresholds import ThresholdSpec
 from ..studies.core.result import jsonable
-from ..models.preprocessing import ImagesSpec
+from ..models.inputs.preprocessing import ImagesSpec
 from ..runtime.live_source import LiveSource
 from ..runtime.open import open_source
 from .html import write_html

@@ -23,7 +23,7 @@ from ..detection.detection import DetectionSpec, RunOptions, detect_spec, spec_o
 from ..detection.thresholds import ThresholdSpec
 from ..studies.probes.probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
-from ..models.preprocessing import eval_transform
+from ..models.inputs.preprocessing import eval_transform
 from ..runtime.open import open_source
 
 NORM_COLUMNS = ("model", "artifacts", "threshold", "outlier_%", "max/median", "emergence", "cls_attn_on_outliers",

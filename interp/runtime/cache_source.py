@@ -10,7 +10,7 @@ import torch
 from ..errors import InterpError
 from ..hooks.names import BlockNames
 from ..models.layout import TokenLayout
-from ..models.preprocessing import decode_images, timm_transform, transform_name
+from ..models.inputs.preprocessing import decode_images, timm_transform, transform_name
 from .forward import Reducers, resolve_reducers
 from .source import ActivationSource, Batch, token_norms
 

@@ -8,7 +8,7 @@ the device/dtype move, the stop layer and the token layout are decided in one pl
   attribute remembered from an earlier forward;
 * the forward stops after the last block a hook needs, unless logits are asked for;
 * interventions are explicit: they are applied for this forward only (``model.intervene``) and undone;
-* with a classifier file (:mod:`interp.models.classifier`) the logits are its class logits, not the head's
+* with a classifier file (:mod:`interp.models.classifiers.classifier`) the logits are its class logits, not the head's
   output; whenever logits are asked for, the pooled vector ``hook_pooled`` [b, d'] is kept too (the
   representation metrics of :mod:`interp.studies.core.behaviour`).
 
@@ -30,7 +30,7 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 import torch
 
 from ..errors import InterpError
-from ..models.classifier import HOOK_POOLED, Classifier
+from ..models.classifiers.classifier import HOOK_POOLED, Classifier
 from ..models.layout import TokenLayout
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Sequence
 
 import torch
 
-from ..models.classifier import HOOK_POOLED
+from ..models.classifiers.classifier import HOOK_POOLED
 from .forward import model_input
 
 

@@ -8,14 +8,14 @@ import torch
 
 from ..errors import ImageError, InterpError
 from ..interventions import NeuronAblation
-from ..models.classifier import Classifier
+from ..models.classifiers.classifier import Classifier
 from ..models.fingerprint import weights_fingerprint
-from ..models.heads import Head, read_head
+from ..models.classifiers.heads import Head, read_head
 from ..models.layout import TokenLayout
-from ..models.pos_table import input_grid
-from ..models.preprocessing import data_config as model_data_config
-from ..models.preprocessing import (ImagesSpec, TransformSpec, eval_transform, list_images, load_images, readable_images,
-                                    tensor_image_id)
+from ..models.weights.pos_table import input_grid
+from ..models.inputs.preprocessing import data_config as model_data_config
+from ..models.inputs.preprocessing import (ImagesSpec, TransformSpec, eval_transform, list_images, load_images,
+                                           readable_images, tensor_image_id)
 from ..models.families.readout import FinalReadout
 from .forward import Reducers, Run, run_hooks, run_layout
 from .gradients import GradRun, run_with_grads
@@ -58,7 +58,7 @@ class LiveSource(ActivationSource):
         strict: stop at the first unreadable file. Otherwise unreadable files (truncated ones included) are
             found up front (decoded once, JPEGs at 1/8 scale), left out of ``ids`` and listed in ``skipped`` as
             (path, reason), one warning each.
-        preprocess: decode files with a paper's eval transform (:class:`~interp.models.preprocessing.EvalTransform`
+        preprocess: decode files with a paper's eval transform (:class:`~interp.models.inputs.preprocessing.EvalTransform`
             or its name, ``"resize256-crop224"``) instead of timm's own; not for a tensor (already preprocessed).
     """
 
@@ -182,7 +182,7 @@ class LiveSource(ActivationSource):
     def run_at_grid(self, x: torch.Tensor, hooks: Sequence[str], grid: Tuple[int, int], offset: Optional[float],
                     antialias: bool) -> Run:
         """One forward of images ``x`` [b, 3, grid * patch] under the source's interventions, with the model's
-        position table resampled to ``grid`` as DINO does (:func:`interp.models.pos_table.input_grid`): LOST's
+        position table resampled to ``grid`` as DINO does (:func:`interp.models.weights.pos_table.input_grid`): LOST's
         full-resolution protocol."""
         with input_grid(self.model, grid, offset=offset, antialias=antialias):
             return run_hooks(self.model, x, hooks, interventions=self.interventions)

@@ -6,9 +6,9 @@ from typing import Optional, Sequence, Union
 
 from .. import cache as cache_mod
 from ..errors import InterpError
-from ..models.preprocessing import TransformSpec, eval_transform
+from ..models.inputs.preprocessing import TransformSpec, eval_transform
 from .cache_source import CacheSource
-from ..models.preprocessing import ImagesSpec
+from ..models.inputs.preprocessing import ImagesSpec
 from .live_source import LiveSource
 from .source import ActivationSource
 

@@ -25,7 +25,7 @@ import torch
 
 from .._progress import tqdm
 from ..errors import InterpError
-from ..models.classifier import Classifier
+from ..models.classifiers.classifier import Classifier
 from .forward import Baseline, ForwardSummary, Reducers, baseline_summary, forward_summary
 from .source import ActivationSource, n_batches, require_live
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from .._progress import tqdm
-from ..models.classifier import Classifier
+from ..models.classifiers.classifier import Classifier
 from ..models.layout import TokenLayout
 from .forward import Baseline, Reducer, Reducers, baseline_summary, resolve_reducers, run_hooks
 from .source import ActivationSource, Batch, n_batches

@@ -39,7 +39,7 @@ import torch
 from ..errors import InterpError
 from ..hooks.names import BlockNames
 from ..models.layout import TokenLayout
-from ..models.preprocessing import transform_name
+from ..models.inputs.preprocessing import transform_name
 from .forward import Reducers
 
 
@@ -145,7 +145,7 @@ class ActivationSource:
     @property
     def preprocess(self) -> str:
         """The preprocessing the images went through: ``"model"`` (timm's own) or an eval transform's name
-        (``"resize256-crop224"``, :class:`~interp.models.preprocessing.EvalTransform`)."""
+        (``"resize256-crop224"``, :class:`~interp.models.inputs.preprocessing.EvalTransform`)."""
         return transform_name(self.data_config())
 
     @property
@@ -177,7 +177,7 @@ class ActivationSource:
         return self.blocks.layout_of(self.layout, hook)
 
     def head(self):
-        """What the model's head is (:class:`~interp.models.heads.Head`); live sources only."""
+        """What the model's head is (:class:`~interp.models.classifiers.heads.Head`); live sources only."""
         require_live(self, "behaviour readout")
 
     def bind_classifier(self, classifier):

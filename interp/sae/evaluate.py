@@ -9,7 +9,7 @@ logits, clean first, or the mean squared distance of the embedding for a model w
 
 1 when the reconstruction changes nothing, 0 when it is as bad as removing the tokens (SAELens' and saev's
 "loss recovered" / "CE loss score" on a classifier). A classification head of random weights (a planted model,
-``pretrained=False``) classifies nothing, as every study says (:func:`~interp.models.heads.classify_head`): its
+``pretrained=False``) classifies nothing, as every study says (:func:`~interp.models.classifiers.heads.classify_head`): its
 KL would be a number about nothing, so ``d`` is then the mean squared distance of the pooled vector the head
 reads (``hook_pooled``; ``distance`` "mse_pooled", and ``note`` says why).
 
@@ -27,7 +27,7 @@ import torch
 from ..cache.image_feed import image_feed
 from ..errors import InterpError
 from ..models import data_config
-from ..models.heads import classify_head
+from ..models.classifiers.heads import classify_head
 from .data import CacheRows, LiveRows
 
 def _distance(clean: torch.Tensor, edited: torch.Tensor, logits: bool) -> torch.Tensor:

@@ -27,7 +27,7 @@ def test_the_shipped_name_list_is_the_installed_timms():
     from interp.models.model_list import generate
 
     assert json.loads(_model_names.NAMES_FILE.read_text()) == generate(), (
-        "timm or interp's model families changed: regenerate the list with `python -m interp.models.model_list`")
+        "timm changed: regenerate the list with `python -m interp.models.model_list`")
 
 
 def test_the_fast_name_check_says_what_the_check_after_import_says():

@@ -184,9 +184,9 @@ def _reader(module: str, name: str):
 READERS = {
     "read_boxes": ("boxes.csv", "interp.formats.box_files", "InputPathError"),
     "list_images": ("list.txt", "interp.formats.image_files", "ImageError"),
-    "open_image": ("a.png", "interp.models.preprocessing", "ImageError"),
+    "open_image": ("a.png", "interp.models.inputs.preprocessing", "ImageError"),
     "read_state_dict": ("w.pth", "interp.models.loading", "InputPathError"),
-    "load_classifier": ("head.pt", "interp.models.classifier", "InputPathError"),
+    "load_classifier": ("head.pt", "interp.models.classifiers.classifier", "InputPathError"),
     "neuron_set": ("n.json", "interp.interventions.neuron_sets", "InputPathError"),
     "interventions_from_spec": ("spec.json", "interp.interventions.spec", "InputPathError"),
     "read_spec": ("p.safetensors", "interp.interventions.export", "InputPathError"),

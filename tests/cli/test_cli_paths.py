@@ -80,7 +80,7 @@ def test_a_dangling_symlink_in_an_image_folder_is_refused_under_strict(tmp_path,
 
 def test_a_dangling_symlink_in_an_image_folder_is_skipped_with_a_warning(tmp_path):
     """Without --strict the run skips it as it skips a missing file of a list: one warning, recorded."""
-    from interp.models.preprocessing import readable_images
+    from interp.models.inputs.preprocessing import readable_images
     from interp.formats.image_files import list_images
 
     folder = _folder_with_a_dangling_symlink(tmp_path)

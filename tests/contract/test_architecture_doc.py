@@ -1,5 +1,6 @@
 """docs/architecture.md says what the code is: its layer line is the order tests/contract/test_imports.py
-enforces, and every file and folder it names exists."""
+enforces, every file and folder it names exists, and its row for ``interp/models/`` names every module there by
+job (the families and the planted models are described in their own section and row)."""
 from __future__ import annotations
 
 import re
@@ -46,3 +47,24 @@ def test_the_catalogue_of_the_page_is_the_code():
         assert re.search(rf"^\s+{theme.name}/\s+configs\.py", text, re.M), f"theme {theme.name} is not on the page"
     # every study is listed by the generated API reference (docs/api-studies.md), so a new study's module need
     # not be pasted here; what the page names must exist (test_every_path_the_page_names_exists)
+
+
+def _models_row(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("| `interp/models/` |"))
+
+
+def test_the_models_row_names_every_module_by_job():
+    models = REPO / "interp" / "models"
+    row = _models_row(PAGE.read_text(encoding="utf-8"))
+    packages = sorted(p.name for p in models.iterdir() if (p / "__init__.py").is_file())
+    assert [p for p in packages if f"`{p}/`" not in row] == [], "a sub-package of interp/models/ is not in its row"
+    files = [p for p in models.rglob("*.py") if p.name != "__init__.py" and not {"families", "planted"} & set(
+        p.relative_to(models).parts)]
+    assert [str(p.relative_to(models)) for p in files if f"`{p.name}`" not in row] == []
+
+
+def test_the_page_says_where_timm_attributes_are_read_and_the_test_that_checks_it():
+    text = PAGE.read_text(encoding="utf-8")
+    assert "Nothing outside `families/` reads a timm class's attributes" in text
+    assert "`tests/contract/test_timm_attributes.py`" in text and "read a timm module's attributes outside `families/`" in (
+        _models_row(text))

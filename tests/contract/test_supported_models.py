@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 
 from doc_examples import REPO, gen_cli
-from interp._model_names import SUPPORTED_MODELS_BEGIN, SUPPORTED_MODELS_END, supported_models_markdown
+from interp._model_names import (SUPPORTED_MODELS_BEGIN, SUPPORTED_MODELS_END, declared_families,
+                                 supported_models_markdown)
 from interp.models.families import Family
 
 README = REPO / "README.md"
@@ -27,6 +28,14 @@ def test_every_page_with_the_list_holds_the_families_list():
         assert SUPPORTED_MODELS_BEGIN in text and SUPPORTED_MODELS_END in text, f"{page.name} has no list"
         assert hook._fill_models(text, link) == text, (
             f"{page.name}'s supported-models list is not the registered families': run `python docs/gen_cli.py`")
+
+
+def test_the_families_read_without_torch_are_the_registered_ones():
+    """The torch-free read of the family class bodies (what the fast name check and the lists use) is the
+    registry, in its order: a new family needs no list regenerated."""
+    registered = [{"name": f.name, "title": f.title, "modules": sorted(m.rsplit(".", 1)[-1] for m in f.timm_modules),
+                   "pyramid": f.stages_attr is not None} for f in Family.registry]
+    assert declared_families() == registered
 
 
 def test_the_list_names_every_registered_family_and_links_the_pyramid_page():

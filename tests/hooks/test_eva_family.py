@@ -240,9 +240,9 @@ def test_dinov3_rope_table_is_the_closed_form_at_every_input_size():
 
 
 def test_input_grid_recomputes_a_cached_rope_table_and_restores_it():
-    """LOST's full-image protocol runs a model at another grid (models.pos_table.input_grid): EVA02's RoPE table
+    """LOST's full-image protocol runs a model at another grid (models.weights.pos_table.input_grid): EVA02's RoPE table
     is cached for the built grid and must follow, as timm's set_input_size does."""
-    from interp.models.pos_table import input_grid
+    from interp.models.weights.pos_table import input_grid
 
     model = eva_model("eva02")
     x = eva_images(model, 1)

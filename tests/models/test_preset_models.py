@@ -8,7 +8,7 @@ from torch import nn
 
 import interp
 from interp.errors import InterpError
-from interp.models.support import activation_kind, is_clip_tower, mlp_activation
+from interp.models.families.traits import activation_kind, is_clip_tower, mlp_activation
 from interp.studies import open_source
 from interp.studies.artifacts.norms import norms_study
 from interp.detection.presets import CLIP_PRESETS, check_preset_model

@@ -148,7 +148,7 @@ def test_a_classifier_file_gives_claim_5_its_accuracy(labelled16, tmp_path, caps
     """With a classifier that names the image folders' classes (a, b), claim 5's behaviour is accuracy."""
     import torch
 
-    from interp.models.classifier import save_classifier
+    from interp.models.classifiers.classifier import save_classifier
 
     model = interp.load("planted_vit")
     width = model.run_with_cache(torch.zeros(1, 3, 224, 224), names_filter="hook_pooled")[1]["hook_pooled"].shape[-1]

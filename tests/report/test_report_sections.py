@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from interp.models import sample_image_paths
-from interp.models.samples import SAMPLES_DIR
+from interp.models.inputs.samples import SAMPLES_DIR
 from interp.report import write_html
 from interp.report.battery import REPORT_SAMPLES_DIR, report_sample_paths
 from interp.plots.common import near_one

@@ -33,7 +33,7 @@ def test_sources_answer_what_studies_ask(tmp_path):
 
     import interp.cache
     from interp.models import data_config
-    from interp.models.preprocessing import tensor_image_id
+    from interp.models.inputs.preprocessing import tensor_image_id
     from interp.studies import open_source
 
     model = make_model("dinov2")  # patch 14, 224 px: a 16x16 grid

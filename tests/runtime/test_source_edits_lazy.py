@@ -6,7 +6,7 @@ import pytest
 
 from interp.interventions import NeuronAblation
 from interp.models.planted import planted_truth
-from interp.models.samples import SAMPLES_DIR
+from interp.models.inputs.samples import SAMPLES_DIR
 from interp.studies.aggregation.masking import masking_study
 from interp.studies.aggregation.selective_cls import selective_cls_study
 from interp.runtime.open import open_source

@@ -6,7 +6,7 @@ import torch
 import interp
 from interp.interventions import TestTimeRegister
 from interp.models.planted import planted_truth
-from interp.models.samples import sample_image_paths
+from interp.models.inputs.samples import sample_image_paths
 from interp.studies import open_source
 from interp.studies.artifacts.norms import norms_study
 

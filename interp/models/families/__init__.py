@@ -1,8 +1,12 @@
 """Model families: one adapter per timm model class (:class:`~interp.models.families.base.Family`), which says
 what the model is (blocks, token layout, sizes, write directions) and how interp runs it with hook points.
 
-Adding a family is one module here (a ``Family`` subclass, imported below) and its parity test against timm's
-own forward; from outside the package, :func:`register_family` (``interp.register_family``) adds one at run time.
+Adding a family is one module here (a ``Family`` subclass with literal ``name``, ``title``, ``timm_modules``: the
+command line reads them without torch, :func:`interp._model_names.declared_families`), its import below and its
+parity test against timm's own forward; from outside the package, :func:`register_family`
+(``interp.register_family``) adds one at run time. This package is the only code that reads timm's module
+attributes (``tests/contract/test_timm_attributes.py``): the shared parts are here too (:mod:`.positions`: the
+patch grid, position table and RoPE periods; :mod:`.traits`: what an MLP activation computes).
 """
 from __future__ import annotations
 

@@ -120,6 +120,11 @@ class Family:
         return tuple(int(s) for s in self.module.patch_embed.img_size)
 
     @property
+    def dynamic_size(self) -> bool:
+        """Whether the model was built to take other input sizes than :attr:`img_size` (timm ``dynamic_img_size``)."""
+        return bool(getattr(self.module, "dynamic_img_size", False))
+
+    @property
     def in_chans(self) -> int:
         return int(self.module.patch_embed.proj.in_channels)
 

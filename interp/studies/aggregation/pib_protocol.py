@@ -29,13 +29,13 @@ from typing import List, Optional, Sequence, Set, Tuple
 import torch
 
 from ...errors import InterpError
-from ...models.preprocessing import EvalTransform
+from ...models.inputs.preprocessing import EvalTransform
 
 LAST_RESIZE = 256
 LAST_CROP = 224
 LAST_MAX_BOX_FRACTION = 0.25
 # the reference's images: torchvision's Resize(256) (bilinear, shorter side) + CenterCrop(224), the model's
-# mean/std; the general eval transform of interp.models.preprocessing with that interpolation
+# mean/std; the general eval transform of interp.models.inputs.preprocessing with that interpolation
 LAST_PREPROCESS = EvalTransform(LAST_RESIZE, LAST_CROP, "bilinear")
 
 

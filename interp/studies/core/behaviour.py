@@ -5,7 +5,7 @@ Per condition, accumulated over batches, one record shape ``{metric: value}`` (:
 
 * ``top1_agreement`` (share of images whose top-1 class is the unedited run's) and ``accuracy`` (share whose
   top-1 is the image's label) ONLY when the logits are class logits: a classifier file
-  (:func:`interp.load_classifier`), or a head :func:`~interp.models.heads.classify_head` calls a classifier.
+  (:func:`interp.load_classifier`), or a head :func:`~interp.models.classifiers.heads.classify_head` calls a classifier.
   Otherwise both are None: an argmax over a CLIP projection or an identity head means nothing.
 * always the representation metrics of the pooled vector ``hook_pooled``: ``pooled_cosine`` (mean over images
   of its cosine to the unedited one), ``pooled_cosine_min`` and ``pooled_norm`` (mean L2 norm).
@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from timm.data import ImageNetInfo, infer_imagenet_subset
 
-from ...models.classifier import RELEASED_DINOV2_SOURCE, Classifier, load_classifier
-from ...models.heads import Head
+from ...models.classifiers.classifier import RELEASED_DINOV2_SOURCE, Classifier, load_classifier
+from ...models.classifiers.heads import Head
 
 METRICS = ("top1_agreement", "accuracy", "pooled_cosine", "pooled_cosine_min", "pooled_norm")
 ClassifierLike = Union[None, str, Classifier, dict]

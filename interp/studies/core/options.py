@@ -75,7 +75,7 @@ class DetectionOptions(DetectionFields, StudyConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class ClassifierFile(Options):
-    """The class logits of the behaviour metrics (:mod:`interp.models.classifier`): ``--classifier FILE``."""
+    """The class logits of the behaviour metrics (:mod:`interp.models.classifiers.classifier`): ``--classifier FILE``."""
 
     classifier: Optional[str] = option(None, CLASSIFIER_HELP, parse=existing_file, metavar="FILE")
 

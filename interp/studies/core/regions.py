@@ -1,6 +1,6 @@
 """Object boxes (and masks) on the model's patch grid: which patch cells are foreground, and why an image has
 none. Box and mask files are read by :mod:`interp.formats`; where an original pixel lands in the model input is
-:mod:`interp.models.geometry`. A patch cell counts as inside when it overlaps the (clipped) box with a positive
+:mod:`interp.models.inputs.geometry`. A patch cell counts as inside when it overlaps the (clipped) box with a positive
 area ("touches" the box; a box edge lying exactly on a cell border does not pull in the neighbouring cell).
 
 >>> from interp.models import data_config
@@ -24,8 +24,8 @@ from ...errors import InterpError
 from ...formats.box_files import checked_size, matched_entries
 from ...formats.box_types import Box, BoxTable
 from ...formats.masks import check_mask_size, mask_files, read_mask
-from ...models.geometry import input_geometry, mask_to_input
-from ...models.preprocessing import timm_transform
+from ...models.inputs.geometry import input_geometry, mask_to_input
+from ...models.inputs.preprocessing import timm_transform
 
 BOX_REASONS = ("no_box", "several_boxes", "too_large", "cropped_away")
 MASK_REASONS = ("no_mask", "cropped_away")

@@ -36,8 +36,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from ...errors import InterpError
 from ...formats.box_files import checked_size, matched_entries, original_size, read_boxes
 from ...formats.box_types import BoxTable, ImageBoxes
-from ...models.geometry import input_geometry
-from ...models.preprocessing import timm_transform
+from ...models.inputs.geometry import input_geometry
+from ...models.inputs.preprocessing import timm_transform
 from .lost_core import (TIES, LostOutput, cells_to_input, corloc_hits, degree_order, degrees_of,  # noqa: F401
                         input_to_original, key_features, lost_one, seed_component)  # (re-exported)
 from .configs import LostConfig

@@ -16,7 +16,7 @@ import torch
 from ...errors import InterpError
 from ...runtime.source import split_tokens
 from ..core.stats import box_iou
-from ...models.geometry import InputGeometry
+from ...models.inputs.geometry import InputGeometry
 from .configs import TIES
 
 

@@ -6,7 +6,7 @@
 * input: the whole image at its own resolution, ``ToTensor`` + ``Normalize`` with ImageNet's mean and std
   (:data:`LOST_MEAN`, :data:`LOST_STD`, whatever the model's own), then zero-padded on the right and bottom to
   the next multiple of the patch size (no resize, no crop), one image per forward. The model's position table is
-  resampled for that image's grid as DINO does (:mod:`interp.models.pos_table`);
+  resampled for that image's grid as DINO does (:mod:`interp.models.weights.pos_table`);
 * box: the seed component's cells times the patch size, ``x1`` and ``y1`` clipped to the image's width and
   height (the padding is never part of a box);
 * ground truth: VOC XML ``xmin - 1, ymin - 1, xmax, ymax``; COCO without crowd boxes, corners rounded to whole
@@ -14,7 +14,7 @@
 * CorLoc: a hit when the box has IoU >= 0.5 with any ground-truth box, IoU as ``bbox_iou`` computes it
   (:func:`lost_iou`: float32, no +1 pixel, ``eps = 1e-7`` added to both heights and to the union).
 
-Images are decoded by :func:`interp.models.preprocessing.open_image` (the reference's ``convert("RGB")``; a
+Images are decoded by :func:`interp.models.inputs.preprocessing.open_image` (the reference's ``convert("RGB")``; a
 transparent image is composited on white first).
 
 >>> from PIL import Image
@@ -34,7 +34,7 @@ from PIL import Image
 
 from ..._progress import tqdm
 from ...errors import InterpError, UsageError
-from ...models.preprocessing import open_image
+from ...models.inputs.preprocessing import open_image
 from ...runtime.live_source import LiveSource
 from ...runtime.source import ActivationSource
 
@@ -113,7 +113,7 @@ def lost_protocol_source(source: ActivationSource) -> LiveSource:
 
 def pos_table_options(source) -> dict:
     """How the position table is resampled per image: DINOv2's ``_reg`` models antialias without the offset;
-    every other model as DINO (offset 0.1, no antialias). -> kwargs of :func:`interp.models.pos_table.input_grid`."""
+    every other model as DINO (offset 0.1, no antialias). -> kwargs of :func:`interp.models.weights.pos_table.input_grid`."""
     name = str(source.model_name)
     if "dinov2" in name and source.layout.n_registers > 0:
         return {"offset": None, "antialias": True}

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ...errors import InterpError
-from ...models.geometry import mask_to_input, mask_to_original
+from ...models.inputs.geometry import mask_to_input, mask_to_original
 from .configs import AVERAGES, FRAMES
 
 CLASSES = ("background", "foreground")

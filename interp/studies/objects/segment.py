@@ -42,8 +42,8 @@ import torch
 from ...errors import InterpError, InterpWarning
 from ...formats.box_files import coco_annotations, coco_images, match_boxes, read_json_file
 from ...formats.masks import check_mask_size, mask_files, read_label_mask
-from ...models.geometry import input_geometry
-from ...models.preprocessing import timm_transform
+from ...models.inputs.geometry import input_geometry
+from ...models.inputs.preprocessing import timm_transform
 from .configs import SegmentConfig
 from .register_edit import study_edit
 from .whole_image import whole_image_source

@@ -13,10 +13,10 @@ from typing import Sequence
 import torch
 
 from ...errors import InterpError
-from ...models.preprocessing import decode_images
+from ...models.inputs.preprocessing import decode_images
 from ...runtime.live_source import LiveSource
 from ...runtime.source import ActivationSource
-from ...models.preprocessing import timm_transform
+from ...models.inputs.preprocessing import timm_transform
 
 
 class WholeImageSource(LiveSource):

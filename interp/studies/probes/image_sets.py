@@ -31,7 +31,7 @@ import torch
 
 from ...formats.image_files import list_images
 from ...errors import InterpError, UsageError
-from ...models.preprocessing import decode_images, timm_transform
+from ...models.inputs.preprocessing import decode_images, timm_transform
 from .linear_probe import split_by_identity
 from .tokens import TEST, TRAIN, VAL
 

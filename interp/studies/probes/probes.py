@@ -57,7 +57,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ...errors import InterpError, InterpWarning
-from ...models.preprocessing import patch_pixels  # noqa: F401  (its public home of earlier versions)
+from ...models.inputs.preprocessing import patch_pixels  # noqa: F401  (its public home of earlier versions)
 from ...detection.detection import DetectionLike, RunOptions, detection_header, detection_params
 from ...detection.detection import Detection
 from ...detection.thresholds import ThresholdSpec

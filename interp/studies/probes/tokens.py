@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ...errors import InterpError
-from ...models.preprocessing import patch_pixels
+from ...models.inputs.preprocessing import patch_pixels
 from ...runtime.source import split_tokens
 from ...detection.detection import DetectionLike, RunOptions, as_detection
 from ...detection.detection import Detection

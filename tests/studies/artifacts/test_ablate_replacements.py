@@ -16,7 +16,7 @@ PLANTED = "2:17,2:101,2:402,2:655"
 
 def test_resample_takes_another_images_values():
     model = interp.load("planted_vit")
-    x = interp.load_images(interp.models.samples.SAMPLES_DIR, model)
+    x = interp.load_images(interp.models.inputs.samples.SAMPLES_DIR, model)
     hook = "blocks.2.mlp.hook_post"
     _, intact = model.run_with_cache(x, names_filter=hook)
     edit = NeuronAblation({2: [17, 101]}, mode="resample", seed=1)
@@ -32,7 +32,7 @@ def test_resample_takes_another_images_values():
 
 
 def test_ablate_reports_every_replacement_with_its_controls():
-    source = open_source(model=interp.load("planted_vit"), images=interp.models.samples.SAMPLES_DIR)
+    source = open_source(model=interp.load("planted_vit"), images=interp.models.inputs.samples.SAMPLES_DIR)
     result = ablate_study(source, neurons=PLANTED, controls=2, progress=False)
     assert list(result.replacements) == ["zero", "mean", "resample"] and result.mode == "zero"
     removed = {r: v["comparison"]["removed"] for r, v in result.replacements.items()}

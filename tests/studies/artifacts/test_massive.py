@@ -39,7 +39,7 @@ def test_planted_activation_found_where_it_forms(tmp_path):
     """planted_vit's register neurons write channel 9 of a few patches at block 2 (about 2,000x the median); the
     value of 100 its embedding carries from the input on (channel 10) is large but not massive by the criterion."""
     model = interp.load("planted_vit")
-    x = interp.load_images(interp.models.samples.SAMPLES_DIR, model)
+    x = interp.load_images(interp.models.inputs.samples.SAMPLES_DIR, model)
     result = massive_study(open_source(model=model, images=x), progress=False)
     assert result.massive_blocks[0] == 2 and result.ratio[1] < 1000 <= result.ratio[2]
     assert result.channels[2][0]["channel"] == 9 and result.tokens[2]["patches"] == len(x)

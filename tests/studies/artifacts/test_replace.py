@@ -10,7 +10,7 @@ import torch
 
 from conftest import one_error_line
 from interp.cli import main
-from interp.models.samples import SAMPLES_DIR
+from interp.models.inputs.samples import SAMPLES_DIR
 from interp.studies import open_source
 from interp.studies.artifacts.replace import replace_study, verdict
 from planted_tokens import planted_register_model

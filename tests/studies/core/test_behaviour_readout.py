@@ -13,9 +13,9 @@ from PIL import Image
 
 from interp.cli import main
 from interp.explore.session import ExploreOptions, ExploreSession
-from interp.models.classifier import load_classifier, save_classifier
+from interp.models.classifiers.classifier import load_classifier, save_classifier
 from interp.studies.artifacts.ablate import ablate_study
-from interp.models.heads import read_head
+from interp.models.classifiers.heads import read_head
 from interp.studies.core.behaviour import behaviour_readout, classifier_class_names, target_classes
 from interp.runtime.open import open_source
 

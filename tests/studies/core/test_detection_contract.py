@@ -7,7 +7,7 @@ import pytest
 import interp
 from interp.errors import InterpError
 from interp.models.planted import planted_truth
-from interp.models.samples import sample_image_paths
+from interp.models.inputs.samples import sample_image_paths
 from interp.studies import open_source
 from interp.studies.artifacts.ablate import ablate_study
 from interp.detection.detection import DetectionSpec, RunOptions, detect_spec, threshold_param

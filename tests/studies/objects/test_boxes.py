@@ -13,8 +13,8 @@ from interp.errors import InterpError
 from interp.models import data_config, load_images
 from interp.formats.box_files import match_boxes, read_boxes
 from interp.formats.box_types import Box
-from interp.models.geometry import input_geometry
-from interp.models.preprocessing import timm_transform
+from interp.models.inputs.geometry import input_geometry
+from interp.models.inputs.preprocessing import timm_transform
 from interp.studies.core.regions import box_cells, regions_from_boxes, regions_from_masks
 
 

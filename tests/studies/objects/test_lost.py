@@ -8,11 +8,11 @@ import torch
 from conftest import images, make_model
 
 from interp.errors import InterpError
-from interp.models.preprocessing import data_config
+from interp.models.inputs.preprocessing import data_config
 from interp.studies import open_source
 from interp.formats.box_types import Box
-from interp.models.geometry import input_geometry
-from interp.models.preprocessing import timm_transform
+from interp.models.inputs.geometry import input_geometry
+from interp.models.inputs.preprocessing import timm_transform
 from interp.studies.objects.lost import LostResult, corloc_hits, input_to_original, lost_one, lost_study, seed_component
 from interp.studies.core.stats import box_iou
 from reference.lost_object_discovery import keys_as_reference, lost as reference_lost

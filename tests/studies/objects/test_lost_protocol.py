@@ -12,7 +12,7 @@ from PIL import Image
 import interp
 from interp.cli import main
 from interp.errors import InterpError
-from interp.models.pos_table import dino_pos_table, input_grid
+from interp.models.weights.pos_table import dino_pos_table, input_grid
 from interp.studies import open_source
 from interp.runtime.forward import run_hooks
 from interp.formats.box_files import read_boxes

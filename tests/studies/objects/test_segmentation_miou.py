@@ -17,8 +17,8 @@ from interp.errors import InterpError
 from interp.models import sample_image_paths
 from interp.studies import open_source
 from interp.formats.masks import read_label_mask, read_mask
-from interp.models.geometry import input_geometry, mask_to_input, mask_to_original
-from interp.models.preprocessing import timm_transform
+from interp.models.inputs.geometry import input_geometry, mask_to_input, mask_to_original
+from interp.models.inputs.preprocessing import timm_transform
 from interp.studies.objects.seg_scoring import class_areas, reduce_areas, upsample_nearest
 from interp.studies.objects.segment import segment_study
 

@@ -26,9 +26,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from ..errors import InterpError, ModelLoadError
-from ..values import check_input_path
-from .support import activation_kind
+from ...errors import InterpError, ModelLoadError
+from ...values import check_input_path
+from ..families import family_of
+from ..families.traits import activation_kind
 
 TEMPLATE_SETS = ("openai", "simple")  # open_clip's OPENAI_IMAGENET_TEMPLATES (80) / SIMPLE_IMAGENET_TEMPLATES (7)
 PREFIX = "visual."  # open_clip's image tower keys
@@ -52,7 +53,7 @@ def require_open_clip():
 
 # ----------------------------------------------------------------------------------------- the image tower
 def _state_dict(source: Source) -> Dict[str, torch.Tensor]:
-    from .loading import read_state_dict
+    from ..loading import read_state_dict
 
     if isinstance(source, nn.Module):
         return source.state_dict()
@@ -113,21 +114,21 @@ def tower_config(source: Source, quick_gelu: Optional[bool] = None) -> Dict[str,
                patch_size=int(patch), image_size=grid * int(patch),
                embed_dim=int(visual[PREFIX + "proj"].shape[1]), quick_gelu=quick_gelu)
     if isinstance(source, nn.Module):
-        block = source.visual.transformer.resblocks[0]
-        if type(block).__name__ != "ResidualAttentionBlock" or not isinstance(block.attn, nn.MultiheadAttention):
+        resblock = source.visual.transformer.resblocks[0]  # open_clip's, not timm's
+        if type(resblock).__name__ != "ResidualAttentionBlock" or not isinstance(resblock.attn, nn.MultiheadAttention):
             raise ModelLoadError(f"cannot convert this open_clip model to timm: its blocks are "
-                                 f"{type(block).__name__}, not the standard ResidualAttentionBlock")
+                                 f"{type(resblock).__name__}, not the standard ResidualAttentionBlock")
         pool = getattr(source.visual, "pool_type", "tok")
         if pool != "tok":
             raise ModelLoadError(f"cannot convert this open_clip model to timm: its image tower pools with "
                                  f"{pool!r}, timm's CLIP ViT with the class token ('tok')")
-        kind = activation_kind(block.mlp.gelu)
+        kind = activation_kind(resblock.mlp.gelu)
         if kind not in ("gelu", "quick_gelu"):
             raise ModelLoadError(f"cannot convert this open_clip model to timm: its MLP activation is {kind}, "
                                  "timm's CLIP ViTs use GELU or QuickGELU")
         if quick_gelu is not None and quick_gelu != (kind == "quick_gelu"):
             raise InterpError(f"quick_gelu={quick_gelu} disagrees with the model, whose MLP activation is {kind}")
-        cfg.update(heads=int(block.attn.num_heads), quick_gelu=kind == "quick_gelu")
+        cfg.update(heads=int(resblock.attn.num_heads), quick_gelu=kind == "quick_gelu")
     elif quick_gelu is None:
         raise InterpError("an open_clip state dict does not say which MLP activation it was trained with: pass "
                           "quick_gelu=True (OpenAI CLIP, *-quickgelu configs) or quick_gelu=False (open_clip GELU)")
@@ -152,8 +153,8 @@ def timm_spec(source: Source, quick_gelu: Optional[bool] = None) -> Tuple[str, D
     if name and is_model(name):
         with torch.device("meta"):  # timm's defaults of that name (no memory), to pass only what differs
             ref = timm.create_model(name, pretrained=False, num_classes=cfg["embed_dim"])
-        ref_cfg = dict(heads=int(ref.blocks[0].attn.num_heads),
-                       mlp_ratio=ref.blocks[0].mlp.fc1.out_features / cfg["width"])
+        family = family_of(ref)
+        ref_cfg = dict(heads=family.n_heads(0), mlp_ratio=family.d_mlp(0) / cfg["width"])
         kwargs: Dict[str, Any] = {"num_classes": cfg["embed_dim"]}
         if cfg["heads"] is not None and cfg["heads"] != ref_cfg["heads"]:
             kwargs["num_heads"] = cfg["heads"]
@@ -174,7 +175,7 @@ def vision_tower(source: Source, quick_gelu: Optional[bool] = None, device: Unio
     """
     from timm.models import model_entrypoint
 
-    from .loading import check_finite, create_timm_vit, load_weights_file
+    from ..loading import check_finite, create_timm_vit, load_weights_file
 
     name, kwargs = timm_spec(source, quick_gelu)
     model = create_timm_vit(name, pretrained=False, **kwargs)
@@ -191,8 +192,8 @@ def load_open_clip(name: str, pretrained: Optional[str] = None, checkpoint: Unio
     """``(model, tokenizer, description)`` of open_clip model ``name`` (``ViT-B-16``, ``ViT-B-16-quickgelu``...) in
     eval mode, with the weights of a pretrained ``tag`` (downloaded, or open_clip's local cache when offline) or a
     local ``checkpoint`` file (open_clip's ``load_checkpoint``: strict). Exactly one of them."""
-    from ..errors import close_matches
-    from .loading import _hub_reachable
+    from ...errors import close_matches
+    from ..loading import _hub_reachable
 
     open_clip = require_open_clip()
     if (pretrained is None) == (checkpoint is None):
@@ -304,13 +305,13 @@ def zeroshot_classifier(clip: nn.Module, tokenizer, class_names: Sequence[str],
                         templates: Union[str, Sequence] = "openai", *, model: Optional[str] = None,
                         source: Optional[str] = None, device: Union[str, torch.device] = "cpu",
                         classes_per_batch: int = 10, progress: bool = False):
-    """A zero-shot :class:`~interp.models.classifier.Classifier` (kind "zeroshot"): ``weight`` [C, D] the class
+    """A zero-shot :class:`~interp.models.classifiers.classifier.Classifier` (kind "zeroshot"): ``weight`` [C, D] the class
     embeddings of :func:`zeroshot_weights` (rows L2-normalised), ``logit_scale`` = ``clip.logit_scale.exp()`` (the
     multiplier itself), ``class_names``, ``model`` (the timm name of the image tower, default :func:`timm_spec`'s)
     and ``source`` (free text). Its logits are ``logit_scale * normalize(image_embedding) @ weight.T`` with the
     image embedding = the timm tower's head output; write it with :func:`save_classifier_file`.
     """
-    from .classifier import FORMAT_VERSION, load_classifier
+    from ..classifiers.classifier import FORMAT_VERSION, load_classifier
 
     if getattr(clip, "logit_bias", None) is not None:
         raise InterpError("this open_clip model has a logit bias (SigLIP: sigmoid logits); a zero-shot "
@@ -331,9 +332,9 @@ def zeroshot_classifier(clip: nn.Module, tokenizer, class_names: Sequence[str],
 
 
 def save_classifier_file(classifier, path: Union[str, Path]) -> Path:
-    """Write a classifier (a :class:`~interp.models.classifier.Classifier` or a file's dict, checked by
+    """Write a classifier (a :class:`~interp.models.classifiers.classifier.Classifier` or a file's dict, checked by
     ``load_classifier``) with its own ``save`` (a temporary file renamed into place: a crash leaves either no
     file or the whole one). Returns the path."""
-    from .classifier import load_classifier
+    from ..classifiers.classifier import load_classifier
 
     return load_classifier(classifier).save(Path(path))  # Classifier.save writes a temporary file renamed into place

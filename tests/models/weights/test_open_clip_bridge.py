@@ -15,8 +15,8 @@ from interp.errors import InterpError, ModelLoadError
 
 open_clip = pytest.importorskip("open_clip")  # the `test` extra installs it; CI runs these
 
-from interp.models.open_clip_bridge import (save_classifier_file, timm_spec, tower_state_dict, vision_tower,  # noqa: E402
-                                            zeroshot_classifier, zeroshot_weights)
+from interp.models.weights.open_clip_bridge import (save_classifier_file, timm_spec, tower_state_dict,  # noqa: E402
+                                                    vision_tower, zeroshot_classifier, zeroshot_weights)
 
 TINY_CFG = {"embed_dim": 48, "vision_cfg": {"image_size": 64, "layers": 2, "width": 128, "head_width": 64,
                                             "patch_size": 16},
@@ -272,7 +272,7 @@ def test_a_pretrained_tag_offline_and_unknown_names_get_one_line(tmp_path, monke
 def test_offline_a_cached_checkpoint_is_found_without_the_network(tmp_path, monkeypatch):
     import huggingface_hub
 
-    from interp.models.open_clip_bridge import _cached_open_clip_file
+    from interp.models.weights.open_clip_bridge import _cached_open_clip_file
 
     asked = []
     cached = tmp_path / "open_clip_model.safetensors"

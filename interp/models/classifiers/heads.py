@@ -1,6 +1,6 @@
 """What a timm ViT's head is: a classifier over classes, or an embedding (a CLIP image tower's projection, an
 identity head such as DINOv2's ``num_classes=0``, random or planted weights), and the widths a classifier
-file must match (:mod:`interp.models.classifier`).
+file must match (:mod:`interp.models.classifiers.classifier`).
 
 An argmax over an embedding means nothing, so the studies report top-1 agreement and accuracy only for a
 head :func:`classify_head` calls ``"classifier"`` or through a classifier file; otherwise they report
@@ -13,7 +13,7 @@ from typing import Tuple
 
 from torch import nn
 
-from .planted import planted_truth
+from ..planted import planted_truth
 
 HEAD_KINDS = ("classifier", "embedding")
 _FINE_TUNED = ("_ft_", "ft_in", "in1k", "in12k", "in21k", "in22k")

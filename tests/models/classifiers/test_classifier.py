@@ -13,7 +13,7 @@ import interp
 from interp.cli import main
 from interp.errors import InterpError
 from interp.interventions import NeuronAblation
-from interp.models.classifier import load_classifier, save_classifier
+from interp.models.classifiers.classifier import load_classifier, save_classifier
 from interp.studies import open_source
 from interp.studies.aggregation.masking import masking_study
 from interp.studies.aggregation.selective_cls import selective_cls_study

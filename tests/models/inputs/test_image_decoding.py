@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from interp.errors import ImageError, ImageTooLargeError
-from interp.models.preprocessing import check_decodes, open_image, readable_images
+from interp.models.inputs.preprocessing import check_decodes, open_image, readable_images
 
 from conftest import make_model
 

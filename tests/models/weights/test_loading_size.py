@@ -8,7 +8,7 @@ import timm
 import torch
 
 import interp
-from interp.models.weight_fit import weights_grid
+from interp.models.weights.weight_fit import weights_grid
 
 # A 2-block DINOv2-S at 32 px with patch 8 -> a 4x4 grid (the default build is 518 px / patch 14).
 SMALL = dict(depth=2, patch_size=8)

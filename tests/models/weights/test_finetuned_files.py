@@ -11,7 +11,7 @@ import torch
 
 import interp
 from interp.errors import ModelLoadError
-from interp.models.checkpoints import unwrap_checkpoint
+from interp.models.weights.checkpoints import unwrap_checkpoint
 
 NAME = "vit_small_patch16_224"
 SMALL = dict(depth=2, embed_dim=64, num_heads=2)

@@ -1,5 +1,5 @@
 """Eval preprocessing as the papers' eval (resize N + center crop M) on every study, the report and the cache:
-one transform (interp.models.preprocessing.EvalTransform), recorded where results and caches are written."""
+one transform (interp.models.inputs.preprocessing.EvalTransform), recorded where results and caches are written."""
 from __future__ import annotations
 
 import json

@@ -39,8 +39,8 @@ from typing import Dict, List, Mapping, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ..errors import InterpError
-from ..values import check_input_path
+from ...errors import InterpError
+from ...values import check_input_path
 from .heads import head_output_width, pooled_width
 
 FORMAT_VERSION = 1
@@ -49,7 +49,7 @@ INPUTS = ("pooled", "head_output")
 HOOK_POOLED, HOOK_HEAD = "hook_pooled", "hook_logits"
 BLOCK_OUTPUTS = "blocks.*.hook_resid_post"  # resolved by the model: its blocks' outputs, in order
 RELEASED_DINOV2_SOURCE = "DINOv2 released linear head (plain state dict)"  # the source such a file is read with
-_MAKE_ONE = "make one with `interp classifier zeroshot` or interp.models.classifier.save_classifier"
+_MAKE_ONE = "make one with `interp classifier zeroshot` or interp.models.classifiers.classifier.save_classifier"
 
 
 class ClassifierError(InterpError):

@@ -10,8 +10,9 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from ..errors import InterpWarning, ModelLoadError
-from .families import family_of
+from ...errors import InterpWarning, ModelLoadError
+from ..families import family_of
+from ..families.positions import positions_of
 
 _POS_EMBED_KEYS = (
     ("pos_embed", None),                              # timm, and original DINOv2 (see weights_grid)
@@ -26,11 +27,12 @@ def weights_grid(state_dict: dict, model: nn.Module) -> Optional[Tuple[int, int]
     """The square patch grid ``(h, w)`` a checkpoint's position embedding was trained for, or None.
 
     The embedding is ``[1, n_pos_prefix + h*w, d]`` (OpenAI CLIP: ``[n_pos_prefix + h*w, d]``), where
-    ``n_pos_prefix`` is the number of prefix tokens that carry a position: timm models read it from
-    ``no_embed_class``/``num_prefix_tokens``; original DINOv2 files (``mask_token`` key) give one to CLS
+    ``n_pos_prefix`` is the number of prefix tokens that carry a position: the model's own
+    (:attr:`~interp.models.families.positions.Positions.n_prefix`) for a timm-format file; original DINOv2 files (``mask_token`` key) give one to CLS
     only, registers included. None when there is no position embedding or no square grid fits.
     """
-    timm_prefix = 0 if getattr(model, "no_embed_class", False) else int(getattr(model, "num_prefix_tokens", 1))
+    positions = positions_of(model)
+    timm_prefix = positions.n_prefix if positions is not None else 1
     for key, fmt_prefix in _POS_EMBED_KEYS:
         pos = state_dict.get(key)
         if not isinstance(pos, torch.Tensor) or pos.dim() < 2:
@@ -55,21 +57,20 @@ def fit_to_weights(model: nn.Module, state_dict: dict, name: str, label: str) ->
         ModelLoadError: the grid has more than ``MAX_WEIGHTS_GRID`` patches per side (a crafted or foreign
             file would build a model too large for memory); an explicit ``img_size`` is then needed.
     """
-    grid = weights_grid(state_dict, model)
-    if grid is None or not hasattr(model, "set_input_size"):  # no position table (PVTv2, Swin-v2)
+    grid, positions = weights_grid(state_dict, model), positions_of(model)
+    if grid is None or positions is None or not positions.resizable:  # no position table (PVTv2, Swin-v2)
         return
-    current = tuple(int(g) for g in model.patch_embed.grid_size)
-    if grid == current:
+    if grid == positions.grid:
         return
-    patch = tuple(int(p) for p in model.patch_embed.patch_size)
+    patch = positions.patch_size
     size = (grid[0] * patch[0], grid[1] * patch[1])
-    old = tuple(int(s) for s in model.patch_embed.img_size)
+    old = positions.img_size
     if max(grid) > MAX_WEIGHTS_GRID:
         raise ModelLoadError(
             f"{label} holds a {grid[0]}x{grid[1]} position grid ({size[0]} px input): larger than the "
             f"{MAX_WEIGHTS_GRID}x{MAX_WEIGHTS_GRID} grid interp builds on a file's word; pass img_size=... (CLI "
             f"--img-size {old[0]}) to resample the position embedding to the size you want")
-    model.set_input_size(img_size=size)
+    positions.resize(size)
     shown = f"{size[0]}" if size[0] == size[1] else f"{size[0]}x{size[1]}"
     key = (name, label, grid)
     if key in _GRID_WARNINGS_SHOWN:
@@ -180,10 +181,9 @@ def keep_file_rope_periods(model: nn.Module, state_dict: dict, label: str) -> Op
     sin/cos by up to ~0.008 (docs/methods.md, *RoPE*). The file's values are copied, in float32, into the timm
     model's ``rope.periods`` (the only input of its table other than the grid). Returns ``"file"`` when they were,
     None when the file has none (timm hub files, other families)."""
-    periods = state_dict.get(ORIGINAL_ROPE_PERIODS_KEY)
-    rope = getattr(model, "rope", None)
-    target = getattr(rope, "periods", None)
-    if periods is None or not isinstance(target, torch.Tensor):
+    periods, positions = state_dict.get(ORIGINAL_ROPE_PERIODS_KEY), positions_of(model)
+    target = None if positions is None else positions.rope_periods()
+    if periods is None or target is None:
         return None
     if periods.shape != target.shape:
         raise ModelLoadError(f"{label} holds {periods.numel()} RoPE periods ({ORIGINAL_ROPE_PERIODS_KEY}) but this "
@@ -192,8 +192,5 @@ def keep_file_rope_periods(model: nn.Module, state_dict: dict, label: str) -> Op
     if not torch.isfinite(periods).all() or not (periods > 0).all():
         raise ModelLoadError(f"{label}: {ORIGINAL_ROPE_PERIODS_KEY} holds non-positive or non-finite periods; the file "
                              f"is damaged: download or export it again")
-    with torch.no_grad():
-        target.copy_(periods.to(dtype=target.dtype, device=target.device))
-    if getattr(rope, "pos_embed_cached", None) is not None and getattr(rope, "feat_shape", None) is not None:
-        rope._cache_embed(list(rope.feat_shape))  # a cached table (fixed-size models) follows the new periods
+    positions.set_rope_periods(periods)  # a cached table (fixed-size models) follows the new periods
     return "file"

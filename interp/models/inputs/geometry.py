@@ -6,7 +6,7 @@ Geometry: each box goes through the model's own eval transform (timm's ``Resize`
 ``input / crop_pct`` then ``CenterCrop`` for ``crop_mode="center"``, ``squash`` and ``border`` modes too),
 then is clipped to the input.
 
->>> from interp.models.preprocessing import data_config, timm_transform
+>>> from interp.models.inputs.preprocessing import data_config, timm_transform
 >>> geometry = input_geometry(timm_transform(data_config(model)), (640, 480))   # original (width, height)
 >>> geometry.to_input(Box(0, 0, 640, 480))                                        # the centre crop keeps 224 x 224
 Box(x0=0.0, y0=0.0, x1=224, y1=224)
@@ -19,8 +19,8 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from ..errors import InterpError
-from ..formats.box_types import Box
+from ...errors import InterpError
+from ...formats.box_types import Box
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def input_geometry(transform, image_size: Tuple[int, int]) -> InputGeometry:
             continue
         else:
             raise InterpError(f"cannot map boxes through the transform step {step!r}; "
-                              "interp.models.geometry.input_geometry knows timm's eval transforms only")
+                              "interp.models.inputs.geometry.input_geometry knows timm's eval transforms only")
         sx, sy, ox, oy = sx * fx, sy * fy, ox * fx, oy * fy
         w, h = new_w, new_h
     return InputGeometry(sx, sy, ox, oy, tuple(int(v) for v in image_size), (h, w))

@@ -47,7 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
+from ..families.positions import positions_of
 
 POS_RESAMPLE_METHODS = ("timm", "dinov2", "dinov2_reg")
 POS_RESAMPLE_CHOICES = ("auto",) + POS_RESAMPLE_METHODS
@@ -92,27 +93,14 @@ def input_grid(model, grid: Tuple[int, int], offset: Optional[float] = DINO_OFFS
     """Inside, the HookedViT ``model`` takes inputs of ``grid * patch size`` pixels: its timm module's position
     table is :func:`dino_pos_table` of its own table for that grid, its patch embedding's ``img_size`` /
     ``grid_size`` are that size, and a RoPE table cached for the built grid is timm's for that grid; all restored
-    on exit. One grid at a time (the model is changed in place)."""
-    tm = model.timm_model
-    pe = tm.patch_embed
-    ph, pw = (int(p) for p in pe.patch_size)
-    saved = (tm.pos_embed, pe.img_size, pe.grid_size, pe.num_patches)
-    h, w = (int(g) for g in grid)
-    rope = getattr(tm, "rope", None)  # a RoPE table cached for the built grid (timm's Eva without dynamic size)
-    rope_cached = getattr(rope, "feat_shape", None) is not None and hasattr(rope, "update_feat_shape")
-    try:
-        if rope_cached:
-            rope.update_feat_shape((h, w))
-        if tm.pos_embed is not None:
-            n_prefix = 0 if getattr(tm, "no_embed_class", False) else int(tm.num_prefix_tokens)
-            table = dino_pos_table(tm.pos_embed.detach(), tuple(pe.grid_size), (h, w), n_prefix, offset, antialias)
-            tm.pos_embed = nn.Parameter(table, requires_grad=False)
-        pe.img_size, pe.grid_size, pe.num_patches = (h * ph, w * pw), (h, w), h * w
+    on exit (:meth:`~interp.models.families.positions.Positions.at_grid`). One grid at a time (the model is
+    changed in place)."""
+    positions = positions_of(model.timm_model)
+    own = positions.table
+    table = None if own is None else dino_pos_table(own.detach(), positions.grid, grid, positions.n_prefix, offset,
+                                                     antialias)
+    with positions.at_grid(grid, table):
         yield
-    finally:
-        tm.pos_embed, pe.img_size, pe.grid_size, pe.num_patches = saved
-        if rope_cached:
-            rope.update_feat_shape(tuple(int(g) for g in saved[2]))
 
 
 def resample_pos_table(pos: torch.Tensor, grid: Tuple[int, int], n_prefix: int, method: str) -> torch.Tensor:
@@ -141,9 +129,10 @@ def resample_positions(model: nn.Module, state_dict: dict, source_grid: Optional
     ``"dinov2_reg"`` when it holds ``register_tokens``), timm's for any other file. ``"timm"`` leaves the table
     to timm's checkpoint filter. An original DINOv2 table has one prefix row (CLS); a timm one has the model's.
     """
-    if source_grid is None:  # no position table (PVTv2, Swin-v2), or no square grid fits it
+    positions = positions_of(model)
+    if source_grid is None or positions is None:  # no position table (PVTv2, Swin-v2), or no square grid fits it
         return state_dict, None
-    target = tuple(int(g) for g in model.patch_embed.grid_size)
+    target = positions.grid
     if tuple(source_grid) == target:
         return state_dict, None
     dinov2_file = "mask_token" in state_dict
@@ -154,8 +143,7 @@ def resample_positions(model: nn.Module, state_dict: dict, source_grid: Optional
     if not isinstance(state_dict.get("pos_embed"), torch.Tensor):
         raise ModelLoadError(f"pos_resample={method!r} resamples a DINOv2 or timm 'pos_embed'; {label} keeps its "
                              "position table under another key: pass pos_resample='timm' (CLI --pos-resample timm)")
-    timm_prefix = 0 if getattr(model, "no_embed_class", False) else int(getattr(model, "num_prefix_tokens", 1))
     state_dict = dict(state_dict)
-    state_dict["pos_embed"] = resample_pos_table(state_dict["pos_embed"], target, 1 if dinov2_file else timm_prefix,
-                                                 method)
+    state_dict["pos_embed"] = resample_pos_table(state_dict["pos_embed"], target,
+                                                 1 if dinov2_file else positions.n_prefix, method)
     return state_dict, method

@@ -17,9 +17,10 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..formats.image_files import list_images, readable_image_path
-from .._transforms import INTERPOLATIONS, MODEL_TRANSFORM, check_sizes, parse_transform_name
-from ..errors import ImageError, ImageTooLargeError, InterpWarning
+from ...formats.image_files import list_images, readable_image_path
+from ..._transforms import INTERPOLATIONS, MODEL_TRANSFORM, check_sizes, parse_transform_name
+from ...errors import ImageError, ImageTooLargeError, InterpWarning
+from ..families import family_of
 
 PathLike = Union[str, Path]
 # the images a run reads: a folder, a .txt/.lst list file, image paths, or a Tensor[N, 3, H, W] of pixels
@@ -105,15 +106,14 @@ def data_config(model, preprocess: TransformSpec = None) -> dict:
     from timm.data import resolve_data_config
 
     timm_model = _timm_module(model)
+    family = family_of(timm_model)
     cfg = resolve_data_config({}, model=timm_model)
     # The pretrained config may describe another resolution (DINOv2: 518) than the model was built for.
-    img_size = getattr(getattr(timm_model, "patch_embed", None), "img_size", None)
-    if img_size is not None:
-        cfg["input_size"] = (cfg["input_size"][0], int(img_size[0]), int(img_size[1]))
+    cfg["input_size"] = (cfg["input_size"][0], *family.img_size)
     t = eval_transform(preprocess)
     if t is None:
         return cfg
-    if tuple(cfg["input_size"][1:]) != (t.crop, t.crop) and not getattr(timm_model, "dynamic_img_size", False):
+    if tuple(cfg["input_size"][1:]) != (t.crop, t.crop) and not family.dynamic_size:
         raise ImageError(f"the {t.name} transform feeds {t.crop} x {t.crop} images but "
                          f"{getattr(model, 'model_name', type(timm_model).__name__)} takes "
                          f"{cfg['input_size'][1]} x {cfg['input_size'][2]}: build it at that size "

@@ -1,8 +1,8 @@
 """Load a Hugging Face ``transformers`` folder (or a hub id in the local cache) as the timm model that computes the
 same thing: ``interp.load("path/to/folder")``, ``--weights path/to/folder``.
 
-The folder's ``config.json`` decides the architecture (:mod:`interp.models.hf_config`), its weights are renamed to
-timm's keys with every tensor accounted for (:mod:`interp.models.hf_weights`) and loaded strictly, its
+The folder's ``config.json`` decides the architecture (:mod:`interp.models.weights.hf_config`), its weights are renamed to
+timm's keys with every tensor accounted for (:mod:`interp.models.weights.hf_weights`) and loaded strictly, its
 ``preprocessor_config.json`` becomes the model's data config and ``id2label`` its head's ``label_names``. One
 warning line says what was read and what the file held that the outputs do not read. ``transformers`` itself is
 never imported: the files are read directly.
@@ -18,10 +18,10 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from ..errors import InterpWarning, ModelLoadError
+from ...errors import InterpWarning, ModelLoadError
 from .hf_config import HFSpec, hf_spec, is_hf_folder, looks_like_hub_id, weight_file
 from .hf_weights import convert_hf_state_dict
-from .loading import _hub_reachable, _resolve_dtype, build_architecture, check_finite, read_state_dict
+from ..loading import _hub_reachable, _resolve_dtype, build_architecture, check_finite, read_state_dict
 
 HUB_FILES = ("config.json", "preprocessor_config.json", "model.safetensors", "model.safetensors.index.json",
              "pytorch_model.bin", "pytorch_model.bin.index.json")

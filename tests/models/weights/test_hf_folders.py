@@ -14,7 +14,7 @@ import torch
 import interp
 from conftest import one_error_line
 from interp.errors import ModelLoadError, UnsupportedModelError
-from interp.models.preprocessing import data_config
+from interp.models.inputs.preprocessing import data_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -202,7 +202,7 @@ def test_a_transformers_model_runs_the_report_and_takes_a_patch_file(saved, tmp_
     saved as a patch file applies to the plain timm model the folder loads as, and the explorer runs an edit."""
     from interp.cli import main
     from interp.interventions import NeuronAblation
-    from interp.models.hf_folder import load_hf_folder
+    from interp.models.weights.hf_folder import load_hf_folder
 
     folder = saved["dinov2-registers"][0]
     with warnings.catch_warnings():
@@ -259,7 +259,7 @@ def test_dinov3_at_another_input_size_equals_transformers(saved):
 def test_the_defaults_interp_assumes_are_the_config_classes(saved):
     """A config.json may omit the values that equal its class's defaults; interp's table of them
     (``HF_DEFAULTS``) is the installed transformers' own."""
-    from interp.models.hf_config import HF_DEFAULTS
+    from interp.models.weights.hf_config import HF_DEFAULTS
 
     classes = {"vit": "ViTConfig", "dinov2": "Dinov2Config", "dinov2_with_registers": "Dinov2WithRegistersConfig",
                "dinov3_vit": "DINOv3ViTConfig", "clip_vision_model": "CLIPVisionConfig",

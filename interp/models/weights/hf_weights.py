@@ -1,5 +1,5 @@
 """A ``transformers`` state dict (the names ``save_pretrained`` writes) converted to the timm keys of the model
-:mod:`interp.models.hf_config` describes, every tensor accounted for.
+:mod:`interp.models.weights.hf_config` describes, every tensor accounted for.
 
 Each family's renames are a table; q, k, v (separate in ``transformers``) are concatenated into timm's ``qkv``
 in that order. What timm computes differently is folded into the weights where that is exact arithmetic
@@ -17,7 +17,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
 from .hf_config import HFSpec
 
 _VIT_BLOCK = {"layernorm_before": "norm1", "layernorm_after": "norm2", "norm1": "norm1", "norm2": "norm2",

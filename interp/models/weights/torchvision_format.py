@@ -15,7 +15,8 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
+from ..families import family_of
 
 # torchvision name -> (width, depth, patch) and the timm architecture of that shape
 TORCHVISION_VITS = {
@@ -51,7 +52,9 @@ def torchvision_shape(state_dict: dict) -> Tuple[int, int, int]:
 
 
 def model_shape(model: nn.Module) -> Tuple[int, int, int]:
-    return int(model.embed_dim), len(model.blocks), int(model.patch_embed.patch_size[-1])
+    """(width, depth, patch) of a timm model, read by its family adapter."""
+    family = family_of(model)
+    return family.d_model(), len(family.blocks()), family.patch_size[-1]
 
 
 def _describe(shape: Tuple[int, int, int]) -> str:
@@ -113,8 +116,8 @@ def adopt_torchvision_config(model: nn.Module, state_dict: dict, fit_head: bool)
     if fit_head and isinstance(head, torch.Tensor) and int(head.shape[0]) != int(model.num_classes):
         model.reset_classifier(int(head.shape[0]))
     grid = _grid(state_dict)
-    patch = int(model.patch_embed.patch_size[-1])
-    v1 = grid is not None and grid * patch == 224 and int(model.embed_dim) != 1280  # vit_h_14 has no V1 weights
+    width, _, patch = model_shape(model)
+    v1 = grid is not None and grid * patch == 224 and width != 1280  # vit_h_14 has no V1 weights
     model.pretrained_cfg = {**(getattr(model, "pretrained_cfg", None) or {}), "mean": IMAGENET_MEAN,
                             "std": IMAGENET_STD, "interpolation": "bilinear" if v1 else "bicubic",
                             "crop_pct": 224 / 256 if v1 else 1.0, "crop_mode": "center"}

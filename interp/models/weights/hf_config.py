@@ -4,7 +4,7 @@ the same thing, read without torch or ``transformers``.
 ``hf_spec(folder)`` reads ``config.json`` (the class in ``architectures``, depth, width, heads, patch, image size,
 registers, layer-norm epsilon, activation), ``preprocessor_config.json`` (mean, std, resize, crop, resampling)
 and ``id2label``, and returns an :class:`HFSpec`: the timm name and kwargs to build, the data config, the class
-names. The weights are converted by :mod:`interp.models.hf_weights`, loaded by :mod:`interp.models.hf_folder`.
+names. The weights are converted by :mod:`interp.models.weights.hf_weights`, loaded by :mod:`interp.models.weights.hf_folder`.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .._model_names import is_hf_folder, looks_like_hub_id  # noqa: F401 (this module's names too)
-from ..errors import ModelLoadError, UnsupportedModelError
+from ..._model_names import is_hf_folder, looks_like_hub_id  # noqa: F401 (this module's names too)
+from ...errors import ModelLoadError, UnsupportedModelError
 
 # transformers class -> (timm family word, prefix of its backbone keys in the file, its head)
 HF_CLASSES: Dict[str, Tuple[str, str, str]] = {
@@ -31,7 +31,7 @@ HF_CLASSES: Dict[str, Tuple[str, str, str]] = {
 }
 _BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224, num_channels=3)
 # the defaults of each transformers config class (what a config.json written with only its differences omits),
-# by the class's config model_type; tests/models/test_hf_folders.py compares them with the installed transformers
+# by the class's config model_type; tests/models/weights/test_hf_folders.py compares them with the installed transformers
 HF_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "vit": dict(_BASE, intermediate_size=3072, hidden_act="gelu", layer_norm_eps=1e-12, patch_size=16, qkv_bias=True),
     "dinov2": dict(_BASE, mlp_ratio=4, hidden_act="gelu", layer_norm_eps=1e-6, patch_size=14, qkv_bias=True,

@@ -1,4 +1,4 @@
-"""One image loop (models.preprocessing.decode_images) behind load_images and the cache writer's file source:
+"""One image loop (models.inputs.preprocessing.decode_images) behind load_images and the cache writer's file source:
 the same files are kept, the same ones skipped, and strict stops with the same message."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from PIL import Image
 
 from interp.cache.image_feed import FileImages
 from interp.errors import ImageError
-from interp.models.preprocessing import load_images, preprocessing
+from interp.models.inputs.preprocessing import load_images, preprocessing
 
 
 @pytest.fixture

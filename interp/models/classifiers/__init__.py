@@ -1,0 +1,1 @@
+"""Classifier heads: what a model's head is (:mod:`.heads`) and classifier files (:mod:`.classifier`)."""
