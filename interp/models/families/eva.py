@@ -96,6 +96,9 @@ class EvaFamily(Family):
     def d_model(self, layer: int = -1) -> int:
         return int(self.module.embed_dim)
 
+    def attn_gain(self, layer: int) -> Optional[torch.Tensor]:
+        return getattr(self.block(layer), "gamma_1", None)
+
     def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
         return getattr(self.block(layer), "gamma_2", None)
 
@@ -114,7 +117,7 @@ class EvaFamily(Family):
         if not hasattr(block, "gamma_1"):
             raise InterpError("a post-norm Eva block normalises its attention branch after proj: the heads' writes "
                               "do not add up linearly, so there is no per-head decomposition")
-        return head_writes(block.attn, block.gamma_1)
+        return head_writes(block.attn, self.attn_gain(layer))
 
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """``(H, W)`` must be the model's own size, or any multiple of the patch size for models built with

@@ -101,6 +101,9 @@ class PvtV2Family(Family):
         sr = self.block(layer).attn.sr
         return 1 if sr is None else int(sr.stride[0])
 
+    def attends_to_tokens(self, layer: int) -> bool:
+        return self.sr_ratio(layer) == 1
+
     def received_attention(self, layer: int, pattern: torch.Tensor,
                            img_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """Per token, as ``Family.received_attention``; refused where the keys are spatially reduced (sr > 1:

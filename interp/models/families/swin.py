@@ -121,6 +121,10 @@ class SwinV2Family(Family):
         idx = F.pad(idx, (0, 0, 0, pad_w, 0, pad_h), value=-1)
         return window_partition(idx, ws).reshape(-1, ws[0] * ws[1])
 
+    def attends_to_tokens(self, layer: int) -> bool:
+        """False: every block attends inside windows."""
+        return False
+
     def received_attention(self, layer: int, pattern: torch.Tensor,
                            img_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """Per token of the stage's grid: the attention it receives as a key, averaged over heads and over the

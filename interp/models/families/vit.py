@@ -78,6 +78,9 @@ class VitFamily(Family):
     def d_model(self, layer: int = -1) -> int:
         return int(self.module.embed_dim)
 
+    def attn_gain(self, layer: int) -> Optional[torch.Tensor]:
+        return getattr(self.block(layer).ls1, "gamma", None)
+
     def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
         return getattr(self.block(layer).ls2, "gamma", None)
 
@@ -85,8 +88,7 @@ class VitFamily(Family):
         return final_readout(self)
 
     def head_writes(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        block = self.block(layer)
-        return head_writes(block.attn, getattr(block.ls1, "gamma", None))
+        return head_writes(self.block(layer).attn, self.attn_gain(layer))
 
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """``(H, W)`` must be the model's own size, or any multiple of the patch size for models built with

@@ -25,11 +25,9 @@ perfectly flat patches (``E = 0``) always are, strongly textured ones never.
 """
 from __future__ import annotations
 
-from .circuit import PlantedTruth, planted_truth
-from .dinov3 import PLANTED_DINOV3_NAME, planted_dinov3
-from .pvt import PLANTED_PVT_NAME, PlantedPvtTruth, planted_pvt
-from .swin import PLANTED_SWIN_NAME, PlantedSwinTruth, planted_swin
-from .vit import PLANTED_NAME, planted_vit
+from .models import (PLANTED_DINOV3_NAME, PLANTED_NAME, PLANTED_PVT_NAME, PLANTED_SWIN_NAME, planted_dinov3,
+                     planted_pvt, planted_swin, planted_vit)
+from .truth import PlantedPvtTruth, PlantedSwinTruth, PlantedTruth, planted_truth
 
 PLANTED_BUILDERS = {PLANTED_NAME: planted_vit, PLANTED_DINOV3_NAME: planted_dinov3,
                     PLANTED_PVT_NAME: planted_pvt, PLANTED_SWIN_NAME: planted_swin}  # name -> builder (interp.load)
