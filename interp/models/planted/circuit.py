@@ -59,8 +59,8 @@ class Plan:
         return self.sigma if self.normed else 1.0
 
     def read(self, row: torch.Tensor, dim: int, weight: float) -> None:
-        """Make a weight row read one reserved dim; of a LayerNorm output without the token's mean: -weight/2 on
-        each anchor (+A and -A) adds back exactly the mean LayerNorm subtracted (the raw residual has none)."""
+        """Make a weight row read one reserved dim. Where it reads a LayerNorm's output (``normed``), -weight/2 on
+        each anchor (+A and -A) adds back exactly the mean LayerNorm subtracted; the raw residual lost none."""
         row[dim] = weight
         if self.normed:
             row[self.pos_anchor] = -weight / 2
