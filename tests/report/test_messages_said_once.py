@@ -7,8 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from interp.models.planted.circuit import PlantedTruth
-from interp.models.planted.pvt import PlantedPvtTruth
+from interp.models.planted import PlantedPvtTruth, PlantedTruth
 from interp.report.summary import SYNTHETIC_NOTE, synthetic_note_for
 from interp.studies.artifacts.ablate import outlier_change
 

@@ -152,6 +152,15 @@ class Family:
         """The block's LayerScale on the MLP branch [d] (``gamma_2``/``ls2.gamma``), None when it has none."""
         return None
 
+    def attn_gain(self, layer: int) -> Optional[torch.Tensor]:
+        """The block's LayerScale on the attention branch [d] (``gamma_1``/``ls1.gamma``), None when it has none."""
+        return None
+
+    def attends_to_tokens(self, layer: int) -> bool:
+        """Whether every query of block ``layer`` attends to the same keys, the stage's tokens themselves (not
+        windows of them, not a spatially reduced grid)."""
+        return True
+
     def write_norms(self, layer: int) -> Tuple[Optional[nn.Module], Optional[nn.Module]]:
         """The norms between block ``layer``'s neurons and the residual stream: (between the neurons and ``fc2``:
         timm ``Mlp.norm``, EVA02's ``scale_mlp``; between ``fc2`` and the residual: a post-norm block's

@@ -25,28 +25,25 @@ neuron's write is not linear in its activation, and ``neuron_writes`` linearises
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...errors import InterpError
-from ..layout import TokenLayout
-from .base import Family
-from .parts import (InsertExtraTokens, KeyValue, MlpActivationEdits, attend, head_writes, hook_heads, install, is_gated,
-                    mlp_forward, unsupported_mlp)
-from .readout import FinalReadout, final_readout
+from .parts import KeyValue, attend, head_writes, hook_heads, mlp_forward
+from .plain_stack import PlainStackFamily
 
-_ENTRY_POINTS = ("forward_features", "_pos_embed", "forward_head", "pool")
 ROPE_HOOKS = ("hook_rot_q", "hook_rot_k")
 
 
-class EvaFamily(Family):
+class EvaFamily(PlainStackFamily):
     name = "eva"
     title = ("timm Eva: DINOv3 (vit_*_patch16_dinov3*), Perception Encoder (vit_pe_core_*), EVA02 (eva02_*), "
              "EVA (eva_*), ROPE-ViT (vit_*_rope_*), LingBot-Vision (vit_*_lingbot), Sapiens2 (vit_*_sapiens2)")
     timm_modules = ("timm.models.eva",)
+    after_position = "pos_drop"
 
     @classmethod
     def timm_class(cls) -> type:
@@ -54,47 +51,19 @@ class EvaFamily(Family):
 
         return Eva
 
-    def check(self) -> None:
+    def block_types(self) -> Tuple[Tuple[type, ...], Tuple[type, ...]]:
         from timm.layers import AttentionRope
-        from timm.models.eva import Eva, EvaAttention, EvaBlock, EvaBlockPostNorm
+        from timm.models.eva import EvaAttention, EvaBlock, EvaBlockPostNorm
 
-        self.refuse_overrides(Eva, _ENTRY_POINTS)
-        for i, block in enumerate(self.module.blocks):
-            problem = None
-            if type(block) not in (EvaBlock, EvaBlockPostNorm):
-                problem = f"block type {type(block).__name__} (timm's EvaBlock or EvaBlockPostNorm)"
-            elif type(block.attn) not in (EvaAttention, AttentionRope):
-                problem = f"attention type {type(block.attn).__name__} (EvaAttention or AttentionRope)"
-            else:
-                problem = unsupported_mlp(block.mlp)
-            if problem:
-                raise self.unsupported(f"blocks.{i} has an unsupported {problem}")
+        return (EvaBlock, EvaBlockPostNorm), (EvaAttention, AttentionRope)
 
     # ------------------------------------------------------------------ anatomy
-    def block(self, layer: int) -> nn.Module:
-        return self.module.blocks[layer]
-
     @property
     def has_rope(self) -> bool:
         return getattr(self.module, "rope", None) is not None
 
-    def grid(self, img_size: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
-        """Patch grid ``(h, w)`` for an input of ``img_size`` (default: the model's own)."""
-        pe = self.module.patch_embed
-        if img_size is None:
-            return tuple(int(g) for g in pe.grid_size)
-        return tuple(int(g) for g in pe.dynamic_feat_size(tuple(img_size)))
-
-    def layout(self, img_size: Optional[Tuple[int, int]] = None) -> TokenLayout:
-        m = self.module
-        reg = getattr(m, "reg_token", None)
-        return TokenLayout(n_prefix=int(m.num_prefix_tokens),
-                           n_registers=0 if reg is None else int(reg.shape[1]),
-                           cls_index=0 if getattr(m, "cls_token", None) is not None else None,
-                           grid=self.grid(img_size))
-
-    def d_model(self, layer: int = -1) -> int:
-        return int(self.module.embed_dim)
+    def attn_gain(self, layer: int) -> Optional[torch.Tensor]:
+        return getattr(self.block(layer), "gamma_1", None)
 
     def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
         return getattr(self.block(layer), "gamma_2", None)
@@ -106,15 +75,11 @@ class EvaFamily(Family):
         block = self.block(layer)
         return super().write_norms(layer)[0], block.norm2 if isinstance(block, EvaBlockPostNorm) else None
 
-    def final_readout(self) -> FinalReadout:
-        return final_readout(self)
-
     def head_writes(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        block = self.block(layer)
-        if not hasattr(block, "gamma_1"):
+        if not hasattr(self.block(layer), "gamma_1"):
             raise InterpError("a post-norm Eva block normalises its attention branch after proj: the heads' writes "
                               "do not add up linearly, so there is no per-head decomposition")
-        return head_writes(block.attn, block.gamma_1)
+        return head_writes(self.block(layer).attn, self.attn_gain(layer))
 
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """``(H, W)`` must be the model's own size, or any multiple of the patch size for models built with
@@ -124,40 +89,15 @@ class EvaFamily(Family):
                                    "compute its position embeddings for the input's size")
 
     # ------------------------------------------------------------------ hook points
-    def hook_leaves(self, layer: int) -> Tuple[str, ...]:
-        leaves = super().hook_leaves(layer)
-        if self.has_rope:
-            i = leaves.index("attn.hook_v") + 1
-            leaves = leaves[:i] + tuple(f"attn.{h}" for h in ROPE_HOOKS) + leaves[i:]
-        if is_gated(self.mlp(layer)):
-            i = leaves.index("mlp.hook_post")
-            leaves = leaves[:i] + ("mlp.hook_gate",) + leaves[i:]
-        return leaves
-
-    def install(self) -> None:
-        for _, block in self.blocks():
-            install(block, extra_attn=ROPE_HOOKS if self.has_rope else (),
-                    extra_mlp=("hook_gate",) if is_gated(block.mlp) else ())
+    def extra_attn_hooks(self) -> Tuple[str, ...]:
+        """q and k after RoPE (``hook_rot_q``, ``hook_rot_k``) where the model rotates them."""
+        return ROPE_HOOKS if self.has_rope else ()
 
     # ------------------------------------------------------------------ hooked forward
-    def embed(self, hooked, x: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Images [b, C, H, W] -> (tokens [b, t, d] entering block 0, RoPE table or None): patch embedding
-        (``hook_patch_embed``), prefix tokens and position embedding (timm's ``_pos_embed``, which also builds
-        the RoPE table for the input's grid), test-time registers, ``norm_pre`` (``hook_embed``)."""
-        m = self.module
-        e = m.patch_embed(x)
-        if e.ndim == 4:  # dynamic_img_size: [b, h, w, d]; the hook sees it flattened
-            b, h, w, d = e.shape
-            e = hooked.hook_patch_embed(e.reshape(b, h * w, d)).reshape(b, h, w, d)
-        else:
-            e = hooked.hook_patch_embed(e)
-        tokens, rope = m._pos_embed(e)
-        n_extra = hooked.edit_state.n_extra_tokens
-        if n_extra:
-            n_prefix = m.num_prefix_tokens
-            zeros = tokens.new_zeros(tokens.shape[0], n_extra, tokens.shape[-1])
-            tokens = torch.cat([tokens[:, :n_prefix], zeros, tokens[:, n_prefix:]], dim=1)
-        return hooked.hook_embed(m.norm_pre(tokens)), rope
+    def position(self, patches: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """timm's ``Eva._pos_embed``: prefix tokens, position embedding, ``pos_drop``, and the RoPE table for the
+        input's grid."""
+        return self.module._pos_embed(patches)
 
     def residual_stream(self, hooked, x: torch.Tensor, n_blocks: Optional[int] = None) -> torch.Tensor:
         m = self.module
@@ -170,69 +110,22 @@ class EvaFamily(Family):
                               state.extra_kv.get(i), force)
         return h
 
-    def forward_features(self, hooked, x: torch.Tensor) -> torch.Tensor:
-        return hooked.hook_norm_final(self.module.norm(self.residual_stream(hooked, x)))
-
-    def pool(self, hooked, tokens: torch.Tensor) -> torch.Tensor:
-        """Normed tokens [b, t, d] -> pooled [b, d']: timm's own ``Eva.pool`` unless an edit is active.
-
-        With a pooling override (``SelectiveCLS``) it gets the patch tokens and its votes go to
-        ``hook_selective_votes``; with test-time registers they count as prefix tokens (out of patch averages;
-        an attention pool reads every token, prefix tokens included, as timm's does).
-        """
-        from timm.layers import global_pool_nlc
-
-        m, state = self.module, hooked.edit_state
-        if state.pool_override is None and not state.n_extra_tokens:
-            return m.pool(tokens)
-        n_prefix = m.num_prefix_tokens + state.n_extra_tokens
-        if state.pool_override is not None:
-            pooled, votes = state.pool_override(tokens[:, n_prefix:])
-            if votes is not None:
-                hooked.hook_selective_votes(votes)
-            return pooled
-        if m.attn_pool is not None:
-            return m.attn_pool(tokens)
-        return global_pool_nlc(tokens, pool_type=m.global_pool, num_prefix_tokens=n_prefix)
-
-    def forward_head(self, hooked, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """timm's order: pool, ``fc_norm`` (-> ``hook_pooled``), ``head_drop``, ``head`` (-> ``hook_logits``)."""
-        m = self.module
-        pooled = m.head_drop(hooked.hook_pooled(m.fc_norm(self.pool(hooked, tokens))))
-        return pooled if pre_logits else hooked.hook_logits(m.head(pooled))
+    @property
+    def attn_pool_reads_prefix(self) -> bool:
+        """``Eva.pool`` hands an attention pool every token, prefix tokens included."""
+        return True
 
     # ------------------------------------------------------------------ plain timm models
-    def plain_mlp_edits(self, layer: int, edits: Sequence[nn.Module]) -> None:
-        mlp = self.mlp(layer)
-        mlp.drop1 = MlpActivationEdits(edits, mlp.drop1)
-
     def plain_extra_tokens(self, n_extra: int) -> None:
-        """Zero tokens after the prefix (inserted after ``pos_drop``, so they get no position embedding); every
-        attention then skips them in RoPE as it skips the prefix tokens, and timm's pooling counts them as
-        prefix tokens."""
-        m = self.module
-        if getattr(m, "dynamic_img_size", False) and m.pos_embed is not None and not m.no_embed_class:
-            raise InterpError("test-time registers in a plain model with dynamic_img_size=True and a position "
-                             "embedding that covers the prefix tokens are not supported (timm resamples it with "
-                             "num_prefix_tokens); build the model without dynamic_img_size, or use the hooked model")
-        m.pos_drop = InsertExtraTokens(m.pos_drop, m.num_prefix_tokens, n_extra)
-        m.num_prefix_tokens = m.num_prefix_tokens + n_extra
-        for block in m.blocks:
+        """As :meth:`PlainStackFamily.plain_extra_tokens` (after ``pos_drop``); every attention then skips them in
+        RoPE as it skips the prefix tokens."""
+        super().plain_extra_tokens(n_extra)
+        for block in self.module.blocks:
             block.attn.num_prefix_tokens = block.attn.num_prefix_tokens + n_extra
 
     def plain_extra_kv(self, layer: int, kv: KeyValue) -> None:
         block = self.block(layer)
         block.attn = EvaAttentionWithExtraKV(block.attn, *kv)
-
-    def plain_pool(self, pool: nn.Module) -> None:
-        if getattr(self.module, "attn_pool", None) is not None:
-            raise InterpError("SelectiveCLS on a model with attention pooling (attn_pool, e.g. Perception "
-                             "Encoder) would drop the pooling weights from the state dict; use the hooked model")
-        self.module.attn_pool = pool
-
-    def pool_skip(self, n_extra: int) -> int:
-        """``Eva.pool`` hands an attention pool every token, prefix tokens included."""
-        return int(self.module.num_prefix_tokens) + n_extra
 
     def describe(self):
         m = self.module

@@ -6,7 +6,7 @@ kernel (``scaled_dot_product_attention``) runs, as timm's own modules do.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -185,3 +185,26 @@ def unsupported_mlp(mlp: nn.Module) -> Optional[str]:
     if isinstance(mlp, (Mlp, GluMlp)) and isinstance(mlp.fc1, nn.Conv2d):
         return "convolutional MLP"
     return None
+
+
+def grid_tokens(feature_map: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+    """A pyramid's [b, h, w, d] map (its patch embedding's or a downsampling's output) -> (tokens [b, h*w, d]
+    row-major, the grid (h, w))."""
+    b, h, w, d = feature_map.shape
+    return feature_map.reshape(b, h * w, d), (h, w)
+
+
+def check_blocks(family, block_types: Tuple[type, ...], attn_types: Tuple[type, ...],
+                 problem: Callable[[nn.Module], Optional[str]] = lambda block: None) -> None:
+    """Refuse (``family.unsupported``) the first of ``family.blocks()`` whose class is not one of ``block_types``,
+    whose attention's is not one of ``attn_types``, or of which ``problem`` names what else the hooked forward
+    cannot run (a one-line phrase, or None)."""
+    def names(types):
+        return " or ".join(f"{t.__module__}.{t.__qualname__}" for t in types)
+
+    for prefix, block in family.blocks():
+        found = (f"block type {type(block).__name__} (only {names(block_types)})" if type(block) not in block_types
+                 else f"attention type {type(block.attn).__name__} (only {names(attn_types)})"
+                 if type(block.attn) not in attn_types else problem(block))
+        if found:
+            raise family.unsupported(f"{prefix} has an unsupported {found}")

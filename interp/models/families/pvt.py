@@ -36,7 +36,7 @@ from torch import nn
 from ...errors import ImageError, InterpError
 from ..layout import Grid, TokenLayout
 from .base import Family
-from .parts import KeyValue, attend, hook_heads
+from .parts import KeyValue, attend, check_blocks, grid_tokens, hook_heads
 
 _ENTRY_POINTS = ("forward_features", "forward_head")
 
@@ -49,6 +49,17 @@ def embed_grid(size: Tuple[int, int]) -> Grid:
 def downsample_grid(grid: Grid) -> Grid:
     """Grid after a stage's downsampling convolution (3x3 kernel, stride 2, padding 1)."""
     return tuple((g - 1) // 2 + 1 for g in grid)
+
+
+def _block_problem(block: nn.Module) -> Optional[str]:
+    """What else in a PVTv2 block the hooked forward does not reproduce, or None."""
+    from timm.models.pvt_v2 import MlpWithDepthwiseConv
+
+    if block.attn.pool is not None:
+        return "linear spatial-reduction attention (pvt_v2_*_li)"
+    if type(block.mlp) is not MlpWithDepthwiseConv or not isinstance(block.mlp.relu, nn.Identity):
+        return "MLP (only MlpWithDepthwiseConv without the linear variant's ReLU)"
+    return None
 
 
 class PvtV2Family(Family):
@@ -67,23 +78,12 @@ class PvtV2Family(Family):
         return PyramidVisionTransformerV2
 
     def check(self) -> None:
-        from timm.models.pvt_v2 import Attention, Block, MlpWithDepthwiseConv, PyramidVisionTransformerV2
+        from timm.models.pvt_v2 import Attention, Block, PyramidVisionTransformerV2
 
         self.refuse_overrides(PyramidVisionTransformerV2, _ENTRY_POINTS)
         if self.module.global_pool != "avg":
             raise self.unsupported(f"global_pool={self.module.global_pool!r} (only 'avg')")
-        for prefix, block in self.blocks():
-            problem = None
-            if type(block) is not Block:
-                problem = f"block type {type(block).__name__}"
-            elif type(block.attn) is not Attention:
-                problem = f"attention type {type(block.attn).__name__}"
-            elif block.attn.pool is not None:
-                problem = "linear spatial-reduction attention (pvt_v2_*_li)"
-            elif type(block.mlp) is not MlpWithDepthwiseConv or not isinstance(block.mlp.relu, nn.Identity):
-                problem = "MLP (only MlpWithDepthwiseConv without the linear variant's ReLU)"
-            if problem:
-                raise self.unsupported(f"{prefix} has an unsupported {problem}")
+        check_blocks(self, (Block,), (Attention,), _block_problem)
 
     # ------------------------------------------------------------------ anatomy
     def stage_grids(self, img_size: Optional[Tuple[int, int]] = None) -> Tuple[Grid, ...]:
@@ -100,6 +100,9 @@ class PvtV2Family(Family):
         """The spatial reduction of block ``layer``'s keys and values (1: none)."""
         sr = self.block(layer).attn.sr
         return 1 if sr is None else int(sr.stride[0])
+
+    def attends_to_tokens(self, layer: int) -> bool:
+        return self.sr_ratio(layer) == 1
 
     def received_attention(self, layer: int, pattern: torch.Tensor,
                            img_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
@@ -155,17 +158,15 @@ class PvtV2Family(Family):
         m = self.module
         n_blocks = len(self.blocks()) if n_blocks is None else n_blocks
         state, force = hooked.edit_state, hooked.force_patterns
-        e = m.patch_embed(x)  # [b, h, w, d]
-        b, h, w, d = e.shape
-        tokens = hooked.hook_embed(hooked.hook_patch_embed(e.reshape(b, h * w, d)))
+        tokens, (h, w) = grid_tokens(m.patch_embed(x))
+        tokens = hooked.hook_embed(hooked.hook_patch_embed(tokens))
         if n_blocks == 0:
             return tokens
         layer = 0
         for s, stage in enumerate(m.stages):
             if s > 0:
-                e = stage.downsample(tokens.reshape(b, h, w, -1).permute(0, 3, 1, 2).contiguous())
-                b, h, w, d = e.shape
-                tokens = e.reshape(b, h * w, d)
+                grid_map = tokens.reshape(tokens.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
+                tokens, (h, w) = grid_tokens(stage.downsample(grid_map))
             for block in stage.blocks:
                 tokens = block_forward(block, tokens, (h, w), state.extra_kv.get(layer), force)
                 layer += 1

@@ -40,7 +40,7 @@ from torch import nn
 from ...errors import ImageError
 from ..layout import Grid, TokenLayout
 from .base import Family
-from .parts import MlpActivationEdits, mlp_forward
+from .parts import MlpActivationEdits, check_blocks, grid_tokens, mlp_forward
 
 _ENTRY_POINTS = ("forward_features", "forward_head")
 
@@ -71,16 +71,9 @@ class SwinV2Family(Family):
         for s, stage in enumerate(self.stages()):
             if not isinstance(stage.downsample, (nn.Identity, PatchMerging)):
                 raise self.unsupported(f"layers.{s} has an unsupported downsampling {type(stage.downsample).__name__}")
-        for prefix, block in self.blocks():
-            problem = None
-            if type(block) is not SwinTransformerV2Block:
-                problem = f"block type {type(block).__name__}"
-            elif type(block.attn) is not WindowAttention:
-                problem = f"attention type {type(block.attn).__name__}"
-            elif type(block.mlp) is not Mlp or isinstance(block.mlp.fc1, nn.Conv2d):
-                problem = f"MLP type {type(block.mlp).__name__}"
-            if problem:
-                raise self.unsupported(f"{prefix} has an unsupported {problem}")
+        check_blocks(self, (SwinTransformerV2Block,), (WindowAttention,),
+                     lambda block: None if type(block.mlp) is Mlp and not isinstance(block.mlp.fc1, nn.Conv2d)
+                     else f"MLP type {type(block.mlp).__name__}")
 
     # ------------------------------------------------------------------ anatomy
     def stage_grids(self, img_size: Optional[Tuple[int, int]] = None) -> Tuple[Grid, ...]:
@@ -121,6 +114,10 @@ class SwinV2Family(Family):
         idx = F.pad(idx, (0, 0, 0, pad_w, 0, pad_h), value=-1)
         return window_partition(idx, ws).reshape(-1, ws[0] * ws[1])
 
+    def attends_to_tokens(self, layer: int) -> bool:
+        """False: every block attends inside windows."""
+        return False
+
     def received_attention(self, layer: int, pattern: torch.Tensor,
                            img_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """Per token of the stage's grid: the attention it receives as a key, averaged over heads and over the
@@ -160,17 +157,14 @@ class SwinV2Family(Family):
         stages), each block on its stage's grid."""
         m = self.module
         n_blocks = len(self.blocks()) if n_blocks is None else n_blocks
-        e = m.patch_embed(x)  # [b, h, w, d]
-        b, h, w, d = e.shape
-        tokens = hooked.hook_embed(hooked.hook_patch_embed(e.reshape(b, h * w, d)))
+        tokens, (h, w) = grid_tokens(m.patch_embed(x))
+        tokens = hooked.hook_embed(hooked.hook_patch_embed(tokens))
         if n_blocks == 0:
             return tokens
         layer = 0
         for stage in m.layers:
             if not isinstance(stage.downsample, nn.Identity):
-                e = stage.downsample(tokens.reshape(b, h, w, d))
-                b, h, w, d = e.shape
-                tokens = e.reshape(b, h * w, d)
+                tokens, (h, w) = grid_tokens(stage.downsample(tokens.reshape(tokens.shape[0], h, w, -1)))
             for block in stage.blocks:
                 tokens = block_forward(block, tokens, (h, w))
                 layer += 1

@@ -1,6 +1,9 @@
-"""A small ViT with register neurons planted by construction: the ground truth for tests and the demo.
+"""Small models with register neurons planted by construction: the ground truth for tests and the demo.
 
-Construction (all other weights are timm's random init with a fixed seed; ``d`` = embed dim):
+One circuit (:mod:`.circuit`), planted into a random-init timm model of a family through its adapter
+(:mod:`.plant`); the models users load by name (``planted_vit``, ``planted_dinov3``, ``planted_pvt``,
+``planted_swin``) are in :mod:`.models`. In the planted ViT (all other weights are timm's random init with a
+fixed seed; ``d`` = embed dim; what the other families change: :mod:`.plant`):
 
 * Reserved residual dimensions: ``0..F-1`` hold F zero-mean high-pass filter responses of the patch
   (patch embedding rows), ``F`` is the *texture* channel, ``F+1`` the *artifact* channel, ``F+2`` and
@@ -25,11 +28,9 @@ perfectly flat patches (``E = 0``) always are, strongly textured ones never.
 """
 from __future__ import annotations
 
-from .circuit import PlantedTruth, planted_truth
-from .dinov3 import PLANTED_DINOV3_NAME, planted_dinov3
-from .pvt import PLANTED_PVT_NAME, PlantedPvtTruth, planted_pvt
-from .swin import PLANTED_SWIN_NAME, PlantedSwinTruth, planted_swin
-from .vit import PLANTED_NAME, planted_vit
+from .models import (PLANTED_DINOV3_NAME, PLANTED_NAME, PLANTED_PVT_NAME, PLANTED_SWIN_NAME, planted_dinov3,
+                     planted_pvt, planted_swin, planted_vit)
+from .truth import PlantedPvtTruth, PlantedSwinTruth, PlantedTruth, planted_truth
 
 PLANTED_BUILDERS = {PLANTED_NAME: planted_vit, PLANTED_DINOV3_NAME: planted_dinov3,
                     PLANTED_PVT_NAME: planted_pvt, PLANTED_SWIN_NAME: planted_swin}  # name -> builder (interp.load)
