@@ -44,4 +44,4 @@ class RepairsConfig(ClassifierOption, DetectionOptions):
         parse=positive_int)
     sinder_samples: int = option(100_000, "random inputs of SINDER's per-block MLP fit (default 100000, SINDER's)",
                                  parse=positive_int)
-    sinder: bool = option(True, "compute SINDER's singular-defect directions (--no-sinder: skip them)")
+    sinder: bool = option(True, "skip SINDER's singular-defect directions", off="--no-sinder")
