@@ -92,7 +92,7 @@ def build_repairs(source, neurons, outliers: torch.Tensor, thresholds: Dict[int,
                   regcache_block: Optional[int]) -> Dict[str, Repair]:
     """Each repair's edits on ``source``'s model (calibrated on the source's own images where it needs
     calibration), or why it is n/a (module doc of :mod:`interp.studies.repairs.repairs`)."""
-    model, layout, n = source.model, source.layout, len(source.ids)
+    layout, n = source.layout, len(source.ids)
     bs, last = source.batch_size, source.n_layers - 1
     images = f"the study's own {n} images, 1 forward each"
     no_neurons = "n/a: no register neurons given (--neurons; find them with interp study neurons)"
@@ -101,12 +101,12 @@ def build_repairs(source, neurons, outliers: torch.Tensor, thresholds: Dict[int,
         out["test_time_register"] = out["attention_bias"] = Repair(reason=no_neurons)
     else:
         out["test_time_register"] = Repair([TestTimeRegister(neurons)], adds="1 token")
-        bias = AttentionBias.calibrate(model, (x for _, x in source.image_batches()), neurons, batch_size=bs)
+        bias = source.calibrated(AttentionBias.calibrate, neurons, batch_size=bs)
         out["attention_bias"] = Repair([bias], adds="1 key/value column per block", calibration=images)
     if not layout.n_registers:
         out["fix_reg_mean"] = Repair(reason="n/a: the model has no registers")
     else:
-        out["fix_reg_mean"] = Repair([fix_reg_mean(model, (x for _, x in source.image_batches()), bs)],
+        out["fix_reg_mean"] = Repair([source.calibrated(fix_reg_mean, bs)],
                                      calibration=images)
     out["mean_replacement"] = Repair([HighNormReplacement(thresholds)], calibration="the per-block thresholds "
                                      "(the study's detection pass)", params={"blocks": list(thresholds)})
@@ -115,7 +115,7 @@ def build_repairs(source, neurons, outliers: torch.Tensor, thresholds: Dict[int,
         out["regcache"] = Repair(reason=f"n/a: the prefix would enter block {start}, after the last block {last} "
                                         "(the artifacts first appear at the last block)")
     else:
-        cache = RegCache.calibrate(model, (x for _, x in source.image_batches()), outliers, start, bs)
+        cache = source.calibrated(RegCache.calibrate, outliers, start, bs)
         out["regcache"] = Repair([cache], adds=f"1 key/value column in blocks {start}-{last}", calibration=images,
                                  params={"start": start})
     out["tta"] = Repair([], forwards=views, adds=f"{views} views", calibration="none")

@@ -47,10 +47,10 @@ from ...errors import InterpError
 from ...interventions.neuron_sets import ranked_neurons
 from ...runtime.paired import Condition, paired_pass
 from ...runtime.source import require_live
-from ..artifacts.registers import attention_on_artifacts
 from ..core.behaviour import BehaviourMeter, behaviour_readout, headline_metric
 from ..core.options import FINAL
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
+from ..core.stats import attention_on_artifacts
 from ..declaration import study
 from .calibration import REPAIRS, block_pass, block_thresholds, build_repairs
 from .configs import RepairsConfig
@@ -219,7 +219,7 @@ def _measure(source, repairs, views, found, thr: float, readout, progress: bool)
 
 def _sinder(source, config, directions, neurons, found) -> Dict:
     """SINDER's direction per block against the measured artifact direction and the register neurons' writes."""
-    model = source.model
+    model = source.weights_model
     try:
         predicted = singular_defect_directions(model, config.sinder_samples, config.seed)
     except InterpError as e:
@@ -229,7 +229,7 @@ def _sinder(source, config, directions, neurons, found) -> Dict:
         m = directions.get(b) if found.artifacts_found else None
         writes = {}
         for n in (neurons or {}).get(b, []):
-            writes[str(n)] = float(abs(F.cosine_similarity(u.double(), model.neuron_writes(b)[:, n].double(), dim=0)))
+            writes[str(n)] = float(abs(F.cosine_similarity(u.double(), source.neuron_writes(b)[:, n].double(), dim=0)))
         blocks.append({"block": b, "cos_measured": None if m is None else float(abs(F.cosine_similarity(
             u.double(), m.double(), dim=0))), "neuron_cos": writes})
     d = int(predicted.shape[1])
