@@ -24,7 +24,9 @@ from . import masks
 from .ablation import NeuronAblation
 from .attention_bias import AttentionBias
 from .base import NEURON, POOLING, STRUCTURAL, EditContext, Intervention
+from .high_norm_replacement import HighNormReplacement
 from .register import TestTimeRegister
+from .regcache import RegCache
 from .relocation import Relocation
 from .sae_features import SAEFeatureAblation
 from .selective_aggregation import selective_aggregate
@@ -34,6 +36,7 @@ from .token_replacement import TokenReplacement
 
 __all__ = [
     "Intervention", "EditContext", "NeuronAblation", "Relocation", "TestTimeRegister", "AttentionBias",
-    "SelectiveCLS", "SelectivePool", "SAEFeatureAblation", "TokenReplacement", "selective_aggregate", "masks", "interventions_from_spec",
+    "SelectiveCLS", "SelectivePool", "SAEFeatureAblation", "TokenReplacement", "HighNormReplacement", "RegCache",
+    "selective_aggregate", "masks", "interventions_from_spec",
     "STRUCTURAL", "NEURON", "POOLING",
 ]

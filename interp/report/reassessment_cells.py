@@ -8,7 +8,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-from ..studies.artifacts.registers import attention_on_artifacts
+from ..studies.core.stats import attention_on_artifacts
 
 NO_ARTIFACTS = "no artifacts"
 NO_LABELS = "the images carry no labels (an image-folder layout DIR/<class>/img gives them)"

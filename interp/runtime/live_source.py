@@ -159,6 +159,11 @@ class LiveSource(ActivationSource):
         neuron's average activation over this source's images (the unedited model's)."""
         return NeuronAblation.calibrate_means(self.model, (x for _, x in self.image_batches()), neurons)
 
+    def calibrated(self, calibrate, *args, **kwargs):
+        """An edit calibrated on this source's images: ``calibrate(model, image batches, *args, **kwargs)`` (e.g.
+        ``AttentionBias.calibrate``, ``fix_reg_mean``, ``RegCache.calibrate``), the batches in the source's order."""
+        return calibrate(self.model, (x for _, x in self.image_batches()), *args, **kwargs)
+
     def run(self, x: torch.Tensor, hooks: Sequence[str] = (), reduce: Reducers = None, interventions: Sequence = (),
             logits: bool = False) -> Run:
         """One forward of images ``x`` [b, 3, H, W] (from :meth:`image_batches`, or an edit of them: a corrupted

@@ -23,6 +23,7 @@ from .causal import configs as causal_configs
 from .declaration import StudyConfig, declared_configs, function_of
 from .objects import configs as objects_configs
 from .probes import configs as probes_configs
+from .repairs import configs as repairs_configs
 from .sae import configs as sae_configs
 
 
@@ -52,6 +53,7 @@ THEMES: Tuple[Theme, ...] = (
     Theme("probes", "What the tokens hold", probes_configs),
     Theme("sae", "Sparse autoencoders", sae_configs),
     Theme("causal", "The causal toolkit", causal_configs),
+    Theme("repairs", "Training-free repairs", repairs_configs),
 )
 
 

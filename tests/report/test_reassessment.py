@@ -134,7 +134,7 @@ def test_reassess_cli(tmp_path, capsys):
 def test_attention_on_artifacts_is_the_patch_share_of_the_cls_row():
     import torch
 
-    from interp.studies.artifacts.registers import attention_on_artifacts
+    from interp.studies.core.stats import attention_on_artifacts
 
     # image 0: 0.4 of the row on the patches (the rest on CLS / registers), 0.2 of it on the one outlier patch;
     # image 1 has no outlier: left out

@@ -14,13 +14,14 @@ model's high-norm patches, without and with the register), and the behaviour met
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 
 from ...interventions import TestTimeRegister
 from ...interventions.neuron_sets import ranked_neurons
 from ..core.behaviour import BehaviourMeter, behaviour_readout
+from ..core.stats import attention_on_artifacts
 from ...runtime.forward import Baseline
 from ...runtime.paired import Condition, paired_pass
 from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
@@ -74,18 +75,6 @@ class RegistersResult(OutlierStudyResult):
                      f"(uniform {on['patch_share']:.3f})"] if on else []
         return [f"patch outliers: {self.baseline['outlier_count']} -> {self.with_register['outlier_count']}",
                 *attention, *behaviour_lines(self)]
-
-
-def attention_on_artifacts(attention: torch.Tensor, outliers: torch.Tensor) -> Tuple[List[float], List[float]]:
-    """Attention-map cleanliness: per image that has outliers, the share of its CLS->patch attention
-    ``attention`` [b, P] (head mean; renormalised over the P patches, so attention on CLS or register tokens
-    is left out) that lands on the patches of ``outliers`` Bool[b, P], and the share of the patches they are
-    (the same share under a uniform map). Returns (attention shares, patch shares), one entry per image with at
-    least one outlier."""
-    attention = attention.float()
-    keep = outliers.any(-1)
-    on = (attention * outliers).sum(-1) / attention.sum(-1).clamp_min(1e-12)
-    return on[keep].tolist(), outliers.float().mean(-1)[keep].tolist()
 
 
 def _mean(values: List[float]) -> Optional[float]:

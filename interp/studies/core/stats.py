@@ -1,5 +1,6 @@
 """Statistics the study themes share: one IoU (Jaccard index) for masks and for boxes, one empty-set rule; the
-percentile bootstrap interval of a hit rate (PiB, CorLoc).
+percentile bootstrap interval of a hit rate (PiB, CorLoc); the share of CLS attention on the artifact patches
+(:func:`attention_on_artifacts`: test-time registers, the reassessment, the repairs).
 
 IoU = |A & B| / |A | B|. When both sets are empty (no cell in either mask; two boxes of zero area) the union
 is empty and the ratio means nothing: these functions return None then, never 0 or 1. Callers leave such
@@ -16,7 +17,7 @@ True
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -58,3 +59,15 @@ def bootstrap_ci(hits: np.ndarray, n_boot: int = 1000, level: float = 0.95, seed
     means = hits[rng.integers(0, hits.size, size=(int(n_boot), hits.size))].mean(axis=1)
     alpha = (1.0 - level) / 2.0
     return float(np.quantile(means, alpha)), float(np.quantile(means, 1.0 - alpha))
+
+
+def attention_on_artifacts(attention: torch.Tensor, outliers: torch.Tensor) -> Tuple[List[float], List[float]]:
+    """Attention-map cleanliness: per image that has outliers, the share of its CLS->patch attention
+    ``attention`` [b, P] (head mean; renormalised over the P patches, so attention on CLS or register tokens
+    is left out) that lands on the patches of ``outliers`` Bool[b, P], and the share of the patches they are
+    (the same share under a uniform map). Returns (attention shares, patch shares), one entry per image with at
+    least one outlier."""
+    attention = attention.float()
+    keep = outliers.any(-1)
+    on = (attention * outliers).sum(-1) / attention.sum(-1).clamp_min(1e-12)
+    return on[keep].tolist(), outliers.float().mean(-1)[keep].tolist()
