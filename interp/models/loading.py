@@ -12,7 +12,7 @@ import socket
 import threading
 import warnings
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 import torch
 from torch import nn
@@ -106,19 +106,29 @@ def load_weights_file(model: nn.Module, path: Union[str, Path, dict], entry_modu
         except Exception as e:
             raise ModelLoadError(f"timm could not convert {where!r} for this architecture: {e}") from e
     check_floating_weights(model, sd, repr(where))
-    hint = ("Pass the timm name of the architecture these weights were trained with, and timm kwargs "
-            "such as num_classes=0 or img_size=... if the head or resolution differs.")
-    try:
-        result = model.load_state_dict(sd, strict=False)
-    except RuntimeError as e:  # shape mismatches
-        first = str(e).splitlines()[1:3]
-        raise ModelLoadError(f"{where!r} does not match this architecture: {' '.join(first)}. {hint}") from e
-    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
-    if missing or unexpected:
-        raise ModelLoadError(
-            f"{where!r} does not match this architecture: {len(missing)} missing keys "
-            f"(e.g. {missing[:3]}), {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}). {hint}"
-        )
+    misfit = state_dict_misfit(model.state_dict(), sd)
+    if misfit:
+        raise ModelLoadError(f"{Path(str(where)).name!r} does not fit this architecture: {misfit} tensors; give "
+                             "the timm name it was trained with")
+    model.load_state_dict(sd, strict=True)
+
+
+def state_dict_misfit(own: Dict[str, torch.Tensor], given: Dict[str, torch.Tensor]) -> Optional[str]:
+    """How a state dict ``given`` misses a model's own ``own``, in a few words (None: every key and shape fits):
+    the counts of tensors of another shape, keys missing and keys unexpected, the first kind with an example."""
+    shaped = [k for k in own if k in given and tuple(own[k].shape) != tuple(given[k].shape)]
+    missing = [k for k in own if k not in given]
+    unexpected = [k for k in given if k not in own]
+    parts = []
+    if shaped:
+        k = shaped[0]
+        parts.append(f"{len(shaped)} of another shape ({k}: {list(given[k].shape)} in the file, "
+                     f"{list(own[k].shape)} here)")
+    if missing:
+        parts.append(f"{len(missing)} missing" + ("" if parts else f" ({missing[0]})"))
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected" + ("" if parts else f" ({unexpected[0]})"))
+    return ", ".join(parts) or None
 
 
 # Where each checkpoint format keeps its absolute position embedding, and how many prefix tokens
