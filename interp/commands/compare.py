@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..detection.spec import DetectionSpec
 from ..options import Options, group, option
-from .groups import (NONE, Images, ModelSet, OutputOptions, PreprocessOptions, SeedOption, StrictOption,
-                     TableProbes, batch_size_option, overwrite_option)
+from .groups import NONE, ModelTable, OutputOptions, overwrite_option
 from .inputs import RunInputs, command
 from .saving import write_outputs
 
@@ -26,14 +24,7 @@ from .saving import write_outputs
 class CompareOptions(Options):
     """The options of ``interp compare``."""
 
-    models: ModelSet = group(ModelSet)
-    source: Images = group(Images)
-    detection: DetectionSpec = group(DetectionSpec)
-    preprocessing: PreprocessOptions = group(PreprocessOptions)
-    batch_size: int = batch_size_option(16)
-    seed: SeedOption = group(SeedOption)
-    probes: TableProbes = group(TableProbes)
-    strict: StrictOption = group(StrictOption)
+    table: ModelTable = group(ModelTable)
     out: Optional[str] = option(None, "write compare.json into this folder")
     overwrite: bool = overwrite_option("an existing compare.json in --out")
     output: OutputOptions = group(OutputOptions)
@@ -53,7 +44,7 @@ def run(options: CompareOptions, inputs: RunInputs) -> int:
     from .output import atomic_output_dir, check_output_folder
 
     o = options
-    o.detection.resolved()  # an unknown preset is refused before torch and any model
+    o.table.detection.resolved()  # an unknown preset is refused before torch and any model
     if o.out:
         from .saving import refuse_existing_file
 
@@ -61,16 +52,13 @@ def run(options: CompareOptions, inputs: RunInputs) -> int:
         refuse_existing_file(Path(o.out) / "compare.json", o.overwrite)
     check_device(inputs.device)
     from ..models import sample_image_paths
-    from ..report.compare import PROBE_OPTIONS, CompareSettings, compare_models
+    from ..report.compare import CompareSettings, compare_models
 
-    settings = CompareSettings(detection=o.detection, batch_size=o.batch_size, probes=o.probes.probes,
-                               probe_tokens=o.probes.probe_tokens, seed=o.seed.seed, strict=o.strict.strict,
-                               probe_options={**PROBE_OPTIONS, **o.probes.budget.probe_budget()},
-                               preprocess=o.preprocessing.preprocess(), progress=inputs.stage_lines)
+    settings = CompareSettings(**o.table.settings(inputs.stage_lines))
     staged = atomic_output_dir(o.out, "compare.json", what="comparison") if o.out else contextlib.nullcontext()
     with staged as staging:
         models = load_models(inputs, (o,))
-        result = compare_models(models, o.source.images or sample_image_paths(), settings,
+        result = compare_models(models, o.table.source.images or sample_image_paths(), settings,
                                 names=[spec.label for spec in inputs.models])
         print(result.table())
         if staging is not None:

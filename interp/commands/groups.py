@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..console import NO_PROGRESS_ENV
+from ..detection.spec import DetectionSpec
 from ..errors import UsageError
 from ..options import Options, group, option
 from ..studies.core.options import ProbeBudget
@@ -299,3 +300,26 @@ class PreprocessOptions(Options):
         except ValueError as e:
             raise UsageError(f"--resize/--crop: {e}") from None
         return f"resize{resize}-crop{resize if crop is None else crop}"
+
+
+# ------------------------------------------------------------------------------------------ a table over models
+@dataclass(frozen=True, kw_only=True)
+class ModelTable(Options):
+    """How a table over several models (``interp compare``, ``interp reassess``) measures them: the models, the
+    images, one detection rule, preprocessing, images per forward pass, ``--seed``, the probes, ``--strict``."""
+
+    models: ModelSet = group(ModelSet)
+    source: Images = group(Images)
+    detection: DetectionSpec = group(DetectionSpec)
+    preprocessing: PreprocessOptions = group(PreprocessOptions)
+    batch_size: int = batch_size_option(16)
+    seed: SeedOption = group(SeedOption)
+    probes: TableProbes = group(TableProbes)
+    strict: StrictOption = group(StrictOption)
+
+    def settings(self, progress: bool) -> Dict[str, Any]:
+        """The keywords of the engines' settings (:class:`interp.report.compare.CompareSettings`)."""
+        return dict(detection=self.detection, batch_size=self.batch_size, probes=self.probes.probes,
+                    probe_tokens=self.probes.probe_tokens, probe_options=self.probes.budget.probe_budget(),
+                    seed=self.seed.seed, strict=self.strict.strict, preprocess=self.preprocessing.preprocess(),
+                    progress=progress)

@@ -14,12 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ..detection.spec import DetectionSpec
 from ..errors import UsageError
 from ..options import Options, group, option
 from ..values import existing_file, top_k_arg
-from .groups import (NONE, Images, ModelSet, OutputOptions, PreprocessOptions, SeedOption, StrictOption,
-                     TableProbes, batch_size_option, checked_per_model, overwrite_option)
+from .groups import NONE, ModelTable, OutputOptions, checked_per_model, overwrite_option
 from .inputs import RunInputs, command
 
 
@@ -28,12 +26,7 @@ class ReassessOptions(Options):
     """The options of ``interp reassess``: those of ``interp compare`` and claim 5's inputs (the classifier
     files, the trained-register pairs, the test-time register's neurons), checked against MODEL when built."""
 
-    models: ModelSet = group(ModelSet)
-    source: Images = group(Images)
-    detection: DetectionSpec = group(DetectionSpec)
-    preprocessing: PreprocessOptions = group(PreprocessOptions)
-    batch_size: int = batch_size_option(16)
-    seed: SeedOption = group(SeedOption)
+    table: ModelTable = group(ModelTable)
     classifier: Optional[Tuple[str, ...]] = option(
         None, f"classifier file per model, in order ('{NONE}': the model's own head), whose class logits give claim "
               "5's accuracy (labelled images) or top-1 agreement (interp classifier)", many=True, metavar="FILE|-")
@@ -43,8 +36,6 @@ class ReassessOptions(Options):
               "vit_small_patch14_dinov2)", many=True, metavar="REG=PLAIN")
     top_k: Optional[int] = option(None, "register neurons the test-time register edits (default: a planted model's "
                                         "own count, else 10)", parse=top_k_arg)
-    probes: TableProbes = group(TableProbes)
-    strict: StrictOption = group(StrictOption)
     out: Optional[str] = option(None, "write reassess.json, reassess.md and reassess.png into this folder")
     overwrite: bool = overwrite_option("an existing reassess.json in --out")
     output: OutputOptions = group(OutputOptions)
@@ -56,12 +47,12 @@ class ReassessOptions(Options):
 
     def classifiers(self) -> List[Optional[str]]:
         """One classifier file per model (None: the model's own head)."""
-        return checked_per_model(self.classifier, len(self.models.models), "--classifier", existing_file,
+        return checked_per_model(self.classifier, len(self.table.models.models), "--classifier", existing_file,
                                  shared=False)
 
     def sibling_columns(self) -> Optional[Dict[str, str]]:
         """``--siblings`` as {trained-register column: its no-register sibling's column} (None: not given)."""
-        return parse_siblings(self.siblings, self.models.labels())
+        return parse_siblings(self.siblings, self.table.models.labels())
 
 
 HELP = {
@@ -115,7 +106,7 @@ def run(options: ReassessOptions, inputs: RunInputs) -> int:
     from .saving import refuse_existing_file, write_outputs
 
     o = options
-    o.detection.resolved()  # an unknown preset is refused before torch
+    o.table.detection.resolved()  # an unknown preset is refused before torch
     out = Path(o.out) if o.out else None
     if out is not None:
         check_output_folder(o.out)
@@ -123,7 +114,6 @@ def run(options: ReassessOptions, inputs: RunInputs) -> int:
     check_device(inputs.device)
     from ..hooks.load import load_skeleton
     from ..models import sample_image_paths
-    from ..report.compare import PROBE_OPTIONS
     from ..report.reassessment import ReassessSettings, reassess_models
     from ..report.reassessment_figure import reassessment_figure
 
@@ -131,15 +121,12 @@ def run(options: ReassessOptions, inputs: RunInputs) -> int:
         skeleton = load_skeleton(spec.name, **({"img_size": spec.img_size} if spec.img_size else {}))
         if skeleton is not None:
             check_top_k(o.top_k, skeleton)
-    settings = ReassessSettings(detection=o.detection, batch_size=o.batch_size, probes=o.probes.probes,
-                                probe_tokens=o.probes.probe_tokens, seed=o.seed.seed, strict=o.strict.strict,
-                                probe_options={**PROBE_OPTIONS, **o.probes.budget.probe_budget()},
-                                preprocess=o.preprocessing.preprocess(), progress=inputs.stage_lines, top_k=o.top_k)
+    settings = ReassessSettings(**o.table.settings(inputs.stage_lines), top_k=o.top_k)
     staged = atomic_output_dir(out, "reassess.json", replaces=["reassess.md", "reassess.png"],
                                what="reassessment") if out else contextlib.nullcontext()
     with staged as staging:
         models = load_models(inputs, (o,))
-        result = reassess_models(models, o.source.images or sample_image_paths(), settings,
+        result = reassess_models(models, o.table.source.images or sample_image_paths(), settings,
                                  names=[spec.label for spec in inputs.models], siblings=o.sibling_columns(),
                                  classifiers=o.classifiers())
         print(result.table())

@@ -73,7 +73,7 @@ class CompareSettings:
         detection: one detection rule for every model (a percentile or "auto" is each model's own threshold).
         batch_size: images per forward pass.
         probes: run the linear probes, on at most ``probe_tokens`` training tokens each, fitted with
-            ``probe_options`` (None: :data:`PROBE_OPTIONS`).
+            :data:`PROBE_OPTIONS` and the ``probe_options`` given over them.
         seed: the probes' token sample and initialisation.
         strict: stop at the first unreadable image (default: leave it out, listed in ``skipped``).
         preprocess: one eval transform for every model's images (``"resize256-crop224"``; None: each model's own).
@@ -91,8 +91,8 @@ class CompareSettings:
     progress: bool = True
 
     def probe_budget(self) -> Dict:
-        """The probes' options (:data:`PROBE_OPTIONS` when none were given)."""
-        return dict(PROBE_OPTIONS if self.probe_options is None else self.probe_options)
+        """The probes' options: :data:`PROBE_OPTIONS` and the ``probe_options`` given over them."""
+        return {**PROBE_OPTIONS, **(self.probe_options or {})}
 
     def params(self) -> Dict:
         """The settings as a result's ``params`` (the detection rule resolved: a preset's values filled in)."""
