@@ -37,7 +37,7 @@ from interp.sae.setup import prepare_data
 from interp.sae.train import TrainSettings
 
 HOOK = "blocks.0.hook_resid_post"
-SAE = dict(arch="topk", expansion=4, k=32, batch_size=1024, tokens="all", window_images=64, data_shards=8,
+SAE = dict(arch="topk", expansion=4, k=32, tokens_per_step=1024, tokens="all", window_images=64, data_shards=8,
            holdout=0.0, lr=4e-4)
 PARTS = ("data", "compute", "metrics")
 
@@ -67,7 +67,7 @@ def run_steps(data, cfg, arch, module, optimiser, last_fired, steps: range, devi
     """Per-step seconds of each part over ``steps`` (a fresh stream: its windows are read anew); on a GPU the
     data path includes the copy to the device and each part ends with a synchronisation."""
     stream = TokenStream(data.train, data.counts[data.train], data.read_tokens, cfg.seed, cfg.window_images,
-                         cfg.batch_size, cfg.data_shards, range(cfg.data_shards))
+                         cfg.tokens_per_step, cfg.data_shards, range(cfg.data_shards))
     times = {p: [] for p in PARTS}
     for step in steps:
         t0 = time.perf_counter()
@@ -128,12 +128,12 @@ def main() -> None:
     model = interp.load("vit_small_patch16_224", pretrained=False, depth=1)
     folder = Path(tempfile.mkdtemp(prefix="sae-profile-", dir=os.environ.get("BENCH_TMP")))
     cache = write_cache(model, args.images, folder / "acts.h5")
-    epoch = args.images * 197 // SAE["batch_size"]
+    epoch = args.images * 197 // SAE["tokens_per_step"]
     cfg = TrainSettings(**SAE, steps=epoch)
     data = prepare_data(model, HOOK, cfg, cache=cache)
     arch = sae_modules.architecture(cfg.arch)(cfg)
     n_features = cfg.expansion * data.rows.d
-    module = arch.build(data.rows.d, n_features, cfg.batch_size, data.points).to(device)
+    module = arch.build(data.rows.d, n_features, cfg.tokens_per_step, data.points).to(device)
     module.train()
     optimiser = torch.optim.Adam(module.parameters(), lr=cfg.lr)
     last_fired = torch.zeros(n_features, dtype=torch.int64, device=device)
@@ -148,13 +148,13 @@ def main() -> None:
                 merged[mode][p] += times[p]
     results = {"images": args.images, "rounds": args.rounds, "steps_per_round": epoch, "threads": args.threads,
                "device": str(device),
-               "batch_tokens": cfg.batch_size, "d": data.rows.d, "n_features": n_features,
-               **{mode: summary(merged[mode], cfg.batch_size) for mode in merged}}
+               "batch_tokens": cfg.tokens_per_step, "d": data.rows.d, "n_features": n_features,
+               **{mode: summary(merged[mode], cfg.tokens_per_step) for mode in merged}}
     # A GPU step (not measured here: no GPU): its matmuls, and the data path's rate that a step of 1 ms (an
     # estimate for these sizes, launch-bound) would need to keep the data path under 10 % of it.
-    flops = 6 * cfg.batch_size * data.rows.d * n_features * 2  # encoder + decoder matmuls, forward and backward
+    flops = 6 * cfg.tokens_per_step * data.rows.d * n_features * 2  # encoder + decoder matmuls, forward and backward
     results["step_matmul_gflop"] = flops / 1e9
-    results["data_path_tokens_per_s_needed_for_10pct_at_1ms_step"] = 9 * cfg.batch_size / 1e-3
+    results["data_path_tokens_per_s_needed_for_10pct_at_1ms_step"] = 9 * cfg.tokens_per_step / 1e-3
     path = write_results("sae_step_profile" if device.type == "cpu" else f"sae_step_profile_{device.type}", results)
     for key, value in results.items():
         print(f"{key:50s} {value}")

@@ -72,7 +72,7 @@ def group(cls: type, **defaults: Any) -> Any:
     """A field holding an option group (an :class:`Options` class): the command line lists the group's fields
     where this field is declared, each under its own name; ``defaults``: this command's defaults of some of
     them (``group(BatchOptions, batch_size=8)``). Python callers pass the group built:
-    ``ReportOptions(detection=DetectionFields(threshold=3.5))``."""
+    ``ReportOptions(detection=DetectionSpec(threshold=3.5))``."""
     return dataclasses.field(default_factory=functools.partial(cls, **defaults),
                              metadata={"group": cls, "defaults": dict(defaults)})
 
@@ -146,7 +146,23 @@ class Options:
         """A copy with some options changed (checked again)."""
         return dataclasses.replace(self, **options)
 
+    def parts(self) -> List["Options"]:
+        """This object and the option groups it holds, transitively, in declaration order."""
+        return [self] + [p for f in self.group_fields() for p in getattr(self, f.name).parts()]
+
+    def values(self) -> Dict[str, Any]:
+        """Every option's value by field name, the groups' included (a command's names are unique: they are its
+        flags' destinations)."""
+        return {f.name: getattr(part, f.name) for part in self.parts() for f in part.cli_fields()}
+
     # ------------------------------------------------------------------ command line
+    @classmethod
+    def option_fields(cls) -> List[dataclasses.Field]:
+        """The fields that are options, the groups' included, transitively (one per command-line option)."""
+        return [o for f in dataclasses.fields(cls)
+                for o in ([f] if "flag" in f.metadata else
+                          f.metadata["group"].option_fields() if "group" in f.metadata else [])]
+
     @classmethod
     def cli_fields(cls) -> List[dataclasses.Field]:
         """The fields that are options of their own (not groups)."""

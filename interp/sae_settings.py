@@ -3,9 +3,9 @@ loads torch): :class:`TrainSettings`, whose fields are the options
 of ``interp sae train`` (defaults, help texts and parse-time checks here, nowhere else) and the keywords of
 :func:`interp.sae.train`.
 
-One word per concept: ``batch_size`` here (``--tokens-per-step``) is tokens per training step; images per forward
-pass of a live run are ``image_batch`` (``--batch-size``, as in every other command). The field keeps its name
-``batch_size`` because ``sae.json``'s ``training`` and ``checkpoint.pt``'s ``settings`` record the fields by name.
+One word per concept: ``tokens_per_step`` here (``--tokens-per-step``) is tokens per training step; images per
+forward pass of a live run are ``interp sae train``'s ``--batch-size`` (``image_batch`` of :func:`interp.sae.train`),
+as in every other command. ``sae.json``'s ``training`` and ``checkpoint.pt``'s ``settings`` record the fields by name.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ class TrainSettings(Options):
     threshold: Any = option("auto", "high-norm detection threshold (auto, pNN, a norm; default auto)",
                             parse=threshold_arg)
     steps: int = option(1000, "training steps (default 1000)", parse=positive_int)
-    batch_size: int = option(1024, "tokens per training step, all processes together (default 1024)",
-                             flag="--tokens-per-step", parse=sae_batch_arg, metavar="N")
+    tokens_per_step: int = option(1024, "tokens per training step, all processes together (default 1024)",
+                                  parse=sae_batch_arg, metavar="N")
     lr: float = option(4e-4, "Adam learning rate (default 4e-4)", parse=positive_float)
     seed: int = option(0, SEED_HELP, parse=seed_arg)
     window_images: int = option(256, "images whose tokens are shuffled together (memory: one window per data "
@@ -74,13 +74,13 @@ class TrainSettings(Options):
         for name, choices in (("arch", SAE_ARCHS), ("tokens", TOKEN_CHOICES), ("high_norm", HIGH_NORM_CHOICES)):
             if getattr(self, name) not in choices:
                 raise InterpError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")
-        for name in ("expansion", "k", "steps", "batch_size", "window_images", "data_shards", "norm_images",
+        for name in ("expansion", "k", "steps", "tokens_per_step", "window_images", "data_shards", "norm_images",
                      "dead_window", "n_points"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise InterpError(f"{name} must be a whole number >= 1, got {getattr(self, name)!r}")
-        if self.expansion > MAX_EXPANSION or self.batch_size > MAX_SAE_BATCH:
-            raise UsageError(f"expansion must be <= {MAX_EXPANSION} and batch_size <= {MAX_SAE_BATCH} tokens "
-                             f"(interp's bounds on one run), got {self.expansion} and {self.batch_size}")
+        if self.expansion > MAX_EXPANSION or self.tokens_per_step > MAX_SAE_BATCH:
+            raise UsageError(f"expansion must be <= {MAX_EXPANSION} and tokens_per_step <= {MAX_SAE_BATCH} "
+                             f"(interp's bounds on one run), got {self.expansion} and {self.tokens_per_step}")
         for name in ("aux_penalty", "l1_penalty", "l0_penalty"):
             if not getattr(self, name) >= 0:
                 raise InterpError(f"{name} must be >= 0, got {getattr(self, name)!r}")

@@ -20,7 +20,7 @@ needs_overcomplete = pytest.mark.skipif(importlib.util.find_spec("overcomplete")
 HOOK = "blocks.3.hook_resid_post"  # after the planted register neurons (block 2's MLP)
 # Small and quick on 2 shared cores (one thread): k=2, since a TopK SAE spreads the one-dimensional artifact
 # direction over its k active features (docs/sae.md); lr high enough to converge in 200 steps.
-TRAIN = dict(arch="topk", expansion=2, k=2, steps=200, batch_size=256, lr=3e-3, window_images=16, data_shards=2,
+TRAIN = dict(arch="topk", expansion=2, k=2, steps=200, tokens_per_step=256, lr=3e-3, window_images=16, data_shards=2,
              holdout=0.125, dead_window=100)
 
 
@@ -80,7 +80,7 @@ def planted_sae_wide() -> Path:
     exist (the test SAE above has none: 4 live features). About 40 s on one thread, built once per run."""
     def build(folder: Path) -> None:
         train_planted(folder / "sae", checkpoint_every=1000, arch="matryoshka", expansion=4, k=16, steps=300,
-                      batch_size=512, lr=1e-3)
+                      tokens_per_step=512, lr=1e-3)
 
     return built_once("sae-wide", build) / "sae"
 
@@ -89,7 +89,7 @@ def planted_sae_wide() -> Path:
 # (every residual channel, no axis) instead of a reserved channel, the artifact tokens about 2.5x the bulk; one small
 # SAE per objective interp trains, all on one cache (about 3 s each on one thread).
 DENSE_HOOK = "blocks.2.hook_resid_post"  # after the register neurons of block 1, two blocks before the last
-DENSE_TRAIN = dict(expansion=2, k=16, steps=60, batch_size=128, lr=3e-3, window_images=16, data_shards=2,
+DENSE_TRAIN = dict(expansion=2, k=16, steps=60, tokens_per_step=128, lr=3e-3, window_images=16, data_shards=2,
                    holdout=0.125, dead_window=50, checkpoint_every=1000)
 
 

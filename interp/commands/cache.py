@@ -9,11 +9,12 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ..options import Options, option
+from ..options import Options, group, option
 from ..studies.catalog import declared, hooks_for_studies
 from ..values import existing_path, image_list_file, positive_int
 from .common import load_model
-from .inputs import (ModelOptions, OutputOptions, PreprocessOptions, RunInputs, SeedOption, StrictOption, command)
+from .groups import ModelOptions, OutputOptions, PreprocessOptions, SeedOption, Sources, StrictOption
+from .inputs import RunInputs, command
 
 
 def _study_names(text: str) -> list:
@@ -22,7 +23,11 @@ def _study_names(text: str) -> list:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CacheImages(Options):
+class CacheImages(Sources):
+    """``--images DIR`` or ``--image-list FILE`` (one of them)."""
+
+    REQUIRED_GROUPS = ("images",)
+
     images: Optional[str] = option(None, "folder of images (searched recursively)", parse=existing_path,
                                    metavar="DIR", exclusive="images")
     image_list: Optional[str] = option(
@@ -31,9 +36,12 @@ class CacheImages(Options):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CacheWrite(Options):
-    """What ``interp cache`` stores and where."""
+class CacheOptions(Options):
+    """The options of ``interp cache``: the model, the images, what is stored and where, the run."""
 
+    model: ModelOptions = group(ModelOptions)
+    seed: SeedOption = group(SeedOption)
+    source: CacheImages = group(CacheImages)
     hooks: Tuple[str, ...] = option((), "hook names or glob patterns, e.g. 'blocks.*.hook_resid_post' (see "
                                         "`interp hooks MODEL`)", many="+", metavar="PATTERN")
     for_studies: Optional[str] = option(
@@ -50,15 +58,9 @@ class CacheWrite(Options):
                               choices=("none", "lzf", "gzip"))
     resume: bool = option(False, "continue an interrupted FILE.h5 (same settings)")
     overwrite: bool = option(False, "replace an existing FILE.h5")
-
-
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
-@dataclass(frozen=True, kw_only=True)
-class CacheOptions(OutputOptions, PreprocessOptions, StrictOption, CacheWrite, CacheImages, SeedOption,
-                   ModelOptions):
-    """The options of ``interp cache``."""
-
-    REQUIRED_GROUPS = ("images",)
+    strict: StrictOption = group(StrictOption)
+    preprocessing: PreprocessOptions = group(PreprocessOptions)
+    output: OutputOptions = group(OutputOptions)
 
     def check(self) -> None:
         super().check()
@@ -103,13 +105,13 @@ def run(options: CacheOptions, inputs: RunInputs) -> int:
     spec = inputs.model
     try:
         summary = write(
-            model, inputs.images or inputs.image_list, hooks=hooks, path=o.out, batch_size=o.batch_size,
+            model, o.source.images or o.source.image_list, hooks=hooks, path=o.out, batch_size=o.batch_size,
             dtype=o.dtype, tokens=o.tokens, norms_only=o.norms_only, compression=o.compression,
             resume=o.resume, overwrite=o.overwrite, strict=inputs.strict, progress=inputs.stage_lines,
             # Recorded so that a mismatch can say how to load these weights again (seed: random weights).
             weights_source=weights_source(pretrained=spec.pretrained and not spec.weights, weights=spec.weights,
                                           seed=getattr(model, "init_seed", None)),
-            preprocess=o.preprocess(),
+            preprocess=o.preprocessing.preprocess(),
         )
     except KeyboardInterrupt:
         raise KeyboardInterrupt(interrupted_note(o.out, inputs, replacing)) from None

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from ..options import Options, option
+from ..options import Options, group, option
 from ..values import existing_file, positive_int
-from .inputs import DeviceOption, OutputOptions, RunInputs, command
+from .groups import DeviceOption, OutputOptions
+from .inputs import RunInputs, command
 from .saving import refuse_existing_file
 
 MAX_CLASS_NAME = 200  # characters; a longer "name" is a wrong file (a list on one line, a binary file)
@@ -51,7 +52,11 @@ def class_names_file(text: str) -> List[str]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ZeroshotInputs(Options):
+class ZeroshotOptions(Options):
+    """The options of ``interp classifier zeroshot``."""
+
+    REQUIRED_GROUPS = ("weights", "classes")
+
     open_clip: str = option(None, "open_clip model name, e.g. ViT-B-16 (ViT-B-16-quickgelu: QuickGELU, as Jiang et "
                                   "al. run it)", required=True, metavar="NAME")
     pretrained: Optional[str] = option(None, "open_clip pretrained tag, e.g. laion2b_s34b_b88k (downloaded, or "
@@ -70,14 +75,8 @@ class ZeroshotInputs(Options):
     overwrite: bool = option(False, "replace an existing --out file")
     classes_per_batch: int = option(10, "classes encoded per text forward (all their prompts at once; default 10)",
                                     parse=positive_int, metavar="N")
-
-
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
-@dataclass(frozen=True, kw_only=True)
-class ZeroshotOptions(OutputOptions, DeviceOption, ZeroshotInputs):
-    """The options of ``interp classifier zeroshot``."""
-
-    REQUIRED_GROUPS = ("weights", "classes")
+    device: DeviceOption = group(DeviceOption)
+    output: OutputOptions = group(OutputOptions)
 
 
 def register(sub) -> None:

@@ -3,13 +3,25 @@ options' block numbers) and reading --neurons (the option groups: :mod:`.inputs`
 :mod:`.saving`). Commands import helpers from here, never from each other."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import HookNameError, InterpError, UsageError
 from ..options import Options
 from ..sae_settings import check_sae_size
 from ..values import NEURONS_SYNTAX
-from .inputs import ModelSpec, RunInputs, option_value
+from .groups import ModelSpec
+from .inputs import RunInputs
+
+
+def option_values(options: Sequence[Options]) -> Dict[str, Any]:
+    """Every option of a command's ``options`` objects (their groups' included) by field name, the first object's
+    value where two declare one: what the checks shared by several commands read (block numbers, ``--hook``,
+    ``--sae``), whichever group or config declares them."""
+    values: Dict[str, Any] = {}
+    for o in reversed(options):
+        values.update(o.values())
+    return values
+
 
 def check_device(device: str) -> str:
     """Before the model is built: ``device`` exists on this machine; else a one-line UsageError naming the
@@ -49,22 +61,23 @@ def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) ->
     ``--hook`` that names one of its hooks (close matches otherwise) and ``--hooks`` names or patterns that each
     match one."""
     n = model.n_layers
+    given = option_values(options)
     if 0 in tuple(model.layout.grid):  # an input smaller than one patch: timm builds it, the forward fails
         patch = tuple(model.patch_size)
         raise UsageError(f"--img-size {spec.img_size} is smaller than one patch of {spec.name} "
                          f"({'x'.join(map(str, patch)) or '?'} px): give at least {max(patch, default=1)}")
     for attr, flag in LAYER_OPTIONS:
-        value = option_value(options, attr)
+        value = given.get(attr)
         if value is not None and not -n <= int(value) < n:
             raise UsageError(f"{flag} {value} is out of range: {spec.name} has {n} blocks "
                              f"(0..{n - 1}, or -{n}..-1 counted from the end)")
-    hooks = option_value(options, "hooks")  # interp cache's names and patterns
+    hooks = given.get("hooks")  # interp cache's names and patterns
     if hooks:
         try:
             model.resolve_hooks(list(hooks))
         except HookNameError as e:
             raise UsageError(f"--hooks: {e}") from None
-    hook = option_value(options, "hook")
+    hook = given.get("hook")
     if isinstance(hook, str) and hook not in model.hook_names():
         from ..errors import close_matches
 
@@ -72,7 +85,7 @@ def check_model_args(model, spec: ModelSpec, options: Sequence[Options] = ()) ->
         hint = f" Close matches: {', '.join(near)}." if near else ""
         raise UsageError(f"--hook {hook!r} is not a hook of {spec.name}.{hint} "
                          f"List them with `interp hooks {spec.name}`.")
-    expansion = option_value(options, "expansion")
+    expansion = given.get("expansion")
     if isinstance(hook, str) and isinstance(expansion, int):
         check_sae_size(expansion, hook_width(model, hook))
 
@@ -137,19 +150,30 @@ def check_before_load(spec: ModelSpec, options: Sequence[Options] = ()) -> bool:
 
 
 def load_model(inputs: RunInputs, options: Sequence[Options] = (), spec: Optional[ModelSpec] = None, dtype=None):
-    """Load the HookedViT of the run (``spec``, default ``inputs.model``): the device and the arguments of
+    """Load the HookedViT of the run (``spec``, default the run's one model): the device and the arguments of
     ``options`` checked first (on the model's skeleton, :func:`check_before_load`), then the load."""
+    return load_models(inputs, options, (spec or inputs.model,), dtype)[0]
+
+
+def load_models(inputs: RunInputs, options: Sequence[Options] = (), specs: Optional[Sequence[ModelSpec]] = None,
+                dtype=None) -> list:
+    """Load the HookedViTs of the run (``specs``, default ``inputs.models``), in order: the device and the
+    arguments of ``options`` checked first on every model's skeleton (:func:`check_before_load`), so that a bad
+    value is refused before any model loads; then the loads."""
     from ..hooks.load import load
 
-    spec = spec or inputs.model
+    specs = tuple(inputs.models if specs is None else specs)
     device = rank_device(inputs.device)
     check_device(device)
-    checked = check_before_load(spec, options)
-    model = load(spec.name, pretrained=spec.pretrained, weights=spec.weights, device=device, dtype=dtype,
-                 seed=inputs.seed, pos_resample=spec.pos_resample, **timm_kwargs(spec))
-    if not checked:  # what the skeleton could not stand for: no skeleton, or the input size a weight file sets
-        check_model_args(model, spec, options)
-    return model
+    checked = [check_before_load(spec, options) for spec in specs]
+    models = []
+    for spec, done in zip(specs, checked):
+        model = load(spec.name, pretrained=spec.pretrained, weights=spec.weights, device=device, dtype=dtype,
+                     seed=inputs.seed, pos_resample=spec.pos_resample, **timm_kwargs(spec))
+        if not done:  # what the skeleton could not stand for: no skeleton, or the input size a weight file sets
+            check_model_args(model, spec, options)
+        models.append(model)
+    return models
 
 
 def parse_neurons(text: str) -> Dict[int, List[int]]:

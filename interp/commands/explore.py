@@ -8,13 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..detection.spec import DetectionSpec
 from ..errors import InterpWarning
-from ..options import Options, option
+from ..options import Options, group, option
 from ..studies.core.options import ClassifierFile
 from ..studies.sae.configs import SaeFeaturesConfig
-from ..values import (NEURONS_SYNTAX, existing_path, port_number, positive_float, positive_int, threshold_arg)
+from ..values import NEURONS_SYNTAX, existing_path, port_number, positive_float, positive_int
 from .common import load_model, parse_neurons
-from .inputs import ModelOptions, OutputOptions, RunInputs, SeedOption, batch_size_option, command
+from .groups import DemoModelOptions, Images, OutputOptions, SeedOption, batch_size_option
+from .inputs import RunInputs, command
 
 PLANTED = "planted_vit"  # MODEL when none is given: the synthetic demo
 # the explorer's request limits, said in --help (interp.explore.requests, .server, .connections hold them;
@@ -27,21 +29,19 @@ MAX_SECONDS = 600
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExploreModel(SeedOption, ModelOptions):
-    model: Optional[str] = option(None, "timm model name", positional=True)
-    images: Optional[str] = option(None, "image directory, list file or image (default: bundled samples)",
-                                   parse=existing_path)
+class ExploreOptions(Options):
+    """The options of ``interp explore``."""
+
+    model: DemoModelOptions = group(DemoModelOptions)
+    seed: SeedOption = group(SeedOption)
+    source: Images = group(Images)
     neurons: Optional[str] = option(None, f"register neurons to list: {NEURONS_SYNTAX} (default: ranked by the "
                                           "neurons study on start)", metavar="FILE|L:N,...")
-    threshold: Any = option("auto", "outlier threshold: a norm, pNN or auto (default)", parse=threshold_arg)
-    detect_layer: Optional[int] = option(None, "block whose output decides outliers (default: last)")
+    detection: DetectionSpec = group(DetectionSpec)
     top_k: int = option(10, "register neurons ranked on start (default 10)", parse=positive_int)
     sae: Optional[str] = option(None, "a trained SAE's folder (interp sae train): list its artifact features with "
                                       "their maps and toggle their ablation", parse=existing_path, metavar="DIR")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExploreServing(Options):
+    classifier: ClassifierFile = group(ClassifierFile)
     port: int = option(0, "port to listen on (default 0: any free port)", parse=port_number)
     host: str = option("127.0.0.1", "address to listen on (default 127.0.0.1; another one exposes the model to "
                                     "the network)")
@@ -53,16 +53,15 @@ class ExploreServing(Options):
         MAX_SECONDS, f"stop a request's model work after this many seconds and answer 413 (default {MAX_SECONDS}: "
                      "a toggle takes well under a second on planted_vit; raise it for a large model on many "
                      "images on a CPU)", parse=positive_float)
+    output: OutputOptions = group(OutputOptions)
 
 
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
-@dataclass(frozen=True, kw_only=True)
-class ExploreOptions(OutputOptions, ExploreServing, ClassifierFile, ExploreModel):
-    """The options of ``interp explore``."""
+HELP = {"images": "image directory, list file or image (default: bundled samples)",
+        "detect_layer": "block whose output decides outliers (default: last; negative counts from the end)"}
 
 
 def register(sub) -> None:
-    command(sub, "explore", ExploreOptions, run,
+    command(sub, "explore", ExploreOptions, run, option_help=HELP,
             help="serve an interactive page: ablate neurons and watch the artifacts move",
             description="Serve a local page over MODEL and the images: per-block patch norms, the norm and CLS "
                         "attention maps, the register neurons, and edits (ablation, test-time register, relocation, "
@@ -83,7 +82,7 @@ def run(options: ExploreOptions, inputs: RunInputs) -> int:
     require_extra()  # before the model is built
     neurons = parse_neurons(o.neurons) if o.neurons is not None else None
     spec = inputs.model.named(PLANTED, error=InterpError)
-    images = o.images
+    images = o.source.images
     if images is None:
         from ..models.inputs.samples import sample_image_paths
 
@@ -93,9 +92,11 @@ def run(options: ExploreOptions, inputs: RunInputs) -> int:
                       "token can run the model. Use 127.0.0.1 unless you mean it", InterpWarning)
     if o.sae is not None:
         SaeFeaturesConfig(sae=o.sae)  # a folder without sae.json fails here, before the model
+    detection = o.detection.resolved()  # an unknown --preset: refused before the model
     model = load_model(inputs, (o,), spec=spec)
-    session_options = SessionOptions(threshold=o.threshold, detect_layer=o.detect_layer, top_k=o.top_k,
-                                     neurons=neurons, batch_size=o.batch_size, classifier=o.classifier,
+    session_options = SessionOptions(threshold=detection.threshold, detect_layer=detection.detect_layer,
+                                     top_k=o.top_k, neurons=neurons, batch_size=o.batch_size,
+                                     classifier=o.classifier.classifier,
                                      max_images=o.max_images, max_seconds=o.max_seconds, sae=o.sae)
     # status lines go to stderr, as interp report's stage lines do (stdout stays free); --quiet drops them
     if inputs.stage_lines:

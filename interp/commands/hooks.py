@@ -4,13 +4,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..options import option
+from ..options import Options, group, option
 from .common import load_model
-from .inputs import ModelOptions, RunInputs, SeedOption, command
+from .groups import ModelOptions, SeedOption
+from .inputs import RunInputs, command
 
 
 @dataclass(frozen=True, kw_only=True)
-class HooksOptions(SeedOption, ModelOptions):
+class HooksOptions(Options):
+    model: ModelOptions = group(ModelOptions)
+    seed: SeedOption = group(SeedOption)
     pattern: Optional[str] = option(None, "only hooks matching this glob, e.g. 'blocks.*.mlp.*'")
 
 

@@ -7,19 +7,21 @@ from typing import Optional, Tuple
 
 from .._model_names import PLANTED_NAMES
 from ..errors import InterpError, UsageError
-from ..options import Options, option
+from ..options import Options, group, option
 from ..values import existing_file, existing_path, nonnegative_float, sae_feature_ids
 from .common import check_model_args
-from .inputs import ModelOptions, ModelSpec, RunInputs, SeedOption, batch_size_option, command
+from .groups import ModelOptions, ModelSpec, SeedOption, batch_size_option
+from .inputs import RunInputs, command
 from .output import atomic_file
 from .saving import refuse_existing_file
 
 
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
 @dataclass(frozen=True, kw_only=True)
-class ExportOptions(SeedOption, ModelOptions):
+class ExportOptions(Options):
     """The options of ``interp patch export``."""
 
+    model: ModelOptions = group(ModelOptions)
+    seed: SeedOption = group(SeedOption)
     interventions: Optional[str] = option(
         None, "JSON list of {\"kind\": ..., params}; see interp.interventions.spec (required unless --sae)",
         metavar="SPEC.json", parse=existing_file)
@@ -49,9 +51,11 @@ class ExportOptions(SeedOption, ModelOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ApplyOptions(SeedOption, ModelOptions):
+class ApplyOptions(Options):
     """The options of ``interp patch apply``."""
 
+    model: ModelOptions = group(ModelOptions)
+    seed: SeedOption = group(SeedOption)
     patch: str = option(None, "patch file (.safetensors)", positional=True, required=True, parse=existing_file)
     check_images: Optional[str] = option(None, "images to compare on (default: the bundled sample photos)",
                                          metavar="DIR", parse=existing_path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Dict, Sequence
 
 from ..formats.image_files import LIST_SUFFIXES, list_images
 from .._model_names import PLANTED_NAME, check_model_name_fast
@@ -18,7 +18,8 @@ from ..errors import ImageError, UsageError
 from ..options import Options
 from ..sae_settings import SAE_CONFIG, SAE_WEIGHTS
 from ..values import check_input_path, check_output_path
-from .inputs import RunInputs, option_value
+from .common import option_values
+from .inputs import RunInputs
 
 HEADERS_CHECKED = 64  # image headers opened before the run (PIL reads a few hundred bytes of each)
 
@@ -26,15 +27,15 @@ HEADERS_CHECKED = 64  # image headers opened before the run (PIL reads a few hun
 def check_before_torch(options: Sequence[Options], inputs: RunInputs) -> None:
     """Every pre-check that applies to a command's parsed ``options`` and run ``inputs`` (a command without
     these options passes)."""
-    names = [inputs.model.name if inputs.model else None, *(option_value(options, "models") or [])]
-    for name in names:
-        if isinstance(name, str):
-            check_model_name_fast(name)
-    out = option_value(options, "out")
+    for spec in inputs.models:
+        if isinstance(spec.name, str):
+            check_model_name_fast(spec.name)
+    given = option_values(options)
+    out = given.get("out")
     if isinstance(out, str):  # every command's --out: not empty, names the file system can hold
         check_output_path(out)
-    check_input_files(options)
-    check_against_config(options, inputs)
+    check_input_files(given)
+    check_against_config(given, inputs)
     for flag, value in (("--images", inputs.images), ("--image-list", inputs.image_list)):
         if isinstance(value, str):
             check_images(value, flag, inputs.strict)
@@ -42,11 +43,11 @@ def check_before_torch(options: Sequence[Options], inputs: RunInputs) -> None:
 
 
 
-def check_input_files(options: Sequence[Options]) -> None:
+def check_input_files(given: Dict[str, Any]) -> None:
     """The input files inside or behind an option that argparse only sees as text, refused when one is a FIFO,
     a device or a socket (reading it would wait forever): the files of the ``--sae`` folder, and the
     ``--neurons`` value when it names a file (``neurons.json``; else it is ``LAYER:NEURON`` text)."""
-    sae, neurons = option_value(options, "sae"), option_value(options, "neurons")
+    sae, neurons = given.get("sae"), given.get("neurons")
     if isinstance(sae, str):
         for name in (SAE_CONFIG, SAE_WEIGHTS):
             check_input_path(Path(sae) / name, "--sae")
@@ -62,7 +63,7 @@ def known_depth(inputs: RunInputs):
     """The model's block count when it is known without torch: ``--depth`` (the model keeps at most that many
     blocks, so a block >= it cannot exist) or planted_vit's; None otherwise (the check on the model's skeleton
     decides)."""
-    if inputs.model is None:
+    if len(inputs.models) != 1:
         return None
     depth = inputs.model.depth
     if inputs.model.name == PLANTED_NAME:
@@ -70,7 +71,7 @@ def known_depth(inputs: RunInputs):
     return depth if isinstance(depth, int) else None
 
 
-def check_against_config(options: Sequence[Options], inputs: RunInputs) -> None:
+def check_against_config(given: Dict[str, Any], inputs: RunInputs) -> None:
     """Argument errors that need no model, caught before torch (torch and timm take 10-15 s to import): block
     numbers (``--detect-layer``, ``--highest-layer``, ``--layer``, the block of ``--hook``) beyond a known depth,
     and ``--features`` beyond the ``n_features`` the ``--sae`` folder's sae.json records."""
@@ -79,16 +80,16 @@ def check_against_config(options: Sequence[Options], inputs: RunInputs) -> None:
     if n is not None:
         name = inputs.model.name or "the model"
         for attr, flag in LAYER_FLAGS:
-            value = option_value(options, attr)
+            value = given.get(attr)
             if isinstance(value, int) and not -n <= value < n:
                 raise UsageError(f"{flag} {value} is out of range: {name} has {n} blocks "
                                  f"(0..{n - 1}, or -{n}..-1 counted from the end)")
-        hook = option_value(options, "hook")
+        hook = given.get("hook")
         block = _block_number(hook) if isinstance(hook, str) else None
         if block is not None and block >= n:
             raise UsageError(f"--hook {hook!r}: {name} has {n} blocks (0..{n - 1}); list its hooks with "
                              f"`interp hooks {name}`")
-    features, sae = option_value(options, "features"), option_value(options, "sae")
+    features, sae = given.get("features"), given.get("sae")
     if features and isinstance(sae, str):
         count = _sae_features(sae)
         bad = [f for f in features if isinstance(f, int) and not 0 <= f < (count or 0)]

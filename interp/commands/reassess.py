@@ -3,31 +3,30 @@ per measured figure (claims 2-5, definitions in ``interp.report.reassessment_cel
 6), one column per model; writes ``reassess.json``, ``reassess.md`` and ``reassess.png`` with ``--out``.
 
 Per-model options take one value per MODEL, in order, ``-`` meaning "none" for that model; a single value
-applies to every model (as ``interp compare``):
+applies to every model (as ``interp compare``; :class:`~interp.commands.groups.ModelSet`):
 
     interp reassess vit_small_patch14_dinov2 vit_small_patch14_reg4_dinov2 --img-size 224 --images photos/
     interp reassess planted_vit planted_pvt --out out/reassess
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ..options import Options, option
-from ..studies.core.options import DetectionFields, ProbeBudget
-from ..values import top_k_arg
-from .common import check_device, check_top_k
-from .compare import (NONE, CompareBatch, CompareModels, CompareOutput, CompareProbes, _check_values, _labels,
-                      per_model)
-from .inputs import OutputOptions, PreprocessOptions, RunInputs, SeedOption, StrictOption, command
+from ..errors import UsageError
+from ..options import Options, group, option
+from ..values import existing_file, top_k_arg
+from .groups import NONE, ModelTable, OutputOptions, checked_per_model, overwrite_option
+from .inputs import RunInputs, command
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReassessRegisters(Options):
-    """Claim 5's inputs: the classifier files, the trained-register pairs and the test-time register's neurons."""
+class ReassessOptions(Options):
+    """The options of ``interp reassess``: those of ``interp compare`` and claim 5's inputs (the classifier
+    files, the trained-register pairs, the test-time register's neurons), checked against MODEL when built."""
 
+    table: ModelTable = group(ModelTable)
     classifier: Optional[Tuple[str, ...]] = option(
         None, f"classifier file per model, in order ('{NONE}': the model's own head), whose class logits give claim "
               "5's accuracy (labelled images) or top-1 agreement (interp classifier)", many=True, metavar="FILE|-")
@@ -37,13 +36,23 @@ class ReassessRegisters(Options):
               "vit_small_patch14_dinov2)", many=True, metavar="REG=PLAIN")
     top_k: Optional[int] = option(None, "register neurons the test-time register edits (default: a planted model's "
                                         "own count, else 10)", parse=top_k_arg)
+    out: Optional[str] = option(None, "write reassess.json, reassess.md and reassess.png into this folder")
+    overwrite: bool = overwrite_option("an existing reassess.json in --out")
+    output: OutputOptions = group(OutputOptions)
 
+    def check(self) -> None:
+        super().check()
+        self.classifiers()
+        self.sibling_columns()
 
-# Bases in reverse order of --help (as interp compare's, plus claim 5's inputs).
-@dataclass(frozen=True, kw_only=True)
-class ReassessOptions(OutputOptions, CompareOutput, StrictOption, ProbeBudget, CompareProbes, ReassessRegisters,
-                      SeedOption, CompareBatch, PreprocessOptions, DetectionFields, CompareModels):
-    """The options of ``interp reassess``."""
+    def classifiers(self) -> List[Optional[str]]:
+        """One classifier file per model (None: the model's own head)."""
+        return checked_per_model(self.classifier, len(self.table.models.models), "--classifier", existing_file,
+                                 shared=False)
+
+    def sibling_columns(self) -> Optional[Dict[str, str]]:
+        """``--siblings`` as {trained-register column: its no-register sibling's column} (None: not given)."""
+        return parse_siblings(self.siblings, self.table.models.labels())
 
 
 HELP = {
@@ -51,8 +60,6 @@ HELP = {
     "images": "image directory, list file or image (default: the bundled sample photos); an image-folder layout "
               "DIR/<class>/img gives the label probe",
     "probes": "skip the linear probes (claim 4's rows say n/a)",
-    "out": "write reassess.json, reassess.md and reassess.png into this folder",
-    "overwrite": "replace an existing reassess.json in --out; the old result stays until the new one is complete",
 }
 
 
@@ -66,24 +73,8 @@ def register(sub) -> None:
                         "for none, or one value for all.")
 
 
-@dataclass(frozen=True)
-class ReassessArgs:
-    """The command line, checked before torch: per-model weights files and sizes, and the rest as given."""
-
-    models: List[str]
-    weights: List[Optional[str]]
-    sizes: List[Optional[int]]
-    labels: List[str]
-    probe_options: dict  # the probe budget of the options (run() adds the comparison's defaults)
-    out: Optional[Path]
-    siblings: Optional[Dict[str, str]]
-    classifiers: List[Optional[str]]
-
-
-def parse_siblings(values: Optional[List[str]], labels: List[str]) -> Optional[Dict[str, str]]:
+def parse_siblings(values: Optional[Tuple[str, ...]], labels: List[str]) -> Optional[Dict[str, str]]:
     """``REG=PLAIN`` pairs (each a 1-based position in MODEL or a column name) -> {column: column}."""
-    from ..errors import UsageError
-
     if values is None:
         return None
 
@@ -107,67 +98,37 @@ def parse_siblings(values: Optional[List[str]], labels: List[str]) -> Optional[D
     return pairs
 
 
-def check_args(o: ReassessOptions, inputs: RunInputs) -> ReassessArgs:
-    """Everything that can be checked before torch and any model: per-model values, the preset, the output
-    folder (an existing reassess.json is refused without --overwrite), the sibling pairs, then the device (the
-    one check that imports torch)."""
-    from ..detection.presets import resolve_preset
-    from ..errors import UsageError
-    from ..values import existing_file
-    from .output import check_output_folder
-    from .saving import refuse_existing_file
+def run(options: ReassessOptions, inputs: RunInputs) -> int:
+    import contextlib
 
-    weights, sizes = _check_values(o)
-    resolve_preset(o.preset)  # an unknown preset is refused before torch
+    from .common import check_device, check_top_k, load_models
+    from .output import atomic_output_dir, check_output_folder
+    from .saving import refuse_existing_file, write_outputs
+
+    o = options
+    o.table.detection.resolved()  # an unknown preset is refused before torch
     out = Path(o.out) if o.out else None
     if out is not None:
         check_output_folder(o.out)
         refuse_existing_file(out / "reassess.json", o.overwrite)
-    labels = _labels(list(o.models), weights, o.pretrained, sizes)
-    classifiers = per_model(o.classifier, len(o.models), "--classifier")
-    try:
-        classifiers = [None if c is None else existing_file(c) for c in classifiers]
-    except argparse.ArgumentTypeError as e:
-        raise UsageError(f"argument --classifier: {e}") from None
-    siblings = parse_siblings(o.siblings, labels)
     check_device(inputs.device)
-    return ReassessArgs(list(o.models), weights, sizes, labels, o.probe_budget(), out, siblings, classifiers)
-
-
-def run(options: ReassessOptions, inputs: RunInputs) -> int:
-    import contextlib
-
-    from .output import atomic_output_dir
-    from .saving import write_outputs
-
-    o = options
-    checked = check_args(o, inputs)
-    from ..detection.detection import DetectionSpec
-    from ..hooks.load import load, load_skeleton
+    from ..hooks.load import load_skeleton
     from ..models import sample_image_paths
-    from ..report.compare import PROBE_OPTIONS
-    from ..report.reassessment import reassess_models
+    from ..report.reassessment import ReassessSettings, reassess_models
     from ..report.reassessment_figure import reassessment_figure
 
-    for name, size in zip(checked.models, checked.sizes):  # on each model's skeleton, before any model loads
-        skeleton = load_skeleton(name, **({"img_size": size} if size else {}))
+    for spec in inputs.models:  # on each model's skeleton, before any model loads
+        skeleton = load_skeleton(spec.name, **({"img_size": spec.img_size} if spec.img_size else {}))
         if skeleton is not None:
             check_top_k(o.top_k, skeleton)
-
-    out = checked.out
+    settings = ReassessSettings(**o.table.settings(inputs.stage_lines), top_k=o.top_k)
     staged = atomic_output_dir(out, "reassess.json", replaces=["reassess.md", "reassess.png"],
                                what="reassessment") if out else contextlib.nullcontext()
     with staged as staging:
-        models = [load(name, pretrained=o.pretrained, device=inputs.device, weights=w, seed=o.seed,
-                       **({"img_size": size} if size else {}))
-                  for name, w, size in zip(checked.models, checked.weights, checked.sizes)]
-        spec = DetectionSpec(threshold=o.threshold, detect_layer=o.detect_layer, preset=o.preset)
-        result = reassess_models(models, o.images or sample_image_paths(), detection=spec, names=checked.labels,
-                                 batch_size=o.batch_size, probes=o.probes, probe_tokens=o.probe_tokens,
-                                 probe_options={**PROBE_OPTIONS, **checked.probe_options}, top_k=o.top_k,
-                                 seed=o.seed, strict=o.strict,
-                                 preprocess=o.preprocess(), siblings=checked.siblings,
-                                 classifiers=checked.classifiers, progress=inputs.stage_lines)
+        models = load_models(inputs, (o,))
+        result = reassess_models(models, o.table.source.images or sample_image_paths(), settings,
+                                 names=[spec.label for spec in inputs.models], siblings=o.sibling_columns(),
+                                 classifiers=o.classifiers())
         print(result.table())
         if staging is not None:
             (Path(staging) / "reassess.md").write_text(result.table(markdown=True))

@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..options import Options, option
-from ..studies.core.options import ClassifierFile, DetectionFields
+from ..detection.spec import DetectionSpec
+from ..options import Options, group, option
+from ..studies.core.options import ClassifierFile
 from ..studies.sae.configs import SaeFeaturesConfig, sae_hook
 from ..values import control_count, existing_path, top_k_arg
 from .common import check_top_k, load_model
-from .inputs import (ModelOptions, OutputOptions, PreprocessOptions, RunInputs, SeedOption, StrictOption,
-                     batch_size_option, command, overwrite_option)
+from .groups import (DemoModelOptions, Images, OutputOptions, PreprocessOptions, SeedOption, StrictOption,
+                     batch_size_option, overwrite_option)
+from .inputs import RunInputs, command
 from .output import atomic_output_dir
 from .saving import REPORT_MARKER, prepare_report_dir
 
@@ -24,15 +26,15 @@ PLANTED = "planted_vit"  # MODEL when none is given: the synthetic demo
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReportInputs(SeedOption, ModelOptions):
-    model: Optional[str] = option(None, "timm model name", positional=True)
-    images: Optional[str] = option(None, "image directory, list file or image (default: the 16 bundled photos)",
-                                   parse=existing_path)
+class ReportOptions(Options):
+    """The options of ``interp report``."""
+
+    model: DemoModelOptions = group(DemoModelOptions)
+    seed: SeedOption = group(SeedOption)
+    source: Images = group(Images)
     out: str = option("report", "output directory (default: report/)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReportStudies(ClassifierFile, DetectionFields):
+    detection: DetectionSpec = group(DetectionSpec)
+    classifier: ClassifierFile = group(ClassifierFile)
     highest_layer: Optional[int] = option(None, "last block scored for register neurons (default: the detection "
                                                 "block)")
     top_k: Optional[int] = option(None, "register neurons kept (default: 10; the planted count for planted_vit)",
@@ -41,23 +43,18 @@ class ReportStudies(ClassifierFile, DetectionFields):
     sae: Optional[str] = option(None, "a trained SAE's folder (interp sae train): an appendix with its artifact "
                                       "features, compared with the ranked register neurons (docs/sae.md)",
                                 parse=existing_path, metavar="DIR")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReportRun(Options):
+    preprocessing: PreprocessOptions = group(PreprocessOptions)
+    strict: StrictOption = group(StrictOption)
     batch_size: int = batch_size_option(16)
     overwrite: bool = overwrite_option("a report written before into --out (its own files are removed first; a "
                                        "non-empty folder that holds no report.json is never touched)")
-
-
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
-@dataclass(frozen=True, kw_only=True)
-class ReportOptions(OutputOptions, ReportRun, StrictOption, PreprocessOptions, ReportStudies, ReportInputs):
-    """The options of ``interp report``."""
+    output: OutputOptions = group(OutputOptions)
 
 
 def register(sub) -> None:
-    command(sub, "report", ReportOptions, run, help="run the artifact studies end to end and write an HTML report",
+    command(sub, "report", ReportOptions, run,
+            option_help={"images": "image directory, list file or image (default: the 16 bundled photos)"},
+            help="run the artifact studies end to end and write an HTML report",
             description="Run norms, redundancy, probes, LOST and register neurons (one unedited pass), then ablation "
                         "-> test-time register -> relocation on MODEL over images and write each study's JSON, the "
                         "figures, report.json and index.html. Without MODEL: the synthetic planted_vit (planted by "
@@ -80,13 +77,13 @@ def run(options: ReportOptions, inputs: RunInputs) -> int:
             from ..sae import load as load_sae
 
             load_sae(o.sae, model=model)
-        studies = StudyOptions(threshold=o.threshold, detect_layer=o.detect_layer, preset=o.preset,
-                               highest_layer=o.highest_layer, top_k=o.top_k, n_controls=o.controls,
-                               seed=o.seed, batch_size=o.batch_size, progress_bars=inputs.stage_lines,
-                               classifier=o.classifier, sae=o.sae)
         # stage_lines drives the stage lines and the bars (drawn on a terminal, else lines in a long run)
-        summary = run_report(model, images=o.images, out_dir=staging, options=studies,
-                             progress=inputs.stage_lines, strict=o.strict, preprocess=o.preprocess())
+        studies = StudyOptions(threshold=o.detection.threshold, detect_layer=o.detection.detect_layer,
+                               preset=o.detection.preset, highest_layer=o.highest_layer, top_k=o.top_k,
+                               n_controls=o.controls, seed=o.seed.seed, batch_size=o.batch_size,
+                               classifier=o.classifier.classifier, sae=o.sae, progress=inputs.stage_lines,
+                               strict=o.strict.strict, preprocess=o.preprocessing.preprocess())
+        summary = run_report(model, images=o.source.images, out_dir=staging, options=studies)
     index = Path(o.out) / "index.html"
     if summary["synthetic"]:
         if not inputs.stage_lines:  # with the stage lines it was shown once, when the run began

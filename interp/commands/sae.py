@@ -7,73 +7,72 @@ from __future__ import annotations
 
 import os
 import sys
+import dataclasses
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Optional
+from typing import Optional
 
 from ..errors import InterpError, OutputError, UsageError
 from ..formats.image_files import list_images
-from ..options import Options, option
+from ..options import Options, group, option
 from ..sae_settings import SAE_CHECKPOINT, SAE_CONFIG, SAE_CURVE, SAE_WEIGHTS, TOKEN_CHOICES, TrainSettings
 from ..values import existing_file, existing_path, positive_int
 from .common import load_model
-from .inputs import ModelOptions, OutputOptions, RunInputs, SeedOption, command
+from .groups import ModelOptions, OutputOptions, SeedOption, Sources
+from .inputs import RunInputs, command
 from .output import atomic_output_dir, check_output_folder, refuse_special
 
 LIVE_IMAGE_BATCH = 32  # images per forward pass of a live run when --batch-size is not given
 
 
 @dataclass(frozen=True, kw_only=True)
-class SaeSources(Options):
+class SaeSources(Sources):
+    """``--cache FILE.h5`` or ``--images DIR`` (one of them)."""
+
+    REQUIRED_GROUPS = ("source",)
+
     cache: Optional[str] = option(None, "activation cache holding --hook", parse=existing_file, metavar="FILE.h5",
                                   exclusive="source")
     images: Optional[str] = option(None, "images to run live through MODEL", parse=existing_path, metavar="DIR",
                                    exclusive="source")
-    hook: str = option(None, "hook to train on, e.g. blocks.9.hook_resid_post", required=True)
-    out: str = option(None, "folder of the SAE files", required=True, metavar="DIR")
 
 
 @dataclass(frozen=True, kw_only=True)
-class SaeRun(Options):
-    image_batch: Optional[int] = option(
+class SaeTrainOptions(Options):
+    """The options of ``interp sae train``: the model, the data, :class:`TrainSettings` (declared there, with their
+    defaults and help texts) and the run."""
+
+    RENAMED = {"--batch-images": "renamed --batch-size (images per forward); tokens per step is --tokens-per-step"}
+
+    model: ModelOptions = group(ModelOptions)
+    source: SaeSources = group(SaeSources)
+    hook: str = option(None, "hook to train on, e.g. blocks.9.hook_resid_post", required=True)
+    out: str = option(None, "folder of the SAE files", required=True, metavar="DIR")
+    settings: TrainSettings = group(TrainSettings)
+    batch_size: Optional[int] = option(
         None, f"images per forward pass of a live run (--images; default {LIVE_IMAGE_BATCH}), at most "
-              "--window-images; tokens per step is --tokens-per-step", flag="--batch-size", parse=positive_int,
-        metavar="N")
+              "--window-images; tokens per step is --tokens-per-step", parse=positive_int, metavar="N")
     checkpoint_every: int = option(100, "steps between checkpoints (default 100)", parse=positive_int)
     resume: bool = option(False, "continue from DIR/checkpoint.pt")
     overwrite: bool = option(False, "replace an existing run in DIR")
-
-
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
-@dataclass(frozen=True, kw_only=True)
-class SaeTrainOptions(OutputOptions, SaeRun, TrainSettings, SaeSources, ModelOptions):
-    """The options of ``interp sae train``: the model, the data, the run, and :class:`TrainSettings` (declared
-    there, with their defaults and help texts)."""
-
-    REQUIRED_GROUPS = ("source",)
-    RENAMED = {"--batch-images": "renamed --batch-size (images per forward); tokens per step is --tokens-per-step"}
-
-    def __post_init__(self) -> None:
-        Options.__post_init__(self)  # the settings themselves are checked by interp.sae.train
+    output: OutputOptions = group(OutputOptions)
 
     def check(self) -> None:
         """``--batch-size`` meant tokens per step before it meant images per forward pass (now
         ``--tokens-per-step``): a value that only makes sense as tokens is refused, never read as images."""
-        if self.image_batch is None:
+        if self.batch_size is None:
             return
         renamed = "--batch-size is images per forward pass now; tokens per step is --tokens-per-step"
-        if self.cache is not None:
-            raise UsageError(f"--batch-size {self.image_batch}: a --cache run makes no forward pass ({renamed})")
-        if self.image_batch > self.window_images:
-            raise UsageError(f"--batch-size {self.image_batch} images per forward pass is more than --window-images "
-                             f"{self.window_images}, the images read at a time ({renamed})")
-
-    def settings(self) -> Dict[str, Any]:
-        """The :class:`TrainSettings` part of the options, as :func:`interp.sae.train` takes them."""
-        return {f.name: getattr(self, f.name) for f in fields(TrainSettings)}
+        if self.source.cache is not None:
+            raise UsageError(f"--batch-size {self.batch_size}: a --cache run makes no forward pass ({renamed})")
+        if self.batch_size > self.settings.window_images:
+            raise UsageError(f"--batch-size {self.batch_size} images per forward pass is more than --window-images "
+                             f"{self.settings.window_images}, the images read at a time ({renamed})")
 
 
 @dataclass(frozen=True, kw_only=True)
-class SaeImportOptions(SeedOption, ModelOptions):
+class SaeImportOptions(Options):
+    model: ModelOptions = group(ModelOptions)
+    seed: SeedOption = group(SeedOption)
     format: str = option(None, "the files' project", positional=True, required=True,
                          choices=("saelens", "saev", "vit_prisma"))
     source: str = option(None, "the SAE's folder or file", positional=True, required=True, parse=existing_path)
@@ -141,15 +140,15 @@ def check_train_output(options: SaeTrainOptions) -> None:
     training images as --data-shards."""
     check_sae_output(options.out, options.resume or options.overwrite, "pass --resume to continue it or "
                      "--overwrite to replace it", "trained into")
-    if options.images:  # the defaults are for thousands of images: say it before torch loads
-
+    images, shards = options.source.images, options.settings.data_shards
+    if images:  # the defaults are for thousands of images: say it before torch loads
         try:
-            n_images = len(list_images(options.images))
+            n_images = len(list_images(images))
         except Exception:  # noqa: BLE001 - the image checks say what is wrong with --images
             n_images = None
-        if n_images is not None and n_images < options.data_shards:
-            raise UsageError(f"--images {options.images!r} holds {n_images} image(s), fewer than --data-shards "
-                             f"{options.data_shards} (each shard needs training images): give --data-shards 1 (and a "
+        if n_images is not None and n_images < shards:
+            raise UsageError(f"--images {images!r} holds {n_images} image(s), fewer than --data-shards "
+                             f"{shards} (each shard needs training images): give --data-shards 1 (and a "
                              "smaller --window-images, --tokens-per-step) or more images; docs/sae.md has a recipe")
 
 
@@ -188,11 +187,12 @@ def _run_train(options: SaeTrainOptions, inputs: RunInputs) -> int:
     from ..sae import train
 
     o = options
-    model = load_model(inputs, (o,))
-    image_batch = LIVE_IMAGE_BATCH if o.image_batch is None else o.image_batch
-    result = train(model, o.hook, o.out, cache=o.cache, images=o.images, resume=o.resume, overwrite=o.overwrite,
-                   checkpoint_every=o.checkpoint_every, progress=inputs.stage_lines, image_batch=image_batch,
-                   **o.settings())
+    model = load_model(dataclasses.replace(inputs, seed=o.settings.seed), (o,))  # random weights: the run's seed
+    image_batch = LIVE_IMAGE_BATCH if o.batch_size is None else o.batch_size
+    settings = {f.name: getattr(o.settings, f.name) for f in fields(TrainSettings)}
+    result = train(model, o.hook, o.out, cache=o.source.cache, images=o.source.images, resume=o.resume,
+                   overwrite=o.overwrite, checkpoint_every=o.checkpoint_every, progress=inputs.stage_lines,
+                   image_batch=image_batch, **settings)
     if int(os.environ.get("RANK", "0")) == 0:
         held = result["metrics"]["held_out"] or result["metrics"]["train_sample"]
         ev = "n/a" if held["explained_variance"] is None else f"{held['explained_variance']:.3f}"

@@ -12,66 +12,80 @@ study; the study's own options come from its config dataclass. One run:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..errors import InterpError
-from ..options import Options, option
+from ..options import Options, group, option
 from ..studies.catalog import declared, study_function
 from ..studies.declaration import StudyConfig
 from ..values import existing_file, existing_path
 from .common import load_model
-from .inputs import (Command, ModelOptions, OutputOptions, PreprocessOptions, RunInputs, StrictOption, batch_size_option,
-                     command, overwrite_option)
+from .groups import (ModelOptions, OutputOptions, PreprocessOptions, Sources, StrictOption, batch_size_option,
+                     overwrite_option)
+from .inputs import Command, RunInputs, command
 
 IMAGES_HELP = "image directory (DIR/<class>/img gives labels), list file or image"
 CACHE_HELP = "an interp cache file (.h5) to read activations from"
 
 
 @dataclass(frozen=True, kw_only=True)
-class StudySources(Options):
-    """``--images`` or ``--cache`` (one of them), and ``--out``."""
+class StudySources(Sources):
+    """``--images`` or ``--cache`` (one of them)."""
+
+    REQUIRED_GROUPS = ("source",)
 
     images: Any = option(None, IMAGES_HELP, parse=existing_path, exclusive="source")
     cache: Optional[str] = option(None, CACHE_HELP, parse=existing_file, exclusive="source")
-    out: str = option(None, "output directory for <study>.json and PNGs", required=True)
 
 
 @dataclass(frozen=True, kw_only=True)
-class StudyBatch(Options):
-    batch_size: int = batch_size_option(16)
+class LiveSources(Sources):
+    """``--images`` (a study that re-runs the model)."""
+
+    REQUIRED_GROUPS = ("source",)
+
+    images: Any = option(None, IMAGES_HELP, parse=existing_path, exclusive="source")
 
 
 @dataclass(frozen=True, kw_only=True)
-class StudyOverwrite(Options):
-    overwrite: bool = overwrite_option("an existing <study>.json in --out (and the figures it lists)")
+class ImagesAndCacheSources(Sources):
+    """``--images`` and ``--cache`` (a ``--cache`` run that takes ``--images`` too: the config's
+    ``cache_images_help`` says what for)."""
+
+    images: Any = option(None, IMAGES_HELP, parse=existing_path)
+    cache: Optional[str] = option(None, CACHE_HELP, parse=existing_file)
 
 
-# Bases in reverse order of --help: a dataclass lists the fields of its last base first.
 @dataclass(frozen=True, kw_only=True)
-class StudyRun(OutputOptions, StudyOverwrite, StrictOption, StudyBatch, PreprocessOptions, StudySources,
-               ModelOptions):
+class StudyRun(Options):
     """What one ``interp study`` run reads and where it writes, the same for every study (the study's own options
     are its config): the model, ``--images`` / ``--cache`` (one of them), ``--out``, preprocessing, images per
     forward pass, ``--strict``, ``--overwrite``, progress."""
 
-    REQUIRED_GROUPS = ("source",)
+    model: ModelOptions = group(ModelOptions)
+    source: Sources = group(StudySources)
+    out: str = option(None, "output directory for <study>.json and PNGs", required=True)
+    preprocessing: PreprocessOptions = group(PreprocessOptions)
+    batch_size: int = batch_size_option(16)
+    strict: StrictOption = group(StrictOption)
+    overwrite: bool = overwrite_option("an existing <study>.json in --out (and the figures it lists)")
+    output: OutputOptions = group(OutputOptions)
 
 
 @dataclass(frozen=True, kw_only=True)
 class LiveStudyRun(StudyRun):
     """A study that re-runs the model: ``--images`` only."""
 
-    cache: Optional[str] = None
+    source: Sources = group(LiveSources)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ImagesAndCacheStudyRun(StudyRun):
-    """A study whose ``--cache`` run takes ``--images`` too (what for: the config's ``cache_images_help``)."""
+    """A study whose ``--cache`` run takes ``--images`` too."""
 
-    REQUIRED_GROUPS = ()
-    images: Any = option(None, IMAGES_HELP, parse=existing_path)
-    cache: Optional[str] = option(None, CACHE_HELP, parse=existing_file)
+    source: Sources = group(ImagesAndCacheSources)
 
 
 RUN_OPTIONS = {"images": LiveStudyRun, "images_or_cache": StudyRun, "images_and_cache": ImagesAndCacheStudyRun}
@@ -82,9 +96,10 @@ def open_study_source(options: StudyRun, model, config: StudyConfig):
     against the hooks the config reads, so a cache that cannot serve the study fails before any work)."""
     from ..runtime.open import open_source
 
-    images = None if options.cache else config.source_images(options.images)
-    source = open_source(model=model, images=images, cache=options.cache, batch_size=options.batch_size,
-                         strict=options.strict, preprocess=options.preprocess())
+    given = options.source
+    images = None if given.cache else config.source_images(given.images)
+    source = open_source(model=model, images=images, cache=given.cache, batch_size=options.batch_size,
+                         strict=options.strict.strict, preprocess=options.preprocessing.preprocess())
     if not source.is_live:
         check_cache_serves(source, config, model.block_names)
     return source
@@ -108,14 +123,15 @@ def run_study(options: StudyRun, config: StudyConfig, inputs: RunInputs) -> int:
     from .output import atomic_output_dir
     from .saving import prepare_study_output, save_study
 
-    config.check_inputs(options.images, options.cache)
+    images, cache = options.source.images, options.source.cache
+    config.check_inputs(images, cache)
     name = config.json_name()
     old_figures = prepare_study_output(options.out, name, options.overwrite)
     with atomic_output_dir(options.out, f"{name}.json", replaces=old_figures, what=f"{name} result") as staging:
-        model = load_model(inputs, (options, config))
+        model = load_model(dataclasses.replace(inputs, seed=config.seed), (options, config))  # the study's seed
         source = open_study_source(options, model, config)
         result = study_function(type(config))(source, config, progress=inputs.stage_lines,
-                                              **config.run_keywords(options.images, options.cache))
+                                              **config.run_keywords(images, cache))
         for line in result.console_lines(config):
             print(line)
         save_study(result, staging, source, model, **config.to_dict())

@@ -64,8 +64,12 @@ class ReportOptions:
         batch_size: images per forward.
         classifier: a classifier file (path, dict or :func:`interp.load_classifier`) for the causal stages'
             top-1 agreement and accuracy (without one: only for a head that is a classifier).
-        progress_bars: the studies' progress bars (None: follow ``run_report``'s ``progress``, which also
-            prints one line per stage; the CLI passes False when stderr is not a terminal).
+        progress: one line per stage on stderr, and the studies' progress bars.
+        progress_bars: the studies' progress bars (None: follow ``progress``).
+        strict: stop at the first unreadable image (default: skip it with a warning; listed under
+            "skipped_images").
+        preprocess: a paper's eval transform for the image files (``"resize256-crop224"``; default timm's own),
+            recorded as report.json's ``preprocess``.
         sae: a trained SAE's folder (``interp sae train``): the report's appendix runs the sae-features study on
             the report's images with it, comparing its artifact features with the ranked register neurons.
     """
@@ -78,9 +82,12 @@ class ReportOptions:
     n_controls: int = 5
     seed: int = 0
     batch_size: int = 16
+    progress: bool = True
     progress_bars: Optional[bool] = None
     classifier: object = None
     sae: Optional[str] = None
+    strict: bool = False
+    preprocess: Optional[str] = None
 
     def bars(self, progress: bool) -> bool:
         """Whether the studies draw progress bars, given ``run_report``'s ``progress``."""
@@ -259,8 +266,7 @@ def write_results(results: BatteryResults, source: LiveSource, out: Path) -> Dic
 
 
 def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[str, Path] = "report",
-               options: Optional[ReportOptions] = None, *, progress: bool = True, strict: bool = False,
-               preprocess=None, **option_values) -> Dict:
+               options: Optional[ReportOptions] = None, **option_values) -> Dict:
     """Run the battery (:func:`run_battery`) and write the report.
 
     Args:
@@ -269,11 +275,8 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
             bundled photos (:func:`report_sample_paths`).
         out_dir: directory for ``index.html``, ``report.json``, each study's JSON and the PNGs.
         options: a :class:`ReportOptions`; ``option_values`` (``threshold=``, ``detect_layer=``,
-            ``highest_layer=``, ``top_k=``, ``n_controls=``, ``seed=``, ``batch_size=``) override its fields.
-        progress: one line per stage on stderr, and the studies' progress bars.
-        strict: stop at the first unreadable image (default: skip it with a warning; listed under "skipped_images").
-        preprocess: a paper's eval transform for the image files (``"resize256-crop224"``; default timm's own),
-            recorded as report.json's ``preprocess``.
+            ``highest_layer=``, ``top_k=``, ``n_controls=``, ``seed=``, ``batch_size=``, ``progress=``,
+            ``strict=``, ``preprocess=``, ...) override its fields.
 
     Returns:
         The report.json summary (a dict), with ``"planted"`` holding the ground-truth comparison for a
@@ -283,6 +286,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
 
     started = time.monotonic()
     options = dataclasses.replace(options or ReportOptions(), **option_values)  # TypeError names a bad key
+    progress = options.progress
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if model is None or isinstance(model, str):
@@ -292,7 +296,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
         _say(progress, f"interp report: note: {synthetic_note(model)}")
     if options.top_k is None and truth is not None:  # else 10, or the preset's
         options = dataclasses.replace(options, top_k=len(truth.neurons))
-    source = report_source(model, images, options.batch_size, strict, preprocess)
+    source = report_source(model, images, options.batch_size, options.strict, options.preprocess)
     results = run_battery(source, options, progress, objects=True)
     if options.sae is not None:
         results.sae_features = sae_appendix_study(source, options.sae, results.neurons, progress,
@@ -300,7 +304,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
     figures = write_results(results, source, out)
 
     r = results
-    summary = build_summary(model, source, r.norms, r.neurons, r.ablation, r.register, r.relocation, r.skipped)
+    summary = build_summary(model, source, r)
     summary["planted"] = planted_comparison(model, source, r.norms, r.neurons) if truth is not None else None
     summary["probes"], summary["lost"] = probes_summary(r.probes), lost_summary(r.lost)
     summary["redundancy"] = redundancy_summary(r.redundancy)

@@ -15,12 +15,11 @@ Columns: :data:`COLUMN_DOCS`, one line each (the README's table is :func:`column
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..studies.artifacts.norms import norms_study
 from ..studies.artifacts.redundancy import redundancy_study
-from ..detection.detection import DetectionSpec, RunOptions, detect_spec, spec_of, threshold_param
-from ..detection.thresholds import ThresholdSpec
+from ..detection.detection import DetectionSpec, RunOptions, detect_spec, threshold_param
 from ..studies.probes.probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
 from ..models.inputs.preprocessing import eval_transform
@@ -64,6 +63,44 @@ COLUMN_DOCS = {
 # the probes' budget in the table: fewer Adam steps than a probes study (100 instead of 300) keeps a small
 # model's row to seconds on a CPU; pass probe_options to change it
 PROBE_OPTIONS = {"min_steps": 100}
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """How every model of a comparison is measured.
+
+    Attributes:
+        detection: one detection rule for every model (a percentile or "auto" is each model's own threshold).
+        batch_size: images per forward pass.
+        probes: run the linear probes, on at most ``probe_tokens`` training tokens each, fitted with
+            :data:`PROBE_OPTIONS` and the ``probe_options`` given over them.
+        seed: the probes' token sample and initialisation.
+        strict: stop at the first unreadable image (default: leave it out, listed in ``skipped``).
+        preprocess: one eval transform for every model's images (``"resize256-crop224"``; None: each model's own).
+        progress: progress bars and stage lines.
+    """
+
+    detection: DetectionSpec = field(default_factory=DetectionSpec)
+    batch_size: int = 16
+    probes: bool = True
+    probe_tokens: int = 2000
+    probe_options: Optional[Mapping] = None
+    seed: int = 0
+    strict: bool = False
+    preprocess: Optional[str] = None
+    progress: bool = True
+
+    def probe_budget(self) -> Dict:
+        """The probes' options: :data:`PROBE_OPTIONS` and the ``probe_options`` given over them."""
+        return {**PROBE_OPTIONS, **(self.probe_options or {})}
+
+    def params(self) -> Dict:
+        """The settings as a result's ``params`` (the detection rule resolved: a preset's values filled in)."""
+        spec = self.detection.resolved()
+        return {"threshold": threshold_param(spec.threshold), "detect_layer": spec.detect_layer,
+                "preset": spec.preset, "batch_size": self.batch_size, "probes": self.probes,
+                "probe_tokens": self.probe_tokens, "probe_options": self.probe_budget(), "seed": self.seed,
+                "preprocess": preprocess_name(self.preprocess)}
 
 
 def column_table() -> str:
@@ -155,54 +192,45 @@ def preprocess_name(preprocess) -> str:
     return "model" if t is None else t.name
 
 
-def model_row(source, found, name: str, *, probes: bool = True, probe_tokens: int = 2000,
-              probe_options: Optional[Dict] = None, seed: int = 0, progress: bool = True):
+def model_row(source, found, name: str, settings: CompareSettings = CompareSettings()):
     """One model's comparison row and notes on ``source`` with its detection ``found``: the norms study's
-    columns, the redundancy columns and (with ``probes``) the probe columns. Returns (row, {column: why "-"})."""
-    probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
+    columns, the redundancy columns and (with ``settings.probes``) the probe columns. Returns (row, {column: why
+    "-"})."""
+    progress = settings.progress
     row = summary_row(name, norms_study(source, detection=found, progress=progress))
     redundancy = redundancy_study(source, detection=found, progress=progress, warn=False)  # the row says it
     row.update(redundancy_columns(redundancy))
     notes = redundancy_notes(redundancy)
-    if probes:
-        probed = probes_study(source, detection=found, seed=seed, progress=progress,
-                              max_train_tokens=probe_tokens, max_test_tokens=max(probe_tokens // 2, 1),
-                              probe_options=probe_options)
+    if settings.probes:
+        probed = probes_study(source, detection=found, seed=settings.seed, progress=progress,
+                              max_train_tokens=settings.probe_tokens,
+                              max_test_tokens=max(settings.probe_tokens // 2, 1),
+                              probe_options=settings.probe_budget())
         row.update(probe_columns(probed))
         notes.update(probe_notes(probed))
     return row, notes
 
 
-def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpec] = None,
-                   threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
-                   preset: Optional[str] = None, batch_size: int = 16, progress: bool = True,
-                   names: Optional[Sequence[str]] = None, probes: bool = True, probe_tokens: int = 2000,
-                   probe_options: Optional[Dict] = None, seed: int = 0, strict: bool = False,
-                   preprocess=None) -> ComparisonResult:
-    """Run the norms and redundancy studies (and, with ``probes``, the linear probes on at most ``probe_tokens``
-    training tokens, fitted with ``probe_options`` (default :data:`PROBE_OPTIONS`)) on each HookedViT over the
-    same images and collect one row per model (columns: :data:`COLUMN_DOCS`).
+def compare_models(models: Sequence, images, settings: CompareSettings = CompareSettings(),
+                   names: Optional[Sequence[str]] = None) -> ComparisonResult:
+    """Run the norms and redundancy studies (and, with ``settings.probes``, the linear probes) on each HookedViT
+    over the same ``images`` (what ``open_source`` takes) and collect one row per model (columns:
+    :data:`COLUMN_DOCS`; ``names``: the rows' model names, default each model's name).
 
-    The high-norm tokens of every model follow one detection rule: ``detection`` (a :class:`DetectionSpec`) or
-    ``threshold`` / ``detect_layer`` / ``preset`` (not both), resolved once and applied to each model (a
-    percentile or "auto" is each model's own). ``preprocess``: one eval transform for every model's images
-    (``"resize256-crop224"``; default each model's own). Unreadable images are left out and listed in ``skipped``
-    (``strict``: stop at the first one instead)."""
-    spec = spec_of(detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
-    probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
+    The high-norm tokens of every model follow one detection rule (``settings.detection``), resolved once and
+    applied to each model (a percentile or "auto" is each model's own). Unreadable images are left out and
+    listed in ``skipped`` (``settings.strict``: stop at the first one instead)."""
+    spec = settings.detection.resolved()
     rows, skipped, notes = [], [], {}
     for i, model in enumerate(models):
         name = names[i] if names else model.model_name
-        source = open_source(model=model, images=images, batch_size=batch_size, strict=strict, preprocess=preprocess)
+        source = open_source(model=model, images=images, batch_size=settings.batch_size, strict=settings.strict,
+                             preprocess=settings.preprocess)
         skipped = skipped or skipped_records(source)
         source = source.held_if_small()  # decoded once for every pass
-        found = detect_spec(source, spec, RunOptions(batch_size, progress=progress))
-        row, notes[name] = model_row(source, found, name, probes=probes, probe_tokens=probe_tokens,
-                                     probe_options=probe_options, seed=seed, progress=progress)
+        found = detect_spec(source, spec, RunOptions(settings.batch_size, progress=settings.progress))
+        row, notes[name] = model_row(source, found, name, settings)
         rows.append(row)
-    params = {"models": [r["model"] for r in rows], "threshold": threshold_param(spec.threshold),
-              "detect_layer": spec.detect_layer, "preset": spec.preset, "batch_size": batch_size, "probes": probes,
-              "probe_tokens": probe_tokens, "probe_options": probe_options, "seed": seed,
-              "preprocess": preprocess_name(preprocess)}
+    params = {"models": [r["model"] for r in rows], **settings.params()}
     return ComparisonResult(model=",".join(params["models"]), fingerprint="", params=params, seed=None, rows=rows,
                             skipped=skipped, notes=notes)

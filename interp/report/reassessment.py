@@ -21,7 +21,8 @@ rows 3-5 give the paper's numbers on the tokens above it, with the two-mode verd
 not defined for a model is "n/a", and why is printed under the table.
 
 >>> vit = interp.load("vit_small_patch16_224", pretrained=False, depth=2)
->>> result = reassess_models([model, vit], photos, names=["planted", "vit"], probes=False, progress=False)
+>>> settings = ReassessSettings(probes=False, progress=False)
+>>> result = reassess_models([model, vit], photos, settings, names=["planted", "vit"])
 >>> result.cell("redundancy", "vit").text                        # a random ViT has no artifacts
 'no artifacts'
 >>> result.cell("ttr_attention", "planted").values["without"] > 0.8    # CLS attends to the planted sinks
@@ -36,18 +37,28 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 
 from ..errors import InterpError
-from ..detection.detection import DetectionSpec, detect_with_baseline, spec_of, threshold_param
+from ..detection.detection import detect_with_baseline
 from ..models.planted import planted_truth
 from ..runtime.open import open_source
 from ..studies.artifacts.neurons import neurons_study
 from ..studies.artifacts.registers import registers_study
 from ..studies.core.behaviour import behaviour_readout
 from ..studies.core.result import StudyResult, skipped_records
-from .compare import PROBE_OPTIONS, model_row, preprocess_name
+from .compare import CompareSettings, model_row
 from .reassessment_attention import received_attention
 from .reassessment_cells import NO_ARTIFACTS, ROWS, Cell, ModelRun, model_cells, trained_cells_of
 
 DEFAULT_TOP_K = 10  # register neurons of the test-time register (the planted models: their planted count)
+
+
+@dataclass(frozen=True)
+class ReassessSettings(CompareSettings):
+    """How every model of the reassessment is measured: the comparison's settings (:class:`CompareSettings`: the
+    detection rule, the probes of claim 4, batch size, seed, preprocessing, progress) and ``top_k``, the register
+    neurons the test-time register edits (None: the planted count for a planted model, else
+    :data:`DEFAULT_TOP_K`)."""
+
+    top_k: Optional[int] = None
 
 
 def register_siblings(model_names: Sequence[str]) -> Dict[int, int]:
@@ -79,26 +90,24 @@ def _test_time_register(source, found, baseline, top_k: int, classifier, progres
     return result, neurons, None
 
 
-def assess_model(model, images, spec: DetectionSpec, *, name: Optional[str] = None, batch_size: int = 16,
-                 probes: bool = True, probe_tokens: int = 2000, probe_options: Optional[Dict] = None,
-                 top_k: Optional[int] = None, seed: int = 0, strict: bool = False, preprocess=None,
-                 classifier=None, progress: bool = True) -> Tuple[ModelRun, List]:
+def assess_model(model, images, settings: ReassessSettings, name: Optional[str] = None,
+                 classifier=None) -> Tuple[ModelRun, List]:
     """One model's measures (a :class:`ModelRun`) and the images it skipped. One unedited forward gives the
-    detection, the CLS attention and the logits; then the comparison row (norms, redundancy, probes) and, where
-    defined, the neurons study and the test-time register (top ``top_k`` neurons; default the planted count
-    for a planted model, else :data:`DEFAULT_TOP_K`). ``classifier``: a classifier file (path, dict or
-    :func:`interp.load_classifier`) whose class logits give claim 5's accuracy or agreement (default the model's
-    own head)."""
+    detection (``settings.detection``), the CLS attention and the logits; then the comparison row (norms,
+    redundancy, probes) and, where defined, the neurons study and the test-time register (top ``settings.top_k``
+    neurons). ``classifier``: a classifier file (path, dict or :func:`interp.load_classifier`) whose class logits
+    give claim 5's accuracy or agreement (default the model's own head)."""
     name = name or model.model_name
-    source = open_source(model=model, images=images, batch_size=batch_size, strict=strict, preprocess=preprocess)
+    progress = settings.progress
+    source = open_source(model=model, images=images, batch_size=settings.batch_size, strict=settings.strict,
+                         preprocess=settings.preprocess)
     skipped = skipped_records(source)
     source = source.held_if_small()
     readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
-    found, base = detect_with_baseline(source, spec, readout.classifier, progress=progress)
-    row, notes = model_row(source, found, name, probes=probes, probe_tokens=probe_tokens,
-                           probe_options=probe_options, seed=seed, progress=progress)
+    found, base = detect_with_baseline(source, settings.detection, readout.classifier, progress=progress)
+    row, notes = model_row(source, found, name, settings)
     truth = planted_truth(model)
-    k = top_k or (len(truth.neurons) if truth is not None else DEFAULT_TOP_K)
+    k = settings.top_k or (len(truth.neurons) if truth is not None else DEFAULT_TOP_K)
     registers, neurons, why = _test_time_register(source, found, base, k, readout.classifier, progress)
     outliers = base.patch_norms > found.counting_threshold()
     percentile = found.method == "percentile"
@@ -150,36 +159,27 @@ class ReassessmentResult(StudyResult):
         return "\n".join(lines).rstrip() + "\n"
 
 
-def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSpec] = None,
-                    names: Optional[Sequence[str]] = None, batch_size: int = 16, probes: bool = True,
-                    probe_tokens: int = 2000, probe_options: Optional[Dict] = None, top_k: Optional[int] = None,
-                    seed: int = 0, strict: bool = False, preprocess=None, siblings: Optional[Dict[str, str]] = None,
-                    classifiers: Optional[Sequence] = None, progress: bool = True) -> ReassessmentResult:
-    """The reassessment table of ``models`` (HookedViTs) over the same ``images`` (what ``open_source`` takes).
+def reassess_models(models: Sequence, images, settings: ReassessSettings = ReassessSettings(), *,
+                    names: Optional[Sequence[str]] = None, siblings: Optional[Dict[str, str]] = None,
+                    classifiers: Optional[Sequence] = None) -> ReassessmentResult:
+    """The reassessment table of ``models`` (HookedViTs) over the same ``images`` (what ``open_source`` takes),
+    each measured with ``settings`` (one detection rule for every model: a percentile or "auto" is each model's
+    own threshold).
 
     Args:
-        detection: one :class:`DetectionSpec` for every model (default: "auto" at the last block; a percentile
-            or "auto" is each model's own).
         names: the column names (default each model's name); a trained-register sibling is paired by
             ``model.model_name`` (:func:`register_siblings`).
-        probes, probe_tokens, probe_options: the linear probes of claim 4 (as in ``compare_models``).
-        top_k: register neurons the test-time register edits (default: the planted count, else 10).
         siblings: {trained-register column: its no-register sibling's column} (names as in ``names``); default
             the pairs :func:`register_siblings` finds among the model names.
-        preprocess: one eval transform for every model's images (default each model's own).
         classifiers: one classifier file (or None: the model's own head) per model, for claim 5's behaviour.
     """
-    spec = spec_of(detection)
-    probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
     runs, skipped = [], []
     for i, model in enumerate(models):
-        if progress:
+        if settings.progress:
             print(f"interp reassess: model {i + 1}/{len(models)}: {names[i] if names else model.model_name}",
                   file=sys.stderr, flush=True)
-        run, skips = assess_model(model, images, spec, name=names[i] if names else None, batch_size=batch_size,
-                                  probes=probes, probe_tokens=probe_tokens, probe_options=probe_options,
-                                  top_k=top_k, seed=seed, strict=strict, preprocess=preprocess,
-                                  classifier=classifiers[i] if classifiers else None, progress=progress)
+        run, skips = assess_model(model, images, settings, names[i] if names else None,
+                                  classifiers[i] if classifiers else None)
         runs.append(run)
         skipped = skipped or skips
     labels = [run.name for run in runs]
@@ -188,11 +188,9 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
     for i, run in enumerate(runs):
         columns[run.name].update(trained_cells_of(i, runs, pairs))
     siblings = {labels[r]: labels[p] for r, p in pairs.items()}
-    params = {"models": labels, "threshold": threshold_param(spec.threshold), "detect_layer": spec.detect_layer,
-              "preset": spec.preset, "batch_size": batch_size, "probes": probes, "probe_tokens": probe_tokens,
-              "probe_options": probe_options, "top_k": top_k, "seed": seed, "preprocess": preprocess_name(preprocess)}
-    return ReassessmentResult(model=",".join(labels), fingerprint="", params=params, seed=seed, skipped=skipped,
-                              ids=list(runs[0].ids) if runs else [],
+    params = {"models": labels, **settings.params(), "top_k": settings.top_k}
+    return ReassessmentResult(model=",".join(labels), fingerprint="", params=params, seed=settings.seed,
+                              skipped=skipped, ids=list(runs[0].ids) if runs else [],
                               models=labels, cells={key: {m: columns[m][key] for m in labels} for key in ROWS},
                               siblings=siblings, compare_rows=[run.row for run in runs],
                               register_neurons={run.name: run.neurons for run in runs},

@@ -2,8 +2,8 @@
 tokens; without vs with a test-time register), a model without a number labelled with its cell's text
 ("no artifacts", "n/a").
 
->>> from interp.report.reassessment import reassess_models
->>> fig = reassessment_figure(reassess_models([model], photos, probes=False, progress=False))
+>>> from interp.report.reassessment import ReassessSettings, reassess_models
+>>> fig = reassessment_figure(reassess_models([model], photos, ReassessSettings(probes=False, progress=False)))
 >>> len(fig.axes)
 3
 """

@@ -105,8 +105,10 @@ def input_geometry(source) -> Dict:
             "n_registers": int(layout.n_registers), "stage_grids": [list(g) for g in layout.stage_grids]}
 
 
-def build_summary(model, source, norms, neurons, ablation, register, relocation, skipped: Optional[str]) -> Dict:
-    """The report.json summary of the stage results."""
+def build_summary(model, source, results) -> Dict:
+    """The report.json summary of the stage results (a :class:`~interp.report.battery.BatteryResults`)."""
+    norms, neurons, skipped = results.norms, results.neurons, results.skipped
+    ablation, register, relocation = results.ablation, results.register, results.relocation
     emergence = norms.emergence
     synthetic = planted_truth(model) is not None
     summary = {

@@ -63,7 +63,7 @@ def train(model, hook: str, out, *, cache=None, images=None, resume: bool = Fals
         cache / images: an HDF5 cache holding ``hook`` (``interp cache``), or images run live through the model.
         resume: continue from ``out/checkpoint.pt`` (same settings; ``steps`` may grow).
         overwrite: replace an existing run in ``out``.
-        settings: :class:`TrainSettings` fields (arch, expansion, k, tokens, high_norm, steps, batch_size, ...).
+        settings: :class:`TrainSettings` fields (arch, expansion, k, tokens, high_norm, steps, tokens_per_step, ...).
 
     Returns:
         the ``sae.json`` content (rank 0 writes the files under ``torchrun``).
@@ -139,13 +139,13 @@ def _train_locked(model, hook, out, cfg, cache, images, resume, checkpoint_every
                           "same cache/images, or start again with --overwrite")
     per_rank = cfg.data_shards // n_ranks
     stream = TokenStream(data.train, data.counts[data.train], data.read_tokens, cfg.seed, cfg.window_images,
-                         cfg.batch_size, cfg.data_shards, range(rank * per_rank, (rank + 1) * per_rank))
+                         cfg.tokens_per_step, cfg.data_shards, range(rank * per_rank, (rank + 1) * per_rank))
     norm = data.norm
     torch.manual_seed(cfg.seed)
     n_features = cfg.expansion * data.rows.d
     check_sizes(cfg, n_features, int(data.counts[data.train].sum()))
     arch = sae_modules.architecture(cfg.arch)(cfg)
-    module = arch.build(data.rows.d, n_features, cfg.batch_size // n_ranks,
+    module = arch.build(data.rows.d, n_features, cfg.tokens_per_step // n_ranks,
                         data.points).to(device)  # built on the CPU: the same weights on any device
     net = module
     if n_ranks > 1:
@@ -218,8 +218,8 @@ def check_sizes(cfg: TrainSettings, n_features: int, n_tokens: int) -> None:
     if sae_modules.architecture(cfg.arch).uses_k and cfg.k > n_features:
         raise UsageError(f"--k {cfg.k} is more than the SAE's {n_features} features (--expansion {cfg.expansion} x "
                          f"width {n_features // cfg.expansion}); give --k <= {n_features} (SAEs use 8-64)")
-    if cfg.batch_size > n_tokens:
-        raise UsageError(f"--tokens-per-step {cfg.batch_size} is more than the {n_tokens} training tokens of this "
+    if cfg.tokens_per_step > n_tokens:
+        raise UsageError(f"--tokens-per-step {cfg.tokens_per_step} is more than the {n_tokens} training tokens of this "
                          f"data (a step would repeat tokens); give --tokens-per-step <= {n_tokens}, or more images")
 
 

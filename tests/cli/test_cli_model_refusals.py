@@ -7,7 +7,7 @@ import pytest
 
 from interp import _model_names
 from interp.cli import main
-from interp.commands.compare import _labels
+from interp.commands.groups import column_labels
 from interp.errors import UnknownModelError, UnsupportedModelError, UsageError
 from interp.models import sample_image_paths
 
@@ -60,11 +60,11 @@ def test_a_model_given_twice_is_refused_before_any_model_loads(tmp_path, capsys,
 
 
 def test_columns_say_where_their_weights_come_from():
-    assert _labels(["planted_vit", "planted_vit"], [None, "w/p.safetensors"], True) == [
+    assert column_labels(["planted_vit", "planted_vit"], [None, "w/p.safetensors"], True) == [
         "planted_vit (planted)", "planted_vit (p.safetensors)"]
-    assert _labels(["vit_t", "vit_t"], [None, None], False, [224, 112]) == ["vit_t (random, 224 px)",
+    assert column_labels(["vit_t", "vit_t"], [None, None], False, [224, 112]) == ["vit_t (random, 224 px)",
                                                                            "vit_t (random, 112 px)"]
-    assert _labels(["vit_t", "vit_t", "planted_vit"], [None, "a.pt", None], True) == [
+    assert column_labels(["vit_t", "vit_t", "planted_vit"], [None, "a.pt", None], True) == [
         "vit_t (hub weights)", "vit_t (a.pt)", "planted_vit"]
     with pytest.raises(UsageError, match="given twice"):
-        _labels(["vit_t", "vit_t"], ["a/w.pt", "b/w.pt"], True)
+        column_labels(["vit_t", "vit_t"], ["a/w.pt", "b/w.pt"], True)

@@ -35,7 +35,7 @@ def test_every_command_is_a_declared_options_dataclass_and_every_option_a_field(
         command = parser.get_default("func")
         assert isinstance(command, Command), words
         assert command.options and all(issubclass(o, Options) for o in command.options), words
-        declared = {f.name for o in command.options for f in o.cli_fields()}
+        declared = {f.name for o in command.options for f in o.option_fields()}
         dests = {a.dest for a in parser._actions if a.dest not in ("help", argparse.SUPPRESS)}
         assert dests == declared, (words, dests ^ declared)
 
@@ -48,8 +48,8 @@ def test_sae_train_options_are_the_train_settings():
     for f in TrainSettings.cli_fields():
         assert actions[f.name].default == f.default, f.name
         assert actions[f.name].help == f.metadata["flag"].help, f.name
-    assert "--tokens-per-step" in actions["batch_size"].option_strings
-    assert "--batch-size" in actions["image_batch"].option_strings
+    assert actions["tokens_per_step"].option_strings == ["--tokens-per-step"]
+    assert actions["batch_size"].option_strings == ["--batch-size"]
 
 
 def test_the_run_inputs_come_from_the_parsed_options_once(tmp_path):
@@ -61,11 +61,12 @@ def test_the_run_inputs_come_from_the_parsed_options_once(tmp_path):
     args = build_parser().parse_args(argv)
     options = args.func.parse(args)
     inputs = RunInputs.of(options, argv)
-    assert inputs.model == ModelSpec("planted_vit", depth=2)
-    assert (inputs.seed, inputs.images, inputs.progress, inputs.stage_lines, inputs.argv) == (
-        7, str(images), False, False, tuple(argv))
+    assert inputs.models == (ModelSpec("planted_vit", depth=2),)
+    assert (inputs.images, inputs.progress, inputs.stage_lines, inputs.argv) == (
+        str(images), False, False, tuple(argv))
     (train,) = options
-    assert (train.image_batch, train.batch_size) == (4, 64)  # images per forward; tokens per step
+    assert (train.batch_size, train.settings.tokens_per_step) == (4, 64)  # images per forward; tokens per step
+    assert train.settings.seed == 7  # the SAE's seed (sae train takes the model's random weights from it too)
 
 
 @pytest.fixture
@@ -105,7 +106,7 @@ def test_cache_batch_size_is_images_per_forward_and_the_file_keeps_its_chunking(
 
 
 def test_options_objects_are_frozen_and_checked_on_construction():
-    from interp.commands.inputs import PreprocessOptions
+    from interp.commands.groups import PreprocessOptions
     from interp.errors import UsageError
 
     with pytest.raises(UsageError, match="--crop 224 needs --resize"):

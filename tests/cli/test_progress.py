@@ -115,7 +115,8 @@ def test_long_commands_ask_for_progress_on_a_pipe_and_not_under_quiet(tmp_path, 
 
     asked = {}
 
-    def fake(*args, progress, **kwargs):
+    def fake(*args, **kwargs):  # progress: a keyword (sae train) or the settings object's (reassess)
+        progress = kwargs["progress"] if "progress" in kwargs else args[2].progress
         asked["progress"], asked["lines"] = progress, _progress._lines
         raise InterpError("stopped by the test")
 

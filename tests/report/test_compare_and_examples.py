@@ -8,7 +8,7 @@ import pytest
 import interp
 from interp.cli import main
 from interp.models import sample_image_paths
-from interp.report.compare import COLUMNS, compare_models
+from interp.report.compare import COLUMNS, CompareSettings, compare_models
 
 from conftest import REPO, make_model
 
@@ -17,7 +17,7 @@ ROOT = REPO
 
 def test_compare_flags_planted_model_only():
     result = compare_models([interp.load("planted_vit"), make_model("vit"), make_model("dinov2_reg")],
-                            sample_image_paths(), progress=False, names=["planted", "vit", "dinov2_reg"])
+                            sample_image_paths(), CompareSettings(progress=False), names=["planted", "vit", "dinov2_reg"])
     rows = {r["model"]: r for r in result.rows}
     assert set(rows["planted"]) == set(COLUMNS)
     assert rows["planted"]["artifacts"] and rows["planted"]["emergence"] == "2 (mlp)"
@@ -31,8 +31,9 @@ def test_compare_flags_planted_model_only():
 
 
 def test_compare_probe_columns_score_with_enough_images(photos16):
-    result = compare_models([interp.load("planted_vit"), make_model("vit")], photos16, progress=False,
-                            names=["planted", "vit"], probe_tokens=400, probe_options={"min_steps": 30})
+    settings = CompareSettings(probe_tokens=400, probe_options={"min_steps": 30}, progress=False)
+    result = compare_models([interp.load("planted_vit"), make_model("vit")], photos16, settings,
+                            names=["planted", "vit"])
     rows = {r["model"]: r for r in result.rows}
     # the probe columns: scores on the planted model's high-norm patches; empty groups are None ("-")
     assert all(rows["planted"][c] is not None for c in ("pos_normal", "pos_high", "pix_normal", "pix_high",

@@ -8,7 +8,7 @@ import pytest
 import interp
 from interp.cli import main
 from interp.models import sample_image_paths
-from interp.report.compare import COLUMN_DOCS, COLUMNS, column_table, compare_models
+from interp.report.compare import COLUMN_DOCS, COLUMNS, CompareSettings, column_table, compare_models
 from interp.detection.detection import DetectionSpec
 
 from conftest import REPO, make_model
@@ -17,8 +17,9 @@ ROOT = REPO
 
 
 def test_a_preset_sets_every_models_detection_and_the_redundancy_columns_fill():
-    result = compare_models([interp.load("planted_vit"), make_model("vit")], sample_image_paths(), progress=False,
-                            names=["planted", "vit"], preset="darcet", probes=False)
+    settings = CompareSettings(detection=DetectionSpec(preset="darcet"), probes=False, progress=False)
+    result = compare_models([interp.load("planted_vit"), make_model("vit")], sample_image_paths(), settings,
+                            names=["planted", "vit"])
     rows = {r["model"]: r for r in result.rows}
     assert rows["planted"]["threshold"] == rows["vit"]["threshold"] == 150.0
     assert result.params["preset"] == "darcet" and result.params["threshold"] == 150.0
@@ -29,15 +30,15 @@ def test_a_preset_sets_every_models_detection_and_the_redundancy_columns_fill():
     assert "- vit redund_high: no token in this group" in result.table()
 
 
-def test_the_detection_is_one_spec_not_parsed_here():
+def test_the_detection_is_one_spec_in_the_settings():
     models, photos = [interp.load("planted_vit")], sample_image_paths()
-    spec = compare_models(models, photos, progress=False, probes=False, detection=DetectionSpec(threshold="p98", detect_layer=-2))
-    loose = compare_models(models, photos, progress=False, probes=False, threshold="p98", detect_layer=-2)
-    assert spec.rows == loose.rows and spec.params["threshold"] == "p98" and spec.params["detect_layer"] == -2
-    with pytest.raises(interp.InterpError, match="not both"):
-        compare_models(models, photos, progress=False, detection=DetectionSpec(threshold="p98"), threshold=150)
+    settings = CompareSettings(detection=DetectionSpec(threshold="p98", detect_layer=-2), probes=False,
+                               progress=False)
+    result = compare_models(models, photos, settings)
+    assert result.params["threshold"] == "p98" and result.params["detect_layer"] == -2
+    assert result.rows[0]["threshold"] > 0   # the model's own 98th percentile, resolved on its norms
     with pytest.raises(interp.InterpError, match="threshold"):
-        compare_models(models, photos, progress=False, threshold=-3)
+        compare_models(models, photos, CompareSettings(detection=DetectionSpec(threshold=-3), progress=False))
 
 
 def test_every_column_is_documented_in_the_readme_and_no_published_table_is_claimed():

@@ -12,7 +12,8 @@ import interp
 from interp.cli import main
 from interp.errors import InterpError
 from interp.models import sample_image_paths
-from interp.report.reassessment import ReassessmentResult, reassess_models, register_siblings, sibling_pairs
+from interp.report.reassessment import (ReassessSettings, ReassessmentResult, reassess_models, register_siblings,
+                                       sibling_pairs)
 from interp.report.reassessment_cells import ARTIFACT_ROWS, NO_ARTIFACTS, ROWS
 from interp.report.reassessment_figure import reassessment_figure
 
@@ -25,7 +26,7 @@ RANDOM = {  # one random model per family, small: none has artifacts
     "swin": ("swinv2_tiny_window8_256", dict(img_size=64, embed_dim=24, depths=(2, 2, 2, 2), num_heads=(1, 2, 3, 4),
                                              window_size=4)),
 }
-PROBES = dict(probe_tokens=400, probe_options={"min_steps": 30})
+SETTINGS = ReassessSettings(probe_tokens=400, probe_options={"min_steps": 30}, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +37,7 @@ def table(photos16):
     models = [interp.load(name) for name in PLANTED]
     models += [interp.load(name, pretrained=False, **kw) for name, kw in RANDOM.values()]
     names = list(PLANTED) + list(RANDOM)
-    return reassess_models(models, photos16, names=names, progress=False, siblings={"planted_dinov3": "planted_vit"},
-                           **PROBES)
+    return reassess_models(models, photos16, SETTINGS, names=names, siblings={"planted_dinov3": "planted_vit"})
 
 
 def test_planted_models_show_their_artifacts(table):
@@ -154,7 +154,8 @@ def test_a_classifier_file_gives_claim_5_its_accuracy(labelled16, tmp_path, caps
     width = model.run_with_cache(torch.zeros(1, 3, 224, 224), names_filter="hook_pooled")[1]["hook_pooled"].shape[-1]
     weight = torch.randn(2, width, generator=torch.Generator().manual_seed(0))
     path = save_classifier(tmp_path / "ab.pt", "linear", weight, torch.zeros(2), class_names=["a", "b"])
-    result = reassess_models([model], labelled16, classifiers=[str(path)], probes=False, progress=False)
+    result = reassess_models([model], labelled16, ReassessSettings(probes=False, progress=False),
+                             classifiers=[str(path)])
     cell = result.cell("ttr_behaviour", "planted_vit")
     assert cell.text.endswith("(accuracy)") and cell.why == "accuracy"
     assert 0 <= cell.values["without"] <= 1 and 0 <= cell.values["with"] <= 1

@@ -11,7 +11,7 @@ import torch
 import interp
 from interp.detection.detection import DetectionSpec
 from interp.errors import InterpError
-from interp.report.reassessment import reassess_models
+from interp.report.reassessment import ReassessSettings, reassess_models
 from interp.report.reassessment_attention import received_attention
 from interp.report.reassessment_cells import ARTIFACT_ROWS, NO_ARTIFACTS, TWO_MODE_NOTE, _attention_cell
 
@@ -25,9 +25,9 @@ def paper(photos16):
     models = [interp.load("swinv2_tiny_window8_256", pretrained=False, img_size=64, embed_dim=24,
                           depths=(2, 2, 2, 2), num_heads=(1, 2, 3, 4), window_size=4),
               interp.load("vit_small_patch16_224", pretrained=False, img_size=64, depth=2)]
-    return models, reassess_models(models, photos16, names=[*MODELS, "vit"], progress=False,
-                                   detection=DetectionSpec(preset="reassessment"), probe_tokens=200,
-                                   probe_options={"min_steps": 20})
+    settings = ReassessSettings(detection=DetectionSpec(preset="reassessment"), probe_tokens=200,
+                                probe_options={"min_steps": 20}, progress=False)
+    return models, reassess_models(models, photos16, settings, names=[*MODELS, "vit"])
 
 
 def _last_block(model, photos):

@@ -31,7 +31,7 @@ D_REPORT = 32  # the feature report's source: normal tokens' norms within ~12 % 
 N_HIGH = 3  # high-norm patches per image (x20)
 IMAGES_1X = 600
 CAP = 200  # detection images in the measurement (norm_cuts.MAX_DETECTION_IMAGES is 4096: 1x and 4x both above it)
-SETTINGS = dict(tokens="patches", high_norm="exclude", batch_size=512, window_images=32, data_shards=2,
+SETTINGS = dict(tokens="patches", high_norm="exclude", tokens_per_step=512, window_images=32, data_shards=2,
                 norm_images=32, steps=20)
 
 
@@ -56,7 +56,7 @@ def run(n_images: int) -> dict:
     cfg = TrainSettings(**SETTINGS)
     data = setup.prepare_rows(LazyRows(n_images), "blocks.0.hook_resid_post", {}, {}, cfg)
     stream = TokenStream(data.train, data.counts[data.train], data.read_tokens, cfg.seed, cfg.window_images,
-                         cfg.batch_size, cfg.data_shards, range(cfg.data_shards))
+                         cfg.tokens_per_step, cfg.data_shards, range(cfg.data_shards))
     seen = sum(len(stream.batch(t)) for t in range(cfg.steps))
     return {"artifacts_found": bool(data.detection.artifacts_found), "counts": sorted(set(data.counts.tolist())),
             "tokens_streamed": seen}

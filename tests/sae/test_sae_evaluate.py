@@ -96,7 +96,7 @@ def test_a_cache_of_image_files_gives_the_loss_recovered(tmp_path, one_thread):
     path = tmp_path / "photos.h5"
     interp.cache.write(model, str(photos[0].parent), hooks=HOOK, path=path, progress=False, dtype="float32")
     out = interp.sae.train(model, HOOK, tmp_path / "s", cache=path, progress=False, arch="topk", expansion=1, k=4,
-                           steps=5, batch_size=64, data_shards=1, window_images=3, holdout=0.25)
+                           steps=5, tokens_per_step=64, data_shards=1, window_images=3, holdout=0.25)
     measured = out["metrics"]["held_out"]["loss_recovered"]
     assert measured["n_images"] == 1 and measured["loss_recovered"] is not None
     assert measured["distance"] == "mse_pooled" and measured["tokens"] == "patches"

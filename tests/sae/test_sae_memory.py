@@ -51,7 +51,7 @@ def test_sae_data_memory_is_flat_from_1x_to_4x_images():
     measured = measured_in_a_fresh_process("studies_memory")["sae"]  # tests/memory_helpers.py
     for run in (measured["run_1x"], measured["run_4x"]):  # the runs worked: outliers found and left out
         assert run["artifacts_found"] and run["counts"] == [1024 - sae_memory.N_HIGH]
-        assert run["tokens_streamed"] == sae_memory.SETTINGS["steps"] * sae_memory.SETTINGS["batch_size"]
+        assert run["tokens_streamed"] == sae_memory.SETTINGS["steps"] * sae_memory.SETTINGS["tokens_per_step"]
     patches = sae_memory.GRID[0] * sae_memory.GRID[1]
     # float64 norms of the 3x more images alone: 14.7 MB (the code before this measured +74 MB, 24.5 -> 98.3 MB)
     norms_added = 3 * sae_memory.IMAGES_1X * patches * 8

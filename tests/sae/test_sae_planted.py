@@ -95,7 +95,7 @@ def test_a_random_weight_vit_has_no_artifact_features(tmp_path, one_thread):
     interp.cache.write(model, torch.randn(6, 3, 224, 224, generator=torch.Generator().manual_seed(3)), hooks=hook,
                        path=path, progress=False, dtype="float32")
     interp.sae.train(model, hook, tmp_path / "sae", cache=path, progress=False, arch="topk", expansion=1, k=8,
-                     steps=15, batch_size=128, lr=3e-3, data_shards=2, window_images=4, holdout=0.2)
+                     steps=15, tokens_per_step=128, lr=3e-3, data_shards=2, window_images=4, holdout=0.2)
     report = sae_features(interp.sae.load(tmp_path / "sae", model=model), model, cache=path)
     assert report["artifacts_found"] is False and report["artifact_features"] == []
     assert report["message"].startswith("no artifacts") and report["message"].count("\n") == 0

@@ -28,7 +28,7 @@ def pyramid(tmp_path_factory):
         images = torch.randn(32, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(0))
         folder = tmp_path_factory.mktemp("pvt") / "sae"
         interp.sae.train(model, HOOK, folder, images=images, progress=False, arch="topk", expansion=2, k=4,
-                         steps=40, batch_size=128, lr=3e-3, window_images=8, data_shards=2, holdout=0.125,
+                         steps=40, tokens_per_step=128, lr=3e-3, window_images=8, data_shards=2, holdout=0.125,
                          dead_window=100, checkpoint_every=1000)
     finally:
         torch.set_num_threads(before)

@@ -161,12 +161,12 @@ def test_same_loss_curve_as_overcompletes_own_loop(tmp_path, one_thread, capsys)
     cfg = TrainSettings(**settings)
     data = prepare_data(planted_model(), HOOK, cfg, cache=planted_cache())
     stream = TokenStream(data.train, data.counts[data.train], data.read_tokens, cfg.seed, cfg.window_images,
-                         cfg.batch_size, cfg.data_shards, range(cfg.data_shards))
+                         cfg.tokens_per_step, cfg.data_shards, range(cfg.data_shards))
     tokens = torch.cat([data.norm.apply(stream.batch(t)) for t in range(cfg.steps)])  # in memory
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=cfg.batch_size)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=cfg.tokens_per_step)
     torch.manual_seed(cfg.seed)
     owner = sae_modules.architecture(cfg.arch)(cfg)
-    module = owner.build(data.rows.d, cfg.expansion * data.rows.d, cfg.batch_size, None)
+    module = owner.build(data.rows.d, cfg.expansion * data.rows.d, cfg.tokens_per_step, None)
     none = torch.zeros(cfg.expansion * data.rows.d, dtype=torch.bool)
 
     def criterion(x, x_hat, pre, codes, dictionary):
