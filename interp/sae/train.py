@@ -227,6 +227,8 @@ def _read_checkpoint(path: Path, cfg: TrainSettings) -> Dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
         saved = dict(state["settings"])
+        if "batch_size" in saved and "tokens_per_step" not in saved:  # written before the setting had its own name
+            saved["tokens_per_step"] = saved.pop("batch_size")
         step = int(state["step"])
     except Exception as e:  # a damaged checkpoint: say so in one line
         raise InterpError(f"cannot read the checkpoint {str(path)!r} ({type(e).__name__}); delete it and start "

@@ -21,6 +21,7 @@ from interp.cli import main
 from interp.errors import InterpError
 from interp.interventions import SAEFeatureAblation
 from interp.sae import files as sae_files
+from interp.sae_settings import SAE_CHECKPOINT
 from sae_helpers import HOOK, TRAIN, needs_overcomplete, planted_cache, planted_model, planted_sae, train_planted
 
 pytestmark = needs_overcomplete
@@ -169,3 +170,16 @@ def test_resume_with_other_settings_is_refused(tmp_path, one_thread):
     train_planted(out, steps=4, checkpoint_every=2)
     (out / "sae.json").unlink()
     _one_line_refusal(lambda: train_planted(out, steps=6, checkpoint_every=2, resume=True, k=3), "k=2", "--overwrite")
+
+
+def test_a_checkpoint_written_before_tokens_per_step_was_named_resumes(tmp_path, one_thread):
+    """Checkpoints recorded the tokens per step as ``batch_size`` until that name went to the images per forward."""
+    out = tmp_path / "run"
+    train_planted(out, steps=4, checkpoint_every=2)
+    (out / "sae.json").unlink()
+    path = out / SAE_CHECKPOINT
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    state["settings"]["batch_size"] = state["settings"].pop("tokens_per_step")
+    torch.save(state, path)
+    train_planted(out, steps=6, checkpoint_every=2, resume=True)
+    assert (out / "sae.json").is_file()
