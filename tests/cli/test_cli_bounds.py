@@ -282,3 +282,12 @@ def test_reassess_top_k_beyond_a_models_mlp_is_refused_on_its_skeleton(capsys, m
     assert main(argv) == 2
     assert "--top-k 500 is more than half a block's 768 MLP neurons of vit_tiny_patch16_224: give --top-k <= 384" in \
         one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("command", [["reassess", "planted_vit", "planted_dinov3", "--img-size", "7", "-"],
+                                     ["compare", "planted_vit", "planted_dinov3", "--img-size", "7"]])
+def test_a_model_set_input_smaller_than_a_patch_is_one_line(capsys, command):
+    """Each model of a set is checked as one model is (reassess gave torch's conv traceback before)."""
+    assert main(command + ["--no-progress"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "--img-size 7 is smaller than one patch of planted_vit" in line, line
