@@ -6,7 +6,7 @@ command line reads them without torch, :func:`interp._model_names.declared_famil
 parity test against timm's own forward; from outside the package, :func:`register_family`
 (``interp.register_family``) adds one at run time. This package is the only code that reads timm's module
 attributes (``tests/contract/test_timm_attributes.py``): the shared parts are here too (:mod:`.positions`: the
-patch grid, position table and RoPE periods; :mod:`.traits`: what an MLP activation computes).
+patch grid, position table, RoPE table and periods; :mod:`.traits`: what an MLP activation computes).
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from ..._model_names import SUPPORTED_MODELS_PAGE, families_in_short
 from ...errors import ImageError, InterpError, UnsupportedModelError
 from ..layout import TokenLayout
 from .norm_writes import mean_jacobian
-from .parts import BLOCK_HOOK_ORDER, install
+from .parts import BLOCK_HOOK_ORDER, QkvRows, fused_qkv_rows, install, is_gated
 
 
 def supported_families() -> str:
@@ -110,9 +110,36 @@ class Family:
     def block(self, layer: int) -> nn.Module:
         return self.blocks()[layer][1]
 
+    def stage_norm(self, stage: int) -> Optional[nn.Module]:
+        """The norm that ends stage ``stage`` [d_s] (PVTv2's ``stages.{s}.norm``; the last stage's is the model's
+        final norm), None where the stage has none."""
+        return None
+
+    def downsampling(self, stage: int) -> Optional[Tuple[nn.Module, nn.Module]]:
+        """(projection, norm [d_s]) of the downsampling that starts stage ``stage``, None where it has none (a
+        first stage, a plain stack). The projection reads the previous stage's [h, w, d_{s-1}] map: a strided
+        ``nn.Conv2d`` [d_s, d_{s-1}, k, k] (PVTv2: 3x3, stride 2, padding 1) or an ``nn.Linear`` [d_s, 4 d_{s-1}]
+        over each 2x2 cell's 4 tokens concatenated (Swin-v2's patch merging)."""
+        return None
+
     def layout(self, img_size: Optional[Tuple[int, int]] = None) -> TokenLayout:
         """The token layout for inputs of ``img_size`` (default: the model's own), without test-time registers."""
         raise NotImplementedError
+
+    def patch_proj(self) -> nn.Conv2d:
+        """The patch embedding's convolution (timm ``patch_embed.proj``): weight [d, C, kh, kw], bias [d]; its
+        stride is the patch size (PVTv2's overlapping 7x7 kernel: stride 4, padding 3)."""
+        return self.module.patch_embed.proj
+
+    def patch_norm(self) -> Optional[nn.Module]:
+        """The norm on the patch embedding's output [d] (the pyramids' LayerNorm), None where it has none."""
+        norm = getattr(self.module.patch_embed, "norm", None)
+        return None if isinstance(norm, (nn.Identity, type(None))) else norm
+
+    def prefix_tokens(self) -> List[nn.Parameter]:
+        """The learned tokens before the patches, in token order (CLS [1, 1, d], then registers [1, r, d]), those
+        the model has; none for a model without prefix tokens."""
+        return []
 
     @property
     def img_size(self) -> Tuple[int, int]:
@@ -126,7 +153,7 @@ class Family:
 
     @property
     def in_chans(self) -> int:
-        return int(self.module.patch_embed.proj.in_channels)
+        return int(self.patch_proj().in_channels)
 
     @property
     def patch_size(self) -> Tuple[int, int]:
@@ -135,11 +162,11 @@ class Family:
 
     def d_model(self, layer: int = -1) -> int:
         """Width of the residual stream at block ``layer`` (the last block's by default)."""
-        return int(self.mlp(layer).fc2.out_features)
+        return int(self.mlp_out_proj(layer).out_features)
 
     def d_mlp(self, layer: int = 0) -> int:
         """MLP neurons (the inputs ``fc2`` reads) of block ``layer``."""
-        return int(self.mlp(layer).fc2.in_features)
+        return int(self.mlp_out_proj(layer).in_features)
 
     def n_heads(self, layer: int = 0) -> int:
         return int(self.block(layer).attn.num_heads)
@@ -148,9 +175,46 @@ class Family:
         """The MLP of block ``layer``; its ``fc2`` reads the neurons (``mlp.hook_post``)."""
         return self.block(layer).mlp
 
+    def mlp_in_proj(self, layer: int) -> nn.Linear:
+        """The MLP's input linear (timm ``fc1``): weight [d_mlp, d], bias [d_mlp]; its output row n is what neuron n
+        activates on (through PVTv2's depthwise convolution, :meth:`mlp_token_conv`).
+
+        Raises:
+            InterpError: a gated MLP (``GluMlp``, ``SwiGLU``), whose neuron is the product of two rows.
+        """
+        mlp = self.mlp(layer)
+        if is_gated(mlp):
+            raise InterpError(f"block {layer}'s MLP is gated ({type(mlp).__name__}): a neuron is the product of two "
+                              "input rows, not one")
+        return mlp.fc1
+
+    def mlp_out_proj(self, layer: int) -> nn.Linear:
+        """The MLP's output linear (timm ``fc2``): weight [d, d_mlp] (column n: neuron n's write), bias [d]."""
+        return self.mlp(layer).fc2
+
+    def mlp_token_conv(self, layer: int) -> Optional[nn.Conv2d]:
+        """The convolution the MLP runs over the token grid between its input linear and the activation
+        (PVTv2's depthwise ``dwconv``: weight [d_mlp, 1, k, k], bias [d_mlp]), None where each token's neurons
+        read that token only."""
+        return None
+
     def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
         """The block's LayerScale on the MLP branch [d] (``gamma_2``/``ls2.gamma``), None when it has none."""
         return None
+
+    def attn_in_proj(self, layer: int) -> QkvRows:
+        """Block ``layer``'s attention input projections (q, k, v weights and biases) as views of its parameters
+        (:class:`~.parts.QkvRows`; timm's fused ``qkv`` by default, PVTv2's ``q`` and ``kv``)."""
+        return fused_qkv_rows(self.block(layer).attn)
+
+    def attn_out_proj(self, layer: int) -> nn.Linear:
+        """Block ``layer``'s attention output projection (timm ``proj``): weight [d, h * dh], bias [d]."""
+        return self.block(layer).attn.proj
+
+    def attn_norm(self, layer: int) -> nn.Module:
+        """Block ``layer``'s norm of the attention branch (timm ``norm1``) [d]: on the branch's input in a pre-norm
+        block, on its output in a post-norm block (Swin-v2, EVA02-E; the MLP's: ``write_norms(layer)[1]``)."""
+        return self.block(layer).norm1
 
     def attn_gain(self, layer: int) -> Optional[torch.Tensor]:
         """The block's LayerScale on the attention branch [d] (``gamma_1``/``ls1.gamma``), None when it has none."""
@@ -188,20 +252,20 @@ class Family:
         Raises:
             InterpError: a norm between without ``acts``, or a norm other than LayerNorm.
         """
-        mlp = self.mlp(layer)
-        w = mlp.fc2.weight.detach().double()
+        fc2 = self.mlp_out_proj(layer)
+        w = fc2.weight.detach().double()
         inner, outer = self.write_norms(layer)
         if (inner is not None or outer is not None) and acts is None:
             raise InterpError(f"block {layer}'s neurons write through a norm ({self.write_note(layer)}): their "
                               "write direction needs the activations at mlp.hook_post (the operating point)")
         if inner is not None or outer is not None:
             with torch.no_grad():
-                h = acts.detach().reshape(-1, acts.shape[-1]).to(mlp.fc2.weight)
+                h = acts.detach().reshape(-1, acts.shape[-1]).to(fc2.weight)
                 if inner is not None:
                     w = w @ mean_jacobian(inner, h)
                     h = inner(h)
                 if outer is not None:
-                    w = mean_jacobian(outer, mlp.fc2(h)) @ w
+                    w = mean_jacobian(outer, fc2(h)) @ w
         gain = self.mlp_gain(layer)
         w = w.float()
         return w if gain is None else w * gain.detach().float()[:, None]

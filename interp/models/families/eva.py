@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import InterpError
-from .parts import KeyValue, attend, head_writes, hook_heads, mlp_forward
+from .parts import KeyValue, QkvRows, attend, fused_qkv_rows, head_writes, hook_heads, mlp_forward
 from .plain_stack import PlainStackFamily
 
 ROPE_HOOKS = ("hook_rot_q", "hook_rot_k")
@@ -67,6 +67,15 @@ class EvaFamily(PlainStackFamily):
 
     def mlp_gain(self, layer: int) -> Optional[torch.Tensor]:
         return getattr(self.block(layer), "gamma_2", None)
+
+    def attn_in_proj(self, layer: int) -> QkvRows:
+        """The fused ``qkv`` (EVA's separate q/v biases, fixed zero k bias), or ``q_proj``/``k_proj``/``v_proj``
+        (``AttentionRope`` without fused projections; k and v have ``num_kv_heads`` heads)."""
+        attn = self.block(layer).attn
+        if attn.qkv is not None:
+            return fused_qkv_rows(attn)
+        q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+        return QkvRows(q.weight, q.bias, k.weight, k.bias, v.weight, v.bias)
 
     def write_norms(self, layer: int):
         """The inner MLP norm (``scale_mlp``) before ``fc2``; a post-norm block's ``norm2`` after it."""

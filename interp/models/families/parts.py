@@ -6,7 +6,7 @@ kernel (``scaled_dot_product_attention``) runs, as timm's own modules do.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +100,32 @@ def head_writes(attn: nn.Module, gain: Optional[torch.Tensor]) -> Tuple[torch.Te
     if gain is not None:
         per_head, bias = per_head * gain.detach().float(), bias * gain.detach().float()
     return per_head, bias
+
+
+class QkvRows(NamedTuple):
+    """An attention's input projections as views of its parameters (writing into them writes the model): weights
+    [h * dh, d_in] (row ``i * dh + j``: dim j of head i; d_in the width the projection reads), biases [h * dh],
+    None where there is none or it is a fixed zero buffer (the k bias of EVA and Swin-v2)."""
+
+    q_weight: torch.Tensor
+    q_bias: Optional[torch.Tensor]
+    k_weight: torch.Tensor
+    k_bias: Optional[torch.Tensor]
+    v_weight: torch.Tensor
+    v_bias: Optional[torch.Tensor]
+
+
+def fused_qkv_rows(attn: nn.Module) -> QkvRows:
+    """:class:`QkvRows` of an attention with timm's fused ``qkv`` linear [3 * h * dh, d] (q, k, v rows in that
+    order): its own bias, or the separate ``q_bias``/``v_bias`` parameters of EVA and Swin-v2 (k bias zero)."""
+    w, d = attn.qkv.weight, attn.qkv.out_features // 3
+    q_bias = getattr(attn, "q_bias", None)
+    if q_bias is not None:
+        return QkvRows(w[:d], q_bias, w[d:2 * d], None, w[2 * d:], attn.v_bias)
+    b = attn.qkv.bias
+    if b is None:
+        return QkvRows(w[:d], None, w[d:2 * d], None, w[2 * d:], None)
+    return QkvRows(w[:d], b[:d], w[d:2 * d], b[d:2 * d], w[2 * d:], b[2 * d:])
 
 
 def mlp_forward(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ where a plain model takes test-time registers, and whether an attention pool rea
 """
 from __future__ import annotations
 
-from typing import ClassVar, Optional, Sequence, Tuple
+from typing import ClassVar, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -67,6 +67,11 @@ class PlainStackFamily(Family):
 
     def d_model(self, layer: int = -1) -> int:
         return int(self.module.embed_dim)
+
+    def prefix_tokens(self) -> List[nn.Parameter]:
+        """timm's ``cls_token`` [1, 1, d] and ``reg_token`` [1, r, d], those the model has."""
+        return [t for t in (getattr(self.module, "cls_token", None), getattr(self.module, "reg_token", None))
+                if t is not None]
 
     def final_readout(self) -> FinalReadout:
         return final_readout(self)

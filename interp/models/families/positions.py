@@ -89,6 +89,12 @@ class Positions:
             if rope_cached:
                 rope.update_feat_shape(tuple(int(g) for g in saved[1]))
 
+    def rope_embed(self, grid: Tuple[int, int]) -> Optional[torch.Tensor]:
+        """The RoPE table the model rotates the patches of ``grid`` with (timm ``rope.get_embed``): [h * w, 2 * r],
+        the sines of the r rotated dims' angles, then their cosines; None without RoPE."""
+        rope = getattr(self.module, "rope", None)
+        return None if rope is None else rope.get_embed(shape=list(grid))
+
     def rope_periods(self) -> Optional[torch.Tensor]:
         """The RoPE periods [head_dim // 4] the model rotates with (timm ``rope.periods``), None without RoPE."""
         periods = getattr(getattr(self.module, "rope", None), "periods", None)

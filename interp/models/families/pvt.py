@@ -36,7 +36,7 @@ from torch import nn
 from ...errors import ImageError, InterpError
 from ..layout import Grid, TokenLayout
 from .base import Family
-from .parts import KeyValue, attend, check_blocks, grid_tokens, hook_heads
+from .parts import KeyValue, QkvRows, attend, check_blocks, grid_tokens, hook_heads
 
 _ENTRY_POINTS = ("forward_features", "forward_head")
 
@@ -104,6 +104,25 @@ class PvtV2Family(Family):
     def attends_to_tokens(self, layer: int) -> bool:
         return self.sr_ratio(layer) == 1
 
+    def attn_in_proj(self, layer: int) -> QkvRows:
+        """``q`` [d, d] over the tokens, ``kv`` [2d, d] (k rows, then v rows) over the spatially reduced grid."""
+        attn = self.block(layer).attn
+        d, kv_w, kv_b = attn.q.out_features, attn.kv.weight, attn.kv.bias
+        return QkvRows(attn.q.weight, attn.q.bias, kv_w[:d], None if kv_b is None else kv_b[:d], kv_w[d:],
+                       None if kv_b is None else kv_b[d:])
+
+    def mlp_token_conv(self, layer: int) -> nn.Conv2d:
+        """The 3x3 depthwise ``dwconv`` [d_mlp, 1, 3, 3] (padding 1) over the stage's grid."""
+        return self.mlp(layer).dwconv
+
+    def stage_norm(self, stage: int) -> nn.Module:
+        return self.module.stages[stage].norm
+
+    def downsampling(self, stage: int) -> Optional[Tuple[nn.Module, nn.Module]]:
+        """(the 3x3 stride-2 convolution, its LayerNorm) of ``stages.{s}.downsample``; none in stage 0."""
+        down = self.module.stages[stage].downsample
+        return None if down is None else (down.proj, down.norm)
+
     def received_attention(self, layer: int, pattern: torch.Tensor,
                            img_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """Per token, as ``Family.received_attention``; refused where the keys are spatially reduced (sr > 1:
@@ -135,7 +154,7 @@ class PvtV2Family(Family):
     @property
     def patch_size(self) -> Tuple[int, int]:
         """(4, 4): the stride of the overlapping patch embedding (its kernel is 7x7)."""
-        return tuple(int(s) for s in self.module.patch_embed.proj.stride)
+        return tuple(int(s) for s in self.patch_proj().stride)
 
     def check_input(self, x: torch.Tensor, model_name: str) -> None:
         """Any (H, W) on which every stage's grid is at least its spatial reduction (the key convolution needs

@@ -118,6 +118,12 @@ class SwinV2Family(Family):
         """False: every block attends inside windows."""
         return False
 
+    def downsampling(self, stage: int) -> Optional[Tuple[nn.Module, nn.Module]]:
+        """(the patch merging's ``reduction`` [d_s, 4 d_{s-1}] over the 2x2 neighbours concatenated in timm's
+        order of (row, column) offsets (0, 0), (1, 0), (0, 1), (1, 1), its LayerNorm); none where the stage does not merge (stage 0)."""
+        down = self.module.layers[stage].downsample
+        return None if isinstance(down, nn.Identity) else (down.reduction, down.norm)
+
     def received_attention(self, layer: int, pattern: torch.Tensor,
                            img_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """Per token of the stage's grid: the attention it receives as a key, averaged over heads and over the

@@ -1,9 +1,11 @@
 """The planted circuit, in parts that plant it into timm modules: reserved residual dims (:class:`Plan`), the
 patch embedding's filters and anchors, texture and register neurons, attention sinks, stage boundaries.
 
-Each part takes the modules it writes (a block's ``attn`` or ``mlp``, a norm, a downsampling) and writes the
-same circuit whatever the family; :func:`~interp.models.planted.plant.plant` finds those modules through the
-family adapter and calls the parts in order. All writes are in place and must run under ``torch.no_grad()``.
+Each part takes the layers and tensors it writes (an MLP's input and output linears, an attention's
+:class:`~interp.models.families.parts.QkvRows`, a norm, a downsampling's projection) and writes the same circuit
+whatever the family; :func:`~interp.models.planted.plant.plant` finds them through the family adapter's accessors
+(it reads no timm attribute itself) and calls the parts in order. All writes are in place and must run under
+``torch.no_grad()``.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import nn
+
+from ..families.parts import QkvRows
 
 N_FILTERS = 8  # zero-mean filters whose responses make the texture energy (reserved dims 0..F-1)
 ANCHOR = 100.0  # value of the two anchor channels (+A and -A) in every token
@@ -90,8 +94,11 @@ def absorb_sum(weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Plan) -
         bias[others] -= bias.sum() / len(others)
 
 
-def plant_embedding(module: nn.Module, plan: Plan, generator: torch.Generator) -> None:
-    """Filters into the patch embedding (``patch_embed.proj``), anchors into every token, textured prefix tokens.
+def plant_embedding(proj: nn.Conv2d, norm: Optional[nn.Module], prefix: Sequence[torch.Tensor],
+                    table: Optional[torch.Tensor], plan: Plan, generator: torch.Generator) -> None:
+    """Filters into the patch embedding's convolution ``proj`` [d, 3, p, p], anchors into every token, textured
+    prefix tokens (``prefix``: CLS [1, 1, d], registers [1, r, d]); ``table`` the absolute position table
+    [1, t, d] or None, ``norm`` the norm on the embedding's output or None.
 
     The anchors enter through the absolute position embedding where the model has one (it covers the prefix
     tokens), else through the embedding's bias and the prefix tokens (CLS, registers) themselves. Where the
@@ -99,22 +106,19 @@ def plant_embedding(module: nn.Module, plan: Plan, generator: torch.Generator) -
     keep their scale and the anchors come out at about +-1 (``hook_patch_embed`` shows the patch's content, not
     the anchors, so neighbour similarity means something); the first block adds them back to +-A.
     """
-    reserved, pe = plan.reserved, module.patch_embed.proj
-    pe.weight[reserved] = 0.0
-    pe.bias[reserved] = 0.0
-    pe.weight[:plan.n_filters] = zero_mean_filters(plan.n_filters, pe.kernel_size[0], generator)
-    pos = getattr(module, "pos_embed", None)
-    prefix = [t for t in (getattr(module, "cls_token", None), getattr(module, "reg_token", None)) if t is not None]
-    for tensor in prefix + ([pos] if pos is not None else []):
+    reserved, prefix = plan.reserved, list(prefix)
+    proj.weight[reserved] = 0.0
+    proj.bias[reserved] = 0.0
+    proj.weight[:plan.n_filters] = zero_mean_filters(plan.n_filters, proj.kernel_size[0], generator)
+    for tensor in prefix + ([table] if table is not None else []):
         tensor[..., reserved] = 0.0
-    for tensor in [pos] if pos is not None else [pe.bias] + prefix:
+    for tensor in [table] if table is not None else [proj.bias] + prefix:
         tensor[..., plan.pos_anchor] = ANCHOR
         tensor[..., plan.neg_anchor] = -ANCHOR
     for token in prefix:
         token[..., plan.tex] = 10.0 * plan.tau  # prefix tokens never look flat
-    norm = getattr(module.patch_embed, "norm", None)
     if isinstance(norm, nn.LayerNorm):
-        absorb_sum(pe.weight, pe.bias, plan)  # (then restore_anchors in the first block)
+        absorb_sum(proj.weight, proj.bias, plan)  # (then restore_anchors in the first block)
         restore_scale(norm, plan)
         norm.weight[[plan.pos_anchor, plan.neg_anchor]] = plan.sigma / ANCHOR  # anchors out at about +-1
 
@@ -130,18 +134,19 @@ def protect_reserved(plan: Plan, *writers: nn.Linear, gains: Sequence[Optional[t
             gain[plan.reserved] = 1.0
 
 
-def plant_boundary(downsample: nn.Module, before: Plan, after: Plan) -> None:
-    """A stage boundary: the texture averaged over the 2x2 cells each output token covers, the anchors
-    re-created, the other reserved dims 0, its LayerNorm's gains undoing its scaling on the reserved dims.
+def plant_boundary(proj: nn.Module, norm: nn.LayerNorm, before: Plan, after: Plan) -> None:
+    """A stage boundary (a downsampling's projection ``proj`` and its ``norm``): the texture averaged over the 2x2
+    cells each output token covers, the anchors re-created, the other reserved dims 0, the norm's gains undoing
+    its scaling on the reserved dims.
 
-    Two kinds: a strided convolution (PVTv2's ``downsample.proj``, 3x3 stride 2 padding 1: its taps (1, 1),
-    (1, 2), (2, 1), (2, 2); its input is the previous stage norm's output, ``x - mean`` on the reserved dims,
-    which the anchors cancel; the anchors come from its bias) or a patch merging (Swin's ``downsample.reduction``
-    over the 4 concatenated neighbours: the raw residual; the anchors are the mean of the input anchors, and its
-    outputs sum to zero (:func:`absorb_sum`)).
+    Two kinds: a strided convolution (PVTv2's, 3x3 stride 2 padding 1: its taps (1, 1), (1, 2), (2, 1), (2, 2);
+    its input is the previous stage norm's output, ``x - mean`` on the reserved dims, which the anchors cancel;
+    the anchors come from its bias) or a patch merging's linear (Swin's, over the 4 concatenated neighbours: the
+    raw residual; the anchors are the mean of the input anchors, and its outputs sum to zero
+    (:func:`absorb_sum`)).
     """
-    if hasattr(downsample, "reduction"):
-        red = downsample.reduction
+    if isinstance(proj, nn.Linear):
+        red = proj
         width = red.in_features // 4
         for j in range(4):
             red.weight[:, j * width + before.reserved.start:j * width + before.reserved.stop] = 0.0
@@ -152,7 +157,7 @@ def plant_boundary(downsample: nn.Module, before: Plan, after: Plan) -> None:
             red.weight[after.neg_anchor, j * width + before.neg_anchor] = 0.25
         absorb_sum(red.weight, None, after)
     else:
-        conv = downsample.proj
+        conv = proj
         conv.weight[:, before.reserved] = 0.0  # its input's reserved dims keep the anchors' scale: read by nothing else
         conv.weight[after.reserved] = 0.0
         conv.bias[after.reserved] = 0.0
@@ -163,7 +168,7 @@ def plant_boundary(downsample: nn.Module, before: Plan, after: Plan) -> None:
                 conv.weight[after.tex, before.neg_anchor, i, j] = -0.125
         conv.bias[after.pos_anchor] = ANCHOR
         conv.bias[after.neg_anchor] = -ANCHOR
-    restore_scale(downsample.norm, after)
+    restore_scale(norm, after)
 
 
 def restore_anchors(bias: torch.Tensor, plan: Plan) -> None:
@@ -173,80 +178,68 @@ def restore_anchors(bias: torch.Tensor, plan: Plan) -> None:
     bias[plan.neg_anchor] = -(ANCHOR - 1.0)
 
 
-def own_token_only(mlp: nn.Module, neurons: Sequence[int]) -> None:
-    """Where the MLP runs a depthwise convolution over the grid (PVTv2), it passes these neurons through
-    unchanged, so each reads its own token only."""
-    if getattr(mlp, "dwconv", None) is None:
+def own_token_only(conv: Optional[nn.Conv2d], neurons: Sequence[int]) -> None:
+    """Where the MLP runs a 3x3 depthwise convolution ``conv`` over the grid (PVTv2; None: none), it passes these
+    neurons through unchanged, so each reads its own token only."""
+    if conv is None:
         return
     for n in neurons:
-        mlp.dwconv.weight[n] = 0.0
-        mlp.dwconv.weight[n, 0, 1, 1] = 1.0
-        mlp.dwconv.bias[n] = 0.0
+        conv.weight[n] = 0.0
+        conv.weight[n, 0, 1, 1] = 1.0
+        conv.bias[n] = 0.0
 
 
 LAYER_SCALE_GAIN = 5.0  # LayerScale on the artifact dim of the register neurons' block: fc2 writes w_out / gain
 
 
-def plant_texture_neurons(mlp: nn.Module, plan: Plan) -> None:
-    """Block 0's MLP: texture energy (pairs of GELU neurons reading +-each filter) into the texture dim."""
+def plant_texture_neurons(fc_in: nn.Linear, fc_out: nn.Linear, plan: Plan) -> None:
+    """Block 0's MLP (its input linear [d_mlp, d], output linear [d, d_mlp]): texture energy (pairs of GELU neurons
+    reading +-each filter) into the texture dim."""
     for f in range(plan.n_filters):
         for sign, n in ((1.0, 2 * f), (-1.0, 2 * f + 1)):
-            mlp.fc1.weight[n] = 0.0
-            plan.read(mlp.fc1.weight[n], f, sign * plan.gelu_gain * plan.scale)
-            mlp.fc1.bias[n] = 0.0
-            mlp.fc2.weight[:, n] = 0.0
-            mlp.fc2.weight[plan.tex, n] = 1.0 / plan.gelu_gain
+            fc_in.weight[n] = 0.0
+            plan.read(fc_in.weight[n], f, sign * plan.gelu_gain * plan.scale)
+            fc_in.bias[n] = 0.0
+            fc_out.weight[:, n] = 0.0
+            fc_out.weight[plan.tex, n] = 1.0 / plan.gelu_gain
 
 
-def plant_register_neurons(mlp: nn.Module, neurons: Sequence[int], plan: Plan) -> None:
-    """The register neurons: fire as ``GELU(fire (1 - E / tau))`` on flat patches, write into the artifact dim."""
+def plant_register_neurons(fc_in: nn.Linear, fc_out: nn.Linear, neurons: Sequence[int], plan: Plan) -> None:
+    """The register neurons of an MLP (its input and output linears): fire as ``GELU(fire (1 - E / tau))`` on flat
+    patches, write into the artifact dim."""
     for n in neurons:
-        mlp.fc1.weight[n] = 0.0
-        plan.read(mlp.fc1.weight[n], plan.tex, -plan.fire * plan.scale / plan.tau)
-        mlp.fc1.bias[n] = plan.fire
-        mlp.fc2.weight[:, n] = 0.0
-        mlp.fc2.weight[plan.art, n] = plan.w_out
+        fc_in.weight[n] = 0.0
+        plan.read(fc_in.weight[n], plan.tex, -plan.fire * plan.scale / plan.tau)
+        fc_in.bias[n] = plan.fire
+        fc_out.weight[:, n] = 0.0
+        fc_out.weight[plan.art, n] = plan.w_out
 
 
 POST_NORM_SCALE = 1e4  # the constant channel of a planted post-norm MLP's output (see linear_post_norm)
 
 
-def linear_post_norm(mlp: nn.Module, norm: nn.LayerNorm, dim: int) -> None:
-    """A post-norm block's MLP writes only through ``dim``: its output is the planted write plus a constant
-    channel (the last one, :data:`POST_NORM_SCALE`) that sets the norm's scale, and the norm passes the write
-    through (gain and bias undo the normalisation at the constant's scale) and nothing else; its other ``fc2``
-    columns must be 0 (the planted ones are set after zeroing them)."""
-    width = mlp.fc2.out_features
-    mlp.fc2.bias.zero_()
-    mlp.fc2.bias[width - 1] = POST_NORM_SCALE
+def linear_post_norm(fc_out: nn.Linear, norm: nn.LayerNorm, dim: int) -> None:
+    """A post-norm block's MLP (its output linear ``fc_out`` [d, d_mlp]) writes only through ``dim``: its output is
+    the planted write plus a constant channel (the last one, :data:`POST_NORM_SCALE`) that sets the norm's scale,
+    and the norm passes the write through (gain and bias undo the normalisation at the constant's scale) and
+    nothing else; the other columns of ``fc_out`` must be 0 (the planted ones are set after zeroing them)."""
+    width = fc_out.out_features
+    fc_out.bias.zero_()
+    fc_out.bias[width - 1] = POST_NORM_SCALE
     norm.weight.zero_()
     norm.bias.zero_()
     norm.weight[dim] = POST_NORM_SCALE / math.sqrt(width - 1)  # LN of (v e_dim + S e_last) is about ...
     norm.bias[dim] = POST_NORM_SCALE / (width - 1)  # ... v sqrt(w-1) / S - 1 / sqrt(w-1): back to v
 
 
-def qk_rows(attn: nn.Module) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-    """Views (q weight [d, d_in], q bias [d], k weight, k bias or None, v weight) of an attention's projections:
-    a fused ``qkv`` (with EVA's separate ``q_bias``) or PVTv2's ``q`` and ``kv``."""
-    if getattr(attn, "kv", None) is not None:
-        d = attn.q.out_features
-        return attn.q.weight, attn.q.bias, attn.kv.weight[:d], attn.kv.bias[:d], attn.kv.weight[d:]
-    qkv = attn.qkv
-    d = qkv.out_features // 3
-    q_bias = getattr(attn, "q_bias", None)
-    if q_bias is not None:  # EVA: its k bias is a fixed zero buffer
-        return qkv.weight[:d], q_bias, qkv.weight[d:2 * d], None, qkv.weight[2 * d:]
-    return qkv.weight[:d], qkv.bias[:d], qkv.weight[d:2 * d], qkv.bias[d:2 * d], qkv.weight[2 * d:]
-
-
-def plant_attention_sink(attn: nn.Module, plan: Plan, dim: int = 0, rope_partner: bool = False) -> None:
-    """Every head: a constant query component on head dim ``dim`` meets a key component there reading the
-    artifact dim; values ignore the artifact dim. With ``rope_partner`` (RoPE in the half layout) the dim's
-    rotation partner ``dim + head_dim / 2`` is zeroed in q and k, so the rotation only scales the pair by the cos
-    of a small angle (``dim``: :func:`steadiest_rope_dim`)."""
-    q_w, q_b, k_w, k_b, v_w = qk_rows(attn)
-    head_dim = q_w.shape[0] // attn.num_heads
-    for h in range(attn.num_heads):
+def plant_attention_sink(rows: QkvRows, n_heads: int, plan: Plan, dim: int = 0, rope_partner: bool = False) -> None:
+    """Every head of an attention (its input projections ``rows``, ``n_heads`` heads): a constant query component
+    on head dim ``dim`` meets a key component there reading the artifact dim; values ignore the artifact dim. With
+    ``rope_partner`` (RoPE in the half layout) the dim's rotation partner ``dim + head_dim / 2`` is zeroed in q and
+    k, so the rotation only scales the pair by the cos of a small angle (``dim``: :func:`steadiest_rope_dim`)."""
+    q_w, q_b, k_w, k_b, v_w = rows.q_weight, rows.q_bias, rows.k_weight, rows.k_bias, rows.v_weight
+    head_dim = q_w.shape[0] // n_heads
+    for h in range(n_heads):
         row = h * head_dim + dim
         q_w[row] = 0.0
         q_b[row] = plan.sink_q
@@ -262,10 +255,11 @@ def plant_attention_sink(attn: nn.Module, plan: Plan, dim: int = 0, rope_partner
     v_w[:, plan.art] = 0.0
 
 
-def steadiest_rope_dim(module: nn.Module, grid: Tuple[int, int]) -> int:
-    """The head dim j < head_dim / 2 whose RoPE angle varies least over the patch ``grid`` (RoPE rotates the pair
-    (j, j + head_dim / 2) of each head in DINOv3's half layout)."""
-    sin, _ = module.rope.get_embed(shape=grid).tensor_split(2, dim=-1)  # [n_patches, head_dim] each
+def steadiest_rope_dim(rope: torch.Tensor) -> int:
+    """The head dim j < head_dim / 2 whose RoPE angle varies least over the patches of the RoPE table ``rope``
+    [n_patches, 2 * head_dim] (sines, then cosines: :meth:`~interp.models.families.positions.Positions.rope_embed`;
+    RoPE rotates the pair (j, j + head_dim / 2) of each head in DINOv3's half layout)."""
+    sin, _ = rope.tensor_split(2, dim=-1)  # [n_patches, head_dim] each
     half = sin.shape[-1] // 2
     return int(sin[:, :half].abs().amax(dim=0).argmin())
 

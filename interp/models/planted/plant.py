@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..families import Family, family_of
+from ..families.positions import positions_of
 from .circuit import (ANCHOR, LAYER_SCALE_GAIN, N_FILTERS, Plan, checked_neurons, linear_post_norm, own_token_only,
                       plant_attention_sink, plant_boundary, plant_embedding, plant_register_neurons,
                       plant_texture_neurons, protect_reserved, restore_anchors, restore_scale, steadiest_rope_dim)
@@ -67,12 +68,14 @@ def plant(model: nn.Module, name: str, where: str, *, neurons: Sequence[int], ta
         _plant_mlp(family, layer, plans[layer], neurons)
         if wash is not None:
             _plant_mlp(family, wash, plans[wash], neurons)
-            family.mlp(wash).fc2.weight[plans[wash].art] *= -1.0
-        rope = getattr(model, "rope", None) is not None
-        dim = steadiest_rope_dim(model, family.layout().grid) if rope else 0
+            family.mlp_out_proj(wash).weight[plans[wash].art] *= -1.0
+        positions = positions_of(model)
+        rope = None if positions is None else positions.rope_embed(family.layout().grid)
+        dim = 0 if rope is None else steadiest_rope_dim(rope)
         for i in range(layer + 1, len(prefixes) if wash is None else wash):
             if stages[i] == stages[layer] and family.attends_to_tokens(i):
-                plant_attention_sink(family.block(i).attn, plans[i], dim, rope_partner=rope)
+                plant_attention_sink(family.attn_in_proj(i), family.n_heads(i), plans[i], dim,
+                                     rope_partner=rope is not None)
     p = plans[0]
     extra = {} if description is None else {"description": description}
     if issubclass(truth, PlantedPyramidTruth):
@@ -88,40 +91,44 @@ def plant(model: nn.Module, name: str, where: str, *, neurons: Sequence[int], ta
 def _plant_structure(family: Family, plans: Sequence[Plan], stages: Sequence[int], seed: int) -> None:
     """What every token carries: filters and anchors from the embedding, no random write into (pre-norm blocks)
     or read of (post-norm blocks) the reserved dims, reserved dims kept through every stage boundary."""
-    plant_embedding(family.module, plans[0], torch.Generator().manual_seed(seed + 1))
-    for i, (_, block) in enumerate(family.blocks()):
-        if plans[i].normed:
-            protect_reserved(plans[i], block.attn.proj, block.mlp.fc2,
+    positions = positions_of(family.module)
+    plant_embedding(family.patch_proj(), family.patch_norm(), family.prefix_tokens(),
+                    None if positions is None else positions.table, plans[0], torch.Generator().manual_seed(seed + 1))
+    for i, plan in enumerate(plans):
+        if plan.normed:
+            protect_reserved(plan, family.attn_out_proj(i), family.mlp_out_proj(i),
                              gains=(family.attn_gain(i), family.mlp_gain(i)))
         else:  # the raw residual's anchors are +-A: no random neuron reads a reserved dim
-            block.mlp.fc1.weight[:, plans[i].reserved] = 0.0
+            family.mlp_in_proj(i).weight[:, plan.reserved] = 0.0
     stage_plans = [plans[stages.index(s)] for s in range(len(family.stages()))]
-    for s, stage in enumerate(family.stages()):
-        if s < len(stage_plans) - 1 and getattr(stage, "norm", None) is not None:
-            restore_scale(stage.norm, stage_plans[s])  # the last stage's norm is the model's final norm: as built
-        if s > 0:
-            plant_boundary(stage.downsample, stage_plans[s - 1], stage_plans[s])
-    if isinstance(getattr(family.module.patch_embed, "norm", None), nn.LayerNorm):
-        first = family.block(0)
-        restore_anchors(first.norm1.bias if not plans[0].normed else first.attn.proj.bias, plans[0])
+    for s, plan in enumerate(stage_plans):
+        norm = family.stage_norm(s)
+        if s < len(stage_plans) - 1 and norm is not None:
+            restore_scale(norm, plan)  # the last stage's norm is the model's final norm: as built
+        downsampling = family.downsampling(s)
+        if downsampling is not None:
+            plant_boundary(*downsampling, stage_plans[s - 1], plan)
+    if isinstance(family.patch_norm(), nn.LayerNorm):
+        bias = family.attn_norm(0).bias if not plans[0].normed else family.attn_out_proj(0).bias
+        restore_anchors(bias, plans[0])
 
 
 def _plant_mlp(family: Family, layer: int, plan: Plan, neurons: Optional[Sequence[int]] = None) -> None:
     """The texture neurons (``neurons`` None: ``0 .. 2F-1``) or the register ``neurons`` into block ``layer``'s
     MLP: each reads its own token only, LayerScale carries part of the register write, and behind a post-norm the
     MLP writes through the planted dim alone."""
-    mlp, post_norm = family.mlp(layer), family.write_norms(layer)[1]
+    fc_in, fc_out, post_norm = family.mlp_in_proj(layer), family.mlp_out_proj(layer), family.write_norms(layer)[1]
     texture = neurons is None
     if post_norm is not None:
-        mlp.fc2.weight.zero_()
-    own_token_only(mlp, range(2 * plan.n_filters) if texture else neurons)
+        fc_out.weight.zero_()
+    own_token_only(family.mlp_token_conv(layer), range(2 * plan.n_filters) if texture else neurons)
     if texture:
-        plant_texture_neurons(mlp, plan)
+        plant_texture_neurons(fc_in, fc_out, plan)
     else:
-        plant_register_neurons(mlp, neurons, plan)
+        plant_register_neurons(fc_in, fc_out, neurons, plan)
         gain = family.mlp_gain(layer)
         if gain is not None:
             gain[plan.art] = LAYER_SCALE_GAIN
-            mlp.fc2.weight[plan.art] /= LAYER_SCALE_GAIN
+            fc_out.weight[plan.art] /= LAYER_SCALE_GAIN
     if post_norm is not None:
-        linear_post_norm(mlp, post_norm, plan.tex if texture else plan.art)
+        linear_post_norm(fc_out, post_norm, plan.tex if texture else plan.art)

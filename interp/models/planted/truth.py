@@ -8,6 +8,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from ..families import family_of
+
 TRUTH_ATTR = "_interp_planted_truth"  # where plant() keeps the truth on the timm module
 
 
@@ -42,7 +44,7 @@ class PlantedTruth:
         ``E = sum_f softabs(r_f)``, r_f the patch's response to filter f, ``softabs(r) = (GELU(g r) +
         GELU(-g r)) / g`` with g = ``gelu_gain`` (about |r| for large responses, 0 for flat patches).
         """
-        pe = model.patch_embed.proj
+        pe = family_of(getattr(model, "timm_model", model)).patch_proj()
         with torch.no_grad():
             resp = nn.functional.conv2d(images.to(pe.weight.dtype), pe.weight[: self.n_filters],
                                         stride=pe.stride)  # [b, F, h, w]
@@ -71,8 +73,7 @@ class PlantedPyramidTruth(PlantedTruth):
         cell of the patch embedding's grid (r_f: the response to filter f of the embedding convolution, its zero
         padding included), then every downsampling to the planted stage averages 2x2 cells (an odd grid padded
         with zeros first, as timm pads): what the construction computes."""
-        module = getattr(model, "timm_model", model)
-        pe = module.patch_embed.proj
+        pe = family_of(getattr(model, "timm_model", model)).patch_proj()
         with torch.no_grad():
             resp = nn.functional.conv2d(images.to(pe.weight.dtype), pe.weight[: self.n_filters], stride=pe.stride,
                                         padding=pe.padding)  # [b, F, h0, w0]
