@@ -216,6 +216,17 @@ class Family:
         block, on its output in a post-norm block (Swin-v2, EVA02-E; the MLP's: ``write_norms(layer)[1]``)."""
         return self.block(layer).norm1
 
+    def attn_head_norm(self, layer: int) -> Optional[nn.Module]:
+        """The norm on block ``layer``'s attention heads' output, before :meth:`attn_out_proj` (EVA's
+        ``scale_norm``) [h * dh], None where there is none."""
+        norm = getattr(self.block(layer).attn, "norm", None)
+        return None if isinstance(norm, (nn.Identity, type(None))) else norm
+
+    def mlp_norm(self, layer: int) -> nn.Module:
+        """Block ``layer``'s norm of the MLP branch (timm ``norm2``) [d]: on the branch's input in a pre-norm block,
+        on its output in a post-norm block (:meth:`write_norms`)."""
+        return self.block(layer).norm2
+
     def attn_gain(self, layer: int) -> Optional[torch.Tensor]:
         """The block's LayerScale on the attention branch [d] (``gamma_1``/``ls1.gamma``), None when it has none."""
         return None

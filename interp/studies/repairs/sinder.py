@@ -33,26 +33,15 @@ from ...errors import InterpError
 CHUNK = 8192  # samples whose hidden activations are computed at once
 
 
-def _gain(module, names, d: int) -> torch.Tensor:
-    for owner, attr in names:
-        gain = getattr(getattr(module, owner, None) if owner else module, attr, None)
-        if isinstance(gain, torch.Tensor):
-            return gain.detach().double().cpu()
-    return torch.ones(d, dtype=torch.float64)
+def _gain(gain: Optional[torch.Tensor], d: int) -> torch.Tensor:
+    """A LayerScale [d] as float64 (ones where the block has none)."""
+    return torch.ones(d, dtype=torch.float64) if gain is None else gain.detach().double().cpu()
 
 
 def _norm_weight(norm, block: int, which: str) -> torch.Tensor:
     if not isinstance(norm, nn.LayerNorm) or norm.weight is None:
         raise InterpError(f"SINDER reads LayerNorm blocks: block {block}'s {which} is {type(norm).__name__}")
     return norm.weight.detach().double().cpu()
-
-
-def _value_weight(attn, block: int) -> torch.Tensor:
-    if isinstance(getattr(attn, "qkv", None), nn.Linear):
-        return attn.qkv.weight.detach().chunk(3, dim=0)[-1].double().cpu()
-    if isinstance(getattr(attn, "v_proj", None), nn.Linear):
-        return attn.v_proj.weight.detach().double().cpu()
-    raise InterpError(f"SINDER needs the value projection: block {block}'s attention has no qkv or v_proj")
 
 
 def centring(d: int) -> torch.Tensor:
@@ -62,29 +51,29 @@ def centring(d: int) -> torch.Tensor:
 
 def attention_map(model, layer: int) -> torch.Tensor:
     """[d, d] the attention branch of block ``layer`` linearised, the residual included (module doc)."""
-    block = model.family.block(layer)
-    attn = block.attn
-    inner = getattr(attn, "norm", None)
-    if inner is not None and not isinstance(inner, nn.Identity):
+    family = model.family
+    if family.attn_head_norm(layer) is not None:
         raise InterpError(f"SINDER: block {layer}'s attention normalises its output before proj")
-    w = _norm_weight(block.norm1, layer, "norm1")
+    w = _norm_weight(family.attn_norm(layer), layer, "attention norm")
     d = w.shape[0]
-    gain = _gain(block, (("ls1", "gamma"), ("", "gamma_1")), d)
-    proj = attn.proj.weight.detach().double().cpu()
-    return torch.eye(d, dtype=torch.float64) + gain[:, None] * (proj @ _value_weight(attn, layer)) * w[None] @ centring(d)
+    gain = _gain(family.attn_gain(layer), d)
+    proj = family.attn_out_proj(layer).weight.detach().double().cpu()
+    value = family.attn_in_proj(layer).v_weight.detach().double().cpu()
+    return torch.eye(d, dtype=torch.float64) + gain[:, None] * (proj @ value) * w[None] @ centring(d)
 
 
 @torch.no_grad()
-def mlp_fit(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def mlp_fit(mlp: nn.Module, out_proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """[d_hidden, d] the least-squares linear map (no intercept) from inputs ``x`` [S, d] to the hidden activation
-    ``mlp`` feeds its ``fc2``, by the normal equations in float64, the activations computed ``CHUNK`` at a time."""
+    ``mlp`` feeds its output linear ``out_proj``, by the normal equations in float64, the activations computed
+    ``CHUNK`` at a time."""
     hidden = []
-    handle = mlp.fc2.register_forward_pre_hook(lambda module, args: hidden.append(args[0].detach()))
+    handle = out_proj.register_forward_pre_hook(lambda module, args: hidden.append(args[0].detach()))
     try:
         xtx = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
         xth: Optional[torch.Tensor] = None
-        dtype = mlp.fc2.weight.dtype
-        device = mlp.fc2.weight.device
+        dtype = out_proj.weight.dtype
+        device = out_proj.weight.device
         for chunk in x.split(CHUNK):
             hidden.clear()
             mlp(chunk.to(device=device, dtype=dtype).unsqueeze(0))
@@ -99,16 +88,16 @@ def mlp_fit(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def mlp_map(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     """[d, d] the MLP branch of block ``layer`` linearised on samples ``x`` [S, d], the residual included."""
-    block = model.family.block(layer)
-    if model.family.write_norms(layer) != (None, None):
+    family = model.family
+    if family.write_norms(layer) != (None, None):
         raise InterpError(f"SINDER: block {layer} has a norm between its MLP neurons and the residual")
-    w = _norm_weight(block.norm2, layer, "norm2")
+    w = _norm_weight(family.mlp_norm(layer), layer, "MLP norm")
     d = w.shape[0]
-    gain = model.family.mlp_gain(layer)
-    gain = torch.ones(d, dtype=torch.float64) if gain is None else gain.detach().double().cpu()
-    fc2 = block.mlp.fc2.weight.detach().double().cpu()
-    fit = mlp_fit(block.mlp, x)
-    return torch.eye(d, dtype=torch.float64) + gain[:, None] * (fc2 @ fit) * w[None] @ centring(d)
+    gain = _gain(family.mlp_gain(layer), d)
+    out_proj = family.mlp_out_proj(layer)
+    fit = mlp_fit(family.mlp(layer), out_proj, x)
+    return torch.eye(d, dtype=torch.float64) + gain[:, None] * (out_proj.weight.detach().double().cpu() @ fit) \
+        * w[None] @ centring(d)
 
 
 def singular_defect_directions(model, samples: int = 100_000, seed: int = 0) -> torch.Tensor:
