@@ -55,7 +55,8 @@ def load(
     if folder is not None:  # a transformers folder (or hub id): its config.json decides the architecture
         if weights is not None:
             check_weights_name(name, folder)
-        return HookedViT.from_timm(load_hf_folder(folder, device=device, dtype=dtype, **timm_kwargs), name=name)
+        return HookedViT.from_timm(load_hf_folder(folder, device=device, dtype=dtype, pos_resample=pos_resample,
+                                                  **timm_kwargs), name=name)
     timm_model = create_timm_vit(name, pretrained=pretrained, weights=weights, device=device, dtype=dtype,
                                  seed=seed, pos_resample=pos_resample, **timm_kwargs)
     return HookedViT.from_timm(timm_model, name=name)

@@ -105,6 +105,15 @@ class HFSpec:
     def n_registers(self) -> int:
         return int(self.config.get("num_register_tokens", 0) or 0)
 
+    @property
+    def pos_resample(self) -> Optional[str]:
+        """How the class's ``interpolate_pos_encoding`` resamples its position table to another input size
+        (:mod:`interp.models.weights.pos_table`): ``"dinov2_reg"`` (antialiased) for ``Dinov2WithRegisters``,
+        ``"transformers"`` (not antialiased) for the others; None for DINOv3, which has no table (RoPE)."""
+        if self.family == "dinov3":
+            return None
+        return "dinov2_reg" if self.family == "dinov2" and self.n_registers else "transformers"
+
 
 def _read_json(path: Path, what: str) -> dict:
     try:
