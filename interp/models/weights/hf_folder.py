@@ -109,6 +109,32 @@ def read_folder_weights(folder: Path) -> Tuple[Dict[str, torch.Tensor], str]:
     return state_dict, f"{folder.name}/{path.name}"
 
 
+def hf_classifier(folder: Union[str, Path]) -> Dict[str, Any]:
+    """The classifier file (:mod:`interp.models.classifiers.classifier`, kind ``dinov2_linear``) of a
+    ``Dinov2ForImageClassification`` or ``Dinov2WithRegistersForImageClassification`` folder: its ``classifier``
+    [C, 2d] reads the last block's normed CLS and the mean of its normed patch tokens (registers left out),
+    concatenated, as DINOv2's released linear heads do with ``n_blocks=1, avgpool=True``; the class names are its
+    ``id2label``. ``interp.load(folder)`` is the backbone this classifier binds to.
+
+    Raises:
+        ModelLoadError: another class (its head is the model's own), or a file without ``classifier.weight``.
+    """
+    folder = Path(folder)
+    spec = hf_spec(folder)
+    if spec.head != "dinov2_linear":
+        raise ModelLoadError(f"{str(folder)!r} is a transformers {spec.architecture}: its head (if any) is the "
+                             "model's own (interp.load(folder)); a classifier file is read from a "
+                             "Dinov2(WithRegisters)ForImageClassification folder")
+    state_dict, label = read_folder_weights(folder)
+    weight, bias = state_dict.get("classifier.weight"), state_dict.get("classifier.bias")
+    if weight is None or bias is None:
+        raise ModelLoadError(f"{label} (a {spec.architecture}) holds no classifier.weight and classifier.bias: "
+                             "save the model with save_pretrained")
+    return {"interp_classifier": 1, "kind": "dinov2_linear", "weight": weight, "bias": bias, "n_blocks": 1,
+            "avgpool": True, "class_names": list(spec.label_names),
+            "source": f"transformers {spec.architecture} ({folder.name})"}
+
+
 RESAMPLE_WORDS = {"transformers": "bicubic, not antialiased, as transformers", "dinov2_reg": "bicubic, antialiased, as "
                   "transformers' Dinov2WithRegisters", "timm": "timm's bicubic, antialiased",
                   "dinov2": "DINOv2's bicubic with the 0.1 offset"}
@@ -206,7 +232,7 @@ def load_hf_folder(folder: Union[str, Path], *, device: Union[str, torch.device]
     cfg.update(spec.data, architecture=name, hf_architecture=spec.architecture, num_classes=spec.kwargs["num_classes"],
                input_size=(spec.kwargs["in_chans"], *size))
     cfg.pop("hf_hub_id", None)
-    if spec.label_names:
+    if spec.label_names and spec.head == "classifier":
         cfg["label_names"] = list(spec.label_names)
     model.pretrained_cfg = model.default_cfg = cfg
     model.interp_init_seed = None
@@ -214,6 +240,9 @@ def load_hf_folder(folder: Union[str, Path], *, device: Union[str, torch.device]
     model.interp_rope_periods = None
     model.interp_source = describe(spec, name, size, method)
     note = (f"; not read by its outputs: {', '.join(dropped)}" if dropped else "") + (
-        f"; zero biases (none in the file): {', '.join(filled)}" if filled else "")
+        f"; zero biases (none in the file): {', '.join(filled)}" if filled else "") + (
+        f"; its {len(spec.label_names)}-class classifier reads [CLS, patch mean], which no timm head computes: "
+        f"pass classifier=interp.load_classifier({str(folder)!r}) for its class logits"
+        if spec.head == "dinov2_linear" else "")
     warnings.warn(f"{label}: {model.interp_source}{note}", InterpWarning, stacklevel=3)
     return model.eval().to(device=device, dtype=_resolve_dtype(dtype))

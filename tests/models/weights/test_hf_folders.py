@@ -15,6 +15,7 @@ import interp
 from conftest import one_error_line
 from interp.errors import ModelLoadError, UnsupportedModelError
 from interp.models.inputs.preprocessing import data_config
+from interp.runtime.forward import run_hooks
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,6 +45,11 @@ CASES = {
     "dinov2-registers": ("Dinov2WithRegistersModel",
                          lambda: transformers.Dinov2WithRegistersConfig(**SMALL, mlp_ratio=2, num_register_tokens=3),
                          "features"),
+    "dinov2-classifier": ("Dinov2ForImageClassification", lambda: transformers.Dinov2Config(
+        **SMALL, mlp_ratio=2, num_labels=3, id2label={0: "cat", 1: "dog", 2: "fox"}), "classifier-file"),
+    "dinov2-registers-classifier": ("Dinov2WithRegistersForImageClassification",
+                                    lambda: transformers.Dinov2WithRegistersConfig(
+                                        **SMALL, mlp_ratio=2, num_register_tokens=2, num_labels=4), "classifier-file"),
     "dinov3": ("DINOv3ViTModel", lambda: transformers.DINOv3ViTConfig(**SMALL, intermediate_size=96,
                                                                       num_register_tokens=2), "features"),
     "dinov3-gated": ("DINOv3ViTModel", lambda: transformers.DINOv3ViTConfig(
@@ -102,13 +108,20 @@ def _load(folder):
 
 
 def _reference_output(model, kind: str, out):
-    if kind == "logits":
+    if kind in ("logits", "classifier-file"):
         return out.logits
     if kind == "image_embeds":
         return out.image_embeds
     if kind == "pooled":
         return out.pooler_output
     return out.last_hidden_state
+
+
+def _interp_output(model, folder, kind: str, x, logits, cache):
+    """interp's side of ``_reference_output``: a Dinov2ForImageClassification's logits are its classifier file's."""
+    if kind == "classifier-file":
+        return run_hooks(model, x, classifier=interp.load_classifier(str(folder))).logits
+    return {"features": cache["hook_norm_final"], "logits": logits, "image_embeds": logits, "pooled": logits}[kind]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -126,8 +139,7 @@ def test_blocks_and_output_equal_transformers(saved, case):
     for i, name in enumerate(names):
         torch.testing.assert_close(cache[name], hidden[i + 1], atol=TOL, rtol=TOL, msg=f"{case} {name}")
     want = _reference_output(reference, kind, out)
-    got = {"features": cache["hook_norm_final"], "logits": logits, "image_embeds": logits, "pooled": logits}[kind]
-    torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(_interp_output(model, folder, kind, x, logits, cache), want, atol=TOL, rtol=TOL)
     layout = model.layout
     n_reg = getattr(reference.config, "num_register_tokens", 0) or 0
     assert layout.n_registers == n_reg and layout.n_patches == 16
@@ -264,10 +276,11 @@ def test_another_input_size_equals_transformers_interpolate_pos_encoding(saved, 
         logits, cache = model.run_with_cache(x, names_filter=lambda n: n in names + ["hook_norm_final"])
     for i, name in enumerate(names):
         torch.testing.assert_close(cache[name], out.hidden_states[i + 1], atol=TOL, rtol=TOL, msg=f"{case} {name}")
-    got = {"features": cache["hook_norm_final"], "logits": logits, "image_embeds": logits, "pooled": logits}[kind]
-    torch.testing.assert_close(got, _reference_output(reference, kind, out), atol=TOL, rtol=TOL)
+    torch.testing.assert_close(_interp_output(model, folder, kind, x, logits, cache),
+                               _reference_output(reference, kind, out), atol=TOL, rtol=TOL)
     assert model.layout.grid == (hw[0] // 8, hw[1] // 8)
-    method = {"dinov2-registers": "dinov2_reg"}.get(case, None if case.startswith("dinov3") else "transformers")
+    method = None if case.startswith("dinov3") else "dinov2_reg" if case.startswith("dinov2-registers") else (
+        "transformers")
     assert model.pos_resample == method
     assert "(config.json: 32 px" in str(caught[-1].message)
 
@@ -315,3 +328,19 @@ def test_the_command_line_offers_every_resampling_the_loader_takes():
 
     field = {f.name: f for f in dataclasses.fields(ModelOptions)}["pos_resample"]
     assert field.metadata["flag"].choices == POS_RESAMPLE_CHOICES
+
+
+def test_a_dinov2_classifier_folder_is_the_backbone_and_a_classifier_file(saved):
+    """Dinov2ForImageClassification: interp.load(folder) is the backbone (no timm head computes [CLS, patch mean]),
+    its one line names the classifier file; interp.load_classifier(folder) is that head, its classes the id2label;
+    another class's folder is not a classifier file."""
+    from interp.models.classifiers.classifier import ClassifierError
+
+    folder = saved["dinov2-classifier"][0]
+    model, notes = _load(folder)
+    assert model.timm_model.num_classes == 0 and "3-class classifier reads [CLS, patch mean]" in notes[0]
+    clf = interp.load_classifier(str(folder))
+    assert (clf.kind, clf.n_blocks, clf.avgpool, clf.class_names) == ("dinov2_linear", 1, True, ["cat", "dog", "fox"])
+    with pytest.raises(ClassifierError) as e:
+        interp.load_classifier(str(saved["vit-classifier"][0]))
+    assert "its head (if any) is the model's own" in str(e.value) and "\n" not in str(e.value)
