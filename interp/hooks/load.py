@@ -43,9 +43,10 @@ def load(
         seed: seed of the random weights (``pretrained=False`` without ``weights``), default 0: the same
             call gives the same weights (and weights fingerprint) in every run; kept as ``model.init_seed``.
         pos_resample: how a position table trained for another size is resampled to ``img_size``: ``"auto"``
-            (an original DINOv2 file with DINOv2's own arithmetic, ``"dinov2"`` or ``"dinov2_reg"``; any other
-            weights timm's), ``"timm"``, ``"dinov2"`` or ``"dinov2_reg"``; the method used is kept as
-            ``model.pos_resample`` (None when the table was not resampled).
+            (an original DINOv2 file with DINOv2's own arithmetic, ``"dinov2"`` or ``"dinov2_reg"``; a
+            ``transformers`` folder with its class's, :attr:`~interp.models.weights.hf_config.HFSpec.pos_resample`;
+            any other weights timm's), ``"timm"``, ``"dinov2"``, ``"dinov2_reg"`` or ``"transformers"``; the method
+            used is kept as ``model.pos_resample`` (None when the table was not resampled).
         **timm_kwargs: forwarded to ``timm.create_model`` (``img_size=224``, ``dynamic_img_size=True``,
             ``depth=2`` for quick experiments...).
 

@@ -302,7 +302,7 @@ def create_timm_vit(
             module's ``interp_init_seed`` (None when weights were loaded). The global RNG is left as it was.
         pos_resample: how a position table trained for another grid is resampled to the model's:
             ``"auto"`` (DINOv2's own arithmetic for an original DINOv2 file, timm's otherwise), ``"timm"``,
-            ``"dinov2"`` or ``"dinov2_reg"`` (see :mod:`interp.models.weights.pos_table`). The method used is recorded
+            ``"dinov2"``, ``"dinov2_reg"`` or ``"transformers"`` (see :mod:`interp.models.weights.pos_table`). The method used is recorded
             as the module's ``interp_pos_resample`` (None when the table was not resampled).
         **timm_kwargs: passed to ``timm.create_model`` (``img_size``, ``dynamic_img_size``, ``num_classes``, ``depth``...).
     """
