@@ -126,8 +126,9 @@ def _no_embed_class(model: nn.Module, state_dict: dict, held: int, label: str) -
         return None
     if "mask_token" in state_dict:
         return held > 0
-    rows, cls = int(pos.shape[-2]), int(getattr(model, "cls_token", None) is not None)
-    own = bool(getattr(model, "no_embed_class", False))
+    rows, cls = int(pos.shape[-2]), int(family_of(model).layout().cls_index is not None)
+    positions = positions_of(model)
+    own = positions is not None and positions.n_prefix == 0  # the model's table has no prefix rows
     for no_embed in (own, not own):
         patches = rows - (0 if no_embed else cls + held)
         if patches > 0 and math.isqrt(patches) ** 2 == patches:
@@ -166,7 +167,7 @@ def register_fit(model: nn.Module, state_dict: dict, name: str, label: str,
                              f"{have or 'none'} and {why}: {hint}")
     kwargs: Dict[str, object] = {arg: held}
     no_embed = _no_embed_class(model, state_dict, held, label)
-    if no_embed is not None and no_embed != bool(getattr(model, "no_embed_class", False)):
+    if no_embed is not None:
         kwargs["no_embed_class"] = no_embed
     built = ", ".join(f"{k}={v}" for k, v in kwargs.items())
     like = f", as timm's {fit}" if fit != name.split(".")[0] and is_model(fit) else ""
