@@ -98,8 +98,9 @@ class ModelOptions(Options):
     depth: Optional[int] = option(None, "keep only the first N blocks (quick tests)", parse=positive_int)
     pos_resample: str = option(
         "auto", "how --weights' position table is resampled to --img-size: auto (default: DINOv2's own arithmetic "
-                "for an original DINOv2 file, timm's otherwise), timm, dinov2 or dinov2_reg",
-        choices=("auto", "timm", "dinov2", "dinov2_reg"))
+                "for an original DINOv2 file, a transformers folder's own, timm's otherwise), timm, dinov2, "
+                "dinov2_reg or transformers",
+        choices=("auto", "timm", "dinov2", "dinov2_reg", "transformers"))
 
     def spec(self) -> ModelSpec:
         return ModelSpec(self.model, self.weights, self.pretrained, self.img_size, self.depth, self.pos_resample)

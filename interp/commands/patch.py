@@ -88,15 +88,15 @@ def _models(options: Options, inputs: RunInputs):
     import torch
 
     from ..hooks.hooked_vit import HookedViT
-    from ..models.loading import create_timm_vit
+    from ..hooks.load import load_timm_module
     from .common import check_before_load, check_device, timm_kwargs
 
     spec = inputs.model
     check_device(inputs.device)
     checked = check_before_load(spec, (options,))
     torch.manual_seed(inputs.seed)
-    plain = create_timm_vit(spec.name, pretrained=spec.pretrained, weights=spec.weights, device=inputs.device,
-                            seed=inputs.seed, pos_resample=spec.pos_resample, **timm_kwargs(spec))
+    plain = load_timm_module(spec.name, pretrained=spec.pretrained, weights=spec.weights, device=inputs.device,
+                             seed=inputs.seed, pos_resample=spec.pos_resample, **timm_kwargs(spec))
     hooked = HookedViT.from_timm(copy.deepcopy(plain), name=spec.name)
     if not checked:  # as load_model: what the skeleton could not stand for
         check_model_args(hooked, spec, (options,))

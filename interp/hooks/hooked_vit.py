@@ -57,7 +57,7 @@ class HookedViT(InterventionMixin, HookRegistry, AdoptsTimmRoot, HookedRootModul
         force_patterns: compute attention patterns even when unhooked (e.g. for nnsight observers).
         init_seed: seed of the random weights ``interp.load(..., pretrained=False)`` built (None otherwise).
         pos_resample: how the weights' position table was resampled to this size (``"timm"``, ``"dinov2"``,
-            ``"dinov2_reg"``; None when it was not).
+            ``"dinov2_reg"``, ``"transformers"``; None when it was not).
     """
 
     def __init__(self, timm_model: nn.Module, name: Optional[str] = None):

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 import torch
+from torch import nn
 
 from .hooked_vit import HookedViT
 from ..models.weights.hf_folder import check_weights_name, load_hf_folder, resolve_hf_source
@@ -42,23 +43,34 @@ def load(
         seed: seed of the random weights (``pretrained=False`` without ``weights``), default 0: the same
             call gives the same weights (and weights fingerprint) in every run; kept as ``model.init_seed``.
         pos_resample: how a position table trained for another size is resampled to ``img_size``: ``"auto"``
-            (an original DINOv2 file with DINOv2's own arithmetic, ``"dinov2"`` or ``"dinov2_reg"``; any other
-            weights timm's), ``"timm"``, ``"dinov2"`` or ``"dinov2_reg"``; the method used is kept as
-            ``model.pos_resample`` (None when the table was not resampled).
+            (an original DINOv2 file with DINOv2's own arithmetic, ``"dinov2"`` or ``"dinov2_reg"``; a
+            ``transformers`` folder with its class's, :attr:`~interp.models.weights.hf_config.HFSpec.pos_resample`;
+            any other weights timm's), ``"timm"``, ``"dinov2"``, ``"dinov2_reg"`` or ``"transformers"``; the method
+            used is kept as ``model.pos_resample`` (None when the table was not resampled).
         **timm_kwargs: forwarded to ``timm.create_model`` (``img_size=224``, ``dynamic_img_size=True``,
             ``depth=2`` for quick experiments...).
 
     Returns:
         HookedViT in eval mode.
     """
+    return HookedViT.from_timm(load_timm_module(name, pretrained=pretrained, weights=weights, device=device,
+                                                dtype=dtype, seed=seed, pos_resample=pos_resample, **timm_kwargs),
+                               name=name)
+
+
+def load_timm_module(name: str, *, pretrained: bool = True, weights: Union[str, Path, None] = None,
+                     device: Union[str, torch.device] = "cpu", dtype=None, seed: Optional[int] = None,
+                     pos_resample: str = "auto", **timm_kwargs) -> nn.Module:
+    """The plain timm module :func:`load` instruments (same arguments): a ``transformers`` folder or hub id (as
+    MODEL or ``weights``) through :func:`~interp.models.weights.hf_folder.load_hf_folder`, anything else through
+    :func:`~interp.models.loading.create_timm_vit`."""
     folder = resolve_hf_source(weights) if weights is not None else resolve_hf_source(name)
     if folder is not None:  # a transformers folder (or hub id): its config.json decides the architecture
         if weights is not None:
             check_weights_name(name, folder)
-        return HookedViT.from_timm(load_hf_folder(folder, device=device, dtype=dtype, **timm_kwargs), name=name)
-    timm_model = create_timm_vit(name, pretrained=pretrained, weights=weights, device=device, dtype=dtype,
-                                 seed=seed, pos_resample=pos_resample, **timm_kwargs)
-    return HookedViT.from_timm(timm_model, name=name)
+        return load_hf_folder(folder, device=device, dtype=dtype, pos_resample=pos_resample, **timm_kwargs)
+    return create_timm_vit(name, pretrained=pretrained, weights=weights, device=device, dtype=dtype, seed=seed,
+                           pos_resample=pos_resample, **timm_kwargs)
 
 
 def load_skeleton(name: str, **timm_kwargs) -> Optional[HookedViT]:

@@ -23,8 +23,8 @@ from .._model_names import PLANTED_NAMES
 from ..values import check_input_path
 from .weights.pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .families import family_of, family_of_entry_module
-from .weights.weight_fit import (check_dropped_qkv_biases, check_floating_weights, check_register_tokens,
-                                 fit_head_to_weights, fit_to_weights, keep_file_rope_periods, weights_grid)
+from .weights.weight_fit import (check_dropped_qkv_biases, check_floating_weights, fit_head_to_weights,
+                                 fit_to_weights, keep_file_rope_periods, register_fit, weights_grid)
 from .weights.checkpoints import fit_head_classes, unwrap_checkpoint
 from .weights.torchvision_format import adopt_torchvision_config, convert_torchvision_vit, is_torchvision_vit
 
@@ -302,7 +302,7 @@ def create_timm_vit(
             module's ``interp_init_seed`` (None when weights were loaded). The global RNG is left as it was.
         pos_resample: how a position table trained for another grid is resampled to the model's:
             ``"auto"`` (DINOv2's own arithmetic for an original DINOv2 file, timm's otherwise), ``"timm"``,
-            ``"dinov2"`` or ``"dinov2_reg"`` (see :mod:`interp.models.weights.pos_table`). The method used is recorded
+            ``"dinov2"``, ``"dinov2_reg"`` or ``"transformers"`` (see :mod:`interp.models.weights.pos_table`). The method used is recorded
             as the module's ``interp_pos_resample`` (None when the table was not resampled).
         **timm_kwargs: passed to ``timm.create_model`` (``img_size``, ``dynamic_img_size``, ``num_classes``, ``depth``...).
     """
@@ -342,10 +342,14 @@ def create_timm_vit(
     if local is not None:
         state_dict = read_state_dict(local)
         label = f"weight file {Path(local).name!r}"
+        registers = register_fit(model, state_dict, name, label, timm_kwargs)
+        if registers is not None:  # the file's register count: the model built again with it
+            model = build_architecture(name, 0, initialise=False, **timm_kwargs, **registers[0])
+            model.interp_init_seed, model.interp_pos_resample = None, None
+            warnings.warn(f"{label} {registers[1]}", InterpWarning, stacklevel=3)
         if is_torchvision_vit(state_dict):  # torchvision's keys and transform, as timm's filter does for others
             state_dict = convert_torchvision_vit(state_dict, model, name, label)
             adopt_torchvision_config(model, state_dict, fit_head="num_classes" not in timm_kwargs)
-        check_register_tokens(model, state_dict, name, label)
         if "num_classes" not in timm_kwargs:  # the file's head, unless the user asked for one
             fit_head_to_weights(model, state_dict)
             fitted = fit_head_classes(model, state_dict)

@@ -17,7 +17,8 @@ A classifier file is ``torch.save(dict)`` (read with ``torch.load(..., weights_o
 
 Optional: ``"class_names"`` (C names), ``"model"`` (the timm name it was built for), ``"source"`` (free text).
 DINOv2's released head files (plain ``{"weight", "bias"}`` state dicts, e.g. ``dinov2_vits14_linear4_head.pth``)
-are read as ``dinov2_linear`` with ``avgpool`` and ``n_blocks`` from the width: D = 2 d -> 1, D = 5 d -> 4.
+are read as ``dinov2_linear`` with ``avgpool`` and ``n_blocks`` from the width: D = 2 d -> 1, D = 5 d -> 4. A
+``transformers`` ``Dinov2ForImageClassification`` folder's head is the same map (``n_blocks=1``, ``avgpool``).
 
 >>> from interp.runtime.forward import run_hooks
 >>> path = save_classifier("head.pt", "linear", torch.randn(3, 192), torch.zeros(3))   # C=3 over D=192
@@ -39,7 +40,9 @@ from typing import Dict, List, Mapping, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ...errors import InterpError
+from ...errors import InterpError, ModelLoadError
+from ..weights.hf_config import is_hf_folder
+from ..weights.hf_folder import hf_classifier
 from ...values import check_input_path
 from .heads import head_output_width, pooled_width
 
@@ -234,7 +237,9 @@ def save_classifier(path: Union[str, Path], kind: str, weight: torch.Tensor, bia
 
 
 def load_classifier(spec: Union[str, Path, Mapping, Classifier]) -> Classifier:
-    """A :class:`Classifier` from a file path, a file's dict, or a Classifier (returned as it is).
+    """A :class:`Classifier` from a file path, a file's dict, a Classifier (returned as it is), or a ``transformers``
+    ``Dinov2(WithRegisters)ForImageClassification`` folder (its head as a ``dinov2_linear`` file,
+    :func:`~interp.models.weights.hf_folder.hf_classifier`).
 
     Raises :class:`ClassifierError` in one line naming the fix: a missing or unreadable file, a dict that is
     not a classifier file, an unknown kind, wrong shapes, NaN/inf values.
@@ -245,6 +250,11 @@ def load_classifier(spec: Union[str, Path, Mapping, Classifier]) -> Classifier:
     if isinstance(spec, (str, Path)):
         path = str(spec)
         check_input_path(path, "classifier file")
+        if is_hf_folder(path):  # a transformers Dinov2ForImageClassification: its [CLS, patch mean] head
+            try:
+                return _from_dict(hf_classifier(path), path)
+            except ModelLoadError as e:
+                raise ClassifierError(str(e)) from None
         if not Path(path).is_file():
             raise ClassifierError(f"classifier file {path!r} not found: {_MAKE_ONE}")
         try:

@@ -22,6 +22,8 @@ HF_CLASSES: Dict[str, Tuple[str, str, str]] = {
     "ViTForImageClassification": ("vit", "vit.", "classifier"),
     "Dinov2Model": ("dinov2", "", "none"),
     "Dinov2WithRegistersModel": ("dinov2", "", "none"),
+    "Dinov2ForImageClassification": ("dinov2", "dinov2.", "dinov2_linear"),
+    "Dinov2WithRegistersForImageClassification": ("dinov2", "dinov2_with_registers.", "dinov2_linear"),
     "DINOv3ViTModel": ("dinov3", "", "none"),
     "CLIPVisionModel": ("clip", "vision_model.", "none"),
     "CLIPVisionModelWithProjection": ("clip", "vision_model.", "projection"),
@@ -48,18 +50,11 @@ HF_DEFAULTS: Dict[str, Dict[str, Any]] = {
                                 patch_size=16, vision_use_head=True),
 }
 _MODEL_TYPE = {"ViTModel": "vit", "ViTForImageClassification": "vit", "Dinov2Model": "dinov2",
-               "Dinov2WithRegistersModel": "dinov2_with_registers", "DINOv3ViTModel": "dinov3_vit",
+               "Dinov2ForImageClassification": "dinov2", "Dinov2WithRegistersModel": "dinov2_with_registers",
+               "Dinov2WithRegistersForImageClassification": "dinov2_with_registers", "DINOv3ViTModel": "dinov3_vit",
                "CLIPVisionModel": "clip_vision_model", "CLIPVisionModelWithProjection": "clip_vision_model",
                "CLIPForImageClassification": "clip_vision_model", "SiglipVisionModel": "siglip_vision_model",
                "SiglipForImageClassification": "siglip_vision_model"}
-# refused with their reason (a head timm's ViT cannot compute)
-HF_REFUSED = {
-    "Dinov2ForImageClassification": "its head reads [CLS, mean of the patch tokens] concatenated, which timm's "
-                                    "ViT head cannot; save its backbone (model.dinov2) as a Dinov2Model folder",
-    "Dinov2WithRegistersForImageClassification": "its head reads [CLS, mean of the patch tokens] concatenated, "
-                                                 "which timm's ViT head cannot; save its backbone as a "
-                                                 "Dinov2WithRegistersModel folder",
-}
 # the timm architecture each family's kwargs start from
 TIMM_BASE = {"vit": "vit_base_patch16_224", "dinov2": "vit_small_patch14_dinov2",
              "dinov2_reg": "vit_small_patch14_reg4_dinov2", "dinov3": "vit_small_patch16_dinov3",
@@ -80,12 +75,14 @@ class HFSpec:
 
     Attributes:
         architecture: the ``transformers`` class (``ViTModel`` ...); family: ``vit``, ``dinov2``, ``dinov3``,
-            ``clip`` or ``siglip``; head: ``none``, ``classifier`` or ``projection``.
+            ``clip`` or ``siglip``; head: ``none``, ``classifier``, ``projection`` (timm's head computes them) or
+            ``dinov2_linear`` (a linear map of [CLS, patch mean], which no timm head computes: the model is built
+            without a head and the map is a classifier file, :func:`~interp.models.weights.hf_folder.hf_classifier`).
         timm_name, kwargs: the timm architecture and the ``timm.create_model`` kwargs that shape it; ``norm_eps``
             and ``act`` are given separately (the loader turns them into ``norm_layer``/``act_layer``).
         config: the vision part of ``config.json``; prefix: the backbone keys' prefix in the weight file.
         data: timm data-config entries from ``preprocessor_config.json`` (empty when the folder has none).
-        label_names: ``id2label`` in class order for a classification head, else empty.
+        label_names: ``id2label`` in class order for a classification head (``dinov2_linear`` too), else empty.
     """
 
     folder: Path
@@ -104,6 +101,15 @@ class HFSpec:
     @property
     def n_registers(self) -> int:
         return int(self.config.get("num_register_tokens", 0) or 0)
+
+    @property
+    def pos_resample(self) -> Optional[str]:
+        """How the class's ``interpolate_pos_encoding`` resamples its position table to another input size
+        (:mod:`interp.models.weights.pos_table`): ``"dinov2_reg"`` (antialiased) for ``Dinov2WithRegisters``,
+        ``"transformers"`` (not antialiased) for the others; None for DINOv3, which has no table (RoPE)."""
+        if self.family == "dinov3":
+            return None
+        return "dinov2_reg" if self.family == "dinov2" and self.n_registers else "transformers"
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -132,8 +138,6 @@ def architecture_of(config: dict, folder: Path) -> str:
     if arch in HF_CLASSES:
         return arch
     supported = ", ".join(HF_CLASSES)
-    if arch in HF_REFUSED:
-        raise UnsupportedModelError(f"{str(folder)!r} is a {arch}: {HF_REFUSED[arch]}")
     what = f"a {arch}" if arch else f"a model_type {config.get('model_type')!r} without 'architectures'"
     raise UnsupportedModelError(f"{str(folder)!r} is {what}, which interp does not convert; supported transformers "
                                 f"classes: {supported}. Another class: convert it to a timm model and add its "
@@ -227,11 +231,9 @@ def hf_spec(folder) -> HFSpec:
     vision = top.get("vision_config") if isinstance(top.get("vision_config"), dict) else top
     vision = {**HF_DEFAULTS[_MODEL_TYPE[arch]], **vision}
     labels = top.get("id2label") or {}
-    n_classes = 0
-    if head == "classifier":
-        n_classes = int(top.get("num_labels") or len(labels) or 2)  # transformers' default: 2 labels
-    elif head == "projection":
-        n_classes = int(vision.get("projection_dim", top.get("projection_dim", 512)))
+    n_labels = int(top.get("num_labels") or len(labels) or 2)  # transformers' default: 2 labels
+    n_classes = {"classifier": n_labels, "dinov2_linear": 0, "none": 0}.get(head) if head != "projection" else int(
+        vision.get("projection_dim", top.get("projection_dim", 512)))
     try:
         kwargs = _kwargs(family, vision, head, n_classes)
     except KeyError as e:
@@ -243,7 +245,8 @@ def hf_spec(folder) -> HFSpec:
     if family == "dinov2" and vision.get("use_swiglu_ffn"):
         act = "silu"
     base = "dinov2_reg" if family == "dinov2" and kwargs.get("reg_tokens") else family
-    names = [str(labels.get(str(i), labels.get(i, i))) for i in range(n_classes)] if head == "classifier" else []
+    names = ([str(labels.get(str(i), labels.get(i, i))) for i in range(n_labels)]
+             if head in ("classifier", "dinov2_linear") else [])
     return HFSpec(folder=folder, architecture=arch, family=family, head=head, prefix=prefix, config=vision,
                   timm_name=TIMM_BASE[base], kwargs=kwargs,
                   norm_eps=float(vision["layer_norm_eps"]),

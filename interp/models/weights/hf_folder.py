@@ -21,6 +21,8 @@ from torch import nn
 from ...errors import InterpWarning, ModelLoadError
 from .hf_config import HFSpec, hf_spec, is_hf_folder, looks_like_hub_id, weight_file
 from .hf_weights import convert_hf_state_dict
+from .pos_table import POS_RESAMPLE_CHOICES, resample_pos_table
+from ..families.positions import positions_of
 from ..loading import _hub_reachable, _resolve_dtype, build_architecture, check_finite, read_state_dict
 
 HUB_FILES = ("config.json", "preprocessor_config.json", "model.safetensors", "model.safetensors.index.json",
@@ -107,10 +109,46 @@ def read_folder_weights(folder: Path) -> Tuple[Dict[str, torch.Tensor], str]:
     return state_dict, f"{folder.name}/{path.name}"
 
 
-def describe(spec: HFSpec, name: str) -> str:
+def hf_classifier(folder: Union[str, Path]) -> Dict[str, Any]:
+    """The classifier file (:mod:`interp.models.classifiers.classifier`, kind ``dinov2_linear``) of a
+    ``Dinov2ForImageClassification`` or ``Dinov2WithRegistersForImageClassification`` folder: its ``classifier``
+    [C, 2d] reads the last block's normed CLS and the mean of its normed patch tokens (registers left out),
+    concatenated, as DINOv2's released linear heads do with ``n_blocks=1, avgpool=True``; the class names are its
+    ``id2label``. ``interp.load(folder)`` is the backbone this classifier binds to.
+
+    Raises:
+        ModelLoadError: another class (its head is the model's own), or a file without ``classifier.weight``.
+    """
+    folder = Path(folder)
+    spec = hf_spec(folder)
+    if spec.head != "dinov2_linear":
+        raise ModelLoadError(f"{str(folder)!r} is a transformers {spec.architecture}: its head (if any) is the "
+                             "model's own (interp.load(folder)); a classifier file is read from a "
+                             "Dinov2(WithRegisters)ForImageClassification folder")
+    state_dict, label = read_folder_weights(folder)
+    weight, bias = state_dict.get("classifier.weight"), state_dict.get("classifier.bias")
+    if weight is None or bias is None:
+        raise ModelLoadError(f"{label} (a {spec.architecture}) holds no classifier.weight and classifier.bias: "
+                             "save the model with save_pretrained")
+    return {"interp_classifier": 1, "kind": "dinov2_linear", "weight": weight, "bias": bias, "n_blocks": 1,
+            "avgpool": True, "class_names": list(spec.label_names),
+            "source": f"transformers {spec.architecture} ({folder.name})"}
+
+
+RESAMPLE_WORDS = {"transformers": "bicubic, not antialiased, as transformers", "dinov2_reg": "bicubic, antialiased, as "
+                  "transformers' Dinov2WithRegisters", "timm": "timm's bicubic, antialiased",
+                  "dinov2": "DINOv2's bicubic with the 0.1 offset"}
+
+
+def describe(spec: HFSpec, name: str, size: Tuple[int, int], method: Optional[str]) -> str:
     k = spec.kwargs
+    own = (k["img_size"], k["img_size"])
+    shown = f"{size[0]} px" if size[0] == size[1] else f"{size[0]}x{size[1]} px"
+    if size != own:
+        shown += f" (config.json: {own[0]} px" + (f"; position table resampled {RESAMPLE_WORDS[method]})" if method
+                                                  else ")")
     parts = [f"{k['depth']} blocks", f"width {k['embed_dim']}", f"{k['num_heads']} heads", f"patch {k['patch_size']}",
-             f"{k['img_size']} px"]
+             shown]
     if spec.n_registers:
         parts.append(f"{spec.n_registers} registers")
     if k.get("num_classes"):
@@ -118,9 +156,59 @@ def describe(spec: HFSpec, name: str) -> str:
     return f"a transformers {spec.architecture} as timm {name} ({', '.join(parts)})"
 
 
+def input_size(spec: HFSpec, timm_kwargs: dict) -> Tuple[int, int]:
+    """The (H, W) a folder is built at: its config's image size, or ``img_size`` (any multiple of its patch).
+
+    Raises:
+        ModelLoadError: another kwarg (the config.json decides the architecture), or a size that is not a
+            positive multiple of the patch.
+    """
+    own, patch = spec.kwargs["img_size"], spec.kwargs["patch_size"]
+    other = sorted(set(timm_kwargs) - {"img_size"})
+    if other:
+        raise ModelLoadError(f"{str(spec.folder)!r} is a transformers {spec.architecture}, built as its config.json "
+                             f"says ({own} px, {spec.kwargs['depth']} blocks): {', '.join(other)} cannot change it "
+                             "(img_size can: its position table is resampled as transformers does)")
+    size = timm_kwargs.get("img_size") or own
+    pair = (int(size), int(size)) if isinstance(size, int) else tuple(int(s) for s in size)
+    if len(pair) != 2 or any(s < patch or s % patch for s in pair):
+        raise ModelLoadError(f"img_size {size} for {str(spec.folder)!r}: give a multiple of its {patch}-px patch "
+                             f"(e.g. {max(1, round(pair[0] / patch)) * patch}); transformers would drop the "
+                             "remainder's pixels")
+    return pair
+
+
+def resize_to(model: nn.Module, spec: HFSpec, size: Tuple[int, int], choice: str) -> Optional[str]:
+    """Build ``model`` (loaded at its config's size) for inputs of ``size``: its position table resampled once
+    as the class's ``interpolate_pos_encoding`` resamples it at every forward of that size (``choice`` "auto":
+    :attr:`HFSpec.pos_resample`; else that method of :mod:`interp.models.weights.pos_table`), a DINOv3 (RoPE,
+    no table) rebuilt for the grid. Returns the method used, None when no table was resampled."""
+    positions = positions_of(model)
+    if tuple(size) == positions.img_size:
+        return None
+    table = positions.table
+    if table is None:  # DINOv3: RoPE coordinates are normalised per grid, in transformers as in timm
+        positions.resize(size)
+        return None
+    method = spec.pos_resample if choice == "auto" else choice
+    patch = positions.patch_size
+    grid = (size[0] // patch[0], size[1] // patch[1])
+    resampled = resample_pos_table(table.detach(), grid, positions.n_prefix, method)
+    positions.resize(size)
+    with torch.no_grad():
+        positions.table.copy_(resampled)
+    return method
+
+
 def load_hf_folder(folder: Union[str, Path], *, device: Union[str, torch.device] = "cpu", dtype=None,
-                   **timm_kwargs) -> nn.Module:
+                   pos_resample: str = "auto", **timm_kwargs) -> nn.Module:
     """The timm model of a ``transformers`` folder, its weights loaded (eval mode, on ``device``/``dtype``).
+
+    Args:
+        pos_resample: with ``img_size`` other than the config's, how the position table is resampled: ``"auto"``
+            (the class's own arithmetic, :attr:`HFSpec.pos_resample`) or a method of
+            :data:`~interp.models.weights.pos_table.POS_RESAMPLE_METHODS`; kept as ``interp_pos_resample``.
+        **timm_kwargs: ``img_size`` only (a multiple of the patch); the config.json decides the rest.
 
     Raises:
         UnsupportedModelError: a class interp does not convert (the supported ones named).
@@ -128,10 +216,9 @@ def load_hf_folder(folder: Union[str, Path], *, device: Union[str, torch.device]
     """
     folder = Path(folder)
     spec = hf_spec(folder)
-    if timm_kwargs:  # another size would need transformers' interpolate_pos_encoding, which interp does not reproduce
-        raise ModelLoadError(f"{str(folder)!r} is a transformers {spec.architecture}, built as its config.json says "
-                             f"({spec.kwargs['img_size']} px, {spec.kwargs['depth']} blocks): "
-                             f"{', '.join(sorted(timm_kwargs))} cannot change it")
+    if pos_resample not in POS_RESAMPLE_CHOICES:
+        raise ModelLoadError(f"unknown pos_resample {pos_resample!r}; use one of {', '.join(POS_RESAMPLE_CHOICES)}")
+    size = input_size(spec, timm_kwargs)
     name, kwargs = timm_args(spec)
     state_dict, label = read_folder_weights(folder)
     with warnings.catch_warnings():  # timm's note on the kwargs of the named config: this build sets them all
@@ -140,17 +227,22 @@ def load_hf_folder(folder: Union[str, Path], *, device: Union[str, torch.device]
     converted, dropped, filled = convert_hf_state_dict(spec, state_dict, model.state_dict(), label)
     model.load_state_dict(converted, strict=True)
     check_finite(model, label)
+    method = resize_to(model, spec, size, pos_resample)
     cfg = dict(getattr(model, "pretrained_cfg", None) or {})
-    cfg.update(spec.data, architecture=name, hf_architecture=spec.architecture, num_classes=spec.kwargs["num_classes"])
+    cfg.update(spec.data, architecture=name, hf_architecture=spec.architecture, num_classes=spec.kwargs["num_classes"],
+               input_size=(spec.kwargs["in_chans"], *size))
     cfg.pop("hf_hub_id", None)
-    if spec.label_names:
+    if spec.label_names and spec.head == "classifier":
         cfg["label_names"] = list(spec.label_names)
     model.pretrained_cfg = model.default_cfg = cfg
     model.interp_init_seed = None
-    model.interp_pos_resample = None
+    model.interp_pos_resample = method
     model.interp_rope_periods = None
-    model.interp_source = describe(spec, name)
+    model.interp_source = describe(spec, name, size, method)
     note = (f"; not read by its outputs: {', '.join(dropped)}" if dropped else "") + (
-        f"; zero biases (none in the file): {', '.join(filled)}" if filled else "")
+        f"; zero biases (none in the file): {', '.join(filled)}" if filled else "") + (
+        f"; its {len(spec.label_names)}-class classifier reads [CLS, patch mean], which no timm head computes: "
+        f"pass classifier=interp.load_classifier({str(folder)!r}) for its class logits"
+        if spec.head == "dinov2_linear" else "")
     warnings.warn(f"{label}: {model.interp_source}{note}", InterpWarning, stacklevel=3)
     return model.eval().to(device=device, dtype=_resolve_dtype(dtype))

@@ -129,6 +129,8 @@ def convert_hf_state_dict(spec: HFSpec, state_dict: Dict[str, torch.Tensor], exp
         else:
             unknown.append(spec.prefix + key)
     for key, value in head.items():
+        if spec.head == "dinov2_linear" and key.startswith("classifier."):
+            continue  # a classifier file, not timm's head (hf_folder.hf_classifier)
         if key.startswith(("classifier.", "visual_projection.")):
             out["head." + key.rsplit(".", 1)[1]] = value
         else:

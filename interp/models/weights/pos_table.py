@@ -11,6 +11,11 @@ resamples it at every forward (``interpolate_pos_encoding`` in facebookresearch/
 * ``"dinov2_reg"`` (the ``_reg`` models, ``interpolate_offset=0``, ``interpolate_antialias=True``): an output
   *size* ``(g_h, g_w)`` with antialias, i.e. timm's arithmetic.
 
+``transformers`` (``interpolate_pos_encoding`` of its ViT, DINOv2, CLIP and SigLIP embeddings, 5.x) resamples to
+the output *size* ``(h, w)``, bicubic, corners not aligned and **no antialias**: ``"transformers"`` (its
+``Dinov2WithRegisters`` antialiases: ``"dinov2_reg"``). It runs in float32 for DINOv2 and in the table's dtype for
+ViT, CLIP and SigLIP, which is the same for the float32 tables interp resamples.
+
 An interp model has a fixed input size, and DINOv2's table at a given size is a function of that size only, so
 resampling it once here gives DINOv2's forward at that size. The CLS row (and, in timm's layout, every prefix
 row) is kept as it is.
@@ -50,7 +55,7 @@ from torch import nn
 from ...errors import ModelLoadError
 from ..families.positions import positions_of
 
-POS_RESAMPLE_METHODS = ("timm", "dinov2", "dinov2_reg")
+POS_RESAMPLE_METHODS = ("timm", "dinov2", "dinov2_reg", "transformers")
 POS_RESAMPLE_CHOICES = ("auto",) + POS_RESAMPLE_METHODS
 DINO_OFFSET = 0.1
 
@@ -105,7 +110,8 @@ def input_grid(model, grid: Tuple[int, int], offset: Optional[float] = DINO_OFFS
 
 def resample_pos_table(pos: torch.Tensor, grid: Tuple[int, int], n_prefix: int, method: str) -> torch.Tensor:
     """A square position table ``[1, n_prefix + M*M, d]`` resampled to ``[1, n_prefix + g_h*g_w, d]`` by ``method``
-    (``"dinov2"``: offset 0.1, no antialias; ``"dinov2_reg"`` and ``"timm"``: the output size, antialiased).
+    (``"dinov2"``: offset 0.1, no antialias; ``"dinov2_reg"`` and ``"timm"``: the output size, antialiased;
+    ``"transformers"``: the output size, not antialiased).
 
     Computed in float32 and returned in ``pos``'s dtype. ``n_prefix`` rows (CLS) are not resampled.
     """
@@ -117,7 +123,7 @@ def resample_pos_table(pos: torch.Tensor, grid: Tuple[int, int], n_prefix: int, 
         raise ValueError(f"the position table holds {n} patch rows: not a square grid")
     if method == "dinov2":
         return dino_pos_table(pos, (side, side), grid, n_prefix, offset=DINO_OFFSET, antialias=False)
-    return dino_pos_table(pos, (side, side), grid, n_prefix, offset=None, antialias=True)
+    return dino_pos_table(pos, (side, side), grid, n_prefix, offset=None, antialias=method != "transformers")
 
 
 def resample_positions(model: nn.Module, state_dict: dict, source_grid: Optional[Tuple[int, int]], choice: str,

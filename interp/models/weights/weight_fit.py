@@ -1,13 +1,16 @@
 """Fitting a built timm model to a weight file before its state dict loads: the position grid the file was
-trained for, its register-token count, its head's width, and the RoPE periods an original DINOv3 file carries.
+trained for, its register-token count (the kwargs to rebuild with), its head's width, and the RoPE periods an original DINOv3 file carries.
 """
 from __future__ import annotations
 
+import inspect
 import math
+import re
 import warnings
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
+from timm.models import is_model
 from torch import nn
 
 from ...errors import InterpWarning, ModelLoadError
@@ -94,28 +97,81 @@ def _register_count(state_dict: dict) -> Optional[int]:
     return 0 if ("mask_token" in state_dict or "cls_token" in state_dict) else None
 
 
-def check_register_tokens(model: nn.Module, state_dict: dict, name: str, label: str) -> None:
-    """A clear error when a file with(out) register tokens meets a model without (with) them, naming the
-    timm architecture that fits (``*_reg4_*`` <-> plain), instead of a reshape error deep in timm."""
-    import re
+REGISTER_ARGS = ("reg_tokens", "num_reg_tokens")  # the register count's argument: timm VisionTransformer's, Eva's
 
-    from timm.models import is_model
 
+def _architecture_fit(name: str, held: int) -> str:
+    """The timm name of ``name``'s architecture with ``held`` register tokens (``*_reg4_*`` <-> plain), or ``name``."""
+    base = name.split(".")[0]
+    if held == 0:
+        return re.sub(r"_reg\d+", "", base)
+    return base.replace("_dinov2", f"_reg{held}_dinov2") if "_reg" not in base else re.sub(r"_reg\d+", f"_reg{held}",
+                                                                                            base)
+
+
+def _no_embed_class(model: nn.Module, state_dict: dict, held: int, label: str) -> Optional[bool]:
+    """Whether the file's position table leaves the prefix tokens (CLS, ``held`` registers) without a position
+    (timm ``no_embed_class``), read from its rows; None when the file has no ``pos_embed`` (RoPE).
+
+    An original DINOv2 file (``mask_token`` key) is laid out by timm's conversion: CLS and registers without a
+    position when it has registers (the DINOv2-reg layout), CLS with one otherwise. A timm-layout table of T rows
+    is ``no_embed_class`` when T is a square grid, else it holds one row per prefix token (the model's layout is
+    tried first where both fit).
+
+    Raises:
+        ModelLoadError: neither layout fits the table's rows.
+    """
+    pos = state_dict.get("pos_embed")
+    if not isinstance(pos, torch.Tensor) or pos.dim() < 2:
+        return None
+    if "mask_token" in state_dict:
+        return held > 0
+    rows, cls = int(pos.shape[-2]), int(family_of(model).layout().cls_index is not None)
+    positions = positions_of(model)
+    own = positions is not None and positions.n_prefix == 0  # the model's table has no prefix rows
+    for no_embed in (own, not own):
+        patches = rows - (0 if no_embed else cls + held)
+        if patches > 0 and math.isqrt(patches) ** 2 == patches:
+            return no_embed
+    raise ModelLoadError(f"{label} holds {held} register tokens and a {rows}-row position table, which is neither a "
+                         f"square grid nor {cls + held} prefix rows and a square grid: the file is not a timm ViT's")
+
+
+def register_fit(model: nn.Module, state_dict: dict, name: str, label: str,
+                 timm_kwargs: dict) -> Optional[Tuple[Dict[str, object], str]]:
+    """The timm kwargs that build ``name`` with the register tokens the file holds (timm ``reg_token`` [1, R, d],
+    original DINOv2 ``register_tokens``, original DINOv3 ``storage_tokens``), and the line that says so; None when
+    the model already has the file's count (or the format does not tell).
+
+    The count is the class's own argument (VisionTransformer ``reg_tokens``, Eva ``num_reg_tokens``); with it
+    ``no_embed_class`` where the position table says the prefix tokens carry no position (:func:`_no_embed_class`;
+    DINOv2 with registers: neither CLS nor registers do).
+
+    Raises:
+        ModelLoadError: a class that takes no register count (naming the timm architecture that fits, where one
+            does), a register count the caller fixed in ``timm_kwargs``, or a table that fits no layout.
+    """
     have = family_of(model).layout().n_registers  # read from the model (timm's Eva has no num_reg_tokens)
     held = _register_count(state_dict)
     if held is None or held == have:
-        return
-    base = name.split(".")[0]
-    if held == 0:
-        fit = re.sub(r"_reg\d+", "", base)
-    else:
-        fit = base.replace("_dinov2", f"_reg{held}_dinov2") if "_reg" not in base else re.sub(
-            r"_reg\d+", f"_reg{held}", base)
-    hint = f"load it into {fit!r}" if fit != base and is_model(fit) else (
-        f"load it into an architecture with {held} register tokens")
-    raise ModelLoadError(
-        f"{label} holds {'no' if held == 0 else held} register tokens but {name!r} has {have or 'none'}: "
-        f"{hint} (or pass weights trained with registers = {have})")
+        return None
+    params = inspect.signature(type(model).__init__).parameters
+    arg = next((a for a in REGISTER_ARGS if a in params), None)
+    fit = _architecture_fit(name, held)
+    if arg is None or arg in timm_kwargs:
+        why = (f"{type(model).__name__} takes no register count" if arg is None else
+               f"{arg}={timm_kwargs[arg]} was asked for")
+        hint = f"load it into {fit!r}" if fit != name.split(".")[0] and is_model(fit) else (
+            f"load it into an architecture with {held} register tokens")
+        raise ModelLoadError(f"{label} holds {'no' if held == 0 else held} register tokens but {name!r} has "
+                             f"{have or 'none'} and {why}: {hint}")
+    kwargs: Dict[str, object] = {arg: held}
+    no_embed = _no_embed_class(model, state_dict, held, label)
+    if no_embed is not None:
+        kwargs["no_embed_class"] = no_embed
+    built = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+    like = f", as timm's {fit}" if fit != name.split(".")[0] and is_model(fit) else ""
+    return kwargs, f"holds {held or 'no'} register tokens: built {name} with {built} (its own: {have}){like}"
 
 
 def fit_head_to_weights(model: nn.Module, state_dict: dict) -> None:

@@ -65,14 +65,25 @@ def test_original_dinov3_file_loads_and_reproduces_the_model(tmp_path, name, cap
         assert (model(x) - source(x)).abs().max() <= 1e-5
 
 
-def test_a_dinov3_file_with_another_register_count_is_refused_clearly(tmp_path):
+def test_a_dinov3_file_with_another_register_count_builds_with_it(tmp_path):
+    """Two storage tokens where vit_small_patch16_dinov3 has 4: Eva is built with num_reg_tokens=2 (no position
+    table: RoPE gives the patches theirs) and computes timm's own 2-register model."""
+    import warnings
+
     torch.manual_seed(0)
-    sd = original_format(timm.create_model("vit_small_patch16_dinov3", pretrained=False, **SMALL))
-    sd["storage_tokens"] = sd["storage_tokens"][:, :2]
+    source = timm.create_model("vit_small_patch16_dinov3", pretrained=False, num_reg_tokens=2, **SMALL).eval()
     path = tmp_path / "two_storage_tokens.pth"
-    torch.save(sd, path)
-    with pytest.raises(ModelLoadError, match="holds 2 register tokens but 'vit_small_patch16_dinov3' has 4"):
-        interp.load("vit_small_patch16_dinov3", weights=str(path), **SMALL)
+    torch.save(original_format(source), path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = interp.load("vit_small_patch16_dinov3", weights=str(path), **SMALL)
+    assert "holds 2 register tokens: built vit_small_patch16_dinov3 with num_reg_tokens=2 (its own: 4)" in str(
+        caught[0].message)
+    assert model.layout.n_registers == 2
+    source.rope.periods.copy_(model.timm_model.rope.periods)  # the file's bfloat16-rounded periods, as the original
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), atol=1e-5, rtol=1e-5)
 
 
 def test_the_file_periods_survive_a_lower_dtype_and_a_fixed_size_cache(tmp_path):

@@ -90,3 +90,56 @@ def test_mismatched_file_is_refused_naming_the_key(tmp_path, change, key):
     with pytest.raises(ModelLoadError) as e:
         interp.load(NAME, weights=path, img_size=32, **SMALL)
     assert key in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+REGISTERS = dict(depth=2, img_size=56)  # a 4 x 4 grid of 14-px patches
+
+
+def _dinov2_file(tmp_path, name):
+    """A random ``name`` (DINOv2, patch 14) at 56 px and 2 blocks, every weight moved off timm's constants, saved."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(5)
+    source = timm.create_model(name, pretrained=False, **REGISTERS).eval()
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path / f"{name}.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    return source, path
+
+
+def test_a_file_that_adds_registers_builds_with_the_files_count(tmp_path):
+    """A fine-tune of vit_small_patch14_reg4_dinov2 given to the plain vit_small_patch14_dinov2 builds with 4
+    registers and DINOv2-reg's layout (neither CLS nor the registers carry a position) and computes timm's own reg4
+    model; at another size its position table is resampled as timm resamples the reg4 model's."""
+    source, path = _dinov2_file(tmp_path, "vit_small_patch14_reg4_dinov2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = interp.load("vit_small_patch14_dinov2", weights=path, **REGISTERS)
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and ("holds 4 register tokens: built vit_small_patch14_dinov2 with reg_tokens=4, "
+                               "no_embed_class=True (its own: 0), as timm's vit_small_patch14_reg4_dinov2") in said[0]
+    assert model.layout.n_registers == 4 and model.layout.grid == (4, 4)
+    _same_outputs(model, source, 56)
+    resized, _ = _load_dinov2(path, img_size=70)
+    source.set_input_size(img_size=(70, 70))  # timm's resampling of its own model's table
+    _same_outputs(resized, source, 70)
+
+
+def test_a_file_without_registers_drops_the_names_registers(tmp_path):
+    source, path = _dinov2_file(tmp_path, "vit_small_patch14_dinov2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = interp.load("vit_small_patch14_reg4_dinov2", weights=path, **REGISTERS)
+    assert "built vit_small_patch14_reg4_dinov2 with reg_tokens=0, no_embed_class=False (its own: 4)" in str(
+        caught[0].message)
+    assert model.layout.n_registers == 0
+    _same_outputs(model, source, 56)
+
+
+def _load_dinov2(path, **kw):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = interp.load("vit_small_patch14_dinov2", weights=path, **dict(REGISTERS, **kw))
+    return model, [str(w.message) for w in caught]

@@ -15,6 +15,7 @@ import interp
 from conftest import one_error_line
 from interp.errors import ModelLoadError, UnsupportedModelError
 from interp.models.inputs.preprocessing import data_config
+from interp.runtime.forward import run_hooks
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,6 +45,11 @@ CASES = {
     "dinov2-registers": ("Dinov2WithRegistersModel",
                          lambda: transformers.Dinov2WithRegistersConfig(**SMALL, mlp_ratio=2, num_register_tokens=3),
                          "features"),
+    "dinov2-classifier": ("Dinov2ForImageClassification", lambda: transformers.Dinov2Config(
+        **SMALL, mlp_ratio=2, num_labels=3, id2label={0: "cat", 1: "dog", 2: "fox"}), "classifier-file"),
+    "dinov2-registers-classifier": ("Dinov2WithRegistersForImageClassification",
+                                    lambda: transformers.Dinov2WithRegistersConfig(
+                                        **SMALL, mlp_ratio=2, num_register_tokens=2, num_labels=4), "classifier-file"),
     "dinov3": ("DINOv3ViTModel", lambda: transformers.DINOv3ViTConfig(**SMALL, intermediate_size=96,
                                                                       num_register_tokens=2), "features"),
     "dinov3-gated": ("DINOv3ViTModel", lambda: transformers.DINOv3ViTConfig(
@@ -102,13 +108,20 @@ def _load(folder):
 
 
 def _reference_output(model, kind: str, out):
-    if kind == "logits":
+    if kind in ("logits", "classifier-file"):
         return out.logits
     if kind == "image_embeds":
         return out.image_embeds
     if kind == "pooled":
         return out.pooler_output
     return out.last_hidden_state
+
+
+def _interp_output(model, folder, kind: str, x, logits, cache):
+    """interp's side of ``_reference_output``: a Dinov2ForImageClassification's logits are its classifier file's."""
+    if kind == "classifier-file":
+        return run_hooks(model, x, classifier=interp.load_classifier(str(folder))).logits
+    return {"features": cache["hook_norm_final"], "logits": logits, "image_embeds": logits, "pooled": logits}[kind]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -126,8 +139,7 @@ def test_blocks_and_output_equal_transformers(saved, case):
     for i, name in enumerate(names):
         torch.testing.assert_close(cache[name], hidden[i + 1], atol=TOL, rtol=TOL, msg=f"{case} {name}")
     want = _reference_output(reference, kind, out)
-    got = {"features": cache["hook_norm_final"], "logits": logits, "image_embeds": logits, "pooled": logits}[kind]
-    torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(_interp_output(model, folder, kind, x, logits, cache), want, atol=TOL, rtol=TOL)
     layout = model.layout
     n_reg = getattr(reference.config, "num_register_tokens", 0) or 0
     assert layout.n_registers == n_reg and layout.n_patches == 16
@@ -243,17 +255,47 @@ def test_the_command_line_takes_a_folder_as_model_or_weights(saved, capsys):
     assert "DINOv3ViTModel" in line and "pass the folder as MODEL" in line
 
 
-def test_dinov3_at_another_input_size_equals_transformers(saved):
-    """DINOv3 takes any multiple of its patch (RoPE coordinates normalised per grid, in both): a 48 x 40 input
-    (6 x 5 patches) gives transformers' last hidden state."""
-    folder, reference = saved["dinov3"]
-    model, _ = _load(folder)
-    x = torch.randn(1, 3, 48, 40, generator=torch.Generator().manual_seed(3))
+@pytest.mark.parametrize("size", [24, (48, 40)], ids=["24px", "48x40px"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_another_input_size_equals_transformers_interpolate_pos_encoding(saved, case, size):
+    """``img_size`` other than the config's: the position table resampled once as ``interpolate_pos_encoding``
+    resamples it at every forward (bicubic to the grid, antialiased only in Dinov2WithRegisters; a 3 x 3 grid from
+    the 4 x 4 table is where antialiasing counts), DINOv3's RoPE normalised per grid; every block equals
+    ``transformers``' forward at that size (ViT, CLIP, SigLIP: ``interpolate_pos_encoding=True``)."""
+    folder, reference = saved[case]
+    cls_name, _, kind = CASES[case]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = interp.load(str(folder), img_size=size)
+    hw = (size, size) if isinstance(size, int) else size
+    x = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(3))
+    flag = {} if cls_name.startswith(("Dinov2", "DINOv3")) else dict(interpolate_pos_encoding=True)
     with torch.no_grad():
-        want = reference(pixel_values=x).last_hidden_state
+        out = reference(pixel_values=x, output_hidden_states=True, **flag)
+        names = [model.block_names.hook(i, "hook_resid_post") for i in range(model.n_layers)]
+        logits, cache = model.run_with_cache(x, names_filter=lambda n: n in names + ["hook_norm_final"])
+    for i, name in enumerate(names):
+        torch.testing.assert_close(cache[name], out.hidden_states[i + 1], atol=TOL, rtol=TOL, msg=f"{case} {name}")
+    torch.testing.assert_close(_interp_output(model, folder, kind, x, logits, cache),
+                               _reference_output(reference, kind, out), atol=TOL, rtol=TOL)
+    assert model.layout.grid == (hw[0] // 8, hw[1] // 8)
+    method = None if case.startswith("dinov3") else "dinov2_reg" if case.startswith("dinov2-registers") else (
+        "transformers")
+    assert model.pos_resample == method
+    assert "(config.json: 32 px" in str(caught[-1].message)
+
+
+def test_timms_antialiased_table_is_another_model_where_it_shrinks(saved):
+    """The check above can fail: timm's arithmetic (antialiased) at 24 px is not transformers' ViT."""
+    folder, reference = saved["vit"]
+    x = torch.randn(1, 3, 24, 24, generator=torch.Generator().manual_seed(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = interp.load(str(folder), img_size=24, pos_resample="timm")
+    with torch.no_grad():
+        want = reference(pixel_values=x, interpolate_pos_encoding=True).last_hidden_state
         _, cache = model.run_with_cache(x, names_filter="hook_norm_final")
-    assert model.layout_for((48, 40)).grid == (6, 5)
-    torch.testing.assert_close(cache["hook_norm_final"], want, atol=TOL, rtol=TOL)
+    assert model.pos_resample == "timm" and (cache["hook_norm_final"] - want).abs().max() > 1e-3
 
 
 def test_the_defaults_interp_assumes_are_the_config_classes(saved):
@@ -271,5 +313,34 @@ def test_the_defaults_interp_assumes_are_the_config_classes(saved):
 
 
 def test_a_folder_refuses_kwargs_that_would_change_it(saved):
-    with pytest.raises(ModelLoadError, match=r"ViTModel, built as its config.json says \(32 px, 2 blocks\): img_size"):
-        interp.load(str(saved["vit"][0]), img_size=64)
+    with pytest.raises(ModelLoadError, match=r"ViTModel, built as its config.json says \(32 px, 2 blocks\): depth "
+                                             r"cannot change it \(img_size can"):
+        interp.load(str(saved["vit"][0]), depth=1)
+    with pytest.raises(ModelLoadError, match=r"img_size 36 for .*: give a multiple of its 8-px patch \(e.g. 32\)"):
+        interp.load(str(saved["vit"][0]), img_size=36)
+
+
+def test_the_command_line_offers_every_resampling_the_loader_takes():
+    import dataclasses
+
+    from interp.commands.groups import ModelOptions
+    from interp.models.weights.pos_table import POS_RESAMPLE_CHOICES
+
+    field = {f.name: f for f in dataclasses.fields(ModelOptions)}["pos_resample"]
+    assert field.metadata["flag"].choices == POS_RESAMPLE_CHOICES
+
+
+def test_a_dinov2_classifier_folder_is_the_backbone_and_a_classifier_file(saved):
+    """Dinov2ForImageClassification: interp.load(folder) is the backbone (no timm head computes [CLS, patch mean]),
+    its one line names the classifier file; interp.load_classifier(folder) is that head, its classes the id2label;
+    another class's folder is not a classifier file."""
+    from interp.models.classifiers.classifier import ClassifierError
+
+    folder = saved["dinov2-classifier"][0]
+    model, notes = _load(folder)
+    assert model.timm_model.num_classes == 0 and "3-class classifier reads [CLS, patch mean]" in notes[0]
+    clf = interp.load_classifier(str(folder))
+    assert (clf.kind, clf.n_blocks, clf.avgpool, clf.class_names) == ("dinov2_linear", 1, True, ["cat", "dog", "fox"])
+    with pytest.raises(ClassifierError) as e:
+        interp.load_classifier(str(saved["vit-classifier"][0]))
+    assert "its head (if any) is the model's own" in str(e.value) and "\n" not in str(e.value)

@@ -126,18 +126,19 @@ def test_pos_embed_of_a_huge_grid_is_refused(tmp_path):
         interp.load("vit_small_patch16_224", weights=tmp_path / "big.safetensors", depth=1)
 
 
-def test_register_mismatch_names_the_architecture_that_fits(tmp_path):
-    plain = interp.load("vit_small_patch14_dinov2", pretrained=False, depth=1, img_size=224)
+def test_a_register_count_the_architecture_cannot_take_is_refused_in_one_line(tmp_path):
+    """A file's register count rebuilds the model (tests/models/weights/test_finetuned_files.py) unless the call fixed
+    the count, or the class takes none; then one line names the timm architecture that fits."""
     reg = interp.load("vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, img_size=224)
-    plain_file, reg_file = _save_state(plain, tmp_path / "plain.safetensors"), _save_state(reg, tmp_path / "r.safetensors")
+    reg_file = _save_state(reg, tmp_path / "r.safetensors")
     with pytest.raises(interp.errors.ModelLoadError,
-                       match=r"holds no register tokens but 'vit_small_patch14_reg4_dinov2' has 4: load it into "
-                             r"'vit_small_patch14_dinov2'"):
-        interp.load("vit_small_patch14_reg4_dinov2", weights=plain_file, depth=1, img_size=224)
+                       match=r"holds 4 register tokens but 'vit_small_patch14_dinov2' has none and reg_tokens=0 was "
+                             r"asked for: load it into 'vit_small_patch14_reg4_dinov2'$"):
+        interp.load("vit_small_patch14_dinov2", weights=reg_file, depth=1, img_size=224, reg_tokens=0)
     with pytest.raises(interp.errors.ModelLoadError,
-                       match=r"holds 4 register tokens but 'vit_small_patch14_dinov2' has none: load it into "
-                             r"'vit_small_patch14_reg4_dinov2'"):
-        interp.load("vit_small_patch14_dinov2", weights=reg_file, depth=1, img_size=224)
+                       match=r"holds 4 register tokens but 'swinv2_tiny_window8_256' has none and SwinTransformerV2 "
+                             r"takes no register count: load it into an architecture with 4 register tokens$"):
+        interp.load("swinv2_tiny_window8_256", weights=reg_file, embed_dim=32, depths=(1, 1, 1, 1))
 
 
 def test_position_grid_warning_once_and_says_how_to_silence_it(tmp_path):
