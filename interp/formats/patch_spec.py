@@ -21,8 +21,8 @@ FORMAT = "interp-patch"
 FORMAT_VERSION = 1
 METADATA_KEY = "interp_patch"
 # The intervention kinds this interp writes (interp.interventions' registry: tests/interventions check it).
-KNOWN_KINDS = ("AttentionBias", "NeuronAblation", "Relocation", "SAEFeatureAblation", "SelectiveCLS",
-               "TestTimeRegister", "TokenReplacement")
+KNOWN_KINDS = ("AttentionBias", "HighNormReplacement", "NeuronAblation", "RegCache", "Relocation",
+               "SAEFeatureAblation", "SelectiveCLS", "TestTimeRegister", "TokenReplacement")
 # safetensors' dtype codes as torch names them (what a patch's tensor checksum hashes).
 TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
                 "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
