@@ -72,7 +72,7 @@ def group(cls: type, **defaults: Any) -> Any:
     """A field holding an option group (an :class:`Options` class): the command line lists the group's fields
     where this field is declared, each under its own name; ``defaults``: this command's defaults of some of
     them (``group(BatchOptions, batch_size=8)``). Python callers pass the group built:
-    ``ReportOptions(detection=DetectionFields(threshold=3.5))``."""
+    ``ReportOptions(detection=DetectionSpec(threshold=3.5))``."""
     return dataclasses.field(default_factory=functools.partial(cls, **defaults),
                              metadata={"group": cls, "defaults": dict(defaults)})
 

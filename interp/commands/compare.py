@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from ..options import Options, option
-from ..studies.core.options import DetectionFields, ProbeBudget
+from ..detection.spec import DetectionSpec
+from ..studies.core.options import ProbeBudget
 from ..values import existing_path, image_size_arg, positive_int
 from .common import check_device
 from .inputs import (DeviceOption, OutputOptions, PreprocessOptions, RunInputs, SeedOption, StrictOption,
@@ -63,7 +64,7 @@ class CompareBatch(Options):
 # Bases in reverse order of --help: a dataclass lists the fields of its last base first.
 @dataclass(frozen=True, kw_only=True)
 class CompareOptions(OutputOptions, CompareOutput, StrictOption, ProbeBudget, CompareProbes, SeedOption,
-                     CompareBatch, PreprocessOptions, DetectionFields, CompareModels):
+                     CompareBatch, PreprocessOptions, DetectionSpec, CompareModels):
     """The options of ``interp compare``."""
 
 

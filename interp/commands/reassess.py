@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..options import Options, option
-from ..studies.core.options import DetectionFields, ProbeBudget
+from ..detection.spec import DetectionSpec
+from ..studies.core.options import ProbeBudget
 from ..values import top_k_arg
 from .common import check_device, check_top_k
 from .compare import (NONE, CompareBatch, CompareModels, CompareOutput, CompareProbes, _check_values, _labels,
@@ -42,7 +43,7 @@ class ReassessRegisters(Options):
 # Bases in reverse order of --help (as interp compare's, plus claim 5's inputs).
 @dataclass(frozen=True, kw_only=True)
 class ReassessOptions(OutputOptions, CompareOutput, StrictOption, ProbeBudget, CompareProbes, ReassessRegisters,
-                      SeedOption, CompareBatch, PreprocessOptions, DetectionFields, CompareModels):
+                      SeedOption, CompareBatch, PreprocessOptions, DetectionSpec, CompareModels):
     """The options of ``interp reassess``."""
 
 

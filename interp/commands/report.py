@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..options import Options, option
-from ..studies.core.options import ClassifierFile, DetectionFields
+from ..detection.spec import DetectionSpec
+from ..studies.core.options import ClassifierFile
 from ..studies.sae.configs import SaeFeaturesConfig, sae_hook
 from ..values import control_count, existing_path, top_k_arg
 from .common import check_top_k, load_model
@@ -32,7 +33,7 @@ class ReportInputs(SeedOption, ModelOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReportStudies(ClassifierFile, DetectionFields):
+class ReportStudies(ClassifierFile, DetectionSpec):
     highest_layer: Optional[int] = option(None, "last block scored for register neurons (default: the detection "
                                                 "block)")
     top_k: Optional[int] = option(None, "register neurons kept (default: 10; the planted count for planted_vit)",

@@ -4,8 +4,9 @@ protocol, not a reproduction of any one published table (no paper has exactly th
 
 Protocol (Baxevanakis et al.): token norms before the final LayerNorm; last-block CLS->patch attention
 averaged over heads; high-norm = above each model's own threshold, one :class:`DetectionSpec` for every model
-(default: the automatic two-mode split at the last block; ``preset="reassessment"`` or ``threshold="p98"`` for
-the per-model 98th percentile, ``preset="darcet"`` for 150 at the last block). The probes
+(default: the automatic two-mode split at the last block; ``DetectionSpec(preset="reassessment")`` or
+``DetectionSpec(threshold="p98")`` for the per-model 98th percentile, ``DetectionSpec(preset="darcet")`` for 150
+at the last block). The probes
 (:mod:`interp.studies.probes.probes`) read the last block's residual stream with the same detection, on a
 capped number of tokens (``probe_tokens``) so the table stays quick on small models.
 
@@ -19,8 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..studies.artifacts.norms import norms_study
 from ..studies.artifacts.redundancy import redundancy_study
-from ..detection.detection import DetectionSpec, RunOptions, detect_spec, spec_of, threshold_param
-from ..detection.thresholds import ThresholdSpec
+from ..detection.detection import DetectionSpec, RunOptions, detect, threshold_param
 from ..studies.probes.probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
 from ..models.preprocessing import eval_transform
@@ -173,9 +173,7 @@ def model_row(source, found, name: str, *, probes: bool = True, probe_tokens: in
     return row, notes
 
 
-def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpec] = None,
-                   threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
-                   preset: Optional[str] = None, batch_size: int = 16, progress: bool = True,
+def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpec] = None, batch_size: int = 16, progress: bool = True,
                    names: Optional[Sequence[str]] = None, probes: bool = True, probe_tokens: int = 2000,
                    probe_options: Optional[Dict] = None, seed: int = 0, strict: bool = False,
                    preprocess=None) -> ComparisonResult:
@@ -183,12 +181,12 @@ def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpe
     training tokens, fitted with ``probe_options`` (default :data:`PROBE_OPTIONS`)) on each HookedViT over the
     same images and collect one row per model (columns: :data:`COLUMN_DOCS`).
 
-    The high-norm tokens of every model follow one detection rule: ``detection`` (a :class:`DetectionSpec`) or
-    ``threshold`` / ``detect_layer`` / ``preset`` (not both), resolved once and applied to each model (a
-    percentile or "auto" is each model's own). ``preprocess``: one eval transform for every model's images
+    The high-norm tokens of every model follow one detection rule: ``detection`` (a :class:`DetectionSpec`;
+    default "auto", the block chosen), resolved once and applied to each model (a percentile or "auto" is each
+    model's own). ``preprocess``: one eval transform for every model's images
     (``"resize256-crop224"``; default each model's own). Unreadable images are left out and listed in ``skipped``
     (``strict``: stop at the first one instead)."""
-    spec = spec_of(detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
+    spec = (detection or DetectionSpec()).resolved()
     probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
     rows, skipped, notes = [], [], {}
     for i, model in enumerate(models):
@@ -196,7 +194,7 @@ def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpe
         source = open_source(model=model, images=images, batch_size=batch_size, strict=strict, preprocess=preprocess)
         skipped = skipped or skipped_records(source)
         source = source.held_if_small()  # decoded once for every pass
-        found = detect_spec(source, spec, RunOptions(batch_size, progress=progress))
+        found = detect(source, spec, RunOptions(batch_size, progress=progress))
         row, notes[name] = model_row(source, found, name, probes=probes, probe_tokens=probe_tokens,
                                      probe_options=probe_options, seed=seed, progress=progress)
         rows.append(row)

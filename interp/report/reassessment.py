@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 
 from ..errors import InterpError
-from ..detection.detection import DetectionSpec, detect_with_baseline, spec_of, threshold_param
+from ..detection.detection import DetectionSpec, detect, threshold_param
+from ..runtime.passes import baseline_pass
 from ..models.planted import planted_truth
 from ..runtime.open import open_source
 from ..studies.artifacts.neurons import neurons_study
@@ -94,7 +95,10 @@ def assess_model(model, images, spec: DetectionSpec, *, name: Optional[str] = No
     skipped = skipped_records(source)
     source = source.held_if_small()
     readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
-    found, base = detect_with_baseline(source, spec, readout.classifier, progress=progress)
+    base = baseline_pass(source, spec.detect_block(source.n_layers), batch_size, progress, readout.classifier,
+                         norm_hooks=spec.hooks(source.blocks))  # one unedited forward: baseline and detection
+    found = detect(source, spec, norms=base.norms)
+    base = replace(base, layer=found.layer, patch_norms=found.norms)
     row, notes = model_row(source, found, name, probes=probes, probe_tokens=probe_tokens,
                            probe_options=probe_options, seed=seed, progress=progress)
     truth = planted_truth(model)
@@ -169,7 +173,7 @@ def reassess_models(models: Sequence, images, *, detection: Optional[DetectionSp
         preprocess: one eval transform for every model's images (default each model's own).
         classifiers: one classifier file (or None: the model's own head) per model, for claim 5's behaviour.
     """
-    spec = spec_of(detection)
+    spec = (detection or DetectionSpec()).resolved()
     probe_options = dict(PROBE_OPTIONS if probe_options is None else probe_options)
     runs, skipped = [], []
     for i, model in enumerate(models):
