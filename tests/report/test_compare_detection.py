@@ -9,7 +9,7 @@ import interp
 from interp.cli import main
 from interp.models import sample_image_paths
 from interp.report.compare import COLUMN_DOCS, COLUMNS, column_table, compare_models
-from interp.detection.detection import DetectionSpec
+from interp.detection.spec import DetectionSpec
 
 from conftest import REPO, make_model
 
@@ -18,7 +18,7 @@ ROOT = REPO
 
 def test_a_preset_sets_every_models_detection_and_the_redundancy_columns_fill():
     result = compare_models([interp.load("planted_vit"), make_model("vit")], sample_image_paths(), progress=False,
-                            names=["planted", "vit"], preset="darcet", probes=False)
+                            names=["planted", "vit"], detection=DetectionSpec(preset="darcet"), probes=False)
     rows = {r["model"]: r for r in result.rows}
     assert rows["planted"]["threshold"] == rows["vit"]["threshold"] == 150.0
     assert result.params["preset"] == "darcet" and result.params["threshold"] == 150.0
@@ -31,13 +31,13 @@ def test_a_preset_sets_every_models_detection_and_the_redundancy_columns_fill():
 
 def test_the_detection_is_one_spec_not_parsed_here():
     models, photos = [interp.load("planted_vit")], sample_image_paths()
-    spec = compare_models(models, photos, progress=False, probes=False, detection=DetectionSpec(threshold="p98", detect_layer=-2))
-    loose = compare_models(models, photos, progress=False, probes=False, threshold="p98", detect_layer=-2)
-    assert spec.rows == loose.rows and spec.params["threshold"] == "p98" and spec.params["detect_layer"] == -2
-    with pytest.raises(interp.InterpError, match="not both"):
-        compare_models(models, photos, progress=False, detection=DetectionSpec(threshold="p98"), threshold=150)
+    spec = compare_models(models, photos, progress=False, probes=False,
+                          detection=DetectionSpec(threshold="p98", detect_layer=-2))
+    assert spec.params["threshold"] == "p98" and spec.params["detect_layer"] == -2
+    with pytest.raises(TypeError, match="threshold"):  # one way: the spec
+        compare_models(models, photos, progress=False, threshold="p98")
     with pytest.raises(interp.InterpError, match="threshold"):
-        compare_models(models, photos, progress=False, threshold=-3)
+        compare_models(models, photos, progress=False, detection=DetectionSpec(threshold=-3))
 
 
 def test_every_column_is_documented_in_the_readme_and_no_published_table_is_claimed():
