@@ -140,11 +140,17 @@ class OutputOptions(Options):
 
 # ------------------------------------------------------------------------------------------ run inputs
 def option_value(options: Sequence[Options], name: str, default: Any = None) -> Any:
-    """The value of the option ``name`` in the first of a command's options objects that declares it, else
-    ``default`` (the checks shared by several commands: block numbers, ``--hook``, ``--sae``)."""
+    """The value of the option ``name`` in the first of a command's options objects that declares it (itself or
+    in an option group it holds, :func:`~interp.options.group`), else ``default`` (the checks shared by several
+    commands: block numbers, ``--hook``, ``--sae``)."""
     for o in options:
-        if name in {f.name for f in fields(o)}:
+        own = {f.name: f for f in fields(o)}
+        if name in own and "group" not in own[name].metadata:
             return getattr(o, name)
+        for f in own.values():
+            held = getattr(o, f.name) if "group" in f.metadata else None
+            if held is not None and name in {g.name for g in fields(held)}:
+                return getattr(held, name)
     return default
 
 

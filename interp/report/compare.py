@@ -173,7 +173,8 @@ def model_row(source, found, name: str, *, probes: bool = True, probe_tokens: in
     return row, notes
 
 
-def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpec] = None, batch_size: int = 16, progress: bool = True,
+def compare_models(models: Sequence, images, *, detection: Optional[DetectionSpec] = None, batch_size: int = 16,
+                   progress: bool = True,
                    names: Optional[Sequence[str]] = None, probes: bool = True, probe_tokens: int = 2000,
                    probe_options: Optional[Dict] = None, seed: int = 0, strict: bool = False,
                    preprocess=None) -> ComparisonResult:

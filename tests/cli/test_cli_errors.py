@@ -288,6 +288,7 @@ def test_probes_on_a_single_image_give_the_reason_not_a_split_error():
     one image now gets every probe's reason (too few images) and the report goes on."""
     import interp
     from interp.studies import open_source
+    from interp.detection.spec import DetectionSpec
     from interp.studies.probes.probes import probes_study
 
     source = open_source(model=interp.load("planted_vit"), images=[IMAGE])

@@ -35,7 +35,8 @@ def test_every_command_is_a_declared_options_dataclass_and_every_option_a_field(
         command = parser.get_default("func")
         assert isinstance(command, Command), words
         assert command.options and all(issubclass(o, Options) for o in command.options), words
-        declared = {f.name for o in command.options for f in o.cli_fields()}
+        declared = {f.name for o in command.options for f in o.cli_fields()} | {
+            f.name for o in command.options for g in o.group_fields() for f in g.metadata["group"].cli_fields()}
         dests = {a.dest for a in parser._actions if a.dest not in ("help", argparse.SUPPRESS)}
         assert dests == declared, (words, dests ^ declared)
 
