@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from interp.detection.spec import DetectionSpec
+from interp.detection.detection import RunOptions
 
 MEDIAN = 50.0
 OUTLIER_SIGMA = 0.10
@@ -191,7 +193,7 @@ def _photo_norms(model):
     from interp.detection.detection import detect
 
     source = open_source(model=model, images=sample_image_paths(), batch_size=4)
-    return detect(source, "auto", progress=False), source
+    return detect(source, DetectionSpec(threshold="auto"), RunOptions(progress=False)), source
 
 
 def model_rows():

@@ -11,11 +11,13 @@ from interp.studies import open_source
 from interp.studies.artifacts.neurons import neurons_study
 from interp.studies.artifacts.norms import norms_study
 from interp.detection.detection import detect
+from interp.detection.spec import DetectionSpec
+from interp.detection.detection import RunOptions
 
 model = interp.load("planted_vit")  # synthetic: register neurons planted by construction
 source = open_source(model=model, images=sample_image_paths())
 
-found = detect(source, threshold="auto", progress=False)  # high-norm tokens at the last block, found once
+found = detect(source, DetectionSpec(threshold="auto"), RunOptions(progress=False))  # high-norm tokens, found once
 norms = norms_study(source, detection=found, progress=False)
 print(f"artifacts found: {norms.artifacts_found}; threshold {norms.threshold:.0f}; "
       f"outliers per image {norms.outlier_counts}; emergence {norms.emergence['layer']} ({norms.emergence['component']})")

@@ -2,27 +2,31 @@
 
 * thresholds (fixed, per-model percentile, automatic two-mode split of the log norms,
   :mod:`interp.detection.norm_split`) and their verdict on artifacts (:mod:`interp.detection.thresholds`);
-* :class:`DetectionSpec` says what to detect: a threshold (a norm, ``"pNN"`` or ``"auto"``), a block, a preset
-  (:mod:`interp.detection.presets`);
-* :class:`Detection` is that spec resolved once on a source: the detection block's patch norms streamed in one
-  pass (:func:`detect`), the threshold, the preset it came from; studies take either, so one detection pass
-  serves a whole battery (norms, neurons, ablation, test-time register, the SAE's artifact features);
+* :class:`~interp.detection.spec.DetectionSpec` says what to detect: a threshold (a norm, ``"pNN"`` or
+  ``"auto"``), a block, a preset (:mod:`interp.detection.presets`);
+* :func:`detect`, the one way to a detection: a spec resolved on a source in one pass (or read from norms a pass
+  already made), or a :class:`Detection` already made checked against the source;
+* :class:`Detection` is that spec resolved once on a source: the detection block's patch norms, the threshold,
+  the preset it came from. Every study that counts high-norm tokens takes ``detection=`` a Detection or a
+  DetectionSpec, so one detection pass serves a whole battery (norms, neurons, ablation, test-time register, the
+  SAE's artifact features);
 * :func:`detection_header` is the one result header (``detect_layer``, ``threshold`` = the resolved value or
   None, ``threshold_method``, ``artifacts_found``, ``warning``, ``preset``): the same meaning in every result;
 * :class:`RunOptions`: batch size and progress bars of a pass.
 
->>> det = detect(source, threshold="auto", layer=-1, progress=False)     # one pass over the images
->>> det.outliers.shape, det.artifacts_found                               # [N, P] bool, bool
+>>> found = detect(source, DetectionSpec(threshold="auto", detect_layer=-1), RunOptions(progress=False))
+>>> found.outliers.shape, found.artifacts_found                           # [N, P] bool, bool
 (torch.Size([4, 196]), True)
 >>> from interp.studies.artifacts.norms import norms_study
 >>> from interp.studies.artifacts.neurons import neurons_study
->>> norms = norms_study(source, detection=det, progress=False)            # no second detection pass
->>> neurons = neurons_study(source, detection=det, top_k=4, progress=False)
->>> spec = DetectionSpec(preset="darcet")                 # threshold 150 at the last block
->>> found = detect_spec(source, spec, RunOptions(progress=False))   # one pass: a Detection
->>> result = norms_study(source, detection=found, progress=False)
+>>> norms = norms_study(source, detection=found, progress=False)          # no second detection pass
+>>> neurons = neurons_study(source, detection=found, top_k=4, progress=False)
+>>> darcet = detect(source, DetectionSpec(preset="darcet"), RunOptions(progress=False))  # 150 at the last block
+>>> result = norms_study(source, detection=darcet, progress=False)
 >>> result.threshold, result.threshold_method, result.preset, result.params["threshold"]
 (150.0, 'fixed', 'darcet', 150.0)
+>>> norms_study(source, detection=DetectionSpec(threshold="p98"), progress=False).threshold_method  # its own pass
+'percentile'
 """
 from __future__ import annotations
 
@@ -30,24 +34,22 @@ import math
 import warnings
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from .._progress import tqdm
 
 from ..errors import InterpError, InterpWarning
 from ..hooks.names import resolve_block
-from ..runtime.forward import Baseline
-from ..runtime.passes import baseline_pass
 from ..runtime.source import ActivationSource, n_batches, token_norms
 from .formation import MIN_FORMED_GAIN, formed_mask
-from .presets import check_preset_model, resolve_preset
+from .presets import check_preset_model
 from .spec import DetectionSpec
 from .survey import Survey, formed_verdict, judge_block, survey_of
-from .thresholds import Threshold, ThresholdSpec, detect_norms, parse_threshold, percentile_value
+from .thresholds import Threshold, ThresholdSpec, parse_threshold, percentile_value
 
 
-def block_norms(source: ActivationSource, layers: Sequence[int], with_input: bool, batch_size: int = 16,
+def _block_norms(source: ActivationSource, layers: Sequence[int], with_input: bool, batch_size: int = 16,
                 progress: bool = True) -> Tuple[Dict[int, torch.Tensor], Optional[torch.Tensor]]:
     """One pass: the patch-token norms of each block of ``layers``' output ({layer: [N, P_layer] float32}) and,
     with ``with_input`` and where the source has it, of the input of block 0 (``blocks.0.hook_resid_pre``,
@@ -172,40 +174,62 @@ class Detection:
             return self.threshold.value
         return percentile_value(self.norms.numpy().ravel(), 99)  # the value only: no split to refit
 
-    def check(self, source: ActivationSource, layer: Optional[int] = None,
-              threshold: Optional[ThresholdSpec] = None) -> "Detection":
-        """This detection, after checking it was made on ``source`` (same images and weights) and, when given,
-        at ``layer`` (resolved) with ``threshold``; raises InterpError naming the mismatch."""
+    def check(self, source: ActivationSource) -> "Detection":
+        """This detection, after checking it was made on ``source`` (same images and weights); raises
+        InterpError otherwise."""
         if tuple(source.ids) != self.ids or source.fingerprint != self.fingerprint:
             raise InterpError("this detection was computed on other images or weights than the source; "
-                              "compute it with detect(source, ...) on the same source")
-        if layer is not None and resolve_block(layer, source.n_layers) != self.layer:
-            raise InterpError(f"detect_layer={layer} disagrees with the detection's block {self.layer}; "
-                              "pass one of them")
-        if threshold is not None and threshold != self.spec:
-            raise InterpError(f"threshold={threshold!r} disagrees with the detection's {self.spec!r}; "
-                              "pass one of them")
+                              "make it with detect(source, spec) on the same source")
         return self
 
 
-def detect(source: ActivationSource, threshold: ThresholdSpec = "auto", layer: Optional[int] = None,
-           batch_size: Optional[int] = None, progress: bool = True) -> Detection:
-    """One pass over ``source``: the detection block's patch norms, the resolved threshold and the input's norm
-    ratios (:mod:`interp.detection.formation`).
+def detect(source: ActivationSource, spec: Union[DetectionSpec, "Detection", None] = None,
+           options: Optional["RunOptions"] = None, *,
+           norms: Optional[Mapping[str, torch.Tensor]] = None) -> Detection:
+    """The one way to a :class:`Detection`: ``spec`` resolved on ``source`` (its preset applied and checked on
+    the model), or a Detection already made, checked against ``source`` (same images and weights) and
+    returned as it is.
 
     Args:
-        threshold: a norm, ``"pNN"`` or ``"auto"`` (see :func:`resolve_threshold`).
-        layer: detection block (negative counts from the end). None: every block the source has is judged in the
-            same pass and the block is chosen where the artifacts are (:mod:`interp.detection.survey`: the last
-            block when none has any, else the last block with artifacts of the stage where they are strongest).
+        source: the images and model (or cache) to detect on.
+        spec: what counts as a high-norm token (None: ``DetectionSpec()``, "auto" and the block chosen), or a
+            Detection made on this source.
+        options: how the pass runs (batch size, progress bars; :class:`RunOptions`).
+        norms: ``{hook: [N, t]}`` every token's norm (or ``[N, P]`` the patch tokens') at hooks a pass already
+            read on ``source`` (e.g.
+            :class:`~interp.runtime.forward.Baseline`'s ``norms``, made with ``spec.hooks(source.blocks)``): no
+            pass of its own then. The spec's block (or, when it names none, every block whose
+            ``hook_resid_post`` is there) is judged; ``blocks.0.hook_resid_pre`` there is the input compared
+            with.
+
+    With a block named, that block decides; without, every block the source has is judged in the same pass
+    and the block is chosen where the artifacts are (:mod:`interp.detection.survey`: the last block when none
+    has any, else the last block with artifacts of the stage where they are strongest).
     """
-    n = source.n_layers
-    if layer is None:
-        layers = [i for i in range(n) if source.has(source.blocks.resid_post(i))] or [n - 1]
+    if isinstance(spec, Detection):
+        if norms is not None:
+            raise InterpError("norms= make a new detection from a spec; a Detection given is used as it is")
+        return spec.check(source)
+    if spec is None:
+        spec = DetectionSpec()
+    elif not isinstance(spec, DetectionSpec):
+        raise InterpError(f"detection takes a Detection or a DetectionSpec, not {type(spec).__name__}")
+    spec = spec.resolved()
+    check_preset_model(spec.preset, getattr(source, "model", None))
+    o = options or RunOptions()
+    n, names = source.n_layers, source.blocks
+    if spec.detect_layer is not None:
+        layers = [resolve_block(spec.detect_layer, n)]
+    elif norms is not None:
+        layers = [i for i in range(n) if names.resid_post(i) in norms]
     else:
-        layers = [resolve_block(layer, n)]
-    norms, entry = block_norms(source, layers, True, batch_size or source.batch_size, progress)
-    return _detection(source, threshold, layers, norms, entry, layer is None)
+        layers = [i for i in range(n) if source.has(names.resid_post(i))] or [n - 1]
+    if norms is None:
+        patch, entry = _block_norms(source, layers, True, o.batch_for(source), o.progress)
+    else:
+        patch, entry = _norms_read(source, layers, norms)
+    found = _detection(source, spec.threshold, layers, patch, entry, spec.detect_layer is None)
+    return replace(found, preset=spec.preset)
 
 
 def _detection(source: ActivationSource, threshold: ThresholdSpec, layers: Sequence[int],
@@ -218,6 +242,26 @@ def _detection(source: ActivationSource, threshold: ThresholdSpec, layers: Seque
     thr, ratio, _ = judged[block]
     return Detection(layer=block, spec=threshold, threshold=thr, norms=norms[block], ids=tuple(source.ids),
                      fingerprint=source.fingerprint, input_ratio=ratio, survey=chosen)
+
+
+def _norms_read(source: ActivationSource, layers: Sequence[int], norms: Mapping[str, torch.Tensor]
+                ) -> Tuple[Dict[int, torch.Tensor], Optional[torch.Tensor]]:
+    """The patch-token norms of ``layers`` ({layer: [N, P]}) and of the input ([N, P_0] or None) from token norms
+    ``{hook: [N, t] or [N, P]}`` read by another pass; an error naming a missing block."""
+    names = source.blocks
+    missing = [names.resid_post(i) for i in layers if names.resid_post(i) not in norms]
+    if missing or not layers:
+        raise InterpError(f"norms= holds no token norms at {', '.join(missing) or 'any block output'}: read "
+                          "them in the pass (spec.hooks(source.blocks))")
+
+    def patches(hook: str) -> torch.Tensor:
+        layout = source.layout_of(hook)
+        rows = norms[hook]
+        return rows if rows.shape[1] == layout.n_patches else rows[:, layout.patch_slice]
+
+    entry = names.resid_pre(0)
+    return ({i: patches(names.resid_post(i)) for i in layers},
+            patches(entry) if entry in norms else None)
 
 
 def no_artifacts_warning(found: Detection, study: str) -> str:
@@ -251,8 +295,7 @@ def artifact_status(found: Detection, study: str, warn: bool = True) -> Tuple[bo
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a pass runs (never what it computes): what :meth:`DetectionSpec.detect` and the studies' own
-    detection passes read.
+    """How a pass runs (never what it computes): what :func:`detect` and the studies' own passes read.
 
     Attributes:
         batch_size: images per forward (None: the source's).
@@ -281,81 +324,7 @@ def threshold_param(spec: Optional[ThresholdSpec]) -> Union[float, str, None]:
     return "auto" if method == "auto" else f"p{value:g}"
 
 
-DetectionLike = Union[Detection, DetectionSpec, None]
-
-
-def detect_spec(source, spec: DetectionSpec, options: Optional[RunOptions] = None) -> Detection:
-    """One pass over ``source``: the :class:`Detection` of ``spec`` resolved (it remembers the preset)."""
-    o = options or RunOptions()
-    spec = spec.resolved()
-    check_preset_model(spec.preset, getattr(source, "model", None))
-    found = detect(source, spec.threshold, spec.detect_layer, o.batch_for(source), o.progress)
-    return replace(found, preset=spec.preset)
-
-
-def as_detection(source, detection: DetectionLike = None, *, threshold: Optional[ThresholdSpec] = None,
-                 detect_layer: Optional[int] = None, preset: Optional[str] = None,
-                 options: Optional[RunOptions] = None) -> Detection:
-    """The :class:`Detection` a study works with.
-
-    ``detection`` may be a Detection made on this source (checked: same images and weights; the loose
-    arguments, when given, must agree with it), a :class:`DetectionSpec`, or None (the loose arguments make
-    the spec). A spec given together with loose arguments is refused: pass one of them.
-    """
-    if isinstance(detection, Detection):
-        if preset is not None and resolve_preset(preset)["preset"] != detection.preset:
-            raise InterpError(f"preset={preset!r} disagrees with the detection's ({detection.preset!r}); "
-                              "make the detection with DetectionSpec(preset=...) or pass one of them")
-        return detection.check(source, detect_layer, threshold)
-    if isinstance(detection, DetectionSpec):
-        if threshold is not None or detect_layer is not None or preset is not None:
-            raise InterpError("give the threshold, detection layer and preset in the DetectionSpec or as "
-                              "arguments, not both")
-        spec = detection
-    elif detection is None:
-        spec = DetectionSpec(threshold=threshold, detect_layer=detect_layer, preset=preset)
-    else:
-        raise InterpError(f"detection= takes a Detection or a DetectionSpec, not {type(detection).__name__}")
-    return detect_spec(source, spec, options)
-
-
-def spec_of(detection: DetectionLike, *, threshold: Optional[ThresholdSpec] = None,
-            detect_layer: Optional[int] = None, preset: Optional[str] = None) -> DetectionSpec:
-    """The resolved :class:`DetectionSpec` of a study that has no Detection yet (``detection`` a spec or None)."""
-    if isinstance(detection, DetectionSpec):
-        if threshold is not None or detect_layer is not None or preset is not None:
-            raise InterpError("give the threshold, detection layer and preset in the DetectionSpec or as "
-                              "arguments, not both")
-        return detection.resolved()
-    return DetectionSpec(threshold=threshold, detect_layer=detect_layer, preset=preset).resolved()
-
-
-def detect_with_baseline(source, spec: DetectionSpec, classifier=None, batch_size: Optional[int] = None,
-                         progress: bool = True) -> Tuple[Detection, Baseline]:
-    """The report's and ``reassess``'s one unedited pass over a live ``source``: the causal studies' baseline
-    (:func:`~interp.runtime.passes.baseline_pass`, with ``classifier``) at the detection block, and the
-    :class:`Detection` of ``spec`` (resolved) from the same forward, made as :func:`detect` makes it (every
-    block judged when the spec names none, the input's norms compared)."""
-    spec = spec.resolved()
-    check_preset_model(spec.preset, getattr(source, "model", None))
-    n, names = source.n_layers, source.blocks
-    layers = list(range(n)) if spec.detect_layer is None else [resolve_block(spec.detect_layer, n)]
-    hooks = [names.resid_post(i) for i in layers] + [names.resid_pre(0)]
-    base = baseline_pass(source, layers[-1], batch_size, progress, classifier, norm_hooks=hooks)
-    norms = {i: base.norms[names.resid_post(i)][:, source.layout_of(names.resid_post(i)).patch_slice]
-             for i in layers}
-    entry = base.norms[hooks[-1]][:, source.layout_of(hooks[-1]).patch_slice]
-    found = _detection(source, spec.threshold, layers, norms, entry, spec.detect_layer is None)
-    return replace(found, preset=spec.preset), replace(base, layer=found.layer, patch_norms=norms[found.layer])
-
-
-def detection_from_norms(source, spec: DetectionSpec, norms) -> Detection:
-    """The Detection of ``spec`` (resolved) from detection-layer patch norms [N, P] a study's own baseline
-    pass already computed on ``source`` (so it needs no detection pass of its own)."""
-    check_preset_model(spec.preset, getattr(source, "model", None))
-    return Detection(layer=resolve_block(spec.detect_layer, source.n_layers), spec=spec.threshold,
-                     threshold=detect_norms(norms, spec.threshold).threshold, norms=norms,
-                     ids=tuple(source.ids), fingerprint=source.fingerprint, preset=spec.preset)
+DetectionLike = Union[Detection, DetectionSpec, None]  # what a study's ``detection=`` takes
 
 
 def detection_header(found: Detection, study: str, warn: bool = True) -> Dict[str, Any]:

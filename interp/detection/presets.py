@@ -117,9 +117,3 @@ def resolve_preset(name: Optional[str], **explicit: Any) -> Dict[str, Any]:
     resolved["preset"] = canonical
     return resolved
 
-
-def detection_settings(name: Optional[str], threshold: Any = None, detect_layer: Optional[int] = None):
-    """``(threshold, detect_layer, preset)`` for a study that only detects outliers (norms, ablate, relocate,
-    registers): the explicit values, else the preset's, else ``"auto"`` and None (the last block)."""
-    r = resolve_preset(name, threshold=threshold, detect_layer=detect_layer)
-    return r.get("threshold", "auto"), r.get("detect_layer"), r["preset"]

@@ -1,6 +1,6 @@
 """What counts as a high-norm token, said once: :class:`DetectionSpec`, a threshold at a block, filled in by a
 published preset where not given. It is the option group of every study and command that detects
-(``--threshold``, ``--preset``, ``--detect-layer``) and what the detection function resolves on a source
+(``--threshold``, ``--preset``, ``--detect-layer``) and what the one detection function resolves on a source
 (:func:`interp.detection.detection.detect`). Torch-free: ``interp --help`` reads it.
 
 >>> DetectionSpec(threshold="3.5").threshold            # a number given as text becomes a norm
@@ -11,9 +11,9 @@ DetectionSpec(threshold=150.0, preset='darcet', detect_layer=-1)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import List, Optional, Union
 
-from ..hooks.names import resolve_block
+from ..hooks.names import BlockNames, resolve_block
 from ..options import Options, option
 from ..values import threshold_arg, threshold_value
 from .presets import PRESETS, resolve_preset
@@ -53,3 +53,12 @@ class DetectionSpec(Options):
     def detect_block(self, n_layers: int) -> int:
         """The detection block (0-based) on an ``n_layers``-block model when one is named (the last otherwise)."""
         return resolve_block(self.resolved().detect_layer, n_layers, -1)
+
+    def hooks(self, blocks: BlockNames) -> List[str]:
+        """What a detection of this spec reads on a model with these blocks: the named block's output (every
+        block's when none is named) and the input of block 0 (``blocks.0.hook_resid_pre``, the input the
+        formed-inside rule compares with); a pass that reads their token norms lets
+        :func:`~interp.detection.detection.detect` run on them (``norms=``)."""
+        layer = self.resolved().detect_layer
+        layers = range(len(blocks)) if layer is None else [resolve_block(layer, len(blocks))]
+        return [blocks.resid_post(i) for i in layers] + [blocks.resid_pre(0)]

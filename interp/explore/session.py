@@ -30,7 +30,8 @@ from ..models.inputs.preprocessing import list_images
 from ..studies.artifacts.neurons import neurons_study
 from ..studies.core.behaviour import BehaviourReadout, ClassifierLike, behaviour_readout
 from ..runtime.forward import run_hooks
-from ..detection.detection import detect
+from ..detection.detection import RunOptions, detect
+from ..detection.spec import DetectionSpec
 from ..detection.thresholds import ThresholdSpec
 from ..runtime.open import open_source
 from .controls import refused_controls
@@ -130,8 +131,8 @@ class ExploreSession:
         self.grids = [tuple(self.layout.for_block(l).grid) for l in range(model.n_layers)]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self.detection = detect(self.source, self.options.threshold, self.options.detect_layer,
-                                    progress=progress)
+            spec = DetectionSpec(threshold=self.options.threshold, detect_layer=self.options.detect_layer)
+            self.detection = detect(self.source, spec, RunOptions(progress=progress))
             self.neurons, self.neuron_note = self._rank_neurons(progress)
             listed = {}
             for n in self.neurons:

@@ -168,7 +168,8 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     from ..studies.artifacts.neurons import neurons_reading, resolve_neuron_options
     from ..studies.artifacts.ablate import ablate_study
     from ..studies.core.behaviour import behaviour_readout
-    from ..detection.detection import DetectionSpec, detect_with_baseline
+    from ..detection.detection import DetectionSpec, detect
+    from ..runtime.passes import baseline_pass
     from ..runtime.passes import run_readings
     from ..studies.artifacts.norms import norms_reading
     from ..studies.artifacts.registers import registers_study
@@ -176,12 +177,14 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
 
     o = options
     common = dict(batch_size=o.batch_size, progress=o.bars(progress))
-    settings = resolve_neuron_options(o.preset, threshold=o.threshold, detect_layer=o.detect_layer,
-                                      highest_layer=o.highest_layer, top_k=o.top_k)
-    # one unedited forward per image gives the detection's norms and the causal studies' baseline
-    spec = DetectionSpec(threshold=settings["threshold"], detect_layer=settings.get("detect_layer"), preset=settings["preset"]).resolved()
+    spec = DetectionSpec(threshold=o.threshold, detect_layer=o.detect_layer, preset=o.preset).resolved()
+    settings = resolve_neuron_options(spec.preset, highest_layer=o.highest_layer, top_k=o.top_k)
     clf = behaviour_readout(source, o.classifier).classifier  # bound (and checked) once, before any forward
-    found, baseline = detect_with_baseline(source, spec, clf, **common)
+    # one unedited forward per image gives the detection's norms and the causal studies' baseline
+    base = baseline_pass(source, spec.detect_block(source.n_layers), classifier=clf,
+                         norm_hooks=spec.hooks(source.blocks), **common)
+    found = detect(source, spec, norms=base.norms)
+    baseline = dataclasses.replace(base, layer=found.layer, patch_norms=found.norms)
     highest = min(settings.get("highest_layer", found.layer), source.n_layers - 1)
     _say(progress, step_line("norms", f"per-block patch norms of {source.model_name} over {len(source)} images"))
     readings = [norms_reading(source, found, batch_size=o.batch_size),

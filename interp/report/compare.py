@@ -4,8 +4,9 @@ protocol, not a reproduction of any one published table (no paper has exactly th
 
 Protocol (Baxevanakis et al.): token norms before the final LayerNorm; last-block CLS->patch attention
 averaged over heads; high-norm = above each model's own threshold, one :class:`DetectionSpec` for every model
-(default: the automatic two-mode split at the last block; ``preset="reassessment"`` or ``threshold="p98"`` for
-the per-model 98th percentile, ``preset="darcet"`` for 150 at the last block). The probes
+(default: the automatic two-mode split at the last block; ``DetectionSpec(preset="reassessment")`` or
+``DetectionSpec(threshold="p98")`` for the per-model 98th percentile, ``DetectionSpec(preset="darcet")`` for 150
+at the last block). The probes
 (:mod:`interp.studies.probes.probes`) read the last block's residual stream with the same detection, on a
 capped number of tokens (``probe_tokens``) so the table stays quick on small models.
 
@@ -19,7 +20,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..studies.artifacts.norms import norms_study
 from ..studies.artifacts.redundancy import redundancy_study
-from ..detection.detection import DetectionSpec, RunOptions, detect_spec, threshold_param
+from ..detection.detection import DetectionSpec, RunOptions, detect, threshold_param
 from ..studies.probes.probes import probes_study
 from ..studies.core.result import StudyResult, skipped_records
 from ..models.inputs.preprocessing import eval_transform
@@ -228,7 +229,7 @@ def compare_models(models: Sequence, images, settings: CompareSettings = Compare
                              preprocess=settings.preprocess)
         skipped = skipped or skipped_records(source)
         source = source.held_if_small()  # decoded once for every pass
-        found = detect_spec(source, spec, RunOptions(settings.batch_size, progress=settings.progress))
+        found = detect(source, spec, RunOptions(settings.batch_size, progress=settings.progress))
         row, notes[name] = model_row(source, found, name, settings)
         rows.append(row)
     params = {"models": [r["model"] for r in rows], **settings.params()}

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 
 from ..errors import InterpError
-from ..detection.detection import detect_with_baseline
+from ..detection.detection import detect
+from ..runtime.passes import baseline_pass
 from ..models.planted import planted_truth
 from ..runtime.open import open_source
 from ..studies.artifacts.neurons import neurons_study
@@ -104,7 +105,11 @@ def assess_model(model, images, settings: ReassessSettings, name: Optional[str] 
     skipped = skipped_records(source)
     source = source.held_if_small()
     readout = behaviour_readout(source, classifier)  # a classifier that does not fit fails before any forward
-    found, base = detect_with_baseline(source, settings.detection, readout.classifier, progress=progress)
+    spec = settings.detection.resolved()
+    base = baseline_pass(source, spec.detect_block(source.n_layers), settings.batch_size, progress,
+                         readout.classifier, norm_hooks=spec.hooks(source.blocks))  # one forward: baseline, detection
+    found = detect(source, spec, norms=base.norms)
+    base = replace(base, layer=found.layer, patch_norms=found.norms)
     row, notes = model_row(source, found, name, settings)
     truth = planted_truth(model)
     k = settings.top_k or (len(truth.neurons) if truth is not None else DEFAULT_TOP_K)

@@ -14,7 +14,7 @@ importing torch); its function, result class and figures import torch and live i
     # interp/studies/artifacts/configs.py
     @declare
     @dataclass(frozen=True, kw_only=True)
-    class NormsConfig(DetectionOptions):
+    class NormsConfig(StudyConfig):
         \"\"\"high-norm tokens: per-block norms, outliers, emergence layer
 
         Per-block patch-token norms of the un-normalised residual stream, ...\"\"\"
@@ -22,26 +22,39 @@ importing torch); its function, result class and figures import torch and live i
         module: ClassVar[str] = "interp.studies.artifacts.norms"
         function: ClassVar[str] = "norms_study"
         result: ClassVar[str] = "NormsResult"
+        detection: DetectionSpec = group(DetectionSpec)   # --threshold, --preset, --detect-layer
+        emergence_factor: float = 2.0
         def hooks(self, n_layers): ...
 
     # interp/studies/artifacts/norms.py
     @study(NormsConfig)
-    def norms_study(source, config, *, detection=None, progress=True) -> NormsResult: ...
+    def norms_study(source, config, *, detection, progress=True) -> NormsResult: ...
 
-    norms_study(source, threshold="p98", progress=False)   # keyword options build the config
+    norms_study(source, emergence_factor=3.0, progress=False)        # keyword options build the config
+    norms_study(source, detection=DetectionSpec(threshold="p98"))     # a spec: the config's detection group
+    norms_study(source, detection=found)                              # a Detection made by detect(): no pass
+
+A config's option groups are fields (:func:`~interp.options.group`), not base classes: a study that counts
+high-norm tokens holds ``detection: DetectionSpec = group(DetectionSpec)`` and its function takes ``detection``
+(what :func:`study` hands it: the Detection the caller passed, else the config's spec; the function resolves it
+with :func:`interp.detection.detection.detect`). No study takes ``threshold=``, ``detect_layer=`` or
+``preset=``: they are the spec's.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Type, Union
 
+from ..detection.spec import DetectionSpec
 from ..errors import InterpError
 from ..hooks.names import BlockNames
-from ..options import Options, option
+from ..options import Options, group, option
 from ..values import SEED_HELP, seed_arg
 
+SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DetectionSpec))  # threshold, preset, detect_layer
 LIVE_DOC = "none: they re-run the model (`--images`)"
 
 
@@ -147,13 +160,32 @@ def declare(cls: Type[StudyConfig]) -> Type[StudyConfig]:
 def study(config_class: Type[StudyConfig]) -> Callable[[Callable], Callable]:
     """Function decorator: the study function of ``config_class``. The function takes ``(source, config,
     **keywords)``; the decorated function also takes the config's options as keywords
-    (``norms_study(source, threshold="p98")``), with or without a config to start from."""
+    (``norms_study(source, emergence_factor=3.0)``), with or without a config to start from.
+
+    A config with a ``detection`` group (a :class:`~interp.detection.spec.DetectionSpec`) makes ``detection=``
+    the study's one way to say what counts as a high-norm token: a DetectionSpec given becomes the config's
+    group; the function is always handed ``detection``: the Detection given (made by
+    :func:`~interp.detection.detection.detect` on the same source), else the config's spec. A Detection given
+    with a config whose spec is not the default is refused (the detection is said once). A config without the
+    group takes no ``detection=``."""
     names = {f.name for f in dataclasses.fields(config_class)}
+    detects = "detection" in names
 
     def bind(function: Callable) -> Callable:
+        if ("detection" in inspect.signature(function).parameters) != detects:
+            raise TypeError(f"{function.__name__} must take detection= exactly when {config_class.__name__} "
+                            "holds a detection group")
+
         @functools.wraps(function)
         def run(source: Any, config: Optional[StudyConfig] = None, /, **keywords: Any) -> Any:
+            loose = [k for k in keywords if k in SPEC_FIELDS and k not in names]
+            if loose:
+                raise InterpError(f"{function.__name__}: {loose[0]}= belongs to the detection; pass "
+                                  f"detection=DetectionSpec({loose[0]}=...) or a Detection made by detect()")
+            given = keywords.pop("detection", None)
             options = {k: keywords.pop(k) for k in list(keywords) if k in names}
+            if isinstance(given, DetectionSpec):
+                options["detection"], given = given, None
             if config is None:
                 config = config_class(**options)
             elif not isinstance(config, config_class):
@@ -161,6 +193,13 @@ def study(config_class: Type[StudyConfig]) -> Callable[[Callable], Callable]:
                                 f"{type(config).__name__}; pass options by keyword")
             elif options:
                 config = config.with_options(**options)
+            if detects:
+                if given is not None and config.detection != default_detection(config_class):
+                    raise InterpError(f"{function.__name__}: give the detection once, a Detection (detection=) or "
+                                      "the config's DetectionSpec, not both")
+                keywords["detection"] = config.detection if given is None else given
+            elif given is not None:
+                raise InterpError(f"{function.__name__} counts no high-norm tokens: it takes no detection=")
             return function(source, config, **keywords)
 
         run.config_class = config_class
@@ -168,6 +207,11 @@ def study(config_class: Type[StudyConfig]) -> Callable[[Callable], Callable]:
         return run
 
     return bind
+
+
+def default_detection(config_class: Type[StudyConfig]) -> DetectionSpec:
+    """The detection group a config of ``config_class`` holds when none is given."""
+    return next(f for f in dataclasses.fields(config_class) if f.name == "detection").default_factory()
 
 
 def declared_configs() -> List[Type[StudyConfig]]:

@@ -121,6 +121,7 @@ BAD_INPUTS = [
 RUNNER = r"""
 import contextlib, io, json, os, sys
 import PIL.Image, interp.cli
+from interp.detection.spec import DetectionSpec
 # The parser, the study declarations and the image checks are loaded once (all torch-free), then each case runs
 # in a forked child: what a case imports is gone with it.
 interp.cli.build_parser()
@@ -287,9 +288,10 @@ def test_probes_on_a_single_image_give_the_reason_not_a_split_error():
     one image now gets every probe's reason (too few images) and the report goes on."""
     import interp
     from interp.studies import open_source
+    from interp.detection.spec import DetectionSpec
     from interp.studies.probes.probes import probes_study
 
     source = open_source(model=interp.load("planted_vit"), images=[IMAGE])
-    result = probes_study(source, threshold="p98", progress=False)
+    result = probes_study(source, detection=DetectionSpec(threshold="p98"), progress=False)
     assert result.n_images == 1 and result.n_train_images == 0 and "too few images (n=1)" in result.too_few
     assert all(s.score is None and "n=1" in s.note for s in [*result.position.values(), *result.pixels.values()])

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from interp.detection.spec import DetectionSpec
+
 import interp
 from interp.cli import main
 from interp.studies.catalog import declared, hooks_for_studies, required_hooks
@@ -55,18 +57,18 @@ def test_every_declared_study_has_a_parser():
 def test_required_hooks_follow_the_options():
     assert required_hooks("norms", 2) == ["blocks.0.hook_resid_mid", "blocks.0.hook_resid_post",
                                           "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post"]
-    assert required_hooks("neurons", 4, {"detect_layer": -2, "highest_layer": 1}) == [
+    assert required_hooks("neurons", 4, {"detection": DetectionSpec(detect_layer=-2), "highest_layer": 1}) == [
         "blocks.2.hook_resid_post", "blocks.0.mlp.hook_post", "blocks.1.mlp.hook_post"]
-    dinov2 = required_hooks("neurons", 24, {"preset": "jiang-dinov2-l14"})  # detect -2, highest 17
+    dinov2 = required_hooks("neurons", 24, {"detection": DetectionSpec(preset="jiang-dinov2-l14")})  # detect -2, highest 17
     assert dinov2[0] == "blocks.22.hook_resid_post" and dinov2[1:] == [f"blocks.{i}.mlp.hook_post" for i in range(18)]
-    assert required_hooks("neurons", 24, {"preset": "jiang-dinov2-l14", "detect_layer": -1})[0] == \
+    assert required_hooks("neurons", 24, {"detection": DetectionSpec(preset="jiang-dinov2-l14", detect_layer=-1)})[0] == \
         "blocks.23.hook_resid_post"  # an explicit option wins over the preset
-    assert required_hooks("neurons", 12, {"preset": "jiang-dinov2-l14"})[-1] == "blocks.11.mlp.hook_post"  # capped
+    assert required_hooks("neurons", 12, {"detection": DetectionSpec(preset="jiang-dinov2-l14")})[-1] == "blocks.11.mlp.hook_post"  # capped
     assert required_hooks("patch-score", 4, {"reference": "pooled"}) == ["hook_norm_final", "hook_pooled"]
     with pytest.raises(InterpError, match="re-runs the model"):
         required_hooks("ablate", 4)
     with pytest.raises(InterpError, match="out of range"):
-        required_hooks("neurons", 4, {"detect_layer": 7})
+        required_hooks("neurons", 4, {"detection": DetectionSpec(detect_layer=7)})
     union = hooks_for_studies(["norms", "neurons"], 2)
     assert union == ["blocks.0.hook_resid_mid", "blocks.0.hook_resid_post", "blocks.1.hook_resid_mid",
                      "blocks.1.hook_resid_post", "blocks.0.mlp.hook_post", "blocks.1.mlp.hook_post"]

@@ -89,5 +89,5 @@ def test_study_commands_run_the_function_bound_to_the_config(tmp_path, monkeypat
     out = tmp_path / "out"
     assert main(["study", "norms", "planted_vit", "--images", str(TWO_PHOTOS[0]), "--out", str(out),
                  "--threshold", "p98", "--no-progress"]) == 0
-    assert len(calls) == 1 and isinstance(calls[0], NormsConfig) and calls[0].threshold == "p98"
+    assert len(calls) == 1 and isinstance(calls[0], NormsConfig) and calls[0].detection.threshold == "p98"
     assert json.loads((out / "norms.json").read_text())["study"] == "norms"

@@ -26,6 +26,8 @@ from interp.studies.artifacts.registers import registers_study  # noqa: E402
 from interp.runtime.open import open_source  # noqa: E402
 
 from conftest import images as random_images, make_model  # noqa: E402
+from interp.detection.spec import DetectionSpec
+from interp.detection.detection import RunOptions
 
 PLANTED = {"2": [17, 101, 402, 655]}
 ABLATE = [{"kind": "NeuronAblation", "neurons": PLANTED}]
@@ -116,7 +118,7 @@ def test_unedited_numbers_equal_the_norms_study(served):
         tol = session.model.n_layers * session.model.d_mlp * torch.finfo(torch.float32).eps \
             * float(session.detection.norms[i].max())
         assert torch.allclose(norms[det], session.detection.norms[i], rtol=0, atol=tol)
-        study = norms_study(_one_image_source(session, i), threshold=r["threshold"], progress=False)
+        study = norms_study(_one_image_source(session, i), detection=DetectionSpec(threshold=r["threshold"]), progress=False)
         assert r["outlier_count"] == study.outlier_counts[0] == r["baseline"]["outlier_count"]
         for stage in ("resid_mid", "resid_post"):
             assert r["curves"][stage]["max"] == pytest.approx(study.max_patch_norm[stage], rel=1e-5)
@@ -128,7 +130,7 @@ def test_unedited_numbers_equal_the_norms_study(served):
 def test_edited_numbers_equal_the_ablation_and_register_studies(served):
     session, server = served
     source = open_source(model=session.model, images=session.pixels.cpu())
-    found = interp.detection.detection.detect(source, "auto", progress=False)
+    found = interp.detection.detection.detect(source, DetectionSpec(threshold="auto"), RunOptions(progress=False))
     neurons = {2: PLANTED["2"]}
     ablated = ablate_study(source, neurons=neurons, controls=0, detection=found, progress=False)
     ttr = registers_study(source, neurons=neurons, detection=found, progress=False)
@@ -164,7 +166,7 @@ def test_classifier_readout_equals_the_ablation_studys_agreement(one_thread):
     neurons = {0: list(range(0, 1536, 3)), 1: list(range(1, 1536, 2))}  # enough to move some argmaxes
     spec = [{"kind": "NeuronAblation", "neurons": {str(k): v for k, v in neurons.items()}}]
     r = session.run(2, spec)
-    study = ablate_study(open_source(model=model, images=x), neurons=neurons, controls=0, threshold="p99",
+    study = ablate_study(open_source(model=model, images=x), detection=DetectionSpec(threshold="p99"), neurons=neurons, controls=0,
                          progress=False)
     assert r["readout"]["kind"] == "classifier"
     assert r["readout"]["value"] == pytest.approx(study.conditions["target"]["top1_agreement"])

@@ -71,19 +71,20 @@ def test_the_module_decides_not_the_name():
 
 def test_studies_under_a_clip_preset_check_the_model():
     from interp.studies.artifacts.relocate import relocate_study
-    from interp.detection.detection import DetectionSpec, detect_spec
+    from interp.detection.detection import detect
+    from interp.detection.spec import DetectionSpec
 
     quick = small(QUICK)
-    r = norms_study(open_source(model=quick, images=photos(quick)), preset="jiang-openclip-b16", progress=False)
+    r = norms_study(open_source(model=quick, images=photos(quick)), detection=DetectionSpec(preset="jiang-openclip-b16"), progress=False)
     assert r.preset == "jiang-openclip-b16" and r.threshold == 30.0
     gelu = small(GELU)
     source = open_source(model=gelu, images=photos(gelu))
     with pytest.raises(InterpError, match=f"load {QUICK} with the laion2b weights"):
-        norms_study(source, preset="jiang-openclip-b16", progress=False)
+        norms_study(source, detection=DetectionSpec(preset="jiang-openclip-b16"), progress=False)
     with pytest.raises(InterpError, match="MLP activation is gelu"):
-        detect_spec(source, DetectionSpec(preset="jiang-openai-clip-b16"))
+        detect(source, DetectionSpec(preset="jiang-openai-clip-b16"))
     with pytest.raises(InterpError, match="MLP activation is gelu"):  # the detection made from its own pass
-        relocate_study(source, neurons={0: [1]}, preset="jiang-openclip-b16", progress=False)
+        relocate_study(source, detection=DetectionSpec(preset="jiang-openclip-b16"), neurons={0: [1]}, progress=False)
 
 
 def test_the_cli_refuses_in_one_line(tmp_path, capsys):

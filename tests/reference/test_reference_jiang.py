@@ -10,6 +10,7 @@ from interp.studies.artifacts.emergence import EmergenceAccumulator, EmergenceCu
 from interp.detection.presets import PRESETS, resolve_preset
 from interp.studies.artifacts.register_scores import RegisterScoreAccumulator, rank_neurons
 from reference import jiang_register_neurons as ref
+from interp.detection.spec import DetectionSpec
 
 
 def random_images(n_images=9, n_layers=3, t=11, m=40, d=8, seed=0, dtype=torch.float32):
@@ -260,7 +261,7 @@ def test_neurons_study_equals_reference_on_the_same_activations(planted_cache):
     source = open_source(model=model, images=x, batch_size=3)
     k = 30
     for filt in (True, False):
-        result = neurons_study(source, threshold=300.0, sparsity_filter=filt, top_k=k, progress=False)
+        result = neurons_study(source, detection=DetectionSpec(threshold=300.0), sparsity_filter=filt, top_k=k, progress=False)
         expected = ref.find_register_neurons(list(acts), list(outs), register_norm_threshold=300.0,
                                              apply_sparsity_filter=filt)
         theirs = sorted(ref.top_register_neurons(expected, highest_layer=n_layers - 1, top_k=k),
@@ -279,15 +280,15 @@ def test_neurons_study_preset_fills_defaults_and_explicit_flags_win(planted_cach
     model, _ = planted_cache
     source = open_source(model=model, images=interp.load_images(interp.models.sample_image_paths()[:2], model))
     # jiang-dinov2-l14: threshold 150, detect -2, highest 17 (beyond this model's blocks: given), top_k 50
-    r = neurons_study(source, preset="dinov2_l14", top_k=7, highest_layer=3, progress=False)
+    r = neurons_study(source, detection=DetectionSpec(preset="dinov2_l14"), top_k=7, highest_layer=3, progress=False)
     assert (r.preset, r.threshold, r.threshold_method, r.top_k, r.sparsity) == (
         "jiang-dinov2-l14", 150.0, "fixed", 7, "per_image")
     assert r.highest_layer == 3 and r.detect_layer == model.n_layers - 2
     assert r.params["preset"] == "jiang-dinov2-l14" and r.params["top_k"] == 7 and r.params["threshold"] == 150.0
     with pytest.raises(InterpError, match="planted_vit is not one"):  # CLIP presets need a QuickGELU CLIP
-        neurons_study(source, preset="openclip_b16", progress=False)
-    r = neurons_study(source, preset="darcet", threshold=500.0, sparsity="pooled", positions="patches",
+        neurons_study(source, detection=DetectionSpec(preset="openclip_b16"), progress=False)
+    r = neurons_study(source, detection=DetectionSpec(preset="darcet", threshold=500.0), sparsity="pooled", positions="patches",
                       progress=False)
     assert (r.threshold, r.sparsity, r.positions, r.top_k) == (500.0, "pooled", "patches", 10)
     with pytest.raises(InterpError, match="unknown preset"):
-        neurons_study(source, preset="nope", progress=False)
+        neurons_study(source, detection=DetectionSpec(preset="nope"), progress=False)

@@ -9,7 +9,7 @@ import interp
 from interp.cli import main
 from interp.models import sample_image_paths
 from interp.report.compare import COLUMN_DOCS, COLUMNS, CompareSettings, column_table, compare_models
-from interp.detection.detection import DetectionSpec
+from interp.detection.spec import DetectionSpec
 
 from conftest import REPO, make_model
 

@@ -10,6 +10,7 @@ import pytest
 from interp.models.planted import PlantedPvtTruth, PlantedTruth
 from interp.report.summary import SYNTHETIC_NOTE, synthetic_note_for
 from interp.studies.artifacts.ablate import outlier_change
+from interp.detection.detection import RunOptions
 
 DINOV3 = ("synthetic DINOv3-architecture model (timm Eva) with planted register neurons (random weights; not a "
           "trained model)")
@@ -39,7 +40,7 @@ def test_a_detection_prints_as_one_short_line():
     from interp.studies import detect, open_source
 
     source = open_source(interp.load("planted_vit"), images=sample_image_paths())
-    text = repr(detect(source, progress=False))
+    text = repr(detect(source, options=RunOptions(progress=False)))
     assert "\n" not in text and len(text) < 200 and "tensor" not in text
     assert text.startswith("Detection(layer=5,") and "images=4" in text and "outliers=" in text
 

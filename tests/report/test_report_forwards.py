@@ -15,6 +15,8 @@ from interp.runtime.passes import baseline_pass
 from interp.detection.detection import detect
 from interp.studies.artifacts.registers import registers_study
 from interp.studies.artifacts.relocate import relocate_study
+from interp.detection.spec import DetectionSpec
+from interp.detection.detection import RunOptions
 
 
 def _count_image_forwards(model) -> list:
@@ -55,7 +57,7 @@ def test_a_shared_baseline_gives_the_same_results(one_thread):
     truth = planted_truth(model)
     neurons = {truth.layer: list(truth.neurons)}
     source = open_source(model=model, images=sample_image_paths()).held()
-    found = detect(source, "auto", progress=False)
+    found = detect(source, DetectionSpec(threshold="auto"), RunOptions(progress=False))
     base = baseline_pass(source, found.layer, progress=False)
     assert base.patch_norms.shape == found.norms.shape and (base.patch_norms - found.norms).abs().max() < 1e-3
     seen = _count_image_forwards(model)
@@ -81,7 +83,7 @@ def test_one_observational_pass_serves_norms_neurons_probes_and_lost(one_thread)
 
     model = interp.load("planted_vit")
     source = open_source(model=model, images=sample_image_paths()).held()
-    found = detect(source, "auto", progress=False)
+    found = detect(source, DetectionSpec(threshold="auto"), RunOptions(progress=False))
     probe = dict(detection=found, tasks=("position", "pixels"), max_train_tokens=200, max_test_tokens=100)
     seen = _count_image_forwards(model)
     shared = run_readings(source, [norms_reading(source, found), neurons_reading(source, found, top_k=4),

@@ -10,6 +10,7 @@ from interp.models.inputs.samples import SAMPLES_DIR
 from interp.studies.aggregation.masking import masking_study
 from interp.studies.aggregation.selective_cls import selective_cls_study
 from interp.runtime.open import open_source
+from interp.detection.spec import DetectionSpec
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def sources():
 
 def test_masking_counts_outliers_under_the_source_interventions(sources):
     plain, ablated = sources
-    kw = dict(fractions=[0, 0.5], threshold=300.0, orders=("top",), progress=False)
+    kw = dict(detection=DetectionSpec(threshold=300.0), fractions=[0, 0.5], orders=("top",), progress=False)
     before = masking_study(plain, **kw)
     after = masking_study(ablated, **kw)
     assert before.unmasked["outliers_per_image"] > 10       # planted_vit writes ~36 artifacts per image

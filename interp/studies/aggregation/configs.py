@@ -18,8 +18,10 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...errors import UsageError
 from ...values import (existing_file, existing_path, fraction, fraction_below_one, nonnegative_int, open_fraction,
-                       positive_float, positive_int, threshold_arg, threshold_value)
-from ..core.options import FINAL, REFERENCES, SCORE_DOC, ClassifierOption, DetectionOptions, needed_hooks
+                       positive_float, positive_int, threshold_arg)
+from ...detection.spec import DetectionSpec
+from ...options import group
+from ..core.options import FINAL, REFERENCES, SCORE_DOC, classifier_option, needed_hooks
 from ..declaration import StudyConfig, declare, option
 
 
@@ -142,9 +144,28 @@ class PiBConfig(PatchScoreOptions, ObjectBoxes, BootstrapOptions, ScoreMapsFigur
     store_maps: bool = True  # keep the [N, h, w] score maps in the result (for plots)
 
 
+MASKING_THRESHOLD = "p98"  # masking's own threshold when neither a threshold nor a preset is given
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskingDetection(DetectionSpec):
+    """The masking probe's detection group: a :class:`DetectionSpec` whose threshold, when neither it nor a
+    preset is given, is :data:`MASKING_THRESHOLD` (the per-model 98th percentile of the unmasked run)."""
+
+    threshold: Union[float, str, None] = option(
+        None, "outlier token norm at the detection block: a number > 0, pNN (percentile of the unmasked run) or "
+              f"auto; default {MASKING_THRESHOLD}, or the preset's (--outlier-threshold: its former name)",
+        parse=threshold_arg, aliases=("--outlier-threshold",))
+
+    def resolved(self) -> DetectionSpec:
+        if self.threshold is None and self.preset is None:
+            return DetectionSpec(threshold=MASKING_THRESHOLD, detect_layer=self.detect_layer).resolved()
+        return super().resolved()
+
+
 @declare
 @dataclass(frozen=True, kw_only=True)
-class MaskingConfig(DetectionOptions, PatchScoreOptions, ClassifierOption):
+class MaskingConfig(PatchScoreOptions):
     """mask top-k / bottom-k patches by Patch Score and re-measure
 
     Masking probe (docs/methods.md section 3): accuracy or agreement and outlier counts per masked fraction, for
@@ -155,11 +176,8 @@ class MaskingConfig(DetectionOptions, PatchScoreOptions, ClassifierOption):
     function: ClassVar[str] = "masking_study"
     result: ClassVar[str] = "MaskingResult"
 
-    threshold: Union[float, str, None] = option(
-        None, "outlier token norm at the detection block: a number > 0, pNN (percentile of the unmasked run) or "
-              "auto; default p98, or the preset's (--outlier-threshold: its former name)",
-        parse=threshold_arg, aliases=("--outlier-threshold",))
-    outlier_threshold: Union[float, str, None] = None  # the former name of ``threshold`` (Python)
+    classifier: Optional[str] = classifier_option()
+    detection: DetectionSpec = group(MaskingDetection)
     fractions: Optional[Tuple[float, ...]] = option(None, "shares of patches to mask (default 0 0.1 ... 0.9)",
                                                     parse=fraction_below_one, many=True)
     steps: Optional[int] = option(None, "mask the fractions k/STEPS, k = 0 .. STEPS-1 (7: the LaSt paper's steps "
@@ -172,15 +190,6 @@ class MaskingConfig(DetectionOptions, PatchScoreOptions, ClassifierOption):
                        choices=("zero", "mean", "blur"))
     blur_sigma: Optional[float] = option(None, "blur sigma in pixels (default patch size / 2)", parse=positive_float)
 
-    def __post_init__(self) -> None:
-        if self.outlier_threshold is not None:
-            former = threshold_value(self.outlier_threshold)
-            if self.threshold is not None and threshold_value(self.threshold) != former:
-                raise UsageError("give threshold= or its former name outlier_threshold=, not both")
-            object.__setattr__(self, "threshold", former)
-            object.__setattr__(self, "outlier_threshold", None)
-        super().__post_init__()
-
     def check(self) -> None:
         super().check()
         if self.steps is not None and self.fractions is not None:
@@ -189,7 +198,7 @@ class MaskingConfig(DetectionOptions, PatchScoreOptions, ClassifierOption):
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class SelectiveCLSConfig(SelectiveCLSOptions, ClassifierOption, ObjectBoxes, BootstrapOptions):
+class SelectiveCLSConfig(SelectiveCLSOptions, ObjectBoxes, BootstrapOptions):
     """PiB, score distributions and agreement with/without SelectiveCLS
 
     The measured effect of SelectiveCLS(k) on a frozen model, one table."""
@@ -199,6 +208,7 @@ class SelectiveCLSConfig(SelectiveCLSOptions, ClassifierOption, ObjectBoxes, Boo
     function: ClassVar[str] = "selective_cls_study"
     result: ClassVar[str] = "SelectiveCLSResult"
 
+    classifier: Optional[str] = classifier_option()
     ks: Tuple[int, ...] = option((1, 7, 98), "SelectiveCLS k values (default 1 7 98)", flag="--k", parse=positive_int,
                                  many=True)
     reference: str = option("cls", "the baseline's global vector", choices=("cls", "pooled"))

@@ -20,10 +20,10 @@ Reported per (order, fraction): accuracy (when the image folder gives labels) an
 unmasked model through a real classifier, the pooled vector's cosine to the unmasked one (always;
 :mod:`interp.studies.core.behaviour`), and the mean number of outlier patch tokens per image: patch tokens whose norm at the
 detection block's ``hook_resid_post`` exceed the detection threshold. Outliers follow the one detection
-contract (:mod:`interp.detection.detection`: ``detection=`` a Detection or DetectionSpec, or ``threshold``,
-``detect_layer``, ``preset``); the threshold is resolved on the unmasked run's patch-token norms (default
-``"p98"`` at the last block when neither a threshold nor a preset is given) and counted with the causal studies'
-counting threshold (the 99th percentile when "auto" finds no separated mode).
+contract (:mod:`interp.detection.detection`: ``detection=`` a Detection or DetectionSpec); the threshold is
+resolved on the unmasked run's patch-token norms (the config's default: ``"p98"`` at the last block when neither
+a threshold nor a preset is given, :class:`~interp.studies.aggregation.configs.MaskingDetection`) and counted
+with the causal studies' counting threshold (the 99th percentile when "auto" finds no separated mode).
 
 Fractions: the default is 0, 0.1, ..., 0.9; the LaSt paper's masking curve (its Fig. 2b) is drawn at steps of
 1/7, ``fractions=fraction_steps(7)`` (0, 1/7, ..., 6/7; CLI ``--steps 7``).
@@ -42,7 +42,7 @@ True
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -50,12 +50,11 @@ import torch.nn.functional as F
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
-from ...detection.detection import DetectionLike, DetectionSpec, detection_from_norms, detection_header, detection_params
+from ...detection.detection import DetectionLike, detect, detection_header, detection_params
 from ..core.behaviour import BehaviourMeter, behaviour_readout, headline_metric
 from ..core.behaviour import target_classes  # noqa: F401  (its home is core.behaviour; imported from here too)
 from ...runtime.paired import Condition, paired_pass
 from ...detection.detection import Detection
-from ...detection.thresholds import ThresholdSpec
 from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
 from ..core.regions import cell_size
 from ..core.result import OutlierStudyResult, behaviour_lines
@@ -67,7 +66,6 @@ from ...runtime.source import require_live
 FILLS = ("zero", "mean", "blur")
 ORDERS = ("top", "bottom", "random")
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))
-DEFAULT_THRESHOLD = "p98"  # masking's own default when neither a threshold nor a preset is given
 
 
 def fraction_steps(n: int) -> List[float]:
@@ -231,27 +229,9 @@ def _unmasked_pass(source, hook: str, reference: str, selective: Optional[Select
                      (channel_sum / n_pixels).float())
 
 
-def _masking_spec(source, detection: DetectionLike, threshold: Optional[ThresholdSpec], detect_layer: Optional[int],
-                  preset: Optional[str]) -> DetectionSpec:
-    """The resolved spec of the outliers masking counts (a Detection is checked against the source first)."""
-    if isinstance(detection, Detection):
-        found = detection.check(source, detect_layer, threshold)
-        return DetectionSpec(threshold=found.spec, detect_layer=found.layer, preset=found.preset)
-    if detection is not None and not isinstance(detection, DetectionSpec):
-        raise InterpError(f"detection= takes a Detection or a DetectionSpec, not {type(detection).__name__}")
-    if isinstance(detection, DetectionSpec):
-        if threshold is not None or detect_layer is not None or preset is not None:
-            raise InterpError("give the threshold, detection layer and preset in the DetectionSpec or as "
-                              "arguments, not both")
-        return detection.resolved()
-    if threshold is None and preset is None:
-        threshold = DEFAULT_THRESHOLD
-    return DetectionSpec(threshold=threshold, detect_layer=detect_layer, preset=preset).resolved()
-
-
 @study(MaskingConfig)
 def masking_study(source, config: MaskingConfig, *, selective: Optional[SelectiveCLS] = None,
-                  detection: DetectionLike = None, progress: bool = True) -> MaskingResult:
+                  detection: DetectionLike, progress: bool = True) -> MaskingResult:
     """Masking probe on a live source (module docstring).
 
     Args:
@@ -261,15 +241,13 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
             ``steps`` (the fractions ``k / steps``: :func:`fraction_steps`; 7 for the paper's steps of 1/7);
             ``fill`` ``zero``, ``mean`` or ``blur``; ``blur_sigma`` Gaussian sigma in input pixels for ``blur``
             (default: half the patch size); ``reference``, ``hook``, ``selective_k``, ``sigma``, ``score``,
-            ``fft``, ``eps`` the Patch Score that orders the patches; ``threshold`` (its former name
-            ``outlier_threshold``), ``detect_layer``, ``preset`` the outliers counted (module docstring):
-            ``threshold`` a norm, ``"pNN"`` or ``"auto"`` (default ``"p98"``), ``detect_layer`` the block
-            (default the last); ``orders`` which of ``top``, ``bottom``, ``random`` to run (default all three);
+            ``fft``, ``eps`` the Patch Score that orders the patches; ``orders`` which of ``top``, ``bottom``, ``random`` to run (default all three);
             ``seed`` seed of the ``random`` order; ``classifier`` a classifier file (or object) whose class
             logits give top-1 agreement and accuracy.
         selective: a SelectiveCLS whose parameters define the ``selective`` vector (default: the config's).
-        detection: the outliers counted, a Detection or DetectionSpec (then not ``threshold``, ``detect_layer``
-            or ``preset`` too).
+        detection: the outliers counted (module docstring): a Detection of the unmasked model made on this
+            source, or a DetectionSpec (default the config's: ``"p98"`` at the last block) resolved on the unmasked
+            run's norms at its block.
         progress: show progress bars.
     """
     c = config
@@ -286,7 +264,6 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     for order in orders:
         if order not in ORDERS:
             raise InterpError(f"order {order!r} is not one of {list(ORDERS)}")
-    spec = _masking_spec(source, detection, c.threshold, c.detect_layer, c.preset)
     readout = behaviour_readout(source, c.classifier)  # a classifier that does not fit fails before any forward
     meter = BehaviourMeter(readout)
     fractions = [float(f) for f in fractions]
@@ -296,9 +273,15 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     ks = [n_masked(f, n_patches) for f in fractions]
     sigma = float(blur_sigma) if blur_sigma is not None else patch[0] / 2.0
 
-    detect = resolve_block(spec.detect_layer, source.n_layers)
-    base = _unmasked_pass(source, hook, reference, selective, detect, progress, readout.classifier)
-    found = detection if isinstance(detection, Detection) else detection_from_norms(source, spec, base.norms)
+    if isinstance(detection, Detection):
+        found = detect(source, detection)
+        block, spec = found.layer, None
+    else:  # the detection comes from the unmasked pass: no pass of its own
+        block = resolve_block(detection.resolved().detect_layer, source.n_layers)
+        spec = replace(detection.resolved(), detect_layer=block)
+    base = _unmasked_pass(source, hook, reference, selective, block, progress, readout.classifier)
+    if spec is not None:
+        found = detect(source, spec, norms={source.blocks.resid_post(block): base.norms})
     header = detection_header(found, "masking")
     thr = found.counting_threshold()
     keys = random_keys(len(source), grid, seed)
@@ -314,7 +297,7 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     outliers = {(o, i): [] for o in orders for i in range(len(ks))}
     names = {(o, i): f"{o}@{f:g}" for i, f in enumerate(fractions) for o in orders}
     masked = {names[(o, i)]: Condition(images=masking(o, ks[i])) for (o, i) in names}
-    for pair in paired_pass(source, masked, detect_layer=detect, classifier=readout.classifier, baseline=False,
+    for pair in paired_pass(source, masked, detect_layer=block, classifier=readout.classifier, baseline=False,
                             progress=progress, desc="masking: masked runs"):
         start, n = pair.start, len(pair)
         base_top1, base_pooled = base.preds[start:start + n], base.pooled[start:start + n]

@@ -28,7 +28,7 @@ from ...interventions.neuron_sets import ranked_neurons
 from ..core.behaviour import METRICS, BehaviourMeter, behaviour_readout
 from ...runtime.forward import Baseline
 from ...runtime.paired import Condition, paired_pass
-from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from ...detection.detection import DetectionLike, RunOptions, detect, detection_header, detection_params
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
 from ...sae.ablation import feature_conditions
@@ -184,7 +184,7 @@ def ablations(source, sets: List[Neurons], mode: str, seed: int) -> List[NeuronA
 
 
 @study(AblateConfig)
-def ablate_study(source: LiveSource, config: AblateConfig, *, detection: DetectionLike = None,
+def ablate_study(source: LiveSource, config: AblateConfig, *, detection: DetectionLike,
                  baseline: Optional[Baseline] = None, progress: bool = True) -> AblateResult:
     """Ablate the register neurons and ``controls`` random same-size sets; compare to the unablated model.
 
@@ -195,13 +195,14 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
             ``neurons`` the neurons to ablate: ``{layer: [neuron, ...]}`` (e.g. ``NeuronsResult.neuron_dict()``),
             ``"2:17,2:101"``, a neurons.json path or a neurons result (one ranked on other weights is refused
             unless ``force``); ``mode`` "zero", or "mean" (per-neuron means over these images' tokens);
-            ``controls`` how many random control sets (control i draws with ``seed + i``); ``threshold``,
-            ``detect_layer``, ``preset`` the outlier detection, resolved on the unablated model's detection-layer
-            norms (under "auto" with no bimodal split the 99th percentile of the unablated norms is used, so counts
-            stay comparable; default "auto"; explicit options win over the preset's); ``classifier`` a classifier
+            ``controls`` how many random control sets (control i draws with ``seed + i``); ``classifier`` a classifier
             file (path, dict or :func:`interp.load_classifier`) whose class logits give agreement and accuracy
             (without one they exist only for a head that is a classifier).
-        detection: the unablated model's detection on this source, when already computed (saves a pass).
+        detection: the high-norm tokens: a Detection of the unedited model made on this source by
+            :func:`~interp.detection.detection.detect` (saves a pass), or a
+            :class:`~interp.detection.spec.DetectionSpec` (default the config's) resolved on the unedited model's
+            norms (under "auto" with no bimodal split the 99th percentile of the unedited norms counts outliers, so
+            counts stay comparable).
         baseline: the unablated forwards (:func:`~interp.runtime.passes.baseline_pass`), when already made
             (saves one forward per image), made with the same ``classifier``.
         progress: show progress bars.
@@ -220,9 +221,8 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
         neurons = ranked_neurons(config.required_neurons(), source, force=config.force, label="--neurons",
                                  flag="--force")
         neurons = {int(l): sorted(int(n) for n in idx) for l, idx in neurons.items()}
-    found = as_detection(source, detection, **config.detection_options(),
-                         options=RunOptions(batch_size, progress=progress))
-    detect = found.layer
+    found = detect(source, detection, RunOptions(batch_size, progress=progress))
+    block = found.layer
     header = detection_header(found, "ablate")
     thr_value = found.counting_threshold()
     clf = readout.classifier
@@ -254,7 +254,7 @@ def ablate_study(source: LiveSource, config: AblateConfig, *, detection: Detecti
     edited = {name: Condition(ivs) for name, ivs in conditions.items() if name != "baseline"}
     n = 0
     resample = "resample" in [mode] + others  # another image in every batch: >= 2 a batch
-    for pair in paired_pass(source, edited, detect_layer=detect, classifier=clf, baseline=baseline or True,
+    for pair in paired_pass(source, edited, detect_layer=block, classifier=clf, baseline=baseline or True,
                             batch_size=max(2, batch_size) if resample else batch_size, progress=progress,
                             desc="ablation"):
         base = pair.baseline

@@ -19,9 +19,11 @@ from ...errors import InterpError, UsageError
 from ...values import (NEURONS_SYNTAX, control_count, existing_path, nonnegative_int, positive_float, positive_int,
                        register_count,
                        sae_feature_ids)
-from ..core.options import ClassifierOption, DetectionOptions, NeuronsOptions
+from ..core.options import classifier_option, force_option, neurons_option, required_neurons
 from ...detection.presets import resolve_preset
+from ...detection.spec import DetectionSpec
 from ..declaration import StudyConfig, declare, option
+from ...options import group
 from ...hooks.names import resolve_block
 
 
@@ -42,7 +44,7 @@ def mode_list(choices: Tuple[str, ...]):
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class NormsConfig(DetectionOptions):
+class NormsConfig(StudyConfig):
     """high-norm tokens: per-block norms, outliers, emergence layer
 
     Per-block patch-token norms of the un-normalised residual stream, outlier maps at the detection block, the
@@ -57,6 +59,7 @@ class NormsConfig(DetectionOptions):
     cache_doc: ClassVar[str] = ("`blocks.{0..N-1}.hook_resid_mid`, `blocks.{0..N-1}.hook_resid_post` "
                                 "(a `--norms-only` cache is enough)")
 
+    detection: DetectionSpec = group(DetectionSpec)
     emergence_factor: float = 2.0
     attention: bool = True
 
@@ -67,7 +70,7 @@ class NormsConfig(DetectionOptions):
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class NeuronsConfig(DetectionOptions):
+class NeuronsConfig(StudyConfig):
     """rank register neurons (MLP neurons firing on high-norm tokens)
 
     Score every MLP neuron of blocks <= --highest-layer by its mean |activation| on the outlier patches and keep
@@ -80,6 +83,7 @@ class NeuronsConfig(DetectionOptions):
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = "`blocks.{D}.hook_resid_post`, `blocks.{0..H}.mlp.hook_post`"
 
+    detection: DetectionSpec = group(DetectionSpec)
     highest_layer: Optional[int] = option(None, "last block scored (default: the detection block)")
     top_k: Optional[int] = option(None, "neurons kept (default 10, or the preset's)", parse=positive_int)
     sparsity_filter: Optional[bool] = option(
@@ -97,15 +101,15 @@ class NeuronsConfig(DetectionOptions):
     def hooks(self, blocks: BlockNames) -> List[str]:
         """The detection block's output plus the MLP activations of every block up to ``highest_layer``."""
         n_layers = len(blocks)
-        detect = self.detect_block(n_layers)
-        highest = resolve_preset(self.preset, highest_layer=self.highest_layer).get("highest_layer")
+        detect = self.detection.detect_block(n_layers)
+        highest = resolve_preset(self.detection.preset, highest_layer=self.highest_layer).get("highest_layer")
         highest = detect if highest is None else resolve_block(min(int(highest), n_layers - 1), n_layers, detect)
         return [blocks.resid_post(detect)] + [blocks.mlp_post(i) for i in range(highest + 1)]
 
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class RedundancyConfig(DetectionOptions):
+class RedundancyConfig(StudyConfig):
     """cosine of each input patch embedding to its 4 neighbours, normal vs high-norm tokens
 
     Cosine similarity of each patch token's input patch embedding to its 4 grid neighbours, normal vs high-norm
@@ -119,6 +123,7 @@ class RedundancyConfig(DetectionOptions):
     cache_doc: ClassVar[str] = ("`hook_patch_embed` (`hook_embed` with `--embedding position`), "
                                 "`blocks.{D}.hook_resid_post`")
 
+    detection: DetectionSpec = group(DetectionSpec)
     bins: int = 40  # histogram bins over [-1, 1]
     min_tokens: int = 16  # fewer tokens in a group: no statistic, a note instead
     embedding: str = option("patch", "patch: the patch-embedding output before the position embedding "
@@ -129,12 +134,12 @@ class RedundancyConfig(DetectionOptions):
         """The input patch embedding (``hook_embed`` for ``embedding="position"``) and the detection block's
         output."""
         embed = EMBED if self.embedding == "position" else PATCH_EMBED
-        return [embed, blocks.resid_post(self.detect_block(len(blocks)))]
+        return [embed, blocks.resid_post(self.detection.detect_block(len(blocks)))]
 
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class AblateConfig(NeuronsOptions, DetectionOptions):
+class AblateConfig(StudyConfig):
     """ablate register neurons vs random same-size controls
 
     Zero (or mean-ablate) --neurons and --controls random neuron sets from the same blocks; compare outliers, max
@@ -147,8 +152,11 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
     function: ClassVar[str] = "ablate_study"
     result: ClassVar[str] = "AblateResult"
 
+    detection: DetectionSpec = group(DetectionSpec)
+    classifier: Optional[str] = classifier_option()
     neurons: Union[str, Dict[int, List[int]], None] = option(
         None, f"the register neurons to ablate (required unless --sae DIR --features F,...): {NEURONS_SYNTAX}")
+    force: bool = force_option()
     controls: int = option(5, "random control neuron sets of the same size and blocks (default 5)",
                            parse=control_count)
     mode: str = option("zero", "the replacement the headline rests on: zero (default), mean (each neuron's mean over "
@@ -172,6 +180,9 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
         if (self.sae is None) != (self.features is None):
             raise UsageError("--sae DIR and --features F,... go together: the SAE and the features of it to ablate")
 
+    def check_inputs(self, images: Optional[Any], cache: Optional[str]) -> None:
+        self.required_neurons()
+
     def required_neurons(self) -> Any:
         """``neurons`` as given; None when SAE features are ablated (``--sae``); an error naming both when
         neither is given."""
@@ -186,7 +197,7 @@ class AblateConfig(NeuronsOptions, DetectionOptions):
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class RelocateConfig(NeuronsOptions, DetectionOptions):
+class RelocateConfig(StudyConfig):
     """move the high-norm tokens onto a chosen mask
 
     Write the register neurons' maximum on the --target patches and zero them elsewhere; measure the IoU of the
@@ -197,15 +208,22 @@ class RelocateConfig(NeuronsOptions, DetectionOptions):
     function: ClassVar[str] = "relocate_study"
     result: ClassVar[str] = "RelocateResult"
 
+    detection: DetectionSpec = group(DetectionSpec)
+    classifier: Optional[str] = classifier_option()
+    neurons: Union[str, Dict[int, List[int]], None] = neurons_option()
+    force: bool = force_option()
     target: object = option("smiley", "smiley (default), box:TOP,LEFT,HEIGHT,WIDTH or indices:I,J,... (flat patch "
                                       "indices)")
     value: str = option("neuron_max", "value written on the target (default neuron_max)",
                         choices=("neuron_max", "layer_max"))
 
+    def check_inputs(self, images: Optional[Any], cache: Optional[str]) -> None:
+        required_neurons(self.name, self.neurons)
+
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class RegistersConfig(NeuronsOptions, DetectionOptions):
+class RegistersConfig(StudyConfig):
     """test-time register: move the high norm into an extra token
 
     Append test-time register token(s) fed by the register neurons; compare patch outliers and norms with and
@@ -216,9 +234,16 @@ class RegistersConfig(NeuronsOptions, DetectionOptions):
     function: ClassVar[str] = "registers_study"
     result: ClassVar[str] = "RegistersResult"
 
+    detection: DetectionSpec = group(DetectionSpec)
+    classifier: Optional[str] = classifier_option()
+    neurons: Union[str, Dict[int, List[int]], None] = neurons_option()
+    force: bool = force_option()
     n_registers: int = option(1, "test-time register tokens (default 1)", parse=register_count)
     value: str = option("layer_max", "value written into the register (default layer_max, as the reference code)",
                         choices=("layer_max", "neuron_max"))
+
+    def check_inputs(self, images: Optional[Any], cache: Optional[str]) -> None:
+        required_neurons(self.name, self.neurons)
 
 
 @declare
@@ -252,7 +277,7 @@ class MassiveConfig(StudyConfig):
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class ReplaceConfig(ClassifierOption, DetectionOptions):
+class ReplaceConfig(StudyConfig):
     """token replacement: is a token's content needed, or only its presence? zero vs mean, noise, shuffle
 
     Replace a token set (--target: registers, cls, register:I, patches:I,J or random:K) at every block's output by
@@ -266,6 +291,8 @@ class ReplaceConfig(ClassifierOption, DetectionOptions):
     function: ClassVar[str] = "replace_study"
     result: ClassVar[str] = "ReplaceResult"
 
+    detection: DetectionSpec = group(DetectionSpec)
+    classifier: Optional[str] = classifier_option()
     target: str = option("auto", "the tokens replaced: registers, cls, register:I, patches:I,J,... or random:K "
                                  "(default auto: the registers, else CLS)")
     modes: Tuple[str, ...] = option(REPLACE_MODES, "replacements, comma-separated (default zero,mean,noise,shuffle)",

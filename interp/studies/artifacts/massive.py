@@ -136,8 +136,7 @@ class _Tally:
 
 
 @study(MassiveConfig)
-def massive_study(source: ActivationSource, config: MassiveConfig, *, detection=None,
-                  progress: bool = True) -> MassiveResult:
+def massive_study(source: ActivationSource, config: MassiveConfig, *, progress: bool = True) -> MassiveResult:
     """The massive-activation profile of every block, with the channels and tokens that carry it.
 
     Args:
@@ -146,7 +145,6 @@ def massive_study(source: ActivationSource, config: MassiveConfig, *, detection=
         config: the options (:class:`~interp.studies.artifacts.configs.MassiveConfig`; or pass them as keywords):
             ``min_value`` and ``min_ratio`` what counts as massive; ``attention`` read the logits the carrying
             tokens receive.
-        detection: not used (the profile needs no high-norm detection); accepted as every study's is.
         progress: show progress bars.
     """
     reading = massive_reading(source, config)

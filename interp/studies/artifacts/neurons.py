@@ -12,9 +12,9 @@ norm is strictly above the threshold; images without outliers are skipped. The o
 half of that image's tokens have activation below 0.5. ``positions="patches"`` and ``sparsity="pooled"``
 keep this project's earlier behaviour as named options. Layers above ``highest_layer`` are not ranked.
 
-A ``preset`` (:mod:`interp.detection.presets`) fills the published settings; explicit arguments win.
+A detection ``preset`` (:mod:`interp.detection.presets`) fills the published settings; explicit arguments win.
 
->>> r = neurons_study(source, threshold="auto", top_k=4, progress=False)   # or preset="jiang-dinov2-l14"
+>>> r = neurons_study(source, top_k=4, progress=False)   # or detection=DetectionSpec(preset="jiang-dinov2-l14")
 >>> r.neuron_dict(), r.artifacts_found, r.warning                          # the planted neurons
 ({2: [17, 101, 402, 655]}, True, None)
 """
@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from ...detection.detection import DetectionLike, DetectionSpec, RunOptions, as_detection, detection_header, detection_params
+from ...detection.detection import DetectionLike, RunOptions, detect, detection_header, detection_params
 from ...detection.detection import Detection
 from ...detection.thresholds import Threshold, ThresholdSpec
 from ...errors import InterpError
@@ -97,17 +97,17 @@ class NeuronsResult(OutlierStudyResult):
         return out
 
 
-def resolve_neuron_options(preset: Optional[str], *, threshold=None, detect_layer=None, highest_layer=None,
-                           top_k=None, positions=None, sparsity=None,
+def resolve_neuron_options(preset: Optional[str], *, highest_layer=None, top_k=None, positions=None, sparsity=None,
                            sparsity_filter: Optional[bool] = None) -> Dict[str, Any]:
-    """The neurons study's settings: explicit arguments, then the preset, then the defaults (threshold
-    "auto", positions "all", no sparsity filter, top_k 10). ``sparsity_filter=True`` means
+    """The neurons study's settings beside the detection (``highest_layer``, ``top_k``, ``positions``,
+    ``sparsity``): explicit arguments, then the preset's, then the defaults (positions "all", no sparsity filter,
+    top_k 10; ``highest_layer`` absent: the detection block). ``sparsity_filter=True`` means
     ``sparsity="per_image"`` (False: no filter) unless ``sparsity`` is given."""
     if sparsity is None and sparsity_filter is not None:
         sparsity = "per_image" if sparsity_filter else "none"
-    opts = resolve_preset(preset, threshold=threshold, detect_layer=detect_layer, highest_layer=highest_layer,
-                          top_k=top_k, positions=positions, sparsity=sparsity)
-    opts.setdefault("threshold", "auto")
+    opts = resolve_preset(preset, highest_layer=highest_layer, top_k=top_k, positions=positions, sparsity=sparsity)
+    for key in ("threshold", "detect_layer"):  # the detection's, resolved by its spec
+        opts.pop(key, None)
     opts.setdefault("positions", "all")
     opts.setdefault("top_k", 10)
     opts["sparsity"] = None if opts.get("sparsity") in (None, "none") else opts["sparsity"]
@@ -196,7 +196,7 @@ def score_register_neurons(source: ActivationSource, detect: int, highest: int, 
 
 
 @study(NeuronsConfig)
-def neurons_study(source: ActivationSource, config: NeuronsConfig, *, detection: DetectionLike = None,
+def neurons_study(source: ActivationSource, config: NeuronsConfig, *, detection: DetectionLike,
                   progress: bool = True) -> NeuronsResult:
     """Rank register neurons.
 
@@ -204,28 +204,23 @@ def neurons_study(source: ActivationSource, config: NeuronsConfig, *, detection:
         source: live model over images, or a cache holding ``blocks.*.mlp.hook_post`` (layers <= highest_layer)
             and the detection layer's ``hook_resid_post`` (full vectors or ``--norms-only``).
         config: the options (:class:`~interp.studies.artifacts.configs.NeuronsConfig`; or pass them as
-            keywords): ``threshold``, ``detect_layer``, ``preset`` as in the norms study (default: last block,
-            automatic bimodal split; under "auto" without a separated high-norm mode nothing is ranked; under a
-            fixed or percentile threshold the ranking is made, with ``artifacts_found=False`` and a ``warning``,
-            also raised with ``warnings.warn``); ``highest_layer`` the last layer whose neurons are scored
+            keywords): ``highest_layer`` the last layer whose neurons are scored
             (default: the detection layer; capped at the last); ``top_k`` how many neurons to return (default
             10); ``positions`` ``"all"`` (default, reference) or ``"patches"``; ``sparsity`` ``"per_image"``
             (reference notebook), ``"pooled"`` or ``"none"`` (default none); ``sparsity_filter`` shorthand: True =
             ``"per_image"``, False = ``"none"`` (``sparsity`` wins); ``max_images`` score on a seeded random
-            subset of this many images (deterministic for ``seed``). A preset's values fill what is not given.
-        detection: outliers already found on this source; saves the threshold pass.
+            subset of this many images (deterministic for ``seed``). The detection's preset fills what is not
+            given (:func:`resolve_neuron_options`).
+        detection: the high-norm tokens, as in the norms study: a Detection made on this source (no detection
+            pass then) or a DetectionSpec (default the config's: "auto", the block chosen). Under "auto" without
+            a separated high-norm mode nothing is ranked; under a fixed or percentile threshold the ranking is
+            made, with ``artifacts_found=False`` and a ``warning``, also raised with ``warnings.warn``.
         progress: show progress bars.
     """
     c, batch_size = config, source.batch_size
-    threshold, detect_layer, preset = c.threshold, c.detect_layer, c.preset
-    opts = resolve_neuron_options(preset, threshold=threshold, detect_layer=detect_layer,
-                                  highest_layer=c.highest_layer, top_k=c.top_k, positions=c.positions,
+    found = detect(source, detection, RunOptions(batch_size, progress=progress))
+    opts = resolve_neuron_options(found.preset, highest_layer=c.highest_layer, top_k=c.top_k, positions=c.positions,
                                   sparsity=c.sparsity, sparsity_filter=c.sparsity_filter)
-    if isinstance(detection, Detection):  # checked against the explicit arguments only
-        found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset)
-    else:
-        spec = detection or DetectionSpec(threshold=opts["threshold"], detect_layer=opts.get("detect_layer"), preset=opts["preset"])
-        found = as_detection(source, spec, options=RunOptions(batch_size, progress=progress))
     reading = neurons_reading(source, found, highest_layer=opts.get("highest_layer"), top_k=opts["top_k"],
                               positions=opts["positions"], sparsity=opts["sparsity"], max_images=c.max_images,
                               seed=c.seed, batch_size=batch_size)

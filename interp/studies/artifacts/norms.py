@@ -2,11 +2,13 @@
 un-normalised residual stream, outlier detection, outlier maps, the emergence layer, and where CLS attends.
 
 >>> from interp.studies import open_source
->>> result = norms_study(open_source(model=model, images=photos), threshold="auto", progress=False)
+>>> result = norms_study(open_source(model=model, images=photos), progress=False)   # "auto", the block chosen
 >>> result.artifacts_found, result.emergence["layer"], result.emergence["component"]   # planted after block 2's MLP
 (True, 2, 'mlp')
->>> from interp.detection.detection import detect
->>> shared = norms_study(source, detection=detect(source, "p98", progress=False), progress=False)  # a shared detection
+>>> from interp.detection.detection import RunOptions, detect
+>>> from interp.detection.spec import DetectionSpec
+>>> found = detect(source, DetectionSpec(threshold="p98"), RunOptions(progress=False))
+>>> shared = norms_study(source, detection=found, progress=False)          # a shared detection: no pass of its own
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 
 from ...hooks.names import RESID_STAGES as STAGES
 from .emergence import EmergenceAccumulator, find_detected_emergence, find_emergence
-from ...detection.detection import DetectionLike, RunOptions, detection_header, detection_params, as_detection
+from ...detection.detection import DetectionLike, RunOptions, detect, detection_header, detection_params
 from ...detection.detection import Detection
 from ...runtime.passes import Fold, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
@@ -191,7 +193,7 @@ def _layer_hooks(source: ActivationSource, attention: bool) -> Tuple[List[str], 
 
 
 @study(NormsConfig)
-def norms_study(source: ActivationSource, config: NormsConfig, *, detection: DetectionLike = None,
+def norms_study(source: ActivationSource, config: NormsConfig, *, detection: DetectionLike,
                 progress: bool = True) -> NormsResult:
     """Norm statistics per layer and token kind, outliers, emergence layer and CLS attention.
 
@@ -199,22 +201,21 @@ def norms_study(source: ActivationSource, config: NormsConfig, *, detection: Det
         source: a live model over images, or a cache with ``blocks.*.hook_resid_mid``/``hook_resid_post``
             (full activations or ``--norms-only``); attention needs ``blocks.*.attn.hook_pattern`` (live: always).
         config: the options (:class:`~interp.studies.artifacts.configs.NormsConfig`; or pass them as keywords):
-            ``threshold`` a norm, ``"pNN"`` (per-model percentile of the detection layer's patch norms) or
-            ``"auto"`` (default; a two-mode fit on log norms, :func:`~interp.detection.norm_split.split_norms`;
-            no outliers when the distribution has no separated minority high-norm mode; a fixed value's outliers
-            are the tokens above it, artifacts when they are at most 20 % of the patch tokens; a percentile's are
-            artifacts when the two-mode test finds a separated mode); ``detect_layer`` the block whose output
-            decides outliers (default: the last; negative counts from the end); ``preset`` published detection
-            settings (``darcet``, ``reassessment``, ``jiang-*``; explicit options win); ``emergence_factor`` how
-            much one step must raise the max patch norm to count as emergence; ``attention`` measure CLS->patch
-            attention per layer (skipped for caches without patterns).
-        detection: outliers already found on this source (:func:`~interp.detection.detection.detect`); saves
-            the detection pass. ``threshold``/``detect_layer``, when also given, must agree with it.
+            ``emergence_factor`` how much one step must raise the max patch norm to count as emergence;
+            ``attention`` measure CLS->patch attention per layer (skipped for caches without patterns).
+        detection: the high-norm tokens: a Detection made on this source by
+            :func:`~interp.detection.detection.detect` (no detection pass then), or a
+            :class:`~interp.detection.spec.DetectionSpec` (default the config's): ``threshold`` a norm, ``"pNN"``
+            (per-model percentile of the detection layer's patch norms) or ``"auto"`` (default; a two-mode fit on
+            log norms, :func:`~interp.detection.norm_split.split_norms`; no outliers when the distribution has no
+            separated minority high-norm mode; a fixed value's outliers are the tokens above it, artifacts when
+            they are at most 20 % of the patch tokens; a percentile's are artifacts when the two-mode test finds a
+            separated mode); ``detect_layer`` the block whose output decides outliers; ``preset`` published
+            detection settings (``darcet``, ``reassessment``, ``jiang-*``; explicit values win).
         progress: show progress bars.
     """
     batch_size = source.batch_size
-    det = as_detection(source, detection, **config.detection_options(),
-                       options=RunOptions(batch_size, progress=progress))
+    det = detect(source, detection, RunOptions(batch_size, progress=progress))
     reading = norms_reading(source, det, emergence_factor=config.emergence_factor, attention=config.attention,
                             batch_size=batch_size)
     return run_readings(source, [reading], batch_size, progress, "norms per layer")[0]

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ...errors import InterpError
 from ...hooks.names import EMBED, PATCH_EMBED
-from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from ...detection.detection import DetectionLike, RunOptions, detect, detection_header, detection_params
 from ...runtime.passes import Fold, Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ...runtime.source import ActivationSource
@@ -186,7 +186,7 @@ def redundancy_reading(source: ActivationSource, detection, *, embedding: str = 
 
 
 @study(RedundancyConfig)
-def redundancy_study(source: ActivationSource, config: RedundancyConfig, *, detection: DetectionLike = None,
+def redundancy_study(source: ActivationSource, config: RedundancyConfig, *, detection: DetectionLike,
                      progress: bool = True, warn: bool = True) -> RedundancyResult:
     """Neighbour similarity of the input patch embeddings, normal vs high-norm patch tokens.
 
@@ -194,11 +194,12 @@ def redundancy_study(source: ActivationSource, config: RedundancyConfig, *, dete
         source: a live model over images, or a cache with ``hook_patch_embed`` (``hook_embed`` for
             ``embedding="position"``) and the detection block's ``hook_resid_post``.
         config: the options (:class:`~interp.studies.artifacts.configs.RedundancyConfig`; or as keywords):
-            ``threshold``, ``detect_layer``, ``preset`` the high-norm tokens (the detection contract; see
-            :func:`~interp.detection.detection.as_detection`); ``embedding`` ``"patch"`` (default, before the
+            ``embedding`` ``"patch"`` (default, before the
             position embedding) or ``"position"`` (after it); ``bins`` histogram bins over [-1, 1];
             ``min_tokens`` fewest tokens a group needs for its statistics.
-        detection: the high-norm tokens already found on this source.
+        detection: the high-norm tokens: a Detection made on this source by
+            :func:`~interp.detection.detection.detect` (no detection pass then), or a
+            :class:`~interp.detection.spec.DetectionSpec` (default the config's).
         warn: raise the detection header's warning (no artifacts, a threshold inside the bulk) with
             ``warnings.warn`` too (it is in ``warning`` either way).
     """
@@ -206,7 +207,6 @@ def redundancy_study(source: ActivationSource, config: RedundancyConfig, *, dete
     if embedding not in EMBEDDINGS:  # before the detection pass
         raise InterpError(f"embedding={embedding!r}: use one of {sorted(EMBEDDINGS)}")
     source.require([EMBEDDINGS[embedding]])
-    det = as_detection(source, detection, **config.detection_options(),
-                       options=RunOptions(batch_size, progress=progress))
+    det = detect(source, detection, RunOptions(batch_size, progress=progress))
     reading = redundancy_reading(source, det, embedding=embedding, bins=bins, min_tokens=min_tokens, warn=warn)
     return run_readings(source, [reading], batch_size, progress, desc="neighbour similarity")[0]

@@ -20,11 +20,12 @@ import torch
 
 from ...interventions import TestTimeRegister
 from ...interventions.neuron_sets import ranked_neurons
+from ..core.options import required_neurons
 from ..core.behaviour import BehaviourMeter, behaviour_readout
 from ..core.stats import attention_on_artifacts
 from ...runtime.forward import Baseline
 from ...runtime.paired import Condition, paired_pass
-from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from ...detection.detection import DetectionLike, RunOptions, detect, detection_header, detection_params
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
 from ...runtime.live_source import LiveSource
 from ..declaration import study
@@ -83,7 +84,7 @@ def _mean(values: List[float]) -> Optional[float]:
 
 @study(RegistersConfig)
 @torch.no_grad()
-def registers_study(source: LiveSource, config: RegistersConfig, *, detection: DetectionLike = None,
+def registers_study(source: LiveSource, config: RegistersConfig, *, detection: DetectionLike,
                     baseline: Optional[Baseline] = None, progress: bool = True) -> RegistersResult:
     """Compare the model with and without ``TestTimeRegister(neurons)`` on the source's images.
 
@@ -93,11 +94,13 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
             keywords): ``neurons`` the register neurons (``{layer: [neuron, ...]}``, ``"2:17,2:101"``, a
             neurons.json path or a neurons result; one ranked on other weights is refused unless ``force``);
             ``n_registers`` test-time register tokens; ``value`` what is written into them ("layer_max", as the
-            reference code, or "neuron_max"); ``threshold``, ``detect_layer``, ``preset`` the outlier detection,
-            resolved on the unedited model's detection-layer norms (99th percentile when "auto" finds no bimodal
-            split; explicit options win over the preset's); ``classifier`` a classifier file whose class logits
+            reference code, or "neuron_max"); ``classifier`` a classifier file whose class logits
             give top-1 agreement and accuracy (module doc of ``behaviour``).
-        detection: the unedited model's detection on this source, when already computed.
+        detection: the high-norm tokens: a Detection of the unedited model made on this source by
+            :func:`~interp.detection.detection.detect` (saves a pass), or a
+            :class:`~interp.detection.spec.DetectionSpec` (default the config's) resolved on the unedited model's
+            norms (under "auto" with no bimodal split the 99th percentile of the unedited norms counts outliers, so
+            counts stay comparable).
         baseline: the unedited forwards (:func:`~interp.runtime.passes.baseline_pass`), when already made,
             with the same ``classifier``.
         progress: show progress bars.
@@ -107,13 +110,12 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
     """
     require_live(source, "test-time register study")
     readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
-    neurons = ranked_neurons(config.required_neurons(), source, force=config.force, label="--neurons",
+    neurons = ranked_neurons(required_neurons(config.name, config.neurons), source, force=config.force, label="--neurons",
                              flag="--force")
     n_registers, value, batch_size = config.n_registers, config.value, source.batch_size
-    found = as_detection(source, detection, **config.detection_options(),
-                         options=RunOptions(batch_size, progress=progress))
+    found = detect(source, detection, RunOptions(batch_size, progress=progress))
     header = detection_header(found, "registers")
-    detect = found.layer
+    block = found.layer
     thr_value = found.counting_threshold()
     clf = readout.classifier
     meter = BehaviourMeter(readout)
@@ -122,10 +124,10 @@ def registers_study(source: LiveSource, config: RegistersConfig, *, detection: D
     stats = {k: {"outliers": 0, "max": 0.0} for k in ("baseline", "with_register")}
     reg_norm, reg_attn, maps = [], [], []
     on_artifacts: Dict[str, List[float]] = {"baseline": [], "with_register": [], "patch_share": []}
-    grid = tuple(source.layout_of(source.blocks.resid_post(detect)).grid)
+    grid = tuple(source.layout_of(source.blocks.resid_post(block)).grid)
     has_cls = source.layout.cls_index is not None
     edited = {"with_register": Condition([ttr], attention_layers=[last] if has_cls else [])}
-    for pair in paired_pass(source, edited, detect_layer=detect, classifier=clf, baseline=baseline or True,
+    for pair in paired_pass(source, edited, detect_layer=block, classifier=clf, baseline=baseline or True,
                             progress=progress, desc="test-time register"):
         base, run = pair.baseline, pair.edited["with_register"]
         lay = run.layout

@@ -11,7 +11,7 @@ metrics of :mod:`interp.studies.core.behaviour` for the unedited ("baseline") an
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -20,7 +20,8 @@ import torch
 from ...errors import InterpError
 from ...interventions import Relocation, masks
 from ...interventions.neuron_sets import ranked_neurons
-from ...detection.detection import DetectionLike, as_detection, detection_from_norms, detection_header, detection_params, spec_of
+from ..core.options import required_neurons
+from ...detection.detection import DetectionLike, detect, detection_header, detection_params
 from ..core.behaviour import BehaviourMeter, behaviour_readout
 from ...runtime.forward import Baseline
 from ...runtime.paired import Condition, paired_pass
@@ -104,7 +105,7 @@ def relocation_grid(source, neurons) -> Tuple[int, int]:
 
 
 @study(RelocateConfig)
-def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: DetectionLike = None,
+def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: DetectionLike,
                    baseline: Optional[Baseline] = None, progress: bool = True) -> RelocateResult:
     """Relocate the register neurons onto the target (default: a smiley on the patch grid) and measure the
     outliers.
@@ -116,34 +117,36 @@ def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: Det
             neurons.json path or a neurons result; one ranked on other weights is refused unless ``force``);
             ``target`` where to (:func:`relocation_target`: ``"smiley"``, ``"box:2,2,3,3"``, ... read on the
             source's patch grid, or a Bool[h, w] mask); ``value`` what is written there ("neuron_max": each
-            neuron's per-image maximum, or "layer_max"); ``threshold``, ``detect_layer``, ``preset`` the outlier
-            detection; ``classifier`` a classifier file whose class logits give top-1 agreement and accuracy.
-        detection: the unedited model's detection on this source, when already computed.
+            neuron's per-image maximum, or "layer_max"); ``classifier`` a classifier file whose class logits give
+            top-1 agreement and accuracy.
+        detection: the outliers counted: a Detection of the unedited model made on this source by
+            :func:`~interp.detection.detection.detect`, or a DetectionSpec (default the config's: "auto" at the
+            last block), resolved on the unedited runs' norms at its block (no detection pass of its own).
         baseline: the unedited forwards (:func:`~interp.runtime.passes.baseline_pass`), when already made,
             with the same ``classifier``.
         progress: show progress bars.
 
-    Outliers before and after are counted with the unedited model's detection (``detection``, or one made
-    from ``threshold``/``detect_layer``/``preset``; default "auto"): its threshold, or the 99th percentile of its
+    Outliers before and after are counted with the unedited model's detection: its threshold, or the 99th
+    percentile of its
     norms when "auto" finds no separated mode, so a model without artifacts of its own still gets maps.
     Without artifacts the result carries ``artifacts_found=False`` and a ``warning`` (also ``warnings.warn``).
     """
     require_live(source, "relocation study")
     readout = behaviour_readout(source, config.classifier)  # a classifier that does not fit fails before any forward
-    neurons = ranked_neurons(config.required_neurons(), source, force=config.force, label="--neurons",
+    neurons = ranked_neurons(required_neurons(config.name, config.neurons), source, force=config.force, label="--neurons",
                              flag="--force")
     grid = tuple(relocation_grid(source, neurons))
     target = relocation_target(config.target, grid)
     value = config.value
     if isinstance(detection, Detection):
-        found = as_detection(source, detection, **config.detection_options())
-        spec, detect = None, found.layer
+        found = detect(source, detection)
+        spec, block = None, found.layer
     else:  # the detection comes from the unedited runs of the loop below: no pass of its own
-        spec = spec_of(detection, **config.detection_options())
-        detect = resolve_block(spec.detect_layer, source.n_layers)
-    if tuple(source.layout.for_block(detect).grid) != grid:
+        block = resolve_block(detection.resolved().detect_layer, source.n_layers)
+        spec = replace(detection.resolved(), detect_layer=block)
+    if tuple(source.layout.for_block(block).grid) != grid:
         raise InterpError(f"the relocation target lies on the grid of the neurons' blocks {grid}, the detection "
-                          f"block ({source.blocks.label(detect)}) on {tuple(source.layout.for_block(detect).grid)}: "
+                          f"block ({source.blocks.label(block)}) on {tuple(source.layout.for_block(block).grid)}: "
                           "detect on a block of the neurons' stage (--detect-layer)")
     last = source.n_layers - 1
     clf = readout.classifier
@@ -151,7 +154,7 @@ def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: Det
     reloc = Relocation(neurons, target=target, value=value)
     before, after, att_before, att_after = [], [], [], []
     edited = {"relocated": Condition([reloc], attention_layers=[last])}
-    for pair in paired_pass(source, edited, detect_layer=detect, classifier=clf, baseline=baseline or True,
+    for pair in paired_pass(source, edited, detect_layer=block, classifier=clf, baseline=baseline or True,
                             progress=progress, desc="relocation"):
         b, a = pair.baseline, pair.edited["relocated"]
         meter.add("baseline", pair.start, b.logits, b.pooled, b.logits, b.pooled)
@@ -163,7 +166,7 @@ def relocate_study(source: LiveSource, config: RelocateConfig, *, detection: Det
             att_after.append(a.cls_attention[last])
     before, after = torch.cat(before), torch.cat(after)  # [N, P]
     if spec is not None:
-        found = detection_from_norms(source, spec, before)
+        found = detect(source, spec, norms={source.blocks.resid_post(block): before})
     header = detection_header(found, "relocate")
     thr_value = found.counting_threshold()
     maps_before = (before > thr_value).reshape(-1, *grid)

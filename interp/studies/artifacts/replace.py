@@ -38,7 +38,7 @@ from ...errors import InterpError
 from ...interventions.token_replacement import TokenReplacement, calibration_from, token_rows
 from ...runtime.paired import Condition, paired_pass
 from ...runtime.source import require_live
-from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from ...detection.detection import DetectionLike, RunOptions, detect, detection_header, detection_params
 from ..core.behaviour import BehaviourMeter, behaviour_readout, headline_metric
 from ..core.options import FINAL
 from ..core.result import OutlierStudyResult, behaviour_lines, skipped_records
@@ -151,7 +151,7 @@ VERDICT_WORDS = {
 
 @study(ReplaceConfig)
 @torch.no_grad()
-def replace_study(source, config: ReplaceConfig, *, detection: DetectionLike = None,
+def replace_study(source, config: ReplaceConfig, *, detection: DetectionLike,
                   progress: bool = True) -> ReplaceResult:
     """Replace a token set by zero, mean, noise and another image's tokens at every block (module doc).
 
@@ -159,9 +159,10 @@ def replace_study(source, config: ReplaceConfig, *, detection: DetectionLike = N
         source: a live source (the study re-runs the model).
         config: the options (:class:`~interp.studies.artifacts.configs.ReplaceConfig`; or pass them as keywords):
             ``target`` the token set; ``modes`` the replacements; ``singles`` zero each token alone too;
-            ``classifier`` class logits for agreement and accuracy; the detection options count the outliers;
+            ``classifier`` class logits for agreement and accuracy;
             ``seed`` the control's patches and the noise and shuffle draws.
-        detection: the unedited model's detection on this source, when already computed.
+        detection: the outliers counted: a Detection of the unedited model on this source (made by
+            :func:`~interp.detection.detection.detect`), or a DetectionSpec (default the config's).
         progress: show progress bars.
     """
     require_live(source, "token replacement study")
@@ -170,8 +171,7 @@ def replace_study(source, config: ReplaceConfig, *, detection: DetectionLike = N
     target = _target(layout, config.target)
     rows = token_rows(layout, target, seed=config.seed)
     control = token_rows(layout, f"random:{len(rows)}", seed=config.seed + 1)
-    found = as_detection(source, detection, **config.detection_options(),
-                         options=RunOptions(source.batch_size, progress=progress))
+    found = detect(source, detection, RunOptions(source.batch_size, progress=progress))
     thr = found.counting_threshold()
     where = list(range(source.n_layers - 1))
     if not where:

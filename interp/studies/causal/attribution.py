@@ -64,7 +64,7 @@ def estimate(site: Site, donor: torch.Tensor, base: torch.Tensor, grad: torch.Te
 
 
 @study(AttributionConfig)
-def attribution_study(source, config: AttributionConfig, *, detection: DetectionLike = None,
+def attribution_study(source, config: AttributionConfig, *, detection: DetectionLike,
                       progress: bool = True) -> AttributionResult:
     """Attribution patching of every cell of the chosen sites on the images of a live ``source`` (module doc;
     the options are activation patching's, :class:`~interp.studies.causal.configs.AttributionConfig`)."""

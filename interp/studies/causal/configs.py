@@ -13,7 +13,8 @@ from typing import ClassVar, Optional, Tuple
 
 from ...errors import UsageError
 from ...values import NEURONS_SYNTAX, index_list, nonnegative_int, positive_float, positive_int
-from ..core.options import DetectionOptions
+from ...detection.spec import DetectionSpec
+from ...options import group
 from ..declaration import StudyConfig, declare, option
 
 SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out", "z", "mlp_post")  # the hook leaves a sweep patches
@@ -68,8 +69,11 @@ class LogitLensConfig(StudyConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PatchingOptions(DetectionOptions):
-    """What activation and attribution patching share: the two inputs, the sites, the metric."""
+class PatchingOptions(StudyConfig):
+    """What activation and attribution patching share: the two inputs, the sites, the metric (its ``outliers``
+    counted under the detection)."""
+
+    detection: DetectionSpec = group(DetectionSpec)
 
     corruption: str = option("image", "the corrupted input: image (the next image of the batch), noise (Gaussian "
                                       "noise added, --noise), box (--box masked to the mean colour)",

@@ -142,7 +142,7 @@ def _lens_reducers(source, readout, layout, final: torch.Tensor, target: OutputT
 
 
 @study(LogitLensConfig)
-def logit_lens_study(source, config: LogitLensConfig, *, detection=None, progress: bool = True) -> LogitLensResult:
+def logit_lens_study(source, config: LogitLensConfig, *, progress: bool = True) -> LogitLensResult:
     """The logit lens and direct logit attribution over the images of a live ``source`` (module doc).
 
     Args:

@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..._progress import tqdm
-from ...detection.detection import DetectionLike, RunOptions, as_detection
+from ...detection.detection import DetectionLike, RunOptions, detect
 from ...errors import InterpError
 from ...runtime.patching import ActivationPatch, repeat_batch
 from ...runtime.source import n_batches, require_live
@@ -176,8 +176,7 @@ def sweep_setup(source, config: PatchingOptions, detection: DetectionLike,
     found = sites(source, config)
     if config.metric != "outliers":
         return found, None, None, None
-    det = as_detection(source, detection, **config.detection_options(),
-                       options=RunOptions(source.batch_size, progress=progress))
+    det = detect(source, detection, RunOptions(source.batch_size, progress=progress))
     return found, source.blocks.resid_post(det.layer), float(det.counting_threshold()), det.layer
 
 
@@ -273,15 +272,17 @@ def run_sweep(source, config: PatchingOptions, detection: DetectionLike, progres
 
 
 @study(PatchingConfig)
-def patching_study(source, config: PatchingConfig, *, detection: DetectionLike = None,
+def patching_study(source, config: PatchingConfig, *, detection: DetectionLike,
                    progress: bool = True) -> PatchingResult:
     """Activation patching over every cell of the chosen sites, on the images of a live ``source`` (module doc).
 
     Args:
         config: the two inputs (``corruption``, ``noise``, ``box``), ``direction``, the sites (``site``,
-            ``blocks``, ``neurons``), the ``metric`` (``classes``; ``threshold``/``detect_layer`` for "outliers")
-            and ``cells`` per forward (:class:`~interp.studies.causal.configs.PatchingConfig`).
-        detection: the outlier metric's detection on this source, when already made.
+            ``blocks``, ``neurons``), the ``metric`` (``classes``) and ``cells`` per forward
+            (:class:`~interp.studies.causal.configs.PatchingConfig`).
+        detection: the "outliers" metric's high-norm tokens: a Detection made on this source by
+            :func:`~interp.detection.detection.detect`, or a DetectionSpec (default the config's); unused by the
+            other metrics.
     """
     def visit(prep, found, det):
         return {"patched": {site.block: patch_cells(source, prep, site, config.cells, det) for site in found}}

@@ -97,7 +97,7 @@ def refusal(source) -> Optional[str]:
 
 
 @study(RolloutConfig)
-def rollout_study(source, config: RolloutConfig, *, detection=None, progress: bool = True) -> RolloutResult:
+def rollout_study(source, config: RolloutConfig, *, progress: bool = True) -> RolloutResult:
     """Rollout and relevance maps of the CLS row over the images of a live ``source`` (module doc)."""
     require_live(source, "rollout")
     why = refusal(source)

@@ -1,23 +1,22 @@
-"""Option groups several studies share, as torch-free config dataclasses a study's config inherits from
-(:mod:`interp.studies.declaration`): the detection contract, the classifier of the behaviour metrics, the
-register neurons an edit uses, the linear probes' budget; and the hooks a Patch Score reads (:func:`needed_hooks`).
+"""Options several studies share, torch-free (:mod:`interp.studies.declaration`): the classifier of the behaviour
+metrics and the register neurons an edit uses (fields a config declares with :func:`classifier_option`,
+:func:`neurons_option`, :func:`force_option`), the linear probes' budget (:class:`ProbeBudget`, an option group a
+config holds with :func:`~interp.options.group`); and the hooks a Patch Score reads (:func:`needed_hooks`). What
+counts as a high-norm token is the group :class:`~interp.detection.spec.DetectionSpec`.
 
+>>> from interp.detection.spec import DetectionSpec
 >>> from interp.studies.artifacts.configs import NormsConfig
->>> NormsConfig(threshold="3.5").threshold       # a number given as text becomes a norm
+>>> NormsConfig(detection=DetectionSpec(threshold="3.5")).detection.threshold   # a number given as text: a norm
 3.5
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 from ...errors import InterpError, UsageError
-from ...options import Options
-from ...values import (NEURONS_SYNTAX, existing_file, nonnegative_float, open_fraction, positive_float, positive_int,
-                       threshold_arg, threshold_value)
-from ..declaration import StudyConfig, option
-from ...detection.presets import PRESETS, resolve_preset
-from ...hooks.names import resolve_block
+from ...options import Options, option
+from ...values import NEURONS_SYNTAX, existing_file, nonnegative_float, open_fraction, positive_float, positive_int
 
 FINAL = "hook_norm_final"  # the final normed tokens: the Patch Score's default tokens and its CLS vector
 REFERENCES = ("cls", "pooled", "selective")  # the Patch Score's global vectors
@@ -41,71 +40,37 @@ CLASSIFIER_HELP = ("classifier file (zero-shot matrix, linear head, or a DINOv2 
                    "cosine to the unedited one)")
 
 
-@dataclass(frozen=True, kw_only=True)
-class DetectionFields(Options):
-    """What counts as a high-norm token (:class:`~interp.detection.detection.DetectionSpec`): a threshold at
-    the detection block, filled in by a preset where not given. The option group of the studies
-    (:class:`DetectionOptions`) and of ``interp report`` / ``interp compare``."""
-
-    threshold: Union[float, str, None] = option(
-        None, "outlier norm threshold: a norm value > 0, pNN (e.g. p98) or auto (default, or the preset's)",
-        parse=threshold_arg)
-    preset: Optional[str] = option(None, f"published settings: {', '.join(PRESETS)} (explicit flags win)")
-    detect_layer: Optional[int] = option(
-        None, "block whose output decides outliers (default: last; negative counts from the end)")
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "threshold", threshold_value(self.threshold))
-        super().__post_init__()
-
-    def detection_options(self) -> Dict[str, Any]:
-        """The three as the detection functions take them (``threshold``, ``detect_layer``, ``preset``)."""
-        return {"threshold": self.threshold, "detect_layer": self.detect_layer, "preset": self.preset}
-
-    def detect_block(self, n_layers: int) -> int:
-        """The detection block (0-based) on an ``n_layers``-block model, the preset's when not given."""
-        layer = resolve_preset(self.preset, detect_layer=self.detect_layer).get("detect_layer")
-        return resolve_block(layer, n_layers, -1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DetectionOptions(DetectionFields, StudyConfig):
-    """A study's detection options (:class:`DetectionFields`)."""
+def classifier_option() -> Any:
+    """The ``--classifier FILE`` field of a study or command whose behaviour metrics read class logits
+    (:mod:`interp.models.classifier`)."""
+    return option(None, CLASSIFIER_HELP, parse=existing_file, metavar="FILE")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClassifierFile(Options):
     """The class logits of the behaviour metrics (:mod:`interp.models.classifiers.classifier`): ``--classifier FILE``."""
 
-    classifier: Optional[str] = option(None, CLASSIFIER_HELP, parse=existing_file, metavar="FILE")
+    classifier: Optional[str] = classifier_option()
 
 
-@dataclass(frozen=True, kw_only=True)
-class ClassifierOption(ClassifierFile, StudyConfig):
-    """A study's ``--classifier`` (:class:`ClassifierFile`)."""
+def neurons_option(help: str = f"the register neurons to edit (required): {NEURONS_SYNTAX}") -> Any:
+    """The ``--neurons`` field of a study that edits register neurons (``{layer: [neuron, ...]}``, ``"L:N,..."``
+    text, a neurons.json path or a neurons result)."""
+    return option(None, help)
 
 
-@dataclass(frozen=True, kw_only=True)
-class NeuronsOptions(ClassifierOption):
-    """The register neurons an edit uses (``--neurons``), required by a run (a config without them still says
-    which hooks it reads: ``required_hooks("ablate", n)`` answers that it re-runs the model)."""
+def force_option() -> Any:
+    """The ``--force`` field that goes with :func:`neurons_option`."""
+    return option(False, "use a neurons.json ranked on another model's weights (refused by default)")
 
-    neurons: Union[str, Dict[int, List[int]], None] = option(
-        None, f"the register neurons to edit (required): {NEURONS_SYNTAX}")
-    force: bool = option(False, "use a neurons.json ranked on another model's weights (refused by default)")
 
-    def check_inputs(self, images: Optional[Any], cache: Optional[str]) -> None:
-        super().check_inputs(images, cache)
-        self.required_neurons()
-
-    def required_neurons(self) -> Any:
-        """``neurons`` as given (dict, ``"L:N,..."`` text, neurons.json path or a neurons result); an error naming
-        ``--neurons`` when there are none."""
-        if self.neurons is None or (isinstance(self.neurons, str) and not self.neurons.strip()):
-            # exit 1, as before the declarations (the option is missing, not malformed)
-            raise InterpError(f"interp study {self.name} needs --neurons: {NEURONS_SYNTAX}; find them with "
-                              "`interp study neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json")
-        return self.neurons
+def required_neurons(study: str, neurons: Any) -> Any:
+    """``neurons`` as given; an error naming ``--neurons`` when there are none (exit 1: the option is missing,
+    not malformed). A config that edits neurons calls it from ``check_inputs``, its study before any forward."""
+    if neurons is None or (isinstance(neurons, str) and not neurons.strip()):
+        raise InterpError(f"interp study {study} needs --neurons: {NEURONS_SYNTAX}; find them with "
+                          "`interp study neurons MODEL --images DIR --out DIR` and pass DIR/neurons.json")
+    return neurons
 
 
 PROBE_BUDGET_GROUP = "probe budget (position and label probes; the pixel probe is closed-form ridge)"
@@ -144,8 +109,3 @@ class ProbeBudget(Options):
     def probe_budget(self) -> Dict[str, Any]:
         """The budget options given (None: the probes' default), as the probes' ``probe_options``."""
         return {k: getattr(self, k) for k in self.BUDGET if getattr(self, k) is not None}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProbeBudgetOptions(ProbeBudget, StudyConfig):
-    """A study's probe budget (:class:`ProbeBudget`)."""

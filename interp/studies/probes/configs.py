@@ -15,8 +15,10 @@ from ...formats.image_files import list_images
 from ...errors import UsageError
 from ...hooks.names import BlockNames
 from ...values import existing_file, existing_path, open_fraction, positive_int
-from ..core.options import DetectionOptions, ProbeBudgetOptions
-from ..declaration import declare, option
+from ...detection.spec import DetectionSpec
+from ...options import group
+from ..core.options import ProbeBudget
+from ..declaration import StudyConfig, declare, option
 from .split_file import read_split
 from ...hooks.names import resolve_block
 
@@ -29,7 +31,7 @@ Images = Union[str, Path, Sequence[Union[str, Path]], None]  # a folder, list fi
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class ProbesConfig(DetectionOptions, ProbeBudgetOptions):
+class ProbesConfig(StudyConfig):
     """linear probes per token group: position, pixels, image label
 
     Linear probes per token group (normal / high-norm patches, CLS, registers): position and pixels (Darcet et
@@ -45,6 +47,8 @@ class ProbesConfig(DetectionOptions, ProbeBudgetOptions):
                                 "need `--images`")
     cache_images_help: ClassVar[str] = "the images the cache was written from, for the pixel probe"
 
+    detection: DetectionSpec = group(DetectionSpec)
+    budget: ProbeBudget = group(ProbeBudget)
     hook: Optional[str] = option(None, "probed tokens (default blocks.{layer}.hook_resid_post)")
     layer: int = option(-1, "block of the default hook (negative counts from the end)")
     tasks: Tuple[str, ...] = option(TASKS, "probes to train (default all)", choices=TASKS, many=True)
@@ -67,7 +71,7 @@ class ProbesConfig(DetectionOptions, ProbeBudgetOptions):
     probe_options: Optional[Dict[str, Any]] = None
 
     def check(self) -> None:
-        super().check()  # --val-fraction without --patience
+        super().check()
         unknown = set(self.tasks) - set(TASKS)
         if unknown or self.position_loss not in POSITION_LOSSES:
             raise UsageError(f"tasks must be among position, pixels, label (got {sorted(unknown)}) and "
@@ -110,7 +114,7 @@ class ProbesConfig(DetectionOptions, ProbeBudgetOptions):
         which decides the high-norm patches."""
         n_layers = len(blocks)
         return [self.hook or blocks.resid_post(resolve_block(self.layer, n_layers, -1)),
-                blocks.resid_post(self.detect_block(n_layers))]
+                blocks.resid_post(self.detection.detect_block(n_layers))]
 
 
 def image_entries(images: Images) -> List[str]:

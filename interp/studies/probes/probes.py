@@ -19,8 +19,8 @@ token group on the held-out images (:mod:`~interp.studies.probes.scores`):
 
 Groups: ``normal`` and ``high_norm`` patches. High-norm = ``outliers`` (a given bool mask [N, t] or [N, P]),
 else the one detection contract on the un-normalised residual stream of a detection block, separate from the
-probed hook (:func:`~interp.detection.detection.as_detection`: ``detection=`` a Detection or DetectionSpec,
-or ``threshold`` / ``detect_layer`` / ``preset``; default "auto" at the last block). Every score comes with its
+probed hook (:func:`~interp.detection.detection.detect`: ``detection=`` a Detection or DetectionSpec; default
+"auto", the block chosen). Every score comes with its
 chance level (the best constant guess of the training set); an empty group is reported as such (``n = 0``
 and a note), never as a number.
 
@@ -38,7 +38,8 @@ Memory: two streaming passes over the source (detection norms, then tokens); per
 ``max_train_tokens / n_train_images`` training tokens and ``max_test_tokens / n_test_images`` test tokens per
 group are kept, sampled with a seed per image.
 
->>> result = probes_study(source, threshold="p98", tasks=("position",), progress=False)
+>>> from interp.detection.spec import DetectionSpec
+>>> result = probes_study(source, detection=DetectionSpec(threshold="p98"), tasks=("position",), progress=False)
 >>> sorted(result.position)                       # one score per token group, each with its chance level
 ['high_norm', 'normal']
 >>> result.position["normal"].score is None       # four photos: the reason instead of a number
@@ -60,11 +61,10 @@ from ...errors import InterpError, InterpWarning
 from ...models.inputs.preprocessing import patch_pixels  # noqa: F401  (its public home of earlier versions)
 from ...detection.detection import DetectionLike, RunOptions, detection_header, detection_params
 from ...detection.detection import Detection
-from ...detection.thresholds import ThresholdSpec
 from ...runtime.passes import Reading, run_readings
 from ..core.result import OutlierStudyResult, skipped_records
 from ...runtime.source import ActivationSource
-from ..declaration import study
+from ..declaration import default_detection, study
 from .configs import POSITION_LOSSES, TASKS, ProbesConfig, image_entries
 from .image_sets import (DEFAULT_TEST_FRACTION, DEFAULT_VAL_FRACTION, cache_images, image_roles, set_labels,
                          split_summary)
@@ -175,28 +175,30 @@ def _header(found, mask: torch.Tensor, hook: str, blocks, warn: bool = True):
 @study(ProbesConfig)
 def probes_study(source: ActivationSource, config: ProbesConfig, *, images: Union[torch.Tensor, str, Path, None] = None,
                  labels: Optional[Sequence[int]] = None, outliers: Optional[torch.Tensor] = None,
-                 detection: DetectionLike = None, progress: bool = True) -> ProbesResult:
+                 detection: DetectionLike, progress: bool = True) -> ProbesResult:
     """Position, pixel and label probes per token group (module docstring).
 
     Args:
         config: the options (:class:`~interp.studies.probes.configs.ProbesConfig`; or pass them as keywords):
             ``hook`` the probed tokens (default ``blocks.{layer}.hook_resid_post``), all token rows for
             CLS/registers; ``tasks`` any of ``position``, ``pixels``, ``label``; ``position_loss`` ``ce`` (Darcet)
-            or ``ce+mse`` (the reassessment: + 0.5 x MSE of (row, col)); ``threshold`` / ``detect_layer`` /
-            ``preset`` the detection (default "auto" at the last block's ``hook_resid_post``); ``test_images``
+            or ``ce+mse`` (the reassessment: + 0.5 x MSE of (row, col)); ``test_images``
             (and ``train_images``): the held-out (and training) images among the source's: ids or paths, or a
             folder / list file naming them (two folders in an image-folder layout label the images by class
             name across both); ``split`` a split file naming both sets; else a seeded random split holding out
             ``test_fraction`` (default 0.25) of the images; ``max_train_tokens`` / ``max_test_tokens`` the token
-            caps; the probe budget (``epochs``, ``min_steps``, ``lr``, ``weight_decay``, ``ridge``, ``patience``,
-            ``val_fraction``) and ``probe_options`` (any of :data:`PROBE_OPTIONS`; the budget options win).
+            caps; ``budget`` the probe budget (a :class:`~interp.studies.core.options.ProbeBudget`: ``epochs``,
+            ``min_steps``, ``lr``, ``weight_decay``, ``ridge``, ``patience``, ``val_fraction``) and ``probe_options`` (any of :data:`PROBE_OPTIONS`; the budget options win).
         images: the pixel probe's input images on a cache source: Tensor[N, 3, H, W] preprocessed as the cache
             was, or the image files the cache was written from (read with the cache's transform).
         labels: [N] class ids (default ``source.labels``).
         outliers: a given high-norm mask Bool[N, t] or [N, P]; else the detection decides.
-        detection: a Detection made on this source, or a DetectionSpec (instead of the config's detection).
+        detection: the high-norm patches: a Detection made on this source, or a DetectionSpec (default the
+            config's: "auto", the block chosen, on the block's ``hook_resid_post``); not with ``outliers``.
     """
     c = config
+    if outliers is not None and detection == default_detection(ProbesConfig):
+        detection = None  # the mask decides
     if isinstance(images, (str, Path)):
         images = cache_images(source, images) if not source.is_live and "pixels" in c.tasks else None
     train, test = ((None, None) if c.split is None else read_split(c.split))
@@ -206,11 +208,11 @@ def probes_study(source: ActivationSource, config: ProbesConfig, *, images: Unio
         if labels is None and _is_folder(c.train_images) and _is_folder(c.test_images):
             labels = set_labels(source.ids, [c.train_images, c.test_images])[0]  # one class index per name
     reading = probes_reading(source, c.hook, layer=c.layer, tasks=c.tasks, position_loss=c.position_loss,
-                             outliers=outliers, detection=detection, **c.detection_options(), images=images,
+                             outliers=outliers, detection=detection, images=images,
                              labels=labels, test_images=test, train_images=train, test_fraction=c.test_fraction,
                              max_train_tokens=c.max_train_tokens, max_test_tokens=c.max_test_tokens, seed=c.seed,
                              batch_size=source.batch_size,
-                             probe_options={**(c.probe_options or {}), **c.probe_budget()}, progress=progress)
+                             probe_options={**(c.probe_options or {}), **c.budget.probe_budget()}, progress=progress)
     return run_readings(source, [reading], source.batch_size, progress, "probe tokens")[0]
 
 
@@ -221,8 +223,7 @@ def _is_folder(images) -> bool:
 def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, layer: int = -1,
                    tasks: Sequence[str] = TASKS, position_loss: str = "ce",
                    outliers: Optional[torch.Tensor] = None, detection: DetectionLike = None,
-                   threshold: Optional[ThresholdSpec] = None, detect_layer: Optional[int] = None,
-                   preset: Optional[str] = None, images: Optional[torch.Tensor] = None,
+                   images: Optional[torch.Tensor] = None,
                    labels: Optional[Sequence[int]] = None, test_images: Optional[Sequence] = None,
                    train_images: Optional[Sequence] = None, test_fraction: Optional[float] = None,
                    max_train_tokens: int = 50_000, max_test_tokens: int = 20_000, seed: int = 0,
@@ -253,8 +254,7 @@ def probes_reading(source: ActivationSource, hook: Optional[str] = None, *, laye
                                test_fraction=test_fraction, val_fraction=val_fraction, seed=seed,
                                skipped=[image for image, _ in source.skipped])
     count = split_summary(roles)
-    high_mask, found = high_norm_mask(source, outliers, detection, threshold=threshold, detect_layer=detect_layer,
-                                      preset=preset, options=RunOptions(batch_size=bs, progress=progress))
+    high_mask, found = high_norm_mask(source, outliers, detection, RunOptions(batch_size=bs, progress=progress))
     header, detection_part, outliers_from = _header(found, high_mask, hook, source.blocks,
                                                     warn=not isinstance(detection, Detection))
     caps = {TRAIN: math.ceil(max_train_tokens / max(count["train"], 1)),

@@ -17,9 +17,8 @@ import torch
 from ...errors import InterpError
 from ...models.inputs.preprocessing import patch_pixels
 from ...runtime.source import split_tokens
-from ...detection.detection import DetectionLike, RunOptions, as_detection
+from ...detection.detection import DetectionLike, RunOptions, detect
 from ...detection.detection import Detection
-from ...detection.thresholds import ThresholdSpec
 from ...runtime.passes import Fold
 from ...runtime.source import ActivationSource
 from .linear_probe import image_key
@@ -29,23 +28,19 @@ TRAIN, TEST, VAL = 0, 1, 2  # an image's role in the probes study
 
 
 def high_norm_mask(source: ActivationSource, outliers: Optional[torch.Tensor] = None,
-                   detection: DetectionLike = None, *, threshold: Optional[ThresholdSpec] = None,
-                   detect_layer: Optional[int] = None, preset: Optional[str] = None,
-                   options: Optional[RunOptions] = None) -> Tuple[torch.Tensor, Optional[Detection]]:
+                   detection: DetectionLike = None, options: Optional[RunOptions] = None
+                   ) -> Tuple[torch.Tensor, Optional[Detection]]:
     """(Bool[N, P] high-norm patches, the Detection they came from or None for a given mask).
 
-    ``outliers``: a given Bool[N, t] or [N, P] mask (then no detection argument may be given). Otherwise
-    :func:`~interp.detection.detection.as_detection` resolves ``detection`` / ``threshold`` /
-    ``detect_layer`` / ``preset`` on ``source`` (the block's ``hook_resid_post``; default "auto" at the last
-    block, or the preset's)."""
+    ``outliers``: a given Bool[N, t] or [N, P] mask (then no ``detection``). Otherwise
+    :func:`~interp.detection.detection.detect` resolves ``detection`` (a Detection or a DetectionSpec; None:
+    "auto", the block chosen) on ``source`` (the block's ``hook_resid_post``)."""
     n, layout = len(source), source.layout
     if outliers is None:
-        found = as_detection(source, detection, threshold=threshold, detect_layer=detect_layer, preset=preset,
-                             options=options)
+        found = detect(source, detection, options)
         return found.outliers, found
-    if detection is not None or threshold is not None or detect_layer is not None or preset is not None:
-        raise InterpError("give outliers= (a mask) or a detection (detection=, threshold=, detect_layer=, "
-                          "preset=), not both")
+    if detection is not None:
+        raise InterpError("give outliers= (a mask) or detection= (a Detection or DetectionSpec), not both")
     mask = torch.as_tensor(outliers).bool()
     if mask.ndim == 2 and mask.shape[1] == layout.n_tokens and mask.shape[1] != layout.n_patches:
         mask = mask[:, layout.patch_slice]

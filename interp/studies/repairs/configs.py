@@ -9,14 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Optional, Union
 
+from ...detection.spec import DetectionSpec
+from ...options import group
 from ...values import NEURONS_SYNTAX, fraction, positive_int
-from ..core.options import ClassifierOption, DetectionOptions
-from ..declaration import declare, option
+from ..core.options import classifier_option, force_option, neurons_option
+from ..declaration import StudyConfig, declare, option
 
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class RepairsConfig(ClassifierOption, DetectionOptions):
+class RepairsConfig(StudyConfig):
     """every training-free repair of the high-norm tokens on one table, and SINDER's direction from the weights
 
     One row per repair (the intact model, the test-time register, the attention bias, Fix-Reg-Mean, mean replacement
@@ -31,10 +33,12 @@ class RepairsConfig(ClassifierOption, DetectionOptions):
     function: ClassVar[str] = "repairs_study"
     result: ClassVar[str] = "RepairsResult"
 
-    neurons: Union[str, Dict[int, List[int]], None] = option(
-        None, f"register neurons for the test-time register and the attention bias (without them both rows say "
-              f"n/a): {NEURONS_SYNTAX}")
-    force: bool = option(False, "use a neurons.json ranked on another model's weights (refused by default)")
+    detection: DetectionSpec = group(DetectionSpec)
+    classifier: Optional[str] = classifier_option()
+    neurons: Union[str, Dict[int, List[int]], None] = neurons_option(
+        f"register neurons for the test-time register and the attention bias (without them both rows say n/a): "
+        f"{NEURONS_SYNTAX}")
+    force: bool = force_option()
     tta_views: int = option(10, "views of the test-time-augmentation denoising, the image itself included "
                                 "(default 10, PH-Reg's)", parse=positive_int)
     tta_shift: float = option(0.15, "largest view shift as a share of the patch grid (default 0.15, PH-Reg's)",

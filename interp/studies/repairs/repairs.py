@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...detection.detection import DetectionLike, RunOptions, as_detection, detection_header, detection_params
+from ...detection.detection import DetectionLike, RunOptions, detect, detection_header, detection_params
 from ...errors import InterpError
 from ...interventions.neuron_sets import ranked_neurons
 from ...runtime.paired import Condition, paired_pass
@@ -122,7 +122,7 @@ def _patch_cosine(feats: torch.Tensor, intact: torch.Tensor, normal: torch.Tenso
 
 @study(RepairsConfig)
 @torch.no_grad()
-def repairs_study(source, config: RepairsConfig, *, detection: DetectionLike = None,
+def repairs_study(source, config: RepairsConfig, *, detection: DetectionLike,
                   progress: bool = True) -> RepairsResult:
     """Run every training-free repair and SINDER's direction on the source's images (module doc).
 
@@ -130,8 +130,10 @@ def repairs_study(source, config: RepairsConfig, *, detection: DetectionLike = N
         source: a live source (the study re-runs the model), one token grid (not a pyramid).
         config: the options (:class:`~interp.studies.repairs.configs.RepairsConfig`; or pass them as keywords):
             ``neurons`` (the test-time register and the attention bias), ``tta_views``/``tta_shift``/``seed`` (the
-            views), ``regcache_block``, ``sinder``/``sinder_samples``, ``classifier`` and the detection options.
-        detection: the unedited model's detection on this source, when already computed.
+            views), ``regcache_block``, ``sinder``/``sinder_samples``, ``classifier`` and ``detection`` (a
+            :class:`~interp.detection.spec.DetectionSpec`).
+        detection: the unedited model's detection on this source when already computed, else the config's spec
+            (:func:`~interp.detection.detection.detect`).
         progress: show progress bars.
     """
     require_live(source, "repairs study")
@@ -141,8 +143,7 @@ def repairs_study(source, config: RepairsConfig, *, detection: DetectionLike = N
     readout = behaviour_readout(source, config.classifier)
     neurons = None if config.neurons is None else ranked_neurons(config.neurons, source, force=config.force,
                                                                  label="--neurons", flag="--force")
-    found = as_detection(source, detection, **config.detection_options(),
-                         options=RunOptions(source.batch_size, progress=progress))
+    found = detect(source, detection, RunOptions(source.batch_size, progress=progress))
     header = detection_header(found, "repairs")
     thr = found.counting_threshold()
     measured = block_pass(source, found.outliers)

@@ -15,8 +15,9 @@ from typing import ClassVar, Dict, List, Optional, Union
 from ...errors import InterpError, UsageError
 from ...sae_settings import SAE_CONFIG
 from ...values import NEURONS_SYNTAX, check_input_path, existing_path, positive_int
-from ..core.options import DetectionOptions
-from ..declaration import declare, option
+from ...detection.spec import DetectionSpec
+from ...options import group
+from ..declaration import StudyConfig, declare, option
 
 
 
@@ -35,9 +36,19 @@ def sae_hook(directory: Union[str, Path]) -> str:
     return hook
 
 
+@dataclass(frozen=True, kw_only=True)
+class SaeDetection(DetectionSpec):
+    """The sae-features study's detection group: a :class:`DetectionSpec` decided at the SAE's own hook, so its
+    block is the SAE's (another is refused)."""
+
+    detect_layer: Optional[int] = option(
+        None, "the SAE's block (the default; the high-norm tokens are decided at the SAE's own hook, another block "
+              "is refused)")
+
+
 @declare
 @dataclass(frozen=True, kw_only=True)
-class SaeFeaturesConfig(DetectionOptions):
+class SaeFeaturesConfig(StudyConfig):
     """SAE features on the high-norm tokens: firing rates, artifact features, their directions
 
     Encode every token of the SAE's hook with the SAE of --sae (interp sae train); per feature its firing rate on
@@ -52,9 +63,7 @@ class SaeFeaturesConfig(DetectionOptions):
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = "the SAE's hook (`hook` of `--sae DIR/sae.json`)"
 
-    detect_layer: Optional[int] = option(
-        None, "the SAE's block (the default; the high-norm tokens are decided at the SAE's own hook, another block "
-              "is refused)")
+    detection: DetectionSpec = group(SaeDetection)
     sae: Optional[str] = option(None, "folder of a trained SAE (sae.json + sae.safetensors, written by "
                                       "`interp sae train`; required)", metavar="DIR", parse=existing_path)
     neurons: Union[str, Dict[int, List[int]], None] = option(

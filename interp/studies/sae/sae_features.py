@@ -20,7 +20,8 @@ from ...interventions.neuron_sets import check_ranked_on, neuron_set
 from ...runtime.source import ActivationSource
 from ...sae.features import source_feature_report, write_directions
 from ...sae.model import load
-from ...detection.presets import resolve_preset
+from ...detection.detection import DetectionLike, threshold_param
+from ...detection.spec import DetectionSpec
 from ..core.result import OutlierStudyResult, skipped_records
 from ..declaration import study
 from .configs import SaeFeaturesConfig
@@ -108,14 +109,18 @@ class SaeFeaturesResult(OutlierStudyResult):
         return source.display_images(n) if source.shows_images and n else None
 
 
-def _detection_threshold(config: SaeFeaturesConfig, layer: Optional[int], n_layers: int):
-    """The threshold asked for; a --detect-layer (or a preset's) other than the SAE's block is refused."""
-    opts = resolve_preset(config.preset, threshold=config.threshold, detect_layer=config.detect_layer)
-    asked = opts.get("detect_layer")
-    if asked is not None and (layer is None or resolve_block(asked, n_layers, -1) != layer):
-        raise UsageError(f"--detect-layer {asked}: sae-features decides the high-norm tokens at the SAE's own hook "
-                         f"(block {layer}); leave --detect-layer (and a preset that sets another block) out")
-    return opts.get("threshold", "auto"), opts.get("preset")
+def _detection_threshold(detection: DetectionLike, layer: Optional[int], n_layers: int):
+    """(threshold, preset) of the spec asked for; a Detection (made at a block's output, not at the SAE's hook)
+    and a --detect-layer (or a preset's) other than the SAE's block are refused."""
+    if not isinstance(detection, DetectionSpec):
+        raise InterpError("sae-features decides the high-norm tokens on the norms at the SAE's own hook; give "
+                          "detection=DetectionSpec(...) (a threshold, a preset), not a Detection made elsewhere")
+    spec = detection.resolved()
+    if spec.detect_layer is not None and (layer is None or resolve_block(spec.detect_layer, n_layers, -1) != layer):
+        raise UsageError(f"--detect-layer {spec.detect_layer}: sae-features decides the high-norm tokens at the "
+                         f"SAE's own hook (block {layer}); leave --detect-layer (and a preset that sets another "
+                         "block) out")
+    return spec.threshold, spec.preset
 
 
 def _writes(config: SaeFeaturesConfig, source: ActivationSource):
@@ -138,15 +143,16 @@ def _write_notes(source: ActivationSource, neurons) -> Dict[str, str]:
 
 
 @study(SaeFeaturesConfig)
-def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
+def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *, detection: DetectionLike,
                        progress: bool = True) -> SaeFeaturesResult:
     """The SAE's features per token kind and its artifact features over ``source``.
 
     Args:
         source: a live model over images, or a cache holding the SAE's hook (full vectors).
         config: :class:`~interp.studies.sae.configs.SaeFeaturesConfig` (or its options as keywords): ``sae``
-            (the folder), ``neurons`` (compare with their fc2 columns), ``threshold`` / ``preset`` (the detection
-            at the SAE's hook; ``detect_layer`` may only name the SAE's block), ``n_top``, ``n_maps``.
+            (the folder), ``neurons`` (compare with their fc2 columns), ``n_top``, ``n_maps``.
+        detection: a :class:`~interp.detection.spec.DetectionSpec` (default the config's): the threshold and
+            preset of the detection at the SAE's hook (``detect_layer`` may only name the SAE's block).
         progress: show progress bars.
 
     Raises:
@@ -158,7 +164,7 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
     hook = sae.hook
     blocks = getattr(source, "blocks", None)  # its flat index: a pyramid's stage block too
     layer = blocks.block_of(hook) if blocks is not None else block_of(hook)
-    threshold, preset = _detection_threshold(config, layer, source.n_layers)
+    threshold, preset = _detection_threshold(detection, layer, source.n_layers)
     writes, neurons = _writes(config, source)
     write_notes = _write_notes(source, neurons)
     layout, bs = source.layout, source.batch_size
@@ -169,7 +175,7 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *,
     warning = det.get("warning") if found else (report["reason"] or "no patch tokens stored")
     return SaeFeaturesResult(
         model=source.model_name, fingerprint=source.fingerprint,
-        params={"sae": str(config.sae), "threshold": config.threshold, "detect_layer": layer, "preset": preset,
+        params={"sae": str(config.sae), "threshold": threshold_param(detection.threshold), "detect_layer": layer, "preset": preset,
                 "neurons": neurons, "n_top": config.n_top, "n_maps": config.n_maps, "batch_size": bs},
         seed=None, ids=list(source.ids), skipped=skipped_records(source),
         detect_layer=-1 if layer is None else layer, threshold=report["threshold"],

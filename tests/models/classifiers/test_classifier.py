@@ -26,6 +26,7 @@ from interp.runtime.passes import baseline_pass
 
 from conftest import images
 from reference.dinov2_linear_head import linear_head_logits
+from interp.detection.spec import DetectionSpec
 
 NEURONS = {0: list(range(0, 256, 2)), 1: list(range(1, 256, 3))}  # enough to move the outputs
 
@@ -123,7 +124,7 @@ def test_run_hooks_keeps_the_pooled_vector_beside_the_class_logits(tmp_path):
 def test_a_clip_like_head_without_classifier_gets_cosine_and_a_note_never_accuracy():
     model = clip_like()
     source = labelled_source(model)
-    result = ablate_study(source, neurons=NEURONS, controls=1, threshold="p99", progress=False)
+    result = ablate_study(source, detection=DetectionSpec(threshold="p99"), neurons=NEURONS, controls=1, progress=False)
     target = result.conditions["target"]
     assert target["accuracy"] is None and target["top1_agreement"] is None  # labels exist, but no class logits
     assert result.summary["accuracy"]["baseline"] is None
@@ -158,7 +159,7 @@ def test_a_zeroshot_file_gives_accuracy_equal_to_a_hand_computation(tmp_path):
     w = F.normalize((spread - (spread @ common)[:, None] * common)[:3], dim=-1)
     path = save_classifier(tmp_path / "zs.pt", "zeroshot", w, logit_scale=100.0, source="test matrix",
                            class_names=["cat", "dog", "fox"])
-    result = ablate_study(source, neurons=NEURONS, controls=1, threshold="p99", classifier=str(path), progress=False)
+    result = ablate_study(source, detection=DetectionSpec(threshold="p99"), neurons=NEURONS, controls=1, classifier=str(path), progress=False)
     labels = torch.tensor([0, 1, 2, 0, 1, 2])
     with torch.no_grad():
         base = (100.0 * F.normalize(model(x), dim=-1) @ w.T).argmax(-1)
@@ -181,12 +182,11 @@ def test_every_behaviour_study_has_one_condition_record_shape(tmp_path):
     path, _ = zeroshot_file(tmp_path, class_names=["cat", "dog", "fox"])  # the folders name its classes
     neurons = {1: list(range(0, 256, 4))}
     runs = {
-        "ablate": lambda c: ablate_study(source, neurons=neurons, controls=1, threshold="p99", classifier=c,
+        "ablate": lambda c: ablate_study(source, detection=DetectionSpec(threshold="p99"), neurons=neurons, controls=1, classifier=c,
                                          progress=False),
-        "registers": lambda c: registers_study(source, neurons=neurons, threshold="p99", classifier=c,
+        "registers": lambda c: registers_study(source, detection=DetectionSpec(threshold="p99"), neurons=neurons, classifier=c,
                                                progress=False),
-        "relocate": lambda c: relocate_study(source, neurons=neurons, target=torch.eye(4, dtype=torch.bool),
-                                             threshold="p99", classifier=c, progress=False),
+        "relocate": lambda c: relocate_study(source, detection=DetectionSpec(threshold="p99"), neurons=neurons, target=torch.eye(4, dtype=torch.bool), classifier=c, progress=False),
         "masking": lambda c: masking_study(source, fractions=[0.0, 0.5], classifier=c, progress=False),
         "selective_cls": lambda c: selective_cls_study(source, ks=[1, 16], classifier=c, progress=False),
     }
@@ -216,7 +216,7 @@ def test_a_baseline_made_with_another_classifier_is_refused(tmp_path):
     base = baseline_pass(source, 1, progress=False)
     assert base.pooled.shape == (2, 64) and base.classifier is None
     with pytest.raises(InterpError, match="another classifier"):
-        registers_study(source, neurons={1: [0, 1]}, threshold="p99", detect_layer=1, baseline=base,
+        registers_study(source, detection=DetectionSpec(threshold="p99", detect_layer=1), neurons={1: [0, 1]}, baseline=base,
                         classifier=str(path), progress=False)
 
 

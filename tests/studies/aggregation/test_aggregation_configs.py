@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from interp.errors import InterpError, UsageError
-from interp.studies.aggregation.configs import MaskingConfig, PatchScoreConfig, PiBConfig, SelectiveCLSConfig
+from interp.detection.spec import DetectionSpec
+from interp.studies.aggregation.configs import (MaskingConfig, MaskingDetection, PatchScoreConfig, PiBConfig,
+                                               SelectiveCLSConfig)
 from interp.studies.catalog import declared, required_hooks
 
 
@@ -37,11 +39,10 @@ def test_option_combinations_are_refused_in_the_config():
         MaskingConfig(fractions=(0.0, 0.5), steps=7)
 
 
-def test_masking_takes_the_former_threshold_name():
-    assert MaskingConfig(outlier_threshold="12").threshold == 12.0
-    assert MaskingConfig(threshold="p95", outlier_threshold="p95").threshold == "p95"
-    with pytest.raises(InterpError, match="not both"):
-        MaskingConfig(threshold=1.0, outlier_threshold=2.0)
+def test_masking_detects_at_p98_unless_told_otherwise():
+    assert MaskingConfig().detection.resolved() == DetectionSpec(threshold="p98")
+    assert MaskingConfig(detection=MaskingDetection(preset="darcet")).detection.resolved().threshold == 150.0
+    assert MaskingConfig(detection=MaskingDetection(threshold="12")).detection.resolved().threshold == 12.0
 
 
 def test_the_selective_cls_options_build_one_edit():
@@ -61,7 +62,7 @@ def test_the_command_line_fills_the_config():
     args = build_parser().parse_args(["study", "masking", "m", "--images", ".", "--out", "o",
                                       "--outlier-threshold", "p97", "--orders", "top", "random"])
     config = MaskingConfig.from_args(args)
-    assert config.threshold == "p97" and config.orders == ("top", "random")
+    assert config.detection.threshold == "p97" and config.orders == ("top", "random")
 
 
 def test_pib_study_needs_boxes_and_takes_a_selective_object(tmp_path):

@@ -13,7 +13,9 @@ from interp.errors import InterpError
 from interp.hooks.names import resid_post
 from interp.studies.aggregation.masking import (MaskingResult, cells_to_mask, fraction_steps, mask_images,
                                                 masking_study, random_keys)
-from interp.detection.detection import DetectionSpec, detect_spec
+from interp.detection.detection import detect
+from interp.detection.spec import DetectionSpec
+from interp.studies.aggregation.configs import MaskingConfig
 from interp.runtime.forward import run_hooks
 from interp.runtime.open import open_source
 
@@ -82,8 +84,8 @@ def test_outliers_follow_the_detection_contract(vit):
         run = run_hooks(vit, x, [resid_post(0)])
         norms = run.acts[resid_post(0)][:, run.layout.patch_slice].norm(dim=-1)
     value = float(norms.flatten().quantile(0.9))
-    result = masking_study(source, fractions=[0.0], threshold=value, detect_layer=0, orders=("top",),
-                           progress=False)
+    result = masking_study(source, detection=DetectionSpec(threshold=value, detect_layer=0), fractions=[0.0],
+                           orders=("top",), progress=False)
     assert result.detect_layer == 0 and result.threshold == pytest.approx(value)
     assert result.threshold_method == "fixed" and result.counting_threshold == pytest.approx(value)
     per_image = float((norms > value).sum(1).float().mean())
@@ -95,20 +97,22 @@ def test_outliers_follow_the_detection_contract(vit):
     assert default.detect_layer == 1 and default.threshold_method == "percentile"
     assert default.params["threshold"] == "p98"
     # a preset fills in the threshold and the block; a Detection made once is used as it is
-    darcet = masking_study(source, fractions=[0.0], preset="darcet", orders=("top",), progress=False)
+    darcet = masking_study(source, detection=DetectionSpec(preset="darcet"), fractions=[0.0], orders=("top",),
+                           progress=False)
     assert darcet.preset == "darcet" and darcet.threshold == 150.0 and darcet.detect_layer == 1
-    found = detect_spec(source, DetectionSpec(threshold="p90", detect_layer=0))
+    found = detect(source, DetectionSpec(threshold="p90", detect_layer=0))
     shared = masking_study(source, fractions=[0.0], detection=found, orders=("top",), progress=False)
     assert shared.threshold == pytest.approx(found.threshold.value) and shared.detect_layer == 0
-    with pytest.raises(InterpError, match="disagrees"):
-        masking_study(source, fractions=[0.0], detection=found, detect_layer=1, progress=False)
-    alias = masking_study(source, fractions=[0.0], outlier_threshold=value, detect_layer=0, orders="top",
-                          progress=False)
-    assert alias.threshold == pytest.approx(value) and alias.orders == ["top"]
+    with pytest.raises(InterpError, match="give the detection once"):  # a config's spec and a Detection
+        masking_study(source, MaskingConfig(detection=DetectionSpec(detect_layer=1)), fractions=[0.0],
+                      detection=found, progress=False)
+    plain = masking_study(source, detection=DetectionSpec(detect_layer=0), fractions=[0.0], orders="top",
+                          progress=False)  # a DetectionSpec means what it says: "auto" without a threshold
+    assert plain.params["threshold"] == "auto" and plain.orders == ["top"]
     with pytest.raises(InterpError, match="at least one"):
         masking_study(source, fractions=[0.0], orders=(), progress=False)
-    with pytest.raises(InterpError, match="not both"):
-        masking_study(source, fractions=[0.0], threshold=1.0, outlier_threshold=2.0, progress=False)
+    with pytest.raises(InterpError, match="belongs to the detection"):
+        masking_study(source, fractions=[0.0], threshold=1.0, progress=False)
 
 
 def test_old_results_load_and_cli_options(tmp_path):

@@ -16,6 +16,8 @@ from interp.studies import open_source
 from interp.studies.artifacts.ablate import ablate_study
 from interp.studies.artifacts.neurons import neurons_study
 from interp.studies.artifacts.norms import norms_study
+from interp.detection.spec import DetectionSpec
+from interp.detection.detection import RunOptions
 
 NEURONS = (17, 101, 402, 500)  # stage 2 of the pyramids has 512 (Swin) / 640 (PVTv2) MLP neurons
 CASES = {  # name -> (load arguments, planted block, detection block, what the survey says)
@@ -33,7 +35,7 @@ def planted(request):
     name, kwargs, layer, chosen, summary = CASES[request.param]
     model = interp.load(name, **kwargs)
     source = open_source(model=model, images=interp.models.sample_image_paths(), batch_size=4)
-    return model, source, detect(source, progress=False), (layer, chosen, summary)
+    return model, source, detect(source, options=RunOptions(progress=False)), (layer, chosen, summary)
 
 
 def test_the_detection_block_is_where_the_artifacts_are(planted):
@@ -41,7 +43,7 @@ def test_the_detection_block_is_where_the_artifacts_are(planted):
     assert planted_truth(model).layer == layer
     assert det.layer == chosen and det.artifacts_found and not det.from_input.any()
     assert det.survey is not None and not det.survey.blocks[-1].found  # the last block shows none
-    last = detect(source, layer=-1, progress=False)  # what detection at the last block says
+    last = detect(source, DetectionSpec(detect_layer=-1), RunOptions(progress=False))  # what detection at the last block says
     assert not last.artifacts_found
     truth = torch.cat([planted_truth(model).artifact_mask(model, x) for _, x in source.image_batches()])
     assert (det.outliers.reshape(truth.shape) == truth).float().mean() >= 0.95

@@ -14,6 +14,7 @@ from interp.studies.artifacts.redundancy import (MIN_GROUP_TOKENS, RedundancyRes
 from interp.detection.detection import DetectionSpec
 from interp.detection.detection import Detection
 from interp.detection.thresholds import resolve_threshold
+from interp.detection.detection import RunOptions
 
 
 def test_neighbour_similarity_is_the_mean_cosine_over_the_grid_neighbours():
@@ -77,9 +78,9 @@ def test_a_group_with_too_few_tokens_gets_no_number_and_says_why(planted):
     from interp.detection.detection import detect
 
     _, _, source = planted
-    top = detect(source, "auto", progress=False).norms.flatten().sort().values
+    top = detect(source, DetectionSpec(threshold="auto"), RunOptions(progress=False)).norms.flatten().sort().values
     threshold = float((top[-4] + top[-5]) / 2)    # 4 tokens above it
-    result = redundancy_study(source, threshold=threshold, progress=False)
+    result = redundancy_study(source, detection=DetectionSpec(threshold=threshold), progress=False)
     high = result.groups["high_norm"]
     assert high["n_tokens"] == 4 < MIN_GROUP_TOKENS
     assert high["mean"] is None and high["median"] is None and result.difference is None

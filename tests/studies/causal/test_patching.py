@@ -18,6 +18,7 @@ from interp.studies.causal.patching import patching_study
 from interp.studies.causal.sweep import corrupt, spearman
 from reference.tl_patching import (generic_activation_patch, layer_head_vector_patch_setter, layer_pos_patch_setter,
                                    normalized, rows)
+from interp.detection.spec import DetectionSpec
 
 
 def logit_diff(logits):
@@ -59,8 +60,7 @@ def planted():
 
 
 def test_patching_locates_the_planted_blocks_and_positions(planted):
-    result = patching_study(planted, site="mlp_out", metric="outliers", corruption="noise", noise=0.5, cells=17,
-                            threshold=300.0, progress=False)  # ordinary tokens ~142, artifacts ~616
+    result = patching_study(planted, detection=DetectionSpec(threshold=300.0), site="mlp_out", metric="outliers", corruption="noise", noise=0.5, cells=17, progress=False)  # ordinary tokens ~142, artifacts ~616
     assert result.clean == 1.0 and result.corrupted == 0.0  # one artifact per clean image, none once textured
     effect = torch.tensor(result.normalized)
     # Only block 0's MLP (the texture energy) and block 2's (the register neurons), only at the flat patches.
@@ -75,8 +75,8 @@ def test_patching_locates_the_planted_blocks_and_positions(planted):
     rank = spearman(torch.tensor(result.attention[2][1:]), effect[2, 1:])
     assert result.attention_rank[2] == pytest.approx(rank) and result.attention_rank[5] is None  # no effect there
     # Noising: the corrupted (textured) MLP output at a flat patch removes that image's artifact.
-    noised = patching_study(planted, site="mlp_out", blocks=(2,), direction="noise", metric="outliers",
-                            corruption="noise", noise=0.5, cells=17, threshold=300.0, progress=False)
+    noised = patching_study(planted, detection=DetectionSpec(threshold=300.0), site="mlp_out", blocks=(2,), direction="noise", metric="outliers",
+                            corruption="noise", noise=0.5, cells=17, progress=False)
     assert torch.tensor(noised.values[0])[[6, 12]].tolist() == [0.5, 0.5] and noised.values[0][0] == 1.0
     assert noised.normalized[0][6] == 0.5 and noised.normalized[0][0] == 0.0
 

@@ -18,6 +18,7 @@ from interp.studies.artifacts.ablate import ablate_study
 from interp.models.classifiers.heads import read_head
 from interp.studies.core.behaviour import behaviour_readout, classifier_class_names, target_classes
 from interp.runtime.open import open_source
+from interp.detection.spec import DetectionSpec
 
 NEURONS = {0: list(range(0, 1536, 3)), 1: list(range(1, 1536, 2))}  # enough to move some argmaxes
 SPEC = [{"kind": "NeuronAblation", "neurons": {str(k): v for k, v in NEURONS.items()}}]
@@ -38,7 +39,7 @@ def image_folder(root, names, per_class: int = 2):
 
 def study_and_explorer(model, folder, classifier=None):
     """(the ablation study's target condition and note, the explorer's readout) for the same edit."""
-    study = ablate_study(open_source(model=model, images=folder), neurons=NEURONS, controls=0, threshold="p99",
+    study = ablate_study(open_source(model=model, images=folder), detection=DetectionSpec(threshold="p99"), neurons=NEURONS, controls=0,
                          classifier=classifier, progress=False)
     session = ExploreSession(model, folder, ExploreOptions(threshold="p99", classifier=classifier))
     return study, session.run(0, SPEC)["readout"]

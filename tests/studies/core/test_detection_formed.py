@@ -13,6 +13,7 @@ from interp.detection.detection import detect, detection_header
 from interp.hooks.hooked_vit import HookedViT
 from interp.studies import open_source
 from interp.studies.artifacts.neurons import neurons_study
+from interp.detection.detection import RunOptions
 
 CELL, SIZE = 32, 224  # a checkerboard cell covers 2 x 2 ViT patches, 8 x 8 cells of a pyramid's stage 0
 
@@ -43,7 +44,7 @@ def images():
 def test_a_plain_vits_high_norms_from_the_input_are_not_artifacts(images, name, kwargs):
     x, cells = images
     source = open_source(model=interp.load(name, pretrained=False, **kwargs), images=x, batch_size=4)
-    det = detect(source, progress=False)
+    det = detect(source, options=RunOptions(progress=False))
     assert det.threshold.artifacts_found  # the split alone: a separated high-norm mode
     assert not det.artifacts_found and not det.outliers.any()
     carried = cells.repeat_interleave(2, 1).repeat_interleave(2, 2).flatten(1)  # the cells' 2 x 2 patches
@@ -65,7 +66,7 @@ def test_a_pyramids_high_norms_from_the_input_are_not_artifacts(images, name, kw
     x = images[0][:2]
     module = timm.create_model(name, pretrained=False, **kwargs).eval()
     module.patch_embed.norm = torch.nn.Identity()
-    det = detect(open_source(model=HookedViT.from_timm(module, name=name), images=x, batch_size=4), progress=False)
+    det = detect(open_source(model=HookedViT.from_timm(module, name=name), images=x, batch_size=4), options=RunOptions(progress=False))
     stage0 = [v for v in det.survey.blocks if v.stage == 0]
     assert len(stage0) == 2 and all(v.n_from_input > 0 and v.n_outliers == 0 and not v.found for v in stage0)
     assert not det.artifacts_found and det.layer == len(det.survey.blocks) - 1

@@ -18,6 +18,8 @@ from interp.models.planted import planted_truth
 from interp.studies import open_source
 from interp.detection.norm_split import MIN_BULK_SIGMA, split_norms
 from interp.detection.detection import detect
+from interp.detection.spec import DetectionSpec
+from interp.detection.detection import RunOptions
 
 
 def _precision_recall(found: np.ndarray, truth: np.ndarray):
@@ -38,7 +40,7 @@ def photos(planted):
 
 def _check(model, images: torch.Tensor):
     source = open_source(model=model, images=images, batch_size=8)
-    found = detect(source, "auto", progress=False)
+    found = detect(source, DetectionSpec(threshold="auto"), RunOptions(progress=False))
     truth = planted_truth(model).artifact_mask(model, images).reshape(found.outliers.shape).numpy()
     outliers = found.outliers.numpy()
     precision, recall = _precision_recall(outliers, truth)

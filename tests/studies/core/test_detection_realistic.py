@@ -19,6 +19,8 @@ from interp.studies import open_source
 from interp.detection.norm_split import MAX_FIT_POINTS, split_norms
 from interp.detection.detection import detect
 from interp.detection.thresholds import MAX_ARTIFACT_SHARE, ThresholdError, parse_threshold, resolve_threshold
+from interp.detection.spec import DetectionSpec
+from interp.detection.detection import RunOptions
 
 MEDIAN = 50.0
 OUTLIER_SIGMA = 0.10
@@ -284,7 +286,7 @@ def test_end_to_end_a_vit_with_planted_log_normal_norms(tmp_path):
     _plant_norms(model)
     x = torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     source = open_source(model=model, images=x, batch_size=4)
-    found = detect(source, "auto", progress=False)
+    found = detect(source, DetectionSpec(threshold="auto"), RunOptions(progress=False))
     norms = found.norms.numpy().ravel()
     truth = norms > 3 * PLANTED_MEDIAN  # the planted modes do not overlap (see _plant_norms)
     assert 0.015 < truth.mean() < 0.04 and found.artifacts_found, found.threshold.reason
@@ -296,11 +298,11 @@ def test_end_to_end_a_vit_with_planted_log_normal_norms(tmp_path):
     assert result.detection["split"]["accepted"] and result.detection_message.startswith("block 1: artifacts found")
     assert neurons_study(source, detection=found, top_k=5, progress=False).neurons  # it ranks something
     # a fixed threshold between the modes (the 226): the same tokens, artifacts, emergence
-    fixed = norms_study(source, threshold=226.0, progress=False)
+    fixed = norms_study(source, detection=DetectionSpec(threshold=226.0), progress=False)
     assert fixed.artifacts_found and fixed.threshold == 226.0 and fixed.emergence is not None
     assert fixed.outlier_fraction == pytest.approx(truth.mean(), abs=1e-9)
     assert fixed.detection_message.startswith(f"block 1: artifacts found: {100 * truth.mean():.2f} % of the "
                                               "patch tokens are above the fixed threshold 226")
     # inside the bulk: no artifacts, said with the share that is above it
-    bulk = norms_study(source, threshold=40.0, progress=False)
+    bulk = norms_study(source, detection=DetectionSpec(threshold=40.0), progress=False)
     assert not bulk.artifacts_found and bulk.emergence is None and "cuts into the bulk" in bulk.warning

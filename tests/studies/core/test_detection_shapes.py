@@ -16,6 +16,8 @@ from interp.studies import detect_norms, open_source
 from interp.detection.norm_split import split_norms
 from interp.detection.detection import detect
 from interp.detection.thresholds import resolve_threshold
+from interp.detection.detection import RunOptions
+from interp.detection.spec import DetectionSpec
 
 MEDIAN = 50.0
 
@@ -131,7 +133,7 @@ def test_detect_norms_equals_detect_on_a_source():
     model = interp.load("planted_vit")
     source = open_source(model=model, images=interp.models.sample_image_paths(), batch_size=4)
     for spec in ("auto", "p98", 150.0):
-        on_source = detect(source, spec, progress=False)
+        on_source = detect(source, DetectionSpec(threshold=spec), RunOptions(progress=False))
         for norms in (on_source.norms, on_source.norms.numpy()):
             found = detect_norms(norms, spec)
             assert found.threshold == on_source.threshold or found.threshold.to_dict() == on_source.threshold.to_dict()

@@ -9,13 +9,15 @@ from interp.models import sample_image_paths
 from interp.studies import detect, open_source
 from interp.studies.artifacts.neurons import neurons_study
 from interp.studies.artifacts.norms import norms_study
+from interp.detection.spec import DetectionSpec
+from interp.detection.detection import RunOptions
 
 
 def _detection_with_one_image_above_everything():
     """planted_vit on the 4 photos, "auto" at the last block, then image 0's cut raised above every norm: the
     per-image cuts now differ from ``value``, which a study comparing with the one number would not see."""
     source = open_source(model=interp.load("planted_vit"), images=sample_image_paths())
-    found = detect(source, "auto", progress=False)
+    found = detect(source, DetectionSpec(threshold="auto"), RunOptions(progress=False))
     cuts = list(found.threshold.image_values)
     cuts[0] = float(found.norms[0].max()) * 10
     found = replace(found, threshold=replace(found.threshold, image_values=tuple(cuts)))

@@ -22,6 +22,8 @@ from interp.studies.artifacts.relocate import relocate_study
 
 from conftest import images, make_model
 from memory_helpers import CLEAR_REFS, LazyReader, measured_in_a_fresh_process
+from interp.detection.spec import DetectionSpec
+from interp.detection.detection import RunOptions
 
 
 def constructed_images() -> torch.Tensor:
@@ -218,7 +220,7 @@ def test_a_shared_detection_gives_the_same_results_with_one_pass_less(planted, p
 
     own = open_source(model=planted, images=pixels, batch_size=3)
     shared = open_source(model=planted, images=pixels, batch_size=3)
-    found = detect(shared, "auto", progress=False)
+    found = detect(shared, DetectionSpec(threshold="auto"), RunOptions(progress=False))
     assert found.outliers.shape == (4, 196) and found.artifacts_found and found.layer == planted.n_layers - 1
     runs = [
         lambda src, **kw: norms_study(src, progress=False, **kw),
@@ -234,18 +236,19 @@ def test_a_shared_detection_gives_the_same_results_with_one_pass_less(planted, p
         del own.image_batches, shared.image_batches
 
 
-def test_a_detection_must_match_the_source_and_the_arguments(planted, pixels, source):
+def test_a_detection_must_match_the_source_and_is_given_once(planted, pixels, source):
     from interp.errors import InterpError
     from interp.detection.detection import detect
+    from interp.studies.artifacts.configs import NeuronsConfig
 
-    found = detect(source, "p90", layer=-1, progress=False)
-    with pytest.raises(InterpError, match="detect_layer=1 disagrees"):
-        norms_study(source, detection=found, detect_layer=1, progress=False)
-    with pytest.raises(InterpError, match="threshold='auto' disagrees"):
-        neurons_study(source, detection=found, threshold="auto", progress=False)
+    found = detect(source, DetectionSpec(detect_layer=-1, threshold="p90"), RunOptions(progress=False))
+    with pytest.raises(InterpError, match="give the detection once"):
+        neurons_study(source, NeuronsConfig(detection=DetectionSpec(threshold="auto")), detection=found,
+                      progress=False)
+    with pytest.raises(InterpError, match="detect_layer= belongs to the detection"):
+        norms_study(source, detect_layer=1, progress=False)
     other = open_source(model=planted, images=pixels[:2])
     with pytest.raises(InterpError, match="other images or weights"):
         norms_study(other, detection=found, progress=False)
-    # the same spec and layer, spelled out, are accepted and recorded
-    assert norms_study(source, detection=found, threshold="p90", detect_layer=-1,
-                       progress=False).params["threshold"] == "p90"
+    # the Detection's spec and layer are recorded
+    assert norms_study(source, detection=found, progress=False).params["threshold"] == "p90"

@@ -23,8 +23,10 @@ from interp.studies.core.result import OutlierStudyResult
 from interp.studies.probes.split_file import read_split
 from interp.studies.probes.scores import PIXEL_SPACE
 from interp.studies.probes.probes import ProbesResult, probes_study
+from interp.studies.probes.configs import ProbesConfig
 from interp.studies.probes.linear_probe import fit_probe
 from interp.studies.probes.scores import GroupScore, pixel_errors
+from interp.detection.detection import RunOptions
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny probes run faster on one thread
 
@@ -47,7 +49,7 @@ def test_pixel_probe_reports_l2_error_and_mse_beside_r2_and_the_figure_draws_the
     from interp.plots.probes import probe_bars
 
     reader = ConstructedReader(n_images=60)                        # 15 held out: 45 high-norm test tokens
-    result = probes_study(CacheSource(reader), tasks=("pixels",), images=reader.images, threshold="auto",
+    result = probes_study(CacheSource(reader), detection=DetectionSpec(threshold="auto"), tasks=("pixels",), images=reader.images,
                           progress=False)
     normal, high = result.pixels["normal"], result.pixels["high_norm"]
     assert result.pixel_space == PIXEL_SPACE and "normalised input" in PIXEL_SPACE and result.pixel_values == 12
@@ -66,7 +68,7 @@ def test_pixel_probe_reports_l2_error_and_mse_beside_r2_and_the_figure_draws_the
 # ------------------------------------------------------------------------------ 2. the detection contract
 def test_outliers_come_from_the_detection_block_not_from_the_probed_hook(planted, photos16):
     source = open_source(model=planted, images=photos16).held()
-    found = detect(source, progress=False)                          # "auto" on blocks.5.hook_resid_post
+    found = detect(source, options=RunOptions(progress=False))      # "auto" on blocks.5.hook_resid_post
     assert found.outliers.any()
     kw = dict(tasks=("position",), probe_options=FAST, max_train_tokens=300, max_test_tokens=100, progress=False)
     result = probes_study(source, hook="hook_norm_final", **kw)         # post-LayerNorm tokens probed
@@ -74,21 +76,22 @@ def test_outliers_come_from_the_detection_block_not_from_the_probed_hook(planted
     assert result.high_norm_share == pytest.approx(float(found.outliers.float().mean()))
     assert result.detect_layer == planted.n_layers - 1 and result.threshold == pytest.approx(found.threshold.value)
     assert result.threshold_method == "auto" and "blocks.5.hook_resid_post" in result.outliers_from
-    darcet = probes_study(source, hook="hook_norm_final", preset="darcet", detect_layer=3, **kw)
-    expected = detect(source, 150.0, 3, progress=False).outliers
+    darcet = probes_study(source, detection=DetectionSpec(preset="darcet", detect_layer=3), hook="hook_norm_final",
+                          **kw)
+    expected = detect(source, DetectionSpec(threshold=150.0, detect_layer=3), RunOptions(progress=False)).outliers
     assert (darcet.preset, darcet.detect_layer, darcet.threshold, darcet.params["threshold"]) == ("darcet", 3, 150.0, 150.0)
     assert darcet.high_norm_share == pytest.approx(float(expected.float().mean()))
     spec = probes_study(source, hook="hook_norm_final", detection=DetectionSpec(threshold="p98", detect_layer=3), **kw)
     assert spec.threshold_method == "percentile" and spec.params["threshold"] == "p98" and spec.detect_layer == 3
     with pytest.raises(InterpError, match="not both"):
-        probes_study(source, outliers=expected, threshold="p98", **kw)
-    with pytest.raises(InterpError, match="disagrees"):
-        probes_study(source, detection=found, detect_layer=2, **kw)
+        probes_study(source, detection=DetectionSpec(threshold="p98"), outliers=expected, **kw)
+    with pytest.raises(InterpError, match="give the detection once"):
+        probes_study(source, ProbesConfig(detection=DetectionSpec(detect_layer=2)), detection=found, **kw)
 
 
 def test_a_cache_for_probes_holds_the_detection_block_too():
     assert required_hooks("probes", 6, {"hook": "hook_norm_final"}) == ["hook_norm_final", "blocks.5.hook_resid_post"]
-    assert required_hooks("probes", 6, {"preset": "jiang-dinov2-l14", "layer": 2}) == [
+    assert required_hooks("probes", 6, {"detection": DetectionSpec(preset="jiang-dinov2-l14"), "layer": 2}) == [
         "blocks.2.hook_resid_post", "blocks.4.hook_resid_post"]
 
 

@@ -13,6 +13,7 @@ from interp.models.layout import TokenLayout
 from interp.studies import CacheSource, open_source
 from interp.studies.probes.probes import (MIN_GROUP_TOKENS, MIN_IMAGES, GroupScore, ProbesResult, patch_pixels,
                                    probes_study)
+from interp.detection.spec import DetectionSpec
 
 GRID, PATCH, D = (4, 4), 2, 48
 HOOK = "blocks.0.hook_resid_post"
@@ -56,8 +57,8 @@ class ConstructedReader:
 def test_constructed_tokens_known_answers():
     reader = ConstructedReader()
     source = CacheSource(reader)
-    result = probes_study(source, tasks=("position", "pixels", "label"), images=reader.images,
-                          labels=reader.labels.tolist(), threshold="auto", progress=False)
+    result = probes_study(source, detection=DetectionSpec(threshold="auto"), tasks=("position", "pixels", "label"), images=reader.images,
+                          labels=reader.labels.tolist(), progress=False)
     assert result.threshold_method.startswith("auto") and result.high_norm_share == pytest.approx(3 / 16)
     pos, pix, lab = result.position, result.pixels, result.label
     assert pos["normal"].score > 0.97 and pos["normal"].mean_distance < 0.05
@@ -89,7 +90,7 @@ def test_given_mask_empty_group_and_missing_inputs():
 def test_live_register_model_with_reassessment_loss():
     model = make_model("dinov2_reg")
     source = open_source(model=model, images=images(MIN_IMAGES, seed=4))
-    kw = dict(threshold="p98", labels=[0, 1] * (MIN_IMAGES // 2), position_loss="ce+mse", seed=1,
+    kw = dict(detection=DetectionSpec(threshold="p98"), labels=[0, 1] * (MIN_IMAGES // 2), position_loss="ce+mse", seed=1,
               probe_options={"epochs": 2, "min_steps": 30}, max_train_tokens=600, max_test_tokens=200,
               progress=False)
     result = probes_study(source, **kw)
@@ -181,7 +182,7 @@ def _scores(result):
 def test_the_same_images_in_another_order_give_the_same_probe_scores():
     """The split and each image's token sample follow the image's identity, not its place (issue 52, item 6:
     reassess's probe rows changed with the order of the same 16 images)."""
-    kw = dict(tasks=("position", "label"), threshold="auto", progress=False,
+    kw = dict(detection=DetectionSpec(threshold="auto"), tasks=("position", "label"), progress=False,
               probe_options={"epochs": 2, "min_steps": 30})
     reader = ConstructedReader(n_images=24)
     shuffled = PermutedReader(torch.randperm(24, generator=torch.Generator().manual_seed(3)), n_images=24)

@@ -10,6 +10,7 @@ import pytest
 
 import interp
 from interp.cli import main
+from interp.detection.spec import DetectionSpec
 from interp.models import sample_image_paths
 from interp.plots import study_figures
 from interp.studies import open_source
@@ -62,7 +63,7 @@ def test_sinder_finds_the_planted_channel(vit_result):
 
 def test_no_artifacts_runs_nothing():
     source = open_source(model=interp.load("planted_vit", img_size=112), images=photos(), batch_size=2)
-    result = repairs_study(source, detect_layer=1, sinder=False, **FAST)
+    result = repairs_study(source, detection=DetectionSpec(detect_layer=1), sinder=False, **FAST)
     assert not result.artifacts_found and result.rows == {} and result.sinder is None
     assert "nothing to repair; none was run" in result.message
     assert study_figures(result) == []

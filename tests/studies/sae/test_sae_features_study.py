@@ -19,6 +19,7 @@ from interp.runtime.open import open_source
 from interp.sae.model import save as save_sae
 from interp.studies import SaeFeaturesResult, sae_features_study
 from sae_helpers import HOOK, needs_overcomplete, planted_cache, planted_images, planted_model, planted_sae
+from interp.detection.spec import DetectionSpec
 
 RANDOM_HOOK = "blocks.1.hook_resid_post"
 
@@ -116,7 +117,7 @@ def test_refusals_name_the_fix(random_vit, tmp_path, capsys):
     with pytest.raises(interp.InterpError, match="fc2 columns"):
         sae_features_study(open_source(cache=cache), sae=str(sae), neurons="0:1", progress=False)
     with pytest.raises(UsageError, match="SAE's own hook"):
-        sae_features_study(source, sae=str(sae), detect_layer=0, progress=False)
+        sae_features_study(source, detection=DetectionSpec(detect_layer=0), sae=str(sae), progress=False)
     with pytest.raises(UsageError, match="needs --sae"):
         sae_features_study(source, progress=False)
     capsys.readouterr()
