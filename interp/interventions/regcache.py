@@ -14,7 +14,8 @@ not reachable when this was written, so this is interp's reading of the paper, n
 
 The paper's second step, deleting the residual sink tokens that still form among the patches, is not reproduced.
 
->>> cache = RegCache.calibrate(model, images, outliers, start=3)     # outliers: Bool[N, P] patch tokens
+>>> outliers = model.run_with_cache(images)[1]["blocks.2.hook_resid_post"][:, 1:].norm(dim=-1) > 100  # Bool[N, P]
+>>> cache = RegCache.calibrate(model, images, outliers, start=3)
 >>> model.run_with_interventions(images, [cache]).shape
 torch.Size([4, 10])
 """
