@@ -24,8 +24,9 @@ NOTEBOOK = REPO / "examples" / "notebook.ipynb"
 EXPLORER_CELLS = [
     f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
     "import interp, torch\n"
+    "from interp.detection.spec import DetectionSpec\n"
     "m = interp.load('vit_small_patch16_224', pretrained=False, depth=1)\n"
-    "ex = interp.explore.start(m, torch.randn(2, 3, 224, 224), threshold='p99')\n"
+    "ex = interp.explore.start(m, torch.randn(2, 3, 224, 224), detection=DetectionSpec(threshold='p99'))\n"
     "ex",
     "import urllib.request\nprint('status', urllib.request.urlopen(ex.url, timeout=30).status)",
 ]

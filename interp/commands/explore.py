@@ -56,8 +56,7 @@ class ExploreOptions(Options):
     output: OutputOptions = group(OutputOptions)
 
 
-HELP = {"images": "image directory, list file or image (default: bundled samples)",
-        "detect_layer": "block whose output decides outliers (default: last; negative counts from the end)"}
+HELP = {"images": "image directory, list file or image (default: bundled samples)"}
 
 
 def register(sub) -> None:
@@ -92,11 +91,10 @@ def run(options: ExploreOptions, inputs: RunInputs) -> int:
                       "token can run the model. Use 127.0.0.1 unless you mean it", InterpWarning)
     if o.sae is not None:
         SaeFeaturesConfig(sae=o.sae)  # a folder without sae.json fails here, before the model
-    detection = o.detection.resolved()  # an unknown --preset: refused before the model
+    o.detection.resolved()  # an unknown --preset: refused before the model
     model = load_model(inputs, (o,), spec=spec)
-    session_options = SessionOptions(threshold=detection.threshold, detect_layer=detection.detect_layer,
-                                     top_k=o.top_k, neurons=neurons, batch_size=o.batch_size,
-                                     classifier=o.classifier.classifier,
+    session_options = SessionOptions(detection=o.detection, top_k=o.top_k, neurons=neurons,
+                                     batch_size=o.batch_size, classifier=o.classifier.classifier,
                                      max_images=o.max_images, max_seconds=o.max_seconds, sae=o.sae)
     # status lines go to stderr, as interp report's stage lines do (stdout stays free); --quiet drops them
     if inputs.stage_lines:

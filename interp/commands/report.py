@@ -78,8 +78,7 @@ def run(options: ReportOptions, inputs: RunInputs) -> int:
 
             load_sae(o.sae, model=model)
         # stage_lines drives the stage lines and the bars (drawn on a terminal, else lines in a long run)
-        studies = StudyOptions(threshold=o.detection.threshold, detect_layer=o.detection.detect_layer,
-                               preset=o.detection.preset, highest_layer=o.highest_layer, top_k=o.top_k,
+        studies = StudyOptions(detection=o.detection, highest_layer=o.highest_layer, top_k=o.top_k,
                                n_controls=o.controls, seed=o.seed.seed, batch_size=o.batch_size,
                                classifier=o.classifier.classifier, sae=o.sae, progress=inputs.stage_lines,
                                strict=o.strict.strict, preprocess=o.preprocessing.preprocess())

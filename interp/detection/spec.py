@@ -10,9 +10,10 @@ DetectionSpec(threshold=150.0, preset='darcet', detect_layer=-1)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional, Union
+from dataclasses import dataclass, fields
+from typing import Iterable, List, Optional, Union
 
+from ..errors import InterpError
 from ..hooks.names import BlockNames, resolve_block
 from ..options import Options, option
 from ..values import threshold_arg, threshold_value
@@ -62,3 +63,13 @@ class DetectionSpec(Options):
         layer = self.resolved().detect_layer
         layers = range(len(blocks)) if layer is None else [resolve_block(layer, len(blocks))]
         return [blocks.resid_post(i) for i in layers] + [blocks.resid_pre(0)]
+
+
+def refuse_loose_fields(where: str, keywords: Iterable[str]) -> None:
+    """Refuse ``threshold=``, ``preset=`` or ``detect_layer=`` given to ``where`` (an engine that takes
+    ``detection=``) beside the spec: a one-line InterpError naming ``detection=DetectionSpec(...)``."""
+    names = {f.name for f in fields(DetectionSpec)}
+    loose = [k for k in keywords if k in names]
+    if loose:
+        raise InterpError(f"{where}: {loose[0]}= belongs to the detection; pass "
+                          f"detection=DetectionSpec({loose[0]}=...)")

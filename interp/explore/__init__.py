@@ -14,6 +14,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Optional, Union
 
+from ..detection.spec import DetectionSpec, refuse_loose_fields
 from ..errors import InterpWarning
 
 __all__ = ["start", "Explorer"]
@@ -53,15 +54,19 @@ class Explorer:
         return f"Explorer({self.session.model.model_name}, {len(self.session.source)} images, {self.url})"
 
 
-def start(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, threshold="auto",
-          detect_layer: Optional[int] = None, top_k: int = 10, classifier=None, max_images: int = 64,
-          max_seconds: float = 600.0, host: str = "127.0.0.1", port: int = 0, height: int = 900) -> Explorer:
+def start(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None,
+          detection: DetectionSpec = DetectionSpec(), top_k: int = 10, classifier=None, max_images: int = 64,
+          max_seconds: float = 600.0, host: str = "127.0.0.1", port: int = 0, height: int = 900,
+          **loose: Any) -> Explorer:
     """Start the explorer on ``model`` (a ``HookedViT`` or a name for ``interp.load``) over ``images``
     (default: the bundled sample photos) in a background thread, and return it (Jupyter shows the page).
 
     Args:
         neurons: register neurons to list ({layer: [neuron]}); default: ranked by the neurons study on start.
-        threshold, detect_layer: outlier detection, as in the studies (default "auto" at the last block).
+        detection: what counts as a high-norm token (threshold, block, preset), as in the studies
+            (default "auto", the block chosen where the artifacts are); its threshold is the page's default,
+            which the page may change per request. ``threshold=``, ``detect_layer=`` or ``preset=`` given loose
+            are refused (one line naming ``detection=DetectionSpec(...)``).
         classifier: a classifier file (path, dict or :func:`interp.load_classifier`) for the readout's class
             logits, as the studies' ``classifier=``; default: the model's own head
             (:mod:`interp.studies.core.behaviour`).
@@ -73,6 +78,9 @@ def start(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, 
     from .server import LOCAL_HOSTS, ExploreServer, require_extra
     from .session import ExploreOptions, ExploreSession
 
+    refuse_loose_fields("interp.explore.start", loose)
+    if loose:
+        raise TypeError(f"interp.explore.start() got an unexpected keyword argument {next(iter(loose))!r}")
     require_extra()
     if host not in LOCAL_HOSTS:
         import warnings
@@ -89,7 +97,7 @@ def start(model: Union[str, Any] = "planted_vit", images=None, *, neurons=None, 
         from ..models.inputs.samples import sample_image_paths
 
         images = sample_image_paths()
-    options = ExploreOptions(threshold=threshold, detect_layer=detect_layer, top_k=top_k, neurons=neurons,
-                             classifier=classifier, max_images=max_images, max_seconds=max_seconds)
+    options = ExploreOptions(detection=detection, top_k=top_k, neurons=neurons, classifier=classifier,
+                             max_images=max_images, max_seconds=max_seconds)
     session = ExploreSession(model, images, options)
     return Explorer(session, ExploreServer(session, host=host, port=port).start(), height=height)

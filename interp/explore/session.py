@@ -17,7 +17,7 @@ import time
 import warnings
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -32,7 +32,6 @@ from ..studies.core.behaviour import BehaviourReadout, ClassifierLike, behaviour
 from ..runtime.forward import run_hooks
 from ..detection.detection import RunOptions, detect
 from ..detection.spec import DetectionSpec
-from ..detection.thresholds import ThresholdSpec
 from ..runtime.open import open_source
 from .controls import refused_controls
 from .readout import compare_outputs
@@ -48,8 +47,10 @@ class ExploreOptions:
     """Settings fixed for a session.
 
     Attributes:
-        threshold: outlier threshold at ``detect_layer`` (a norm, ``"pNN"`` or ``"auto"``), resolved once on the
-            unedited model over all images, as the studies do.
+        detection: what counts as a high-norm token (threshold, block, preset), resolved once on the unedited
+            model over all images, as the studies do (:func:`~interp.detection.detection.detect`). Its threshold
+            is the page's default; a request may count outliers above another (``run(threshold=)``, a display
+            threshold that changes nothing else).
         neurons: the register neurons to list ({layer: [neuron]}); None ranks them with the neurons study.
         classifier: a classifier file (path, dict or :func:`interp.load_classifier`) whose class logits the
             readout reads, as the studies' ``--classifier``; None: the model's own head. The readout and its label
@@ -61,8 +62,7 @@ class ExploreOptions:
             (:mod:`interp.explore.sae_panel`).
     """
 
-    threshold: ThresholdSpec = "auto"
-    detect_layer: Optional[int] = None
+    detection: DetectionSpec = field(default_factory=DetectionSpec)
     top_k: int = 10
     neurons: Optional[Dict[int, List[int]]] = None
     batch_size: int = 16
@@ -131,8 +131,7 @@ class ExploreSession:
         self.grids = [tuple(self.layout.for_block(l).grid) for l in range(model.n_layers)]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            spec = DetectionSpec(threshold=self.options.threshold, detect_layer=self.options.detect_layer)
-            self.detection = detect(self.source, spec, RunOptions(progress=progress))
+            self.detection = detect(self.source, self.options.detection, RunOptions(progress=progress))
             self.neurons, self.neuron_note = self._rank_neurons(progress)
             listed = {}
             for n in self.neurons:

@@ -16,7 +16,7 @@ Example (not a doctest: a report takes ~20 s; ``tests/report/test_report.py`` ru
     summary = run_report()                      # the planted synthetic model on the bundled photos
     summary["planted"]["all_neurons_recovered"]  # True
     run_report(interp.load("vit_small_patch14_reg4_dinov2"), images="photos/", out_dir="report_dinov2",
-               threshold="p99", n_controls=10)
+               detection=DetectionSpec(threshold="p99"), n_controls=10)
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import json
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
@@ -33,7 +33,7 @@ from ..errors import InterpWarning
 from ..models.planted import planted_truth
 from ..models.inputs.samples import SAMPLES_DIR
 from ..detection.detection import Detection
-from ..detection.thresholds import ThresholdSpec
+from ..detection.spec import DetectionSpec, refuse_loose_fields
 from ..studies.core.result import jsonable
 from ..models.inputs.preprocessing import ImagesSpec
 from ..runtime.live_source import LiveSource
@@ -55,9 +55,8 @@ class ReportOptions:
     """What the battery is run with.
 
     Attributes:
-        threshold, detect_layer: the outlier threshold and detection block for every stage (default "auto",
-            the last block, or the preset's).
-        preset: published settings (:mod:`interp.detection.presets`); explicit options win.
+        detection: what counts as a high-norm token for every stage: threshold, block, preset (default
+            "auto" at the last block, or the preset's); detected once on the report's images.
         highest_layer: last block scored for register neurons (default: the detection block).
         top_k: neurons kept (default: the number of planted neurons for the planted model, else 10).
         n_controls, seed: random control neuron sets of the ablation.
@@ -74,9 +73,7 @@ class ReportOptions:
             the report's images with it, comparing its artifact features with the ranked register neurons.
     """
 
-    threshold: Optional[ThresholdSpec] = None
-    detect_layer: Optional[int] = None
-    preset: Optional[str] = None
+    detection: DetectionSpec = field(default_factory=DetectionSpec)
     highest_layer: Optional[int] = None
     top_k: Optional[int] = None
     n_controls: int = 5
@@ -109,7 +106,7 @@ class BatteryResults:
     lost: object = None
     redundancy: object = None
     sae_features: object = None
-    not_run: Dict[str, str] = dataclasses.field(default_factory=dict)  # section key -> why (the page says it too)
+    not_run: Dict[str, str] = field(default_factory=dict)  # section key -> why (the page says it too)
 
     def results(self) -> List:
         return [r for r in (self.norms, self.neurons, self.ablation, self.register, self.relocation, self.probes,
@@ -168,7 +165,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
     from ..studies.artifacts.neurons import neurons_reading, resolve_neuron_options
     from ..studies.artifacts.ablate import ablate_study
     from ..studies.core.behaviour import behaviour_readout
-    from ..detection.detection import DetectionSpec, detect
+    from ..detection.detection import detect
     from ..runtime.passes import baseline_pass
     from ..runtime.passes import run_readings
     from ..studies.artifacts.norms import norms_reading
@@ -177,7 +174,7 @@ def _run_stages(source: LiveSource, options: ReportOptions, progress: bool, obje
 
     o = options
     common = dict(batch_size=o.batch_size, progress=o.bars(progress))
-    spec = DetectionSpec(threshold=o.threshold, detect_layer=o.detect_layer, preset=o.preset).resolved()
+    spec = o.detection.resolved()
     settings = resolve_neuron_options(spec.preset, highest_layer=o.highest_layer, top_k=o.top_k)
     clf = behaviour_readout(source, o.classifier).classifier  # bound (and checked) once, before any forward
     # one unedited forward per image gives the detection's norms and the causal studies' baseline
@@ -277,9 +274,10 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
         images: what ``open_source`` takes (directory, list file, paths, or a preprocessed Tensor); None: the
             bundled photos (:func:`report_sample_paths`).
         out_dir: directory for ``index.html``, ``report.json``, each study's JSON and the PNGs.
-        options: a :class:`ReportOptions`; ``option_values`` (``threshold=``, ``detect_layer=``,
+        options: a :class:`ReportOptions`; ``option_values`` (``detection=DetectionSpec(...)``,
             ``highest_layer=``, ``top_k=``, ``n_controls=``, ``seed=``, ``batch_size=``, ``progress=``,
-            ``strict=``, ``preprocess=``, ...) override its fields.
+            ``strict=``, ``preprocess=``, ...) override its fields. ``threshold=``, ``detect_layer=`` and
+            ``preset=`` are the detection's: given loose they are refused (one line naming ``detection=``).
 
     Returns:
         The report.json summary (a dict), with ``"planted"`` holding the ground-truth comparison for a
@@ -288,6 +286,7 @@ def run_report(model=None, images: Optional[ImagesSpec] = None, out_dir: Union[s
     from ..hooks.load import load
 
     started = time.monotonic()
+    refuse_loose_fields("run_report", option_values)
     options = dataclasses.replace(options or ReportOptions(), **option_values)  # TypeError names a bad key
     progress = options.progress
     out = Path(out_dir)

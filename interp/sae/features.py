@@ -14,7 +14,8 @@ them only when removing them at the hook takes the high-norm tokens away beyond 
 
 Example (not run as a doctest: it needs a trained SAE)::
 
-    report = sae_features(sae, model, cache="acts.h5", neurons={2: [17, 101]})
+    report = sae_features(sae, model, cache="acts.h5", neurons={2: [17, 101]},
+                          detection=DetectionSpec(threshold="p99"))
     [(f["feature"], round(f["cos_register_neurons"]["max"], 2)) for f in report["artifact_features"]]
 
 """
@@ -27,7 +28,9 @@ import random
 import numpy as np
 import torch
 
-from ..errors import InterpError
+from ..detection.spec import DetectionSpec
+from ..errors import InterpError, UsageError
+from ..hooks.names import block_of, resolve_block
 from ..interventions.neuron_sets import neuron_set
 from ..models.layout import TOKEN_SELECTIONS
 from .._progress import tqdm
@@ -303,15 +306,16 @@ def feature_report(sae, chunks: Iterable[Tuple[int, np.ndarray]], kinds: np.ndar
 
 
 @torch.no_grad()
-def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", neurons=None,
-                 image_batch: int = 32) -> Dict[str, Any]:
+def sae_features(sae, model=None, *, cache=None, images=None, detection: DetectionSpec = DetectionSpec(),
+                 neurons=None, image_batch: int = 32) -> Dict[str, Any]:
     """Firing rates of every feature of ``sae`` per token kind and its artifact features (JSON-able dict).
 
     Args:
         sae: ``interp.sae.load(DIR)``.
         model: the model the SAE was trained on (checked); needed for ``images`` and ``neurons``.
         cache / images: activations of the SAE's hook (a cache holding it, or images run live).
-        threshold: the detection threshold (``"auto"``, ``"pNN"`` or a norm) on the hook's patch-token norms.
+        detection: what counts as a high-norm token (:class:`~interp.detection.spec.DetectionSpec`: a threshold
+            or a preset), decided on the patch-token norms at the SAE's own hook (:func:`hook_detection`).
         neurons: register neurons whose write directions (``fc2`` columns) to compare with: ``{layer: [n, ...]}``,
             ``"2:17,2:101"``, a neurons.json path or a neurons study result.
         image_batch: images per forward of a live run.
@@ -332,17 +336,36 @@ def sae_features(sae, model=None, *, cache=None, images=None, threshold="auto", 
     """
     source = open_source(model=model, images=images, cache=cache, batch_size=image_batch)
     sae.check_source(source)
-    return source_feature_report(sae, source, threshold=threshold, writes=write_directions(source, neurons))
+    return source_feature_report(sae, source, detection=detection, writes=write_directions(source, neurons))
+
+
+def hook_detection(detection: DetectionSpec, source, hook: str) -> Tuple[DetectionSpec, Optional[int]]:
+    """(``detection`` resolved, the block of ``hook``) for a detection at an SAE's hook: its threshold and preset
+    apply to the patch-token norms there. A Detection (made at a block's output, not at the hook) and a
+    ``detect_layer`` (or a preset's) other than the hook's block are refused in one line."""
+    if not isinstance(detection, DetectionSpec):
+        raise InterpError("an SAE's features decide the high-norm tokens on the norms at the SAE's own hook; give "
+                          "detection=DetectionSpec(...) (a threshold, a preset), not a Detection made elsewhere")
+    blocks = getattr(source, "blocks", None)  # its flat index: a pyramid's stage block too
+    layer = blocks.block_of(hook) if blocks is not None else block_of(hook)
+    spec = detection.resolved()
+    if spec.detect_layer is not None and (layer is None or
+                                          resolve_block(spec.detect_layer, source.n_layers, -1) != layer):
+        raise UsageError(f"--detect-layer {spec.detect_layer}: an SAE's features are decided at the SAE's own hook "
+                         f"(block {layer}); leave --detect-layer (and a preset that sets another block) out")
+    return spec, layer
 
 
 @torch.no_grad()
-def source_feature_report(sae, source, *, threshold="auto", writes: Optional[Dict[str, torch.Tensor]] = None,
+def source_feature_report(sae, source, *, detection: DetectionSpec = DetectionSpec(), writes: Optional[Dict[str, torch.Tensor]] = None,
                           n_top: int = 0, n_maps: int = 0, progress: bool = False,
                           targets: Optional[List[int]] = None) -> Dict[str, Any]:
     """:func:`feature_report` over an activation source (``interp.runtime``; live or a cache holding the SAE's
     hook): one pass for the patch-token norms at the hook (the detection, fitted on the norms of
     :func:`~interp.sae.norm_cuts.detection_sample`'s images), one for the codes. The source's batch size; memory:
-    one batch and the sample's norms. The caller checks that the SAE fits the source's model."""
+    one batch and the sample's norms. ``detection``: its threshold (or its preset's) at the hook
+    (:func:`hook_detection`). The caller checks that the SAE fits the source's model."""
+    threshold = hook_detection(detection, source, sae.hook)[0].threshold
     hook, bs, layout = sae.hook, source.batch_size, source.layout_of(sae.hook)  # a pyramid stage's own grid
     source.require([hook])
     kinds = token_kinds(layout, 0, layout.n_tokens)

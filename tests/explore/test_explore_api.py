@@ -162,7 +162,7 @@ def test_edited_numbers_equal_the_ablation_and_register_studies(served):
 def test_classifier_readout_equals_the_ablation_studys_agreement(one_thread):
     model = make_model("vit", seed=1)
     x = random_images(6, seed=3)
-    session = ExploreSession(model, x, ExploreOptions(threshold="p99"))  # a 1000-class head: class logits
+    session = ExploreSession(model, x, ExploreOptions(detection=DetectionSpec(threshold="p99")))  # a 1000-class head: class logits
     neurons = {0: list(range(0, 1536, 3)), 1: list(range(1, 1536, 2))}  # enough to move some argmaxes
     spec = [{"kind": "NeuronAblation", "neurons": {str(k): v for k, v in neurons.items()}}]
     r = session.run(2, spec)
@@ -237,7 +237,8 @@ def test_resample_gives_the_shown_image_the_next_images_values(served):
 
 def test_python_entry_point_serves_and_stops(one_thread):
     with pytest.warns(UserWarning, match="listens on 127.0.0.2"):  # not 127.0.0.1: said out loud
-        ex = interp.explore.start(make_model("vit", depth=1), random_images(2), threshold="p99", host="127.0.0.2")
+        ex = interp.explore.start(make_model("vit", depth=1), random_images(2),
+                                  detection=DetectionSpec(threshold="p99"), host="127.0.0.2")
     try:
         assert ex.running and ex.url.startswith("http://127.0.0.2:")
         assert f'src="{ex.url}"' in ex._repr_html_()
@@ -345,7 +346,7 @@ def test_folder_labels_give_accuracy_only_when_they_name_the_models_classes(one_
             pixels = (torch.rand(32, 32, 3, generator=gen) * 255).byte().numpy()
             Image.fromarray(pixels).save(tmp_path / c / f"{i}.png")
     model = make_model("vit", depth=1)
-    options = ExploreOptions(threshold="p99")
+    options = ExploreOptions(detection=DetectionSpec(threshold="p99"))
     ro = ExploreSession(model, tmp_path, options).run(0)["readout"]
     assert ro["accuracy"] is None and "folder names do not match the classifier's class names" in ro["accuracy_note"]
     names = [f"class {i}" for i in range(model.timm_model.num_classes)]

@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("starlette", reason="the explore extra (pip install -e '.[explore]') is not installed")
 
 import interp  # noqa: E402
+from interp.detection.spec import DetectionSpec  # noqa: E402
 from interp.explore.session import ExploreOptions, ExploreSession  # noqa: E402
 from interp.explore.server import STATIC_DIR  # noqa: E402
 
@@ -28,10 +29,15 @@ def test_the_threshold_is_labelled_in_words(planted, one_thread):
     assert re.fullmatch(r"\d+ \(auto: two-mode fit\)", label), label  # was "auto (auto) = 352"
     assert label.startswith(f"{planted.default_threshold:.0f} ")
     model = make_model("vit", depth=1)
-    p99 = ExploreSession(model, random_images(2), ExploreOptions(threshold="p99")).info()["threshold"]["label"]
-    assert p99.endswith("(p99: percentile of the patch norms)"), p99
-    fixed = ExploreSession(model, random_images(2), ExploreOptions(threshold=5.0)).info()["threshold"]["label"]
-    assert fixed == "5 (fixed)", fixed
+
+    def label_under(detection):
+        session = ExploreSession(model, random_images(2), ExploreOptions(detection=detection))
+        return session.info()["threshold"]["label"], session.detection.preset
+
+    p99 = label_under(DetectionSpec(threshold="p99"))
+    assert p99 == (p99[0], None) and p99[0].endswith("(p99: percentile of the patch norms)"), p99
+    assert label_under(DetectionSpec(threshold=5.0)) == ("5 (fixed)", None)
+    assert label_under(DetectionSpec(preset="darcet")) == ("150 (fixed)", "darcet")  # the preset's, said as such
 
 
 def test_the_edits_are_said_in_words(planted):

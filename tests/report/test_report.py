@@ -15,6 +15,7 @@ from matplotlib.text import Text
 import interp
 import interp.cache
 from interp.cli import main
+from interp.detection.spec import DetectionSpec
 from interp.commands.common import parse_neurons
 from interp.errors import InterpError
 from interp.interventions import masks
@@ -298,7 +299,7 @@ def test_study_neurons_on_a_model_without_artifacts_says_so(tmp_path, photo_dir,
 def test_report_without_artifacts_under_a_percentile_threshold_says_no_artifacts(tmp_path):
     with pytest.warns(UserWarning, match="shows no artifacts"):
         summary = run_report(make_model("vit"), images=images(2), out_dir=tmp_path, progress=False,
-                             threshold="p98", n_controls=1)
+                             detection=DetectionSpec(threshold="p98"), n_controls=1)
     assert summary["artifacts_found"] is False and summary["neurons"]  # ranked under p98 ...
     assert "not register neurons" in summary["no_artifacts_note"]  # ... and said plainly what they are not
     page = (tmp_path / "index.html").read_text(encoding="utf-8")

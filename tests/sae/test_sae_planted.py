@@ -13,7 +13,9 @@ from interp.interventions import SAEFeatureAblation
 from interp.models import planted_truth
 from interp.sae import artifact_rule as rule
 from interp.sae.features import sae_features
+from interp.detection.spec import DetectionSpec
 from interp.detection.thresholds import detect_norms
+from interp.errors import UsageError
 from sae_helpers import HOOK, needs_overcomplete, planted_cache, planted_images, planted_model, planted_sae
 
 pytestmark = needs_overcomplete
@@ -53,6 +55,15 @@ def test_the_artifact_subspace_is_the_planted_write_direction(planted):
     recon = sae.decode(sae.encode(x))  # in the hook's units: the normalisation is undone
     assert (x - recon).square().sum() < 0.25 * (x - x.mean((0, 1))).square().sum()  # held-out EV about 0.84
 
+
+def test_the_detection_is_a_spec_decided_at_the_saes_hook(planted):
+    """sae_features takes detection= (a DetectionSpec) like every engine; its threshold applies to the norms at
+    the SAE's hook, and a block other than the SAE's is refused."""
+    model, sae, _ = planted
+    report = sae_features(sae, model, cache=planted_cache(), detection=DetectionSpec(threshold="p99"))
+    assert report["detection"]["method"] == "percentile" and report["hook"] == HOOK
+    with pytest.raises(UsageError, match="SAE's own hook"):
+        sae_features(sae, model, cache=planted_cache(), detection=DetectionSpec(detect_layer=0))
 
 def _outliers(model, images, threshold, interventions=()):
     last = "blocks.5.hook_resid_post"

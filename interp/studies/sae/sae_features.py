@@ -14,18 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ...errors import InterpError, UsageError
+from ...errors import InterpError
 from ...interventions.base import check_neurons
 from ...interventions.neuron_sets import check_ranked_on, neuron_set
 from ...runtime.source import ActivationSource
-from ...sae.features import source_feature_report, write_directions
+from ...sae.features import hook_detection, source_feature_report, write_directions
 from ...sae.model import load
 from ...detection.detection import DetectionLike, threshold_param
-from ...detection.spec import DetectionSpec
 from ..core.result import OutlierStudyResult, skipped_records
 from ..declaration import study
 from .configs import SaeFeaturesConfig
-from ...hooks.names import block_of, resolve_block
 
 MAX_CROP_IMAGES = 64  # images decoded for the top-patch crops of a live run (later ones: code values only)
 
@@ -109,20 +107,6 @@ class SaeFeaturesResult(OutlierStudyResult):
         return source.display_images(n) if source.shows_images and n else None
 
 
-def _detection_threshold(detection: DetectionLike, layer: Optional[int], n_layers: int):
-    """(threshold, preset) of the spec asked for; a Detection (made at a block's output, not at the SAE's hook)
-    and a --detect-layer (or a preset's) other than the SAE's block are refused."""
-    if not isinstance(detection, DetectionSpec):
-        raise InterpError("sae-features decides the high-norm tokens on the norms at the SAE's own hook; give "
-                          "detection=DetectionSpec(...) (a threshold, a preset), not a Detection made elsewhere")
-    spec = detection.resolved()
-    if spec.detect_layer is not None and (layer is None or resolve_block(spec.detect_layer, n_layers, -1) != layer):
-        raise UsageError(f"--detect-layer {spec.detect_layer}: sae-features decides the high-norm tokens at the "
-                         f"SAE's own hook (block {layer}); leave --detect-layer (and a preset that sets another "
-                         "block) out")
-    return spec.threshold, spec.preset
-
-
 def _writes(config: SaeFeaturesConfig, source: ActivationSource):
     """(unit fc2 columns of ``--neurons``, their ``{"L": [n]}``), checked against the model; ({}, None) without."""
     if config.neurons is None:
@@ -162,24 +146,23 @@ def sae_features_study(source: ActivationSource, config: SaeFeaturesConfig, *, d
     sae = load(config.sae)
     sae.check_source(source)
     hook = sae.hook
-    blocks = getattr(source, "blocks", None)  # its flat index: a pyramid's stage block too
-    layer = blocks.block_of(hook) if blocks is not None else block_of(hook)
-    threshold, preset = _detection_threshold(detection, layer, source.n_layers)
+    spec, layer = hook_detection(detection, source, hook)
     writes, neurons = _writes(config, source)
     write_notes = _write_notes(source, neurons)
     layout, bs = source.layout, source.batch_size
-    report = source_feature_report(sae, source, threshold=threshold, writes=writes, n_top=config.n_top,
+    report = source_feature_report(sae, source, detection=spec, writes=writes, n_top=config.n_top,
                                    n_maps=config.n_maps, progress=progress)
     det = report["detection"] or {}
     found = report["artifacts_found"]
     warning = det.get("warning") if found else (report["reason"] or "no patch tokens stored")
     return SaeFeaturesResult(
         model=source.model_name, fingerprint=source.fingerprint,
-        params={"sae": str(config.sae), "threshold": threshold_param(detection.threshold), "detect_layer": layer, "preset": preset,
-                "neurons": neurons, "n_top": config.n_top, "n_maps": config.n_maps, "batch_size": bs},
+        params={"sae": str(config.sae), "threshold": threshold_param(detection.threshold), "detect_layer": layer,
+                "preset": spec.preset, "neurons": neurons, "n_top": config.n_top, "n_maps": config.n_maps,
+                "batch_size": bs},
         seed=None, ids=list(source.ids), skipped=skipped_records(source),
         detect_layer=-1 if layer is None else layer, threshold=report["threshold"],
-        threshold_method=det.get("method", "auto"), artifacts_found=found, warning=warning, preset=preset,
+        threshold_method=det.get("method", "auto"), artifacts_found=found, warning=warning, preset=spec.preset,
         sae=str(config.sae), hook=hook, arch=sae.arch, n_features=report["n_features"], n_alive=report["n_alive"],
         n_images=report["n_images"], n_tokens=report["n_tokens"], grid=list(layout.grid), neurons=neurons,
         reason=report["reason"], rule=report["rule"], features=report["features"],

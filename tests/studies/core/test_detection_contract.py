@@ -145,3 +145,98 @@ def test_run_options_hold_only_what_a_pass_reads(planted, one_thread):
         assert sizes == [3, len(source) - 3]
     finally:
         hook.remove()
+
+
+# What may take or hold a parameter/field named threshold, detect_layer or preset in the engines, each with why.
+DISPLAY_THRESHOLD = {  # the explorer's per-request display threshold: the page's slider, not the detection
+    "interp.explore.Explorer.run", "interp.explore.session.ExploreSession.run",
+    "interp.explore.requests.check_threshold"}
+RESOLVED_VALUES = {  # handed a value a Detection already resolved (a norm cut, a block index): they take no spec
+    "interp.sae.norm_cuts.SampledDetection", "interp.sae.norm_cuts.fit_detection",
+    "interp.studies.artifacts.emergence.find_detected_emergence",
+    "interp.studies.artifacts.neurons.score_register_neurons",
+    "interp.studies.artifacts.register_scores.RegisterScoreAccumulator.outlier_mask",
+    "interp.studies.artifacts.register_scores.RegisterScoreAccumulator.update",
+    "interp.studies.causal.patching.prepare", "interp.studies.causal.patching.sweep_result",
+    "interp.studies.causal.patching.Sweep", "interp.studies.causal.sweep.MetricSpec",
+    "interp.studies.causal.sweep.metric_spec", "interp.studies.repairs.calibration.block_thresholds"}
+PRESET_SETTINGS = {  # a preset's settings beside the detection (the neurons study's positions, sparsity, top_k)
+    "interp.studies.artifacts.neurons.resolve_neuron_options"}
+
+
+def _engine_modules():
+    import importlib
+    import pkgutil
+
+    for name in ("interp.report", "interp.explore", "interp.sae", "interp.studies"):
+        package = importlib.import_module(name)
+        yield package
+        for info in pkgutil.walk_packages(package.__path__, name + "."):
+            yield importlib.import_module(info.name)
+
+
+def _loose_detection_names():
+    """{qualified name: the loose names it takes or holds} over the public functions, classes and methods of
+    interp/report, interp/explore, interp/sae and interp/studies, leaving out the spec itself (DetectionSpec and its
+    groups) and results (a result records the resolved detection header; it takes none)."""
+    import dataclasses
+    import inspect
+
+    from interp.studies.core.result import StudyResult
+
+    loose, found = {"threshold", "detect_layer", "preset"}, {}
+
+    def names(f):
+        return set(inspect.signature(f).parameters) & loose
+
+    for module in _engine_modules():
+        for name, obj in vars(module).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            where = f"{module.__name__}.{name}"
+            if inspect.isfunction(obj) and names(obj):
+                found[where] = names(obj)
+            if not inspect.isclass(obj) or issubclass(obj, (DetectionSpec, StudyResult)):
+                continue
+            if dataclasses.is_dataclass(obj) and loose & {f.name for f in dataclasses.fields(obj)}:
+                found[where] = loose & {f.name for f in dataclasses.fields(obj)}
+            for method_name, method in vars(obj).items():
+                if not method_name.startswith("_") and inspect.isfunction(method) and names(method):
+                    found[f"{where}.{method_name}"] = names(method)
+    return found
+
+
+def test_no_engine_takes_a_loose_detection_field():
+    """Issue 48: one way into detection. The report, the explorer, the SAE features and every study take
+    detection= (a DetectionSpec, or a Detection where a study takes one); none takes or holds threshold,
+    detect_layer or preset of its own, but the named exceptions (each a different concept) above."""
+    import inspect
+
+    from interp.explore import start
+    from interp.report import ReportOptions
+    from interp.report.compare import CompareSettings
+    from interp.explore.session import ExploreOptions
+    from interp.sae.features import sae_features, source_feature_report
+
+    found = _loose_detection_names()
+    allowed = DISPLAY_THRESHOLD | RESOLVED_VALUES | PRESET_SETTINGS
+    assert set(found) - allowed == set(), {k: found[k] for k in set(found) - allowed}
+    assert allowed - set(found) == set()  # an exception that no longer exists leaves the list
+    for options in (ReportOptions, ExploreOptions, CompareSettings):
+        assert options().detection == DetectionSpec(), options
+    for engine in (start, sae_features, source_feature_report):
+        assert inspect.signature(engine).parameters["detection"].default == DetectionSpec(), engine
+
+
+@pytest.mark.parametrize("name", ["threshold", "detect_layer", "preset"])
+def test_the_engines_refuse_loose_detection_keywords_in_one_line(name, tmp_path):
+    """Refused before any model is built: the message names the spec to write."""
+    from interp.explore import start
+    from interp.report import run_report
+
+    for run in (lambda: run_report(None, out_dir=tmp_path, **{name: 1}),
+                lambda: start(None, **{name: 1})):
+        with pytest.raises(InterpError, match=rf"^\S+: {name}= belongs to the detection; pass "
+                                              rf"detection=DetectionSpec\({name}=\.\.\.\)$"):
+            run()
+    assert not any(tmp_path.iterdir())  # nothing written
