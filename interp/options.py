@@ -72,7 +72,7 @@ def group(cls: type, **defaults: Any) -> Any:
     """A field holding an option group (an :class:`Options` class): the command line lists the group's fields
     where this field is declared, each under its own name; ``defaults``: this command's defaults of some of
     them (``group(BatchOptions, batch_size=8)``). Python callers pass the group built:
-    ``ReportOptions(detection=DetectionSpec(threshold=3.5))``."""
+    ``ReportOptions(detection=DetectionSpec(threshold=3.5))``, or its options flat to :meth:`Options.build`."""
     return dataclasses.field(default_factory=functools.partial(cls, **defaults),
                              metadata={"group": cls, "defaults": dict(defaults)})
 
@@ -91,6 +91,20 @@ def _field_types(cls: type) -> Dict[str, Any]:
     """The resolved annotations of an options class (evaluating them compiles every annotation string: read
     once per class, not at every parser build)."""
     return typing.get_type_hints(cls)
+
+
+@functools.lru_cache(maxsize=None)
+def _keyword_homes(cls: type) -> Dict[str, Optional[str]]:
+    """:meth:`Options.keyword_homes`, read once per class."""
+    homes: Dict[str, Optional[str]] = {}
+    for f in dataclasses.fields(cls):
+        inner = list(_keyword_homes(f.metadata["group"])) if "group" in f.metadata else []
+        for name in [f.name] + inner:
+            if name in homes:
+                raise TypeError(f"{cls.__name__} declares {name!r} twice (the fields of a class and of its groups "
+                                "are one namespace: the command line's)")
+            homes[name] = None if name == f.name else f.name
+    return homes
 
 
 class Renamed(argparse.Action):
@@ -143,8 +157,46 @@ class Options:
                 for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
 
     def with_options(self, **options: Any) -> "Options":
-        """A copy with some options changed (checked again)."""
-        return dataclasses.replace(self, **options)
+        """A copy with some options changed (checked again); keywords as :meth:`build` takes them, a group's
+        options changed in this object's group."""
+        return dataclasses.replace(self, **self.nested(options, self))
+
+    # ------------------------------------------------------------------ flat keywords
+    @classmethod
+    def build(cls, **values: Any) -> "Options":
+        """One built from flat keywords, as the command line gives them: a keyword that names a field of one of
+        its groups (at any depth) goes into that group, the rest default (``PiBConfig.build(boxes="b.csv",
+        n_boot=200)``); a group may also be given whole, under its field's name (``bootstrap=Bootstrap(...)``)."""
+        return cls(**cls.nested(values))
+
+    @classmethod
+    def keyword_homes(cls) -> Dict[str, Optional[str]]:
+        """Every keyword :meth:`build` takes: the name of each field, its groups' fields' included (transitively),
+        mapped to the group field of this class that holds it (None: a field of this class). A name declared
+        twice is a TypeError: a command's names are one namespace (argparse's destinations)."""
+        return _keyword_homes(cls)
+
+    @classmethod
+    def nested(cls, values: Dict[str, Any], current: Optional["Options"] = None) -> Dict[str, Any]:
+        """``values`` (flat keywords) as this class's fields: a group's keywords made into the group, built on
+        ``current``'s group (else the field's default group). An unknown name, or a group given whole with some
+        of its options too, is a TypeError."""
+        homes = cls.keyword_homes()
+        unknown = [k for k in values if k not in homes]
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no option {unknown[0]!r} (its options: {', '.join(homes)})")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        own = {k: v for k, v in values.items() if homes[k] is None}
+        loose: Dict[str, Dict[str, Any]] = {}
+        for k, v in values.items():
+            if homes[k] is not None:
+                loose.setdefault(homes[k], {})[k] = v
+        for name, options in loose.items():
+            if name in own:
+                raise TypeError(f"{cls.__name__}: give {name}= or its options ({', '.join(options)}=), not both")
+            start = getattr(current, name) if current is not None else fields[name].default_factory()
+            own[name] = start.with_options(**options)
+        return own
 
     def parts(self) -> List["Options"]:
         """This object and the option groups it holds, transitively, in declaration order."""
