@@ -16,6 +16,7 @@ Greeting(name='world', times=2)
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import typing
@@ -93,17 +94,32 @@ def _field_types(cls: type) -> Dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _names(cls: type) -> Tuple[List[Tuple[str, Optional[str]]], List[Tuple[str, Optional[str]]]]:
+    """The (name, home) pairs of an options class's option fields and of its group fields, its groups' included
+    (transitively); home: the group field of ``cls`` that holds the name (None: a field of ``cls``)."""
+    leaves: List[Tuple[str, Optional[str]]] = []
+    groups: List[Tuple[str, Optional[str]]] = []
+    for f in dataclasses.fields(cls):
+        if "group" in f.metadata:
+            inner_leaves, inner_groups = _names(f.metadata["group"])
+            leaves += [(name, f.name) for name, _ in inner_leaves]
+            groups += [(f.name, None)] + [(name, f.name) for name, _ in inner_groups]
+        else:
+            leaves.append((f.name, None))
+    return leaves, groups
+
+
 @functools.lru_cache(maxsize=None)
 def _keyword_homes(cls: type) -> Dict[str, Optional[str]]:
     """:meth:`Options.keyword_homes`, read once per class."""
-    homes: Dict[str, Optional[str]] = {}
-    for f in dataclasses.fields(cls):
-        inner = list(_keyword_homes(f.metadata["group"])) if "group" in f.metadata else []
-        for name in [f.name] + inner:
-            if name in homes:
-                raise TypeError(f"{cls.__name__} declares {name!r} twice (the fields of a class and of its groups "
-                                "are one namespace: the command line's)")
-            homes[name] = None if name == f.name else f.name
+    leaves, groups = _names(cls)
+    homes = dict(leaves)
+    if len(homes) != len(leaves):
+        twice = next(name for i, (name, _) in enumerate(leaves) if name in dict(leaves[:i]))
+        raise TypeError(f"{cls.__name__} declares {twice!r} twice (the fields of a class and of its groups are one "
+                        "namespace: the command line's)")
+    counts = collections.Counter(name for name, _ in groups)
+    homes.update((name, home) for name, home in groups if counts[name] == 1 and name not in homes)
     return homes
 
 
@@ -172,8 +188,10 @@ class Options:
     @classmethod
     def keyword_homes(cls) -> Dict[str, Optional[str]]:
         """Every keyword :meth:`build` takes: the name of each field, its groups' fields' included (transitively),
-        mapped to the group field of this class that holds it (None: a field of this class). A name declared
-        twice is a TypeError: a command's names are one namespace (argparse's destinations)."""
+        mapped to the group field of this class that holds it (None: a field of this class). An option field
+        declared twice is a TypeError: a command's options are one namespace (argparse's destinations). A group
+        is a keyword when its name is no option's and no other group's (``seed: SeedOption`` holding ``seed``:
+        ``seed=`` is the option; the group whole goes to the constructor)."""
         return _keyword_homes(cls)
 
     @classmethod

@@ -181,6 +181,21 @@ def test_flat_keywords_build_the_groups_they_name():
         _Run.build(width=1)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Seed(Options):
+    seed: int = option(0, "seed", parse=int)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Seeded(Options):
+    seed: _Seed = group(_Seed)
+
+
+def test_a_group_of_one_named_as_its_option_takes_the_option():
+    assert _Seeded.build(seed=3) == _Seeded(seed=_Seed(seed=3))
+    assert _Seeded.keyword_homes() == {"seed": "seed"}
+
+
 def test_a_name_declared_twice_in_one_command_is_refused():
     @dataclass(frozen=True, kw_only=True)
     class Twice(Options):
