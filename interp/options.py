@@ -175,7 +175,7 @@ class Options:
     def with_options(self, **options: Any) -> "Options":
         """A copy with some options changed (checked again); keywords as :meth:`build` takes them, a group's
         options changed in this object's group."""
-        return dataclasses.replace(self, **self.nested(options, self))
+        return dataclasses.replace(self, **self._nested(options, self))
 
     # ------------------------------------------------------------------ flat keywords
     @classmethod
@@ -183,7 +183,7 @@ class Options:
         """One built from flat keywords, as the command line gives them: a keyword that names a field of one of
         its groups (at any depth) goes into that group, the rest default (``PiBConfig.build(boxes="b.csv",
         n_boot=200)``); a group may also be given whole, under its field's name (``bootstrap=Bootstrap(...)``)."""
-        return cls(**cls.nested(values))
+        return cls(**cls._nested(values))
 
     @classmethod
     def keyword_homes(cls) -> Dict[str, Optional[str]]:
@@ -195,7 +195,7 @@ class Options:
         return _keyword_homes(cls)
 
     @classmethod
-    def nested(cls, values: Dict[str, Any], current: Optional["Options"] = None) -> Dict[str, Any]:
+    def _nested(cls, values: Dict[str, Any], current: Optional["Options"] = None) -> Dict[str, Any]:
         """``values`` (flat keywords) as this class's fields: a group's keywords made into the group, built on
         ``current``'s group (else the field's default group). An unknown name, or a group given whole with some
         of its options too, is a TypeError."""
