@@ -16,6 +16,7 @@ Greeting(name='world', times=2)
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import typing
@@ -72,7 +73,7 @@ def group(cls: type, **defaults: Any) -> Any:
     """A field holding an option group (an :class:`Options` class): the command line lists the group's fields
     where this field is declared, each under its own name; ``defaults``: this command's defaults of some of
     them (``group(BatchOptions, batch_size=8)``). Python callers pass the group built:
-    ``ReportOptions(detection=DetectionSpec(threshold=3.5))``."""
+    ``ReportOptions(detection=DetectionSpec(threshold=3.5))``, or its options flat to :meth:`Options.build`."""
     return dataclasses.field(default_factory=functools.partial(cls, **defaults),
                              metadata={"group": cls, "defaults": dict(defaults)})
 
@@ -91,6 +92,35 @@ def _field_types(cls: type) -> Dict[str, Any]:
     """The resolved annotations of an options class (evaluating them compiles every annotation string: read
     once per class, not at every parser build)."""
     return typing.get_type_hints(cls)
+
+
+def _names(cls: type) -> Tuple[List[Tuple[str, Optional[str]]], List[Tuple[str, Optional[str]]]]:
+    """The (name, home) pairs of an options class's option fields and of its group fields, its groups' included
+    (transitively); home: the group field of ``cls`` that holds the name (None: a field of ``cls``)."""
+    leaves: List[Tuple[str, Optional[str]]] = []
+    groups: List[Tuple[str, Optional[str]]] = []
+    for f in dataclasses.fields(cls):
+        if "group" in f.metadata:
+            inner_leaves, inner_groups = _names(f.metadata["group"])
+            leaves += [(name, f.name) for name, _ in inner_leaves]
+            groups += [(f.name, None)] + [(name, f.name) for name, _ in inner_groups]
+        else:
+            leaves.append((f.name, None))
+    return leaves, groups
+
+
+@functools.lru_cache(maxsize=None)
+def _keyword_homes(cls: type) -> Dict[str, Optional[str]]:
+    """:meth:`Options.keyword_homes`, read once per class."""
+    leaves, groups = _names(cls)
+    homes = dict(leaves)
+    if len(homes) != len(leaves):
+        twice = next(name for i, (name, _) in enumerate(leaves) if name in dict(leaves[:i]))
+        raise TypeError(f"{cls.__name__} declares {twice!r} twice (the fields of a class and of its groups are one "
+                        "namespace: the command line's)")
+    counts = collections.Counter(name for name, _ in groups)
+    homes.update((name, home) for name, home in groups if counts[name] == 1 and name not in homes)
+    return homes
 
 
 class Renamed(argparse.Action):
@@ -143,8 +173,48 @@ class Options:
                 for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
 
     def with_options(self, **options: Any) -> "Options":
-        """A copy with some options changed (checked again)."""
-        return dataclasses.replace(self, **options)
+        """A copy with some options changed (checked again); keywords as :meth:`build` takes them, a group's
+        options changed in this object's group."""
+        return dataclasses.replace(self, **self._nested(options, self))
+
+    # ------------------------------------------------------------------ flat keywords
+    @classmethod
+    def build(cls, **values: Any) -> "Options":
+        """One built from flat keywords, as the command line gives them: a keyword that names a field of one of
+        its groups (at any depth) goes into that group, the rest default (``PiBConfig.build(boxes="b.csv",
+        n_boot=200)``); a group may also be given whole, under its field's name (``bootstrap=Bootstrap(...)``)."""
+        return cls(**cls._nested(values))
+
+    @classmethod
+    def keyword_homes(cls) -> Dict[str, Optional[str]]:
+        """Every keyword :meth:`build` takes: the name of each field, its groups' fields' included (transitively),
+        mapped to the group field of this class that holds it (None: a field of this class). An option field
+        declared twice is a TypeError: a command's options are one namespace (argparse's destinations). A group
+        is a keyword when its name is no option's and no other group's (``seed: SeedOption`` holding ``seed``:
+        ``seed=`` is the option; the group whole goes to the constructor)."""
+        return _keyword_homes(cls)
+
+    @classmethod
+    def _nested(cls, values: Dict[str, Any], current: Optional["Options"] = None) -> Dict[str, Any]:
+        """``values`` (flat keywords) as this class's fields: a group's keywords made into the group, built on
+        ``current``'s group (else the field's default group). An unknown name, or a group given whole with some
+        of its options too, is a TypeError."""
+        homes = cls.keyword_homes()
+        unknown = [k for k in values if k not in homes]
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no option {unknown[0]!r} (its options: {', '.join(homes)})")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        own = {k: v for k, v in values.items() if homes[k] is None}
+        loose: Dict[str, Dict[str, Any]] = {}
+        for k, v in values.items():
+            if homes[k] is not None:
+                loose.setdefault(homes[k], {})[k] = v
+        for name, options in loose.items():
+            if name in own:
+                raise TypeError(f"{cls.__name__}: give {name}= or its options ({', '.join(options)}=), not both")
+            start = getattr(current, name) if current is not None else fields[name].default_factory()
+            own[name] = start.with_options(**options)
+        return own
 
     def parts(self) -> List["Options"]:
         """This object and the option groups it holds, transitively, in declaration order."""

@@ -85,7 +85,7 @@ def result_class(config: Type[StudyConfig]) -> type:
 def required_hooks(name: str, blocks: Union[BlockNames, int], options: Optional[Dict] = None) -> List[str]:
     """The hooks study ``name`` reads from a cache of a model with ``blocks`` (its block names, or a number of
     ``blocks.{i}`` blocks) with ``options`` (the rest default)."""
-    return config_class(name)(**dict(options or {})).required_hooks(blocks)
+    return config_class(name).build(**dict(options or {})).required_hooks(blocks)
 
 
 def hooks_for_studies(names: Sequence[str], blocks: Union[BlockNames, int]) -> List[str]:

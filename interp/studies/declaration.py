@@ -160,7 +160,9 @@ def declare(cls: Type[StudyConfig]) -> Type[StudyConfig]:
 def study(config_class: Type[StudyConfig]) -> Callable[[Callable], Callable]:
     """Function decorator: the study function of ``config_class``. The function takes ``(source, config,
     **keywords)``; the decorated function also takes the config's options as keywords
-    (``norms_study(source, emergence_factor=3.0)``), with or without a config to start from.
+    (``norms_study(source, emergence_factor=3.0)``), with or without a config to start from; an option of one of
+    the config's groups goes into its group (``pib_study(source, boxes="b.csv", n_boot=200)``:
+    :meth:`~interp.options.Options.build`), or the group whole under its field's name.
 
     A config with a ``detection`` group (a :class:`~interp.detection.spec.DetectionSpec`) makes ``detection=``
     the study's one way to say what counts as a high-norm token: a DetectionSpec given becomes the config's
@@ -168,17 +170,23 @@ def study(config_class: Type[StudyConfig]) -> Callable[[Callable], Callable]:
     :func:`~interp.detection.detection.detect` on the same source), else the config's spec. A Detection given
     with a config whose spec is not the default is refused (the detection is said once). A config without the
     group takes no ``detection=``."""
-    names = {f.name for f in dataclasses.fields(config_class)}
-    detects = "detection" in names
+    homes = config_class.keyword_homes()  # its fields', its groups' fields' (at any depth)
+    names = set(homes)
+    detects = "detection" in names and homes["detection"] is None
 
     def bind(function: Callable) -> Callable:
-        if ("detection" in inspect.signature(function).parameters) != detects:
+        parameters = set(inspect.signature(function).parameters)
+        if ("detection" in parameters) != detects:
             raise TypeError(f"{function.__name__} must take detection= exactly when {config_class.__name__} "
                             "holds a detection group")
+        shared = sorted((parameters - {"source", "config", "detection"}) & names)
+        if shared:
+            raise TypeError(f"{function.__name__}'s keyword {shared[0]}= is also an option of "
+                            f"{config_class.__name__}: rename one")
 
         @functools.wraps(function)
         def run(source: Any, config: Optional[StudyConfig] = None, /, **keywords: Any) -> Any:
-            loose = [k for k in keywords if k in SPEC_FIELDS and k not in names]
+            loose = [k for k in keywords if k in SPEC_FIELDS and homes.get(k, "detection") == "detection"]
             if loose:
                 raise InterpError(f"{function.__name__}: {loose[0]}= belongs to the detection; pass "
                                   f"detection=DetectionSpec({loose[0]}=...) or a Detection made by detect()")
@@ -187,7 +195,7 @@ def study(config_class: Type[StudyConfig]) -> Callable[[Callable], Callable]:
             if isinstance(given, DetectionSpec):
                 options["detection"], given = given, None
             if config is None:
-                config = config_class(**options)
+                config = config_class.build(**options)
             elif not isinstance(config, config_class):
                 raise TypeError(f"{function.__name__} takes a {config_class.__name__}, got "
                                 f"{type(config).__name__}; pass options by keyword")

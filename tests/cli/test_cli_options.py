@@ -146,3 +146,61 @@ def test_an_option_group_is_a_field_listed_where_it_is_declared_with_the_command
     given = _Command.from_args(parser.parse_args(["--batch-size", "2"]))
     assert given.batch.batch_size == 2
     assert given.to_dict() == {"first": "x", "batch": {"batch_size": 2}, "last": False}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Inner(Options):
+    depth: int = option(1, "depth", parse=int)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Pass(Options):
+    batch_size: int = option(16, "images per pass", parse=int)
+    workers: int = option(0, "loader workers", parse=int)
+    inner: _Inner = group(_Inner)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Run(Options):
+    first: str = option("x", "first")
+    run_pass: _Pass = group(_Pass, batch_size=4)
+
+
+def test_flat_keywords_build_the_groups_they_name():
+    """``build`` routes a keyword naming a group's field (at any depth) into that group, keeping the group's
+    defaults of this command; a group given whole goes under its own name; ``with_options`` routes alike."""
+    assert _Run.build() == _Run()
+    run = _Run.build(first="y", workers=2, depth=3)
+    assert run == _Run(first="y", run_pass=_Pass(batch_size=4, workers=2, inner=_Inner(depth=3)))
+    assert _Run.build(run_pass=_Pass(workers=1)).run_pass == _Pass(workers=1)
+    assert run.with_options(batch_size=8).run_pass == _Pass(batch_size=8, workers=2, inner=_Inner(depth=3))
+    assert set(_Run.keyword_homes()) == {"first", "run_pass", "batch_size", "workers", "inner", "depth"}
+    with pytest.raises(TypeError, match="give run_pass= or its options"):
+        _Run.build(run_pass=_Pass(), workers=1)
+    with pytest.raises(TypeError, match="_Run has no option 'width'"):
+        _Run.build(width=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Seed(Options):
+    seed: int = option(0, "seed", parse=int)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Seeded(Options):
+    seed: _Seed = group(_Seed)
+
+
+def test_a_group_of_one_named_as_its_option_takes_the_option():
+    assert _Seeded.build(seed=3) == _Seeded(seed=_Seed(seed=3))
+    assert _Seeded.keyword_homes() == {"seed": "seed"}
+
+
+def test_a_name_declared_twice_in_one_command_is_refused():
+    @dataclass(frozen=True, kw_only=True)
+    class Twice(Options):
+        workers: int = option(0, "also workers")
+        run_pass: _Pass = group(_Pass)
+
+    with pytest.raises(TypeError, match="Twice declares 'workers' twice"):
+        Twice.build(workers=1)

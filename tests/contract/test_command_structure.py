@@ -1,15 +1,20 @@
 """The shape of the command side (issue 48): a command module imports no other command module (their shared
-helpers live in ``commands/groups.py``, ``inputs.py``, ``common.py``, ...), a command's options are composed as
-fields (no options class of a command has more than one base), and no public function of ``interp/report/`` or
-``interp/commands/`` takes more than :data:`MAX_PARAMETERS` parameters (the engines take the models and one
-settings object). Read from the source with ``ast``; torch-free."""
+helpers live in ``commands/groups.py``, ``inputs.py``, ``common.py``, ...), options are composed as fields (no
+options class of a command or a study has more than one options base, and each command's names are unique), and
+no public function of ``interp/report/`` or ``interp/commands/`` takes more than :data:`MAX_PARAMETERS`
+parameters (the engines take the models and one settings object). Read from the source with ``ast``, and from the
+command-line parser and the study declarations; torch-free."""
 from __future__ import annotations
 
+import argparse
 import ast
 from pathlib import Path
 from typing import Dict, List, Set
 
 import interp
+from interp.cli import build_parser
+from interp.options import Options
+from interp.studies.catalog import declared
 
 PACKAGE_DIR = Path(interp.__file__).resolve().parent
 COMMANDS_DIR = PACKAGE_DIR / "commands"
@@ -68,6 +73,41 @@ def test_command_options_are_composed_as_fields_not_bases():
     many = [f"{p.stem}.{n.name}" for p in sorted(COMMANDS_DIR.glob("*.py")) for n in _tree(p).body
             if isinstance(n, ast.ClassDef) and len(n.bases) > 1]
     assert not many, f"options classes with several bases (hold the groups as group() fields): {many}"
+
+
+def parsers(parser: argparse.ArgumentParser):
+    """Every parser of the command tree."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from parsers(child)
+
+
+def options_classes() -> List[type]:
+    """Every options class the command line and the declared studies use: the commands' options, the study
+    configs, the groups they hold (at any depth) and the options classes they derive from."""
+    roots = [o for p in parsers(build_parser()) for o in getattr(p.get_default("func"), "options", ())]
+    found: Dict[type, None] = {}
+    stack = roots + list(declared().values())
+    while stack:
+        cls = stack.pop()
+        if cls not in found:
+            found[cls] = None
+            stack += [f.metadata["group"] for f in cls.group_fields()]
+            stack += [b for b in cls.__bases__ if issubclass(b, Options) and b is not Options]
+    return list(found)
+
+
+def test_options_are_composed_as_fields_not_bases():
+    """No options class of a command or a study has more than one options base (its groups are group() fields),
+    and the names of each (its fields', its groups') are one namespace, as its flags' destinations are."""
+    classes = options_classes()
+    assert declared()["pib"] in classes and len(classes) > 40  # the walk sees the studies and their groups
+    many = [c.__qualname__ for c in classes if sum(issubclass(b, Options) for b in c.__bases__) > 1]
+    assert not many, f"options classes with several options bases (hold the groups as group() fields): {many}"
+    for cls in classes:
+        cls.keyword_homes()  # a name declared twice is a TypeError
 
 
 def parameter_count(node: ast.FunctionDef) -> int:

@@ -20,10 +20,9 @@ from ...errors import UsageError
 from ...values import (existing_file, existing_path, fraction, fraction_below_one, nonnegative_int, open_fraction,
                        positive_float, positive_int, threshold_arg)
 from ...detection.spec import DetectionSpec
-from ...options import group
+from ...options import Options, group
 from ..core.options import FINAL, REFERENCES, SCORE_DOC, classifier_option, needed_hooks
 from ..declaration import StudyConfig, declare, option
-
 
 
 def _max_box_fraction(default: Optional[float]) -> Any:
@@ -32,9 +31,14 @@ def _max_box_fraction(default: Optional[float]) -> Any:
                            f"(default {default}; 1 keeps all)", parse=fraction)
 
 
+def _n_maps() -> Any:
+    """``--n-maps``: the ``score_maps.png`` figure's size."""
+    return option(8, "images drawn in score_maps.png", parse=nonnegative_int)
+
+
 # ---------------------------------------------------------------------------------------------- option groups
 @dataclass(frozen=True, kw_only=True)
-class SelectiveCLSOptions(StudyConfig):
+class SelectiveCLSSettings(Options):
     """The parameters of a SelectiveCLS (:class:`~interp.interventions.selective_cls.SelectiveCLS`) but its k."""
 
     sigma: Optional[float] = option(None, "SelectiveCLS low-pass width (default sqrt(d))", parse=positive_float)
@@ -45,34 +49,33 @@ class SelectiveCLSOptions(StudyConfig):
                       choices=("shift", "rfft"))
     eps: float = option(1e-6, "SelectiveCLS epsilon", parse=positive_float)
 
-    def selective_params(self, k: int) -> Dict[str, Any]:
-        """``SelectiveCLS(**selective_params(k))``: the edit these options describe, keeping ``k`` patches."""
+    def params(self, k: int) -> Dict[str, Any]:
+        """``SelectiveCLS(**params(k))``: the edit these options describe, keeping ``k`` patches."""
         return {"k": k, "sigma": self.sigma, "score": self.score, "fft": self.fft, "eps": self.eps}
 
 
 @dataclass(frozen=True, kw_only=True)
-class PatchScoreOptions(SelectiveCLSOptions):
-    """The Patch Score ``cos(x_p, g)``: where the patch tokens come from and the global vector g."""
+class PatchScoreSettings(Options):
+    """The Patch Score ``cos(x_p, g)``: where the patch tokens come from and the global vector g (with the
+    SelectiveCLS of the ``selective`` vector)."""
 
     reference: str = option("cls", "global vector g of the Patch Score: CLS output, the pooled vector the head "
                                    "sees, or the SelectiveCLS vector", choices=REFERENCES)
     hook: str = option(FINAL, "patch tokens: hook_norm_final (default) or blocks.{i}.hook_resid_post")
     selective_k: int = option(1, "k of the SelectiveCLS vector (--reference selective)", parse=positive_int)
+    selective_cls: SelectiveCLSSettings = group(SelectiveCLSSettings)
 
-    def hooks(self, blocks) -> List[str]:
+    def selective_params(self) -> Dict[str, Any]:
+        """``SelectiveCLS(**selective_params())``: the edit of the ``selective`` vector (k ``selective_k``)."""
+        return self.selective_cls.params(self.selective_k)
+
+    def hooks(self) -> List[str]:
         """The patch tokens' hook and the hook the global vector is read from."""
         return needed_hooks(self.hook, self.reference)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ScoreMapsFigure(StudyConfig):
-    """The ``score_maps.png`` figure's size."""
-
-    n_maps: int = option(8, "images drawn in score_maps.png", parse=nonnegative_int)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ObjectBoxes(StudyConfig):
+class ObjectBoxes(Options):
     """The object boxes of PiB and their filters, under a box protocol (:mod:`.pib_protocol`)."""
 
     boxes: Any = option(None, "box file: CSV/JSON (image,x0,y0,x1,y1) or COCO instances JSON", parse=existing_file,
@@ -86,8 +89,8 @@ class ObjectBoxes(StudyConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class BootstrapOptions(StudyConfig):
-    """The seeded percentile bootstrap interval of PiB (``--seed``)."""
+class Bootstrap(Options):
+    """The seeded percentile bootstrap interval of PiB (the config's ``--seed``)."""
 
     n_boot: int = option(1000, "bootstrap resamples for the PiB interval", parse=positive_int)
     level: float = option(0.95, "confidence level of the PiB interval", parse=open_fraction)
@@ -96,7 +99,7 @@ class BootstrapOptions(StudyConfig):
 # ---------------------------------------------------------------------------------------------- studies
 @declare
 @dataclass(frozen=True, kw_only=True)
-class PatchScoreConfig(PatchScoreOptions, ScoreMapsFigure):
+class PatchScoreConfig(StudyConfig):
     """Patch Score maps cos(patch, global vector), fg/bg distributions
 
     Patch Score S_p = cos(x_p, g) per image (docs/methods.md section 3)."""
@@ -108,6 +111,7 @@ class PatchScoreConfig(PatchScoreOptions, ScoreMapsFigure):
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = SCORE_DOC
 
+    patch_score: PatchScoreSettings = group(PatchScoreSettings)
     boxes: Optional[str] = option(None, "box file (CSV/JSON/COCO) for foreground/background scores",
                                   parse=existing_file)
     masks: Optional[str] = option(None, "directory of masks <image stem>.png (nonzero = foreground; palette PNGs by "
@@ -119,6 +123,7 @@ class PatchScoreConfig(PatchScoreOptions, ScoreMapsFigure):
                             choices=("touch", "majority"))
     normalise: str = option("none", "score distributions of the raw cosines (none, default) or of each image's map "
                                     "min-max rescaled to [0, 1] (minmax)", choices=("none", "minmax"))
+    n_maps: int = _n_maps()
     bins: int = 40  # histogram bins over [-1, 1]
 
     def check(self) -> None:
@@ -126,10 +131,13 @@ class PatchScoreConfig(PatchScoreOptions, ScoreMapsFigure):
         if self.boxes and self.masks:
             raise UsageError("give --boxes or --masks, not both")
 
+    def hooks(self, blocks) -> List[str]:
+        return self.patch_score.hooks()
+
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class PiBConfig(PatchScoreOptions, ObjectBoxes, BootstrapOptions, ScoreMapsFigure):
+class PiBConfig(StudyConfig):
     """PiB: share of images whose top Patch Score patch is in the box
 
     Point in box with a bootstrap interval (docs/methods.md section 3)."""
@@ -141,7 +149,14 @@ class PiBConfig(PatchScoreOptions, ObjectBoxes, BootstrapOptions, ScoreMapsFigur
     inputs: ClassVar[str] = "images_or_cache"
     cache_doc: ClassVar[str] = SCORE_DOC
 
+    objects: ObjectBoxes = group(ObjectBoxes)
+    patch_score: PatchScoreSettings = group(PatchScoreSettings)
+    bootstrap: Bootstrap = group(Bootstrap)
+    n_maps: int = _n_maps()
     store_maps: bool = True  # keep the [N, h, w] score maps in the result (for plots)
+
+    def hooks(self, blocks) -> List[str]:
+        return self.patch_score.hooks()
 
 
 MASKING_THRESHOLD = "p98"  # masking's own threshold when neither a threshold nor a preset is given
@@ -165,7 +180,7 @@ class MaskingDetection(DetectionSpec):
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class MaskingConfig(PatchScoreOptions):
+class MaskingConfig(StudyConfig):
     """mask top-k / bottom-k patches by Patch Score and re-measure
 
     Masking probe (docs/methods.md section 3): accuracy or agreement and outlier counts per masked fraction, for
@@ -176,6 +191,7 @@ class MaskingConfig(PatchScoreOptions):
     function: ClassVar[str] = "masking_study"
     result: ClassVar[str] = "MaskingResult"
 
+    patch_score: PatchScoreSettings = group(PatchScoreSettings)
     classifier: Optional[str] = classifier_option()
     detection: DetectionSpec = group(MaskingDetection)
     fractions: Optional[Tuple[float, ...]] = option(None, "shares of patches to mask (default 0 0.1 ... 0.9)",
@@ -198,7 +214,7 @@ class MaskingConfig(PatchScoreOptions):
 
 @declare
 @dataclass(frozen=True, kw_only=True)
-class SelectiveCLSConfig(SelectiveCLSOptions, ObjectBoxes, BootstrapOptions):
+class SelectiveCLSConfig(StudyConfig):
     """PiB, score distributions and agreement with/without SelectiveCLS
 
     The measured effect of SelectiveCLS(k) on a frozen model, one table."""
@@ -208,8 +224,11 @@ class SelectiveCLSConfig(SelectiveCLSOptions, ObjectBoxes, BootstrapOptions):
     function: ClassVar[str] = "selective_cls_study"
     result: ClassVar[str] = "SelectiveCLSResult"
 
-    classifier: Optional[str] = classifier_option()
+    objects: ObjectBoxes = group(ObjectBoxes)
     ks: Tuple[int, ...] = option((1, 7, 98), "SelectiveCLS k values (default 1 7 98)", flag="--k", parse=positive_int,
                                  many=True)
+    selective_cls: SelectiveCLSSettings = group(SelectiveCLSSettings)
     reference: str = option("cls", "the baseline's global vector", choices=("cls", "pooled"))
+    bootstrap: Bootstrap = group(Bootstrap)
+    classifier: Optional[str] = classifier_option()
     bins: int = 40  # histogram bins over [-1, 1]

@@ -237,11 +237,12 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
     Args:
         source: a live source (``open_source(model=..., images=...)``); labels from an image-folder layout.
         config: the options (:class:`~interp.studies.aggregation.configs.MaskingConfig`; or pass them as
-            keywords): ``fractions`` shares of the patches to mask, each in [0, 1] (default 0, 0.1, ..., 0.9), or
+            keywords, a group's flat): ``fractions`` shares of the patches to mask, each in [0, 1] (default 0, 0.1, ..., 0.9), or
             ``steps`` (the fractions ``k / steps``: :func:`fraction_steps`; 7 for the paper's steps of 1/7);
             ``fill`` ``zero``, ``mean`` or ``blur``; ``blur_sigma`` Gaussian sigma in input pixels for ``blur``
-            (default: half the patch size); ``reference``, ``hook``, ``selective_k``, ``sigma``, ``score``,
-            ``fft``, ``eps`` the Patch Score that orders the patches; ``orders`` which of ``top``, ``bottom``, ``random`` to run (default all three);
+            (default: half the patch size); ``patch_score`` (``reference``, ``hook``, ``selective_k``, ``sigma``,
+            ``score``, ``fft``, ``eps``, flat as keywords) the Patch Score that orders the patches; ``orders``
+            which of ``top``, ``bottom``, ``random`` to run (default all three);
             ``seed`` seed of the ``random`` order; ``classifier`` a classifier file (or object) whose class
             logits give top-1 agreement and accuracy.
         selective: a SelectiveCLS whose parameters define the ``selective`` vector (default: the config's).
@@ -251,10 +252,11 @@ def masking_study(source, config: MaskingConfig, *, selective: Optional[Selectiv
         progress: show progress bars.
     """
     c = config
-    fill, blur_sigma, reference, hook, seed = c.fill, c.blur_sigma, c.reference, c.hook, c.seed
+    fill, blur_sigma, seed = c.fill, c.blur_sigma, c.seed
+    reference, hook = c.patch_score.reference, c.patch_score.hook
     fractions = fraction_steps(c.steps) if c.steps is not None else (
         DEFAULT_FRACTIONS if c.fractions is None else c.fractions)
-    selective = selective or SelectiveCLS(**c.selective_params(c.selective_k))
+    selective = selective or SelectiveCLS(**c.patch_score.selective_params())
     require_live(source, "masking probe")
     if fill not in FILLS:
         raise InterpError(f"fill={fill!r} is not one of {list(FILLS)}")

@@ -182,9 +182,11 @@ def patch_score_study(source: ActivationSource, config: PatchScoreConfig, *,
         source: a live source or a cache holding ``hook`` and ``hook_norm_final`` (``hook_pooled`` for
             reference ``pooled``), all token rows.
         config: the options (:class:`~interp.studies.aggregation.configs.PatchScoreConfig`; or pass them as
-            keywords): ``hook`` the patch tokens (``hook_norm_final`` or ``blocks.{i}.hook_resid_post``);
-            ``reference`` ``cls``, ``pooled`` or ``selective`` (module docstring); ``selective_k``, ``sigma``,
-            ``score``, ``fft``, ``eps`` the SelectiveCLS of the ``selective`` vector; ``boxes`` (a box file or
+            keywords, a group's flat): ``patch_score``
+            (:class:`~interp.studies.aggregation.configs.PatchScoreSettings`): ``hook`` the patch tokens
+            (``hook_norm_final`` or ``blocks.{i}.hook_resid_post``), ``reference`` ``cls``, ``pooled`` or
+            ``selective`` (module docstring), ``selective_k``, ``sigma``, ``score``, ``fft``, ``eps`` the
+            SelectiveCLS of the ``selective`` vector; ``boxes`` (a box file or
             table, filtered by ``single_object`` and ``max_box_fraction``) or ``masks`` (a folder) for the
             foreground cells, decided by ``cell_rule``; ``bins`` histogram bins over [-1, 1]; ``normalise``
             ``"none"`` (default) or ``"minmax"``: the distributions of each image's map rescaled to [0, 1].
@@ -200,21 +202,22 @@ def patch_score_study(source: ActivationSource, config: PatchScoreConfig, *,
         raise InterpError("give regions= or the boxes / masks options, not both")
     if regions is not None and regions.inside.shape[0] != len(source):
         raise InterpError(f"regions cover {regions.inside.shape[0]} images but the source has {len(source)}")
+    score = c.patch_score
     normalise_maps(torch.zeros(0), c.normalise)  # a bad option is refused before the pass
     regions = regions if regions is not None else config_regions(source, c)
-    selective = selective or SelectiveCLS(**c.selective_params(c.selective_k))
-    maps = compute_score_maps(source, c.hook, c.reference, selective, None, progress)
+    selective = selective or SelectiveCLS(**score.selective_params())
+    maps = compute_score_maps(source, score.hook, score.reference, selective, None, progress)
     values = normalise_maps(maps, c.normalise)
     fg = bg = None
     if regions is not None:
         fg, bg = fg_bg_distributions(values, regions, c.bins)
-    selective_params = selective.params() if c.reference == "selective" else None
+    selective_params = selective.params() if score.reference == "selective" else None
     cell_rule = regions.cell_rule if regions is not None else None
-    params = {"hook": c.hook, "reference": c.reference, "selective": selective_params, "bins": c.bins,
+    params = {"hook": score.hook, "reference": score.reference, "selective": selective_params, "bins": c.bins,
               "regions": regions is not None, "normalise": c.normalise, "cell_rule": cell_rule}
     return PatchScoreResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=None,
-        ids=list(source.ids), hook=c.hook, reference=c.reference, selective=selective_params,
+        ids=list(source.ids), hook=score.hook, reference=score.reference, selective=selective_params,
         grid=list(source.layout.grid), patch_size=list(cell_size(source)),
         maps=maps.tolist(), top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [],
         scores=ScoreDistribution.of(values, c.bins), fg=fg, bg=bg,

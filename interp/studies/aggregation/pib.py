@@ -171,38 +171,40 @@ def pib_study(source: ActivationSource, config: PiBConfig, *, selective: Optiona
 
     Args:
         source: live source over image files, or a cache of them (ids are the image paths).
-        config: the options (:class:`~interp.studies.aggregation.configs.PiBConfig`; or pass them as keywords):
-            ``boxes`` a box file (CSV / JSON / COCO, see :mod:`interp.formats.box_files`) or a table from
-            ``read_boxes`` (required); ``reference``, ``hook``, ``selective_k``, ``sigma``, ``score``, ``fft``,
-            ``eps`` the Patch Score (:mod:`interp.studies.aggregation.patch_score`); ``single_object`` keep only
-            images with exactly one box (reference protocol); ``max_box_fraction`` drop boxes larger than this
-            share of the original image area (None: keep all); ``n_boot``, ``level``, ``seed`` the bootstrap
-            interval; ``store_maps`` keep the [N, h, w] score maps in the result (for plots); ``protocol``
-            ``"model"`` (default): the model's own transform and the filters above, ``"last"``: the LaSt
-            reference exactly (``bbox_to_patch_set`` and its dataloader): Resize(256) + CenterCrop(224) whatever
-            the model's crop, its box-to-cell arithmetic, one box per image, area strictly below 25 %
-            (``single_object``/``max_box_fraction`` are then the reference's); needs a live source over files
-            and a model whose 224-px grid is ``224 // patch``; ``boxes_input`` is left empty.
+        config: the options (:class:`~interp.studies.aggregation.configs.PiBConfig`; or pass them as keywords,
+            a group's flat): ``objects``: ``boxes`` a box file (CSV / JSON / COCO, see
+            :mod:`interp.formats.box_files`) or a table from ``read_boxes`` (required), ``single_object`` keep
+            only images with exactly one box (reference protocol), ``max_box_fraction`` drop boxes larger than
+            this share of the original image area (None: keep all), ``protocol`` ``"model"`` (default): the
+            model's own transform and the filters above, ``"last"``: the LaSt reference exactly
+            (``bbox_to_patch_set`` and its dataloader): Resize(256) + CenterCrop(224) whatever the model's crop,
+            its box-to-cell arithmetic, one box per image, area strictly below 25 % (``single_object``/
+            ``max_box_fraction`` are then the reference's); needs a live source over files and a model whose
+            224-px grid is ``224 // patch``; ``boxes_input`` is left empty; ``patch_score``: ``reference``,
+            ``hook``, ``selective_k``, ``sigma``, ``score``, ``fft``, ``eps`` the Patch Score
+            (:mod:`interp.studies.aggregation.patch_score`); ``bootstrap``: ``n_boot``, ``level`` (and the
+            config's ``seed``) the bootstrap interval; ``store_maps`` keep the [N, h, w] score maps in the result
+            (for plots).
         selective: a SelectiveCLS whose parameters define the ``selective`` vector (default: the config's).
         progress: show progress bars.
     """
-    c = config
-    if c.boxes is None:
+    c, objects, score, bootstrap = config, config.objects, config.patch_score, config.bootstrap
+    if objects.boxes is None:
         raise UsageError("pib_study needs boxes= (CLI --boxes): a box file, CSV/JSON (image,x0,y0,x1,y1) or COCO "
                          "instances JSON, or a table from read_boxes")
-    source, regions, single_object, max_box_fraction = protocol_regions(source, c.boxes, c.protocol,
-                                                                         c.single_object, c.max_box_fraction)
-    selective = selective or SelectiveCLS(**c.selective_params(c.selective_k))
-    maps = compute_score_maps(source, c.hook, c.reference, selective, None, progress)
-    summary = pib_from_maps(maps, regions, c.n_boot, c.level, c.seed)
-    params = {"protocol": c.protocol, "reference": c.reference, "hook": c.hook, "single_object": single_object,
-              "max_box_fraction": max_box_fraction, "n_boot": c.n_boot, "level": c.level,
-              "selective": selective.params() if c.reference == "selective" else None}
+    source, regions, single_object, max_box_fraction = protocol_regions(
+        source, objects.boxes, objects.protocol, objects.single_object, objects.max_box_fraction)
+    selective = selective or SelectiveCLS(**score.selective_params())
+    maps = compute_score_maps(source, score.hook, score.reference, selective, None, progress)
+    summary = pib_from_maps(maps, regions, bootstrap.n_boot, bootstrap.level, c.seed)
+    params = {"protocol": objects.protocol, "reference": score.reference, "hook": score.hook,
+              "single_object": single_object, "max_box_fraction": max_box_fraction, "n_boot": bootstrap.n_boot,
+              "level": bootstrap.level, "selective": selective.params() if score.reference == "selective" else None}
     return PiBResult(
         model=source.model_name, fingerprint=source.fingerprint, params=params, seed=c.seed,
-        pib=summary.pib, ci_low=summary.ci_low, ci_high=summary.ci_high, level=c.level, n_boot=c.n_boot,
-        n_images=len(source), n_used=summary.n_used, excluded=regions.excluded_counts(), hook=c.hook,
-        reference=c.reference, ids=list(source.ids), hits=summary.hits,
+        pib=summary.pib, ci_low=summary.ci_low, ci_high=summary.ci_high, level=bootstrap.level,
+        n_boot=bootstrap.n_boot, n_images=len(source), n_used=summary.n_used, excluded=regions.excluded_counts(),
+        hook=score.hook, reference=score.reference, ids=list(source.ids), hits=summary.hits,
         top_patch=maps.flatten(1).argmax(1).tolist() if len(maps) else [], boxes_input=regions.boxes_input,
         grid=list(source.layout.grid), patch_size=list(cell_size(source)),
         maps=maps.tolist() if c.store_maps else [],

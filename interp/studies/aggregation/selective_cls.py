@@ -160,21 +160,24 @@ def selective_cls_study(source, config: SelectiveCLSConfig, *, selective: Option
     Args:
         source: a live source over image files (labels from an image-folder layout give accuracy).
         config: the options (:class:`~interp.studies.aggregation.configs.SelectiveCLSConfig`; or pass them as
-            keywords): ``boxes`` box file or table (:mod:`interp.formats.box_files`; None skips the PiB and
-            fg/bg columns); ``ks`` the k values, each in [1, n_patches]; ``sigma``, ``score``, ``fft``, ``eps``
-            the SelectiveCLS every row uses (default the LaSt reference code's arithmetic); ``reference`` the
-            baseline's global vector, ``cls`` or ``pooled``; ``single_object``, ``max_box_fraction``,
-            ``n_boot``, ``level``, ``seed``: PiB protocol (:func:`interp.studies.aggregation.pib.pib_study`);
-            ``protocol`` ``"model"`` (the model's transform) or ``"last"`` (the LaSt reference's, as in
-            ``pib_study``); ``bins`` histogram bins; ``classifier`` a classifier file (or object) whose class
-            logits give top-1 agreement and accuracy.
+            keywords, a group's flat): ``objects`` (``boxes`` box file or table, :mod:`interp.formats.box_files`;
+            None skips the PiB and fg/bg columns; ``single_object``, ``max_box_fraction``, ``protocol``
+            ``"model"``, the model's transform, or ``"last"``, the LaSt reference's, as in
+            :func:`interp.studies.aggregation.pib.pib_study`); ``ks`` the k values, each in [1, n_patches];
+            ``selective_cls`` (``sigma``, ``score``, ``fft``, ``eps``) the SelectiveCLS every row uses (default
+            the LaSt reference code's arithmetic); ``reference`` the baseline's global vector, ``cls`` or
+            ``pooled``; ``bootstrap`` (``n_boot``, ``level``) and ``seed``: the PiB interval; ``bins`` histogram
+            bins; ``classifier`` a classifier file (or object) whose class logits give top-1 agreement and
+            accuracy.
         selective: a ``SelectiveCLS`` whose sigma, score, fft and eps every row uses instead of the config's
             (its k is replaced by each of ``ks``).
         progress: show progress bars.
     """
-    c = config
-    boxes, protocol, single_object, max_box_fraction = c.boxes, c.protocol, c.single_object, c.max_box_fraction
-    reference, ks, n_boot, level, seed, bins = c.reference, c.ks, c.n_boot, c.level, c.seed, c.bins
+    c, objects = config, config.objects
+    boxes, protocol = objects.boxes, objects.protocol
+    single_object, max_box_fraction = objects.single_object, objects.max_box_fraction
+    reference, ks, seed, bins = c.reference, c.ks, c.seed, c.bins
+    n_boot, level = c.bootstrap.n_boot, c.bootstrap.level
     regions = None
     if boxes is not None:
         source, regions, single_object, max_box_fraction = protocol_regions(source, boxes, protocol, single_object,
@@ -187,7 +190,7 @@ def selective_cls_study(source, config: SelectiveCLSConfig, *, selective: Option
     if reference not in BASELINE_REFERENCES:
         raise InterpError(f"the baseline reference must be one of {list(BASELINE_REFERENCES)}, got {reference!r}")
     ks = _check_ks(ks, source.layout.n_patches)
-    template = (selective or SelectiveCLS(**c.selective_params(1))).params()
+    template = (selective or SelectiveCLS(**c.selective_cls.params(1))).params()
     template.pop("k")
     specs = [SelectiveCLS(k=k, **template) for k in ks]
 

@@ -10,8 +10,9 @@ import pytest
 
 from interp.errors import InterpError, UsageError
 from interp.detection.spec import DetectionSpec
-from interp.studies.aggregation.configs import (MaskingConfig, MaskingDetection, PatchScoreConfig, PiBConfig,
-                                               SelectiveCLSConfig)
+from interp.studies.aggregation.configs import (Bootstrap, MaskingConfig, MaskingDetection, ObjectBoxes,
+                                               PatchScoreConfig, PatchScoreSettings, PiBConfig, SelectiveCLSConfig,
+                                               SelectiveCLSSettings)
 from interp.studies.catalog import declared, required_hooks
 
 
@@ -46,10 +47,26 @@ def test_masking_detects_at_p98_unless_told_otherwise():
 
 
 def test_the_selective_cls_options_build_one_edit():
-    config = SelectiveCLSConfig(sigma=3.0, score="paper", fft="rfft", eps=1e-5)
-    assert config.selective_params(7) == {"k": 7, "sigma": 3.0, "score": "paper", "fft": "rfft", "eps": 1e-5}
-    assert config.ks == (1, 7, 98) and config.single_object and config.max_box_fraction == 0.25
+    config = SelectiveCLSConfig.build(sigma=3.0, score="paper", fft="rfft", eps=1e-5)
+    assert config.selective_cls.params(7) == {"k": 7, "sigma": 3.0, "score": "paper", "fft": "rfft", "eps": 1e-5}
+    assert config.ks == (1, 7, 98) and config.objects.single_object and config.objects.max_box_fraction == 0.25
     assert PatchScoreConfig().max_box_fraction is None and not PatchScoreConfig().single_object
+    score = PatchScoreConfig.build(selective_k=5, eps=1e-5).patch_score   # a group inside a group
+    assert score.selective_params() == {"k": 5, "sigma": None, "score": "code", "fft": "shift", "eps": 1e-5}
+
+
+def test_the_configs_hold_their_groups_as_fields_and_take_them_flat_or_whole():
+    config = PiBConfig.build(boxes="b.csv", n_boot=200, reference="pooled", single_object=False)
+    assert (config.objects.boxes, config.objects.single_object) == ("b.csv", False)
+    assert (config.bootstrap, config.patch_score.reference) == (Bootstrap(n_boot=200), "pooled")
+    assert PiBConfig.build(bootstrap=Bootstrap(level=0.9)).bootstrap.n_boot == 1000
+    assert config.with_options(level=0.9).bootstrap == Bootstrap(n_boot=200, level=0.9)   # the rest kept
+    with pytest.raises(TypeError, match="bootstrap= or its options"):
+        PiBConfig.build(bootstrap=Bootstrap(), n_boot=10)
+    with pytest.raises(UsageError, match="score='bad'"):
+        SelectiveCLSConfig.build(score="bad")     # checked in its group
+    assert [type(g) for g in PiBConfig().parts()[1:]] == [ObjectBoxes, PatchScoreSettings, SelectiveCLSSettings,
+                                                         Bootstrap]
 
 
 def test_the_command_line_fills_the_config():
@@ -58,7 +75,7 @@ def test_the_command_line_fills_the_config():
     args = build_parser().parse_args(["study", "selective-cls", "m", "--images", ".", "--out", "o", "--boxes",
                                       __file__, "--k", "1", "16", "--all-objects", "--protocol", "last"])
     config = SelectiveCLSConfig.from_args(args)
-    assert config.ks == (1, 16) and config.single_object is False and config.protocol == "last"
+    assert config.ks == (1, 16) and config.objects.single_object is False and config.objects.protocol == "last"
     args = build_parser().parse_args(["study", "masking", "m", "--images", ".", "--out", "o",
                                       "--outlier-threshold", "p97", "--orders", "top", "random"])
     config = MaskingConfig.from_args(args)
