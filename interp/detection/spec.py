@@ -72,4 +72,4 @@ def refuse_loose_fields(where: str, keywords: Iterable[str]) -> None:
     loose = [k for k in keywords if k in names]
     if loose:
         raise InterpError(f"{where}: {loose[0]}= belongs to the detection; pass "
-                          f"detection=DetectionSpec({loose[0]}=...)")
+                          f"detection=DetectionSpec({loose[0]}=...) or a Detection made by detect()")

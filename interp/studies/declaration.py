@@ -48,13 +48,12 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Type, Union
 
-from ..detection.spec import DetectionSpec
+from ..detection.spec import DetectionSpec, refuse_loose_fields
 from ..errors import InterpError
 from ..hooks.names import BlockNames
 from ..options import Options, group, option
 from ..values import SEED_HELP, seed_arg
 
-SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(DetectionSpec))  # threshold, preset, detect_layer
 LIVE_DOC = "none: they re-run the model (`--images`)"
 
 
@@ -186,10 +185,7 @@ def study(config_class: Type[StudyConfig]) -> Callable[[Callable], Callable]:
 
         @functools.wraps(function)
         def run(source: Any, config: Optional[StudyConfig] = None, /, **keywords: Any) -> Any:
-            loose = [k for k in keywords if k in SPEC_FIELDS and homes.get(k, "detection") == "detection"]
-            if loose:
-                raise InterpError(f"{function.__name__}: {loose[0]}= belongs to the detection; pass "
-                                  f"detection=DetectionSpec({loose[0]}=...) or a Detection made by detect()")
+            refuse_loose_fields(function.__name__, [k for k in keywords if homes.get(k, "detection") == "detection"])
             given = keywords.pop("detection", None)
             options = {k: keywords.pop(k) for k in list(keywords) if k in names}
             if isinstance(given, DetectionSpec):

@@ -41,7 +41,7 @@ def study_and_explorer(model, folder, classifier=None):
     """(the ablation study's target condition and note, the explorer's readout) for the same edit."""
     study = ablate_study(open_source(model=model, images=folder), detection=DetectionSpec(threshold="p99"), neurons=NEURONS, controls=0,
                          classifier=classifier, progress=False)
-    session = ExploreSession(model, folder, ExploreOptions(threshold="p99", classifier=classifier))
+    session = ExploreSession(model, folder, ExploreOptions(detection=DetectionSpec(threshold="p99"), classifier=classifier))
     return study, session.run(0, SPEC)["readout"]
 
 

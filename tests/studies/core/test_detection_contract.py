@@ -237,6 +237,7 @@ def test_the_engines_refuse_loose_detection_keywords_in_one_line(name, tmp_path)
     for run in (lambda: run_report(None, out_dir=tmp_path, **{name: 1}),
                 lambda: start(None, **{name: 1})):
         with pytest.raises(InterpError, match=rf"^\S+: {name}= belongs to the detection; pass "
-                                              rf"detection=DetectionSpec\({name}=\.\.\.\)$"):
+                                              rf"detection=DetectionSpec\({name}=\.\.\.\) or a Detection made "
+                                              r"by detect\(\)$"):
             run()
     assert not any(tmp_path.iterdir())  # nothing written
