@@ -9,10 +9,13 @@ the interventions each runs under.
   them); ``test-time-register``: the clean run with a test-time register taking over the register neurons, the
   corrupted run without (its token exists in the clean run only: :func:`shared_rows`).
 
->>> corruption = make_corruption(source, PatchingConfig(corruption="region", box=(32, 32, 96, 96), fill="blur"))
->>> runs = corruption.runs(x, start=0)            # x [b, 3, H, W]: the batch's first image is image 0
->>> runs.corrupted.shape == x.shape, runs.corrupted_edits
-(True, ())
+>>> from interp.studies.causal.configs import PatchingConfig
+>>> corruption = make_corruption(source, PatchingConfig(corruption="region", boxes="boxes.csv", fill="blur"))
+>>> corruption.region.shape                       # each photo's boxes in input pixels
+torch.Size([4, 224, 224])
+>>> runs = corruption.runs(images[:2], start=0)   # a batch whose first image is image 0
+>>> runs.corrupted.shape, runs.corrupted_edits
+(torch.Size([2, 3, 224, 224]), ())
 """
 from __future__ import annotations
 
