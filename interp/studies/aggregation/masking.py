@@ -41,12 +41,10 @@ True
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from ...errors import InterpError
 from ...interventions.selective_cls import SelectiveCLS
@@ -56,6 +54,7 @@ from ..core.behaviour import target_classes  # noqa: F401  (its home is core.beh
 from ...runtime.paired import Condition, paired_pass
 from ...detection.detection import Detection
 from ..core.score_maps import FINAL, needed_hooks, score_maps_from_acts
+from ..core.pixels import gaussian_blur
 from ..core.regions import cell_size
 from ..core.result import OutlierStudyResult, behaviour_lines
 from ..declaration import study
@@ -123,19 +122,6 @@ def mask_images(x: torch.Tensor, cells: torch.Tensor, fill: torch.Tensor, patch_
     if fill.dim() == 1:
         fill = fill.view(1, -1, 1, 1)
     return torch.where(pixels[:, None].to(x.device), fill.to(x.dtype), x)
-
-
-def gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Separable Gaussian blur of images [b, C, H, W] (radius ceil(3 sigma), replicate padding)."""
-    radius = max(1, int(math.ceil(3 * sigma)))
-    t = torch.arange(-radius, radius + 1, dtype=torch.float32, device=x.device)
-    kernel = torch.exp(-t ** 2 / (2 * sigma ** 2))
-    kernel = (kernel / kernel.sum()).to(x.dtype)
-    c = x.shape[1]
-    out = F.conv2d(F.pad(x, (radius, radius, 0, 0), mode="replicate"), kernel.view(1, 1, 1, -1).expand(c, 1, 1, -1),
-                   groups=c)
-    return F.conv2d(F.pad(out, (0, 0, radius, radius), mode="replicate"), kernel.view(1, 1, -1, 1).expand(c, 1, -1, 1),
-                    groups=c)
 
 
 # ---------------------------------------------------------------------------------------------- result

@@ -71,7 +71,7 @@ def attribution_study(source, config: AttributionConfig, *, detection: Detection
     def visit(prep, found, det):
         spec = prep.spec
         grads = source.run_with_grads(prep.base, [s.hook for s in found],  # one backward serves every site
-                                      lambda out: spec.score(out.logits, out.pooled)).grads
+                                      lambda out: spec.score(out.logits, out.pooled), prep.base_edits).grads
         base_value = prep.corrupted if config.direction == "denoise" else prep.clean
         out = {"estimate": {s.block: (estimate(s, prep.donor_acts[s.hook], prep.base_acts[s.hook], grads[s.hook])
                                       + base_value[:, None]).T for s in found}}

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional, Tuple
 
 from ...errors import UsageError
-from ...values import NEURONS_SYNTAX, index_list, nonnegative_int, positive_float, positive_int
+from ...values import (NEURONS_SYNTAX, existing_file, existing_path, index_list, nonnegative_int, positive_float,
+                       positive_int)
 from ...detection.spec import DetectionSpec
 from ...options import group
 from ..declaration import StudyConfig, declare, option
 
 SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out", "z", "mlp_post")  # the hook leaves a sweep patches
-CORRUPTIONS = ("image", "noise", "box")
+CORRUPTIONS = ("image", "noise", "region", "registers", "test-time-register")
+FILLS = ("mean", "blur")  # what a --corruption region puts in the region
 METRICS = ("pooled-cosine", "logit-diff", "prob", "outliers")
 DIRECTIONS = ("denoise", "noise")
 
@@ -75,12 +77,25 @@ class PatchingOptions(StudyConfig):
 
     detection: DetectionSpec = group(DetectionSpec)
 
-    corruption: str = option("image", "the corrupted input: image (the next image of the batch), noise (Gaussian "
-                                      "noise added, --noise), box (--box masked to the mean colour)",
-                             choices=CORRUPTIONS)
+    corruption: str = option("image", "the corrupted run: image (the next image of the batch), noise (Gaussian "
+                                      "noise added, --noise), region (--box, --boxes or --masks filled, --fill), "
+                                      "registers (the trained registers zeroed at every block's output), "
+                                      "test-time-register (the clean run has one, --register-neurons; the corrupted "
+                                      "run not)", choices=CORRUPTIONS)
     noise: float = option(1.0, "standard deviation of the noise, in normalised pixel units", parse=positive_float)
-    box: Optional[Tuple[int, int, int, int]] = option(None, "with --corruption box: x0,y0,x1,y1 in input pixels",
-                                                      parse=box_arg, metavar="X0,Y0,X1,Y1")
+    box: Optional[Tuple[int, int, int, int]] = option(None, "with --corruption region: one box for every image, "
+                                                            "x0,y0,x1,y1 in input pixels", parse=box_arg,
+                                                      metavar="X0,Y0,X1,Y1")
+    boxes: Optional[str] = option(None, "with --corruption region: each image's boxes, a box file (CSV/JSON/COCO/VOC; "
+                                        "original pixels)", parse=existing_file, metavar="FILE")
+    masks: Optional[str] = option(None, "with --corruption region: each image's region, a folder of masks <image "
+                                        "stem>.png (nonzero = region)", parse=existing_path, metavar="DIR")
+    fill: str = option("mean", "what fills the region: mean (the normalisation's mean colour) or blur (a Gaussian "
+                               "blur of the image, --blur-sigma)", choices=FILLS)
+    blur_sigma: Optional[float] = option(None, "with --fill blur: the blur's sigma in input pixels (default half a "
+                                               "patch)", parse=positive_float)
+    register_neurons: Optional[str] = option(None, "with --corruption test-time-register: the register neurons the "
+                                                   f"test-time register takes over, {NEURONS_SYNTAX}")
     direction: str = option("denoise", "denoise: clean values patched into the corrupted run (default); noise: "
                                        "corrupted values into the clean run", choices=DIRECTIONS)
     site: str = option("resid_post", "the site swept: a block's resid_pre, resid_post, attn_out, mlp_out (block x "
@@ -94,11 +109,25 @@ class PatchingOptions(StudyConfig):
                                                metavar="I,...")
     neurons: Optional[str] = option(None, f"with --site mlp_post, the neurons swept one by one: {NEURONS_SYNTAX}")
     cells: int = option(16, "sweep cells per forward (each a copy of the batch)", parse=positive_int)
+    classifier: Optional[str] = option(None, "with --metric logit-diff or prob: a classifier file (zero-shot matrix or "
+                                             "linear head) whose class logits are read instead of the model's head",
+                                       parse=existing_file, metavar="FILE")
 
     def check(self) -> None:
         super().check()
-        if (self.corruption == "box") != (self.box is not None):
-            raise UsageError("--box goes with --corruption box (and it needs one)")
+        regions = [flag for flag, value in (("--box", self.box), ("--boxes", self.boxes), ("--masks", self.masks))
+                   if value is not None]
+        if (self.corruption == "region") != bool(regions) or len(regions) > 1:
+            raise UsageError("--corruption region takes one of --box, --boxes or --masks (and they go with it)")
+        if self.corruption != "region" and (self.fill != "mean" or self.blur_sigma is not None):
+            raise UsageError("--fill and --blur-sigma go with --corruption region")
+        if self.blur_sigma is not None and self.fill != "blur":
+            raise UsageError("--blur-sigma goes with --fill blur")
+        if (self.corruption == "test-time-register") != (self.register_neurons is not None):
+            raise UsageError("--register-neurons goes with --corruption test-time-register (and it needs them), "
+                             "e.g. --register-neurons 2:17,2:101")
+        if self.classifier is not None and self.metric not in ("logit-diff", "prob"):
+            raise UsageError("--classifier is read by --metric logit-diff or prob")
         if (self.site == "mlp_post") != (self.neurons is not None):
             raise UsageError("--neurons goes with --site mlp_post (and it needs them), e.g. --neurons 2:17,2:101")
         if self.metric == "logit-diff" and (self.classes is None or len(self.classes) != 2):

@@ -27,8 +27,11 @@ from ...runtime.patching import ActivationPatch, repeat_batch
 from ...runtime.source import n_batches, require_live
 from ..core.result import StudyResult, skipped_records
 from ..declaration import study
+from ...models.classifiers.classifier import Classifier
 from .configs import PatchingConfig, PatchingOptions
-from .sweep import (MetricSpec, Site, cell_labels, corrupt, metric_spec, normalised, sites, spearman, with_cells)
+from .corruptions import Corruption, aligned, make_corruption
+from .sweep import (MetricSpec, Site, cell_labels, metric_classifier, metric_spec, normalised, sites, spearman,
+                    with_cells)
 
 
 @dataclass
@@ -94,10 +97,25 @@ class PatchingResult(SweepResult):
 
 
 @dataclass
+class Setup:
+    """What every batch of a sweep shares: the sites, the corruption, the metric's classifier and, for the outlier
+    metric, the detection block's hook, threshold and index."""
+
+    found: List[Site]
+    corruption: Corruption
+    classifier: Optional[Classifier] = None
+    det: Optional[str] = None
+    threshold: Optional[float] = None
+    detect_layer: Optional[int] = None
+
+
+@dataclass
 class Prepared:
-    """One batch ready to sweep: the base and donor runs' inputs and values, and its metric."""
+    """One batch ready to sweep: the base run's input and interventions, the donor's values on the base run's
+    token rows, the base run's values, its metric and the base run's layout (the cells' labels)."""
 
     base: torch.Tensor
+    base_edits: Tuple
     donor_acts: Dict[str, torch.Tensor]
     base_acts: Dict[str, torch.Tensor]
     spec: MetricSpec
@@ -135,23 +153,31 @@ def _clean_reducer(source, det: Optional[str], patterns: Dict[int, str]):
     return reducers
 
 
-def prepare(source, config: PatchingOptions, x: torch.Tensor, start: int, found: List[Site], det: Optional[str],
-            threshold: Optional[float]) -> Prepared:
+def prepare(source, config: PatchingOptions, x: torch.Tensor, start: int, setup: Setup) -> Prepared:
     """The clean and corrupted runs of batch ``x`` (every site's full values kept), the metric and its values."""
-    corrupted_x = corrupt(x, config, start, source.patch_size)
+    found, det = setup.found, setup.det
+    runs = setup.corruption.runs(x, start)
     hooks = [s.hook for s in found] + ([det] if det else [])
     patterns = attention_hooks(source, found)
-    clean = source.run(x, hooks + list(patterns.values()), _clean_reducer(source, det, patterns), logits=True)
-    bad = source.run(corrupted_x, hooks, _norm_reducer(source, det), logits=True)
-    spec = metric_spec(config, clean.logits, clean.pooled, threshold)
+    clean = source.run(runs.clean, hooks + list(patterns.values()), _clean_reducer(source, det, patterns),
+                       runs.clean_edits, logits=True)
+    bad = source.run(runs.corrupted, hooks, _norm_reducer(source, det), runs.corrupted_edits, logits=True)
+    spec = metric_spec(config, clean.logits, clean.pooled, setup.threshold, setup.classifier)
     norms = (lambda run: run.acts[det]) if det else (lambda run: None)
     denoise = config.direction == "denoise"
     donor, base = (clean, bad) if denoise else (bad, clean)
-    with_cells(found, donor.acts)
-    return Prepared(corrupted_x if denoise else x, donor.acts, base.acts, spec,
+    with_cells(found, base.acts)
+    blocks = source.blocks
+    donor_acts = {s.hook: aligned(donor.acts[s.hook], base.acts[s.hook], blocks.layout_of(donor.layout, s.hook),
+                                  blocks.layout_of(base.layout, s.hook)) for s in found}
+    rows = {block: clean.acts[h] for block, h in patterns.items()}  # the clean CLS rows on the base run's tokens:
+    attention = {block: aligned(row, row.new_zeros(len(row), base.layout.n_tokens), clean.layout, base.layout)
+                 for block, row in rows.items()}
+    return Prepared(runs.corrupted if denoise else runs.clean,
+                    runs.corrupted_edits if denoise else runs.clean_edits, donor_acts, base.acts, spec,
                     spec.score(clean.logits, clean.pooled, norms(clean)),
-                    spec.score(bad.logits, bad.pooled, norms(bad)), clean.layout,
-                    {block: clean.acts[h] for block, h in patterns.items()})
+                    spec.score(bad.logits, bad.pooled, norms(bad)), base.layout,
+                    attention)
 
 
 def patch_cells(source, prep: Prepared, site: Site, chunk: int, det: Optional[str]) -> torch.Tensor:
@@ -163,21 +189,23 @@ def patch_cells(source, prep: Prepared, site: Site, chunk: int, det: Optional[st
         cells = site.cells[i:i + chunk]
         k = len(cells)
         patch = ActivationPatch(site.hook, repeat_batch(values, k), site.masks(values.shape, cells))
-        run = source.run(repeat_batch(prep.base, k), [det] if det else [], _norm_reducer(source, det), [patch],
-                         logits=True)
+        run = source.run(repeat_batch(prep.base, k), [det] if det else [], _norm_reducer(source, det),
+                         [*prep.base_edits, patch], logits=True)
         out.append(prep.spec.score(run.logits, run.pooled, run.acts[det] if det else None).view(k, b))
     return torch.cat(out)
 
 
-def sweep_setup(source, config: PatchingOptions, detection: DetectionLike,
-                progress: bool) -> Tuple[List[Site], Optional[str], Optional[float], Optional[int]]:
-    """The sites, and for the outlier metric the detection block's hook, threshold and index."""
+def sweep_setup(source, config: PatchingOptions, detection: DetectionLike, progress: bool) -> Setup:
+    """The sites, the corruption, the classifier and for the outlier metric the detection block."""
     require_live(source, f"{config.name} study")
     found = sites(source, config)
+    setup = Setup(found, make_corruption(source, config), metric_classifier(source, config.classifier))
     if config.metric != "outliers":
-        return found, None, None, None
+        return setup
     det = detect(source, detection, RunOptions(source.batch_size, progress=progress))
-    return found, source.blocks.resid_post(det.layer), float(det.counting_threshold()), det.layer
+    setup.det, setup.threshold = source.blocks.resid_post(det.layer), float(det.counting_threshold())
+    setup.detect_layer = det.layer
+    return setup
 
 
 def sweep_result(cls, source, config: PatchingOptions, found: List[Site], totals: Dict[int, torch.Tensor],
@@ -193,8 +221,9 @@ def sweep_result(cls, source, config: PatchingOptions, found: List[Site], totals
                      "recover, the normalised effects are undefined; choose another corruption or metric")
     base, donor = (corrupted, clean) if config.direction == "denoise" else (clean, corrupted)
     kind = {1: "token", 2: "head" if config.site == "z" else "neuron"}
-    params = {k: getattr(config, k) for k in ("corruption", "noise", "box", "direction", "site", "metric",
-                                               "classes", "blocks", "neurons", "cells")}
+    params = {k: getattr(config, k) for k in ("corruption", "noise", "box", "boxes", "masks", "fill", "blur_sigma",
+                                               "register_neurons", "direction", "site", "metric", "classes",
+                                               "blocks", "neurons", "cells", "classifier")}
     return cls(model=source.model_name, fingerprint=source.fingerprint, params=params, seed=config.seed,
                ids=list(source.ids), skipped=skipped_records(source), site=config.site,
                cell_kind=kind[found[0].axis] if found else "token", metric=config.metric,
@@ -228,36 +257,38 @@ class Sweep:
     """A sweep's sums over the images: per named quantity, per block, each cell's sum [cells]; the unpatched
     runs' metric sums, the image count and what the result needs to label its cells."""
 
-    found: List[Site]
+    setup: Setup
     totals: Dict[str, Dict[int, torch.Tensor]]
     clean: float
     corrupted: float
     count: int
     layout: object
-    threshold: Optional[float]
-    detect_layer: Optional[int]
     attention: Dict[int, torch.Tensor]
 
     def result(self, cls, source, config: PatchingOptions, name: str) -> SweepResult:
-        return sweep_result(cls, source, config, self.found, self.totals[name], self.clean / self.count,
-                            self.corrupted / self.count, self.count, self.layout, self.threshold,
-                            self.detect_layer, [], self.attention)
+        setup = self.setup
+        result = sweep_result(cls, source, config, setup.found, self.totals[name], self.clean / self.count,
+                              self.corrupted / self.count, self.count, self.layout, setup.threshold,
+                              setup.detect_layer, list(setup.corruption.notes(config.direction)), self.attention)
+        if setup.classifier is not None:
+            result.params["classifier"] = setup.classifier.record()
+        return result
 
 
 def run_sweep(source, config: PatchingOptions, detection: DetectionLike, progress: bool,
               visit: Callable[[Prepared, List[Site], Optional[str]], Dict[str, Dict[int, torch.Tensor]]]) -> Sweep:
     """Every batch of ``source`` prepared (:func:`prepare`), then ``visit(prep, sites, det)``: named values
     {block: [cells, b]}, summed over the images into the :class:`Sweep`."""
-    found, det, threshold, detect_layer = sweep_setup(source, config, detection, progress)
+    setup = sweep_setup(source, config, detection, progress)
     totals: Dict[str, Dict[int, torch.Tensor]] = {}
     attention: Dict[int, torch.Tensor] = {}
     clean = corrupted = 0.0
     count, layout = 0, None
     for start, x in tqdm(source.image_batches(), disable=not progress, desc=config.name, unit="batch",
                          total=n_batches(source, None), leave=False):
-        prep = prepare(source, config, x, start, found, det, threshold)
+        prep = prepare(source, config, x, start, setup)
         layout = prep.layout
-        for name, per_block in visit(prep, found, det).items():
+        for name, per_block in visit(prep, setup.found, setup.det).items():
             sums = totals.setdefault(name, {})
             for block, values in per_block.items():
                 sums[block] = sums.get(block, 0) + values.sum(1)
@@ -268,7 +299,7 @@ def run_sweep(source, config: PatchingOptions, detection: DetectionLike, progres
         count += len(x)
     if not count:
         raise InterpError(f"{config.name} needs at least one image")
-    return Sweep(found, totals, clean, corrupted, count, layout, threshold, detect_layer, attention)
+    return Sweep(setup, totals, clean, corrupted, count, layout, attention)
 
 
 @study(PatchingConfig)
@@ -277,8 +308,9 @@ def patching_study(source, config: PatchingConfig, *, detection: DetectionLike,
     """Activation patching over every cell of the chosen sites, on the images of a live ``source`` (module doc).
 
     Args:
-        config: the two inputs (``corruption``, ``noise``, ``box``), ``direction``, the sites (``site``,
-            ``blocks``, ``neurons``), the ``metric`` (``classes``) and ``cells`` per forward
+        config: the two runs (``corruption``: ``noise``; ``box``, ``boxes`` or ``masks`` and ``fill``,
+            ``blur_sigma``; ``register_neurons``), ``direction``, the sites (``site``, ``blocks``, ``neurons``), the
+            ``metric`` (``classes``, ``classifier``) and ``cells`` per forward
             (:class:`~interp.studies.causal.configs.PatchingConfig`).
         detection: the "outliers" metric's high-norm tokens: a Detection made on this source by
             :func:`~interp.detection.detection.detect`, or a DetectionSpec (default the config's); unused by the

@@ -1,5 +1,5 @@
-"""What activation and attribution patching share: the corrupted input, the sites and their cells, and the metric
-read from a forward.
+"""What activation and attribution patching share: the sites and their cells, and the metric read from a forward
+(through the model's head or a classifier file's class logits).
 
 A *site* is one block's hook (``blocks.3.hook_resid_post``); its *cells* are what one patch replaces: a token (of
 ``resid_pre``/``resid_post``/``attn_out``/``mlp_out``: [b, t, d]), a head at every token (``attn.hook_z``:
@@ -15,32 +15,12 @@ import torch.nn.functional as F
 
 from ...errors import InterpError
 from ...interventions.neuron_sets import neuron_set
+from ...models.classifiers.classifier import Classifier, load_classifier
 from ...runtime.patching import cell_masks
 from .configs import PatchingOptions
 from .targets import OutputTarget
 
 TOKEN_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
-
-
-def corrupt(x: torch.Tensor, config: PatchingOptions, start: int, patch_size: Tuple[int, int]) -> torch.Tensor:
-    """The corrupted batch of images ``x`` [b, 3, H, W] (normalised pixels): the next image of the batch, Gaussian
-    noise added (seeded by ``config.seed`` and the batch's first image ``start``), or the box masked to 0 (the
-    normalisation's mean colour)."""
-    if config.corruption == "image":
-        if len(x) < 2:
-            raise InterpError("--corruption image pairs each image with the next one of its batch: a batch of one "
-                              "image has none; give an even number of images or a batch size that divides them")
-        return x.roll(-1, 0)
-    if config.corruption == "noise":
-        g = torch.Generator().manual_seed(config.seed * 1_000_003 + start)
-        return x + config.noise * torch.randn(x.shape, generator=g).to(x.device, x.dtype)
-    x0, y0, x1, y1 = config.box
-    h, w = x.shape[-2:]
-    if x1 > w or y1 > h:
-        raise InterpError(f"--box {x0},{y0},{x1},{y1} reaches past the {w}x{h} input")
-    out = x.clone()
-    out[..., y0:y1, x0:x1] = 0
-    return out
 
 
 @dataclass
@@ -105,6 +85,7 @@ class MetricSpec:
         target: the output read by "logit-diff" and "prob" (each image's class; rows repeat the batch).
         reference: the clean run's pooled vectors [b, d'] ("pooled-cosine").
         threshold: the norm above which a patch counts ("outliers").
+        classifier: the class logits "logit-diff" and "prob" read instead of the head's (:func:`class_logits`).
     """
 
     name: str
@@ -112,10 +93,12 @@ class MetricSpec:
     target: Optional[OutputTarget] = None
     reference: Optional[torch.Tensor] = None
     threshold: Optional[float] = None
+    classifier: Optional[Classifier] = None
 
     def score(self, logits: torch.Tensor, pooled: torch.Tensor, norms: Optional[torch.Tensor] = None) -> torch.Tensor:
         """[r] per row; rows are copies of the batch (row i is image ``i % b``)."""
         k = logits.shape[0] // self.batch
+        logits = class_logits(self.classifier, logits, pooled)
         if self.name == "pooled-cosine":
             ref = self.reference.to(pooled.device).repeat(k, 1)
             return F.cosine_similarity(pooled.float(), ref.float(), dim=-1)
@@ -132,23 +115,48 @@ def _softmax_take(logits: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
     return logits.float().softmax(-1).gather(-1, classes.to(logits.device)[:, None]).squeeze(-1)
 
 
+def class_logits(classifier: Optional[Classifier], logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+    """The logits a metric reads [r, C]: the head's ``logits``, or the classifier's class logits of this forward
+    (a zero-shot matrix or a head-output linear head reads ``logits``, a pooled linear head ``pooled``);
+    differentiable, so attribution's gradient is of the same target."""
+    if classifier is None:
+        return logits
+    return classifier.apply(pooled if classifier.input == "pooled" else logits)
+
+
+def metric_classifier(source, path: Optional[str]) -> Optional[Classifier]:
+    """The classifier file ``path`` bound to ``source``'s model (None without one); a DINOv2 linear head, which
+    reads the last blocks' tokens rather than the output, is refused."""
+    if path is None:
+        return None
+    classifier = source.bind_classifier(load_classifier(path))
+    if classifier.kind == "dinov2_linear":
+        raise InterpError(f"--classifier {path} is a DINOv2 linear head (it reads the last blocks' class tokens): the "
+                          "causal studies read a zero-shot matrix or a linear head on the output")
+    return classifier
+
+
 def metric_spec(config: PatchingOptions, clean_logits: torch.Tensor, clean_pooled: torch.Tensor,
-                threshold: Optional[float]) -> MetricSpec:
-    """The batch's :class:`MetricSpec`: classes from ``config.classes`` (default: each image's clean top-1 output)."""
+                threshold: Optional[float], classifier: Optional[Classifier] = None) -> MetricSpec:
+    """The batch's :class:`MetricSpec`: classes from ``config.classes`` (default: each image's clean top-1 output,
+    of the classifier's class logits when one is given)."""
     n = clean_logits.shape[0]
     if config.metric == "pooled-cosine":
         return MetricSpec("pooled-cosine", n, reference=clean_pooled)
     if config.metric == "outliers":
         return MetricSpec("outliers", n, threshold=threshold)
+    read = class_logits(classifier, clean_logits, clean_pooled)
     classes = config.classes
-    if classes and max(classes) >= clean_logits.shape[1]:
-        raise InterpError(f"--classes {max(classes)} does not exist: the output has {clean_logits.shape[1]} "
-                          "coordinates")
+    if classes and max(classes) >= read.shape[1]:
+        raise InterpError(f"--classes {max(classes)} does not exist: the {'classifier' if classifier else 'output'} "
+                          f"has {read.shape[1]} classes")
     if config.metric == "logit-diff":
         return MetricSpec("logit-diff", n, OutputTarget("logit-diff", torch.full((n,), classes[0]),
-                                                     torch.full((n,), classes[1]), tuple(classes)))
-    a = torch.full((n,), classes[0]) if classes else clean_logits.argmax(-1)
-    return MetricSpec("prob", n, OutputTarget("probability", a, None, tuple(classes) if classes else None))
+                                                     torch.full((n,), classes[1]), tuple(classes)),
+                          classifier=classifier)
+    a = torch.full((n,), classes[0]) if classes else read.argmax(-1)
+    return MetricSpec("prob", n, OutputTarget("probability", a, None, tuple(classes) if classes else None),
+                      classifier=classifier)
 
 
 def normalised(patched: torch.Tensor, donor: float, base: float) -> torch.Tensor:

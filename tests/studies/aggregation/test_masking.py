@@ -6,10 +6,11 @@ import torch
 
 from conftest import images, make_model
 from interp.errors import InterpError
-from interp.studies.aggregation.masking import (cells_to_mask, gaussian_blur, mask_images, masking_study, n_masked,
+from interp.studies.aggregation.masking import (cells_to_mask, mask_images, masking_study, n_masked,
                                     target_classes)
 from interp.runtime.open import open_source
 from interp.studies.core.behaviour import imagenet_class_names
+from interp.studies.core.pixels import gaussian_blur
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,8 @@ from interp.cli import main
 from interp.models import planted_truth
 from interp.runtime.open import open_source
 from interp.studies.causal.attribution import attribution_study
-from interp.errors import InterpError
-from interp.studies.causal.configs import PatchingConfig
 from interp.studies.causal.patching import patching_study
-from interp.studies.causal.sweep import corrupt, spearman
+from interp.studies.causal.sweep import spearman
 from reference.tl_patching import (generic_activation_patch, layer_head_vector_patch_setter, layer_pos_patch_setter,
                                    normalized, rows)
 from interp.detection.spec import DetectionSpec
@@ -31,8 +29,8 @@ def test_sweeps_equal_transformer_lens(hook, setter, leaf):
     model = make_model("vit", img_size=32)  # a 2 x 2 grid: 5 tokens
     x = images(2, size=32)
     corrupted = x.clone()
-    corrupted[..., 8:24, 0:16] = 0  # --box 0,8,16,24: the box masked to the mean colour
-    result = patching_study(open_source(model=model, images=x), site=hook, corruption="box", box=(0, 8, 16, 24),
+    corrupted[..., 8:24, 0:16] = 0  # --box 0,8,16,24: the box filled with the mean colour
+    result = patching_study(open_source(model=model, images=x), site=hook, corruption="region", box=(0, 8, 16, 24),
                             metric="logit-diff",
                             classes=(0, 1), cells=4, progress=False)
     with torch.no_grad():
@@ -88,22 +86,6 @@ def test_spearman_averages_ties():
     assert spearman(a, torch.zeros(7)) is None
 
 
-def test_corruptions():
-    x = images(3, size=32)
-    config = PatchingConfig(corruption="image")
-    assert torch.equal(corrupt(x, config, 0, (16, 16)), x[[1, 2, 0]])
-    with pytest.raises(InterpError, match="a batch of one image"):
-        corrupt(x[:1], config, 0, (16, 16))
-    noisy = PatchingConfig(corruption="noise", noise=2.0, seed=1)
-    first, again = corrupt(x, noisy, 4, (16, 16)), corrupt(x, noisy, 4, (16, 16))
-    assert torch.equal(first, again) and not torch.equal(first, corrupt(x, noisy, 7, (16, 16)))
-    assert (first - x).std().item() == pytest.approx(2.0, rel=0.1)
-    boxed = corrupt(x, PatchingConfig(corruption="box", box=(4, 8, 20, 16)), 0, (16, 16))
-    assert boxed[..., 8:16, 4:20].abs().sum() == 0 and torch.equal(boxed[..., 16:, :], x[..., 16:, :])
-    with pytest.raises(InterpError, match="reaches past"):
-        corrupt(x, PatchingConfig(corruption="box", box=(0, 0, 40, 8)), 0, (16, 16))
-
-
 def test_attribution_finds_the_planted_neurons_only_where_the_effect_is_linear(planted):
     truth = planted_truth(planted.model)
     listed = sorted(truth.neurons) + [3, 50, 200]
@@ -143,8 +125,13 @@ def test_every_family_patches_and_attributes(kind):
     (["patching", "--site", "mlp_post"], "--neurons goes with --site mlp_post"),
     (["attribution", "--metric", "outliers"], "has no gradient"),
     (["patching", "--metric", "logit-diff"], "needs --classes A,B"),
-    (["patching", "--corruption", "box"], "--box goes with --corruption box"),
-    (["patching", "--box", "5,5,2,9", "--corruption", "box"], "x0 < x1"),
+    (["patching", "--corruption", "region"], "takes one of --box, --boxes or --masks"),
+    (["patching", "--box", "1,1,8,8"], "takes one of --box, --boxes or --masks"),
+    (["patching", "--box", "5,5,2,9", "--corruption", "region"], "x0 < x1"),
+    (["patching", "--fill", "blur"], "--fill and --blur-sigma go with --corruption region"),
+    (["patching", "--corruption", "region", "--box", "1,1,8,8", "--blur-sigma", "2"], "--blur-sigma goes with"),
+    (["patching", "--corruption", "test-time-register"], "--register-neurons goes with"),
+    (["attribution", "--classifier", "README.md"], "is read by --metric logit-diff or prob"),
 ])
 def test_options_that_cannot_go_together_are_one_line(args, words, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
