@@ -104,9 +104,9 @@ class Setup:
     found: List[Site]
     corruption: Corruption
     classifier: Optional[Classifier] = None
-    det: Optional[str] = None
-    threshold: Optional[float] = None
-    detect_layer: Optional[int] = None
+    outlier_hook: Optional[str] = None
+    counting_threshold: Optional[float] = None
+    detection_block: Optional[int] = None
 
 
 @dataclass
@@ -155,14 +155,14 @@ def _clean_reducer(source, det: Optional[str], patterns: Dict[int, str]):
 
 def prepare(source, config: PatchingOptions, x: torch.Tensor, start: int, setup: Setup) -> Prepared:
     """The clean and corrupted runs of batch ``x`` (every site's full values kept), the metric and its values."""
-    found, det = setup.found, setup.det
+    found, det = setup.found, setup.outlier_hook
     runs = setup.corruption.runs(x, start)
     hooks = [s.hook for s in found] + ([det] if det else [])
     patterns = attention_hooks(source, found)
     clean = source.run(runs.clean, hooks + list(patterns.values()), _clean_reducer(source, det, patterns),
                        runs.clean_edits, logits=True)
     bad = source.run(runs.corrupted, hooks, _norm_reducer(source, det), runs.corrupted_edits, logits=True)
-    spec = metric_spec(config, clean.logits, clean.pooled, setup.threshold, setup.classifier)
+    spec = metric_spec(config, clean.logits, clean.pooled, setup.counting_threshold, setup.classifier)
     norms = (lambda run: run.acts[det]) if det else (lambda run: None)
     denoise = config.direction == "denoise"
     donor, base = (clean, bad) if denoise else (bad, clean)
@@ -203,8 +203,8 @@ def sweep_setup(source, config: PatchingOptions, detection: DetectionLike, progr
     if config.metric != "outliers":
         return setup
     det = detect(source, detection, RunOptions(source.batch_size, progress=progress))
-    setup.det, setup.threshold = source.blocks.resid_post(det.layer), float(det.counting_threshold())
-    setup.detect_layer = det.layer
+    setup.outlier_hook, setup.counting_threshold = source.blocks.resid_post(det.layer), float(det.counting_threshold())
+    setup.detection_block = det.layer
     return setup
 
 
@@ -268,8 +268,8 @@ class Sweep:
     def result(self, cls, source, config: PatchingOptions, name: str) -> SweepResult:
         setup = self.setup
         result = sweep_result(cls, source, config, setup.found, self.totals[name], self.clean / self.count,
-                              self.corrupted / self.count, self.count, self.layout, setup.threshold,
-                              setup.detect_layer, list(setup.corruption.notes(config.direction)), self.attention)
+                              self.corrupted / self.count, self.count, self.layout, setup.counting_threshold,
+                              setup.detection_block, list(setup.corruption.notes(config.direction)), self.attention)
         if setup.classifier is not None:
             result.params["classifier"] = setup.classifier.record()
         return result
@@ -288,7 +288,7 @@ def run_sweep(source, config: PatchingOptions, detection: DetectionLike, progres
                          total=n_batches(source, None), leave=False):
         prep = prepare(source, config, x, start, setup)
         layout = prep.layout
-        for name, per_block in visit(prep, setup.found, setup.det).items():
+        for name, per_block in visit(prep, setup.found, setup.outlier_hook).items():
             sums = totals.setdefault(name, {})
             for block, values in per_block.items():
                 sums[block] = sums.get(block, 0) + values.sum(1)

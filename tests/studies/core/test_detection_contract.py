@@ -157,8 +157,8 @@ RESOLVED_VALUES = {  # handed a value a Detection already resolved (a norm cut, 
     "interp.studies.artifacts.neurons.score_register_neurons",
     "interp.studies.artifacts.register_scores.RegisterScoreAccumulator.outlier_mask",
     "interp.studies.artifacts.register_scores.RegisterScoreAccumulator.update",
-    "interp.studies.causal.patching.prepare", "interp.studies.causal.patching.sweep_result",
-    "interp.studies.causal.patching.Sweep", "interp.studies.causal.sweep.MetricSpec",
+    "interp.studies.causal.patching.sweep_result",
+    "interp.studies.causal.sweep.MetricSpec",
     "interp.studies.causal.sweep.metric_spec", "interp.studies.repairs.calibration.block_thresholds"}
 PRESET_SETTINGS = {  # a preset's settings beside the detection (the neurons study's positions, sparsity, top_k)
     "interp.studies.artifacts.neurons.resolve_neuron_options"}
