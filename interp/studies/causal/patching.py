@@ -2,8 +2,8 @@
 (denoising) or the corrupted one into the clean run (noising), one cell at a time, and the metric read after.
 
 >>> from interp.studies import open_source
->>> two = open_source(model=model, images=images[:2])       # every token of blocks 1-2: 2 x 197 cells
->>> result = patching_study(two, site="mlp_out", blocks=(1, 2), metric="outliers", corruption="noise", progress=False)
+>>> two = open_source(model=model, images=images[:2])       # every token of blocks 0 and 2: 2 x 197 cells
+>>> result = patching_study(two, site="mlp_out", blocks=(0, 2), metric="outliers", corruption="noise", progress=False)
 >>> result.peak()["block"]                      # planted_vit: the artifacts form in block 2's MLP
 2
 
