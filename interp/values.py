@@ -259,6 +259,19 @@ def existing_path(text: str) -> str:
     return text
 
 
+def classifier_source(text: str) -> str:
+    """A classifier file, or a ``transformers`` image-classification folder (its ``config.json`` beside the
+    weights: ``Dinov2ForImageClassification``'s head is read from it) (--classifier)."""
+    path = Path(text)
+    if path.is_dir():
+        _readable_input(text, folder_ok=True)
+        if not (path / "config.json").is_file():
+            raise argparse.ArgumentTypeError(f"{text!r} is a folder without config.json; give a classifier file or "
+                                             "a transformers image-classification folder")
+        return text
+    return existing_file(text)
+
+
 def existing_file(text: str) -> str:
     """A file that exists (--cache, --boxes, --weights, --interventions, a patch file); not a FIFO or device
     (:func:`check_input_path`)."""

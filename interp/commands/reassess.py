@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..errors import UsageError
 from ..options import Options, group, option
-from ..values import existing_file, top_k_arg
+from ..values import classifier_source, top_k_arg
 from .groups import NONE, ModelTable, OutputOptions, checked_per_model, overwrite_option
 from .inputs import RunInputs, command
 
@@ -47,7 +47,7 @@ class ReassessOptions(Options):
 
     def classifiers(self) -> List[Optional[str]]:
         """One classifier file per model (None: the model's own head)."""
-        return checked_per_model(self.classifier, len(self.table.models.models), "--classifier", existing_file,
+        return checked_per_model(self.classifier, len(self.table.models.models), "--classifier", classifier_source,
                                  shared=False)
 
     def sibling_columns(self) -> Optional[Dict[str, str]]:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 from ...errors import InterpError, UsageError
 from ...options import Options, option
-from ...values import NEURONS_SYNTAX, existing_file, nonnegative_float, open_fraction, positive_float, positive_int
+from ...values import NEURONS_SYNTAX, classifier_source, nonnegative_float, open_fraction, positive_float, positive_int
 
 FINAL = "hook_norm_final"  # the final normed tokens: the Patch Score's default tokens and its CLS vector
 REFERENCES = ("cls", "pooled", "selective")  # the Patch Score's global vectors
@@ -34,7 +34,8 @@ def needed_hooks(hook: str, reference: str) -> List[str]:
     return hooks
 
 
-CLASSIFIER_HELP = ("classifier file (zero-shot matrix, linear head, or a DINOv2 released linear head) whose class "
+CLASSIFIER_HELP = ("classifier file (zero-shot matrix, linear head, or a DINOv2 released linear head; or a transformers "
+                   "Dinov2ForImageClassification folder) whose class "
                    "logits give top-1 agreement and accuracy (accuracy only when the image folders name its "
                    "classes); without it they exist only for a classification head (else the pooled vector's "
                    "cosine to the unedited one)")
@@ -43,7 +44,7 @@ CLASSIFIER_HELP = ("classifier file (zero-shot matrix, linear head, or a DINOv2 
 def classifier_option() -> Any:
     """The ``--classifier FILE`` field of a study or command whose behaviour metrics read class logits
     (:mod:`interp.models.classifier`)."""
-    return option(None, CLASSIFIER_HELP, parse=existing_file, metavar="FILE")
+    return option(None, CLASSIFIER_HELP, parse=classifier_source, metavar="FILE")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -344,3 +344,24 @@ def test_a_dinov2_classifier_folder_is_the_backbone_and_a_classifier_file(saved)
     with pytest.raises(ClassifierError) as e:
         interp.load_classifier(str(saved["vit-classifier"][0]))
     assert "its head (if any) is the model's own" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_command_line_takes_a_dinov2_classifier_folder_as_classifier(saved, tmp_path, capsys):
+    """--classifier takes the folder itself (its head read from it), and refuses a folder that is no model."""
+    import argparse
+
+    from interp.cli import main
+    from interp.models import sample_image_paths
+    from interp.values import classifier_source
+
+    folder = str(saved["dinov2-classifier"][0])
+    assert classifier_source(folder) == folder
+    with pytest.raises(argparse.ArgumentTypeError, match="without config.json"):
+        classifier_source(str(tmp_path))
+    out, listed = tmp_path / "ablate", tmp_path / "images.txt"
+    listed.write_text("\n".join(str(p) for p in sample_image_paths()[:2]) + "\n")
+    argv = ["study", "ablate", folder, "--images", str(listed), "--neurons", "0:1,0:2", "--controls", "1", "--replacements", "zero", "--classifier", folder,
+            "--out", str(out), "--no-progress"]
+    assert main(argv) == 0, capsys.readouterr().err
+    data = json.loads((out / "ablate.json").read_text())
+    assert data["classifier"]["kind"] == "dinov2_linear"
