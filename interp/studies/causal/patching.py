@@ -2,10 +2,10 @@
 (denoising) or the corrupted one into the clean run (noising), one cell at a time, and the metric read after.
 
 >>> from interp.studies import open_source
->>> two = open_source(model=model, images=images[:2])       # every token of blocks 0 and 2: 2 x 197 cells
->>> result = patching_study(two, site="mlp_out", blocks=(0, 2), metric="outliers", corruption="noise", progress=False)
->>> result.peak()["block"]                      # planted_vit: the artifacts form in block 2's MLP
-2
+>>> two = open_source(model=model, images=images[:2])       # every token of block 2: 197 cells
+>>> result = patching_study(two, site="mlp_out", blocks=(2,), metric="outliers", corruption="noise", progress=False)
+>>> result.peak()["cell"].startswith("patch")   # planted_vit: block 2's MLP forms the artifacts on patches
+True
 
 The arithmetic is TransformerLens's ``generic_activation_patch`` with ``layer_pos_patch_setter`` (a token's
 row), ``layer_head_vector_patch_setter`` (a head at every token) or a neuron at every token: the patched run is
