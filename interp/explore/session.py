@@ -11,7 +11,6 @@ the register-neuron ranking are computed once; each request re-runs only the edi
 from __future__ import annotations
 
 import io
-import json
 import threading
 import time
 import warnings
@@ -34,12 +33,12 @@ from ..detection.detection import RunOptions, detect
 from ..detection.spec import DetectionSpec
 from ..runtime.open import open_source
 from .controls import refused_controls
+from .display import curves, edit_key, lru, rounded
 from .readout import compare_outputs
 from .sae_panel import SaePanel, is_sae_entry
 from .requests import MAX_SECONDS, RequestTooLarge, check_spec, check_threshold, describe_edits
 
 MAX_NEURON_MAPS = 32  # neuron activation maps per response (the ranked ones first, then edited ones)
-CACHE_SIZE = 64  # edited runs (per image and edit), parsed edits and readouts (per edit) kept, least recent out
 
 
 @dataclass
@@ -70,33 +69,6 @@ class ExploreOptions:
     max_images: int = 64
     max_seconds: float = MAX_SECONDS
     sae: Optional[str] = None
-
-
-def _edit_key(spec: Sequence[Dict[str, Any]]) -> str:
-    return json.dumps(list(spec), sort_keys=True, separators=(",", ":"))
-
-
-def _lru(cache: "OrderedDict", key, make):
-    """``cache[key]``, made with ``make()`` when missing; at most CACHE_SIZE entries, the least recent dropped."""
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key]
-    value = cache[key] = make()
-    while len(cache) > CACHE_SIZE:
-        cache.popitem(last=False)
-    return value
-
-
-def _rounded(t: torch.Tensor, digits: int = 5) -> list:
-    """A float tensor as nested lists rounded to ``digits`` significant digits (display-only values)."""
-    return [float(f"{v:.{digits}g}") for v in t.reshape(-1).tolist()] if t.dim() == 1 else [_rounded(r, digits) for r in t]
-
-
-def _curves(norms: Dict[str, List[torch.Tensor]]) -> Dict[str, Dict[str, List[float]]]:
-    """Per block max and median (``torch.quantile`` 0.5, as the emergence curves) of each block's patch norms
-    (L x [P_l]: a pyramid's blocks have grids of their stage)."""
-    return {s: {"max": [float(row.max()) for row in norms[s]],
-                "median": [float(torch.quantile(row.double(), 0.5)) for row in norms[s]]} for s in STAGES}
 
 
 class ExploreSession:
@@ -228,7 +200,7 @@ class ExploreSession:
     def interventions(self, spec: Sequence[Dict[str, Any]]) -> list:
         """The interventions of a patch-file spec list (calibrated on the loaded images when asked; cached)."""
         check_spec(spec)
-        return _lru(self._parsed, _edit_key(spec), lambda: self._parse(spec))
+        return lru(self._parsed, edit_key(spec), lambda: self._parse(spec))
 
     def _parse(self, spec: list) -> list:
         if self.sae is None and any(is_sae_entry(e) for e in spec):
@@ -274,16 +246,16 @@ class ExploreSession:
             out = self.model.run_with_hooks(self._shown_batch(index, ivs), fwd_hooks=hooks)[0].float().cpu()
         stage = {s: [kept[names.resid_stage(l, s)] for l in range(L)] for s in STAGES}  # L x [t_l]
         patch = {s: [v[lay.for_block(l).patch_slice] for l, v in enumerate(rows)] for s, rows in stage.items()}
-        maps = [{**n, "map": _rounded(kept[names.mlp_post(n["layer"])][:, n["neuron"]])} for n in shown]
+        maps = [{**n, "map": rounded(kept[names.mlp_post(n["layer"])][:, n["neuron"]])} for n in shown]
         return {
             "patch_norms": patch["resid_post"],  # L x [P_l] float32 (P_l: block l's grid)
-            "curves": _curves(patch),
+            "curves": curves(patch),
             "prefix_norms": [row[:n_prefix].tolist() for row in stage["resid_post"]],
             "prefix_labels": self._prefix_labels(lay),
             "cls_attention": None if lay.cls_index is None else
-            [_rounded(kept[names.attn_pattern(l)][:, patches]) for l in range(L)],  # [L][H][P]
+            [rounded(kept[names.attn_pattern(l)][:, patches]) for l in range(L)],  # [L][H][P]
             "cls_attention_prefix": None if lay.cls_index is None else
-            [_rounded(kept[names.attn_pattern(l)][:, :n_prefix]) for l in range(L)],  # [L][H][prefix]
+            [rounded(kept[names.attn_pattern(l)][:, :n_prefix]) for l in range(L)],  # [L][H][prefix]
             "neuron_maps": maps,
             "logits": out.tolist(),
         }
@@ -336,7 +308,7 @@ class ExploreSession:
             edited = self.baseline_outputs if not ivs else self._outputs(ivs)
             return compare_outputs(self.readout, self.baseline_outputs, edited)
 
-        return _lru(self._readouts, key, compare)
+        return lru(self._readouts, key, compare)
 
     def run(self, index: int, spec: Sequence[Dict[str, Any]] = (), threshold: Optional[float] = None
             ) -> Dict[str, Any]:
@@ -357,9 +329,9 @@ class ExploreSession:
         thr = self.default_threshold if threshold is None else check_threshold(threshold)
         with self.lock, self._time_limit():
             ivs = self.interventions(spec)
-            key = _edit_key(spec)
+            key = edit_key(spec)
             edited, cached = self._cached_run(index, key, ivs)
-            base, _ = self._cached_run(index, _edit_key([]), [])
+            base, _ = self._cached_run(index, edit_key([]), [])
             readout = self._readout(key, ivs)
         det = self.detection.layer
         outliers = edited["patch_norms"][det] > thr
@@ -392,7 +364,7 @@ class ExploreSession:
 
     def _cached_run(self, index: int, key: str, ivs: list):
         cached = (index, key) in self._runs
-        return _lru(self._runs, (index, key), lambda: self._forward(index, ivs)), cached
+        return lru(self._runs, (index, key), lambda: self._forward(index, ivs)), cached
 
     def export(self, spec: Sequence[Dict[str, Any]]) -> bytes:
         """The patch file (``interp patch export`` format) of these interventions, as bytes."""
