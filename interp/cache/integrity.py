@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import CacheError
 from ..models.layout import TokenLayout
-from ..values import check_input_path
+from ..paths import check_input_path
 from .format import CHECKSUMS, IDS, INDEX, SKIPPED, SKIPPED_FIELDS, acts_path, damaged, token_rows
 
 # What h5py raises when HDF5 meets damaged metadata: OSError, KeyError (an object that cannot be opened),

@@ -11,7 +11,8 @@ from typing import Optional, Tuple
 
 from ..options import Options, group, option
 from ..studies.catalog import declared, hooks_for_studies
-from ..values import existing_path, image_list_file, positive_int
+from ..values import positive_int
+from ..paths import existing_path, image_list_file
 from .common import load_model
 from .groups import ModelOptions, OutputOptions, PreprocessOptions, SeedOption, Sources, StrictOption
 from .inputs import RunInputs, command

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from ..options import Options, group, option
-from ..values import existing_file, positive_int
+from ..values import positive_int
+from ..paths import existing_file
 from .groups import DeviceOption, OutputOptions
 from .inputs import RunInputs, command
 from .saving import refuse_existing_file

@@ -13,7 +13,8 @@ from ..errors import InterpWarning
 from ..options import Options, group, option
 from ..studies.core.options import ClassifierFile
 from ..studies.sae.configs import SaeFeaturesConfig
-from ..values import NEURONS_SYNTAX, existing_path, port_number, positive_float, positive_int
+from ..values import NEURONS_SYNTAX, port_number, positive_float, positive_int
+from ..paths import existing_path
 from .common import load_model, parse_neurons
 from .groups import DemoModelOptions, Images, OutputOptions, SeedOption, batch_size_option
 from .inputs import RunInputs, command

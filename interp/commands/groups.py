@@ -23,8 +23,8 @@ from ..detection.spec import DetectionSpec
 from ..errors import UsageError
 from ..options import Options, group, option
 from ..studies.core.options import ProbeBudget
-from ..values import (SEED_HELP, device_arg, existing_file, existing_path, image_size_arg, positive_int, seed_arg,
-                      transform_arg, weights_arg)
+from ..values import SEED_HELP, device_arg, image_size_arg, positive_int, seed_arg, transform_arg
+from ..paths import existing_file, existing_path, weights_arg
 
 DEVICE_HELP = "where the model runs: cpu (default), cuda, cuda:N (GPU index) or mps"
 IMAGES_HELP = "image directory, list file or image (default: the bundled sample photos)"

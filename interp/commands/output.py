@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Dict, Iterator, Optional, Sequence
 
 from ..errors import OutputError, OutputPathError
-from ..values import special_kind
+from ..paths import special_kind
 
 STAGING_PREFIX = ".interp-staging-"  # staging and backup folders inside an output folder (hidden, ours)
 _SHOWN: Dict[Path, Path] = {}  # active staging folder -> the output folder it stands for (for messages)

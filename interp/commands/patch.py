@@ -8,7 +8,8 @@ from typing import Optional, Tuple
 from .._model_names import PLANTED_NAMES
 from ..errors import InterpError, UsageError
 from ..options import Options, group, option
-from ..values import existing_file, existing_path, nonnegative_float, sae_feature_ids
+from ..values import nonnegative_float, sae_feature_ids
+from ..paths import existing_file, existing_path
 from .common import check_model_args
 from .groups import ModelOptions, ModelSpec, SeedOption, batch_size_option
 from .inputs import RunInputs, command

@@ -3,7 +3,7 @@ the model name(s) against timm's shipped name list, the images an ``--images``/`
 and at least one opens as an image; all of them with ``--strict``), every command's ``--out`` (not empty, no name
 too long for the file system), the writer lock of an ``interp cache`` output, and the input files no argparse type
 sees (an ``--sae`` folder's files, a ``--neurons`` file: none may be a FIFO or a device,
-:func:`interp.values.check_input_path`). The same checks run again where the work happens; these only make a
+:func:`interp.paths.check_input_path`). The same checks run again where the work happens; these only make a
 mistake cost a second. What needs the model's structure is checked after torch loads but before the model does, on
 its skeleton (:func:`interp.commands.common.check_before_load`)."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .._model_names import PLANTED_NAME, check_model_name_fast
 from ..errors import ImageError, UsageError
 from ..options import Options
 from ..sae_settings import SAE_CONFIG, SAE_WEIGHTS
-from ..values import check_input_path, check_output_path
+from ..paths import check_input_path, check_output_path
 from .common import option_values
 from .inputs import RunInputs
 

@@ -16,7 +16,8 @@ from typing import Dict, List, Optional, Tuple
 
 from ..errors import UsageError
 from ..options import Options, group, option
-from ..values import classifier_source, top_k_arg
+from ..values import top_k_arg
+from ..paths import classifier_source
 from .groups import NONE, ModelTable, OutputOptions, checked_per_model, overwrite_option
 from .inputs import RunInputs, command
 

@@ -14,7 +14,8 @@ from ..detection.spec import DetectionSpec
 from ..options import Options, group, option
 from ..studies.core.options import ClassifierFile
 from ..studies.sae.configs import SaeFeaturesConfig, sae_hook
-from ..values import control_count, existing_path, top_k_arg
+from ..values import control_count, top_k_arg
+from ..paths import existing_path
 from .common import check_top_k, load_model
 from .groups import (DemoModelOptions, Images, OutputOptions, PreprocessOptions, SeedOption, StrictOption,
                      batch_size_option, overwrite_option)

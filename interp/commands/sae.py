@@ -15,7 +15,8 @@ from ..errors import InterpError, OutputError, UsageError
 from ..formats.image_files import list_images
 from ..options import Options, group, option
 from ..sae_settings import SAE_CHECKPOINT, SAE_CONFIG, SAE_CURVE, SAE_WEIGHTS, TOKEN_CHOICES, TrainSettings
-from ..values import existing_file, existing_path, positive_int
+from ..values import positive_int
+from ..paths import existing_file, existing_path
 from .common import load_model
 from .groups import ModelOptions, OutputOptions, SeedOption, Sources
 from .inputs import RunInputs, command

@@ -20,7 +20,7 @@ from ..errors import InterpError
 from ..options import Options, group, option
 from ..studies.catalog import declared, study_function
 from ..studies.declaration import StudyConfig
-from ..values import existing_file, existing_path
+from ..paths import existing_file, existing_path
 from .common import load_model
 from .groups import (ModelOptions, OutputOptions, PreprocessOptions, Sources, StrictOption, batch_size_option,
                      overwrite_option)

@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ..errors import InterpError, InterpWarning, close_matches
-from ..values import check_input_path
+from ..paths import check_input_path
 from .box_types import BoxTable, ImageBoxes, _make_box, _normalise_key, _number, check_box_in_image, image_size_of
 from .voc_xml import read_voc_xml
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import List, Sequence, Union
 
 from ..errors import ImageError, InputPathError
-from ..values import check_input_path
+from ..paths import check_input_path
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 LIST_SUFFIXES = (".txt", ".lst")
@@ -15,7 +15,7 @@ PathLike = Union[str, Path]
 
 
 def readable_image_path(path: PathLike) -> None:
-    """:func:`~interp.values.check_input_path` for an image, a list file or an image folder, as an
+    """:func:`~interp.paths.check_input_path` for an image, a list file or an image folder, as an
     :class:`ImageError` (an unreadable image is skipped and listed like a broken one, not the end of a run)."""
     try:
         check_input_path(path, "image path", folder_ok=True)

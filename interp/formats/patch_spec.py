@@ -15,7 +15,7 @@ from typing import Any, Dict, Tuple, Union
 
 from .._version import __version__
 from ..errors import PatchError
-from ..values import check_input_path
+from ..paths import check_input_path
 
 FORMAT = "interp-patch"
 FORMAT_VERSION = 1

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..errors import InterpError
-from ..values import NEURONS_SYNTAX, check_input_path
+from ..values import NEURONS_SYNTAX
+from ..paths import check_input_path
 
 
 

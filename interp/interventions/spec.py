@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 
 from ..errors import InterpError
-from ..values import check_input_path
+from ..paths import check_input_path
 from .base import Intervention
 
 

@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import InterpWarning, ModelLoadError, UnknownModelError, UnsupportedModelError, close_matches
 from .._model_names import PLANTED_NAMES
-from ..values import check_input_path
+from ..paths import check_input_path
 from .weights.pos_table import POS_RESAMPLE_CHOICES, resample_positions
 from .families import family_of, family_of_entry_module
 from .weights.weight_fit import (check_dropped_qkv_biases, check_floating_weights, fit_head_to_weights,

@@ -29,8 +29,8 @@ when the threshold is <= 0): imported as ``arch`` batchtopk with ``codes`` jumpr
 threshold; a BatchTopK file without it (saev before Nov 2025, whose eval was a top-k over the whole batch), a
 schema other than 2-5 and a state dict with other tensors are refused.
 
-Every file is opened through :func:`interp.values.check_input_path` (no FIFO, device or socket) and JSON
-configurations are read up to :data:`interp.values.MAX_CONFIG_BYTES`; every refusal of the files is one
+Every file is opened through :func:`interp.paths.check_input_path` (no FIFO, device or socket) and JSON
+configurations are read up to :data:`interp.paths.MAX_CONFIG_BYTES`; every refusal of the files is one
 :class:`~interp.errors.UsageError` line (exit status 2). The converted SAE passes the loader's own checks
 (:func:`interp.sae.model.loader_problem`) before anything is written.
 
@@ -51,7 +51,7 @@ import torch
 from ..cache.format import model_fingerprints
 from ..errors import InterpError, UsageError
 from ..hooks.names import block_hook
-from ..values import MAX_CONFIG_BYTES, check_input_path, read_config_json
+from ..paths import MAX_CONFIG_BYTES, check_input_path, read_config_json
 from .model import save_problem
 
 FORMATS = ("saelens", "saev", "vit_prisma")

@@ -23,7 +23,7 @@ from ..hooks.names import block_of, block_prefix
 from ..interventions.sae_features import ARCHS, SparseCodes
 from ..models.fingerprint import architecture_fingerprint, weights_fingerprint
 from ..sae_settings import SAE_CONFIG, SAE_WEIGHTS
-from ..values import check_input_path
+from ..paths import check_input_path
 from .files import write_atomic
 from .modules import architecture
 

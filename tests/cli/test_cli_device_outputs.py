@@ -104,7 +104,7 @@ def test_atomic_file_checks_again_before_the_rename(tmp_path):
 
 
 def test_special_kind_names_what_it_finds(tmp_path):
-    from interp.values import special_kind
+    from interp.paths import special_kind
 
     (tmp_path / "file").write_text("x")
     os.symlink(tmp_path / "file", tmp_path / "file-link")

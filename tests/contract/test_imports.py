@@ -25,7 +25,7 @@ ROOT = "interp"
 # Lower rank = lower layer; a module may import only modules of its own rank or lower.
 LAYERS = [
     ("interp.errors", "interp._version", "interp._progress", "interp._transforms",
-     "interp._model_names", "interp.values", "interp.options"),
+     "interp._model_names", "interp.paths", "interp.values", "interp.options"),
     ("interp.formats",),
     ("interp.models",),
     ("interp.hooks",),

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from ...errors import InterpError, ModelLoadError
 from ..weights.hf_config import is_hf_folder
 from ..weights.hf_folder import hf_classifier
-from ...values import check_input_path
+from ...paths import check_input_path
 from .heads import head_output_width, pooled_width
 
 FORMAT_VERSION = 1

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ...errors import InterpError, ModelLoadError
-from ...values import check_input_path
+from ...paths import check_input_path
 from ..families import family_of
 from ..families.traits import activation_kind
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...errors import UsageError
-from ...values import (existing_file, existing_path, fraction, fraction_below_one, nonnegative_int, open_fraction,
-                       positive_float, positive_int, threshold_arg)
+from ...values import (fraction, fraction_below_one, nonnegative_int, open_fraction, positive_float, positive_int,
+                       threshold_arg)
+from ...paths import existing_file, existing_path
 from ...detection.spec import DetectionSpec
 from ...options import Options, group
 from ..core.options import FINAL, REFERENCES, SCORE_DOC, classifier_option, needed_hooks

@@ -16,9 +16,9 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from ...hooks.names import EMBED, PATCH_EMBED, RESID_STAGES, BlockNames
 from ...errors import InterpError, UsageError
-from ...values import (NEURONS_SYNTAX, control_count, existing_path, nonnegative_int, positive_float, positive_int,
-                       register_count,
+from ...values import (NEURONS_SYNTAX, control_count, nonnegative_int, positive_float, positive_int, register_count,
                        sae_feature_ids)
+from ...paths import existing_path
 from ..core.options import classifier_option, force_option, neurons_option, required_neurons
 from ...detection.presets import resolve_preset
 from ...detection.spec import DetectionSpec

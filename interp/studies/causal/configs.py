@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional, Tuple
 
 from ...errors import UsageError
-from ...values import (NEURONS_SYNTAX, existing_file, existing_path, index_list, nonnegative_int, positive_float,
-                       positive_int)
+from ...values import NEURONS_SYNTAX, index_list, nonnegative_int, positive_float, positive_int
+from ...paths import existing_file, existing_path
 from ...detection.spec import DetectionSpec
 from ...options import group
 from ..declaration import StudyConfig, declare, option

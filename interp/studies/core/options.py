@@ -16,7 +16,8 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 from ...errors import InterpError, UsageError
 from ...options import Options, option
-from ...values import NEURONS_SYNTAX, classifier_source, nonnegative_float, open_fraction, positive_float, positive_int
+from ...values import NEURONS_SYNTAX, nonnegative_float, open_fraction, positive_float, positive_int
+from ...paths import classifier_source
 
 FINAL = "hook_norm_final"  # the final normed tokens: the Patch Score's default tokens and its CLS vector
 REFERENCES = ("cls", "pooled", "selective")  # the Patch Score's global vectors

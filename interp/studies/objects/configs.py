@@ -12,7 +12,8 @@ from typing import Any, ClassVar, Dict, List, Optional, Union
 
 from ...errors import UsageError
 from ...hooks.names import BlockNames
-from ...values import existing_path, finite_float, positive_int, register_count
+from ...values import finite_float, positive_int, register_count
+from ...paths import existing_path
 from ..core.options import FINAL, REFERENCES, SCORE_DOC, needed_hooks
 from ..declaration import StudyConfig, declare, option
 from ...hooks.names import resolve_block

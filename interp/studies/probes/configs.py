@@ -14,7 +14,8 @@ from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 from ...formats.image_files import list_images
 from ...errors import UsageError
 from ...hooks.names import BlockNames
-from ...values import existing_file, existing_path, open_fraction, positive_int
+from ...values import open_fraction, positive_int
+from ...paths import existing_file, existing_path
 from ...detection.spec import DetectionSpec
 from ...options import group
 from ..core.options import ProbeBudget

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple, Union
 
 from ...errors import InterpError
-from ...values import check_input_path
+from ...paths import check_input_path
 
 SPLIT_NAMES = ("train", "test")
 PathLike = Union[str, Path]

@@ -14,7 +14,8 @@ from typing import ClassVar, Dict, List, Optional, Union
 
 from ...errors import InterpError, UsageError
 from ...sae_settings import SAE_CONFIG
-from ...values import NEURONS_SYNTAX, check_input_path, existing_path, positive_int
+from ...values import NEURONS_SYNTAX, positive_int
+from ...paths import check_input_path, existing_path
 from ...detection.spec import DetectionSpec
 from ...options import group
 from ..declaration import StudyConfig, declare, option

@@ -352,7 +352,7 @@ def test_the_command_line_takes_a_dinov2_classifier_folder_as_classifier(saved, 
 
     from interp.cli import main
     from interp.models import sample_image_paths
-    from interp.values import classifier_source
+    from interp.paths import classifier_source
 
     folder = str(saved["dinov2-classifier"][0])
     assert classifier_source(folder) == folder
