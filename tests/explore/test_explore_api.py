@@ -310,7 +310,7 @@ def test_neurons_named_by_a_file_are_refused_before_any_read(served, tmp_path, m
 
 
 def test_parsed_edits_and_readouts_are_bounded(served, monkeypatch):
-    import interp.explore.session as session_module
+    import interp.explore.display as session_module  # where the bound of the caches is
 
     session, _ = served
     monkeypatch.setattr(session_module, "CACHE_SIZE", 3)
@@ -321,9 +321,9 @@ def test_parsed_edits_and_readouts_are_bounded(served, monkeypatch):
 
 
 def _edit_key_of(neurons):
-    from interp.explore.session import _edit_key
+    from interp.explore.display import edit_key
 
-    return _edit_key([{"kind": "NeuronAblation", "neurons": neurons}])
+    return edit_key([{"kind": "NeuronAblation", "neurons": neurons}])
 
 
 def test_export_saves_under_the_session_lock(served, monkeypatch):
